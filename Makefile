@@ -1,0 +1,38 @@
+# flightrec: `make demo` runs the whole system on this machine, `make test` runs every test.
+# Both set everything up first (virtual environment, Kafka's jars); a second run starts in seconds.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+export PYTHONSAFEPATH := 1
+
+.PHONY: setup demo test bench clean system-packages
+
+setup: $(VENV)/.installed .cache/kafka/.fetched
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+.cache/kafka/.fetched: broker/pom.xml $(VENV)/.installed
+	$(VENV)/bin/flightrec broker fetch
+	mkdir -p .cache/kafka && touch $@
+
+# Debian tools some tests and benchmarks use (kcat for the delivery baseline,
+# chromium for the browser test); installed only when missing and when apt can.
+system-packages:
+	@sh scripts/system-packages.sh
+
+demo: setup
+	$(VENV)/bin/flightrec demo
+
+test: setup system-packages
+	$(VENV)/bin/pytest
+
+bench: setup system-packages
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .cache .flightrec

@@ -1,0 +1,325 @@
+"""Run one local single-node Kafka (KRaft combined mode) from Kafka's own jars."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from flightrec.broker.topics import answers_metadata, ensure_topics
+from flightrec.errors import BrokerError
+from flightrec.settings import Settings
+
+_POM = resources.files("flightrec.broker") / "pom.xml"
+KAFKA_VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
+LOG_TAIL_LINES = 40
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def check_java() -> str:
+    """Return the java executable if it is Java >= 17; else raise BrokerError saying what to install."""
+    java = shutil.which("java", path=(os.environ.get("JAVA_HOME", "") + "/bin:" if os.environ.get("JAVA_HOME") else "") + os.environ.get("PATH", ""))
+    if not java:
+        raise BrokerError("Java not found: Kafka 4 needs Java >= 17 (install openjdk-17-jre-headless or set JAVA_HOME)")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not m:
+        raise BrokerError(f"cannot read the Java version from `java -version`: {out.strip()[:200]}")
+    major = int(m.group(1)) if m.group(1) != "1" else int(m.group(2) or 0)
+    if major < 17:
+        raise BrokerError(f"Java {major} found at {java}: Kafka 4 needs Java >= 17 (set JAVA_HOME to a newer JDK)")
+    return java
+
+
+def kafka_libs_dir(settings: Settings | None = None) -> Path:
+    """Where Kafka's jars live: FLIGHTREC_KAFKA_LIBS, else .cache/kafka/<version>/libs beside the pom's checkout."""
+    settings = settings or Settings.from_env()
+    if settings.kafka_libs:
+        return Path(settings.kafka_libs)
+    pom_dir = Path(str(_POM)).resolve().parent
+    repo = pom_dir.parent
+    if (repo / "pyproject.toml").exists():
+        return repo / ".cache" / "kafka" / KAFKA_VERSION / "libs"
+    return Path.home() / ".cache" / "flightrec" / "kafka" / KAFKA_VERSION / "libs"
+
+
+def _libs_complete(libs: Path) -> bool:
+    return (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists() and (libs / f"kafka-tools-{KAFKA_VERSION}.jar").exists()
+
+
+def fetch_kafka(settings: Settings | None = None, quiet: bool = True) -> Path:
+    """Copy Kafka's jars from Maven Central into the cache folder once; return that folder."""
+    libs = kafka_libs_dir(settings)
+    if _libs_complete(libs):
+        return libs
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise BrokerError("Maven (mvn) not found: it fetches Kafka's jars from Maven Central; install maven")
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [mvn, "-B", "-f", str(_POM), "dependency:copy-dependencies", f"-Dkafka.libs={libs}"]
+    if quiet:
+        cmd.insert(2, "-q")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not _libs_complete(libs):
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:])
+        raise BrokerError(f"Maven could not fetch Kafka {KAFKA_VERSION} (exit {proc.returncode}); is Maven Central reachable?", tail)
+    return libs
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What `flightrec broker status` reports."""
+
+    running: bool
+    answering: bool
+    pid: int | None
+    port: int
+    data: str
+    version: str = KAFKA_VERSION
+
+    def line(self) -> str:
+        if self.running:
+            state = "running and answering" if self.answering else "running but not answering yet"
+            return f"Kafka {self.version} {state} on localhost:{self.port} (pid {self.pid}, data {self.data})"
+        return f"no broker running for data {self.data} (port {self.port})"
+
+
+class LocalBroker:
+    """A single-node Kafka in KRaft combined mode (broker + controller in one JVM).
+
+    Guarantees: ``start`` returns only once the broker answers metadata requests
+    and the flightrec topics exist, and is a no-op when this broker already runs;
+    ``stop`` waits until the process is gone. Failures raise BrokerError with a
+    one-line cause and the tail of the broker's own log.
+    """
+
+    def __init__(self, port: int = 9092, data: str | Path | None = None, settings: Settings | None = None,
+                 heap: str = "512m") -> None:
+        self.settings = settings or Settings.from_env()
+        self.port = port
+        self.data = Path(data) if data else Path(self.settings.home) / f"broker-{port}"
+        self.data = self.data.resolve()
+        self.heap = heap
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"localhost:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data / "broker.log"
+
+    @property
+    def _pid_path(self) -> Path:
+        return self.data / "broker.pid"
+
+    def _pid(self) -> int | None:
+        try:
+            pid = int(self._pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if _alive(pid) and str(self.data) in _cmdline(pid):
+            return pid
+        return None
+
+    def _kafka_kwargs(self) -> dict[str, object]:
+        return {"bootstrap_servers": self.bootstrap}
+
+    def status(self) -> BrokerStatus:
+        pid = self._pid()
+        answering = bool(pid) and asyncio.run(answers_metadata(self._kafka_kwargs(), timeout=2.0))
+        return BrokerStatus(running=pid is not None, answering=answering, pid=pid, port=self.port, data=str(self.data))
+
+    # -- configuration ----------------------------------------------------
+
+    def _controller_port(self) -> int:
+        path = self.data / "controller.port"
+        try:
+            port = int(path.read_text())
+            if _port_free(port):
+                return port
+        except (OSError, ValueError):
+            pass
+        port = free_port()
+        path.write_text(str(port))
+        return port
+
+    def _write_config(self) -> Path:
+        self.data.mkdir(parents=True, exist_ok=True)
+        cport = self._controller_port()
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{cport}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{cport}",
+            "advertised.listeners": f"PLAINTEXT://localhost:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data / "logs"),
+            "num.partitions": str(self.settings.partitions),
+            "auto.create.topics.enable": "false",
+            "log.retention.ms": str(self.settings.retention_ms),
+            "log.retention.bytes": "-1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "6",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "message.max.bytes": str(16 * 1024 * 1024),
+        }
+        path = self.data / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.data / "log4j2.properties").write_text(
+            "status = warn\n"
+            "appender.console.type = Console\nappender.console.name = STDOUT\n"
+            "appender.console.layout.type = PatternLayout\n"
+            "appender.console.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\nrootLogger.appenderRef.stdout.ref = STDOUT\n"
+            "logger.request.name = kafka.request.logger\nlogger.request.level = WARN\n"
+        )
+        return path
+
+    def _java(self, java: str, libs: Path, main: str, *args: str, heap: str = "256m") -> list[str]:
+        return [
+            java, f"-Xmx{heap}", "-Xss1m", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.data / 'log4j2.properties'}",
+            "-cp", f"{libs}/*", main, *args,
+        ]
+
+    def _format(self, java: str, libs: Path, config: Path) -> None:
+        if (self.data / "logs" / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cmd = self._java(java, libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BrokerError(f"formatting the KRaft storage in {self.data / 'logs'} failed (exit {proc.returncode})",
+                              "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:]))
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self, timeout: float = 90.0) -> str:
+        """Start the broker (fetching Kafka first if needed) and create the topics. Returns what happened."""
+        pid = self._pid()
+        if pid is not None:
+            if asyncio.run(answers_metadata(self._kafka_kwargs())):
+                self._ensure_topics()
+                return f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})"
+        java = check_java()
+        if not _port_free(self.port):
+            raise BrokerError(f"port {self.port} is in use by another process; choose another with --port")
+        libs = fetch_kafka(self.settings)
+        config = self._write_config()
+        self._format(java, libs, config)
+        with open(self.log_path, "ab") as log_file:
+            log_file.write(f"\n=== flightrec starting Kafka {KAFKA_VERSION} on port {self.port} at {time.ctime()} ===\n".encode())
+            log_file.flush()
+            cmd = self._java(java, libs, "kafka.Kafka", str(config), heap=self.heap)
+            cmd[1:1] = [f"-Xms{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"]
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                          cwd=self.data, start_new_session=True)
+        self._pid_path.write_text(str(self._proc.pid))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting",
+                                  _tail(self.log_path))
+            if asyncio.run(answers_metadata(self._kafka_kwargs(), timeout=2.0)):
+                self._ensure_topics()
+                return f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, data {self.data})"
+            time.sleep(0.3)
+        self.stop()
+        raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s", _tail(self.log_path))
+
+    def _ensure_topics(self) -> list[str]:
+        return asyncio.run(ensure_topics(self._kafka_kwargs(), partitions=self.settings.partitions,
+                                         replication=1, retention_ms=self.settings.retention_ms))
+
+    def stop(self, timeout: float = 60.0) -> str:
+        """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout``) and wait until it is gone."""
+        pid = self._pid()
+        if pid is None:
+            return f"no broker running for data {self.data}"
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._still_running(pid):
+            time.sleep(0.1)
+        how = "stopped"
+        if self._still_running(pid):
+            os.kill(pid, signal.SIGKILL)
+            while self._still_running(pid):
+                time.sleep(0.05)
+            how = "killed (did not stop within %.0fs)" % timeout
+        self._pid_path.unlink(missing_ok=True)
+        return f"Kafka on {self.bootstrap} {how}"
+
+    def _still_running(self, pid: int) -> bool:
+        if self._proc is not None and self._proc.pid == pid:
+            return self._proc.poll() is None
+        return _alive(pid)
+
+    def kill(self) -> None:
+        """SIGKILL the broker (tests use it to play a crash)."""
+        pid = self._pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            while self._still_running(pid):
+                time.sleep(0.05)

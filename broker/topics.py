@@ -1,0 +1,90 @@
+"""Topic creation and liveness checks that work against any Kafka cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Iterable
+
+from aiokafka import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from flightrec.errors import BrokerError
+from flightrec.settings import TOPICS
+
+log = logging.getLogger(__name__)
+
+
+async def answers_metadata(kafka_kwargs: dict[str, Any], timeout: float = 3.0) -> bool:
+    """True when a broker at the bootstrap address answers a metadata request."""
+    if not await _any_port_open(kafka_kwargs.get("bootstrap_servers", ""), timeout):
+        return False  # nothing listens: skip the client, which would log a connect error
+    client = AIOKafkaClient(request_timeout_ms=int(timeout * 1000), **kafka_kwargs)
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout)
+        return bool(client.cluster.brokers())
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        await client.close()
+
+
+async def _any_port_open(bootstrap: str, timeout: float) -> bool:
+    for hostport in str(bootstrap).split(","):
+        host, _, port = hostport.strip().rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host or "localhost", int(port)), timeout)
+        except (OSError, ValueError, asyncio.TimeoutError):
+            continue
+        writer.close()
+        return True
+    return False
+
+
+async def wait_until_answering(kafka_kwargs: dict[str, Any], timeout: float = 60.0) -> None:
+    """Wait until the cluster answers metadata requests; raise BrokerError after ``timeout`` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await answers_metadata(kafka_kwargs):
+            return
+        await asyncio.sleep(0.3)
+    raise BrokerError(
+        f"no Kafka broker answered at {kafka_kwargs.get('bootstrap_servers')} within {timeout:.0f}s; "
+        "check FLIGHTREC_BOOTSTRAP or start one with `flightrec broker start`",
+        retriable=True,
+    )
+
+
+async def ensure_topics(
+    kafka_kwargs: dict[str, Any],
+    topics: Iterable[str] = TOPICS,
+    partitions: int = 6,
+    replication: int = 1,
+    retention_ms: int = -1,
+) -> list[str]:
+    """Create the topics that do not exist yet; return the names created. Idempotent."""
+    admin = AIOKafkaAdminClient(**kafka_kwargs)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [t for t in topics if t not in existing]
+        if not wanted:
+            return []
+        config = {"retention.ms": str(retention_ms), "retention.bytes": "-1"}
+        new = [NewTopic(t, num_partitions=partitions, replication_factor=replication, topic_configs=config) for t in wanted]
+        try:
+            response = await admin.create_topics(new)
+        except TopicAlreadyExistsError:
+            return []
+        created = []
+        for name, code, *rest in getattr(response, "topic_errors", ()):
+            if code == 0:
+                created.append(name)
+            elif code != TopicAlreadyExistsError.errno:
+                raise BrokerError(f"could not create topic {name}: error code {code} {rest}")
+        log.info("topics created", extra={"topics": created, "partitions": partitions})
+        return created
+    finally:
+        await admin.close()

@@ -1,0 +1,58 @@
+"""The `flightrec` command: one console script whose subcommands wire the parts together."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from flightrec import __version__
+from flightrec.cli import agent, analytics, broker, demo, materialize, prove
+from flightrec.errors import FlightrecError
+from flightrec.settings import Settings
+
+GROUPS = (broker, agent, materialize, analytics, prove, demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree; each module in flightrec.cli registers its own commands."""
+    parser = argparse.ArgumentParser(
+        prog="flightrec",
+        description="A flight recorder for fleets of rented GPU proving machines.",
+    )
+    parser.add_argument("--version", action="version", version=f"flightrec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in GROUPS:
+        group.register(sub)
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # aiokafka logs every failed connection attempt at ERROR; flightrec reports outages itself.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; FlightrecError becomes a one-line message and exit status 1."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        _configure_logging(settings.log_level)
+        return int(args.func(args, settings) or 0)
+    except FlightrecError as exc:
+        print(f"flightrec {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def not_built(what: str, issue: str) -> int:
+    """Say that a command exists in the contract but is not built yet."""
+    print(f"flightrec {what}: not built yet ({issue})", file=sys.stderr)
+    return 2

@@ -1,0 +1,59 @@
+"""`flightrec broker start|stop|status|fetch` and `flightrec topics create`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from flightrec.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("broker", help="run a local single-node Kafka (KRaft) from Kafka's own jars")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, help_ in (
+        ("start", "start the broker (idempotent) and create the topics"),
+        ("stop", "stop the broker cleanly and wait"),
+        ("status", "say whether the broker runs and answers"),
+        ("fetch", "fetch Kafka's jars from Maven Central into the cache"),
+    ):
+        a = actions.add_parser(name, help=help_)
+        a.add_argument("--port", type=int, default=9092, help="the PLAINTEXT port (default 9092)")
+        a.add_argument("--data", default=None, help="data folder (default $FLIGHTREC_HOME/broker-PORT)")
+        a.set_defaults(func=_broker)
+    t = sub.add_parser("topics", help="create the flightrec topics on any Kafka cluster")
+    t.add_argument("action", choices=["create"])
+    t.add_argument("--bootstrap", default=None, help="bootstrap servers (default $FLIGHTREC_BOOTSTRAP)")
+    t.add_argument("--partitions", type=int, default=None, help="partitions per topic (default 6)")
+    t.add_argument("--replication", type=int, default=None, help="replication factor (default 1)")
+    t.add_argument("--retention-ms", type=int, default=None, help="retention (default -1: keep everything)")
+    t.set_defaults(func=_topics)
+
+
+def _broker(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.broker import LocalBroker, fetch_kafka
+
+    if args.action == "fetch":
+        print(f"Kafka jars in {fetch_kafka(settings)}")
+        return 0
+    b = LocalBroker(port=args.port, data=args.data, settings=settings)
+    if args.action == "start":
+        print(b.start())
+    elif args.action == "stop":
+        print(b.stop())
+    else:
+        status = b.status()
+        print(status.line())
+        return 0 if status.answering else 3
+    return 0
+
+
+def _topics(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.broker import ensure_topics
+
+    s = settings.with_overrides(bootstrap=args.bootstrap, partitions=args.partitions,
+                                replication=args.replication, retention_ms=args.retention_ms)
+    created = asyncio.run(ensure_topics(s.kafka_kwargs(), partitions=s.partitions,
+                                        replication=s.replication, retention_ms=s.retention_ms))
+    print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
+    return 0

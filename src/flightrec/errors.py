@@ -1,0 +1,71 @@
+"""One exception root for flightrec; each class says whether retrying can help."""
+
+from __future__ import annotations
+
+
+class FlightrecError(Exception):
+    """Root of every error flightrec raises on purpose.
+
+    ``retriable`` is True where the same call may succeed later (a broker that
+    is still starting, a file that is not written yet); the message always says
+    what to do.
+    """
+
+    retriable: bool = False
+
+
+class ConfigError(FlightrecError):
+    """A flag, environment variable or file holds a value flightrec cannot use."""
+
+
+class CodecError(FlightrecError):
+    """Bytes that are not a flightrec event; ``reason`` says why, in one line.
+
+    Raised for empty or truncated messages, a wrong magic, an unknown schema
+    fingerprint, a body that does not decode, or trailing bytes. Callers keep
+    the bytes (dead letters) and go on.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BrokerError(FlightrecError):
+    """The local Kafka broker could not be fetched, started, reached or stopped.
+
+    ``log_tail`` holds the last lines of the broker's own log where there is one.
+    """
+
+    def __init__(self, message: str, log_tail: str = "", retriable: bool = False) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.retriable = retriable
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        if self.log_tail:
+            return f"{msg}\n--- last lines of the broker log ---\n{self.log_tail}"
+        return msg
+
+
+class DeliveryError(FlightrecError):
+    """Events could not be handed to Kafka in time; they stay in the spool."""
+
+    retriable = True
+
+
+class SpoolError(FlightrecError):
+    """The agent's on-disk spool is unreadable or cannot be written."""
+
+
+class MaterializeError(FlightrecError):
+    """The materializer cannot consume or write its database."""
+
+
+class QueryError(FlightrecError):
+    """A reader query was refused (it writes, reads files) or failed."""
+
+
+class ProveError(FlightrecError):
+    """The proving core could not run on the asked-for backend; the message says why."""

@@ -1,0 +1,156 @@
+"""Settings: flags first, then FLIGHTREC_* environment variables, then defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from flightrec.errors import ConfigError
+
+TOPIC_LIFECYCLE = "flightrec.lifecycle"
+TOPIC_LOGS = "flightrec.logs"
+TOPIC_EXITS = "flightrec.exits"
+TOPIC_METRICS = "flightrec.metrics"
+TOPICS: tuple[str, ...] = (TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_EXITS, TOPIC_METRICS)
+
+
+def _default_state_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "flightrec")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One documented setting: its environment variable, default and meaning."""
+
+    env: str
+    default: str
+    help: str
+
+
+# Every setting flightrec reads from the environment. docs/settings.md documents
+# each one; a test checks that none is missing there.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("FLIGHTREC_BOOTSTRAP", "localhost:9092", "Kafka bootstrap servers, comma separated."),
+    Setting("FLIGHTREC_DB", "flightrec.duckdb", "Path of the DuckDB database the materializer writes and readers read."),
+    Setting("FLIGHTREC_INSTANCE", "<hostname>", "This instance's id, used by the agent when --instance is not given."),
+    Setting("FLIGHTREC_SPOOL", "$XDG_STATE_HOME/flightrec/spool", "The agent's durable spool folder (boot id, seq counter, unsent events)."),
+    Setting("FLIGHTREC_HOME", ".flightrec", "Folder for local state of `flightrec broker` and `flightrec demo` (broker data, demo databases)."),
+    Setting("FLIGHTREC_KAFKA_LIBS", "<repo>/.cache/kafka/<version>/libs", "Where Kafka's jars are cached once fetched with Maven."),
+    Setting("FLIGHTREC_PARTITIONS", "6", "Partitions per topic when flightrec creates its topics."),
+    Setting("FLIGHTREC_REPLICATION", "1", "Replication factor when flightrec creates its topics."),
+    Setting("FLIGHTREC_RETENTION_MS", "-1", "Topic retention in milliseconds when flightrec creates its topics; -1 keeps everything so replay always works."),
+    Setting("FLIGHTREC_REDACT", "", "Comma-separated names of environment variables whose values are masked in every shipped line."),
+    Setting("FLIGHTREC_SECURITY_PROTOCOL", "PLAINTEXT", "Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
+    Setting("FLIGHTREC_SASL_MECHANISM", "", "SASL mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) when a SASL protocol is used."),
+    Setting("FLIGHTREC_SASL_USERNAME", "", "SASL user name."),
+    Setting("FLIGHTREC_SASL_PASSWORD", "", "SASL password."),
+    Setting("FLIGHTREC_SSL_CAFILE", "", "CA bundle to verify the brokers' TLS certificates."),
+    Setting("FLIGHTREC_SSL_CERTFILE", "", "Client certificate for TLS client authentication."),
+    Setting("FLIGHTREC_SSL_KEYFILE", "", "Client key for TLS client authentication."),
+    Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR)."),
+)
+
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    return value if value not in (None, "") else None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = _env(env, name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not an integer; set it to a whole number or unset it") from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved configuration. Build it with :meth:`from_env`, then :meth:`with_overrides` for flags."""
+
+    bootstrap: str = "localhost:9092"
+    db: str = "flightrec.duckdb"
+    instance: str = field(default_factory=socket.gethostname)
+    spool: str = field(default_factory=lambda: str(Path(_default_state_dir()) / "spool"))
+    home: str = ".flightrec"
+    kafka_libs: str | None = None
+    partitions: int = 6
+    replication: int = 1
+    retention_ms: int = -1
+    redact: tuple[str, ...] = ()
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """Read every FLIGHTREC_* variable; unset or empty ones take the default."""
+        env = os.environ if env is None else env
+        base = cls()
+        redact = _env(env, "FLIGHTREC_REDACT")
+        protocol = (_env(env, "FLIGHTREC_SECURITY_PROTOCOL") or base.security_protocol).upper()
+        if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+            raise ConfigError(
+                f"FLIGHTREC_SECURITY_PROTOCOL={protocol!r} is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"
+            )
+        return cls(
+            bootstrap=_env(env, "FLIGHTREC_BOOTSTRAP") or base.bootstrap,
+            db=_env(env, "FLIGHTREC_DB") or base.db,
+            instance=_env(env, "FLIGHTREC_INSTANCE") or base.instance,
+            spool=_env(env, "FLIGHTREC_SPOOL") or base.spool,
+            home=_env(env, "FLIGHTREC_HOME") or base.home,
+            kafka_libs=_env(env, "FLIGHTREC_KAFKA_LIBS"),
+            partitions=_int(env, "FLIGHTREC_PARTITIONS", base.partitions),
+            replication=_int(env, "FLIGHTREC_REPLICATION", base.replication),
+            retention_ms=_int(env, "FLIGHTREC_RETENTION_MS", base.retention_ms),
+            redact=tuple(n.strip() for n in redact.split(",") if n.strip()) if redact else (),
+            security_protocol=protocol,
+            sasl_mechanism=_env(env, "FLIGHTREC_SASL_MECHANISM"),
+            sasl_username=_env(env, "FLIGHTREC_SASL_USERNAME"),
+            sasl_password=_env(env, "FLIGHTREC_SASL_PASSWORD"),
+            ssl_cafile=_env(env, "FLIGHTREC_SSL_CAFILE"),
+            ssl_certfile=_env(env, "FLIGHTREC_SSL_CERTFILE"),
+            ssl_keyfile=_env(env, "FLIGHTREC_SSL_KEYFILE"),
+            log_level=(_env(env, "FLIGHTREC_LOG_LEVEL") or base.log_level).upper(),
+        )
+
+    def with_overrides(self, **flags: Any) -> "Settings":
+        """Apply command-line flags; a flag left as None keeps the env/default value."""
+        given = {k: v for k, v in flags.items() if v is not None}
+        return dataclasses.replace(self, **given)
+
+    def kafka_kwargs(self) -> dict[str, Any]:
+        """Connection keyword arguments for aiokafka clients (bootstrap, TLS, SASL)."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap,
+            "security_protocol": self.security_protocol,
+        }
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+            )
+        if self.security_protocol.startswith("SASL"):
+            if not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+                raise ConfigError(
+                    "a SASL protocol needs FLIGHTREC_SASL_MECHANISM, FLIGHTREC_SASL_USERNAME and FLIGHTREC_SASL_PASSWORD"
+                )
+            kwargs.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        return kwargs

@@ -1,0 +1,117 @@
+"""Shared fixtures: a real Kafka broker (KRaft) started once per test session, on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from flightrec.broker import LocalBroker
+from flightrec.broker.local import free_port
+from flightrec.settings import TOPICS, Settings
+
+logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+@dataclasses.dataclass
+class Kafka:
+    """A running local broker and helpers to read and write its topics in tests."""
+
+    broker: LocalBroker
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    @property
+    def settings(self) -> Settings:
+        return dataclasses.replace(Settings.from_env({}), bootstrap=self.bootstrap)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """os.environ plus FLIGHTREC_BOOTSTRAP pointing at this broker (for subprocesses)."""
+        env = dict(os.environ)
+        env["FLIGHTREC_BOOTSTRAP"] = self.bootstrap
+        env.update(extra)
+        return env
+
+    def produce(self, topic: str, values: list[bytes], key: bytes | None = None) -> None:
+        """Send raw messages with acks=all and wait for them."""
+
+        async def go() -> None:
+            from aiokafka import AIOKafkaProducer
+
+            p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True)
+            await p.start()
+            try:
+                for v in values:
+                    await p.send(topic, v, key=key)
+                await p.flush()
+            finally:
+                await p.stop()
+
+        asyncio.run(go())
+
+    def consume(self, topics: tuple[str, ...] = TOPICS, timeout: float = 30.0) -> list:
+        """Every message now in the topics, read from the beginning to the current end offsets."""
+
+        async def go() -> list:
+            from aiokafka import AIOKafkaConsumer, TopicPartition
+
+            c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                 auto_offset_reset="earliest")
+            await c.start()
+            try:
+                cluster = await c._client.fetch_all_metadata()
+                parts = [TopicPartition(t, p) for t in topics for p in (cluster.partitions_for_topic(t) or ())]
+                assert parts, f"no partitions found for {topics}"
+                c.assign(parts)
+                await c.seek_to_beginning(*parts)
+                end = await c.end_offsets(parts)
+                out: list = []
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + timeout
+                async def behind() -> bool:
+                    return any([(await c.position(tp)) < end[tp] for tp in parts])
+
+                while await behind():
+                    if loop.time() > deadline:
+                        raise TimeoutError("could not read the topics to their end offsets in time")
+                    batch = await c.getmany(timeout_ms=500)
+                    for msgs in batch.values():
+                        out.extend(msgs)
+                return out
+            finally:
+                await c.stop()
+
+        return asyncio.run(go())
+
+
+def _start_broker(data: Path) -> LocalBroker:
+    broker = LocalBroker(port=free_port(), data=data, settings=Settings.from_env({}))
+    broker.start()
+    return broker
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kafka]:
+    """One real broker for the whole test session (shared topics: filter by instance id)."""
+    broker = _start_broker(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield Kafka(broker)
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def fresh_kafka(tmp_path: Path) -> Iterator[Kafka]:
+    """A broker of this test's own, for tests that need empty topics or stop the broker."""
+    broker = _start_broker(tmp_path / "kafka")
+    try:
+        yield Kafka(broker)
+    finally:
+        broker.stop()
