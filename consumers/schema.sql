@@ -1,0 +1,164 @@
+-- The materialized tables: the contract between the materializer (consumers/)
+-- and every reader (analytics/, `flightrec sql`, `timeline`). Timestamps are
+-- microseconds since the Unix epoch, UTC (BIGINT, `*_us`), exactly as the
+-- events carry them, so a replay reproduces the tables row for row: no column
+-- here holds wall-clock time of the materializer. New columns may be added
+-- (readers select by name); renaming one changes the contract.
+
+-- One row per instance: where it is, what it is, and whether its evidence is complete.
+CREATE TABLE IF NOT EXISTS instances (
+    instance_id        VARCHAR PRIMARY KEY,
+    boot_id            VARCHAR,          -- the latest boot seen
+    stage              VARCHAR,          -- stage of the latest lifecycle event
+    state              VARCHAR,          -- started / succeeded / failed / skipped / info / sealed
+    detail             VARCHAR,
+    gpu_model          VARCHAR,
+    gpu_count          INTEGER,
+    gpu_memory_mib     BIGINT,
+    driver_version     VARCHAR,
+    cuda_version       VARCHAR,
+    compute_capability VARCHAR,
+    gpu_probe_error    VARCHAR,
+    host               VARCHAR,
+    price_per_hour     DOUBLE,
+    first_event_us     BIGINT,
+    last_event_us      BIGINT,
+    proofs_per_hour    DOUBLE,           -- latest benchmark result (or latest measured throughput)
+    min_rate           DOUBLE,
+    verdict            VARCHAR,          -- pass / fail / error / NULL
+    failures           INTEGER DEFAULT 0,
+    events             BIGINT DEFAULT 0, -- distinct events of the latest boot
+    sealed             BOOLEAN DEFAULT FALSE,
+    complete           BOOLEAN DEFAULT FALSE, -- latest boot sealed and seq 0..event_count-1 all present
+    incomplete_reason  VARCHAR           -- why not complete, e.g. 'not sealed', 'missing seq 17..19'
+);
+
+-- Completeness bookkeeping per boot (an instance may boot several times).
+CREATE TABLE IF NOT EXISTS boots (
+    instance_id    VARCHAR,
+    boot_id        VARCHAR,
+    events         BIGINT,     -- distinct event_ids seen
+    max_seq        BIGINT,
+    sealed_count   BIGINT,     -- event_count from the sealed event, NULL until sealed
+    first_event_us BIGINT,
+    last_event_us  BIGINT,
+    complete       BOOLEAN,
+    PRIMARY KEY (instance_id, boot_id)
+);
+
+CREATE TABLE IF NOT EXISTS lifecycle_events (
+    event_id    VARCHAR PRIMARY KEY,
+    instance_id VARCHAR,
+    boot_id     VARCHAR,
+    seq         BIGINT,
+    ts_us       BIGINT,
+    kind        VARCHAR,      -- lifecycle / facts / sealed
+    stage       VARCHAR,
+    state       VARCHAR,
+    detail      VARCHAR,
+    attributes  MAP(VARCHAR, VARCHAR)
+);
+
+-- One row per line. `source` is stdout, stderr or the followed file's path.
+CREATE TABLE IF NOT EXISTS log_lines (
+    instance_id  VARCHAR,
+    boot_id      VARCHAR,
+    event_id     VARCHAR,     -- the LogBatch the line came in
+    seq          BIGINT,
+    stage        VARCHAR,
+    source       VARCHAR,
+    pid          INTEGER,
+    line_no      BIGINT,
+    ts_us        BIGINT,
+    text         VARCHAR,
+    truncated    BOOLEAN,
+    invalid_utf8 BOOLEAN
+);
+
+CREATE TABLE IF NOT EXISTS process_exits (
+    event_id     VARCHAR PRIMARY KEY,
+    instance_id  VARCHAR,
+    boot_id      VARCHAR,
+    seq          BIGINT,
+    ts_us        BIGINT,
+    stage        VARCHAR,
+    argv         VARCHAR[],
+    pid          INTEGER,
+    exit_code    INTEGER,
+    signal       INTEGER,
+    signal_name  VARCHAR,
+    start_error  VARCHAR,
+    started_us   BIGINT,
+    ended_us     BIGINT,
+    duration_s   DOUBLE,
+    timed_out    BOOLEAN,
+    stdout_tail  VARCHAR[],
+    stderr_tail  VARCHAR[],
+    file_tails   STRUCT(path VARCHAR, lines VARCHAR[], "exists" BOOLEAN)[]
+);
+
+CREATE TABLE IF NOT EXISTS throughput (
+    event_id        VARCHAR PRIMARY KEY,
+    instance_id     VARCHAR,
+    boot_id         VARCHAR,
+    seq             BIGINT,
+    ts_us           BIGINT,
+    kind            VARCHAR,   -- sample (Throughput event) / result (BenchmarkResult event)
+    stage           VARCHAR,
+    backend         VARCHAR,
+    device          VARCHAR,
+    phase           VARCHAR,   -- warmup / measured for samples, NULL for results
+    proofs          INTEGER,
+    seconds         DOUBLE,
+    proofs_per_hour DOUBLE,
+    min_rate        DOUBLE,    -- results only
+    verdict         VARCHAR,   -- results only: pass / fail / error
+    detail          VARCHAR,
+    params          MAP(VARCHAR, VARCHAR)
+);
+
+-- One row per failed stage, with everything that explains it.
+CREATE TABLE IF NOT EXISTS failures (
+    failure_id         VARCHAR PRIMARY KEY, -- event_id of the event that revealed the failure
+    instance_id        VARCHAR,
+    boot_id            VARCHAR,
+    stage              VARCHAR,
+    ts_us              BIGINT,
+    exit_code          INTEGER,
+    signal             INTEGER,
+    signal_name        VARCHAR,
+    start_error        VARCHAR,
+    detail             VARCHAR,              -- the failed lifecycle event's detail / benchmark detail
+    stderr_tail        VARCHAR[],
+    stdout_tail        VARCHAR[],
+    file_tails         STRUCT(path VARCHAR, lines VARCHAR[], "exists" BOOLEAN)[],
+    preceding_events   VARCHAR[],            -- the lifecycle events that led to it, as 'stage state detail'
+    gpu_model          VARCHAR,
+    compute_capability VARCHAR,
+    driver_version     VARCHAR,
+    cuda_version       VARCHAR,
+    proofs_per_hour    DOUBLE,
+    min_rate           DOUBLE,
+    failure_class      VARCHAR,
+    hint               VARCHAR,
+    matched_line       VARCHAR               -- the line (or field) the class rule matched
+);
+
+CREATE TABLE IF NOT EXISTS dead_letters (
+    topic       VARCHAR,
+    "partition" INTEGER,
+    "offset"    BIGINT,
+    key         BLOB,
+    value       BLOB,
+    reason      VARCHAR,
+    PRIMARY KEY (topic, "partition", "offset")
+);
+
+-- The consumer's own position, committed in the same transaction as the rows.
+CREATE TABLE IF NOT EXISTS consumer_offsets (
+    consumer_group VARCHAR,
+    topic          VARCHAR,
+    "partition"    INTEGER,
+    next_offset    BIGINT,
+    PRIMARY KEY (consumer_group, topic, "partition")
+);
