@@ -1,4 +1,4 @@
-"""`flightrec sql|dashboard`: the readers (analytics/)."""
+"""`flightrec dashboard`: the Streamlit app (analytics/)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,6 @@ from flightrec.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    s = sub.add_parser("sql", help="run read-only SQL and print the result")
-    s.add_argument("query")
-    s.add_argument("--db", default=None)
-    s.set_defaults(func=_todo, what="sql")
     d = sub.add_parser("dashboard", help="start the Streamlit app")
     d.add_argument("--db", default=None)
     d.add_argument("--port", type=int, default=8501)
@@ -21,4 +17,4 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _todo(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.cli import not_built
 
-    return not_built(args.what, "issues 4 and 5")
+    return not_built(args.what, "issue 5")
