@@ -1,0 +1,61 @@
+"""Codec benchmark: log lines/s encoded and decoded, batched vs one message per line (baseline)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+from flightrec.schemas import LogBatch, decode_record, default_codec, encode, new_event_id, now_us
+
+LINES = 200_000
+BATCH = 256
+REPEATS = 5
+
+
+def make_lines(n: int) -> list[str]:
+    rnd = random.Random(7)
+    words = ["proof", "cuda", "warmup", "kernel", "ms", "ok", "gpu0", "sha256", "ntt", "batch", "queue", "daemon"]
+    return [f"2026-12-02T13:{i % 60:02d}:00Z INFO prover: " + " ".join(rnd.choices(words, k=10)) for i in range(n)]
+
+
+def batches(lines: list[str], size: int) -> list[LogBatch]:
+    out = []
+    ts = now_us()
+    for start in range(0, len(lines), size):
+        chunk = lines[start:start + size]
+        n = len(chunk)
+        out.append(LogBatch(event_id=new_event_id(), instance_id="bench-1", boot_id="boot", seq=len(out), ts_us=ts,
+                            stage="benchmark", source="stdout", pid=1, line_no=list(range(start + 1, start + n + 1)),
+                            line_ts_us=[ts] * n, text=chunk, truncated=[False] * n, invalid_utf8=[False] * n))
+    return out
+
+
+def rate(fn, items, lines: int) -> float:
+    samples = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        fn(items)
+        samples.append(lines / (time.perf_counter() - t))
+    return statistics.median(samples)
+
+
+def main() -> None:
+    default_codec()
+    lines = make_lines(LINES)
+    batched, single = batches(lines, BATCH), batches(lines[: LINES // 4], 1)
+    enc_b = rate(lambda xs: [encode(x) for x in xs], batched, LINES)
+    enc_s = rate(lambda xs: [encode(x) for x in xs], single, LINES // 4)
+    msgs_b, msgs_s = [encode(x) for x in batched], [encode(x) for x in single]
+    dec_b = rate(lambda ms: [decode_record(m) for m in ms], msgs_b, LINES)
+    dec_s = rate(lambda ms: [decode_record(m) for m in ms], msgs_s, LINES // 4)
+    print(f"codec, one core, {LINES} lines of ~{sum(map(len, lines)) // LINES} bytes, median of {REPEATS}")
+    print(f"{'':28}{'batched (' + str(BATCH) + '/msg)':>22}{'baseline (1/msg)':>20}{'ratio':>8}")
+    print(f"{'encode lines/s':28}{enc_b:22,.0f}{enc_s:20,.0f}{enc_b / enc_s:8.1f}x")
+    print(f"{'decode lines/s':28}{dec_b:22,.0f}{dec_s:20,.0f}{dec_b / dec_s:8.1f}x")
+    print(f"goal >= 300,000 lines/s each way: encode {'met' if enc_b >= 3e5 else 'NOT met'}, "
+          f"decode {'met' if dec_b >= 3e5 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
