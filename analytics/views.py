@@ -5,4 +5,113 @@ from __future__ import annotations
 # Each entry is one `CREATE OR REPLACE TEMP VIEW ...` statement over the tables of
 # consumers/schema.sql. `flightrec sql` and the app pass them to
 # flightrec.query.run_query(prelude=VIEWS), so both speak the same names.
-VIEWS: tuple[str, ...] = ()
+# Times: the tables hold microseconds since the epoch (UTC, `*_us`); the views add
+# TIMESTAMP columns (UTC, no zone) next to them so people can read and bucket them.
+
+FLEET = """
+CREATE OR REPLACE TEMP VIEW fleet AS
+SELECT
+    i.instance_id, i.state, i.stage, i.detail, i.gpu_model, i.gpu_count, i.compute_capability,
+    i.driver_version, i.cuda_version, i.host, i.price_per_hour,
+    make_timestamp(i.first_event_us) AS first_seen,
+    make_timestamp(i.last_event_us) AS last_seen,
+    round((epoch_us(now()) - i.first_event_us) / 3600e6, 2) AS age_hours,
+    i.proofs_per_hour, i.min_rate, i.verdict,
+    i.price_per_hour / nullif(i.proofs_per_hour, 0) AS cost_per_proof,
+    coalesce(i.failures, 0) AS failures,
+    i.events, i.sealed, i.complete, i.incomplete_reason, i.boot_id,
+    i.first_event_us, i.last_event_us
+FROM instances i
+"""
+
+# One row per run of a stage: started -> the next succeeded / failed / skipped of the
+# same instance, boot and stage. A run with no end yet has outcome 'running'.
+STAGE_RUNS = """
+CREATE OR REPLACE TEMP VIEW stage_runs AS
+WITH ev AS (
+    SELECT instance_id, boot_id, stage, state, detail, ts_us, seq,
+           CAST(sum(CASE WHEN state = 'started' THEN 1 ELSE 0 END)
+               OVER (PARTITION BY instance_id, boot_id, stage ORDER BY seq
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) AS run_no
+    FROM lifecycle_events
+    WHERE kind = 'lifecycle' AND stage IS NOT NULL AND state IN ('started', 'succeeded', 'failed', 'skipped')
+)
+SELECT
+    instance_id, boot_id, stage, run_no,
+    min(ts_us) AS started_us,
+    min(ts_us) FILTER (WHERE state <> 'started') AS ended_us,
+    make_timestamp(min(ts_us)) AS started_at,
+    make_timestamp(min(ts_us) FILTER (WHERE state <> 'started')) AS ended_at,
+    coalesce(arg_min(state, seq) FILTER (WHERE state <> 'started'), 'running') AS outcome,
+    arg_min(detail, seq) FILTER (WHERE state <> 'started') AS detail,
+    (min(ts_us) FILTER (WHERE state <> 'started') - min(ts_us)) / 1e6 AS duration_s
+FROM ev
+GROUP BY instance_id, boot_id, stage, run_no
+"""
+
+FAILURE_CONTEXT = """
+CREATE OR REPLACE TEMP VIEW failure_context AS
+SELECT
+    f.failure_id, f.instance_id, f.boot_id, f.stage, make_timestamp(f.ts_us) AS failed_at,
+    f.failure_class, f.hint, f.matched_line,
+    CASE
+        WHEN f.signal IS NOT NULL AND f.signal <> 0
+            THEN 'signal ' || coalesce(f.signal_name, CAST(f.signal AS VARCHAR))
+        WHEN f.start_error IS NOT NULL AND f.start_error <> '' THEN 'did not start: ' || f.start_error
+        WHEN f.exit_code IS NOT NULL THEN 'exit ' || CAST(f.exit_code AS VARCHAR)
+        ELSE 'no exit'
+    END AS outcome,
+    f.exit_code, f.signal, f.signal_name, f.start_error, f.detail,
+    f.stderr_tail, f.stdout_tail, f.file_tails, f.preceding_events,
+    coalesce(f.gpu_model, i.gpu_model) AS gpu_model,
+    f.compute_capability, f.driver_version, f.cuda_version,
+    f.proofs_per_hour, f.min_rate, i.host, i.price_per_hour, f.ts_us
+FROM failures f
+LEFT JOIN instances i USING (instance_id)
+"""
+
+# Every log line with a readable time and the kind of its source (stdout, stderr, file).
+LOG_VIEW = """
+CREATE OR REPLACE TEMP VIEW log_view AS
+SELECT
+    instance_id, boot_id, stage, source,
+    CASE WHEN source IN ('stdout', 'stderr') THEN source ELSE 'file' END AS source_kind,
+    line_no, make_timestamp(ts_us) AS ts, text, truncated, invalid_utf8, ts_us, pid, seq
+FROM log_lines
+"""
+
+THROUGHPUT_SAMPLES = """
+CREATE OR REPLACE TEMP VIEW throughput_samples AS
+SELECT
+    t.instance_id, t.boot_id, t.stage, t.kind, t.phase, make_timestamp(t.ts_us) AS ts,
+    coalesce(i.gpu_model, t.device) AS gpu_model, t.backend, t.device,
+    t.proofs, t.seconds, t.proofs_per_hour, coalesce(t.min_rate, i.min_rate) AS min_rate, t.verdict,
+    i.price_per_hour, i.price_per_hour / nullif(t.proofs_per_hour, 0) AS cost_per_proof, t.ts_us
+FROM throughput t
+LEFT JOIN instances i USING (instance_id)
+"""
+
+# Latest proofs/hour per instance, summarised per GPU model against the minimum rate.
+GPU_THROUGHPUT = """
+CREATE OR REPLACE TEMP VIEW gpu_throughput AS
+SELECT
+    coalesce(gpu_model, 'unknown') AS gpu_model,
+    count(*) AS instances,
+    round(quantile_cont(proofs_per_hour, 0.1), 1) AS p10_proofs_per_hour,
+    round(median(proofs_per_hour), 1) AS median_proofs_per_hour,
+    round(quantile_cont(proofs_per_hour, 0.9), 1) AS p90_proofs_per_hour,
+    max(min_rate) AS min_rate,
+    count(*) FILTER (WHERE proofs_per_hour < min_rate) AS below_min_rate,
+    median(price_per_hour) AS median_price_per_hour,
+    median(price_per_hour / nullif(proofs_per_hour, 0)) AS median_cost_per_proof
+FROM instances
+WHERE proofs_per_hour IS NOT NULL
+GROUP BY ALL
+"""
+
+VIEWS: tuple[str, ...] = (FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_SAMPLES, GPU_THROUGHPUT)
+
+# The names the views define, for documentation and the SQL console's help.
+VIEW_NAMES: tuple[str, ...] = (
+    "fleet", "stage_runs", "failure_context", "log_view", "throughput_samples", "gpu_throughput",
+)

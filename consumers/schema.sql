@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS boots (
     first_event_us BIGINT,
     last_event_us  BIGINT,
     complete       BOOLEAN,
+    incomplete_reason VARCHAR, -- NULL when complete
     PRIMARY KEY (instance_id, boot_id)
 );
 
@@ -56,7 +57,8 @@ CREATE TABLE IF NOT EXISTS lifecycle_events (
     stage       VARCHAR,
     state       VARCHAR,
     detail      VARCHAR,
-    attributes  MAP(VARCHAR, VARCHAR)
+    attributes  MAP(VARCHAR, VARCHAR),
+    event_count BIGINT        -- sealed events only: the boot's event count
 );
 
 -- One row per line. `source` is stdout, stderr or the followed file's path.
@@ -161,4 +163,55 @@ CREATE TABLE IF NOT EXISTS consumer_offsets (
     "partition"    INTEGER,
     next_offset    BIGINT,
     PRIMARY KEY (consumer_group, topic, "partition")
+);
+
+-- Every distinct event the materializer has folded (one row per event, not per
+-- line): the dedupe set for all topics and the source of the seq bookkeeping.
+CREATE TABLE IF NOT EXISTS events_seen (
+    event_id    VARCHAR PRIMARY KEY,
+    instance_id VARCHAR,
+    boot_id     VARCHAR,
+    seq         BIGINT,
+    ts_us       BIGINT,
+    kind        VARCHAR,      -- lifecycle / facts / sealed / log / exit / sample / result
+    stage       VARCHAR
+);
+
+-- Every InstanceFacts event, whole (instances holds the latest GPU facts).
+CREATE TABLE IF NOT EXISTS instance_facts (
+    event_id           VARCHAR PRIMARY KEY,
+    instance_id        VARCHAR,
+    boot_id            VARCHAR,
+    seq                BIGINT,
+    ts_us              BIGINT,
+    gpu_model          VARCHAR,
+    gpu_count          INTEGER,
+    gpu_memory_mib     BIGINT,
+    driver_version     VARCHAR,
+    cuda_version       VARCHAR,
+    compute_capability VARCHAR,
+    gpu_probe_error    VARCHAR,
+    host               VARCHAR,
+    cpu_model          VARCHAR,
+    cpu_count          INTEGER,
+    ram_mib            BIGINT,
+    image              VARCHAR,
+    price_per_hour     DOUBLE,
+    attributes         MAP(VARCHAR, VARCHAR)
+);
+
+-- Run bookkeeping (wall-clock time of the materializer, not of events): NOT part
+-- of the materialized state, so replays differ here and only here (and in
+-- consumer_offsets' group names).
+CREATE TABLE IF NOT EXISTS materializer_runs (
+    run_id          VARCHAR PRIMARY KEY,
+    consumer_group  VARCHAR,
+    mode            VARCHAR,    -- materialize / replay
+    started_us      BIGINT,
+    last_commit_us  BIGINT,
+    commits         BIGINT,
+    messages        BIGINT,
+    lines           BIGINT,
+    duplicates      BIGINT,
+    dead_letters    BIGINT
 );

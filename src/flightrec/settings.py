@@ -52,6 +52,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_SSL_CAFILE", "", "CA bundle to verify the brokers' TLS certificates."),
     Setting("FLIGHTREC_SSL_CERTFILE", "", "Client certificate for TLS client authentication."),
     Setting("FLIGHTREC_SSL_KEYFILE", "", "Client key for TLS client authentication."),
+    Setting("FLIGHTREC_FACTS", "", "JSON file of InstanceFacts fields that override the agent's probe (e.g. a simulated RTX 4090 on a CPU machine); GPU fields there skip nvidia-smi."),
+    Setting("FLIGHTREC_FLUSH_TIMEOUT", "10", "Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool."),
+    Setting("FLIGHTREC_MAX_LINE", "65536", "Longest log line shipped, in bytes; longer lines are cut and flagged truncated."),
+    Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
+    Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits (it stops earlier once every followed file exists and was quiet for 1 s)."),
     Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR)."),
 )
 
@@ -59,6 +64,16 @@ SETTINGS: tuple[Setting, ...] = (
 def _env(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name)
     return value if value not in (None, "") else None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = _env(env, name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a number; set it to a number of seconds or unset it") from exc
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -93,6 +108,11 @@ class Settings:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     log_level: str = "INFO"
+    facts: str | None = None
+    flush_timeout: float = 10.0
+    max_line: int = 65536
+    tail_lines: int = 100
+    follow_grace: float = 2.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -124,6 +144,11 @@ class Settings:
             ssl_certfile=_env(env, "FLIGHTREC_SSL_CERTFILE"),
             ssl_keyfile=_env(env, "FLIGHTREC_SSL_KEYFILE"),
             log_level=(_env(env, "FLIGHTREC_LOG_LEVEL") or base.log_level).upper(),
+            facts=_env(env, "FLIGHTREC_FACTS"),
+            flush_timeout=_float(env, "FLIGHTREC_FLUSH_TIMEOUT", base.flush_timeout),
+            max_line=_int(env, "FLIGHTREC_MAX_LINE", base.max_line),
+            tail_lines=_int(env, "FLIGHTREC_TAIL_LINES", base.tail_lines),
+            follow_grace=_float(env, "FLIGHTREC_FOLLOW_GRACE", base.follow_grace),
         )
 
     def with_overrides(self, **flags: Any) -> "Settings":

@@ -1,35 +1,159 @@
-"""`flightrec agent run|event|flush|seal`: the instance agent (producer/)."""
+"""`flightrec agent run|event|facts|flush|seal`: the instance agent (producer/)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
+from flightrec.errors import ConfigError
 from flightrec.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="the instance agent: wrap stages, publish events")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    run = actions.add_parser("run", help="run CMD as a stage and publish its lines and exit")
-    run.add_argument("--instance", default=None)
+
+    def common(a: argparse.ArgumentParser) -> None:
+        a.add_argument("--instance", default=None, help="instance id (default $FLIGHTREC_INSTANCE, else the host name)")
+        a.add_argument("--spool", default=None, help="spool folder (default $FLIGHTREC_SPOOL)")
+        a.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default $FLIGHTREC_BOOTSTRAP)")
+        a.add_argument("--flush-timeout", type=float, default=None, metavar="S",
+                       help="seconds to wait for Kafka at exit (default $FLIGHTREC_FLUSH_TIMEOUT, 10)")
+
+    run = actions.add_parser("run", help="run CMD as a stage and publish its lines and exit",
+                             usage="flightrec agent run --stage NAME [--tail PATH]... [--seal] -- CMD [ARGS]")
+    common(run)
     run.add_argument("--stage", required=True)
-    run.add_argument("--tail", action="append", default=[], metavar="PATH")
+    run.add_argument("--tail", action="append", default=[], metavar="PATH", help="follow this file too (repeatable)")
+    run.add_argument("--seal", action="store_true",
+                     help="seal the boot when CMD exits 0 (implied for the stage named 'supervisor')")
+    run.add_argument("--no-facts", action="store_true", help="do not send instance facts (sent once per boot otherwise)")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
-    run.set_defaults(func=_todo)
+    run.set_defaults(func=_run)
     ev = actions.add_parser("event", help="publish one lifecycle event")
-    ev.add_argument("--instance", default=None)
+    common(ev)
     ev.add_argument("--stage", required=True)
-    ev.add_argument("--state", required=True)
+    ev.add_argument("--state", required=True, help="started, succeeded, failed, skipped or info")
     ev.add_argument("--detail", default="")
     ev.add_argument("--attr", action="append", default=[], metavar="K=V")
-    ev.set_defaults(func=_todo)
-    for name in ("flush", "seal"):
-        a = actions.add_parser(name)
-        a.add_argument("--instance", default=None)
-        a.set_defaults(func=_todo)
+    ev.add_argument("--no-facts", action="store_true", help="do not send instance facts (sent once per boot otherwise)")
+    ev.set_defaults(func=_event)
+    facts = actions.add_parser("facts", help="send this boot's instance facts (once per boot) and print them")
+    common(facts)
+    facts.add_argument("--force", action="store_true", help="send them even if this boot already has them")
+    facts.set_defaults(func=_facts)
+    fl = actions.add_parser("flush", help="deliver what an earlier agent left in the spool; exit 1 if some is left")
+    common(fl)
+    fl.add_argument("--all", action="store_true", help="every instance found in the spool folder")
+    fl.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds (default 30)")
+    fl.set_defaults(func=_flush)
+    se = actions.add_parser("seal", help="send the sealed event closing this boot")
+    common(se)
+    se.add_argument("--reason", default="sealed by `flightrec agent seal`")
+    se.set_defaults(func=_seal)
 
 
-def _todo(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli import not_built
+def _settings(args: argparse.Namespace, settings: Settings) -> Settings:
+    return settings.with_overrides(instance=args.instance, spool=args.spool, bootstrap=args.bootstrap,
+                                   flush_timeout=args.flush_timeout)
 
-    return not_built(f"agent {args.action}", "issue 3")
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    import threading
+
+    from flightrec.producer import open_agent, run_stage
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("no command given: flightrec agent run --stage NAME -- CMD [ARGS]")
+    s = _settings(args, settings)
+    with open_agent(settings=s) as agent:
+        facts = None
+        if not args.no_facts:
+            facts = threading.Thread(target=_facts_quietly, args=(agent,), daemon=True)
+            facts.start()
+        result = run_stage(agent, args.stage, cmd, args.tail,
+                           seal_on_success=args.seal or args.stage == "supervisor")
+        if facts is not None:
+            facts.join(20)
+    return result.exit_status
+
+
+def _facts_quietly(agent: object) -> None:
+    import logging
+
+    try:
+        agent.facts()  # type: ignore[attr-defined]
+    except Exception as exc:  # facts must never break a stage
+        logging.getLogger(__name__).warning("instance facts not sent: %s", exc)
+
+
+def _event(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.producer import open_agent
+    from flightrec.schemas import STAGE_STATES
+
+    if args.state not in STAGE_STATES:
+        raise ConfigError(f"--state {args.state!r} is not one of {', '.join(STAGE_STATES)}")
+    attrs: dict[str, str] = {}
+    for kv in args.attr:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise ConfigError(f"--attr {kv!r} is not K=V")
+        attrs[k] = v
+    with open_agent(settings=_settings(args, settings)) as agent:
+        if not args.no_facts:
+            _facts_quietly(agent)
+        agent.event(args.stage, args.state, detail=args.detail, attributes=attrs)
+    return 0
+
+
+def _facts(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.producer import open_agent
+
+    with open_agent(settings=_settings(args, settings)) as agent:
+        ev = agent.facts(force=args.force)
+    if ev is None:
+        print("this boot already has its instance facts (use --force to send them again)")
+    else:
+        rec = {k: v for k, v in ev.to_record().items() if k not in ("event_id",)}
+        print(json.dumps(rec, indent=2, default=str))
+    return 0
+
+
+def _flush(args: argparse.Namespace, settings: Settings) -> int:
+    from urllib.parse import unquote
+
+    from flightrec.producer import open_agent
+
+    s = _settings(args, settings)
+    timeout = args.timeout if args.timeout is not None else max(30.0, s.flush_timeout)
+    if args.all:
+        root = Path(s.spool)
+        instances = sorted(unquote(p.name) for p in root.iterdir() if (p / "lock").exists()) if root.is_dir() else []
+    else:
+        instances = [s.instance]
+    left = 0
+    for iid in instances:
+        with open_agent(instance_id=iid, settings=s) as agent:
+            before = agent.pending()
+            ok = agent.flush(timeout)
+            after = agent.pending()
+            print(f"{iid}: {before - after} events delivered, {after} left in {agent.spool.dir}")
+            if not ok:
+                left += after
+                print(f"{iid}: not everything was acknowledged within {timeout:g}s "
+                      f"(last error: {agent.deliverer.last_error if agent.deliverer else None})", file=sys.stderr)
+    return 1 if left else 0
+
+
+def _seal(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.producer import open_agent
+
+    with open_agent(settings=_settings(args, settings)) as agent:
+        ev = agent.seal(args.reason)
+        print(f"sealed boot {ev.boot_id} of {ev.instance_id}: {ev.event_count} events")
+    return 0

@@ -1,20 +1,48 @@
-"""`flightrec dashboard`: the Streamlit app (analytics/)."""
+"""`flightrec dashboard`: start the Streamlit app (analytics/) on a database, headless."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
+from pathlib import Path
 
 from flightrec.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    d = sub.add_parser("dashboard", help="start the Streamlit app")
-    d.add_argument("--db", default=None)
-    d.add_argument("--port", type=int, default=8501)
-    d.set_defaults(func=_todo, what="dashboard")
+    d = sub.add_parser("dashboard", help="start the Streamlit app",
+                       description="Start the Streamlit dashboard (Fleet, Instance, Failures, Throughput, SQL) "
+                                   "on a flightrec database; it reads it live while a materializer runs.")
+    d.add_argument("--db", default=None, help="the database (default: $FLIGHTREC_DB, else flightrec.duckdb)")
+    d.add_argument("--port", type=int, default=8501, help="HTTP port (default 8501)")
+    d.add_argument("--address", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 serves every interface)")
+    d.set_defaults(func=run_dashboard)
 
 
-def _todo(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli import not_built
+def streamlit_command(db: str, port: int, address: str) -> list[str]:
+    """The `streamlit run` command line for the app's entry script, headless, on ``db``."""
+    from flightrec.analytics import ENTRY_SCRIPT
 
-    return not_built(args.what, "issue 5")
+    return [sys.executable, "-m", "streamlit", "run", str(ENTRY_SCRIPT),
+            "--server.headless", "true", "--server.port", str(port), "--server.address", address,
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--", "--db", db]
+
+
+def run_dashboard(args: argparse.Namespace, settings: Settings) -> int:
+    """Replace this process with Streamlit (so signals reach it directly); never returns on success."""
+    db = str(Path(args.db or settings.db).resolve())
+    if not Path(db).exists():
+        log.warning("no database at %s yet; the pages say so until `flightrec materialize --db %s` creates it", db, db)
+    env = dict(os.environ)
+    env["FLIGHTREC_DB"] = db
+    env["PYTHONSAFEPATH"] = "1"  # keep the working directory off sys.path (./cuda would shadow NVIDIA's package)
+    cmd = streamlit_command(db, args.port, args.address)
+    print(f"flightrec dashboard: http://{args.address}:{args.port}/ on {db}", file=sys.stderr, flush=True)
+    os.execve(cmd[0], cmd, env)
+    return 0  # pragma: no cover - execve does not return

@@ -3,33 +3,127 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
 
 from flightrec.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("materialize", help="consume all topics into DuckDB")
-    m.add_argument("--db", default=None)
-    m.add_argument("--until-idle", type=float, default=None, metavar="SECONDS")
-    m.add_argument("--group", default=None)
-    m.set_defaults(func=_todo, what="materialize")
+    m.add_argument("--db", default=None, help="database file (default $FLIGHTREC_DB)")
+    m.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
+                   help="exit once caught up and no message came for SECONDS")
+    m.add_argument("--group", default=None, help="name of the offsets kept in the database")
+    m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: consumers/rules.toml)")
+    m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
+    m.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
+    m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
-    r.add_argument("--db", default=None)
-    r.add_argument("--since", default=None)
-    r.add_argument("--instance", default=None)
-    r.set_defaults(func=_todo, what="replay")
+    r.add_argument("--db", default=None, help="the NEW database file to build")
+    r.add_argument("--since", default=None, help="only events at/after TIME (ISO-8601, epoch s, or an age: 2h)")
+    r.add_argument("--instance", default=None, help="only this instance's events")
+    r.add_argument("--group", default=None)
+    r.add_argument("--rules", default=None, metavar="FILE")
+    r.add_argument("--memory-limit", default="512MB")
+    r.set_defaults(func=_replay)
     t = sub.add_parser("timeline", help="print one instance's life")
     t.add_argument("instance")
     t.add_argument("--db", default=None)
-    t.set_defaults(func=_todo, what="timeline")
+    t.add_argument("--from-topics", action="store_true", help="read the topics even if the database exists")
+    t.add_argument("--max-lines", type=int, default=2000, help="log lines shown, the latest (0: all)")
+    t.add_argument("--rules", default=None, metavar="FILE")
+    t.set_defaults(func=_timeline)
     w = sub.add_parser("wait-sealed", help="wait until an instance's evidence is complete")
     w.add_argument("instance")
     w.add_argument("--db", default=None)
     w.add_argument("--timeout", type=float, default=60.0)
-    w.set_defaults(func=_todo, what="wait-sealed")
+    w.set_defaults(func=_wait_sealed)
 
 
-def _todo(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli import not_built
+def _ensure_topics(settings: Settings) -> None:
+    from flightrec.broker.topics import ensure_topics
 
-    return not_built(args.what, "issue 4")
+    try:
+        asyncio.run(asyncio.wait_for(ensure_topics(settings.kafka_kwargs(), partitions=settings.partitions,
+                                                    replication=settings.replication,
+                                                    retention_ms=settings.retention_ms), 20.0))
+    except Exception as exc:  # noqa: BLE001 - the materializer reports an absent broker itself
+        log.warning("could not make sure the topics exist: %s", exc)
+
+
+def _run(opts: "object", settings: Settings) -> int:
+    from flightrec.consumers.materializer import Materializer
+
+    async def go() -> int:
+        loop = asyncio.get_running_loop()
+        async with Materializer(settings.kafka_kwargs(), opts) as m:  # type: ignore[arg-type]
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, m.stop)
+            stats = await m.run()
+        print(f"events_received={stats.events_received} lines_written={stats.lines_written} "
+              f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
+              f"commits={stats.commits}", file=sys.stderr)
+        return 0
+
+    return asyncio.run(go())
+
+
+def _materialize(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.consumers.classify import load_rules
+    from flightrec.consumers.materializer import DEFAULT_GROUP, Options
+
+    settings = settings.with_overrides(db=args.db)
+    _ensure_topics(settings)
+    opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, until_idle=args.until_idle,
+                   rules=load_rules(args.rules), serve=not args.no_serve, memory_limit=args.memory_limit)
+    return _run(opts, settings)
+
+
+def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.consumers.classify import load_rules
+    from flightrec.consumers.materializer import DEFAULT_GROUP, Options, parse_time
+
+    settings = settings.with_overrides(db=args.db)
+    opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, replay=True, instance=args.instance,
+                   since_us=parse_time(args.since) if args.since else None, rules=load_rules(args.rules),
+                   memory_limit=args.memory_limit)
+    return _run(opts, settings)
+
+
+def _timeline(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.consumers import timeline
+    from flightrec.consumers.classify import load_rules
+    from flightrec.settings import TOPICS
+
+    settings = settings.with_overrides(db=args.db)
+    if Path(settings.db).exists() and not args.from_topics:
+        entries, left_out = timeline.from_db(settings.db, args.instance, args.max_lines)
+    else:
+        if not args.from_topics:
+            print(f"no database at {settings.db}; reading the topics at {settings.bootstrap}", file=sys.stderr)
+        records = asyncio.run(timeline.read_instance_records(settings.kafka_kwargs(), args.instance, TOPICS))
+        entries, left_out = timeline.entries_from_records(records, load_rules(args.rules), args.max_lines)
+    if not entries:
+        print(f"flightrec timeline: no events of instance {args.instance}", file=sys.stderr)
+        return 1
+    print(timeline.render(entries, left_out, color=sys.stdout.isatty()))
+    return 0
+
+
+def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.consumers.gate import wait_sealed
+
+    settings = settings.with_overrides(db=args.db)
+    result = wait_sealed(settings.db, args.instance, args.timeout)
+    if result.complete:
+        print(f"{args.instance}: complete: {result.reason}")
+        return 0
+    print(f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}",
+          file=sys.stderr)
+    return 3

@@ -3,18 +3,69 @@
 from __future__ import annotations
 
 import argparse
+import csv
+import json
+import sys
+from typing import Any
+
+import pyarrow as pa
 
 from flightrec.settings import Settings
+
+MAX_CELL = 200  # characters shown per cell in the text table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sql", help="run read-only SQL and print the result")
     s.add_argument("query")
     s.add_argument("--db", default=None)
-    s.set_defaults(func=_todo, what="sql")
+    fmt = s.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    fmt.add_argument("--json", action="store_true", help="print one JSON object per line")
+    s.set_defaults(func=_sql)
 
 
-def _todo(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli import not_built
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return value.hex()
+    text = value if isinstance(value, str) else json.dumps(value, default=str) if isinstance(value, (list, dict)) \
+        else str(value)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
-    return not_built(args.what, "issue 4")
+
+def format_table(table: pa.Table) -> str:
+    """An aligned text table with a header, a rule and a row count."""
+    names = table.column_names
+    rows = [[_cell(v) for v in row.values()] for row in table.to_pylist()]
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
+               for f in table.schema]
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)).rstrip()
+    out = [line(names), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def _sql(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.analytics.views import VIEWS
+    from flightrec.query import run_query
+
+    settings = settings.with_overrides(db=args.db)
+    table = run_query(settings.db, args.query, prelude=VIEWS)
+    if args.csv:
+        w = csv.writer(sys.stdout)
+        w.writerow(table.column_names)
+        for row in table.to_pylist():
+            w.writerow(["" if v is None else json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
+                        for v in row.values()])
+    elif args.json:
+        for row in table.to_pylist():
+            print(json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
+    else:
+        print(format_table(table))
+    return 0

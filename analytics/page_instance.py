@@ -1,0 +1,154 @@
+"""Instance page: one instance's life - stage timeline, exits, throughput and a log viewer."""
+
+from __future__ import annotations
+
+import altair as alt
+import streamlit as st
+
+from flightrec.analytics import queries
+from flightrec.analytics.ui import fetch, fmt_money, fmt_num, query_param, remember_in_url, table_height
+
+OUTCOME_COLORS = alt.Scale(domain=["succeeded", "failed", "skipped", "running"],
+                           range=["#2e7d32", "#c62828", "#9e9e9e", "#1565c0"])
+
+
+def pick_instance() -> str | None:
+    """The instance to show: from ?instance=ID, else the selectbox (newest activity first)."""
+    ids = fetch(queries.instance_ids)
+    if not ids:
+        st.info("No instances in the database yet. Start `flightrec materialize` and an agent.")
+        return None
+    wanted = query_param("instance")
+    index = ids.index(wanted) if wanted in ids else 0
+    key = f"instance_pick_{wanted}"
+    return st.selectbox("Instance", ids, index=index, key=key, on_change=remember_in_url, args=("instance", key))
+
+
+def facts(instance_id: str) -> dict | None:
+    """Headline facts of the instance."""
+    rows = fetch(queries.instance_facts, instance_id).to_pylist()
+    if not rows:
+        st.warning(f"No instance {instance_id!r} in the database.")
+        return None
+    f = rows[0]
+    cols = st.columns(5)
+    cols[0].metric("State", f"{f['state'] or '—'}", help=f"stage: {f['stage']}")
+    cols[1].metric("Stage", f["stage"] or "—")
+    cols[2].metric("Proofs/hour", fmt_num(f["proofs_per_hour"]), help=f"minimum rate {fmt_num(f['min_rate'])}")
+    cols[3].metric("Verdict", f["verdict"] or "—")
+    cols[4].metric("Failures", f"{f['failures']}")
+    evidence = "complete" if f["complete"] else f"incomplete ({f['incomplete_reason'] or 'not sealed'})"
+    st.caption(
+        f"GPU **{f['gpu_model'] or 'unknown'}** ×{f['gpu_count'] or '?'} · compute {f['compute_capability'] or '?'} · "
+        f"driver {f['driver_version'] or '?'} · CUDA {f['cuda_version'] or '?'} · host {f['host'] or '?'} · "
+        f"{fmt_money(f['price_per_hour'], 2)}/hour · cost/proof {fmt_money(f['cost_per_proof'])} · "
+        f"first seen {f['first_seen']} · last seen {f['last_seen']} · evidence {evidence}")
+    if f["detail"]:
+        st.caption(f"Latest detail: {f['detail']}")
+    return f
+
+
+def timeline(instance_id: str) -> None:
+    """A Gantt chart of the stage runs."""
+    stages = fetch(queries.instance_stages, instance_id)
+    st.subheader("Stages")
+    if not stages.num_rows:
+        st.caption("No stage events.")
+        return
+    frame = stages.to_pandas()
+    chart = (alt.Chart(frame)
+             .mark_bar()
+             .encode(x=alt.X("started_at:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S")), x2="ended_at:T",
+                     y=alt.Y("stage:N", sort=alt.SortField("started_at"), title=None),
+                     color=alt.Color("outcome:N", scale=OUTCOME_COLORS),
+                     tooltip=["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"])
+             .properties(height=max(120, 32 * frame["stage"].nunique())))
+    st.altair_chart(chart, width="stretch")
+    st.dataframe(frame[["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"]],
+                 hide_index=True, width="stretch", height=table_height(len(frame), 300))
+
+
+def exits_and_throughput(instance_id: str) -> None:
+    """Its subprocess exits and its throughput over time, side by side."""
+    left, right = st.columns(2)
+    left.subheader("Exits")
+    exits = fetch(queries.instance_exits, instance_id)
+    if exits.num_rows:
+        left.dataframe(exits, hide_index=True, width="stretch")
+    else:
+        left.caption("No subprocess exits.")
+    right.subheader("Throughput")
+    tp = fetch(queries.instance_throughput, instance_id)
+    if tp.num_rows:
+        frame = tp.to_pandas()
+        line = alt.Chart(frame).mark_line(point=True).encode(
+            x=alt.X("ts:T", title="time (UTC)"), y=alt.Y("proofs_per_hour:Q", title="proofs/hour"),
+            color="kind:N", tooltip=["ts", "kind", "phase", "proofs", "proofs_per_hour", "verdict"])
+        layers = [line]
+        if frame["min_rate"].notna().any():
+            layers.append(alt.Chart(frame.dropna(subset=["min_rate"]).head(1)).mark_rule(strokeDash=[4, 4], color="red")
+                          .encode(y="min_rate:Q"))
+        right.altair_chart(alt.layer(*layers), width="stretch")
+    else:
+        right.caption("No throughput measured.")
+
+
+def failures(instance_id: str) -> list[dict]:
+    """Its failures, each linking to the drill-down on the Failures page."""
+    rows = fetch(queries.instance_failures, instance_id).to_pylist()
+    if rows:
+        st.subheader("Failures")
+        for r in rows:
+            st.markdown(f"- **{r['stage']}** {r['outcome']} at {r['failed_at']} — `{r['failure_class']}`: "
+                        f"{r['hint'] or ''}")
+            st.page_link("page_failures.py", label=f"drill down: {r['stage']} {r['failure_class']}",
+                         icon=":material/search:", query_params={"failure": r["failure_id"]})
+    return rows
+
+
+def logs(instance_id: str, failure_rows: list[dict]) -> None:
+    """The log viewer: filter by stage and source, search, jump to the failure."""
+    st.subheader("Logs")
+    sources = fetch(queries.log_sources, instance_id).to_pylist()
+    if not sources:
+        st.caption("No log lines.")
+        return
+    all_stages = sorted({r["stage"] for r in sources if r["stage"]})
+    all_sources = sorted({r["source"] for r in sources if r["source"]})
+    c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
+    jump = c4.toggle("Jump to the failure", value=False, disabled=not failure_rows, key=f"logs_jump_{instance_id}")
+    around = None
+    default_stages: list[str] = []
+    if jump and failure_rows:
+        failure = failure_rows[0]
+        around = failure["ts_us"]
+        default_stages = [failure["stage"]] if failure["stage"] in all_stages else []
+    stages = c1.multiselect("Stage", all_stages, default=default_stages, key=f"logs_stages_{instance_id}_{jump}")
+    chosen_sources = c2.multiselect("Source", all_sources, key=f"logs_sources_{instance_id}",
+                                    help="stdout, stderr, or a followed file")
+    search = c3.text_input("Search", key=f"logs_search_{instance_id}").strip()
+    total = fetch(queries.count_log_lines, instance_id, stages=stages, sources=chosen_sources, search=search)
+    lines = fetch(queries.log_lines, instance_id, stages=stages, sources=chosen_sources, search=search,
+                  around_us=around)
+    where = " up to the failure" if around is not None else ""
+    st.caption(f"{total:,} matching lines; showing the last {lines.num_rows:,}{where}.")
+    st.dataframe(lines.select(["ts", "stage", "source", "line_no", "text"]), hide_index=True, width="stretch",
+                 height=table_height(lines.num_rows, 420), column_config={"text": st.column_config.TextColumn("text", width="large")})
+
+
+def render() -> None:
+    """The Instance page."""
+    st.title("Instance")
+    instance_id = pick_instance()
+    if instance_id is None:
+        return
+    if facts(instance_id) is None:
+        return
+    failure_rows = failures(instance_id)
+    timeline(instance_id)
+    exits_and_throughput(instance_id)
+    logs(instance_id, failure_rows)
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,297 @@
+"""The parameterized queries the dashboard pages run, over the views of analytics/views.py."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from flightrec.analytics.views import VIEWS
+from flightrec.query import run_query
+
+log = logging.getLogger(__name__)
+
+Db = str | Path
+
+# Rows the log viewer and the SQL console show at most (the rest is counted, not sent).
+MAX_LOG_ROWS = 2000
+MAX_CONSOLE_ROWS = 10_000
+
+
+def q(db: Db, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+    """Run one read-only statement over the views, parameters bound."""
+    return run_query(db, sql, params or None, prelude=VIEWS)
+
+
+def _list(values: Sequence[str] | None) -> list[str]:
+    return [str(v) for v in values] if values else []
+
+
+def like_pattern(text: str) -> str:
+    """A case-insensitive ILIKE pattern that matches ``text`` literally anywhere (escape '\\')."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+# ---- Fleet ---------------------------------------------------------------------------
+
+def fleet_counts(db: Db) -> pa.Table:
+    """Totals for the headline: instances, failed, failures, incomplete evidence, pass verdicts."""
+    return q(db, """
+        SELECT count(*) AS instances,
+               count(*) FILTER (WHERE state = 'failed') AS failed,
+               CAST(coalesce(sum(failures), 0) AS BIGINT) AS failures,
+               count(*) FILTER (WHERE NOT coalesce(complete, false)) AS incomplete,
+               count(*) FILTER (WHERE verdict = 'pass') AS passed
+        FROM fleet""")
+
+
+def fleet_by(db: Db, column: str) -> pa.Table:
+    """Instances counted by ``state`` or ``gpu_model`` (the column name is chosen from a fixed set)."""
+    if column not in ("state", "gpu_model", "stage"):
+        raise ValueError(f"cannot group the fleet by {column!r}")
+    return q(db, f"""
+        SELECT coalesce({column}, 'unknown') AS {column}, count(*) AS instances
+        FROM fleet GROUP BY ALL ORDER BY instances DESC, {column}""")
+
+
+def fleet_filter_options(db: Db) -> pa.Table:
+    """Distinct states and GPU models, for the Fleet filters."""
+    return q(db, """
+        SELECT list(DISTINCT state ORDER BY state) FILTER (WHERE state IS NOT NULL) AS states,
+               list(DISTINCT gpu_model ORDER BY gpu_model) FILTER (WHERE gpu_model IS NOT NULL) AS gpu_models
+        FROM fleet""")
+
+
+def fleet_table(db: Db, states: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
+                search: str = "", only_failed: bool = False, only_incomplete: bool = False) -> pa.Table:
+    """The instances table with its filters (every filter is a bound parameter)."""
+    return q(db, """
+        SELECT instance_id, state, stage, age_hours, proofs_per_hour, verdict, failures, complete,
+               gpu_model, cost_per_proof, last_seen, incomplete_reason
+        FROM fleet
+        WHERE (len($states) = 0 OR list_contains($states, state))
+          AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+          AND ($search = '' OR instance_id ILIKE $pattern ESCAPE '\\')
+          AND (NOT $only_failed OR failures > 0 OR state = 'failed')
+          AND (NOT $only_incomplete OR NOT coalesce(complete, false))
+        ORDER BY last_event_us DESC NULLS LAST, instance_id""",
+             {"states": _list(states), "gpus": _list(gpu_models), "search": search,
+              "pattern": like_pattern(search), "only_failed": only_failed, "only_incomplete": only_incomplete})
+
+
+def instance_ids(db: Db) -> list[str]:
+    """Every instance id, the most recently active first."""
+    t = q(db, "SELECT instance_id FROM fleet ORDER BY last_event_us DESC NULLS LAST, instance_id")
+    return t.column("instance_id").to_pylist()
+
+
+# ---- Instance ------------------------------------------------------------------------
+
+def instance_facts(db: Db, instance_id: str) -> pa.Table:
+    """The instance's row of the fleet view (zero rows when unknown)."""
+    return q(db, "SELECT * FROM fleet WHERE instance_id = $id", {"id": instance_id})
+
+
+def instance_stages(db: Db, instance_id: str) -> pa.Table:
+    """Its stage runs for the timeline; an unfinished run ends at the instance's last event."""
+    return q(db, """
+        SELECT s.stage, s.run_no, s.boot_id, s.started_at,
+               coalesce(s.ended_at, make_timestamp(i.last_event_us)) AS ended_at,
+               s.outcome, s.detail, s.duration_s
+        FROM stage_runs s LEFT JOIN instances i USING (instance_id)
+        WHERE s.instance_id = $id
+        ORDER BY s.started_us""", {"id": instance_id})
+
+
+def instance_exits(db: Db, instance_id: str) -> pa.Table:
+    """Its subprocess exits, oldest first."""
+    return q(db, """
+        SELECT make_timestamp(ts_us) AS ended_at, stage, array_to_string(argv, ' ') AS command,
+               exit_code, signal_name, start_error, duration_s, timed_out
+        FROM process_exits WHERE instance_id = $id ORDER BY ts_us""", {"id": instance_id})
+
+
+def instance_throughput(db: Db, instance_id: str) -> pa.Table:
+    """Its throughput samples and results over time."""
+    return q(db, """
+        SELECT ts, kind, phase, proofs, seconds, proofs_per_hour, min_rate, verdict, cost_per_proof
+        FROM throughput_samples WHERE instance_id = $id ORDER BY ts_us""", {"id": instance_id})
+
+
+def instance_failures(db: Db, instance_id: str) -> pa.Table:
+    """Its failures, newest first."""
+    return q(db, """
+        SELECT failure_id, stage, failed_at, failure_class, outcome, hint, ts_us
+        FROM failure_context WHERE instance_id = $id ORDER BY ts_us DESC""", {"id": instance_id})
+
+
+def log_sources(db: Db, instance_id: str) -> pa.Table:
+    """The stages and sources its lines came from, with counts (the log viewer's filters)."""
+    return q(db, """
+        SELECT stage, source, count(*) AS lines
+        FROM log_lines WHERE instance_id = $id GROUP BY ALL ORDER BY stage, source""", {"id": instance_id})
+
+
+def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sources: Sequence[str] | None = None,
+              search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS) -> pa.Table:
+    """Its log lines in time order, filtered; with ``around_us``, the lines leading up to that moment."""
+    return q(db, """
+        SELECT * FROM (
+            SELECT ts, stage, source, line_no, text, truncated, ts_us, seq
+            FROM log_view
+            WHERE instance_id = $id
+              AND (len($stages) = 0 OR list_contains($stages, stage))
+              AND (len($sources) = 0 OR list_contains($sources, source))
+              AND ($search = '' OR text ILIKE $pattern ESCAPE '\\')
+              AND ($around IS NULL OR ts_us <= $around)
+            ORDER BY ts_us DESC, seq DESC, line_no DESC
+            LIMIT $limit)
+        ORDER BY ts_us, seq, line_no""",
+             {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
+              "pattern": like_pattern(search), "around": around_us, "limit": int(limit)})
+
+
+def count_log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None,
+                    sources: Sequence[str] | None = None, search: str = "") -> int:
+    """How many of its lines match the log viewer's filters."""
+    t = q(db, """
+        SELECT count(*) AS n FROM log_lines
+        WHERE instance_id = $id
+          AND (len($stages) = 0 OR list_contains($stages, stage))
+          AND (len($sources) = 0 OR list_contains($sources, source))
+          AND ($search = '' OR text ILIKE $pattern ESCAPE '\\')""",
+          {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
+           "pattern": like_pattern(search)})
+    return int(t.column("n")[0].as_py())
+
+
+# ---- Failures ------------------------------------------------------------------------
+
+def failure_filter_options(db: Db) -> pa.Table:
+    """Distinct failure classes and GPU models among failures."""
+    return q(db, """
+        SELECT list(DISTINCT failure_class ORDER BY failure_class) FILTER (WHERE failure_class IS NOT NULL) AS classes,
+               list(DISTINCT gpu_model ORDER BY gpu_model) FILTER (WHERE gpu_model IS NOT NULL) AS gpu_models
+        FROM failure_context""")
+
+
+def failures_over_time(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None) -> pa.Table:
+    """Failures per hour and class (filtered)."""
+    return q(db, """
+        SELECT date_trunc('hour', failed_at) AS hour, coalesce(failure_class, 'unknown') AS failure_class,
+               count(*) AS failures
+        FROM failure_context
+        WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
+          AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+        GROUP BY ALL ORDER BY hour""", {"classes": _list(classes), "gpus": _list(gpu_models)})
+
+
+def failures_by_gpu(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None) -> pa.Table:
+    """Failures per GPU model and class (filtered)."""
+    return q(db, """
+        SELECT coalesce(gpu_model, 'unknown') AS gpu_model, coalesce(failure_class, 'unknown') AS failure_class,
+               count(*) AS failures
+        FROM failure_context
+        WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
+          AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+        GROUP BY ALL ORDER BY failures DESC""", {"classes": _list(classes), "gpus": _list(gpu_models)})
+
+
+def failure_list(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
+                 limit: int = 5000) -> pa.Table:
+    """The failures, newest first (filtered)."""
+    return q(db, """
+        SELECT failure_id, failed_at, instance_id, stage, failure_class, outcome, gpu_model, matched_line, hint
+        FROM failure_context
+        WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
+          AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+        ORDER BY ts_us DESC, failure_id LIMIT $limit""",
+             {"classes": _list(classes), "gpus": _list(gpu_models), "limit": int(limit)})
+
+
+def failure_detail(db: Db, failure_id: str) -> dict[str, Any] | None:
+    """Everything about one failure, as a dict (None when there is no such failure)."""
+    t = q(db, "SELECT * FROM failure_context WHERE failure_id = $id", {"id": failure_id})
+    rows = t.to_pylist()
+    return rows[0] if rows else None
+
+
+# ---- Throughput ----------------------------------------------------------------------
+
+def gpu_throughput(db: Db) -> pa.Table:
+    """Per GPU model: proofs/hour quantiles, the minimum rate, how many fall below, cost per proof."""
+    return q(db, "SELECT * FROM gpu_throughput ORDER BY median_proofs_per_hour DESC NULLS LAST")
+
+
+def instance_rates(db: Db, gpu_models: Sequence[str] | None = None) -> pa.Table:
+    """Latest proofs/hour per instance with its minimum rate and cost per proof."""
+    return q(db, """
+        SELECT instance_id, coalesce(gpu_model, 'unknown') AS gpu_model, proofs_per_hour, min_rate,
+               proofs_per_hour >= min_rate AS meets_min_rate, verdict, price_per_hour, cost_per_proof
+        FROM fleet
+        WHERE proofs_per_hour IS NOT NULL
+          AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+        ORDER BY proofs_per_hour DESC""", {"gpus": _list(gpu_models)})
+
+
+def throughput_over_time(db: Db, gpu_models: Sequence[str] | None = None) -> pa.Table:
+    """Measured proofs/hour per GPU model and hour (median over instances)."""
+    return q(db, """
+        SELECT date_trunc('hour', ts) AS hour, coalesce(gpu_model, 'unknown') AS gpu_model,
+               median(proofs_per_hour) AS proofs_per_hour, count(*) AS samples
+        FROM throughput_samples
+        WHERE proofs_per_hour IS NOT NULL AND (phase IS NULL OR phase = 'measured')
+          AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+        GROUP BY ALL ORDER BY hour""", {"gpus": _list(gpu_models)})
+
+
+# ---- SQL console ---------------------------------------------------------------------
+
+EXAMPLES: dict[str, str] = {
+    "Failures by class": "SELECT failure_class, count(*) AS failures, any_value(hint) AS hint\n"
+                         "FROM failure_context GROUP BY ALL ORDER BY failures DESC",
+    "Instances still failing": "SELECT instance_id, stage, gpu_model, failures, last_seen\n"
+                               "FROM fleet WHERE state = 'failed' ORDER BY last_seen DESC LIMIT 100",
+    "Evidence not complete": "SELECT instance_id, state, incomplete_reason\n"
+                             "FROM fleet WHERE NOT coalesce(complete, false) ORDER BY instance_id LIMIT 100",
+    "Throughput by GPU model": "SELECT * FROM gpu_throughput ORDER BY median_proofs_per_hour DESC",
+    "Cheapest proofs": "SELECT instance_id, gpu_model, proofs_per_hour, price_per_hour, cost_per_proof\n"
+                       "FROM fleet WHERE cost_per_proof IS NOT NULL ORDER BY cost_per_proof LIMIT 20",
+    "Slowest stages": "SELECT stage, count(*) AS runs, round(median(duration_s), 1) AS median_s,\n"
+                      "       round(max(duration_s), 1) AS max_s\nFROM stage_runs GROUP BY ALL ORDER BY median_s DESC",
+}
+
+
+def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Table, bool]:
+    """Run the console's read-only SQL; return at most ``max_rows`` rows and whether it was cut.
+
+    The statement itself is checked by flightrec.query (one read statement, no file
+    access); a SELECT is wrapped in a LIMIT so a huge result cannot exhaust memory.
+    """
+    from flightrec.query import check_read_only
+
+    text = sql.strip().rstrip(";").strip()
+    check_read_only(text)
+    import duckdb
+
+    kind = duckdb.extract_statements(text)[0].type.name
+    if kind == "SELECT":
+        t = q(db, f"SELECT * FROM (\n{text}\n) LIMIT {int(max_rows) + 1}")
+    else:
+        t = q(db, text)
+    cut = t.num_rows > max_rows
+    return (t.slice(0, max_rows) if cut else t), cut
+
+
+def catalog(db: Db) -> pa.Table:
+    """Tables and views with their columns, for the console's help."""
+    return q(db, """
+        SELECT table_name AS name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END AS kind,
+               (SELECT string_agg(column_name, ', ' ORDER BY ordinal_position)
+                FROM information_schema.columns c
+                WHERE c.table_name = t.table_name AND c.table_schema = t.table_schema) AS columns
+        FROM information_schema.tables t
+        WHERE table_schema IN ('main', 'temp') ORDER BY kind, name""")

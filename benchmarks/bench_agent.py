@@ -1,0 +1,219 @@
+"""Benchmark of the agent: lines/s vs kcat, overhead on the child, p99 line-to-Kafka latency, peak RSS."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from flightrec.broker import LocalBroker
+from flightrec.broker.local import free_port
+from flightrec.schemas import LogBatch, decode_record
+from flightrec.settings import TOPIC_LOGS, Settings
+
+FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
+LINES = 1_000_000
+RUNS = 3
+SCRATCH = "bench.kcat"
+
+# the child: prints LINES lines of ~60 bytes as fast as Python can, then reports its own time on stderr
+CHILD = f"""
+import sys, time
+t0 = time.perf_counter()
+w = sys.stdout.write
+for i in range({LINES}):
+    w(f"{{i:07d}} worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5\\n")
+sys.stdout.flush()
+print(f"child_s={{time.perf_counter() - t0:.4f}}", file=sys.stderr)
+"""
+
+PACED = """
+import sys, time
+n, rate = int(sys.argv[1]), float(sys.argv[2])
+t0 = time.time()
+for i in range(n):
+    due = t0 + i / rate
+    d = due - time.time()
+    if d > 0:
+        time.sleep(d)
+    print(f"lat {time.time_ns() // 1000} {i}", flush=True)
+"""
+
+
+def child_seconds(stderr: bytes) -> float:
+    for line in stderr.decode(errors="replace").splitlines():
+        if line.startswith("child_s="):
+            return float(line.split("=", 1)[1])
+    raise RuntimeError(f"child did not report its time: {stderr[-500:]!r}")
+
+
+def peak_rss_mib(pid: int, stop: threading.Event, out: list[int]) -> None:
+    while not stop.is_set():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        out.append(int(line.split()[1]) // 1024)
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
+def create_scratch(bootstrap: str) -> None:
+    async def go() -> None:
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(SCRATCH, 6, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(go())
+
+
+def count_lines(bootstrap: str, instance: str, live: list[tuple[int, float]] | None = None,
+                stop: threading.Event | None = None) -> int:
+    """Lines of ``instance`` in the logs topic; with ``live``, record (line ts, receipt time) until ``stop``."""
+
+    async def go() -> int:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                             fetch_max_wait_ms=10, max_partition_fetch_bytes=16 << 20)
+        await c.start()
+        try:
+            parts = [TopicPartition(TOPIC_LOGS, p) for p in (c.partitions_for_topic(TOPIC_LOGS) or range(6))]
+            c.assign(parts)
+            await c.seek_to_beginning(*parts)
+            key = instance.encode()
+            n = 0
+            while True:
+                got = await c.getmany(timeout_ms=200)
+                now = time.time()
+                for msgs in got.values():
+                    for m in msgs:
+                        if m.key != key:
+                            continue
+                        _, rec = decode_record(m.value)
+                        if rec["source"] == "stdout":
+                            n += len(rec["text"])
+                        if live is not None:
+                            for t in rec["text"]:
+                                if t.startswith("lat "):
+                                    live.append((int(t.split()[1]), now))
+                if stop is None:
+                    end = await c.end_offsets(parts)
+                    if all([(await c.position(tp)) >= end[tp] for tp in parts]):
+                        return n
+                elif stop.is_set() and not got:
+                    return n
+        finally:
+            await c.stop()
+
+    return asyncio.run(go())
+
+
+def main() -> int:
+    if not shutil.which("kcat"):
+        print("kcat is not installed (make system-packages installs it); the baseline needs it", file=sys.stderr)
+        return 1
+    tmp = Path(tempfile.mkdtemp(prefix="bench-agent-"))
+    broker = LocalBroker(port=free_port(), data=tmp / "kafka", settings=Settings.from_env({}))
+    broker.start()
+    try:
+        return run(broker.bootstrap, tmp)
+    finally:
+        broker.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(bootstrap: str, tmp: Path) -> int:
+    create_scratch(bootstrap)
+    env = dict(os.environ, FLIGHTREC_BOOTSTRAP=bootstrap, FLIGHTREC_SPOOL=str(tmp / "spool"),
+               FLIGHTREC_FLUSH_TIMEOUT="120", FLIGHTREC_LOG_LEVEL="WARNING")
+    py = sys.executable
+    to_file, kcat, agent_total, agent_child, rss = [], [], [], [], []
+    instances = []
+    for r in range(RUNS):
+        # baseline 1: the child writing to a file
+        with open(tmp / "out.txt", "wb") as f:
+            t = time.perf_counter()
+            p = subprocess.run([py, "-c", CHILD], stdout=f, stderr=subprocess.PIPE, check=True)
+            to_file.append((time.perf_counter() - t, child_seconds(p.stderr)))
+        # baseline 2: the same child piped into kcat (librdkafka), acks=all + idempotence, same broker
+        t = time.perf_counter()
+        child = subprocess.Popen([py, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        k = subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", SCRATCH, "-X", "acks=all",
+                            "-X", "enable.idempotence=true", "-X", "linger.ms=5"], stdin=child.stdout)
+        child.wait()
+        kcat.append(time.perf_counter() - t)
+        assert k.returncode == 0, "kcat failed"
+        # the agent wrapping the same child, its output going to a file, until every line is acknowledged
+        inst = f"bench-{uuid.uuid4()}"
+        instances.append(inst)
+        with open(tmp / "out.txt", "wb") as f:
+            t = time.perf_counter()
+            p = subprocess.Popen([FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "bench", "--no-facts",
+                                  "--", py, "-c", CHILD], stdout=f, stderr=subprocess.PIPE, env=env)
+            stop, peaks = threading.Event(), []
+            th = threading.Thread(target=peak_rss_mib, args=(p.pid, stop, peaks), daemon=True)
+            th.start()
+            _, err = p.communicate()
+            agent_total.append(time.perf_counter() - t)
+            stop.set()
+            th.join()
+        assert p.returncode == 0, err[-2000:]
+        agent_child.append(child_seconds(err))
+        rss.append(max(peaks) if peaks else 0)
+        print(f"run {r + 1}: file {to_file[-1][0]:.2f}s  kcat {kcat[-1]:.2f}s  agent {agent_total[-1]:.2f}s "
+              f"(child {agent_child[-1]:.2f}s)  rss {rss[-1]} MiB", flush=True)
+    delivered = count_lines(bootstrap, instances[0])
+    assert delivered == LINES, f"the agent delivered {delivered} lines, not {LINES}"
+
+    # latency at 1,000 lines/s: a live consumer notes when each line's batch arrives
+    inst = f"bench-lat-{uuid.uuid4()}"
+    live: list[tuple[int, float]] = []
+    stop = threading.Event()
+    consumer = threading.Thread(target=count_lines, args=(bootstrap, inst, live, stop), daemon=True)
+    consumer.start()
+    time.sleep(1.0)
+    n_lat = 10_000
+    subprocess.run([FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "lat", "--no-facts", "--",
+                    py, "-c", PACED, str(n_lat), "1000"], stdout=subprocess.DEVNULL, env=env, check=True)
+    time.sleep(1.0)
+    stop.set()
+    consumer.join(30)
+    lat_ms = sorted((recv - ts / 1e6) * 1000 for ts, recv in live)
+    assert len(lat_ms) == n_lat, f"saw {len(lat_ms)} of {n_lat} paced lines"
+
+    med = statistics.median
+    f_wall = med(w for w, _ in to_file)
+    f_child = med(c for _, c in to_file)
+    print()
+    print(f"machine: {os.cpu_count()} cores; broker on the same machine; {LINES:,} lines of ~60 bytes; median of {RUNS}")
+    print(f"child -> file:        wall {f_wall:.2f}s (child's own {f_child:.2f}s)")
+    print(f"child | kcat -P:      {med(kcat):.2f}s  = {LINES / med(kcat):,.0f} lines/s")
+    print(f"agent run -- child:   {med(agent_total):.2f}s  = {LINES / med(agent_total):,.0f} lines/s, "
+          f"{med(agent_total) / med(kcat):.2f}x kcat's time (goal <= 2x)")
+    print(f"child's own time under the agent {med(agent_child):.2f}s vs to a file {f_child:.2f}s: "
+          f"+{(med(agent_child) / f_child - 1) * 100:.1f}% (goal <= 10%); whole agent run vs child -> file: "
+          f"+{(med(agent_total) / f_wall - 1) * 100:.0f}%")
+    print(f"latency line written -> batch received from Kafka at 1,000 lines/s ({n_lat:,} lines): "
+          f"p50 {lat_ms[len(lat_ms) // 2]:.0f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99)]:.0f} ms, "
+          f"max {lat_ms[-1]:.0f} ms (goal p99 <= 250 ms)")
+    print(f"agent peak RSS: {max(rss)} MiB (goal <= 150 MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Dashboard benchmark: page render times and SQL-console example times on 10,000 instances and 10M log lines.
+
+Run with `make bench` (or `PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_dashboard.py`). The
+database is generated with DuckDB SQL straight into the schema.sql tables and cached under
+.cache/bench_dashboard/ between runs. Each page is rendered with Streamlit's AppTest with the
+query cache cleared (a cold render: every query runs); the baseline, measured in the same run,
+is a trivial one-line Streamlit script rendered the same way, so the ratio says what the pages
+add over Streamlit's own cost on this machine. Goals (issue 5): every page <= 1 s, the console's
+example queries <= 200 ms.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "bench_dashboard"
+INSTANCES = 10_000
+LINES = 10_000_000
+DB = CACHE / f"fleet-{INSTANCES}-{LINES}.duckdb"
+RUNS = 5
+PAGE_GOAL_S = 1.0
+CONSOLE_GOAL_S = 0.2
+NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
+
+GENERATE = f"""
+CREATE TEMP TABLE models AS SELECT * FROM (VALUES
+    (0, 'NVIDIA H100 80GB HBM3', '9.0', 2.49, 1500.0),
+    (1, 'NVIDIA A100-SXM4-80GB', '8.0', 1.29, 900.0),
+    (2, 'NVIDIA GeForce RTX 4090', '8.9', 0.59, 800.0),
+    (3, 'NVIDIA GeForce RTX 5090', '12.0', 0.89, 1100.0),
+    (4, 'NVIDIA L40S', '8.9', 0.99, 700.0),
+    (5, 'NVIDIA RTX A6000', '8.6', 0.69, 500.0)) m(m, gpu_model, cc, price, base_rate);
+CREATE TEMP TABLE classes AS SELECT * FROM (VALUES
+    (0, 'gpu_arch_unsupported', '{NO_KERNEL}'),
+    (1, 'cuda_out_of_memory', 'CUDA error: out of memory'),
+    (2, 'below_min_rate', NULL),
+    (3, 'daemon_crashed', 'Segmentation fault (core dumped)'),
+    (4, 'params_download_failed', 'curl: (28) Operation timed out')) c(cls, failure_class, line);
+CREATE TEMP TABLE inst AS
+SELECT i, 'inst-' || lpad(CAST(i AS VARCHAR), 5, '0') AS instance_id, m.*,
+       1748779200000000 + i * 30000000 AS t0,
+       (hash(i) % 100) < 15 AS failed, hash(i * 7) % 5 AS c,
+       m.base_rate * (0.6 + (hash(i * 13) % 1000) / 1000.0 * 0.8) AS rate
+FROM range({INSTANCES}) r(i) JOIN models m ON m.m = i % 6;
+
+INSERT INTO instances BY NAME
+SELECT instance_id, 'boot-' || i AS boot_id,
+       CASE WHEN failed THEN 'benchmark' ELSE 'supervisor' END AS stage,
+       CASE WHEN failed THEN 'failed' ELSE 'started' END AS state,
+       gpu_model, 1 AS gpu_count, 81920 AS gpu_memory_mib, '570.86' AS driver_version, '12.8' AS cuda_version,
+       cc AS compute_capability, 'host-' || i AS host, price AS price_per_hour,
+       t0 AS first_event_us, t0 + 1000 * 1000000 AS last_event_us,
+       CASE WHEN failed AND c = 2 THEN 0.5 * rate WHEN failed THEN NULL ELSE rate END AS proofs_per_hour,
+       500.0 AS min_rate,
+       CASE WHEN failed AND c = 2 THEN 'fail' WHEN failed THEN 'error' ELSE 'pass' END AS verdict,
+       CASE WHEN failed THEN 1 ELSE 0 END AS failures, 1010 AS events, failed AS sealed, failed AS complete,
+       CASE WHEN failed THEN NULL ELSE 'not sealed' END AS incomplete_reason
+FROM inst;
+
+INSERT INTO lifecycle_events BY NAME
+SELECT instance_id || '-lc-' || s.n AS event_id, instance_id, 'boot-' || i AS boot_id, s.n AS seq,
+       t0 + s.n * 100000000 AS ts_us, 'lifecycle' AS kind, s.stage,
+       CASE WHEN failed AND s.stage = 'benchmark' AND s.state = 'succeeded' THEN 'failed' ELSE s.state END AS state,
+       '' AS detail
+FROM inst, (SELECT (row_number() OVER () - 1) AS n, stage, state FROM (
+    SELECT unnest(['tunnel','tunnel','register','register','fetch_params','fetch_params','benchmark','benchmark',
+                   'supervisor']) AS stage,
+           unnest(['started','succeeded','started','succeeded','started','succeeded','started','succeeded',
+                   'started']) AS state)) s
+WHERE NOT (failed AND s.stage = 'supervisor');
+
+INSERT INTO log_lines BY NAME
+SELECT instance_id, 'boot-' || i AS boot_id, instance_id || '-log-' || (line_no // 100) AS event_id,
+       100 + line_no // 100 AS seq,
+       CASE WHEN line_no < 50 THEN 'tunnel' WHEN line_no < 100 THEN 'register' WHEN line_no < 300 THEN 'fetch_params'
+            WHEN line_no < 600 THEN 'benchmark' ELSE 'supervisor' END AS stage,
+       CASE WHEN line_no BETWEEN 300 AND 599 AND line_no % 3 = 0 THEN '/var/log/prover/daemon.log'
+            WHEN line_no % 7 = 0 THEN 'stderr' ELSE 'stdout' END AS source,
+       4242 AS pid, line_no, t0 + line_no * 1000000 AS ts_us,
+       CASE WHEN failed AND c = 0 AND line_no = 597 THEN '{NO_KERNEL}'
+            ELSE 'proof ' || line_no || ' done in ' || (hash(n) % 997) || ' ms, root ' || lpad(CAST(hash(n) % 65536 AS VARCHAR), 5, '0')
+       END AS text,
+       false AS truncated, false AS invalid_utf8
+FROM (SELECT n, n % {INSTANCES} AS i, n // {INSTANCES} AS line_no FROM range({LINES}) r(n)) g
+JOIN inst USING (i);
+
+INSERT INTO process_exits BY NAME
+SELECT instance_id || '-exit' AS event_id, instance_id, 'boot-' || i AS boot_id, 1000 AS seq,
+       t0 + 600 * 1000000 AS ts_us, 'benchmark' AS stage, ['bench.sh', '--min-rate', '500'] AS argv, 4242 AS pid,
+       CASE WHEN failed AND c <> 2 THEN 1 ELSE 0 END AS exit_code, t0 + 300 * 1000000 AS started_us,
+       t0 + 600 * 1000000 AS ended_us, 300.0 AS duration_s, false AS timed_out,
+       ['benchmark exited with error'] AS stderr_tail, ['warm-up proof 1/3', 'warm-up proof 2/3'] AS stdout_tail,
+       [{{'path': '/var/log/prover/daemon.log', 'lines': ['daemon: starting', coalesce(cl.line, 'daemon: ok')],
+          'exists': true}}] AS file_tails
+FROM inst LEFT JOIN classes cl ON cl.cls = inst.c;
+
+INSERT INTO throughput BY NAME
+SELECT instance_id || '-tp-' || k AS event_id, instance_id, 'boot-' || i AS boot_id, 900 + k AS seq,
+       t0 + (400 + k * 40) * 1000000 AS ts_us, 'sample' AS kind, 'benchmark' AS stage, 'cuda' AS backend,
+       gpu_model AS device, CASE WHEN k = 0 THEN 'warmup' ELSE 'measured' END AS phase, 1 AS proofs,
+       3600.0 / rate AS seconds, rate * (0.95 + k * 0.02) AS proofs_per_hour
+FROM inst, range(5) r(k) WHERE NOT failed OR c = 2;
+
+INSERT INTO failures BY NAME
+SELECT instance_id || '-exit' AS failure_id, instance_id, 'boot-' || i AS boot_id, 'benchmark' AS stage,
+       t0 + 600 * 1000000 AS ts_us, CASE WHEN c = 2 THEN 0 ELSE 1 END AS exit_code,
+       CASE WHEN c = 3 THEN 11 END AS signal, CASE WHEN c = 3 THEN 'SIGSEGV' END AS signal_name,
+       'benchmark exited with error' AS detail, ['benchmark exited with error'] AS stderr_tail,
+       ['warm-up proof 1/3'] AS stdout_tail,
+       [{{'path': '/var/log/prover/daemon.log', 'lines': ['daemon: starting', coalesce(cl.line, 'daemon: ok')],
+          'exists': true}}] AS file_tails,
+       ['fetch_params succeeded', 'benchmark started', 'benchmark failed'] AS preceding_events,
+       gpu_model, cc AS compute_capability, '570.86' AS driver_version, '12.8' AS cuda_version,
+       CASE WHEN c = 2 THEN 0.5 * rate END AS proofs_per_hour, 500.0 AS min_rate, cl.failure_class,
+       'hint for ' || cl.failure_class AS hint, cl.line AS matched_line
+FROM inst JOIN classes cl ON cl.cls = inst.c WHERE failed;
+"""
+
+
+def build_db() -> Path:
+    """Generate the benchmark database once (cached under .cache/bench_dashboard/)."""
+    if DB.exists():
+        return DB
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = DB.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    schema = importlib.resources.files("flightrec.consumers").joinpath("schema.sql").read_text()
+    started = time.perf_counter()
+    con = duckdb.connect(str(tmp))
+    try:
+        con.execute("SET threads = 2")
+        con.execute(schema)
+        for stmt in duckdb.extract_statements(GENERATE):
+            con.execute(stmt)
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    tmp.rename(DB)
+    print(f"generated {DB} in {time.perf_counter() - started:.0f} s")
+    return DB
+
+
+def timed(fn: Callable[[], object], runs: int = RUNS) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main() -> int:
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
+    db = build_db()
+    os.environ["FLIGHTREC_DB"] = str(db)
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from flightrec.analytics import ENTRY_SCRIPT, queries
+    from flightrec.query import run_query
+
+    con = duckdb.connect(str(db), read_only=True)
+    failed = con.execute("SELECT instance_id, failure_id FROM failures WHERE failure_class = 'gpu_arch_unsupported' "
+                         "ORDER BY failure_id LIMIT 1").fetchone()
+    counts = con.execute("SELECT (SELECT count(*) FROM instances), (SELECT count(*) FROM log_lines)").fetchone()
+    con.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trivial = Path(tmp) / "trivial.py"
+        trivial.write_text("import streamlit as st\nst.title('baseline')\n")
+
+        def render_trivial() -> None:
+            AppTest.from_file(str(trivial), default_timeout=120).run()
+
+        def render(page: str | None, **params: str) -> Callable[[], float]:
+            """One cold render of a page; returns the seconds the page's own run took."""
+            def go() -> float:
+                at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=120)
+                if page is not None:
+                    at.run()  # the default page first (untimed): AppTest switches pages after a run
+                    for k, v in params.items():
+                        at.query_params[k] = v
+                    at.switch_page(page)
+                st.cache_data.clear()  # cold: every query of the page runs
+                t = time.perf_counter()
+                at.run()
+                elapsed = time.perf_counter() - t
+                assert not at.exception, at.exception
+                return elapsed
+            return go
+
+        render_trivial()  # warm imports
+        base = statistics.median(timed(render_trivial))
+        pages = {
+            "Fleet": render(None),
+            "Instance (a failed one)": render("page_instance.py", instance=failed[0]),
+            "Failures (drill-down)": render("page_failures.py", failure=failed[1]),
+            "Throughput": render("page_throughput.py"),
+            "SQL (first example)": render("page_sql.py"),
+        }
+        pages["Fleet"]()  # warm the page modules' imports (altair, pandas)
+        print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+              f"database: {counts[0]:,} instances, {counts[1]:,} log lines ({DB.stat().st_size / 2**20:.0f} MiB)")
+        print(f"baseline: trivial Streamlit script via AppTest, median {base * 1000:.0f} ms")
+        print(f"{'page (AppTest run, cold query cache)':42} {'median ms':>10} {'max ms':>8} {'x baseline':>10}  goal 1 s")
+        for name, fn in pages.items():
+            times = [fn() for _ in range(RUNS)]
+            med = statistics.median(times)
+            ok = "ok" if med <= PAGE_GOAL_S else "OVER"
+            print(f"{name:42} {med * 1000:10.0f} {max(times) * 1000:8.0f} {med / base:10.1f}  {ok}")
+
+        one = statistics.median(timed(lambda: run_query(db, "SELECT 1")))
+        print(f"\nbaseline: run_query('SELECT 1') median {one * 1000:.1f} ms")
+        print(f"{'console example (run_query + views)':42} {'median ms':>10} {'max ms':>8} {'x baseline':>10}  goal 200 ms")
+        for name, sql in queries.EXAMPLES.items():
+            times = timed(lambda: queries.console(db, sql))  # noqa: B023 (called right here)
+            med = statistics.median(times)
+            ok = "ok" if med <= CONSOLE_GOAL_S else "OVER"
+            print(f"{name:42} {med * 1000:10.1f} {max(times) * 1000:8.1f} {med / one:10.1f}  {ok}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""Benchmark of the materializer: lines/s vs raw consume+decode, live-read latency, peak RSS, failure-context query time.
+
+Starts its own Kafka (LocalBroker, free port, temp data dir) and stops it. Run:
+    PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_materialize.py [--lines 5000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import duckdb
+
+from flightrec.broker import LocalBroker
+from flightrec.broker.local import free_port
+from flightrec.errors import QueryError
+from flightrec.query import run_query
+from flightrec.schemas import FileTail, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, decode_record, encode
+from flightrec.settings import TOPIC_LOGS, Settings
+
+BATCH = 500
+FAILURE_CONTEXT = """
+SELECT f.failure_class, f.hint, f.exit_code, f.stage, f.matched_line, f.stderr_tail, f.file_tails,
+       f.preceding_events, f.gpu_model, f.compute_capability,
+       (SELECT list(text ORDER BY seq, line_no) FROM (
+            SELECT text, seq, line_no FROM log_lines l
+            WHERE l.instance_id = f.instance_id AND l.boot_id = f.boot_id AND l.stage = f.stage
+            ORDER BY seq DESC, line_no DESC LIMIT 50)) AS last_lines
+FROM failures f WHERE f.instance_id = ?
+"""
+
+
+def flightrec_cmd(*args: str) -> list[str]:
+    return [str(Path(sys.executable).with_name("flightrec")), *args]
+
+
+def env_for(bootstrap: str) -> dict[str, str]:
+    return {**os.environ, "FLIGHTREC_BOOTSTRAP": bootstrap, "PYTHONSAFEPATH": "1", "FLIGHTREC_LOG_LEVEL": "WARNING"}
+
+
+def batch(instance: str, boot: str, seq: int, n: int, first: int, stage: str = "supervisor",
+          source: str = "stdout") -> LogBatch:
+    ts = time.time_ns() // 1000
+    return LogBatch(event_id=str(uuid.uuid4()), instance_id=instance, boot_id=boot, seq=seq, ts_us=ts, stage=stage,
+                    source=source, pid=1, line_no=list(range(first, first + n)), line_ts_us=[ts] * n,
+                    text=[f"proof {first + i} done in 41.7s gpu0 util 97% mem 21311MiB" for i in range(n)],
+                    truncated=[False] * n, invalid_utf8=[False] * n)
+
+
+def failing_instance() -> list:
+    inst, boot = "bench-failing", "boot-1"
+    env = lambda s: dict(event_id=str(uuid.uuid4()), instance_id=inst, boot_id=boot, seq=s,  # noqa: E731
+                         ts_us=time.time_ns() // 1000)
+    cuda = "CUDA error: no kernel image is available for execution on the device"
+    return [InstanceFacts(**env(0), gpu_model="RTX PRO 4000", compute_capability="12.0"),
+            Lifecycle(**env(1), stage="benchmark", state="started"),
+            LogBatch(**env(2), stage="benchmark", source="/var/log/d.log", line_no=[1], line_ts_us=[1], text=[cuda],
+                     truncated=[False], invalid_utf8=[False]),
+            ProcessExit(**env(3), stage="benchmark", argv=["bench"], exit_code=1, started_us=0, ended_us=1,
+                        duration_s=1.0, file_tails=[FileTail("/var/log/d.log", [cuda])]),
+            Lifecycle(**env(4), stage="benchmark", state="failed"), Sealed(**env(5), event_count=6)]
+
+
+async def produce_backlog(bootstrap: str, lines: int) -> tuple[int, float]:
+    from aiokafka import AIOKafkaProducer
+
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=20,
+                         max_batch_size=1 << 20, max_request_size=8 << 20)
+    await p.start()
+    t = time.perf_counter()
+    try:
+        instances = [f"bench-{k}" for k in range(20)]
+        seqs = {i: 0 for i in instances}
+        sent = 0
+        k = 0
+        while sent < lines:
+            inst = instances[k % len(instances)]
+            n = min(BATCH, lines - sent)
+            ev = batch(inst, "boot-1", seqs[inst], n, seqs[inst] * BATCH + 1)
+            seqs[inst] += 1
+            await p.send(TOPIC_LOGS, encode(ev), key=inst.encode())
+            sent += n
+            k += 1
+        for ev in failing_instance():
+            await p.send(ev.topic, encode(ev), key=ev.instance_id.encode())
+        await p.flush()
+    finally:
+        await p.stop()
+    return sent, time.perf_counter() - t
+
+
+async def raw_consume_decode(bootstrap: str) -> tuple[int, float]:
+    """The baseline: read the logs topic from the start with aiokafka and decode every message."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                         auto_offset_reset="earliest", max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20)
+    await c.start()
+    try:
+        parts = [TopicPartition(TOPIC_LOGS, p) for p in c.partitions_for_topic(TOPIC_LOGS) or ()]
+        if not parts:
+            await c._client.force_metadata_update()
+            parts = [TopicPartition(TOPIC_LOGS, p) for p in c.partitions_for_topic(TOPIC_LOGS)]
+        c.assign(parts)
+        await c.seek_to_beginning(*parts)
+        end = await c.end_offsets(parts)
+        lines = 0
+        t = time.perf_counter()
+        while any([(await c.position(tp)) < end[tp] for tp in parts]):
+            data = await c.getmany(timeout_ms=200, max_records=5000)
+            for recs in data.values():
+                for r in recs:
+                    lines += len(decode_record(r.value)[1]["text"])
+        return lines, time.perf_counter() - t
+    finally:
+        await c.stop()
+
+
+def latency_phase(bootstrap: str, work: Path, seconds: float = 20.0) -> list[float]:
+    """Seconds from a probe line's ack by Kafka to its visibility through run_query, under background load."""
+    db = work / "latency.duckdb"
+    proc = subprocess.Popen(flightrec_cmd("materialize", "--db", str(db)), env=env_for(bootstrap),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    acked: dict[int, float] = {}
+    seen: dict[int, float] = {}
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                rows = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = 'probe'").to_pylist()
+                n = rows[0]["n"]
+            except QueryError:
+                n = None
+            now = time.perf_counter()
+            if n is not None:
+                for k in range(1, n + 1):
+                    seen.setdefault(k, now)
+            time.sleep(0.01)
+
+    async def produce() -> None:
+        from aiokafka import AIOKafkaProducer
+
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+        await p.start()
+        try:
+            end = time.perf_counter() + seconds
+            k = 0
+            while time.perf_counter() < end:
+                k += 1
+                await (await p.send(TOPIC_LOGS, encode(batch("probe", "b", k - 1, 1, k)), key=b"probe"))
+                acked[k] = time.perf_counter()
+                # background load: ~10,000 lines/s of other instances
+                for j in range(2):
+                    await p.send(TOPIC_LOGS, encode(batch(f"load-{j}", "b", k, BATCH, k * BATCH)), key=f"load-{j}".encode())
+                await asyncio.sleep(0.1)
+            await p.flush()
+        finally:
+            await p.stop()
+
+    try:
+        time.sleep(4)  # let it start and serve
+        t = threading.Thread(target=poll, daemon=True)
+        t.start()
+        asyncio.run(produce())
+        deadline = time.perf_counter() + 30
+        while len(seen) < len(acked) and time.perf_counter() < deadline:
+            time.sleep(0.1)
+        done.set()
+        t.join()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return [seen[k] - acked[k] for k in acked if k in seen] + [float("inf")] * (len(acked) - len([k for k in acked if k in seen]))
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lines", type=int, default=5_000_000)
+    ap.add_argument("--query-lines", type=int, default=10_000_000)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-materialize-"))
+    broker = LocalBroker(port=free_port(), data=work / "kafka", settings=Settings.from_env({}))
+    broker.start()
+    try:
+        lat = latency_phase(broker.bootstrap, work)
+        sent, t_prod = asyncio.run(produce_backlog(broker.bootstrap, args.lines))
+        print(f"produced {sent:,} lines in {t_prod:.1f}s")
+        raw_lines, t_raw = asyncio.run(raw_consume_decode(broker.bootstrap))
+        db = work / "big.duckdb"
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(flightrec_cmd("materialize", "--db", str(db), "--until-idle", "2", "--no-serve"),
+                                env=env_for(broker.bootstrap), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            print(proc.stderr.read().decode(), file=sys.stderr)
+            return 1
+        con = duckdb.connect(str(db))
+        mat_lines, run_s = con.execute("""SELECT (SELECT count(*) FROM log_lines),
+            (SELECT (last_commit_us - started_us) / 1e6 FROM materializer_runs)""").fetchone()
+        # Grow to the query size with synthetic lines of other instances, then time the question.
+        extra = max(0, args.query_lines - mat_lines)
+        con.execute(f"""INSERT INTO log_lines SELECT 'synthetic-' || (i // 100000), 'b', 'e-' || (i // 500), i // 500,
+                        'supervisor', 'stdout', 1, i, i, 'proof ' || i || ' done in 41.7s gpu0 util 97%', false, false
+                        FROM range({extra}) t(i)""")
+        con.execute("CHECKPOINT")
+        total = con.execute("SELECT count(*) FROM log_lines").fetchone()[0]
+        con.close()
+        times = []
+        for _ in range(30):
+            t = time.perf_counter()
+            rows = run_query(db, FAILURE_CONTEXT, ["bench-failing"]).to_pylist()
+            times.append(time.perf_counter() - t)
+        assert rows and rows[0]["failure_class"] == "gpu_arch_unsupported", rows
+        mat_rate = mat_lines / run_s
+        raw_rate = raw_lines / t_raw
+        print(f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB")
+        print(f"raw consume+decode of {TOPIC_LOGS} (baseline): {raw_lines:,} lines in {t_raw:.1f}s = {raw_rate:,.0f} lines/s")
+        print(f"materialize: {mat_lines:,} lines in {run_s:.1f}s (run), {wall:.1f}s wall incl. start = "
+              f"{mat_rate:,.0f} lines/s; ratio to raw {mat_rate / raw_rate:.0%} (goal >= 100,000 lines/s and >= 50%)")
+        print(f"peak RSS of the materializer with a {sent:,}-line backlog: {usage.ru_maxrss / 1024:.0f} MiB (goal <= 1024)")
+        print(f"live-read latency Kafka ack -> visible to run_query, {len(lat)} probes under ~10k lines/s load: "
+              f"p50 {pct(lat, 0.5):.2f}s p99 {pct(lat, 0.99):.2f}s max {max(lat):.2f}s (goal p99 <= 5 s)")
+        print(f"failure context of one instance in {total:,} lines: median {statistics.median(times) * 1000:.1f} ms, "
+              f"p95 {pct(times, 0.95) * 1000:.1f} ms over {len(times)} runs incl. opening the file (goal <= 50 ms)")
+        return 0
+    finally:
+        broker.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Failure classes: the rule table (rules.toml, data) and the pure classifier over one failure's evidence."""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from flightrec.errors import ConfigError
+
+_KNOWN_KEYS = {"class", "hint", "lines", "signal", "exit_codes", "timed_out", "start_error", "verdict",
+               "min_proofs_per_hour", "stages"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the rule table; every condition stated must hold (see rules.toml)."""
+
+    failure_class: str
+    hint: str
+    lines: tuple[re.Pattern[str], ...] = ()
+    signals: tuple[str, ...] = ()
+    exit_codes: tuple[int, ...] = ()
+    timed_out: bool | None = None
+    start_error: bool | None = None
+    verdict: str | None = None
+    min_proofs_per_hour: float | None = None
+    stages: tuple[re.Pattern[str], ...] = ()
+
+
+@dataclass(frozen=True)
+class FailureEvidence:
+    """What a failed stage left behind, as the classifier sees it."""
+
+    stage: str
+    exit_code: int | None = None
+    signal: int | None = None
+    signal_name: str | None = None
+    timed_out: bool = False
+    start_error: str | None = None
+    stderr_tail: Sequence[str] = ()
+    stdout_tail: Sequence[str] = ()
+    file_tails: Sequence[tuple[str, Sequence[str]]] = ()
+    details: Sequence[str] = ()
+    verdict: str | None = None
+    proofs_per_hour: float | None = None
+
+    def lines(self) -> Iterator[str]:
+        """Evidence lines in the order rules see them: followed files, stderr, stdout, details."""
+        for _path, lines in self.file_tails:
+            yield from lines
+        yield from self.stderr_tail
+        yield from self.stdout_tail
+        yield from (d for d in self.details if d)
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The verdict of the rule table: class, hint, and the line (or field) that matched."""
+
+    failure_class: str
+    hint: str
+    matched_line: str | None = None
+
+
+@dataclass(frozen=True)
+class RuleTable:
+    """An ordered rule table; the first matching rule wins, ``unknown`` when none does."""
+
+    rules: tuple[Rule, ...] = field(default_factory=tuple)
+    source: str = ""
+
+    def classify(self, ev: FailureEvidence) -> Classification:
+        """Classify one failure. Pure and deterministic: same evidence, same answer."""
+        for rule in self.rules:
+            matched = _match(rule, ev)
+            if matched is not None:
+                return Classification(rule.failure_class, rule.hint, matched or None)
+        return Classification("unknown", "No rule matched; read the tails and add a rule to consumers/rules.toml.")
+
+
+def signal_name(number: int | None, name: str | None = None) -> str | None:
+    """The signal's name (SIGKILL) from the event, or derived from its number."""
+    if name:
+        return name
+    if number is None:
+        return None
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+def _match(rule: Rule, ev: FailureEvidence) -> str | None:
+    """'' or the matched line when the rule holds, None when it does not."""
+    found = ""
+    if rule.stages and not any(p.search(ev.stage or "") for p in rule.stages):
+        return None
+    if rule.verdict is not None and ev.verdict != rule.verdict:
+        return None
+    if rule.min_proofs_per_hour is not None:
+        if ev.proofs_per_hour is None or not ev.proofs_per_hour > rule.min_proofs_per_hour:
+            return None
+        found = f"proofs_per_hour={ev.proofs_per_hour:g}"
+    if rule.timed_out is not None and bool(ev.timed_out) != rule.timed_out:
+        return None
+    if rule.start_error is not None and bool(ev.start_error) != rule.start_error:
+        return None
+    if rule.exit_codes and ev.exit_code not in rule.exit_codes:
+        return None
+    if rule.signals:
+        name = signal_name(ev.signal, ev.signal_name)
+        if name is None or ("any" not in rule.signals and name not in rule.signals):
+            return None
+        found = found or f"signal {name}"
+    if rule.lines:
+        for line in ev.lines():
+            if any(p.search(line) for p in rule.lines):
+                return line
+        return None
+    if not found:
+        if rule.timed_out:
+            found = "timed_out"
+        elif rule.start_error:
+            found = ev.start_error or "start_error"
+        elif rule.exit_codes:
+            found = f"exit code {ev.exit_code}"
+    return found
+
+
+def _compile(patterns: Any, where: str) -> tuple[re.Pattern[str], ...]:
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ConfigError(f"{where}: expected a list of regular expressions")
+    try:
+        return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
+    except re.error as exc:
+        raise ConfigError(f"{where}: bad regular expression: {exc}; fix the pattern") from exc
+
+
+def parse_rules(text: str, source: str = "<rules>") -> RuleTable:
+    """Parse a rule table from TOML text; ConfigError names the bad rule."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+    rules = []
+    for i, raw in enumerate(data.get("rule", [])):
+        where = f"{source} rule #{i + 1}"
+        unknown = set(raw) - _KNOWN_KEYS
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_KNOWN_KEYS)}")
+        if not raw.get("class") or not raw.get("hint"):
+            raise ConfigError(f"{where}: every rule needs a class and a hint")
+        sigs = raw.get("signal", [])
+        rules.append(Rule(
+            failure_class=str(raw["class"]),
+            hint=str(raw["hint"]),
+            lines=_compile(raw.get("lines", []), where + " lines"),
+            signals=tuple(str(s) for s in ([sigs] if isinstance(sigs, str) else sigs)),
+            exit_codes=tuple(int(c) for c in raw.get("exit_codes", [])),
+            timed_out=raw.get("timed_out"),
+            start_error=raw.get("start_error"),
+            verdict=raw.get("verdict"),
+            min_proofs_per_hour=raw.get("min_proofs_per_hour"),
+            stages=_compile(raw.get("stages", []), where + " stages"),
+        ))
+    if not rules:
+        raise ConfigError(f"{source} holds no [[rule]] entries")
+    return RuleTable(tuple(rules), source)
+
+
+def load_rules(path: str | Path | None = None) -> RuleTable:
+    """The rule table from ``path``, or the packaged consumers/rules.toml."""
+    if path is None:
+        text = resources.files("flightrec.consumers").joinpath("rules.toml").read_text("utf-8")
+        return parse_rules(text, "consumers/rules.toml")
+    try:
+        return parse_rules(Path(path).read_text("utf-8"), str(path))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the rule table {path}: {exc}") from exc

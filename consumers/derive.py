@@ -1,0 +1,240 @@
+"""Derived tables (boots, failures, instances) recomputed from the stored events of the affected keys.
+
+Run inside the store's transaction after the new events' rows are in. Each
+derived row is a function of the stored event set only (never of arrival
+order or wall-clock time), so a replay reproduces it exactly. Expects temp
+relations ``_aff_boot(instance_id, boot_id)``, ``_aff_inst(instance_id)`` and
+``_aff_stage(instance_id, boot_id, stage)`` holding the keys the batch touched.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from flightrec.consumers.classify import RuleTable
+from flightrec.consumers.failures import TAIL_LINES, build_failure
+from flightrec.consumers.fold import BOOL, FILE_TAILS, F64, I32, I64, STR, STRLIST
+
+FAILURES = pa.schema([
+    ("failure_id", STR), ("instance_id", STR), ("boot_id", STR), ("stage", STR), ("ts_us", I64),
+    ("exit_code", I32), ("signal", I32), ("signal_name", STR), ("start_error", STR), ("detail", STR),
+    ("stderr_tail", STRLIST), ("stdout_tail", STRLIST), ("file_tails", FILE_TAILS), ("preceding_events", STRLIST),
+    ("gpu_model", STR), ("compute_capability", STR), ("driver_version", STR), ("cuda_version", STR),
+    ("proofs_per_hour", F64), ("min_rate", F64), ("failure_class", STR), ("hint", STR), ("matched_line", STR)])
+BOOTS = pa.schema([("instance_id", STR), ("boot_id", STR), ("events", I64), ("max_seq", I64), ("sealed_count", I64),
+                   ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR)])
+MAX_RANGES = 5  # missing-seq ranges spelled out in incomplete_reason
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    return con.sql(sql).to_arrow_table().to_pylist()
+
+
+def missing_ranges(seqs: list[int], upto: int | None) -> list[tuple[int, int]]:
+    """Gaps in sorted distinct ``seqs`` from 0, up to ``upto`` (inclusive) when given."""
+    gaps, expect = [], 0
+    for s in seqs:
+        if upto is not None and s > upto:
+            break
+        if s > expect:
+            gaps.append((expect, s - 1))
+        expect = max(expect, s + 1)
+    if upto is not None and expect <= upto:
+        gaps.append((expect, upto))
+    return gaps
+
+
+def incomplete_reason(sealed_count: int | None, gaps: list[tuple[int, int]]) -> str:
+    """Why a boot's evidence is not complete, e.g. 'not sealed' or 'missing seq 17..19'."""
+    parts = []
+    if sealed_count is None:
+        parts.append("not sealed")
+    if gaps:
+        shown = ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in gaps[:MAX_RANGES])
+        more = f" and {len(gaps) - MAX_RANGES} more ranges" if len(gaps) > MAX_RANGES else ""
+        parts.append(f"missing seq {shown}{more}")
+    return "; ".join(parts) or "incomplete"
+
+
+def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
+    """Events, seq coverage and completeness of every affected boot."""
+    rows = _rows(con, """
+        WITH s AS (
+            SELECT instance_id, boot_id, arg_max(event_count, seq) AS sealed_count
+            FROM lifecycle_events SEMI JOIN _aff_boot USING (instance_id, boot_id)
+            WHERE kind = 'sealed' GROUP BY ALL)
+        SELECT e.instance_id, e.boot_id, count(*) AS events, max(e.seq) AS max_seq,
+               any_value(s.sealed_count) AS sealed_count,
+               min(e.ts_us) AS first_event_us, max(e.ts_us) AS last_event_us,
+               count(DISTINCT e.seq) AS distinct_seq,
+               count(DISTINCT e.seq) FILTER (WHERE e.seq < s.sealed_count) AS in_range
+        FROM events_seen e JOIN _aff_boot b USING (instance_id, boot_id)
+        LEFT JOIN s USING (instance_id, boot_id)
+        GROUP BY ALL ORDER BY e.instance_id, e.boot_id""")
+    need_gaps = []
+    for r in rows:
+        sealed = r["sealed_count"]
+        r["complete"] = sealed is not None and r["in_range"] == sealed
+        if not r["complete"] and (sealed is not None or r["distinct_seq"] != r["max_seq"] + 1):
+            need_gaps.append((r["instance_id"], r["boot_id"]))
+    gaps: dict[tuple[str, str], list[int]] = defaultdict(list)
+    if need_gaps:
+        con.register("_gap_boots", pa.table({"instance_id": [k[0] for k in need_gaps],
+                                             "boot_id": [k[1] for k in need_gaps]}))
+        for g in _rows(con, """SELECT DISTINCT instance_id, boot_id, seq FROM events_seen
+                               SEMI JOIN _gap_boots USING (instance_id, boot_id) ORDER BY ALL"""):
+            gaps[(g["instance_id"], g["boot_id"])].append(g["seq"])
+        con.unregister("_gap_boots")
+    for r in rows:
+        if r["complete"]:
+            r["incomplete_reason"] = None
+        else:
+            sealed = r["sealed_count"]
+            seqs = gaps.get((r["instance_id"], r["boot_id"]), [])
+            r["incomplete_reason"] = incomplete_reason(
+                sealed, missing_ranges(seqs, sealed - 1 if sealed is not None else None))
+    con.execute("DELETE FROM boots USING _aff_boot a WHERE boots.instance_id = a.instance_id AND boots.boot_id = a.boot_id")
+    if rows:
+        table = pa.Table.from_pylist(rows, schema=BOOTS)
+        con.register("_new_boots", table)
+        con.execute("INSERT INTO boots BY NAME SELECT * FROM _new_boots")
+        con.unregister("_new_boots")
+
+
+def recompute_failures(con: duckdb.DuckDBPyConnection, rules: RuleTable) -> int:
+    """One failures row per affected stage that shows a failure; returns rows written."""
+    keys = con.sql("""
+        SELECT DISTINCT instance_id, boot_id, stage FROM (
+            SELECT instance_id, boot_id, stage FROM lifecycle_events SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
+            WHERE kind = 'lifecycle' AND state = 'failed'
+            UNION ALL
+            SELECT instance_id, boot_id, stage FROM process_exits SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
+            WHERE coalesce(exit_code, 0) <> 0 OR signal IS NOT NULL OR coalesce(start_error, '') <> '' OR timed_out
+            UNION ALL
+            SELECT instance_id, boot_id, stage FROM throughput SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
+            WHERE kind = 'result' AND verdict IN ('fail', 'error'))
+        ORDER BY ALL""").to_arrow_table()
+    if keys.num_rows == 0:
+        return 0
+    con.register("_fail_keys", keys)
+    try:
+        life = _rows(con, """SELECT instance_id, boot_id, event_id, seq, ts_us, kind, stage, state, detail
+                             FROM lifecycle_events SEMI JOIN (SELECT DISTINCT instance_id, boot_id FROM _fail_keys)
+                             USING (instance_id, boot_id) WHERE kind = 'lifecycle'""")
+        exits = _rows(con, "SELECT * FROM process_exits SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)")
+        results = _rows(con, """SELECT * FROM throughput SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)
+                                WHERE kind = 'result'""")
+        facts = _rows(con, """SELECT * FROM instance_facts SEMI JOIN (SELECT DISTINCT instance_id FROM _fail_keys)
+                              USING (instance_id) ORDER BY ts_us, seq, event_id""")
+        tails = _rows(con, f"""
+            SELECT instance_id, boot_id, stage, source, text FROM (
+                SELECT l.*, row_number() OVER (PARTITION BY instance_id, boot_id, stage, source
+                                               ORDER BY seq DESC, line_no DESC) AS rn
+                FROM log_lines l SEMI JOIN (SELECT * FROM _fail_keys k ANTI JOIN process_exits x
+                                            USING (instance_id, boot_id, stage)) USING (instance_id, boot_id, stage))
+            WHERE rn <= {TAIL_LINES} ORDER BY instance_id, boot_id, stage, source, seq, line_no""")
+        by_boot: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for r in life:
+            by_boot[(r["instance_id"], r["boot_id"])].append(r)
+        by_stage_exit: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+        for r in exits:
+            by_stage_exit[(r["instance_id"], r["boot_id"], r["stage"])].append(r)
+        by_stage_result: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+        for r in results:
+            by_stage_result[(r["instance_id"], r["boot_id"], r["stage"])].append(r)
+        facts_of: dict[tuple[str, str | None], dict[str, Any]] = {}
+        for f in facts:  # ascending: the latest wins, per boot and per instance
+            facts_of[(f["instance_id"], f["boot_id"])] = f
+            facts_of[(f["instance_id"], None)] = f
+        tails_of: dict[tuple[str, str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        for t in tails:
+            tails_of[(t["instance_id"], t["boot_id"], t["stage"])][t["source"]].append(t["text"])
+        out = []
+        for k in keys.to_pylist():
+            key = (k["instance_id"], k["boot_id"], k["stage"])
+            row = build_failure(
+                *key, lifecycle=by_boot.get(key[:2], []), exits=by_stage_exit.get(key, []),
+                results=by_stage_result.get(key, []),
+                facts=facts_of.get(key[:2]) or facts_of.get((key[0], None)),
+                log_tails=tails_of.get(key, {}), rules=rules)
+            if row is not None:
+                out.append(row)
+        con.execute("""DELETE FROM failures USING _fail_keys k WHERE failures.instance_id = k.instance_id
+                       AND failures.boot_id = k.boot_id AND failures.stage = k.stage""")
+        if out:
+            con.register("_new_failures", pa.Table.from_pylist(out, schema=FAILURES))
+            con.execute("INSERT INTO failures BY NAME SELECT * FROM _new_failures")
+            con.unregister("_new_failures")
+        return len(out)
+    finally:
+        con.unregister("_fail_keys")
+
+
+INSTANCES_SQL = """
+INSERT INTO instances BY NAME
+WITH lb AS (
+    SELECT * FROM (SELECT b.*, row_number() OVER (PARTITION BY b.instance_id
+                                                  ORDER BY b.first_event_us DESC, b.boot_id DESC) AS rn
+                   FROM boots b SEMI JOIN _aff_inst USING (instance_id)) WHERE rn = 1),
+span AS (
+    SELECT instance_id, min(first_event_us) AS first_event_us, max(last_event_us) AS last_event_us
+    FROM boots SEMI JOIN _aff_inst USING (instance_id) GROUP BY instance_id),
+st AS (
+    SELECT * FROM (SELECT l.instance_id, l.state, l.detail,
+                          row_number() OVER (PARTITION BY l.instance_id ORDER BY l.seq DESC, l.event_id DESC) AS rn
+                   FROM lifecycle_events l JOIN lb USING (instance_id, boot_id)
+                   WHERE l.kind IN ('lifecycle', 'sealed')) WHERE rn = 1),
+sg AS (
+    SELECT * FROM (SELECT l.instance_id, l.stage,
+                          row_number() OVER (PARTITION BY l.instance_id ORDER BY l.seq DESC, l.event_id DESC) AS rn
+                   FROM lifecycle_events l JOIN lb USING (instance_id, boot_id)
+                   WHERE l.kind = 'lifecycle') WHERE rn = 1),
+fa AS (
+    SELECT * FROM (SELECT f.*, row_number() OVER (PARTITION BY f.instance_id
+                                                  ORDER BY f.ts_us DESC, f.seq DESC, f.event_id DESC) AS rn
+                   FROM instance_facts f SEMI JOIN _aff_inst USING (instance_id)) WHERE rn = 1),
+re AS (
+    SELECT * FROM (SELECT t.instance_id, t.min_rate, t.verdict,
+                          row_number() OVER (PARTITION BY t.instance_id
+                                             ORDER BY t.ts_us DESC, t.seq DESC, t.event_id DESC) AS rn
+                   FROM throughput t SEMI JOIN _aff_inst USING (instance_id) WHERE t.kind = 'result') WHERE rn = 1),
+rate AS (
+    SELECT * FROM (SELECT t.instance_id, t.proofs_per_hour,
+                          row_number() OVER (PARTITION BY t.instance_id
+                                             ORDER BY t.ts_us DESC, t.seq DESC, t.event_id DESC) AS rn
+                   FROM throughput t SEMI JOIN _aff_inst USING (instance_id)
+                   WHERE t.kind = 'result' OR t.phase = 'measured') WHERE rn = 1),
+fc AS (SELECT instance_id, count(*) AS n FROM failures SEMI JOIN _aff_inst USING (instance_id) GROUP BY instance_id)
+SELECT a.instance_id, lb.boot_id, sg.stage, st.state, st.detail,
+       fa.gpu_model, fa.gpu_count, fa.gpu_memory_mib, fa.driver_version, fa.cuda_version, fa.compute_capability,
+       fa.gpu_probe_error, fa.host, fa.price_per_hour,
+       span.first_event_us, span.last_event_us,
+       rate.proofs_per_hour, re.min_rate, re.verdict,
+       coalesce(fc.n, 0)::INTEGER AS failures,
+       coalesce(lb.events, 0) AS events,
+       lb.sealed_count IS NOT NULL AS sealed,
+       coalesce(lb.complete, false) AS complete,
+       lb.incomplete_reason
+FROM _aff_inst a
+LEFT JOIN lb USING (instance_id) LEFT JOIN span USING (instance_id) LEFT JOIN st USING (instance_id)
+LEFT JOIN sg USING (instance_id) LEFT JOIN fa USING (instance_id) LEFT JOIN re USING (instance_id)
+LEFT JOIN rate USING (instance_id) LEFT JOIN fc USING (instance_id)
+"""
+
+
+def recompute_instances(con: duckdb.DuckDBPyConnection) -> None:
+    """The instances row of every affected instance (after boots and failures)."""
+    con.execute("DELETE FROM instances WHERE instance_id IN (SELECT instance_id FROM _aff_inst)")
+    con.execute(INSTANCES_SQL)
+
+
+def recompute(con: duckdb.DuckDBPyConnection, rules: RuleTable) -> int:
+    """Boots, then failures, then instances, for the affected keys; returns failure rows written."""
+    recompute_boots(con)
+    n = recompute_failures(con, rules)
+    recompute_instances(con)
+    return n

@@ -1,0 +1,113 @@
+"""The pure failure builder: one failed stage's events become one `failures` row, classified.
+
+Guarantees: deterministic and independent of the order events arrived in (inputs
+are sorted by seq here); returns None when the stage shows no failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from flightrec.consumers.classify import FailureEvidence, RuleTable, signal_name
+
+PRECEDING_EVENTS = 20  # lifecycle events kept in preceding_events
+TAIL_LINES = 20        # lines per source when tails come from log_lines (no ProcessExit)
+
+Row = Mapping[str, Any]
+
+
+def exit_failed(x: Row) -> bool:
+    """A process exit that is a failure: non-zero code, a signal, a start error or a timeout."""
+    return bool((x.get("exit_code") not in (None, 0)) or x.get("signal") is not None or x.get("start_error")
+                or x.get("timed_out"))
+
+
+def is_failure_signal(kind: str, row: Row) -> bool:
+    """Whether one event (by its kind and row) reveals a failure of its stage."""
+    if kind == "lifecycle":
+        return row.get("state") == "failed"
+    if kind == "exit":
+        return exit_failed(row)
+    if kind == "result":
+        return row.get("verdict") in ("fail", "error")
+    return False
+
+
+def _order(r: Row) -> tuple[int, str]:
+    return (int(r.get("seq") or 0), str(r.get("event_id") or ""))
+
+
+def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequence[Row], exits: Sequence[Row],
+                  results: Sequence[Row], facts: Row | None, log_tails: Mapping[str, Sequence[str]],
+                  rules: RuleTable) -> dict[str, Any] | None:
+    """The failures row for (instance, boot, stage), or None when nothing failed.
+
+    ``lifecycle`` holds the boot's lifecycle events (any stage), ``exits`` and
+    ``results`` those of this stage, ``facts`` the GPU facts, ``log_tails``
+    the last lines per source (used when no ProcessExit carries tails).
+    """
+    lifecycle = sorted(lifecycle, key=_order)
+    stage_life = [r for r in lifecycle if r.get("stage") == stage and r.get("kind", "lifecycle") == "lifecycle"]
+    exits = sorted(exits, key=_order)
+    results = sorted(results, key=_order)
+    failed_life = [r for r in stage_life if is_failure_signal("lifecycle", r)]
+    failed_exits = [r for r in exits if exit_failed(r)]
+    failed_results = [r for r in results if is_failure_signal("result", r)]
+    revealing = sorted(failed_life + failed_exits + failed_results, key=_order)
+    if not revealing:
+        return None
+    first, last_seq = revealing[0], max(int(r["seq"]) for r in revealing)
+    exit_row = (failed_exits or exits or [None])[-1]
+    result = results[-1] if results else None
+    detail = failed_life[-1].get("detail") if failed_life else (result.get("detail") if result else None)
+    if exit_row is not None:
+        stderr, stdout = list(exit_row.get("stderr_tail") or ()), list(exit_row.get("stdout_tail") or ())
+        file_tails = [{"path": t["path"], "lines": list(t.get("lines") or ()), "exists": bool(t.get("exists"))}
+                      for t in (exit_row.get("file_tails") or ())]
+    else:
+        stderr, stdout = list(log_tails.get("stderr", ())), list(log_tails.get("stdout", ()))
+        file_tails = [{"path": src, "lines": list(lines), "exists": True}
+                      for src, lines in sorted(log_tails.items()) if src not in ("stderr", "stdout")]
+    preceding = [" ".join(p for p in (r.get("stage") or "", r.get("state") or "", r.get("detail") or "") if p)
+                 for r in lifecycle if int(r["seq"]) <= last_seq and r.get("kind", "lifecycle") == "lifecycle"]
+    preceding = preceding[-PRECEDING_EVENTS:]
+    evidence = FailureEvidence(
+        stage=stage,
+        exit_code=exit_row.get("exit_code") if exit_row else None,
+        signal=exit_row.get("signal") if exit_row else None,
+        signal_name=exit_row.get("signal_name") if exit_row else None,
+        timed_out=bool(exit_row.get("timed_out")) if exit_row else False,
+        start_error=exit_row.get("start_error") if exit_row else None,
+        stderr_tail=stderr, stdout_tail=stdout,
+        file_tails=[(t["path"], t["lines"]) for t in file_tails],
+        details=[r.get("detail") or "" for r in failed_life] + ([result.get("detail") or ""] if result else []),
+        verdict=result.get("verdict") if result else None,
+        proofs_per_hour=result.get("proofs_per_hour") if result else None,
+    )
+    verdict = rules.classify(evidence)
+    facts = facts or {}
+    return {
+        "failure_id": first["event_id"],
+        "instance_id": instance_id,
+        "boot_id": boot_id,
+        "stage": stage,
+        "ts_us": int(first["ts_us"]),
+        "exit_code": evidence.exit_code,
+        "signal": evidence.signal,
+        "signal_name": signal_name(evidence.signal, evidence.signal_name),
+        "start_error": evidence.start_error,
+        "detail": detail,
+        "stderr_tail": stderr,
+        "stdout_tail": stdout,
+        "file_tails": file_tails,
+        "preceding_events": preceding,
+        "gpu_model": facts.get("gpu_model"),
+        "compute_capability": facts.get("compute_capability"),
+        "driver_version": facts.get("driver_version"),
+        "cuda_version": facts.get("cuda_version"),
+        "proofs_per_hour": result.get("proofs_per_hour") if result else None,
+        "min_rate": result.get("min_rate") if result else None,
+        "failure_class": verdict.failure_class,
+        "hint": verdict.hint,
+        "matched_line": verdict.matched_line,
+    }

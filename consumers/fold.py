@@ -1,0 +1,262 @@
+"""The pure fold: a batch of Kafka messages becomes Arrow row batches, dead letters and next offsets.
+
+Guarantees: no I/O; the same messages give the same Delta; every message ends
+up either as rows or as exactly one dead letter with a reason; an event_id seen
+twice in one batch yields rows once (the store drops ids seen in earlier batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from flightrec.errors import CodecError
+from flightrec.schemas import EVENT_BY_NAME, Codec, default_codec
+
+STR = pa.string()
+I32 = pa.int32()
+I64 = pa.int64()
+F64 = pa.float64()
+BOOL = pa.bool_()
+STRMAP = pa.map_(pa.string(), pa.string())
+STRLIST = pa.list_(pa.string())
+FILE_TAILS = pa.list_(pa.struct([("path", STR), ("lines", STRLIST), ("exists", BOOL)]))
+
+_ENVELOPE = [("event_id", STR), ("instance_id", STR), ("boot_id", STR), ("seq", I64), ("ts_us", I64)]
+
+EVENTS = pa.schema(_ENVELOPE + [("kind", STR), ("stage", STR)])
+LIFECYCLE = pa.schema(_ENVELOPE + [("kind", STR), ("stage", STR), ("state", STR), ("detail", STR),
+                                   ("attributes", STRMAP), ("event_count", I64)])
+FACTS = pa.schema(_ENVELOPE + [
+    ("gpu_model", STR), ("gpu_count", I32), ("gpu_memory_mib", I64), ("driver_version", STR),
+    ("cuda_version", STR), ("compute_capability", STR), ("gpu_probe_error", STR), ("host", STR),
+    ("cpu_model", STR), ("cpu_count", I32), ("ram_mib", I64), ("image", STR), ("price_per_hour", F64),
+    ("attributes", STRMAP)])
+EXITS = pa.schema(_ENVELOPE + [
+    ("stage", STR), ("argv", STRLIST), ("pid", I32), ("exit_code", I32), ("signal", I32), ("signal_name", STR),
+    ("start_error", STR), ("started_us", I64), ("ended_us", I64), ("duration_s", F64), ("timed_out", BOOL),
+    ("stdout_tail", STRLIST), ("stderr_tail", STRLIST), ("file_tails", FILE_TAILS)])
+THROUGHPUT = pa.schema(_ENVELOPE + [
+    ("kind", STR), ("stage", STR), ("backend", STR), ("device", STR), ("phase", STR), ("proofs", I32),
+    ("seconds", F64), ("proofs_per_hour", F64), ("min_rate", F64), ("verdict", STR), ("detail", STR),
+    ("params", STRMAP)])
+LOGS = pa.schema([("instance_id", STR), ("boot_id", STR), ("event_id", STR), ("seq", I64), ("stage", STR),
+                  ("source", STR), ("pid", I32), ("line_no", I64), ("ts_us", I64), ("text", STR),
+                  ("truncated", BOOL), ("invalid_utf8", BOOL)])
+DEAD = pa.schema([("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()),
+                  ("value", pa.binary()), ("reason", STR)])
+
+# Short kind names per event type, as stored in events_seen.kind.
+KIND = {
+    "flightrec.v1.Lifecycle": "lifecycle",
+    "flightrec.v1.InstanceFacts": "facts",
+    "flightrec.v1.Sealed": "sealed",
+    "flightrec.v1.LogBatch": "log",
+    "flightrec.v1.ProcessExit": "exit",
+    "flightrec.v1.Throughput": "sample",
+    "flightrec.v1.BenchmarkResult": "result",
+}
+
+
+class Message(Protocol):
+    """What the fold reads from a Kafka record (aiokafka's ConsumerRecord fits)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class RawMessage:
+    """A Kafka record held in memory (tests and replays build these)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class FoldError(ValueError):
+    """A decoded record that cannot be folded (becomes a dead letter)."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """The row changes of one batch of messages: what the store commits in one transaction."""
+
+    events: pa.Table
+    lifecycle: pa.Table
+    facts: pa.Table
+    exits: pa.Table
+    throughput: pa.Table
+    logs: pa.Table
+    dead: pa.Table
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    messages: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+
+    @property
+    def lines(self) -> int:
+        """Log lines in this delta."""
+        return self.logs.num_rows
+
+
+def facts_summary(rec: dict[str, Any]) -> str:
+    """A one-line summary of an InstanceFacts record (the lifecycle row's detail)."""
+    parts = [p for p in (rec.get("gpu_model"), f"x{rec.get('gpu_count')}" if rec.get("gpu_count") else "",
+                         f"cc {rec['compute_capability']}" if rec.get("compute_capability") else "",
+                         f"driver {rec['driver_version']}" if rec.get("driver_version") else "",
+                         f"cuda {rec['cuda_version']}" if rec.get("cuda_version") else "",
+                         f"probe error: {rec['gpu_probe_error']}" if rec.get("gpu_probe_error") else "") if p]
+    return " ".join(parts)
+
+
+def _items(m: Any) -> list[tuple[str, str]]:
+    return sorted((str(k), str(v)) for k, v in (m or {}).items())
+
+
+class _Builder:
+    """Accumulates columns for one Delta."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, dict[str, list[Any]]] = {
+            name: {f.name: [] for f in schema}
+            for name, schema in (("events", EVENTS), ("lifecycle", LIFECYCLE), ("facts", FACTS),
+                                 ("exits", EXITS), ("throughput", THROUGHPUT), ("dead", DEAD))
+        }
+        self.log_scalars: dict[str, list[Any]] = {k: [] for k in
+                                                  ("instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")}
+        self.log_counts: list[int] = []
+        self.log_lines: dict[str, list[Any]] = {k: [] for k in
+                                                ("line_no", "ts_us", "text", "truncated", "invalid_utf8")}
+
+    def add(self, table: str, row: dict[str, Any]) -> None:
+        cols = self.cols[table]
+        for k, col in cols.items():
+            col.append(row.get(k))
+
+    def add_log(self, rec: dict[str, Any]) -> None:
+        n = len(rec["text"])
+        if not (len(rec["line_no"]) == len(rec["line_ts_us"]) == len(rec["truncated"]) == len(rec["invalid_utf8"]) == n):
+            raise FoldError("LogBatch per-line arrays have different lengths")
+        for k in self.log_scalars:
+            self.log_scalars[k].append(rec[k])
+        self.log_counts.append(n)
+        self.log_lines["line_no"].extend(rec["line_no"])
+        self.log_lines["ts_us"].extend(rec["line_ts_us"])
+        self.log_lines["text"].extend(rec["text"])
+        self.log_lines["truncated"].extend(rec["truncated"])
+        self.log_lines["invalid_utf8"].extend(rec["invalid_utf8"])
+
+    def logs(self) -> pa.Table:
+        counts = np.asarray(self.log_counts, dtype=np.int64)
+        idx = pa.array(np.repeat(np.arange(len(counts), dtype=np.int64), counts))
+        arrays = []
+        for f in LOGS:
+            if f.name in self.log_scalars:
+                arrays.append(pa.array(self.log_scalars[f.name], type=f.type).take(idx))
+            else:
+                arrays.append(pa.array(self.log_lines[f.name], type=f.type))
+        return pa.Table.from_arrays(arrays, schema=LOGS)
+
+    def table(self, name: str, schema: pa.Schema) -> pa.Table:
+        return pa.Table.from_pydict(self.cols[name], schema=schema)
+
+
+def _envelope(rec: dict[str, Any]) -> dict[str, Any]:
+    if not rec.get("event_id") or not rec.get("instance_id"):
+        raise FoldError("event without event_id or instance_id")
+    if rec["seq"] < 0:
+        raise FoldError(f"negative seq {rec['seq']}")
+    return {k: rec[k] for k in ("event_id", "instance_id", "boot_id", "seq", "ts_us")}
+
+
+def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
+    """Append one decoded record's rows; raises FoldError (nothing appended) when it cannot."""
+    env = _envelope(rec)
+    kind = KIND[name]
+    if kind == "log":
+        b.add_log(rec)
+        stage = rec["stage"]
+    elif kind == "lifecycle":
+        stage = rec["stage"]
+        b.add("lifecycle", {**env, "kind": kind, "stage": stage, "state": rec["state"], "detail": rec.get("detail", ""),
+                            "attributes": _items(rec.get("attributes"))})
+    elif kind == "sealed":
+        stage = None
+        b.add("lifecycle", {**env, "kind": kind, "stage": None, "state": "sealed", "detail": rec.get("reason", ""),
+                            "attributes": [], "event_count": rec["event_count"]})
+    elif kind == "facts":
+        stage = None
+        b.add("facts", {**rec, "attributes": _items(rec.get("attributes"))})
+        b.add("lifecycle", {**env, "kind": kind, "stage": None, "state": "info", "detail": facts_summary(rec),
+                            "attributes": []})
+    elif kind == "exit":
+        stage = rec["stage"]
+        tails = [{"path": t["path"], "lines": list(t["lines"]), "exists": t["exists"]} for t in rec.get("file_tails", ())]
+        b.add("exits", {**rec, "file_tails": tails})
+    else:  # sample / result
+        stage = rec["stage"]
+        b.add("throughput", {**rec, "kind": kind, "phase": rec.get("phase") if kind == "sample" else None,
+                             "params": _items(rec.get("params")), "seconds": rec.get("seconds"),
+                             "min_rate": rec.get("min_rate"), "verdict": rec.get("verdict"),
+                             "detail": rec.get("detail")})
+    b.add("events", {**env, "kind": kind, "stage": stage})
+
+
+def fold(messages: Iterable[Message], codec: Codec | None = None,
+         keep: Callable[[str, int | None], bool] | None = None) -> Delta:
+    """Fold messages (in consumption order) into one Delta.
+
+    ``keep(instance_id, ts_us)`` filters events (replay --instance/--since);
+    dead letters are asked with ts_us None and their key as instance id.
+    Filtered messages still advance the offsets. Bad messages become dead letters.
+    """
+    codec = codec or default_codec()
+    b = _Builder()
+    offsets: dict[tuple[str, int], int] = {}
+    seen: set[str] = set()
+    n = dups = skipped = 0
+    for msg in messages:
+        n += 1
+        tp = (msg.topic, msg.partition)
+        if msg.offset + 1 > offsets.get(tp, -1):
+            offsets[tp] = msg.offset + 1
+        try:
+            name, rec = codec.decode_record(msg.value)
+            expected = EVENT_BY_NAME[name].topic
+            if expected != msg.topic:
+                raise FoldError(f"a {name} event arrived on {msg.topic}; it belongs on {expected}")
+            if keep is not None and not keep(rec.get("instance_id", ""), rec.get("ts_us", 0)):
+                skipped += 1
+                continue
+            if rec.get("event_id") in seen:
+                dups += 1
+                continue
+            _fold_one(b, name, rec)
+            seen.add(rec["event_id"])
+        except CodecError as exc:
+            _dead(b, msg, f"decode: {exc.reason}", keep)
+        except (FoldError, KeyError, TypeError, ValueError) as exc:
+            _dead(b, msg, f"fold: {type(exc).__name__}: {exc}", keep)
+    return Delta(
+        events=b.table("events", EVENTS), lifecycle=b.table("lifecycle", LIFECYCLE), facts=b.table("facts", FACTS),
+        exits=b.table("exits", EXITS), throughput=b.table("throughput", THROUGHPUT), logs=b.logs(),
+        dead=b.table("dead", DEAD), offsets=offsets, messages=n, duplicates=dups, skipped=skipped,
+    )
+
+
+def _dead(b: _Builder, msg: Message, reason: str, keep: Callable[[str, int | None], bool] | None) -> None:
+    if keep is not None:
+        key = msg.key.decode("utf-8", "replace") if msg.key else ""
+        if not keep(key, None):
+            return
+    b.add("dead", {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset, "key": msg.key,
+                   "value": msg.value if msg.value is not None else None, "reason": reason})

@@ -1,0 +1,294 @@
+"""The consume loop: Kafka -> fold -> one writer thread committing to DuckDB, with live reads served.
+
+Guarantees: partitions are assigned by hand and positioned at the offsets stored
+in DuckDB (the start of each partition when none are stored), so a restart after
+SIGKILL resumes exactly after the last commit; at most one batch is being
+written while the next is folded, and a batch holds at most ``batch_bytes`` of
+messages, so memory stays bounded whatever the backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from flightrec.consumers.classify import RuleTable
+from flightrec.consumers.fold import Delta, fold
+from flightrec.consumers.serve import QueryServer
+from flightrec.consumers.store import Store
+from flightrec.errors import ConfigError, MaterializeError
+from flightrec.settings import TOPICS
+
+log = logging.getLogger(__name__)
+DEFAULT_GROUP = "flightrec-materializer"
+
+
+@dataclass(frozen=True)
+class Options:
+    """How one materializer (or replay) run behaves."""
+
+    db: str
+    group: str = DEFAULT_GROUP
+    until_idle: float | None = None     # stop once caught up and idle this long
+    replay: bool = False                # stop at the end offsets seen at start; the db must be new
+    instance: str | None = None         # replay only this instance
+    since_us: int | None = None         # replay only events at or after this time
+    rules: RuleTable | None = None
+    serve: bool = True                  # serve live queries on the socket
+    batch_bytes: int = 4 << 20          # message bytes per transaction
+    batch_messages: int = 5000
+    commit_interval: float = 0.2        # seconds a partial batch may wait
+    memory_limit: str = "512MB"
+    topics: tuple[str, ...] = TOPICS
+
+
+@dataclass
+class RunStats:
+    """Counters of one run."""
+
+    events_received: int = 0
+    lines_written: int = 0
+    duplicates_dropped: int = 0
+    dead_letters: int = 0
+    commits: int = 0
+    errors_total: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_time(text: str, now: float | None = None) -> int:
+    """Microseconds since the epoch from ISO-8601, epoch seconds, or an age like 90s / 30m / 2h / 7d."""
+    text = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", text)
+    if m:
+        seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        return int(((time.time() if now is None else now) - seconds) * 1_000_000)
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return int(float(text) * 1_000_000)
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ConfigError(f"--since {text!r}: use ISO-8601 (2025-01-31T12:00Z), epoch seconds, or an age (2h)") from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1_000_000)
+
+
+def event_filter(instance: str | None, since_us: int | None) -> Callable[[str, int | None], bool] | None:
+    """The fold's keep() for a filtered replay, or None when nothing is filtered."""
+    if instance is None and since_us is None:
+        return None
+
+    def keep(instance_id: str, ts_us: int | None) -> bool:
+        if instance is not None and instance_id != instance:
+            return False
+        return since_us is None or ts_us is None or ts_us >= since_us
+
+    return keep
+
+
+class Materializer:
+    """Consumes the topics into one database. ``async with Materializer(...) as m: await m.run()``."""
+
+    def __init__(self, kafka_kwargs: dict[str, Any], options: Options) -> None:
+        self.kafka_kwargs = kafka_kwargs
+        self.opts = options
+        self.stats = RunStats()
+        self._keep = event_filter(options.instance, options.since_us)
+        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
+        self._store: Store | None = None
+        self._server: QueryServer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._parts: list[TopicPartition] = []
+        self._stop = asyncio.Event()
+
+    async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.wrap_future(self._writer.submit(fn, *args))
+
+    async def __aenter__(self) -> "Materializer":
+        opts = self.opts
+        if opts.replay and Path(opts.db).exists():
+            raise MaterializeError(f"{opts.db} exists; replay builds a new database: remove it or pick another path")
+        try:
+            self._store = await self._in_writer(lambda: Store(opts.db, opts.group, opts.rules,
+                                                              "replay" if opts.replay else "materialize",
+                                                              opts.memory_limit))
+            if opts.serve:
+                reader_root = await self._in_writer(self._store.con.cursor)
+                self._server = QueryServer(reader_root, opts.db)
+                self._server.start()
+            self._consumer = AIOKafkaConsumer(
+                **self.kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000)
+            try:
+                await self._consumer.start()
+            except (KafkaError, OSError) as exc:
+                err = MaterializeError(f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
+                                       f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP")
+                err.retriable = True
+                raise err from exc
+            await self._assign(initial=True)
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._consumer is not None:
+            try:
+                await self._consumer.stop()
+            except (KafkaError, OSError) as exc:
+                log.warning("stopping the consumer: %s", exc)
+            self._consumer = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._store is not None:
+            store, self._store = self._store, None
+            await self._in_writer(store.close)
+        self._writer.shutdown(wait=True)
+
+    def stop(self) -> None:
+        """Ask the run loop to commit what it holds and return (signal handlers call this)."""
+        self._stop.set()
+
+    async def _partitions(self) -> list[TopicPartition]:
+        assert self._consumer is not None
+        cluster = await self._consumer._client.fetch_all_metadata()
+        return sorted((TopicPartition(t, p) for t in self.opts.topics for p in (cluster.partitions_for_topic(t) or ())),
+                      key=lambda tp: (tp.topic, tp.partition))
+
+    async def _assign(self, initial: bool = False) -> bool:
+        """(Re)assign every partition of the topics; positions come from DuckDB. True if it changed."""
+        c = self._consumer
+        assert c is not None and self._store is not None
+        parts = await self._partitions()
+        if parts == self._parts:
+            return False
+        current = {tp: await c.position(tp) for tp in self._parts} if self._parts else {}
+        stored = await self._in_writer(self._store.offsets)
+        c.assign(parts)
+        fresh = []
+        for tp in parts:
+            offset = current.get(tp, stored.get((tp.topic, tp.partition)))
+            if offset is None:
+                fresh.append(tp)
+            else:
+                c.seek(tp, offset)
+        if fresh:
+            await c.seek_to_beginning(*fresh)
+        self._parts = parts
+        if not initial:
+            log.info("now reading %d partitions", len(parts))
+        return True
+
+    async def _caught_up(self, targets: dict[TopicPartition, int] | None = None) -> bool:
+        c = self._consumer
+        assert c is not None
+        ends = targets if targets is not None else await c.end_offsets(self._parts)
+        for tp in self._parts:
+            if await c.position(tp) < ends.get(tp, 0):
+                return False
+        return True
+
+    async def _commit(self, delta: Delta) -> None:
+        assert self._store is not None
+        s = await self._in_writer(self._store.commit, delta)
+        self.stats.commits += 1
+        self.stats.lines_written += s.lines
+        self.stats.duplicates_dropped += s.duplicates
+        self.stats.dead_letters += s.dead_letters
+
+    async def run(self) -> RunStats:
+        """Consume until stopped, idle (``until_idle``) or, for a replay, the end offsets at start."""
+        c = self._consumer
+        assert c is not None
+        loop = asyncio.get_running_loop()
+        targets = await c.end_offsets(self._parts) if self.opts.replay else None
+        pending: list[Any] = []
+        pending_bytes = 0
+        first_pending = 0.0
+        inflight: asyncio.Future[None] | None = None
+        last_data = last_refresh = last_report = loop.time()
+        kafka_ok = loop.time()
+
+        async def flush() -> None:
+            nonlocal pending, pending_bytes, inflight
+            if not pending:
+                return
+            delta = fold(pending, keep=self._keep)
+            pending, pending_bytes = [], 0
+            if inflight is not None:
+                await inflight
+            inflight = asyncio.ensure_future(self._commit(delta))
+
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = await c.getmany(timeout_ms=100, max_records=self.opts.batch_messages)
+                except KafkaError as exc:  # the broker went away: wait for it, keep what we hold
+                    self.stats.errors_total += 1
+                    log.warning("reading the topics failed (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    data = {}
+                now = loop.time()
+                for records in data.values():
+                    if not pending:
+                        first_pending = now
+                    pending.extend(records)
+                    pending_bytes += sum(len(r.value or b"") for r in records)
+                    self.stats.events_received += len(records)
+                if data:
+                    last_data = kafka_ok = now
+                if pending and (pending_bytes >= self.opts.batch_bytes or len(pending) >= self.opts.batch_messages
+                                or now - first_pending >= self.opts.commit_interval):
+                    await flush()
+                if inflight is not None and inflight.done():
+                    await inflight
+                    inflight = None
+                if now - last_report >= 10.0:
+                    last_report = now
+                    log.info("events_received=%d lines_written=%d dead_letters=%d duplicates_dropped=%d commits=%d",
+                             self.stats.events_received, self.stats.lines_written, self.stats.dead_letters,
+                             self.stats.duplicates_dropped, self.stats.commits)
+                if targets is not None:
+                    if await self._caught_up(targets):
+                        break
+                    continue
+                if data:
+                    continue
+                if now - last_refresh >= 5.0:
+                    last_refresh = now
+                    try:
+                        await self._assign()
+                        kafka_ok = now
+                    except (KafkaError, OSError) as exc:
+                        log.warning("refreshing partitions failed: %s", exc)
+                if self.opts.until_idle is not None and now - last_data >= self.opts.until_idle:
+                    try:
+                        if await self._caught_up():
+                            break
+                        kafka_ok = now
+                    except (KafkaError, OSError) as exc:
+                        log.warning("cannot check the end offsets: %s", exc)
+                        if now - kafka_ok > max(self.opts.until_idle, 30.0):
+                            raise MaterializeError(
+                                f"the broker at {self.kafka_kwargs.get('bootstrap_servers')} has not answered for "
+                                f"{now - kafka_ok:.0f}s; committed what was read, start again when it is back") from exc
+        finally:
+            await flush()
+            if inflight is not None:
+                await inflight
+        return self.stats

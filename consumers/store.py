@@ -1,0 +1,177 @@
+"""The DuckDB edge: schema, one transaction per Delta (rows + offsets together), run bookkeeping.
+
+Guarantees: a Delta's rows, its dead letters and the consumer offsets after it
+commit atomically or not at all, so a process killed at any moment restarts
+from offsets that match the rows; an event_id already stored is dropped (its
+rows are not written again). Rows go in as Arrow batches. Use one Store from
+one thread (the writer thread); readers use their own cursors (see serve.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from flightrec.consumers.classify import RuleTable, load_rules
+from flightrec.consumers.derive import recompute
+from flightrec.consumers.fold import Delta
+from flightrec.errors import MaterializeError
+
+log = logging.getLogger(__name__)
+
+# The materialized tables (what replay must reproduce), in comparison order.
+MATERIALIZED_TABLES: tuple[str, ...] = (
+    "instances", "boots", "lifecycle_events", "instance_facts", "log_lines", "process_exits", "throughput",
+    "failures", "dead_letters", "events_seen",
+)
+OFFSETS = pa.schema([("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
+                     ("next_offset", pa.int64())])
+
+
+def schema_sql() -> str:
+    """The DDL of every table (consumers/schema.sql)."""
+    return resources.files("flightrec.consumers").joinpath("schema.sql").read_text("utf-8")
+
+
+@dataclass
+class CommitStats:
+    """What one commit wrote."""
+
+    new_events: int = 0
+    lines: int = 0
+    dead_letters: int = 0
+    duplicates: int = 0
+    failures: int = 0
+
+
+class Store:
+    """One writable DuckDB database holding the materialized tables and the consumer offsets."""
+
+    def __init__(self, path: str | Path, group: str, rules: RuleTable | None = None, mode: str = "materialize",
+                 memory_limit: str = "512MB", lock_wait: float = 30.0) -> None:
+        self.path = Path(path)
+        self.group = group
+        self.rules = rules or load_rules()
+        self.run_id = str(uuid.uuid4())
+        self.mode = mode
+        self.counters = {"commits": 0, "messages": 0, "lines": 0, "duplicates": 0, "dead_letters": 0}
+        self.started_us = time.time_ns() // 1000
+        self.con = self._connect(lock_wait)
+        try:
+            self.con.execute(f"SET memory_limit = '{memory_limit}'")
+            self.con.execute("SET checkpoint_threshold = '64MB'")
+            self.con.execute(schema_sql())
+            # Nothing the writer does needs files; readers share this database
+            # instance through cursors, so this also closes file access to them.
+            self.con.execute("SET enable_external_access = false")
+        except duckdb.Error as exc:
+            self.con.close()
+            raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
+
+    def _connect(self, lock_wait: float) -> duckdb.DuckDBPyConnection:
+        # Readers without a live materializer open the file read-only for a moment,
+        # which blocks the write lock: wait for them rather than fail.
+        deadline = time.monotonic() + lock_wait
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                return duckdb.connect(str(self.path))
+            except duckdb.IOException as exc:
+                if "lock" in str(exc).lower() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                raise MaterializeError(
+                    f"cannot open {self.path} for writing: {exc}; is another materializer running on it?") from exc
+            except (duckdb.Error, OSError) as exc:
+                raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """The next offset to read per (topic, partition) for this consumer group."""
+        rows = self.con.execute(
+            'SELECT topic, "partition", next_offset FROM consumer_offsets WHERE consumer_group = ?',
+            [self.group]).fetchall()
+        return {(t, p): o for t, p, o in rows}
+
+    def commit(self, delta: Delta) -> CommitStats:
+        """Write one Delta and the offsets after it in one transaction."""
+        con = self.con
+        stats = CommitStats(lines=0, duplicates=delta.duplicates)
+        names = []
+        try:
+            con.execute("BEGIN TRANSACTION")
+            for name in ("events", "lifecycle", "facts", "exits", "throughput", "logs", "dead"):
+                con.register(f"_d_{name}", getattr(delta, name))
+                names.append(f"_d_{name}")
+            new = con.execute("""INSERT INTO events_seen BY NAME SELECT * FROM _d_events
+                                 ON CONFLICT DO NOTHING RETURNING instance_id, boot_id, stage, event_id""").fetchall()
+            stats.new_events = len(new)
+            stats.duplicates += delta.events.num_rows - len(new)
+            if new:
+                con.register("_new", pa.table({
+                    "instance_id": [r[0] for r in new], "boot_id": [r[1] for r in new],
+                    "stage": [r[2] for r in new], "event_id": [r[3] for r in new]}))
+                names.append("_new")
+                for table, view in (("lifecycle_events", "_d_lifecycle"), ("instance_facts", "_d_facts"),
+                                    ("process_exits", "_d_exits"), ("throughput", "_d_throughput")):
+                    if getattr(delta, view[3:]).num_rows:
+                        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {view} SEMI JOIN _new USING (event_id)")
+                if delta.logs.num_rows:
+                    if stats.duplicates == 0 and len(new) == delta.events.num_rows:
+                        con.execute("INSERT INTO log_lines BY NAME SELECT * FROM _d_logs")
+                        stats.lines = delta.logs.num_rows
+                    else:
+                        stats.lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
+                                                     SEMI JOIN _new USING (event_id)""").fetchone()[0]
+                con.execute("CREATE OR REPLACE TEMP VIEW _aff_boot AS SELECT DISTINCT instance_id, boot_id FROM _new")
+                con.execute("CREATE OR REPLACE TEMP VIEW _aff_inst AS SELECT DISTINCT instance_id FROM _new")
+                con.execute("""CREATE OR REPLACE TEMP VIEW _aff_stage AS SELECT DISTINCT instance_id, boot_id, stage
+                               FROM _new WHERE stage IS NOT NULL""")
+                stats.failures = recompute(con, self.rules)
+            if delta.dead.num_rows:
+                stats.dead_letters = con.execute(
+                    "INSERT INTO dead_letters BY NAME SELECT * FROM _d_dead ON CONFLICT DO NOTHING").fetchone()[0]
+            if delta.offsets:
+                offsets = pa.Table.from_pylist(
+                    [{"consumer_group": self.group, "topic": t, "partition": p, "next_offset": o}
+                     for (t, p), o in sorted(delta.offsets.items())], schema=OFFSETS)
+                con.register("_d_offsets", offsets)
+                names.append("_d_offsets")
+                con.execute("INSERT OR REPLACE INTO consumer_offsets BY NAME SELECT * FROM _d_offsets")
+            self._bookkeeping(delta, stats)
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise MaterializeError(f"could not commit a batch to {self.path}: {exc}") from exc
+        finally:
+            for n in names:
+                con.unregister(n)
+        return stats
+
+    def _bookkeeping(self, delta: Delta, stats: CommitStats) -> None:
+        c = self.counters
+        c["commits"] += 1
+        c["messages"] += delta.messages
+        c["lines"] += stats.lines
+        c["duplicates"] += stats.duplicates
+        c["dead_letters"] += stats.dead_letters
+        self.con.execute(
+            "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [self.run_id, self.group, self.mode, self.started_us, time.time_ns() // 1000, c["commits"],
+             c["messages"], c["lines"], c["duplicates"], c["dead_letters"]])
+
+    def close(self) -> None:
+        """Checkpoint and close the database."""
+        try:
+            self.con.close()
+        except duckdb.Error as exc:
+            log.warning("closing %s: %s", self.path, exc)

@@ -1,0 +1,209 @@
+"""One instance's life as text: lifecycle events, exits, metrics and log lines interleaved in time.
+
+Two sources give the same entries: the database (through ``flightrec.query``, so
+it works while a materializer runs) and the topics themselves (when the
+database is gone), where failures are rebuilt with the same pure builder and
+rule table the materializer uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from flightrec.consumers.classify import RuleTable, load_rules, signal_name
+from flightrec.consumers.failures import TAIL_LINES, build_failure
+from flightrec.consumers.fold import KIND, facts_summary
+from flightrec.query import run_query
+from flightrec.schemas import default_codec
+from flightrec.errors import CodecError
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True, order=True)
+class Entry:
+    """One line of the timeline; entries sort by time, then seq, then line number."""
+
+    ts_us: int
+    seq: int
+    line_no: int
+    kind: str        # event / exit / metric / log / FAILURE
+    stage: str
+    text: str
+    highlight: bool = False
+
+
+def _lifecycle_text(r: Row) -> str:
+    if r.get("kind") == "sealed":
+        return f"sealed: {r.get('event_count')} events" + (f" ({r['detail']})" if r.get("detail") else "")
+    if r.get("kind") == "facts":
+        return f"facts: {r.get('detail') or ''}".rstrip()
+    return " ".join(p for p in (r.get("state") or "", r.get("detail") or "") if p)
+
+
+def _exit_text(r: Row) -> str:
+    if r.get("start_error"):
+        what = f"could not start: {r['start_error']}"
+    elif r.get("signal") is not None:
+        what = f"killed by {signal_name(r.get('signal'), r.get('signal_name'))}"
+    else:
+        what = f"exit code {r.get('exit_code')}"
+    extra = " (timed out)" if r.get("timed_out") else ""
+    return f"{what}{extra} after {float(r.get('duration_s') or 0):.1f}s: {' '.join(r.get('argv') or [])}"
+
+
+def _metric_text(r: Row) -> str:
+    if r.get("kind") == "result":
+        return (f"benchmark {r.get('verdict')}: {float(r.get('proofs_per_hour') or 0):.1f} proofs/h "
+                f"(min {float(r.get('min_rate') or 0):.1f}) {r.get('detail') or ''}").rstrip()
+    return f"{r.get('phase')} {r.get('proofs')} proofs in {float(r.get('seconds') or 0):.2f}s = " \
+           f"{float(r.get('proofs_per_hour') or 0):.1f} proofs/h on {r.get('backend')}"
+
+
+def _failure_text(r: Row) -> str:
+    why = f" [{r['matched_line']}]" if r.get("matched_line") else ""
+    return f"{r.get('failure_class')}: {r.get('hint')}{why}"
+
+
+def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], metrics: Iterable[Row],
+                      logs: Iterable[Row], failures: Iterable[Row]) -> list[Entry]:
+    """Entries from rows shaped like the tables (lifecycle_events, process_exits, throughput, log_lines, failures)."""
+    out = [Entry(r["ts_us"], r["seq"], -1, "event", r.get("stage") or "-", _lifecycle_text(r),
+                 r.get("state") == "failed") for r in lifecycle]
+    out += [Entry(r["ts_us"], r["seq"], -1, "exit", r.get("stage") or "-", _exit_text(r),
+                  bool(r.get("exit_code") or r.get("signal") is not None or r.get("start_error"))) for r in exits]
+    out += [Entry(r["ts_us"], r["seq"], -1, "metric", r.get("stage") or "-", _metric_text(r),
+                  r.get("verdict") in ("fail", "error")) for r in metrics]
+    out += [Entry(r["ts_us"], r["seq"], r["line_no"], "log", r.get("stage") or "-", f"{r['source']}: {r['text']}")
+            for r in logs]
+    out += [Entry(r["ts_us"], 1 << 62, 0, "FAILURE", r.get("stage") or "-", _failure_text(r), True) for r in failures]
+    return sorted(out)
+
+
+def from_db(db: str | Path, instance: str, max_lines: int = 2000) -> tuple[list[Entry], int]:
+    """Entries from the database; returns (entries, log lines left out beyond ``max_lines``)."""
+    q = lambda sql, *p: run_query(db, sql, list(p)).to_pylist()  # noqa: E731
+    life = q("SELECT * FROM lifecycle_events WHERE instance_id = ?", instance)
+    exits = q("SELECT * FROM process_exits WHERE instance_id = ?", instance)
+    metrics = q("SELECT * FROM throughput WHERE instance_id = ?", instance)
+    fails = q("SELECT * FROM failures WHERE instance_id = ?", instance)
+    total = q("SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", instance)[0]["n"]
+    limit = total if max_lines <= 0 else max_lines
+    logs = q("""SELECT * FROM log_lines WHERE instance_id = ? ORDER BY ts_us DESC, seq DESC, line_no DESC
+                LIMIT ?""", instance, limit)
+    return entries_from_rows(life, exits, metrics, logs, fails), total - len(logs)
+
+
+def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: RuleTable | None = None,
+                         max_lines: int = 2000) -> tuple[list[Entry], int]:
+    """Entries from decoded events of one instance (name, record); failures are rebuilt from them."""
+    rules = rules or load_rules()
+    seen: set[str] = set()
+    life: list[dict[str, Any]] = []
+    exits: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    logs: list[dict[str, Any]] = []
+    facts: dict[str, dict[str, Any]] = {}
+    for name, rec in records:
+        if rec["event_id"] in seen:
+            continue
+        seen.add(rec["event_id"])
+        kind = KIND[name]
+        if kind == "lifecycle":
+            life.append({**rec, "kind": kind})
+        elif kind == "sealed":
+            life.append({**rec, "kind": kind, "state": "sealed", "stage": None, "detail": rec.get("reason")})
+        elif kind == "facts":
+            facts[rec["boot_id"]] = rec
+            life.append({**rec, "kind": kind, "state": "info", "stage": None,
+                         "detail": facts_summary(rec)})
+        elif kind == "exit":
+            exits.append(rec)
+        elif kind in ("sample", "result"):
+            metrics.append({**rec, "kind": kind})
+        else:
+            for i, text in enumerate(rec["text"]):
+                logs.append({"ts_us": rec["line_ts_us"][i], "seq": rec["seq"], "line_no": rec["line_no"][i],
+                             "stage": rec["stage"], "source": rec["source"], "text": text,
+                             "boot_id": rec["boot_id"]})
+    failures = []
+    stages = {(r["boot_id"], r["stage"]) for r in life + exits + metrics if r.get("stage")}
+    for boot, stage in sorted(stages):
+        tails: dict[str, list[str]] = defaultdict(list)
+        for line in sorted((x for x in logs if x["boot_id"] == boot and x["stage"] == stage),
+                           key=lambda x: (x["seq"], x["line_no"])):
+            tails[line["source"]].append(line["text"])
+        row = build_failure(
+            life[0]["instance_id"] if life else "", boot, stage,
+            lifecycle=[r for r in life if r["boot_id"] == boot and r["kind"] == "lifecycle"],
+            exits=[r for r in exits if r["boot_id"] == boot and r["stage"] == stage],
+            results=[r for r in metrics if r["boot_id"] == boot and r["stage"] == stage and r["kind"] == "result"],
+            facts=facts.get(boot), log_tails={k: v[-TAIL_LINES:] for k, v in tails.items()}, rules=rules)
+        if row is not None:
+            failures.append(row)
+    logs.sort(key=lambda x: (x["ts_us"], x["seq"], x["line_no"]))
+    left_out = max(0, len(logs) - max_lines) if max_lines > 0 else 0
+    return entries_from_rows(life, exits, metrics, logs[left_out:], failures), left_out
+
+
+async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, topics: Sequence[str],
+                                timeout: float = 120.0) -> list[tuple[str, dict[str, Any]]]:
+    """Every decodable event of ``instance`` now in the topics (key = instance id), read to the end offsets."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    codec = default_codec()
+    key = instance.encode()
+    c = AIOKafkaConsumer(**kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
+    await c.start()
+    try:
+        cluster = await c._client.fetch_all_metadata()
+        parts = [TopicPartition(t, p) for t in topics for p in (cluster.partitions_for_topic(t) or ())]
+        out: list[tuple[str, dict[str, Any]]] = []
+        if not parts:
+            return out
+        c.assign(parts)
+        await c.seek_to_beginning(*parts)
+        end = await c.end_offsets(parts)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any([(await c.position(tp)) < end[tp] for tp in parts]):
+            if loop.time() > deadline:
+                raise TimeoutError(f"could not read the topics to their end within {timeout:.0f}s")
+            batch = await c.getmany(timeout_ms=500, max_records=10000)
+            for records in batch.values():
+                for r in records:
+                    if r.key != key:
+                        continue
+                    try:
+                        name, rec = codec.decode_record(r.value)
+                    except CodecError:
+                        continue
+                    if rec.get("instance_id") == instance:
+                        out.append((name, rec))
+        return out
+    finally:
+        await c.stop()
+
+
+def _when(ts_us: int) -> str:
+    return datetime.fromtimestamp(ts_us / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def render(entries: Sequence[Entry], left_out: int = 0, color: bool = False) -> str:
+    """The timeline as text; failures are marked '!!' (and red when ``color``)."""
+    lines = []
+    if left_out:
+        lines.append(f"... {left_out} earlier log lines left out (use --max-lines 0 for all)")
+    width = max((len(e.stage) for e in entries), default=5)
+    for e in entries:
+        mark = "!!" if e.highlight else "  "
+        line = f"{mark} {_when(e.ts_us)}  {e.stage:<{width}}  {e.kind:<7} {e.text}"
+        if e.highlight and color:
+            line = f"\x1b[1;31m{line}\x1b[0m"
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""Turning the .cu sources into a loadable module: PyCUDA's SourceModule (nvcc), or NVRTC to cubin.
+
+NVRTC (PyPI: nvidia-cuda-nvrtc-cu12) compiles without a GPU or a driver, so the
+tests compile the kernels for sm_80 and sm_90 on machines that have neither.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import shutil
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from flightrec.errors import ProveError
+
+log = logging.getLogger(__name__)
+
+SOURCE = "prove.cu"
+HEADERS = ("goldilocks.cuh", "sha256.cuh")
+KERNELS = ("gen_trace", "ntt_pass", "coset_scatter", "merkle_leaves", "merkle_level")
+
+
+class CompileError(ProveError):
+    """The kernels could not be compiled; ``log`` holds the compiler's own output."""
+
+    def __init__(self, message: str, log_text: str = "") -> None:
+        super().__init__(message if not log_text else f"{message}\n{log_text}")
+        self.log = log_text
+
+
+def source_dir() -> Path:
+    """The folder holding the .cu/.cuh files (package data of flightrec.cuda)."""
+    return Path(str(resources.files("flightrec.cuda")))
+
+
+def kernel_source() -> str:
+    """The text of cuda/prove.cu."""
+    return (source_dir() / SOURCE).read_text()
+
+
+def nvcc_path() -> str | None:
+    """nvcc on PATH, if any (PyCUDA's SourceModule needs it)."""
+    return shutil.which("nvcc")
+
+
+def _nvrtc_candidates() -> list[str]:
+    found: list[str] = []
+    try:
+        import nvidia.cuda_nvrtc  # type: ignore[import-not-found]
+
+        for base in getattr(nvidia.cuda_nvrtc, "__path__", []):
+            found += sorted(str(p) for p in (Path(base) / "lib").glob("libnvrtc.so*") if "alt" not in p.name)
+    except ImportError:
+        pass
+    name = ctypes.util.find_library("nvrtc")
+    if name:
+        found.append(name)
+    return found
+
+
+@dataclass(frozen=True)
+class Nvrtc:
+    """A loaded libnvrtc; ``version`` as (major, minor)."""
+
+    lib: ctypes.CDLL
+    path: str
+    version: tuple[int, int]
+
+    def _check(self, result: int, what: str) -> None:
+        if result != 0:
+            self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            text = self.lib.nvrtcGetErrorString(result).decode()
+            raise CompileError(f"NVRTC {what} failed: {text}")
+
+    def compile_cubin(self, source: str, arch: str, include_dir: Path, name: str = SOURCE) -> tuple[bytes, str]:
+        """Compile CUDA C++ to a cubin for ``arch`` (e.g. "sm_90"): (cubin, the compiler's log with
+        ptxas' register and spill report). CompileError with the log on failure."""
+        prog = ctypes.c_void_p()
+        self._check(
+            self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
+            "create",
+        )
+        try:
+            opts = [f"--gpu-architecture={arch}", f"-I{include_dir}", "-default-device", "--ptxas-options=-v"]
+            arr = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
+            result = self.lib.nvrtcCompileProgram(prog, len(opts), arr)
+            size = ctypes.c_size_t()
+            self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            self.lib.nvrtcGetProgramLog(prog, buf)
+            text = buf.value.decode(errors="replace").strip()
+            if result != 0:
+                raise CompileError(f"NVRTC could not compile {name} for {arch}", text)
+            log.debug("NVRTC %s %s: %s", name, arch, text)
+            self._check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+            cubin = ctypes.create_string_buffer(size.value)
+            self._check(self.lib.nvrtcGetCUBIN(prog, cubin), "get cubin")
+            return cubin.raw, text
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def load_nvrtc() -> Nvrtc | None:
+    """libnvrtc from the nvidia-cuda-nvrtc wheel or the system, or None where there is none."""
+    for path in _nvrtc_candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            log.debug("cannot load %s: %s", path, exc)
+            continue
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+        return Nvrtc(lib, path, (major.value, minor.value))
+    return None
+
+
+def compile_cubin(arch: str) -> tuple[bytes, str]:
+    """cuda/prove.cu as a cubin for ``arch``, through NVRTC, with the compiler's log;
+    CompileError names what to install."""
+    nvrtc = load_nvrtc()
+    if nvrtc is None:
+        raise CompileError("no NVRTC found: pip install nvidia-cuda-nvrtc-cu12 (or put the CUDA toolkit's lib64 on the loader path)")
+    return nvrtc.compile_cubin(kernel_source(), arch, source_dir())
+
+
+def cubin_kernel_names(cubin: bytes) -> list[str]:
+    """The kernel names an ELF cubin defines (its .text.<name> sections), without a driver."""
+    return sorted({p[len(b".text.") :].decode() for p in cubin.split(b"\x00") if p.startswith(b".text.")})

@@ -1,0 +1,102 @@
+"""Follow a file by name like ``tail -F``: wait for it, read on through truncation and rotation."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import BinaryIO
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+
+
+class FileFollower:
+    """Reads whatever is appended to the file at ``path``, from its first byte.
+
+    Guarantees: a file that does not exist yet is waited for (``exists`` stays
+    False until it appears); when the file is truncated (copytruncate) reading
+    restarts at its new start; when it is rotated (renamed or deleted and created
+    anew) the old file is read to its end first, then the new one from its start.
+    Never raises for a missing or unreadable file (``last_error`` says why).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.exists = False
+        self.rotations = 0
+        self.truncations = 0
+        self.last_error: str | None = None
+        self._f: BinaryIO | None = None
+        self._ino: tuple[int, int] | None = None
+        self._offset = 0
+
+    def _open(self) -> bool:
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            self.last_error = str(exc)
+            return False
+        st = os.fstat(f.fileno())
+        self._f, self._ino, self._offset = f, (st.st_dev, st.st_ino), 0
+        self.exists = True
+        return True
+
+    def _drain(self, out: list[bytes], budget: int) -> int:
+        assert self._f is not None
+        got = 0
+        while got < budget:
+            data = self._f.read(min(CHUNK, budget - got))
+            if not data:
+                break
+            out.append(data)
+            got += len(data)
+            self._offset += len(data)
+        return got
+
+    def poll(self, budget: int = 8 * CHUNK) -> list[bytes | None]:
+        """New bytes since the last call (about ``budget`` at most); ``None`` marks where a new file begins.
+
+        At a ``None`` the caller ends any unfinished line of the old file (rotation or truncation).
+        """
+        out: list[bytes | None] = []
+        if self._f is None and not self._open():
+            return out
+        got = self._drain(out, budget)  # type: ignore[arg-type]
+        if got >= budget:
+            return out
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return out  # deleted or being rotated: keep the old one open until a new one appears
+        except OSError as exc:
+            self.last_error = str(exc)
+            return out
+        if (st.st_dev, st.st_ino) != self._ino:
+            got += self._drain(out, budget)  # type: ignore[arg-type]  # the old file's last words
+            assert self._f is not None
+            self._f.close()
+            self._f = None
+            self.rotations += 1
+            log.debug("%s was rotated; following the new file", self.path)
+            out.append(None)
+            if self._open():
+                self._drain(out, max(CHUNK, budget - got))  # type: ignore[arg-type]
+            return out
+        if st.st_size < self._offset:
+            self.truncations += 1
+            log.debug("%s was truncated; reading from its start", self.path)
+            assert self._f is not None
+            self._f.seek(0)
+            self._offset = 0
+            out.append(None)
+            self._drain(out, max(CHUNK, budget - got))  # type: ignore[arg-type]
+        return out
+
+    def close(self) -> None:
+        """Close the file (following ends)."""
+        if self._f is not None:
+            self._f.close()
+            self._f = None

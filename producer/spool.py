@@ -1,0 +1,411 @@
+"""The durable spool: append-only segment files holding every event until Kafka acknowledged it.
+
+Layout of one instance's folder (``<spool>/<quoted instance id>/``):
+
+* ``NNNNNNNNNNNN.seg`` - segments. Each starts with a header (magic, then a JSON
+  line: instance id, boot id, kernel boot id, first seq) and holds framed records
+  ``u32 body length | u32 crc32(body) | body``, body = ``i64 seq | u8 flags |
+  u16 topic length | topic | Avro message``. The newest segment is the truth for
+  the boot id and the next seq: a process that takes the lock re-reads whatever
+  other processes appended since it last looked.
+* ``lock`` - an fcntl lock held while a seq is assigned and its record written, so
+  concurrent agent invocations of one instance share one gap-free seq.
+* ``deliver.lock`` - held by the one process that currently ships the spool.
+* ``cursor`` - how far Kafka acknowledged (segment, offset); segments before it
+  are deleted.
+* ``once-<boot>-<name>`` - markers for events sent once per boot (instance facts).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import struct
+import threading
+import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+from urllib.parse import quote
+
+from flightrec.errors import SpoolError
+from flightrec.schemas import Event, Sealed, default_codec, now_us
+
+log = logging.getLogger(__name__)
+
+SEG_MAGIC = b"FRSPOOL1\n"
+REC = struct.Struct("<II")  # body length, crc32(body)
+BODY = struct.Struct("<qBH")  # seq, flags, topic length
+FLAG_SEALED = 1
+DEFAULT_ROTATE_BYTES = 8 * 1024 * 1024
+_KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+Maker = Callable[[str, int], Event]  # (boot_id, seq) -> the event
+
+
+def kernel_boot_id() -> str:
+    """The running kernel's boot id (new at every machine boot); empty where there is none."""
+    try:
+        with open(_KERNEL_BOOT_ID) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def instance_dir(root: str | Path, instance_id: str) -> Path:
+    """The folder of one instance inside a spool root (the id is quoted to a safe file name)."""
+    return Path(root) / quote(instance_id, safe="-_.@")
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """A place in the spool: segment number and byte offset; later places compare greater."""
+
+    seg: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Record:
+    """One spooled event as it will be sent: topic, key, value; ``end`` is the position after it."""
+
+    seq: int
+    flags: int
+    topic: str
+    key: bytes
+    value: bytes
+    end: Position
+
+
+@dataclass
+class _Head:
+    seg: int
+    offset: int  # committed end of the active segment
+    header_len: int
+    boot_id: str
+    kernel_boot: str
+    next_seq: int
+    sealed: bool
+    instance_id: str
+
+
+def _seg_name(n: int) -> str:
+    return f"{n:012d}.seg"
+
+
+def _parse_header(data: bytes, path: Path) -> tuple[dict, int]:
+    if not data.startswith(SEG_MAGIC):
+        raise SpoolError(f"{path} is not a flightrec spool segment (bad magic); move it out of the spool folder")
+    nl = data.find(b"\n", len(SEG_MAGIC))
+    if nl < 0:
+        raise SpoolError(f"{path} has a torn header; delete it if it holds no records")
+    try:
+        header = json.loads(data[len(SEG_MAGIC):nl])
+    except ValueError as exc:
+        raise SpoolError(f"{path} has an unreadable header: {exc}; move it out of the spool folder") from exc
+    return header, nl + 1
+
+
+def iter_records(data: bytes, start: int) -> Iterator[tuple[int, int, int, str, bytes]]:
+    """Yield (offset after, seq, flags, topic, value) of each whole, intact record from ``start``.
+
+    Stops at the first torn or corrupt record (a crash mid-write leaves one at the end).
+    """
+    pos = start
+    n = len(data)
+    while pos + REC.size <= n:
+        length, crc = REC.unpack_from(data, pos)
+        body_start = pos + REC.size
+        end = body_start + length
+        if length < BODY.size or end > n:
+            return
+        body = data[body_start:end]
+        if zlib.crc32(body) != crc:
+            return
+        seq, flags, tlen = BODY.unpack_from(body, 0)
+        topic = body[BODY.size:BODY.size + tlen].decode("utf-8")
+        yield end, seq, flags, topic, body[BODY.size + tlen:]
+        pos = end
+
+
+class Spool:
+    """One instance's durable spool; safe for many threads and many processes at once.
+
+    Guarantees: :meth:`append` returns only after its records are written (and
+    fsync'd when ``fsync``), with seqs taken gap-free from the boot's counter under
+    an fcntl lock; a boot ends at a sealed event or a kernel reboot, and the next
+    append starts a new boot (new boot id, seq 0); a torn record left by a crash is
+    cut off by the next process that takes the lock; nothing is removed before
+    :meth:`save_cursor` says Kafka acknowledged it.
+    """
+
+    def __init__(self, root: str | Path, instance_id: str, *, fsync: bool = True,
+                 rotate_bytes: int = DEFAULT_ROTATE_BYTES, new_boot: bool = False) -> None:
+        if not instance_id:
+            raise SpoolError("an instance id is needed: pass --instance or set FLIGHTREC_INSTANCE")
+        self.instance_id = instance_id
+        self.key = instance_id.encode("utf-8")
+        self.dir = instance_dir(root, instance_id)
+        self.fsync = fsync
+        self.rotate_bytes = rotate_bytes
+        self._force_new_boot = new_boot
+        self._tlock = threading.Lock()
+        self._head: _Head | None = None
+        self._fd: int | None = None
+        self._fd_seg = -1
+        self.events_spooled = 0
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise SpoolError(f"cannot use the spool folder {self.dir}: {exc}; set FLIGHTREC_SPOOL to a writable folder") from exc
+        self._codec = default_codec()
+
+    # -- locking and recovery ---------------------------------------------
+
+    def _lock(self) -> None:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+
+    def _unlock(self) -> None:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def segments(self) -> list[int]:
+        """Numbers of the segment files present, oldest first."""
+        out = []
+        for p in self.dir.iterdir():
+            if p.name.endswith(".seg") and p.name[:-4].isdigit():
+                out.append(int(p.name[:-4]))
+        return sorted(out)
+
+    def _path(self, n: int) -> Path:
+        return self.dir / _seg_name(n)
+
+    def _recover(self) -> _Head | None:
+        """Under the lock: the newest segment's state, reading what others appended since we looked."""
+        segs = self.segments()
+        if not segs:
+            self._head = None
+            return None
+        n = segs[-1]
+        path = self._path(n)
+        size = path.stat().st_size
+        head = self._head
+        if head is not None and head.seg == n and head.offset == size:
+            return head
+        with open(path, "rb") as f:
+            data = f.read()
+        header, header_len = _parse_header(data, path)
+        if head is not None and head.seg == n and head.offset <= len(data):
+            start, next_seq, sealed = head.offset, head.next_seq, head.sealed
+        else:
+            start, next_seq, sealed = header_len, int(header["first_seq"]), False
+        end = start
+        for end, seq, flags, _topic, _value in iter_records(data, start):
+            next_seq = seq + 1
+            sealed = bool(flags & FLAG_SEALED)
+        if end < len(data):
+            log.warning("spool %s: cutting %d bytes of a torn record left by a crash", path, len(data) - end)
+            with open(path, "r+b") as f:
+                f.truncate(end)
+                os.fsync(f.fileno())
+        self._head = _Head(n, end, header_len, header["boot_id"], header.get("kernel_boot_id", ""),
+                           next_seq, sealed, header.get("instance_id", self.instance_id))
+        return self._head
+
+    def _new_segment(self, n: int, boot_id: str, first_seq: int) -> _Head:
+        kboot = kernel_boot_id()
+        header = json.dumps({"instance_id": self.instance_id, "boot_id": boot_id, "kernel_boot_id": kboot,
+                             "first_seq": first_seq, "created_us": now_us()}).encode() + b"\n"
+        path = self._path(n)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(SEG_MAGIC + header)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        size = len(SEG_MAGIC) + len(header)
+        self._head = _Head(n, size, size, boot_id, kboot, first_seq, False, self.instance_id)
+        return self._head
+
+    def _current(self) -> _Head:
+        """Under the lock: the head to append to, starting a new boot or segment where needed."""
+        head = self._recover()
+        if head is None or head.sealed or self._force_new_boot or (head.kernel_boot and head.kernel_boot != kernel_boot_id()):
+            self._force_new_boot = False
+            n = head.seg + 1 if head else 1
+            return self._new_segment(n, str(uuid.uuid4()), 0)
+        if head.offset >= self.rotate_bytes:
+            return self._new_segment(head.seg + 1, head.boot_id, head.next_seq)
+        return head
+
+    def boot(self) -> tuple[str, int]:
+        """(boot id, next seq) as the next append would use them (this may start the boot)."""
+        with self._tlock:
+            self._lock()
+            try:
+                head = self._current()
+                return head.boot_id, head.next_seq
+            finally:
+                self._unlock()
+
+    # -- writing ------------------------------------------------------------
+
+    def _write(self, head: _Head, blob: bytes) -> None:
+        if self._fd_seg != head.seg:
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = os.open(self._path(head.seg), os.O_WRONLY | os.O_APPEND)
+            self._fd_seg = head.seg
+        view = memoryview(blob)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        if self.fsync:
+            os.fdatasync(self._fd)
+
+    def append(self, makers: Sequence[Maker], *, once: str | None = None) -> list[Event]:
+        """Assign seqs, build, encode and durably write events; return them (empty if ``once`` was done).
+
+        ``once`` names an event sent once per boot: if this boot already has it, nothing is written.
+        A :class:`Sealed` event ends the boot.
+        """
+        if not makers:
+            return []
+        with self._tlock:
+            self._lock()
+            try:
+                head = self._current()
+                marker = self.dir / f"once-{head.boot_id}-{once}" if once else None
+                if marker is not None and marker.exists():
+                    return []
+                events: list[Event] = []
+                parts: list[bytes] = []
+                seq = head.next_seq
+                sealed = False
+                for make in makers:
+                    ev = make(head.boot_id, seq)
+                    value = self._codec.encode(ev)
+                    flags = FLAG_SEALED if isinstance(ev, Sealed) else 0
+                    topic = ev.topic.encode()
+                    body = BODY.pack(seq, flags, len(topic)) + topic + value
+                    parts.append(REC.pack(len(body), zlib.crc32(body)))
+                    parts.append(body)
+                    events.append(ev)
+                    seq += 1
+                    sealed = sealed or bool(flags)
+                blob = b"".join(parts)
+                try:
+                    self._write(head, blob)
+                except OSError as exc:
+                    raise SpoolError(f"cannot write the spool segment {self._path(head.seg)}: {exc}; "
+                                     "free disk space or set FLIGHTREC_SPOOL elsewhere") from exc
+                head.offset += len(blob)
+                head.next_seq = seq
+                head.sealed = head.sealed or sealed
+                if marker is not None:
+                    marker.touch()
+                self.events_spooled += len(events)
+                return events
+            finally:
+                self._unlock()
+
+    # -- reading (delivery) -------------------------------------------------
+
+    def committed_end(self) -> Position:
+        """The position after the last intact record (cutting a crash's torn record first)."""
+        with self._tlock:
+            self._lock()
+            try:
+                head = self._recover()
+                return Position(head.seg, head.offset) if head else Position(0, 0)
+            finally:
+                self._unlock()
+
+    def load_cursor(self) -> Position:
+        """How far Kafka acknowledged, as saved by the delivering process (start of spool if never)."""
+        try:
+            seg, offset = (self.dir / "cursor").read_text().split()
+            return Position(int(seg), int(offset))
+        except (OSError, ValueError):
+            return Position(0, 0)
+
+    def save_cursor(self, pos: Position) -> None:
+        """Record that everything before ``pos`` is acknowledged; delete segments wholly before it."""
+        tmp = self.dir / f"cursor.{os.getpid()}.tmp"
+        tmp.write_text(f"{pos.seg} {pos.offset}\n")
+        os.replace(tmp, self.dir / "cursor")
+        for n in self.segments():
+            if n < pos.seg:
+                try:
+                    self._path(n).unlink()
+                except FileNotFoundError:
+                    pass
+
+    def read(self, cursor: Position, end: Position, max_bytes: int = 4 * 1024 * 1024) -> tuple[list[Record], Position]:
+        """Records from ``cursor`` up to ``end`` (a committed end), about ``max_bytes`` of values; and the new cursor.
+
+        The bytes before a committed end never change, so no lock is needed here.
+        At least one record is returned when there is one, however big.
+        """
+        out: list[Record] = []
+        total = 0
+        pos = cursor
+        for n in self.segments():
+            if n < pos.seg or n > end.seg:
+                continue
+            path = self._path(n)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read() if n < end.seg else f.read(end.offset)
+            except FileNotFoundError:
+                continue
+            header, header_len = _parse_header(data, path)
+            key = str(header.get("instance_id", self.instance_id)).encode("utf-8")
+            start = max(pos.offset, header_len) if n == pos.seg else header_len
+            last = start
+            for rec_end, seq, flags, topic, value in iter_records(data, start):
+                last = rec_end
+                out.append(Record(seq, flags, topic, key, value, Position(n, rec_end)))
+                total += len(value)
+                if total >= max_bytes:
+                    return out, Position(n, rec_end)
+            if n < end.seg:
+                if last < len(data):  # damage inside an older segment: skip the rest of it, loudly
+                    log.error("spool %s: %d unreadable bytes at offset %d skipped", path, len(data) - last, last)
+                pos = Position(n + 1, 0)
+            else:
+                pos = Position(n, last)
+        return out, max(pos, cursor)
+
+    def pending(self) -> int:
+        """Records spooled but not yet acknowledged (a count, for reports)."""
+        end = self.committed_end()
+        cursor = self.load_cursor()
+        count = 0
+        while cursor < end:
+            recs, nxt = self.read(cursor, end)
+            count += len(recs)
+            if nxt <= cursor:
+                break
+            cursor = nxt
+        return count
+
+    def close(self) -> None:
+        """Release the file descriptors (the spool stays on disk)."""
+        with self._tlock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+                self._fd_seg = -1
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+

@@ -1,0 +1,157 @@
+"""Pure parts of the materializer: the fold, the failure builder, the rule table, seq gaps, time parsing."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from materializer_helpers import Boot, motivating_boot
+
+from flightrec.consumers.classify import FailureEvidence, load_rules, parse_rules
+from flightrec.consumers.derive import incomplete_reason, missing_ranges
+from flightrec.consumers.failures import build_failure
+from flightrec.consumers.fold import RawMessage, fold
+from flightrec.consumers.materializer import event_filter, parse_time
+from flightrec.errors import ConfigError
+from flightrec.schemas import encode
+
+RULES = load_rules()
+
+
+def _msgs(events):
+    return [RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(events)]
+
+
+def test_fold_lays_lines_out_as_arrow_columns_and_drops_repeats_in_a_batch():
+    b = motivating_boot()
+    msgs = _msgs(b.events)
+    d = fold(msgs + msgs[:3])
+    assert d.duplicates == 3 and d.messages == len(msgs) + 3
+    assert d.events.num_rows == len(b.events)
+    assert d.logs.num_rows == 3 + 2 + 4 + 1  # one line per ok stage, stdout, daemon log, stderr
+    assert d.logs.column("source").to_pylist().count("/var/log/prover-daemon.log") == 4
+    assert d.offsets == {(t, 0): max(i for i, m in enumerate(msgs) if m.topic == t) + 1 for t in {m.topic for m in msgs}}
+    assert d.exits.num_rows == 4 and d.facts.num_rows == 1 and d.throughput.num_rows == 2
+    assert d.dead.num_rows == 0
+
+
+def test_fold_offsets_are_the_next_offset_per_partition():
+    b = Boot()
+    b.facts()
+    b.lines("s", "stdout", ["a"])
+    msgs = [RawMessage(b.events[0].topic, 3, 41, None, encode(b.events[0])),
+            RawMessage(b.events[1].topic, 1, 7, None, encode(b.events[1])),
+            RawMessage(b.events[1].topic, 1, 8, None, b"bad")]
+    d = fold(msgs)
+    assert d.offsets == {("flightrec.lifecycle", 3): 42, ("flightrec.logs", 1): 9}
+    assert d.dead.to_pylist()[0]["offset"] == 8
+
+
+def test_filter_keeps_one_instance_since_a_time():
+    a, b = Boot(), Boot()
+    a.facts(); a.lines("s", "stdout", ["x"]); b.facts()
+    keep = event_filter(a.instance, a.events[1].ts_us)
+    d = fold(_msgs(a.events + b.events), keep=keep)
+    assert d.events.column("event_id").to_pylist() == [a.events[1].event_id]
+    assert d.skipped == 2
+    assert event_filter(None, None) is None
+
+
+@given(st.lists(st.integers(0, 40), unique=True), st.one_of(st.none(), st.integers(0, 45)))
+@settings(max_examples=200, deadline=None)
+def test_missing_ranges_are_exactly_the_absent_seqs(present, sealed):
+    seqs = sorted(present)
+    upto = None if sealed is None else sealed - 1
+    gaps = missing_ranges(seqs, upto)
+    missing = {s for a, z in gaps for s in range(a, z + 1)}
+    top = upto if upto is not None else (max(seqs) if seqs else -1)
+    assert missing == {s for s in range(0, top + 1) if s not in present}
+
+
+def test_incomplete_reason_text():
+    assert incomplete_reason(None, []) == "not sealed"
+    assert incomplete_reason(10, [(2, 3), (5, 5)]) == "missing seq 2..3, 5"
+    assert incomplete_reason(None, [(0, 0)]) == "not sealed; missing seq 0"
+    assert "and 2 more ranges" in incomplete_reason(100, [(i * 3, i * 3) for i in range(7)])
+
+
+@pytest.mark.parametrize("line, cls", [
+    ("CUDA error: no kernel image is available for execution on the device", "gpu_arch_unsupported"),
+    ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", "cuda_out_of_memory"),
+    ("CUDA driver version is insufficient for CUDA runtime version", "driver_mismatch"),
+    ("cuInit failed: CUDA_ERROR_NO_DEVICE", "cuda_init_failed"),
+    ("Out of memory: Killed process 4242 (prover)", "oom_killed"),
+    ("error: protocol version mismatch: manager speaks v3, worker v2", "protocol_mismatch"),
+    ("something nobody has seen before", "unknown"),
+])
+def test_rules_classify_lines(line, cls):
+    ev = FailureEvidence(stage="benchmark", exit_code=1, file_tails=[("/var/log/d.log", ["ok", line])])
+    got = RULES.classify(ev)
+    assert got.failure_class == cls
+    if cls != "unknown":
+        assert got.matched_line == line and got.hint
+
+
+def test_rules_classify_exits_and_results():
+    c = RULES.classify
+    assert c(FailureEvidence(stage="supervisor", signal=9)).failure_class == "oom_killed"
+    assert c(FailureEvidence(stage="supervisor", signal=11)).failure_class == "daemon_crashed"
+    assert c(FailureEvidence(stage="supervisor", signal=15, timed_out=True)).failure_class == "timeout"
+    assert c(FailureEvidence(stage="params", exit_code=22)).failure_class == "params_download_failed"
+    assert c(FailureEvidence(stage="benchmark", exit_code=1, verdict="fail", proofs_per_hour=3.0,
+                             stderr_tail=["CUDA out of memory"])).failure_class == "below_min_rate"
+    # Zero proofs is not "slow": it falls through to what the lines say.
+    assert c(FailureEvidence(stage="benchmark", exit_code=1, verdict="fail", proofs_per_hour=0.0,
+                             stderr_tail=["CUDA out of memory"])).failure_class == "cuda_out_of_memory"
+    assert c(FailureEvidence(stage="x", start_error="No such file or directory: 'prove'")).failure_class \
+        == "process_start_failed"
+
+
+def test_adding_a_rule_needs_no_code_change(tmp_path):
+    path = tmp_path / "rules.toml"
+    path.write_text('[[rule]]\nclass = "disk_full"\nhint = "Free some disk."\nlines = ["No space left on device"]\n'
+                    + (load_rules.__globals__["resources"].files("flightrec.consumers") / "rules.toml").read_text())
+    rules = load_rules(path)
+    ev = FailureEvidence(stage="supervisor", exit_code=1, stderr_tail=["write: No space left on device"])
+    assert rules.classify(ev).failure_class == "disk_full"
+    assert RULES.classify(ev).failure_class != "disk_full"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[[rule]]\nhint = 'x'\n", "needs a class"),
+    ("[[rule]]\nclass = 'a'\nhint = 'x'\nlines = ['(']\n", "bad regular expression"),
+    ("[[rule]]\nclass = 'a'\nhint = 'x'\ncolour = 'red'\n", "unknown keys"),
+    ("not toml = = =", "not valid TOML"),
+    ("", "no [[rule]]"),
+])
+def test_bad_rule_tables_are_refused_with_the_reason(text, why):
+    with pytest.raises(ConfigError, match=why.replace("[", r"\[")):
+        parse_rules(text)
+
+
+def test_failure_builder_is_order_independent_and_none_without_failure():
+    b = motivating_boot()
+    recs = [e.to_record() for e in b.events]
+    for r in recs:
+        if "file_tails" in r:
+            r["file_tails"] = [dict(t) for t in r["file_tails"]]
+    life = [{**r, "kind": "lifecycle"} for r, e in zip(recs, b.events) if e.name.endswith("Lifecycle")]
+    exits = [r for r, e in zip(recs, b.events) if e.name.endswith("ProcessExit") and r["stage"] == "benchmark"]
+    results = [r for r, e in zip(recs, b.events) if e.name.endswith("BenchmarkResult")]
+    kw = dict(exits=exits, results=results, facts=recs[0], log_tails={}, rules=RULES)
+    one = build_failure(b.instance, b.boot, "benchmark", lifecycle=life, **kw)
+    two = build_failure(b.instance, b.boot, "benchmark", lifecycle=list(reversed(life)),
+                        **{**kw, "exits": list(reversed(exits))})
+    assert one == two and one["failure_class"] == "gpu_arch_unsupported"
+    assert build_failure(b.instance, b.boot, "tunnel", lifecycle=life, exits=[], results=[], facts=None,
+                         log_tails={}, rules=RULES) is None
+
+
+def test_parse_time():
+    assert parse_time("2025-01-31T12:00:00Z") == 1738324800 * 1_000_000
+    assert parse_time("1738324800") == 1738324800 * 1_000_000
+    assert parse_time("2h", now=10_000.0) == (10_000 - 7200) * 1_000_000
+    with pytest.raises(ConfigError):
+        parse_time("yesterday-ish")

@@ -1,0 +1,140 @@
+"""Live reads: `flightrec sql` while the materializer writes, and reader SQL can neither write nor touch files."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from materializer_helpers import Boot, flightrec, materialize, publish
+
+from flightrec.errors import QueryError
+from flightrec.query import recv_frame, run_query, send_frame, socket_path
+
+pytestmark = pytest.mark.integration
+
+FORBIDDEN = [
+    ("SELECT * FROM read_csv('/etc/passwd')", "file system operations are disabled"),
+    ("SELECT * FROM read_text('/etc/hostname')", "file system operations are disabled"),
+    ("SELECT * FROM glob('/etc/*')", "file system operations are disabled"),
+    ("COPY log_lines TO '/tmp/flightrec-leak.csv'", "not COPY"),
+    ("DELETE FROM log_lines", "not DELETE"),
+    ("DROP TABLE instances", "not DROP"),
+    ("ATTACH '/tmp/other.duckdb' AS o", "not ATTACH"),
+    ("INSTALL httpfs", "not"),
+    ("SET enable_external_access = true", "not SET"),
+    ("SELECT 1; DELETE FROM log_lines", "one statement at a time"),
+    ("SELECT * FROM query('DELETE FROM log_lines')", "single SELECT"),
+]
+
+
+def _count(db: Path, instance: str) -> int:
+    return run_query(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", [instance]).to_pylist()[0]["n"]
+
+
+def _raw_request(db: Path, request: dict) -> bytes:
+    """Talk to the socket directly, skipping the client's own checks."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(socket_path(db)))
+    try:
+        send_frame(s, json.dumps(request).encode())
+        return recv_frame(s)
+    finally:
+        s.close()
+
+
+def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for):
+    env = env_for()
+    b = Boot()
+    b.facts()
+    exe = Path(sys.executable).with_name("flightrec")
+    proc = subprocess.Popen([str(exe), "materialize", "--db", str(db)], env={**env, "PYTHONSAFEPATH": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        seen = []
+        for round_ in range(3):
+            b.lines("supervisor", "stdout", [f"round {round_} line {i}" for i in range(100)])
+            publish(kafka.bootstrap, b.events[-2:] if round_ == 0 else b.events[-1:])
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, proc.communicate()[1].decode()
+                if socket_path(db).exists():
+                    out = flightrec("sql", "--db", str(db), "--json",
+                                    f"SELECT count(*) AS n FROM log_lines WHERE instance_id = '{b.instance}'", env=env)
+                    n = json.loads(out.stdout.splitlines()[0])["n"]
+                    if n == 100 * (round_ + 1):
+                        seen.append(n)
+                        break
+                assert time.monotonic() < deadline, f"round {round_}: still {n} lines visible"
+                time.sleep(0.2)
+        assert seen == [100, 200, 300]
+
+        # The text table, through the CLI, live.
+        out = flightrec("sql", "--db", str(db), f"SELECT instance_id, events FROM instances WHERE instance_id = '{b.instance}'",
+                        env=env)
+        assert out.stdout.splitlines()[0].split() == ["instance_id", "events"]
+        assert b.instance in out.stdout and "(1 row)" in out.stdout
+
+        # Reader SQL can neither write nor read files on the live path, whatever the client does.
+        for sql, why in FORBIDDEN:
+            with pytest.raises(QueryError, match=why):
+                run_query(db, sql)
+            reply = _raw_request(db, {"sql": sql, "params": None, "prelude": []})
+            assert reply[:1] == b"E" and why.encode() in reply, (sql, reply)
+        reply = _raw_request(db, {"sql": "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?",
+                                  "params": [b.instance], "prelude": ["CREATE OR REPLACE TEMP VIEW v AS SELECT 1 AS one"]})
+        assert reply[:1] == b"A"
+        assert not Path("/tmp/flightrec-leak.csv").exists()
+        # The CLI says no, with a non-zero exit.
+        bad = flightrec("sql", "--db", str(db), "DELETE FROM log_lines", env=env, check=False)
+        assert bad.returncode == 1 and "only read-only queries" in bad.stderr
+        assert _count(db, b.instance) == 300
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert not socket_path(db).exists()  # a clean stop removes the socket
+
+    # With no materializer running the file is opened read-only, with the same refusals.
+    assert _count(db, b.instance) == 300
+    for sql, why in FORBIDDEN:
+        with pytest.raises(QueryError, match=why):
+            run_query(db, sql)
+    out = flightrec("sql", "--db", str(db), "--csv", f"SELECT count(*) AS n FROM log_lines WHERE instance_id = '{b.instance}'",
+                    env=env)
+    assert out.stdout.splitlines() == ["n", "300"]
+
+
+def test_sql_on_a_missing_database_says_what_to_do(tmp_path, env_for):
+    out = flightrec("sql", "--db", str(tmp_path / "none.duckdb"), "SELECT 1", env=env_for(), check=False)
+    assert out.returncode == 1 and "flightrec materialize" in out.stderr
+
+
+def test_prelude_views_and_params_on_the_live_path(kafka, db):
+    b = Boot()
+    b.facts()
+    b.lines("s", "stdout", ["a", "b", "c"])
+    publish(kafka.bootstrap, b.events)
+    materialize(kafka, db, idle=0.5)
+    from flightrec.consumers.store import Store
+    from flightrec.consumers.serve import QueryServer
+
+    store = Store(db, "g")
+    try:
+        with QueryServer(store.con.cursor(), db):
+            t = run_query(db, "SELECT n FROM three WHERE instance_id = $i", {"i": b.instance},
+                          prelude=["CREATE OR REPLACE TEMP VIEW three AS "
+                                   "SELECT instance_id, count(*) AS n FROM log_lines GROUP BY ALL"])
+            assert t.to_pylist() == [{"n": 3}]
+            # Temp views of one request do not leak into the next.
+            with pytest.raises(QueryError, match="three"):
+                run_query(db, "SELECT * FROM three")
+            # The writer still writes after serving (reads were rolled back, nothing held).
+            store.con.execute("CREATE TABLE scratch AS SELECT 1 AS x")
+    finally:
+        store.close()

@@ -1,0 +1,111 @@
+"""Delivery that loses nothing: the broker stopped mid-stream, the agent SIGKILLed, the broker never there."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flightrec.broker.local import free_port
+from flightrec.producer.spool import Position, Spool
+from flightrec.schemas import LogBatch, ProcessExit, decode
+
+PY = sys.executable
+pytestmark = pytest.mark.integration
+
+TICKER = """
+import sys, time
+n = int(sys.argv[1])
+for i in range(1, n + 1):
+    print(f"tick {i}", flush=True)
+    time.sleep(float(sys.argv[2]))
+sys.exit(int(sys.argv[3]))
+"""
+
+
+def _wait_for_line(stream, want: bytes, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        if line == want:
+            return
+    raise AssertionError(f"never saw {want!r}")
+
+
+def test_broker_stopped_mid_stream_every_line_arrives_once_in_order(fresh_agent_env) -> None:
+    env = fresh_agent_env
+    p = subprocess.Popen(env.argv("run", "--stage", "supervisor-ish", "--", PY, "-c", TICKER, "400", "0.02", "5"),
+                         env=env.env(FLIGHTREC_FLUSH_TIMEOUT="90"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None
+    _wait_for_line(p.stdout, b"tick 50\n")
+    env.kafka.broker.stop()  # a clean stop: the broker is away for several seconds
+    _wait_for_line(p.stdout, b"tick 250\n")
+    time.sleep(1.0)
+    env.kafka.broker.start()
+    rest = p.stdout.read()
+    assert p.wait(180) == 5  # CMD's exit code is unchanged
+    assert rest.endswith(b"tick 400\n")
+    msgs = [m for m in env.kafka.consume() if m.key == env.instance.encode()]
+    evs = [decode(m.value) for m in msgs]
+    assert len({e.event_id for e in evs}) == len(evs)  # nothing arrived twice
+    assert sorted(e.seq for e in evs) == list(range(len(evs)))  # gap-free
+    batches = [e for e in evs if isinstance(e, LogBatch) and e.source == "stdout"]
+    assert [b.seq for b in batches] == sorted(b.seq for b in batches)  # in order in the partition
+    assert [t for b in batches for t in b.text] == [f"tick {i}" for i in range(1, 401)]
+    assert [e.exit_code for e in evs if isinstance(e, ProcessExit)] == [5]
+    assert Spool(env.spool, env.instance).pending() == 0
+
+
+def test_agent_sigkilled_then_flush_delivers_everything_spooled(agent_env, tmp_path: Path) -> None:
+    away = f"localhost:{free_port()}"  # nothing listens: every event stays in the spool
+    p = subprocess.Popen(agent_env.argv("run", "--stage", "benchmark", "--", PY, "-c", TICKER, "100000", "0.001", "0"),
+                         env=agent_env.env(FLIGHTREC_BOOTSTRAP=away), stdout=subprocess.PIPE,
+                         start_new_session=True)
+    assert p.stdout is not None
+    _wait_for_line(p.stdout, b"tick 2000\n")
+    time.sleep(0.3)  # let a batch or two reach the spool
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(30)
+    os.killpg(p.pid, signal.SIGKILL)  # CMD too (it would die of SIGPIPE at its next line anyway)
+    sp = Spool(agent_env.spool, agent_env.instance)
+    recs, _ = sp.read(Position(0, 0), sp.committed_end(), max_bytes=1 << 40)
+    spooled = [decode(r.value) for r in recs]
+    spooled_lines = [t for e in spooled if isinstance(e, LogBatch) for t in e.text]
+    assert len(spooled_lines) >= 1000
+    assert spooled_lines == [f"tick {i}" for i in range(1, len(spooled_lines) + 1)]
+    assert agent_env.of(LogBatch) == []  # nothing reached Kafka before the flush
+
+    r = agent_env.run("flush", "--timeout", "60")
+    assert r.returncode == 0, r.stderr
+    assert b"0 left" in r.stdout
+    got = agent_env.events()
+    assert {e.event_id for e in got} == {e.event_id for e in spooled}
+    assert [t for e in got if isinstance(e, LogBatch) for t in e.text] == spooled_lines
+    assert sp.pending() == 0
+
+
+def test_broker_away_cmd_unharmed_events_wait_and_flush_says_so(agent_env) -> None:
+    away = f"localhost:{free_port()}"
+    env = agent_env.env(FLIGHTREC_BOOTSTRAP=away, FLIGHTREC_FLUSH_TIMEOUT="1")
+    r = agent_env.run("run", "--stage", "params", "--", "sh", "-c", "echo fetched; exit 4", env=env)
+    assert (r.returncode, r.stdout) == (4, b"fetched\n")
+    assert b"stay in" in r.stderr  # the agent says where the events wait
+    sp = Spool(agent_env.spool, agent_env.instance)
+    assert sp.pending() >= 4  # started, stdout batch, exit, failed
+    f = agent_env.run("flush", "--timeout", "2", env=env)
+    assert f.returncode == 1
+    assert b"not everything was acknowledged" in f.stderr
+    # the broker is reachable again: the next agent of the instance delivers the backlog first
+    ok = agent_env.run("event", "--stage", "params", "--state", "info", "--detail", "back")
+    assert ok.returncode == 0
+    assert sp.pending() == 0
+    evs = agent_env.events()
+    assert [e.seq for e in evs] == list(range(len(evs)))
+    assert [e.exit_code for e in evs if isinstance(e, ProcessExit)] == [4]

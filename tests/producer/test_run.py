@@ -1,0 +1,150 @@
+"""`flightrec agent run` against the real broker: exit codes, signals, stdin, byte-identical output."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flightrec.schemas import Lifecycle, ProcessExit
+
+PY = sys.executable
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("code", [0, 1, 3])
+def test_exit_codes_pass_through(agent_env, code: int) -> None:
+    r = agent_env.run("run", "--stage", "bench", "--", "sh", "-c", f"echo out; echo err >&2; exit {code}")
+    assert r.returncode == code, r.stderr
+    assert r.stdout == b"out\n"
+    assert r.stderr.endswith(b"err\n")
+    exits = agent_env.of(ProcessExit)
+    assert [(e.exit_code, e.signal) for e in exits] == [(code, None)]
+    assert exits[0].stdout_tail == ("out",) and exits[0].stderr_tail == ("err",)
+    assert exits[0].argv[:2] == ("sh", "-c") and exits[0].duration_s >= 0
+    states = [(e.stage, e.state) for e in agent_env.of(Lifecycle)]
+    assert states == [("bench", "started"), ("bench", "succeeded" if code == 0 else "failed")]
+    if code:
+        assert f"exit code {code}" in agent_env.of(Lifecycle)[-1].detail
+        assert "err" in agent_env.of(Lifecycle)[-1].detail
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_death_by_signal_gives_128_plus_n(agent_env, sig: signal.Signals) -> None:
+    r = agent_env.run("run", "--stage", "daemon", "--", PY, "-c",
+                      f"import os,sys; print('dying', flush=True); os.kill(os.getpid(), {int(sig)})")
+    assert r.returncode == 128 + sig
+    ex = agent_env.of(ProcessExit)[0]
+    assert (ex.exit_code, ex.signal, ex.signal_name) == (None, int(sig), sig.name)
+    assert ex.stdout_tail == ("dying",)
+    assert sig.name in agent_env.of(Lifecycle)[-1].detail
+
+
+TRAP = """
+import signal, sys, time
+def h(n, f):
+    print("got", n, flush=True)
+    sys.exit(40 + n)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, h)
+print("ready", flush=True)
+time.sleep(60)
+sys.exit(99)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_to_the_agent_reaches_cmd(agent_env, sig: signal.Signals) -> None:
+    p = subprocess.Popen(agent_env.argv("run", "--stage", "sup", "--", PY, "-c", TRAP), env=agent_env.env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"ready\n"
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=60)
+    assert out == f"got {int(sig)}\n".encode()
+    assert p.returncode == 40 + sig
+    assert agent_env.of(ProcessExit)[0].exit_code == 40 + sig
+
+
+def test_stdin_passes_through(agent_env) -> None:
+    data = os.urandom(300_000) + b"\nlast line\n"
+    r = agent_env.run("run", "--stage", "s", "--", PY, "-c",
+                      "import sys,hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
+                      input=data)
+    assert r.returncode == 0
+    assert r.stdout.decode().strip() == hashlib.sha256(data).hexdigest()
+
+
+def test_environment_and_working_folder_pass_through(agent_env, tmp_path: Path) -> None:
+    r = agent_env.run("run", "--stage", "s", "--", "sh", "-c", 'echo "$MY_VAR"; pwd',
+                      env=agent_env.env(MY_VAR="hello env"), cwd=tmp_path)
+    assert r.stdout.decode().splitlines() == ["hello env", str(tmp_path)]
+
+
+NOISY = r"""
+import os, random, sys
+rnd = random.Random(7)
+for i in range(400):
+    blob = bytes(rnd.getrandbits(8) for _ in range(rnd.randint(0, 3000)))
+    (sys.stdout if i % 3 else sys.stderr).buffer.write(blob + (b"\n" if i % 5 else b"\r"))
+    if i % 50 == 0:
+        sys.stdout.flush(); sys.stderr.flush()
+sys.stdout.buffer.write(b"no newline at the end \xff")
+"""
+
+
+def test_output_is_byte_identical_to_running_cmd_directly(agent_env) -> None:
+    direct = subprocess.run([PY, "-c", NOISY], capture_output=True, timeout=60)
+    wrapped = agent_env.run("run", "--stage", "noise", "--", PY, "-c", NOISY)
+    assert wrapped.returncode == direct.returncode == 0
+    assert hashlib.sha256(wrapped.stdout).digest() == hashlib.sha256(direct.stdout).digest()
+    assert hashlib.sha256(wrapped.stderr).digest() == hashlib.sha256(direct.stderr).digest()
+    assert len(direct.stdout) > 100_000
+    # and the lines that were shipped say which held non-UTF-8 bytes
+    out = agent_env.lines("stdout")
+    assert [n for n, *_ in out] == list(range(1, len(out) + 1))
+    assert any(inv for *_, inv in out)
+    assert out[-1][1] == "no newline at the end \\xff" and out[-1][3]
+
+
+def test_command_not_found_gives_127(agent_env) -> None:
+    r = agent_env.run("run", "--stage", "tunnel", "--", "no-such-command-flightrec")
+    assert r.returncode == 127
+    assert b"command not found" in r.stderr
+    ex = agent_env.of(ProcessExit)[0]
+    assert ex.exit_code == 127 and "command not found" in ex.start_error
+    assert agent_env.of(Lifecycle)[-1].state == "failed"
+    assert "command not found" in agent_env.of(Lifecycle)[-1].detail
+
+
+def test_command_not_executable_gives_126(agent_env, tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    r = agent_env.run("run", "--stage", "register", "--", str(script))
+    assert r.returncode == 126
+    ex = agent_env.of(ProcessExit)[0]
+    assert ex.exit_code == 126 and "permission denied" in ex.start_error
+
+
+def test_lines_are_shipped_while_cmd_runs(agent_env) -> None:
+    """A line reaches Kafka while CMD still runs (batches leave within ~100 ms, not at exit)."""
+    p = subprocess.Popen(agent_env.argv("run", "--stage", "s", "--", PY, "-c",
+                                        "import time; print('early', flush=True); time.sleep(60)"),
+                         env=agent_env.env(), stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"early\n"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not agent_env.lines("stdout"):
+            time.sleep(0.5)
+        assert [t for _, t, *_ in agent_env.lines("stdout")] == ["early"]
+        assert p.poll() is None
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
