@@ -15,7 +15,7 @@ def _bar(table, column: str, title: str) -> alt.Chart:
             .encode(x=alt.X("instances:Q", title="instances"),
                     y=alt.Y(f"{column}:N", sort="-x", title=None, axis=alt.Axis(labelLimit=220)),
                     tooltip=[column, "instances"])
-            .properties(height=max(120, 30 * min(table.num_rows, 20))))
+            )
 
 
 def overview() -> None:

@@ -127,9 +127,9 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     chosen_sources = c2.multiselect("Source", all_sources, key=f"logs_sources_{instance_id}",
                                     help="stdout, stderr, or a followed file")
     search = c3.text_input("Search", key=f"logs_search_{instance_id}").strip()
-    total = fetch(queries.count_log_lines, instance_id, stages=stages, sources=chosen_sources, search=search)
     lines = fetch(queries.log_lines, instance_id, stages=stages, sources=chosen_sources, search=search,
                   around_us=around)
+    total = lines.column("matching")[0].as_py() if lines.num_rows else 0
     where = " up to the failure" if around is not None else ""
     st.caption(f"{total:,} matching lines; showing the last {lines.num_rows:,}{where}.")
     st.dataframe(lines.select(["ts", "stage", "source", "line_no", "text"]), hide_index=True, width="stretch",

@@ -53,7 +53,7 @@ def fleet_by(db: Db, column: str) -> pa.Table:
     if column not in ("state", "gpu_model", "stage"):
         raise ValueError(f"cannot group the fleet by {column!r}")
     return q(db, f"""
-        SELECT coalesce({column}, 'unknown') AS {column}, count(*) AS instances
+        SELECT coalesce(nullif({column}, ''), 'unknown') AS {column}, count(*) AS instances
         FROM fleet GROUP BY ALL ORDER BY instances DESC, {column}""")
 
 
@@ -137,10 +137,13 @@ def log_sources(db: Db, instance_id: str) -> pa.Table:
 
 def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sources: Sequence[str] | None = None,
               search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS) -> pa.Table:
-    """Its log lines in time order, filtered; with ``around_us``, the lines leading up to that moment."""
+    """Its last ``limit`` log lines in time order, filtered; with ``around_us``, those up to that moment.
+
+    Column ``matching`` holds how many lines match in all (one scan for both).
+    """
     return q(db, """
         SELECT * FROM (
-            SELECT ts, stage, source, line_no, text, truncated, ts_us, seq
+            SELECT ts, stage, source, line_no, text, truncated, ts_us, seq, count(*) OVER () AS matching
             FROM log_view
             WHERE instance_id = $id
               AND (len($stages) = 0 OR list_contains($stages, stage))
@@ -152,20 +155,6 @@ def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sou
         ORDER BY ts_us, seq, line_no""",
              {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
               "pattern": like_pattern(search), "around": around_us, "limit": int(limit)})
-
-
-def count_log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None,
-                    sources: Sequence[str] | None = None, search: str = "") -> int:
-    """How many of its lines match the log viewer's filters."""
-    t = q(db, """
-        SELECT count(*) AS n FROM log_lines
-        WHERE instance_id = $id
-          AND (len($stages) = 0 OR list_contains($stages, stage))
-          AND (len($sources) = 0 OR list_contains($sources, source))
-          AND ($search = '' OR text ILIKE $pattern ESCAPE '\\')""",
-          {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
-           "pattern": like_pattern(search)})
-    return int(t.column("n")[0].as_py())
 
 
 # ---- Failures ------------------------------------------------------------------------
@@ -192,7 +181,7 @@ def failures_over_time(db: Db, classes: Sequence[str] | None = None, gpu_models:
 def failures_by_gpu(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None) -> pa.Table:
     """Failures per GPU model and class (filtered)."""
     return q(db, """
-        SELECT coalesce(gpu_model, 'unknown') AS gpu_model, coalesce(failure_class, 'unknown') AS failure_class,
+        SELECT coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model, coalesce(failure_class, 'unknown') AS failure_class,
                count(*) AS failures
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
@@ -229,7 +218,7 @@ def gpu_throughput(db: Db) -> pa.Table:
 def instance_rates(db: Db, gpu_models: Sequence[str] | None = None) -> pa.Table:
     """Latest proofs/hour per instance with its minimum rate and cost per proof."""
     return q(db, """
-        SELECT instance_id, coalesce(gpu_model, 'unknown') AS gpu_model, proofs_per_hour, min_rate,
+        SELECT instance_id, coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model, proofs_per_hour, min_rate,
                proofs_per_hour >= min_rate AS meets_min_rate, verdict, price_per_hour, cost_per_proof
         FROM fleet
         WHERE proofs_per_hour IS NOT NULL
@@ -240,7 +229,7 @@ def instance_rates(db: Db, gpu_models: Sequence[str] | None = None) -> pa.Table:
 def throughput_over_time(db: Db, gpu_models: Sequence[str] | None = None) -> pa.Table:
     """Measured proofs/hour per GPU model and hour (median over instances)."""
     return q(db, """
-        SELECT date_trunc('hour', ts) AS hour, coalesce(gpu_model, 'unknown') AS gpu_model,
+        SELECT date_trunc('hour', ts) AS hour, coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model,
                median(proofs_per_hour) AS proofs_per_hour, count(*) AS samples
         FROM throughput_samples
         WHERE proofs_per_hour IS NOT NULL AND (phase IS NULL OR phase = 'measured')

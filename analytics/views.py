@@ -95,7 +95,7 @@ LEFT JOIN instances i USING (instance_id)
 GPU_THROUGHPUT = """
 CREATE OR REPLACE TEMP VIEW gpu_throughput AS
 SELECT
-    coalesce(gpu_model, 'unknown') AS gpu_model,
+    coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model,
     count(*) AS instances,
     round(quantile_cont(proofs_per_hour, 0.1), 1) AS p10_proofs_per_hour,
     round(median(proofs_per_hour), 1) AS median_proofs_per_hour,

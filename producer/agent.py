@@ -113,9 +113,10 @@ class _AgentBase:
         """The boot id the next event will carry (starting the boot if none is open)."""
         return self.spool.boot()[0]
 
-    def emit_makers(self, makers: list[Callable[[str, int], Event]], once: str | None = None) -> list[Event]:
+    def emit_makers(self, makers: list[Callable[[str, int], Event]], once: str | None = None,
+                    encode: Callable[[Event], bytes] | None = None) -> list[Event]:
         """Spool several events in one write (one fsync); each maker gets (boot_id, seq)."""
-        events = self.spool.append(makers, once=once)
+        events = self.spool.append(makers, once=once, encode=encode)
         self.events_emitted += len(events)
         if self.deliverer is not None and events:
             self.deliverer.notify()

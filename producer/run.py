@@ -17,6 +17,7 @@ from typing import Sequence
 from flightrec.schemas import Event, FileTail, LogBatch, ProcessExit, new_event_id, now_us
 
 from flightrec.producer.agent import SyncAgent
+from flightrec.producer.fastlog import encode_fast
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
 
@@ -125,7 +126,7 @@ class SourceBatcher:
                             source=source, pid=pid, line_no=range(first, first + len(texts)), line_ts_us=ts,
                             text=texts, truncated=trunc, invalid_utf8=invalid)
 
-        self.agent.emit_makers([make])
+        self.agent.emit_makers([make], encode=encode_fast)
         self.batches += 1
 
 

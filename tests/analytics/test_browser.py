@@ -59,9 +59,10 @@ def dashboard(acceptance_db) -> Iterator[str]:
             proc.wait()
 
 
-def settle(page) -> None:
-    """Wait until Streamlit has finished running the script and the charts have drawn."""
+def settle(page, ready: str = "[data-testid='stDataFrame']") -> None:
+    """Wait until the page's content (``ready``) is there, Streamlit has stopped running and charts have drawn."""
     page.wait_for_selector("[data-testid='stAppViewContainer']")
+    page.wait_for_selector(ready, state="visible")
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
     page.wait_for_timeout(1500)  # vega charts draw asynchronously; this only affects the screenshot
 
@@ -86,6 +87,8 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, acceptance_db, t
     assert Path(CHROMIUM).exists(), "Debian's chromium is needed: run `make system-packages`"
     from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=60_000)  # a loaded 2-core machine; not a speed assertion
+
     _, ids = acceptance_db
     shots = tmp_path / "shots"
     shots.mkdir()
@@ -108,7 +111,7 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, acceptance_db, t
             picker = page.get_by_test_id("stSelectbox").filter(has_text="Failure")
             picker.click()
             page.get_by_role("option").filter(has_text=ids["no_kernel"]).first.click()
-            settle(page)
+            settle(page, "text=Events that led up to it")
             assert_no_exception(page)
             # The daemon's own log line is on screen (in its tail, beside stderr).
             # (the table's cells are drawn on a canvas; the tails are real text in code blocks)

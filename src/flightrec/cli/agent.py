@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--tail", action="append", default=[], metavar="PATH", help="follow this file too (repeatable)")
     run.add_argument("--seal", action="store_true",
                      help="seal the boot when CMD exits 0 (implied for the stage named 'supervisor')")
+    run.add_argument("--no-seal", action="store_true", help="do not seal, even for the stage named 'supervisor'")
     run.add_argument("--no-facts", action="store_true", help="do not send instance facts (sent once per boot otherwise)")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     run.set_defaults(func=_run)
@@ -77,7 +78,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             facts = threading.Thread(target=_facts_quietly, args=(agent,), daemon=True)
             facts.start()
         result = run_stage(agent, args.stage, cmd, args.tail,
-                           seal_on_success=args.seal or args.stage == "supervisor")
+                           seal_on_success=(args.seal or args.stage == "supervisor") and not args.no_seal)
         if facts is not None:
             facts.join(20)
     return result.exit_status

@@ -1,0 +1,12 @@
+#!/bin/sh
+# Stand-in for the GPU proving daemon: writes only to its log file.
+log="$1"
+{
+    echo "daemon: starting on GPU 0"
+    if [ "${FAKE_GPU_FAIL:-0}" = 1 ]; then
+        sleep 0.5
+        echo "daemon: CUDA error 700: an illegal memory access was encountered (msm.cu:211)"
+        exit 1
+    fi
+    echo "daemon: ready"
+} >> "$log" 2>&1
