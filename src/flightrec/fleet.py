@@ -61,10 +61,16 @@ def _say(*lines: str, err: bool = False) -> None:
 
 
 def tunnel(args: argparse.Namespace) -> int:
+    """Stays up for the instance's whole life, until the entrypoint stops it."""
     _say(f"opening reverse tunnel to {args.manager} ...")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     time.sleep(0.2)
     _say("tunnel up: remote port 40022 -> localhost:22")
-    return 0
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return 0
 
 
 def register(args: argparse.Namespace) -> int:
@@ -129,6 +135,9 @@ def benchmark(args: argparse.Namespace) -> int:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
     if proc.poll() is not None:
+        if proc.returncode < 0:
+            name = signal.Signals(-proc.returncode).name
+            _say(f"prover daemon (pid {proc.pid}) was killed by signal {name} (core dumped)", err=True)
         _say("benchmark: 0 proofs in 1.0 s (0 proofs/hour)", "benchmark exited with error", err=True)
         return 1
     try:

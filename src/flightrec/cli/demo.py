@@ -1,25 +1,31 @@
-"""`flightrec demo`: the whole system on one machine."""
+"""`flightrec demo`: the whole system on one machine with a simulated fleet."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from flightrec.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="broker, materializer, a simulated fleet and the dashboard")
-    d.add_argument("--instances", type=int, default=12)
-    d.add_argument("--fresh", action="store_true")
-    d.add_argument("--port", type=int, default=9092, help="the local broker's port")
+    d.add_argument("--instances", type=int, default=12, help="fleet size (default 12; the first 6 meet failure fates)")
+    d.add_argument("--fresh", action="store_true", help="start over: stop the demo broker and delete its data")
+    d.add_argument("--headless", action="store_true",
+                   help="no dashboard; exit once the fleet is materialized (for tests and CI)")
+    d.add_argument("--port", type=int, default=9092, help="the local broker's port (default 9092)")
+    d.add_argument("--dashboard-port", type=int, default=8501, help="the dashboard's port (default 8501)")
+    d.add_argument("--home", default=None, help="the demo's folder (default $FLIGHTREC_HOME/demo)")
+    d.add_argument("--supervisor-seconds", type=float, default=6.0,
+                   help="how long each healthy instance proves in production before it ends (default 6)")
     d.set_defaults(func=_demo)
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.broker import LocalBroker
+    from flightrec.demo import Demo
 
-    broker = LocalBroker(port=args.port, settings=settings)
-    print(broker.start(), flush=True)
-    print("demo: started the local broker. The agent, materializer, fleet and dashboard"
-          " are not built yet (issues 3-7); stop the broker with `flightrec broker stop`.")
-    return 0
+    home = Path(args.home) if args.home else Path(settings.home) / "demo"
+    return Demo(settings=settings, instances=args.instances, fresh=args.fresh, headless=args.headless,
+                port=args.port, dashboard_port=args.dashboard_port, home=home,
+                supervisor_seconds=args.supervisor_seconds).run()

@@ -1,0 +1,317 @@
+"""`flightrec demo`: broker, materializer, dashboard and a simulated fleet on one machine.
+
+Each simulated instance is a real process tree: `examples/entrypoint.sh` run by
+bash, every stage wrapped by `flightrec agent run`, the stage commands played by
+`flightrec.fleet` (which runs the real proving core for the benchmark). The
+instances meet the fates real ones meet (see FLEET_PLAN); one is destroyed
+mid-supervisor with its agent killed, while its broker connection is cut, and its
+spooled events are delivered afterwards by `flightrec agent flush`.
+
+Guarantees: every process the demo starts is stopped when it ends (Ctrl-C
+included); a broker that was already running is reused and left running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Callable
+
+from flightrec.broker import LocalBroker
+from flightrec.errors import FlightrecError, QueryError
+from flightrec.fleet import FATE_GPU, GPUS
+from flightrec.query import run_query
+from flightrec.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# The first six instances meet the six failure fates (the destroyed one is healthy
+# through its benchmark); every further instance is healthy.
+FLEET_PLAN = ("destroyed", "no_kernel_image", "cuda_oom", "params_download", "too_slow", "daemon_signal")
+HEALTHY_MIN_RATE = 60.0
+SLOW_MIN_RATE = 1e9
+DEAD_BOOTSTRAP = "127.0.0.1:9"  # the destroyed instance's network is cut: nothing listens there
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One simulated instance: its id, fate and GPU."""
+
+    instance_id: str
+    fate: str
+    gpu: str
+
+
+@dataclass
+class Running:
+    """A process the demo started, with the file its output goes to."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    output: IO[bytes] | None = None
+    instance: Instance | None = None
+    ended: bool = False
+
+
+def plan_fleet(n: int) -> list[Instance]:
+    """The fleet for ``n`` instances: the failure fates first, then healthy ones on varied GPUs."""
+    fates = list(FLEET_PLAN[:n]) + ["healthy"] * max(0, n - len(FLEET_PLAN))
+    out = []
+    for i, fate in enumerate(fates):
+        choices = FATE_GPU[fate]
+        gpu = choices[i % len(choices)]
+        out.append(Instance(f"{gpu}-{i + 1:02d}", fate, gpu))
+    return out
+
+
+def repo_root() -> Path:
+    """The source checkout the demo runs from (it needs examples/entrypoint.sh)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "examples" / "entrypoint.sh").exists():
+        raise FlightrecError("flightrec demo runs from a source checkout (examples/entrypoint.sh not found); "
+                             "clone the repository and run `make demo`")
+    return root
+
+
+@dataclass
+class Demo:
+    """The demo's processes and paths; :meth:`run` drives it from start to end."""
+
+    settings: Settings
+    instances: int = 12
+    fresh: bool = False
+    headless: bool = False
+    port: int = 9092
+    dashboard_port: int = 8501
+    home: Path = field(default_factory=lambda: Path(".flightrec") / "demo")
+    supervisor_seconds: float = 6.0
+    say: Callable[[str], None] = lambda line: print(line, flush=True)
+    procs: list[Running] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).resolve()
+        self.db = self.home / "flightrec.duckdb"
+        self.broker = LocalBroker(port=self.port, data=self.home / "broker", settings=self.settings)
+        self.started_broker = False
+        self.py = sys.executable
+        self.flightrec = str(Path(self.py).with_name("flightrec"))
+        if not os.path.exists(self.flightrec):
+            self.flightrec = shutil.which("flightrec") or "flightrec"
+
+    # -- pieces -------------------------------------------------------------------
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(PYTHONSAFEPATH="1", PYTHONUNBUFFERED="1", FLIGHTREC_BOOTSTRAP=self.broker.bootstrap)
+        env.update(extra)
+        return env
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str], instance: Instance | None = None,
+               new_session: bool = False) -> Running:
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = open(logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=self.home, start_new_session=new_session)
+        running = Running(name, proc, out, instance)
+        self.procs.append(running)
+        return running
+
+    def start_broker(self) -> None:
+        if self.fresh:
+            self.broker.stop()
+            shutil.rmtree(self.home, ignore_errors=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        was_running = self.broker.status().running
+        self.say(f"broker:       {self.broker.start()}")
+        self.started_broker = not was_running
+
+    def start_materializer(self) -> None:
+        self._spawn("materializer", [self.flightrec, "materialize", "--db", str(self.db)], self._env())
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.procs[-1].proc.poll() is not None:
+                raise FlightrecError(f"the materializer exited at start; see {self.home / 'logs' / 'materializer.log'}")
+            try:
+                run_query(self.db, "SELECT count(*) FROM instances")
+                self.say(f"materializer: running, writing {self.db}")
+                return
+            except QueryError:
+                time.sleep(0.3)
+        raise FlightrecError("the materializer did not come up within 90 s")
+
+    def start_dashboard(self) -> None:
+        self._spawn("dashboard", [self.flightrec, "dashboard", "--db", str(self.db), "--port", str(self.dashboard_port)],
+                    self._env())
+        self.say(f"dashboard:    http://localhost:{self.dashboard_port}  (starting)")
+
+    def start_fleet(self, run_dir: Path) -> list[Instance]:
+        root = repo_root()
+        fleet = plan_fleet(self.instances)
+        for inst in fleet:
+            gpu = GPUS[inst.gpu]
+            work = run_dir / inst.instance_id
+            work.mkdir(parents=True, exist_ok=True)
+            facts = work / "facts.json"
+            facts.write_text(json.dumps({
+                "gpu_model": gpu.model, "gpu_count": 1, "gpu_memory_mib": gpu.memory_mib,
+                "driver_version": "570.133.07", "cuda_version": "12.8", "compute_capability": gpu.compute_capability,
+                "price_per_hour": gpu.price_per_hour, "image": "prover:2026.11.3",
+                "attributes": {"fate": inst.fate, "simulated": "true"},
+            }))
+            fleet_cmd = f"{self.py} -m flightrec.fleet"
+            daemon_log = work / "prover-daemon.log"
+            min_rate = SLOW_MIN_RATE if inst.fate == "too_slow" else HEALTHY_MIN_RATE
+            destroyed = inst.fate == "destroyed"
+            env = self._env(
+                FLIGHTREC_INSTANCE=inst.instance_id, FLIGHTREC_SPOOL=str(work / "spool"),
+                FLIGHTREC_FACTS=str(facts), FLIGHTREC=self.flightrec, WORK=str(work),
+                DAEMON_LOG=str(daemon_log), MIN_RATE=str(min_rate), IMAGE="prover:2026.11.3",
+                MANAGER_TOKEN="demo-secret-token",
+                TUNNEL_CMD=f"{fleet_cmd} tunnel --fate {inst.fate}",
+                REGISTER_CMD=f"{fleet_cmd} register --fate {inst.fate}",
+                PARAMS_CMD=f"{fleet_cmd} params --fate {inst.fate}",
+                BENCHMARK_CMD=f"{fleet_cmd} benchmark --fate {inst.fate} --log {daemon_log} --k 8 --proofs 2 "
+                              f"--min-rate {min_rate}",
+                SUPERVISOR_CMD=f"{fleet_cmd} supervisor --fate {inst.fate} "
+                               f"--seconds {600 if destroyed else self.supervisor_seconds}",
+            )
+            if destroyed:  # its network is cut: every event stays in its spool until flushed later
+                env.update(FLIGHTREC_BOOTSTRAP=DEAD_BOOTSTRAP, FLIGHTREC_FLUSH_TIMEOUT="0.2")
+            self._spawn(inst.instance_id, ["bash", str(root / "examples" / "entrypoint.sh")], env, inst,
+                        new_session=True)
+            time.sleep(0.3)  # a staggered start, as a real fleet comes up
+        self.say(f"fleet:        {len(fleet)} instances started ({', '.join(sorted({i.fate for i in fleet}))})")
+        return fleet
+
+    # -- progress -----------------------------------------------------------------
+
+    def progress(self, t0: float) -> str:
+        try:
+            rows = run_query(self.db, "SELECT coalesce(stage, '?') AS stage, coalesce(state, '?') AS state, "
+                                      "count(*) AS n FROM instances GROUP BY ALL ORDER BY ALL").to_pylist()
+            lines = run_query(self.db, "SELECT count(*) AS n FROM log_lines").to_pylist()[0]["n"]
+            fails = run_query(self.db, "SELECT count(*) AS n FROM failures").to_pylist()[0]["n"]
+        except QueryError as exc:
+            return f"[{time.monotonic() - t0:5.0f}s] waiting for the materializer ({exc})"
+        by = ", ".join(f"{r['n']} {r['stage']}/{r['state']}" for r in rows) or "none seen yet"
+        return f"[{time.monotonic() - t0:5.0f}s] instances: {by} | {lines} log lines, {fails} failures explained"
+
+    def _destroy_when_supervising(self, running: Running) -> bool:
+        """SIGKILL the destroyed instance's whole process tree once it is in its supervisor stage."""
+        console = self.home / "logs" / f"{running.name}.log"
+        if running.ended or "supervisor: production proving" not in console.read_text(errors="replace"):
+            return False
+        time.sleep(1.0)
+        os.killpg(running.proc.pid, signal.SIGKILL)
+        running.proc.wait()
+        running.ended = True
+        self.say(f"fleet:        {running.name} destroyed mid-supervisor (agent killed; events left in its spool)")
+        return True
+
+    def _flush_spool(self, inst: Instance, run_dir: Path) -> None:
+        spool = run_dir / inst.instance_id / "spool"
+        r = subprocess.run([self.flightrec, "agent", "flush", "--instance", inst.instance_id, "--spool", str(spool),
+                            "--timeout", "60"], env=self._env(), capture_output=True, text=True)
+        self.say(f"fleet:        {inst.instance_id}'s spooled events delivered late by `flightrec agent flush` "
+                 f"(exit {r.returncode}) {r.stdout.strip()[-200:]}")
+
+    def wait_materialized(self, fleet: list[Instance], timeout: float = 120.0) -> None:
+        """Wait until every instance is in the database and every sealed one is complete."""
+        deadline = time.monotonic() + timeout
+        want = {i.instance_id for i in fleet if i.fate != "destroyed"}
+        while time.monotonic() < deadline:
+            try:
+                rows = run_query(self.db, "SELECT instance_id, complete FROM instances").to_pylist()
+                done = {r["instance_id"] for r in rows if r["complete"]}
+                seen = {r["instance_id"] for r in rows}
+                if want <= done and {i.instance_id for i in fleet} <= seen:
+                    return
+            except QueryError:
+                pass
+            time.sleep(0.5)
+        raise FlightrecError(f"the fleet's events were not all materialized within {timeout:.0f} s; "
+                             f"see {self.home / 'logs'}")
+
+    def summary(self, fleet: list[Instance]) -> None:
+        ids = [i.instance_id for i in fleet]
+        rows = run_query(self.db, """
+            SELECT i.instance_id, i.gpu_model, i.state, i.complete, round(i.proofs_per_hour) AS proofs_per_hour,
+                   string_agg(f.failure_class, ',') AS classes
+            FROM instances i LEFT JOIN failures f USING (instance_id)
+            WHERE list_contains(?, i.instance_id) GROUP BY ALL ORDER BY i.instance_id""", [ids]).to_pylist()
+        self.say("")
+        self.say(f"{'instance':18} {'gpu':32} {'state':10} {'complete':9} {'proofs/h':>9}  failure class")
+        for r in rows:
+            self.say(f"{r['instance_id']:18} {r['gpu_model'] or '?':32} {r['state'] or '?':10} "
+                     f"{str(r['complete']):9} {r['proofs_per_hour'] or 0:9.0f}  {r['classes'] or ''}")
+
+    # -- the whole run --------------------------------------------------------------
+
+    def run(self) -> int:
+        t0 = time.monotonic()
+        run_dir = self.home / "runs" / time.strftime("%Y%m%d-%H%M%S")
+        try:
+            self.start_broker()
+            self.start_materializer()
+            if not self.headless:
+                self.start_dashboard()
+            fleet = self.start_fleet(run_dir)
+            last = 0.0
+            destroyed = [r for r in self.procs if r.instance and r.instance.fate == "destroyed"]
+            while any(r.instance and r.proc.poll() is None for r in self.procs):
+                for r in destroyed:
+                    self._destroy_when_supervising(r)
+                if time.monotonic() - last >= 3:
+                    self.say(self.progress(t0))
+                    last = time.monotonic()
+                time.sleep(0.3)
+            for r in destroyed:
+                time.sleep(2.0)  # the evidence arrives later, as it would from a recovered disk
+                self._flush_spool(r.instance, run_dir)  # type: ignore[arg-type]
+            self.wait_materialized(fleet)
+            self.say(self.progress(t0))
+            self.summary(fleet)
+            self.say(f"\nthe whole fleet is materialized in {self.db}  ({time.monotonic() - t0:.0f} s)")
+            if self.headless:
+                return 0
+            self.say(f"dashboard:    http://localhost:{self.dashboard_port}   (Ctrl-C stops everything the demo started)")
+            while True:
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            self.say("\nstopping ...")
+            return 0
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop every process the demo started (instances, dashboard, materializer), then its broker."""
+        for r in reversed(self.procs):
+            if r.proc.poll() is None:
+                try:
+                    if r.instance:
+                        os.killpg(r.proc.pid, signal.SIGTERM)
+                    else:
+                        r.proc.send_signal(signal.SIGINT if r.name == "materializer" else signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for r in reversed(self.procs):
+            try:
+                r.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
+            if r.output:
+                r.output.close()
+        if self.started_broker:
+            self.say(self.broker.stop())
+        else:
+            self.say(f"broker left running on {self.broker.bootstrap} (it was running before the demo)")
