@@ -1,0 +1,80 @@
+"""`flightrec demo --headless`: the whole system end to end, asserted through SQL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flightrec.broker.local import free_port
+from flightrec.demo import plan_fleet
+from flightrec.query import run_query
+
+pytestmark = pytest.mark.integration
+
+EXPECTED_CLASS = {
+    "no_kernel_image": "gpu_arch_unsupported",
+    "cuda_oom": "cuda_out_of_memory",
+    "params_download": "params_download_failed",
+    "too_slow": "below_min_rate",
+    "daemon_signal": "daemon_crashed",
+}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    home = tmp_path_factory.mktemp("demo")
+    r = subprocess.run([sys.executable, "-m", "flightrec", "demo", "--instances", "7", "--headless",
+                        "--port", str(free_port()), "--home", str(home), "--supervisor-seconds", "2"],
+                       capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return home / "flightrec.duckdb", r.stdout
+
+
+def test_every_failure_fate_is_explained_with_its_class(demo):
+    db, _ = demo
+    rows = run_query(db, "SELECT i.instance_id, f.failure_class, f.stage FROM instances i "
+                         "JOIN failures f USING (instance_id)").to_pylist()
+    by_instance: dict[str, set[str]] = {}
+    for r in rows:
+        by_instance.setdefault(r["instance_id"], set()).add(r["failure_class"])
+    fate_of = {i.instance_id: i.fate for i in _plan()}
+    for fate, klass in EXPECTED_CLASS.items():
+        assert any(klass in classes for inst, classes in by_instance.items() if fate_of.get(inst) == fate), \
+            f"{fate}: expected a failure of class {klass}; got {by_instance}"
+
+
+def test_the_motivating_case_shows_the_daemon_line(demo):
+    db, _ = demo
+    rows = run_query(db, "SELECT matched_line, exit_code, stage FROM failures "
+                         "WHERE failure_class = 'gpu_arch_unsupported'").to_pylist()
+    assert rows and "no kernel image is available" in rows[0]["matched_line"]
+    assert rows[0]["exit_code"] == 1 and rows[0]["stage"] == "benchmark"
+
+
+def test_healthy_instances_have_throughput_and_complete_evidence(demo):
+    db, _ = demo
+    healthy = [i.instance_id for i in _plan() if i.fate in ("healthy", "destroyed")]
+    rows = run_query(db, "SELECT instance_id, count(*) AS n FROM throughput WHERE kind = 'sample' "
+                         "AND list_contains(?, instance_id) GROUP BY ALL", [healthy]).to_pylist()
+    assert {r["instance_id"] for r in rows} == set(healthy)
+    sealed = run_query(db, "SELECT instance_id, complete, failures FROM instances WHERE list_contains(?, instance_id)",
+                       [[i.instance_id for i in _plan() if i.fate == "healthy"]]).to_pylist()
+    assert sealed and all(r["complete"] and r["failures"] == 0 for r in sealed)
+
+
+def test_the_destroyed_instances_late_events_arrived(demo):
+    db, out = demo
+    (inst,) = [i.instance_id for i in _plan() if i.fate == "destroyed"]
+    assert f"{inst} destroyed mid-supervisor" in out and "delivered late" in out
+    rows = run_query(db, "SELECT stage, state FROM lifecycle_events WHERE instance_id = ?", [inst]).to_pylist()
+    assert {"stage": "supervisor", "state": "started"} in rows
+    (row,) = run_query(db, "SELECT complete, incomplete_reason FROM instances WHERE instance_id = ?",
+                       [inst]).to_pylist()
+    assert not row["complete"] and "not sealed" in row["incomplete_reason"]
+
+
+def _plan():
+    return plan_fleet(7)
