@@ -131,8 +131,14 @@ class Store:
                                                      SEMI JOIN _new USING (event_id)""").fetchone()[0]
                 con.execute("CREATE OR REPLACE TEMP VIEW _aff_boot AS SELECT DISTINCT instance_id, boot_id FROM _new")
                 con.execute("CREATE OR REPLACE TEMP VIEW _aff_inst AS SELECT DISTINCT instance_id FROM _new")
-                con.execute("""CREATE OR REPLACE TEMP VIEW _aff_stage AS SELECT DISTINCT instance_id, boot_id, stage
-                               FROM _new WHERE stage IS NOT NULL""")
+                # New facts touch every failure of their instance too: a failure whose boot has no
+                # facts of its own shows the instance's latest ones.
+                con.execute("""CREATE OR REPLACE TEMP VIEW _aff_stage AS
+                               SELECT DISTINCT instance_id, boot_id, stage FROM _new WHERE stage IS NOT NULL
+                               UNION
+                               SELECT instance_id, boot_id, stage FROM failures
+                               SEMI JOIN (SELECT instance_id FROM instance_facts SEMI JOIN _new USING (event_id))
+                               USING (instance_id)""")
                 stats.failures = recompute(con, self.rules)
             if delta.dead.num_rows:
                 stats.dead_letters = con.execute(

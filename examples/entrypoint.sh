@@ -25,9 +25,10 @@ export FLIGHTREC_INSTANCE FLIGHTREC_BOOTSTRAP FLIGHTREC_REDACT
 : "${SUPERVISOR_CMD:=$here/fake/supervisor.sh}"
 mkdir -p "$WORK"
 
-stage() {  # stage NAME [--tail PATH]... -- CMD...
+failed_stage=""
+stage() {  # stage NAME [--tail PATH]... -- CMD...   (its failure stops the script: set -e)
     local name="$1"; shift
-    "$FLIGHTREC" agent run --stage "$name" "$@"
+    "$FLIGHTREC" agent run --stage "$name" "$@" || { local rc=$?; failed_stage="$name"; return "$rc"; }
 }
 
 # If the script dies before the supervisor's normal end, close the boot anyway, so the
@@ -43,7 +44,13 @@ on_exit() {
     local rc=$?
     if [ "$rc" -ne 0 ]; then
         stop_tunnel
-        "$FLIGHTREC" agent event --stage entrypoint --state failed --detail "entrypoint exited with $rc" || true
+        if [ -n "$failed_stage" ]; then
+            # that stage's own events already explain it: one failure, not two
+            "$FLIGHTREC" agent event --stage entrypoint --state info \
+                --detail "entrypoint stopped with $rc: stage $failed_stage failed" --attr failed_stage="$failed_stage" || true
+        else
+            "$FLIGHTREC" agent event --stage entrypoint --state failed --detail "entrypoint exited with $rc outside any stage" || true
+        fi
         "$FLIGHTREC" agent seal --reason "entrypoint exited with $rc" || true
     fi
     stop_tunnel

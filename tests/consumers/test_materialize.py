@@ -79,6 +79,24 @@ def test_cross_topic_order_does_not_matter(kafka, db):
     assert one(db, "SELECT count(*) AS n FROM failures WHERE instance_id IN (?, ?)", a.instance, b.instance)["n"] == 2
 
 
+def test_facts_arriving_after_a_failure_reach_its_row(kafka, db):
+    # A boot that failed before it sent facts shows the instance's latest facts, even when those
+    # arrive in a later batch (from a later boot): the row must not depend on batch boundaries.
+    first = Boot()
+    first.add(Lifecycle, stage="params", state="started")
+    first.exit("params", 6, stderr=["curl: (6) Could not resolve host: params.example"])
+    first.add(Lifecycle, stage="params", state="failed", detail="fetch failed")
+    publish(kafka.bootstrap, first.events)
+    materialize(kafka, db, idle=0.5)
+    assert one(db, "SELECT gpu_model FROM failures WHERE instance_id = ?", first.instance)["gpu_model"] is None
+    later = Boot(instance=first.instance)
+    later.facts(gpu_model="NVIDIA L40S", compute_capability="8.9")
+    publish(kafka.bootstrap, later.events)
+    materialize(kafka, db, idle=0.5)
+    f = one(db, "SELECT gpu_model, compute_capability FROM failures WHERE instance_id = ?", first.instance)
+    assert f == {"gpu_model": "NVIDIA L40S", "compute_capability": "8.9"}
+
+
 def test_below_min_rate_is_kept_apart_from_crashes(kafka, db):
     slow, crash = Boot(), Boot()
     slow.facts()
