@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONSAFEPATH := 1
 
-.PHONY: setup demo test bench clean system-packages
+.PHONY: setup demo test bench docs clean system-packages
 
 setup: $(VENV)/.installed .cache/kafka/.fetched
 
@@ -33,6 +33,9 @@ test: setup system-packages
 
 bench: setup system-packages
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+docs: setup
+	COLUMNS=100 $(PY) -m flightrec.cli.reference > docs/cli.md
 
 clean:
 	rm -rf $(VENV) .cache .flightrec

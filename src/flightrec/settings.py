@@ -66,24 +66,22 @@ def _env(env: Mapping[str, str], name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def _number(env: Mapping[str, str], name: str, default: Any, kind: type, what: str) -> Any:
     raw = _env(env, name)
     if raw is None:
         return default
     try:
-        return float(raw)
+        return kind(raw)
     except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a number; set it to a number of seconds or unset it") from exc
+        raise ConfigError(f"{name}={raw!r} is not {what}; set it to {what} or unset it") from exc
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = _env(env, name)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not an integer; set it to a whole number or unset it") from exc
+    return _number(env, name, default, int, "a whole number")
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    return _number(env, name, default, float, "a number")
 
 
 @dataclass(frozen=True)

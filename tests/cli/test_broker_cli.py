@@ -39,6 +39,13 @@ def test_start_status_stop_round_trip(tmp_path):
     assert r.returncode == 0 and "no broker running" in r.stdout
 
 
+def test_fetch_reports_the_cached_jars():
+    r = flightrec("broker", "fetch")
+    assert r.returncode == 0 and "Kafka jars in" in r.stdout
+    libs = r.stdout.split("Kafka jars in", 1)[1].strip()
+    assert any(name.startswith("kafka_2.13-") for name in os.listdir(libs))
+
+
 def test_a_broker_error_is_one_line_on_stderr_and_exit_1(tmp_path):
     r = flightrec("broker", "start", "--port", "9", "--data", str(tmp_path / "b"), env={"PATH": str(tmp_path)})
     assert r.returncode == 1

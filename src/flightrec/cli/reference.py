@@ -1,0 +1,38 @@
+"""The command reference (docs/cli.md), generated from the argument parser itself."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    out: list[tuple[str, argparse.ArgumentParser]] = []
+    for action in parser._actions:  # argparse keeps subcommands here; there is no public accessor
+        if isinstance(action, argparse._SubParsersAction):
+            out.extend(action.choices.items())
+    return out
+
+
+def _walk(parser: argparse.ArgumentParser, prefix: str) -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [(prefix, parser)]
+    for name, sub in _subparsers(parser):
+        found.extend(_walk(sub, f"{prefix} {name}"))
+    return found
+
+
+def render(parser: argparse.ArgumentParser) -> str:
+    """Markdown with every command's --help, in the parser's order."""
+    os.environ.setdefault("COLUMNS", "100")  # argparse wraps help text to the terminal width
+    parts = ["# Command reference", "",
+             "Generated from the parser by `make docs` (`python -m flightrec.cli.reference`);",
+             "a test checks it is current.", ""]
+    for prefix, sub in _walk(parser, "flightrec"):
+        parts += [f"## `{prefix}`", "", "```", sub.format_help().rstrip(), "```", ""]
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    from flightrec.cli import build_parser
+
+    print(render(build_parser()), end="")
