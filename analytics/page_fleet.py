@@ -54,7 +54,7 @@ def overview() -> None:
             "open": st.column_config.LinkColumn("open", display_text="open", width="small"),
             "age_hours": st.column_config.NumberColumn("age (h)", format="%.1f"),
             "proofs_per_hour": st.column_config.NumberColumn("proofs/hour", format="%.1f"),
-            "cost_per_proof": st.column_config.NumberColumn("$/proof", format="$%.4f"),
+            "cost_per_proof": st.column_config.NumberColumn("$/proof", format="$%.6f"),
             "complete": st.column_config.CheckboxColumn("evidence complete"),
         })
 

@@ -20,7 +20,7 @@ def by_gpu(gpus: list[str]) -> pd.DataFrame:
         st.stop()
     st.subheader("By GPU model")
     st.dataframe(summary, hide_index=True, width="stretch", column_config={
-        "median_cost_per_proof": st.column_config.NumberColumn("median $/proof", format="$%.5f"),
+        "median_cost_per_proof": st.column_config.NumberColumn("median $/proof", format="$%.6f"),
         "median_price_per_hour": st.column_config.NumberColumn("median $/hour", format="$%.2f"),
     })
     rates = fetch(queries.instance_rates, gpu_models=gpus)
@@ -51,7 +51,7 @@ def per_instance(frame: pd.DataFrame) -> None:
         "open": st.column_config.LinkColumn("open", display_text="open", width="small"),
         "proofs_per_hour": st.column_config.NumberColumn("proofs/hour", format="%.1f"),
         "price_per_hour": st.column_config.NumberColumn("$/hour", format="$%.2f"),
-        "cost_per_proof": st.column_config.NumberColumn("$/proof", format="$%.5f"),
+        "cost_per_proof": st.column_config.NumberColumn("$/proof", format="$%.6f"),
     })
 
 

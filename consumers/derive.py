@@ -110,7 +110,7 @@ def recompute_failures(con: duckdb.DuckDBPyConnection, rules: RuleTable) -> int:
     keys = con.sql("""
         SELECT DISTINCT instance_id, boot_id, stage FROM (
             SELECT instance_id, boot_id, stage FROM lifecycle_events SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
-            WHERE kind = 'lifecycle' AND state = 'failed'
+            WHERE kind = 'lifecycle' AND state = 'failed' AND NOT map_contains(attributes, 'failed_stage')
             UNION ALL
             SELECT instance_id, boot_id, stage FROM process_exits SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
             WHERE coalesce(exit_code, 0) <> 0 OR signal IS NOT NULL OR coalesce(start_error, '') <> '' OR timed_out
@@ -122,7 +122,7 @@ def recompute_failures(con: duckdb.DuckDBPyConnection, rules: RuleTable) -> int:
         return 0
     con.register("_fail_keys", keys)
     try:
-        life = _rows(con, """SELECT instance_id, boot_id, event_id, seq, ts_us, kind, stage, state, detail
+        life = _rows(con, """SELECT instance_id, boot_id, event_id, seq, ts_us, kind, stage, state, detail, attributes
                              FROM lifecycle_events SEMI JOIN (SELECT DISTINCT instance_id, boot_id FROM _fail_keys)
                              USING (instance_id, boot_id) WHERE kind = 'lifecycle'""")
         exits = _rows(con, "SELECT * FROM process_exits SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)")

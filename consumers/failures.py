@@ -22,10 +22,15 @@ def exit_failed(x: Row) -> bool:
                 or x.get("timed_out"))
 
 
+# A failed lifecycle event carrying this attribute only reports that another stage
+# failed (an entrypoint stopping because its benchmark failed): not a failure of its own.
+CONSEQUENCE_ATTR = "failed_stage"
+
+
 def is_failure_signal(kind: str, row: Row) -> bool:
     """Whether one event (by its kind and row) reveals a failure of its stage."""
     if kind == "lifecycle":
-        return row.get("state") == "failed"
+        return row.get("state") == "failed" and CONSEQUENCE_ATTR not in dict(row.get("attributes") or {})
     if kind == "exit":
         return exit_failed(row)
     if kind == "result":

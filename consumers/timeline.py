@@ -132,6 +132,8 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
                              "stage": rec["stage"], "source": rec["source"], "text": text,
                              "boot_id": rec["boot_id"]})
     failures = []
+    # as in the database: a boot without facts of its own shows the instance's latest ones
+    latest_facts = max(facts.values(), key=lambda f: (f["ts_us"], f["seq"]), default=None)
     stages = {(r["boot_id"], r["stage"]) for r in life + exits + metrics if r.get("stage")}
     for boot, stage in sorted(stages):
         tails: dict[str, list[str]] = defaultdict(list)
@@ -143,7 +145,7 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
             lifecycle=[r for r in life if r["boot_id"] == boot and r["kind"] == "lifecycle"],
             exits=[r for r in exits if r["boot_id"] == boot and r["stage"] == stage],
             results=[r for r in metrics if r["boot_id"] == boot and r["stage"] == stage and r["kind"] == "result"],
-            facts=facts.get(boot), log_tails={k: v[-TAIL_LINES:] for k, v in tails.items()}, rules=rules)
+            facts=facts.get(boot) or latest_facts, log_tails={k: v[-TAIL_LINES:] for k, v in tails.items()}, rules=rules)
         if row is not None:
             failures.append(row)
     logs.sort(key=lambda x: (x["ts_us"], x["seq"], x["line_no"]))

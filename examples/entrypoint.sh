@@ -45,8 +45,8 @@ on_exit() {
     if [ "$rc" -ne 0 ]; then
         stop_tunnel
         if [ -n "$failed_stage" ]; then
-            # that stage's own events already explain it: one failure, not two
-            "$FLIGHTREC" agent event --stage entrypoint --state info \
+            # failed_stage marks this as a consequence: that stage's own events explain it (one failure, not two)
+            "$FLIGHTREC" agent event --stage entrypoint --state failed \
                 --detail "entrypoint stopped with $rc: stage $failed_stage failed" --attr failed_stage="$failed_stage" || true
         else
             "$FLIGHTREC" agent event --stage entrypoint --state failed --detail "entrypoint exited with $rc outside any stage" || true

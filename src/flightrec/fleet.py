@@ -116,7 +116,7 @@ def daemon(args: argparse.Namespace) -> int:
         w("CUDA error: out of memory (cudaErrorMemoryAllocation) while allocating 23.50 GiB")
         return 1
     if args.fate == "daemon_signal":
-        w("proof 1 started")
+        w("self-test proof 1 started")
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGSEGV)
     w("ready: listening on 127.0.0.1:9500")
@@ -133,7 +133,12 @@ def benchmark(args: argparse.Namespace) -> int:
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-m", "flightrec.fleet", "daemon", "--fate", args.fate, "--log", args.log],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    log = Path(args.log)
+    while proc.poll() is None and time.monotonic() < deadline:  # wait for "ready", or for the daemon's death
+        if log.exists() and "ready: listening" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.1)
     if proc.poll() is not None:
         if proc.returncode < 0:
             name = signal.Signals(-proc.returncode).name

@@ -41,6 +41,10 @@ def test_every_failure_fate_is_explained_with_its_class(demo):
     for r in rows:
         by_instance.setdefault(r["instance_id"], set()).add(r["failure_class"])
     fate_of = {i.instance_id: i.fate for i in _plan()}
+    counts = {r["instance_id"]: r["failures"] for r in run_query(db, "SELECT instance_id, failures FROM instances")
+              .to_pylist()}
+    for inst, fate in fate_of.items():  # one failure per failed instance: the entrypoint's stop is no second one
+        assert counts[inst] == (1 if fate in EXPECTED_CLASS else 0), (inst, fate, by_instance.get(inst))
     for fate, klass in EXPECTED_CLASS.items():
         assert any(klass in classes for inst, classes in by_instance.items() if fate_of.get(inst) == fate), \
             f"{fate}: expected a failure of class {klass}; got {by_instance}"

@@ -15,7 +15,7 @@ from flightrec.consumers.failures import build_failure
 from flightrec.consumers.fold import RawMessage, fold
 from flightrec.consumers.materializer import event_filter, parse_time
 from flightrec.errors import ConfigError
-from flightrec.schemas import encode
+from flightrec.schemas import Lifecycle, encode
 
 RULES = load_rules()
 
@@ -147,6 +147,17 @@ def test_failure_builder_is_order_independent_and_none_without_failure():
     assert one == two and one["failure_class"] == "gpu_arch_unsupported"
     assert build_failure(b.instance, b.boot, "tunnel", lifecycle=life, exits=[], results=[], facts=None,
                          log_tails={}, rules=RULES) is None
+
+
+def test_a_failed_event_that_reports_another_stages_failure_is_no_failure_of_its_own():
+    b = Boot()
+    stopped = b.add(Lifecycle, stage="entrypoint", state="failed", detail="stage benchmark failed",
+                    attributes={"failed_stage": "benchmark"}).to_record()
+    plain = b.add(Lifecycle, stage="entrypoint", state="failed", detail="exited outside any stage").to_record()
+    kw = dict(exits=[], results=[], facts=None, log_tails={}, rules=RULES)
+    assert build_failure(b.instance, b.boot, "entrypoint", lifecycle=[{**stopped, "kind": "lifecycle"}], **kw) is None
+    row = build_failure(b.instance, b.boot, "entrypoint", lifecycle=[{**plain, "kind": "lifecycle"}], **kw)
+    assert row is not None and row["detail"] == "exited outside any stage"
 
 
 def test_parse_time():
