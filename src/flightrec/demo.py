@@ -56,6 +56,7 @@ class Running:
 
     name: str
     proc: subprocess.Popen[bytes]
+    log_path: Path
     output: IO[bytes] | None = None
     instance: Instance | None = None
     ended: bool = False
@@ -115,13 +116,13 @@ class Demo:
         return env
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str], instance: Instance | None = None,
-               new_session: bool = False) -> Running:
-        logs = self.home / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        out = open(logs / f"{name}.log", "ab")
+               new_session: bool = False, log_path: Path | None = None) -> Running:
+        log_path = log_path or self.home / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log_path, "ab")
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 cwd=self.home, start_new_session=new_session)
-        running = Running(name, proc, out, instance)
+        running = Running(name, proc, log_path, out, instance)
         self.procs.append(running)
         return running
 
@@ -187,7 +188,7 @@ class Demo:
             if destroyed:  # its network is cut: every event stays in its spool until flushed later
                 env.update(FLIGHTREC_BOOTSTRAP=DEAD_BOOTSTRAP, FLIGHTREC_FLUSH_TIMEOUT="0.2")
             self._spawn(inst.instance_id, ["bash", str(root / "examples" / "entrypoint.sh")], env, inst,
-                        new_session=True)
+                        new_session=True, log_path=work / "console.log")
             time.sleep(0.3)  # a staggered start, as a real fleet comes up
         self.say(f"fleet:        {len(fleet)} instances started ({', '.join(sorted({i.fate for i in fleet}))})")
         return fleet
@@ -207,8 +208,7 @@ class Demo:
 
     def _destroy_when_supervising(self, running: Running) -> bool:
         """SIGKILL the destroyed instance's whole process tree once it is in its supervisor stage."""
-        console = self.home / "logs" / f"{running.name}.log"
-        if running.ended or "supervisor: production proving" not in console.read_text(errors="replace"):
+        if running.ended or "supervisor: production proving" not in running.log_path.read_text(errors="replace"):
             return False
         time.sleep(1.0)
         os.killpg(running.proc.pid, signal.SIGKILL)
@@ -224,13 +224,14 @@ class Demo:
         self.say(f"fleet:        {inst.instance_id}'s spooled events delivered late by `flightrec agent flush` "
                  f"(exit {r.returncode}) {r.stdout.strip()[-200:]}")
 
-    def wait_materialized(self, fleet: list[Instance], timeout: float = 120.0) -> None:
-        """Wait until every instance is in the database and every sealed one is complete."""
+    def wait_materialized(self, fleet: list[Instance], since_us: int, timeout: float = 120.0) -> None:
+        """Wait until every instance of this run is in the database and every sealed one is complete."""
         deadline = time.monotonic() + timeout
         want = {i.instance_id for i in fleet if i.fate != "destroyed"}
         while time.monotonic() < deadline:
-            try:
-                rows = run_query(self.db, "SELECT instance_id, complete FROM instances").to_pylist()
+            try:  # rows of an earlier demo run (same instance ids) do not count
+                rows = run_query(self.db, "SELECT instance_id, complete FROM instances WHERE last_event_us >= ?",
+                                 [since_us]).to_pylist()
                 done = {r["instance_id"] for r in rows if r["complete"]}
                 seen = {r["instance_id"] for r in rows}
                 if want <= done and {i.instance_id for i in fleet} <= seen:
@@ -239,14 +240,14 @@ class Demo:
                 pass
             time.sleep(0.5)
         raise FlightrecError(f"the fleet's events were not all materialized within {timeout:.0f} s; "
-                             f"see {self.home / 'logs'}")
+                             f"see {self.home / 'logs'} and each instance's console.log")
 
     def summary(self, fleet: list[Instance]) -> None:
         ids = [i.instance_id for i in fleet]
         rows = run_query(self.db, """
             SELECT i.instance_id, i.gpu_model, i.state, i.complete, round(i.proofs_per_hour) AS proofs_per_hour,
                    string_agg(f.failure_class, ',') AS classes
-            FROM instances i LEFT JOIN failures f USING (instance_id)
+            FROM instances i LEFT JOIN failures f ON f.instance_id = i.instance_id AND f.boot_id = i.boot_id
             WHERE list_contains(?, i.instance_id) GROUP BY ALL ORDER BY i.instance_id""", [ids]).to_pylist()
         self.say("")
         self.say(f"{'instance':18} {'gpu':32} {'state':10} {'complete':9} {'proofs/h':>9}  failure class")
@@ -257,7 +258,7 @@ class Demo:
     # -- the whole run --------------------------------------------------------------
 
     def run(self) -> int:
-        t0 = time.monotonic()
+        t0, since_us = time.monotonic(), time.time_ns() // 1000
         run_dir = self.home / "runs" / time.strftime("%Y%m%d-%H%M%S")
         try:
             self.start_broker()
@@ -277,7 +278,7 @@ class Demo:
             for r in destroyed:
                 time.sleep(2.0)  # the evidence arrives later, as it would from a recovered disk
                 self._flush_spool(r.instance, run_dir)  # type: ignore[arg-type]
-            self.wait_materialized(fleet)
+            self.wait_materialized(fleet, since_us)
             self.say(self.progress(t0))
             self.summary(fleet)
             self.say(f"\nthe whole fleet is materialized in {self.db}  ({time.monotonic() - t0:.0f} s)")

@@ -23,18 +23,23 @@ EXPECTED_CLASS = {
 }
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    home = tmp_path_factory.mktemp("demo")
-    r = subprocess.run([sys.executable, "-m", "flightrec", "demo", "--instances", "7", "--headless",
-                        "--port", str(free_port()), "--home", str(home), "--supervisor-seconds", "2"],
+def run_demo(home, port: int, instances: int) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "flightrec", "demo", "--instances", str(instances), "--headless",
+                        "--port", str(port), "--home", str(home), "--supervisor-seconds", "2"],
                        capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONSAFEPATH": "1"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return home / "flightrec.duckdb", r.stdout
+    return r
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    home, port = tmp_path_factory.mktemp("demo"), free_port()
+    r = run_demo(home, port, 7)
+    return home / "flightrec.duckdb", r.stdout, home, port
 
 
 def test_every_failure_fate_is_explained_with_its_class(demo):
-    db, _ = demo
+    db, *_ = demo
     rows = run_query(db, "SELECT i.instance_id, f.failure_class, f.stage FROM instances i "
                          "JOIN failures f USING (instance_id)").to_pylist()
     by_instance: dict[str, set[str]] = {}
@@ -51,7 +56,7 @@ def test_every_failure_fate_is_explained_with_its_class(demo):
 
 
 def test_the_motivating_case_shows_the_daemon_line(demo):
-    db, _ = demo
+    db, *_ = demo
     rows = run_query(db, "SELECT matched_line, exit_code, stage FROM failures "
                          "WHERE failure_class = 'gpu_arch_unsupported'").to_pylist()
     assert rows and "no kernel image is available" in rows[0]["matched_line"]
@@ -59,7 +64,7 @@ def test_the_motivating_case_shows_the_daemon_line(demo):
 
 
 def test_healthy_instances_have_throughput_and_complete_evidence(demo):
-    db, _ = demo
+    db, *_ = demo
     healthy = [i.instance_id for i in _plan() if i.fate in ("healthy", "destroyed")]
     rows = run_query(db, "SELECT instance_id, count(*) AS n FROM throughput WHERE kind = 'sample' "
                          "AND list_contains(?, instance_id) GROUP BY ALL", [healthy]).to_pylist()
@@ -70,7 +75,7 @@ def test_healthy_instances_have_throughput_and_complete_evidence(demo):
 
 
 def test_the_destroyed_instances_late_events_arrived(demo):
-    db, out = demo
+    db, out, *_ = demo
     (inst,) = [i.instance_id for i in _plan() if i.fate == "destroyed"]
     assert f"{inst} destroyed mid-supervisor" in out and "delivered late" in out
     rows = run_query(db, "SELECT stage, state FROM lifecycle_events WHERE instance_id = ?", [inst]).to_pylist()
@@ -82,3 +87,16 @@ def test_the_destroyed_instances_late_events_arrived(demo):
 
 def _plan():
     return plan_fleet(7)
+
+
+def test_a_second_run_reuses_the_broker_data_and_adds_a_boot(demo):
+    db, _, home, port = demo
+    before = run_query(db, "SELECT count(*) AS n FROM log_lines").to_pylist()[0]["n"]
+    r = run_demo(home, port, 2)
+    assert "broker:" in r.stdout and "started" in r.stdout
+    boots = run_query(db, "SELECT instance_id, count(*) AS n FROM boots GROUP BY ALL").to_pylist()
+    assert {b["instance_id"]: b["n"] for b in boots}["rtxpro4000-02"] == 2
+    assert run_query(db, "SELECT count(*) AS n FROM log_lines").to_pylist()[0]["n"] > before
+    # the summary shows this run's failure once (not one per boot)
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("rtxpro4000-02")]
+    assert line.rstrip().endswith(" gpu_arch_unsupported")
