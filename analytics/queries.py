@@ -139,14 +139,15 @@ def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sou
               search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS) -> pa.Table:
     """Its last ``limit`` log lines in time order, filtered; with ``around_us``, those up to that moment.
 
-    Column ``matching`` holds how many lines match in all (one scan for both).
+    Column ``matching`` holds how many lines match in all (one scan for both). The instance's
+    lines are cut out of the table first: one selective scan, then the filters on few rows.
     """
     return q(db, """
+        WITH mine AS MATERIALIZED (SELECT * FROM log_view WHERE instance_id = $id)
         SELECT * FROM (
             SELECT ts, stage, source, line_no, text, truncated, ts_us, seq, count(*) OVER () AS matching
-            FROM log_view
-            WHERE instance_id = $id
-              AND (len($stages) = 0 OR list_contains($stages, stage))
+            FROM mine
+            WHERE (len($stages) = 0 OR list_contains($stages, stage))
               AND (len($sources) = 0 OR list_contains($sources, source))
               AND ($search = '' OR text ILIKE $pattern ESCAPE '\\')
               AND ($around IS NULL OR ts_us <= $around)

@@ -73,3 +73,13 @@ def test_parts_depend_on_the_schemas_and_not_on_each_other():
                 if parts[0] == "flightrec" and len(parts) > 1 and parts[1] in (PEERS | {"broker"}) - {part}:
                     bad.append(f"{path.relative_to(ROOT)} imports {mod}")
     assert not bad, "the CLI wires the parts together; they must not import each other:\n" + "\n".join(bad)
+
+
+def test_every_module_says_what_it_holds_and_stays_small():
+    for folder in MAPPED:
+        for path in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            src = path.read_text()
+            assert ast.get_docstring(ast.parse(src)), f"{path.relative_to(ROOT)} opens with no one-line docstring"
+            assert src.count("\n") < 600, f"{path.relative_to(ROOT)} has grown past 600 lines: split it"
