@@ -1,9 +1,10 @@
 """Live reads: the materializer answers read-only queries on a Unix socket next to its database.
 
 Guarantees: each query runs on its own cursor of the writer's database, inside a
-transaction that is rolled back, so it sees exactly the last committed batch (a
-consistent snapshot) and can change nothing; the statement is checked
-(``check_read_only``) here again, whatever the client did; file access is off
+read-only transaction that is rolled back, so it sees exactly the last committed
+batch (a consistent snapshot) and can change nothing (nor lock rows the writer
+needs); the statement and the prelude are checked (``check_read_only``,
+``check_prelude``) here again, whatever the client did; file access is off
 for the whole database (the Store disables it), so ``read_csv`` and friends
 fail; queries run past ``query_timeout`` are interrupted. The socket is made
 owner-only (0600).
@@ -87,7 +88,9 @@ class QueryServer:
         timer = threading.Timer(self.query_timeout, cur.interrupt)
         try:
             timer.start()
-            cur.execute("BEGIN TRANSACTION")
+            # READ ONLY: a statement that writes inside a checked one (EXPLAIN ANALYZE DELETE ...)
+            # fails here instead of holding row locks that would make the writer's commit conflict.
+            cur.execute("BEGIN TRANSACTION READ ONLY")
             try:
                 table = execute_read_only(cur, sql, params, prelude)
             finally:

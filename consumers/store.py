@@ -110,13 +110,13 @@ class Store:
                 con.register(f"_d_{name}", getattr(delta, name))
                 names.append(f"_d_{name}")
             new = con.execute("""INSERT INTO events_seen BY NAME SELECT * FROM _d_events
-                                 ON CONFLICT DO NOTHING RETURNING instance_id, boot_id, stage, event_id""").fetchall()
+                                 ON CONFLICT DO NOTHING RETURNING instance_id, boot_id, stage, event_id, kind""").fetchall()
             stats.new_events = len(new)
             stats.duplicates += delta.events.num_rows - len(new)
             if new:
                 con.register("_new", pa.table({
                     "instance_id": [r[0] for r in new], "boot_id": [r[1] for r in new],
-                    "stage": [r[2] for r in new], "event_id": [r[3] for r in new]}))
+                    "stage": [r[2] for r in new], "event_id": [r[3] for r in new], "kind": [r[4] for r in new]}))
                 names.append("_new")
                 for table, view in (("lifecycle_events", "_d_lifecycle"), ("instance_facts", "_d_facts"),
                                     ("process_exits", "_d_exits"), ("throughput", "_d_throughput")):
@@ -131,14 +131,19 @@ class Store:
                                                      SEMI JOIN _new USING (event_id)""").fetchone()[0]
                 con.execute("CREATE OR REPLACE TEMP VIEW _aff_boot AS SELECT DISTINCT instance_id, boot_id FROM _new")
                 con.execute("CREATE OR REPLACE TEMP VIEW _aff_inst AS SELECT DISTINCT instance_id FROM _new")
-                # New facts touch every failure of their instance too: a failure whose boot has no
-                # facts of its own shows the instance's latest ones.
+                # A failure row also depends on events outside its stage: new facts touch every failure
+                # of their instance (a boot without facts of its own shows the instance's latest ones),
+                # and a new lifecycle event of any stage touches every failure of its boot (it may
+                # belong in preceding_events).
                 con.execute("""CREATE OR REPLACE TEMP VIEW _aff_stage AS
                                SELECT DISTINCT instance_id, boot_id, stage FROM _new WHERE stage IS NOT NULL
                                UNION
                                SELECT instance_id, boot_id, stage FROM failures
-                               SEMI JOIN (SELECT instance_id FROM instance_facts SEMI JOIN _new USING (event_id))
-                               USING (instance_id)""")
+                               SEMI JOIN (SELECT instance_id FROM _new WHERE kind = 'facts') USING (instance_id)
+                               UNION
+                               SELECT instance_id, boot_id, stage FROM failures
+                               SEMI JOIN (SELECT instance_id, boot_id FROM _new WHERE kind = 'lifecycle')
+                               USING (instance_id, boot_id)""")
                 stats.failures = recompute(con, self.rules)
             if delta.dead.num_rows:
                 stats.dead_letters = con.execute(

@@ -75,17 +75,21 @@ class _AgentBase:
         self.redactor = Redactor(self.settings.redact, os.environ if env is None else env)
         self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None
         self.events_emitted = 0
-        self._open = False
+        self._closed: bool | None = None  # once closed: whether everything was acknowledged then
 
     # -- lifecycle --------------------------------------------------------------
 
     def _start(self) -> None:
         if self.deliverer is not None:
             self.deliverer.start()
-        self._open = True
 
     def _close(self, timeout: float | None = None) -> bool:
-        """Wait up to the flush timeout for delivery, stop; True if everything was acknowledged."""
+        """Wait up to the flush timeout for delivery, stop; True if everything was acknowledged.
+
+        Closing again (``close()`` inside ``with``) does nothing and says how the first close went.
+        """
+        if self._closed is not None:
+            return self._closed
         ok = True
         if self.deliverer is not None:
             timeout = self.settings.flush_timeout if timeout is None else timeout
@@ -96,7 +100,7 @@ class _AgentBase:
                             timeout, self.spool.dir)
             self.deliverer.stop()
         self.spool.close()
-        self._open = False
+        self._closed = ok
         return ok
 
     def _flush_blocking(self, timeout: float) -> bool:

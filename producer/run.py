@@ -27,6 +27,9 @@ CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
 BATCH_WINDOW_S = 0.1  # a line is spooled (and handed to the sender) at most this long after it was read
 BATCH_MAX_BYTES = 256 * 1024  # and a LogBatch holds about this much text at most
+# and at most this many lines: each costs ~15 bytes besides its text, and a burst of short lines
+# in one 1 MiB chunk must not make a message over the producer's max_request_size (it would block delivery)
+BATCH_MAX_LINES = 16384
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 1.0  # after CMD exits, stop following once every followed file exists and was quiet this long
 PIPE_GRACE_S = 2.0  # after CMD exits, how long to wait for its pipes to close (a daemon may hold them)
@@ -82,7 +85,13 @@ class SourceBatcher:
         """Bytes read from the source."""
         with self._lock:
             lines, trunc = self.splitter.feed(data)
-            self._add(lines, trunc, ts or now_us())
+            ts = ts or now_us()
+            while len(self._texts) + len(lines) > BATCH_MAX_LINES:
+                room = max(0, BATCH_MAX_LINES - len(self._texts))
+                self._add(lines[:room], trunc[:room] if trunc else None, ts)
+                self._flush()
+                lines, trunc = lines[room:], trunc[room:] if trunc else None
+            self._add(lines, trunc, ts)
             self._bytes += len(data)
             if self._bytes >= self.max_bytes or (self._since is not None and time.monotonic() - self._since >= self.window):
                 self._flush()

@@ -3,8 +3,8 @@
 This is the one door readers (``flightrec sql``, the dashboard, ``timeline``)
 use. Guarantees: the statement runs read-only (one SELECT / EXPLAIN / PRAGMA),
 cannot read or write files, and returns a pyarrow Table. Parameters are bound,
-never pasted into SQL text. ``prelude`` is trusted SQL (temp views) run first
-on the same connection.
+never pasted into SQL text. ``prelude`` holds temp views (checked: one
+``CREATE TEMP VIEW`` each) run first on the same connection.
 
 While a materializer runs it holds DuckDB's write lock and no other process can
 open the file; it then serves queries on a Unix socket next to the database
@@ -20,6 +20,7 @@ import decimal
 import hashlib
 import io
 import json
+import re
 import socket
 import struct
 import time
@@ -48,6 +49,34 @@ def check_read_only(sql: str) -> None:
     kind = statements[0].type.name
     if kind not in READ_STATEMENTS:
         raise QueryError(f"only read-only queries are allowed here, not {kind}")
+    if kind == "PRAGMA":
+        m = _PRAGMA.match(sql)
+        if not m or m.group(1).lower() not in READ_PRAGMAS:
+            raise QueryError("only PRAGMAs that read are allowed here: " + ", ".join(sorted(READ_PRAGMAS)))
+
+
+# PRAGMAs that only describe the database; others change settings (of the writer, on the live path).
+READ_PRAGMAS = frozenset({"table_info", "show", "show_tables", "show_tables_expanded", "database_list",
+                          "database_size", "storage_info", "metadata_info", "version", "platform", "functions",
+                          "collations", "user_agent"})
+_PRAGMA = re.compile(r"\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*PRAGMA\s+(\w+)", re.IGNORECASE | re.DOTALL)
+
+
+_PRELUDE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?TEMP(?:ORARY)?\s+VIEW\s", re.IGNORECASE)
+
+
+def check_prelude(stmt: str) -> None:
+    """Raise QueryError unless ``stmt`` is exactly one ``CREATE [OR REPLACE] TEMP VIEW`` statement.
+
+    The live path runs the prelude a client sends on the writer's database, so it
+    must not be a way around :func:`check_read_only` (a COMMIT, DML, SET ...).
+    """
+    try:
+        statements = duckdb.extract_statements(stmt)
+    except duckdb.Error as exc:
+        raise QueryError(f"a prelude statement does not parse: {exc}") from exc
+    if len(statements) != 1 or statements[0].type.name != "CREATE" or not _PRELUDE.match(stmt):
+        raise QueryError(f"a prelude may only hold single CREATE TEMP VIEW statements, not {stmt[:80]!r}")
 
 
 def socket_path(db: str | Path) -> Path:
@@ -75,8 +104,10 @@ def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
 
 def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params = None,
                       prelude: Sequence[str] = ()) -> pa.Table:
-    """Run trusted ``prelude`` statements (temp views), then the checked user statement."""
+    """Run the checked ``prelude`` statements (temp views), then the checked user statement."""
     check_read_only(sql)
+    for stmt in prelude:
+        check_prelude(stmt)
     try:
         for stmt in prelude:
             con.execute(stmt)

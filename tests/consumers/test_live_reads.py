@@ -138,3 +138,47 @@ def test_prelude_views_and_params_on_the_live_path(kafka, db):
             store.con.execute("CREATE TABLE scratch AS SELECT 1 AS x")
     finally:
         store.close()
+
+
+def test_the_prelude_is_no_way_around_the_read_only_check(db):
+    # The live path runs the client's prelude on the writer's database: a COMMIT in it would
+    # let later statements write for good, so only CREATE TEMP VIEW statements pass.
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+
+    evil = """INSERT INTO dead_letters (topic, "partition", "offset", reason) VALUES ('x', 0, 0, 'written by a reader')"""
+    store = Store(db, "g")
+    try:
+        with QueryServer(store.con.cursor(), db):
+            for prelude in (["COMMIT", evil], [evil, "COMMIT"], ["CREATE OR REPLACE TEMP VIEW v AS SELECT 1; COMMIT", evil],
+                            ["CREATE TABLE kept AS SELECT 1 AS x", "COMMIT"], ["SET threads = 1"]):
+                reply = _raw_request(db, {"sql": "SELECT 1 AS one", "params": None, "prelude": prelude})
+                assert reply[:1] == b"E" and b"CREATE TEMP VIEW" in reply, (prelude, reply)
+                with pytest.raises(QueryError, match="CREATE TEMP VIEW"):
+                    run_query(db, "SELECT 1 AS one", prelude=prelude)
+            assert store.con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
+            assert store.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'kept'").fetchone()[0] == 0
+            t = run_query(db, "SELECT * FROM v", prelude=["create temporary view v as select 1 as one"])
+            assert t.to_pylist() == [{"one": 1}]
+    finally:
+        store.close()
+
+
+def test_a_write_hidden_in_explain_analyze_is_refused_on_the_live_path(db):
+    # EXPLAIN ANALYZE runs its statement: on the writer's database an uncommitted DELETE would hold
+    # the rows the writer recomputes, and the writer's next commit would fail on the conflict.
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+
+    store = Store(db, "g")
+    try:
+        store.con.execute("INSERT INTO instances (instance_id) VALUES ('i-1')")
+        with QueryServer(store.con.cursor(), db):
+            for sql in ("EXPLAIN ANALYZE DELETE FROM instances", "EXPLAIN ANALYZE INSERT INTO instances (instance_id) VALUES ('x')"):
+                reply = _raw_request(db, {"sql": sql, "params": None, "prelude": []})
+                assert reply[:1] == b"E" and b"read-only" in reply, (sql, reply)
+            reply = _raw_request(db, {"sql": "EXPLAIN ANALYZE SELECT count(*) FROM instances", "params": None, "prelude": []})
+            assert reply[:1] == b"A"
+        assert store.con.execute("SELECT count(*) FROM instances").fetchone()[0] == 1
+    finally:
+        store.close()

@@ -97,6 +97,22 @@ def test_facts_arriving_after_a_failure_reach_its_row(kafka, db):
     assert f == {"gpu_model": "NVIDIA L40S", "compute_capability": "8.9"}
 
 
+def test_earlier_lifecycle_events_of_other_stages_reach_preceding_events(kafka, db):
+    # Lifecycle events and exits travel on different topics, so the exit revealing a failure may be
+    # committed before the lifecycle events of earlier stages: the failure row must not depend on it.
+    b = Boot()
+    b.add(Lifecycle, stage="tunnel", state="started")
+    b.add(Lifecycle, stage="tunnel", state="succeeded")
+    b.add(Lifecycle, stage="benchmark", state="started")
+    b.exit("benchmark", 1, stderr=["benchmark exited with error"])
+    publish(kafka.bootstrap, b.events[2:])
+    materialize(kafka, db, idle=0.5)
+    publish(kafka.bootstrap, b.events[:2])
+    materialize(kafka, db, idle=0.5)
+    f = one(db, "SELECT preceding_events FROM failures WHERE instance_id = ?", b.instance)
+    assert f["preceding_events"] == ["tunnel started", "tunnel succeeded", "benchmark started"]
+
+
 def test_below_min_rate_is_kept_apart_from_crashes(kafka, db):
     slow, crash = Boot(), Boot()
     slow.facts()

@@ -170,3 +170,12 @@ def test_bad_settings_value_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="FLIGHTREC_FLUSH_TIMEOUT"):
         Settings.from_env({"FLIGHTREC_FLUSH_TIMEOUT": "soon"})
     assert sys.version_info >= (3, 11)
+
+
+def test_close_inside_the_with_block_then_leaving_it_is_fine(agent_env) -> None:
+    s = _settings(agent_env)
+    with open_agent(instance_id=agent_env.instance, settings=s) as agent:
+        agent.event("s", "info", detail="one")
+        assert agent.close(30)
+        assert agent.close(30)  # a second close is a no-op that says how the first one went
+    assert [e.detail for e in agent_env.of(Lifecycle)] == ["one"]

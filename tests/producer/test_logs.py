@@ -131,3 +131,17 @@ def test_many_lines_come_in_few_batches_in_order(agent_env) -> None:
     texts = [t for b in batches for t in b.text]
     assert texts == [f"line {i}" for i in range(50000)]
     assert len(batches) < 100  # thousands of lines per message, not one message per line
+
+
+def test_a_burst_of_empty_lines_is_split_into_deliverable_batches(agent_env, tmp_path: Path) -> None:
+    # 2M empty lines cost ~14 bytes each once encoded (number, time, flags): one LogBatch per 1 MiB
+    # chunk would be ~14 MB, over aiokafka's max_request_size; it must never block delivery
+    log = tmp_path / "blank.log"
+    log.write_bytes(b"\n" * 2_000_000 + b"last\n")
+    r = agent_env.run("run", "--stage", "s", "--tail", str(log), "--", "true",
+                      env=agent_env.env(FLIGHTREC_FLUSH_TIMEOUT="15"))
+    assert r.returncode == 0
+    assert b"not yet acknowledged" not in r.stderr, r.stderr.decode()[-2000:]
+    out = agent_env.lines(str(log))
+    assert len(out) == 2_000_001 and out[-1][:2] == (2_000_001, "last")
+    assert [n for n, *_ in out] == list(range(1, 2_000_002))
