@@ -13,6 +13,7 @@ import pytest
 
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
+from flightrec.errors import BrokerError
 from flightrec.settings import TOPICS, Settings
 
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -92,9 +93,18 @@ class Kafka:
 
 
 def _start_broker(data: Path) -> LocalBroker:
-    broker = LocalBroker(port=free_port(), data=data, settings=Settings.from_env({}))
-    broker.start()
-    return broker
+    """Start a broker on a free port; one retry on another port (a busy machine can lose the port race)."""
+    for attempt in (1, 2):
+        broker = LocalBroker(port=free_port(), data=data / f"try{attempt}", settings=Settings.from_env({}))
+        try:
+            broker.start(timeout=120)
+            return broker
+        except BrokerError as exc:
+            broker.stop()
+            if attempt == 2:
+                raise
+            logging.getLogger(__name__).warning("broker fixture: retrying on another port after: %s", exc)
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="session")
