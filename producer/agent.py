@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 _FILLED = ("event_id", "instance_id", "boot_id", "seq")
 
 
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters and marked, as long tail lines are."""
+    return text if len(text) <= limit else text[:limit] + " [cut]"
+
+
 class Stage:
     """``with agent.stage("x"):`` - Lifecycle started, then succeeded, or failed with the exception text.
 
@@ -132,11 +137,13 @@ class _AgentBase:
         if bad:
             raise TypeError(f"emit fills {', '.join(bad)} itself; do not pass them")
         ts = fields.pop("ts_us", None) or now_us()
-        if cls is Lifecycle:
+        if cls is Lifecycle:  # texts from shell scripts: masked, and cut like log lines (one event fits a message)
+            cap = self.settings.max_line
             if "detail" in fields:
-                fields["detail"] = self.redactor.text(str(fields["detail"]))
+                fields["detail"] = _cut(self.redactor.text(str(fields["detail"])), cap)
             if "attributes" in fields:
-                fields["attributes"] = self.redactor.mapping({str(k): str(v) for k, v in fields["attributes"].items()})
+                fields["attributes"] = {k: _cut(v, cap) for k, v in self.redactor.mapping(
+                    {str(k)[:cap]: str(v) for k, v in fields["attributes"].items()}).items()}
         eid = new_event_id()
         iid = self.instance_id
 

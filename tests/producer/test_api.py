@@ -47,6 +47,17 @@ def test_sync_api_emit_stage_seal(agent_env) -> None:
         open_agent(instance_id=agent_env.instance, settings=s, deliver=False).emit(Lifecycle, seq=3, stage="x", state="info")
 
 
+def test_a_huge_detail_is_cut_so_the_event_still_fits_a_kafka_message(agent_env) -> None:
+    s = _settings(agent_env)
+    with open_agent(instance_id=agent_env.instance, settings=s) as agent:
+        ev = agent.event("params", "failed", detail="x" * 10_000_000, attributes={"why": "y" * 200_000})
+        assert agent.flush(30)
+    assert len(ev.detail) == s.max_line + len(" [cut]") and ev.detail.endswith(" [cut]")
+    assert ev.attributes["why"].endswith(" [cut]")
+    (got,) = agent_env.of(Lifecycle)
+    assert got == ev
+
+
 async def test_async_api(agent_env) -> None:
     s = _settings(agent_env)
     async with Agent(instance_id=agent_env.instance, settings=s) as agent:
