@@ -36,8 +36,12 @@ log = logging.getLogger(__name__)
 # The first six instances meet the six failure fates (the destroyed one is healthy
 # through its benchmark); every further instance is healthy.
 FLEET_PLAN = ("destroyed", "no_kernel_image", "cuda_oom", "params_download", "too_slow", "daemon_signal")
-HEALTHY_MIN_RATE = 60.0
-SLOW_MIN_RATE = 1e9
+# One minimum rate for the whole fleet, as an operator sets it. Healthy instances prove at
+# k = 8 (on these CPUs several thousand proofs/hour); the "too slow" one plays a slow GPU with
+# a proof 512 times larger (k = 17: about a thousand proofs/hour), so it falls below.
+MIN_RATE = 2000.0
+PROOF_K = {"too_slow": 17}
+DEFAULT_PROOF_K = 8
 DEAD_BOOTSTRAP = "127.0.0.1:9"  # the destroyed instance's network is cut: nothing listens there
 
 
@@ -170,18 +174,18 @@ class Demo:
             }))
             fleet_cmd = f"{self.py} -m flightrec.fleet"
             daemon_log = work / "prover-daemon.log"
-            min_rate = SLOW_MIN_RATE if inst.fate == "too_slow" else HEALTHY_MIN_RATE
+            k = PROOF_K.get(inst.fate, DEFAULT_PROOF_K)
             destroyed = inst.fate == "destroyed"
             env = self._env(
                 FLIGHTREC_INSTANCE=inst.instance_id, FLIGHTREC_SPOOL=str(work / "spool"),
                 FLIGHTREC_FACTS=str(facts), FLIGHTREC=self.flightrec, WORK=str(work),
-                DAEMON_LOG=str(daemon_log), MIN_RATE=str(min_rate), IMAGE="prover:2026.11.3",
+                DAEMON_LOG=str(daemon_log), MIN_RATE=str(MIN_RATE), IMAGE="prover:2026.11.3",
                 MANAGER_TOKEN="demo-secret-token",
                 TUNNEL_CMD=f"{fleet_cmd} tunnel --fate {inst.fate}",
                 REGISTER_CMD=f"{fleet_cmd} register --fate {inst.fate}",
                 PARAMS_CMD=f"{fleet_cmd} params --fate {inst.fate}",
-                BENCHMARK_CMD=f"{fleet_cmd} benchmark --fate {inst.fate} --log {daemon_log} --k 8 --proofs 2 "
-                              f"--min-rate {min_rate}",
+                BENCHMARK_CMD=f"{fleet_cmd} benchmark --fate {inst.fate} --log {daemon_log} --k {k} --proofs 2 "
+                              f"--min-rate {MIN_RATE:g}",
                 SUPERVISOR_CMD=f"{fleet_cmd} supervisor --fate {inst.fate} "
                                f"--seconds {600 if destroyed else self.supervisor_seconds}",
             )
