@@ -224,3 +224,26 @@ def pipeline_db(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
 def acceptance_db(pipeline_db: tuple[Path, dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
     """The database the acceptance tests read: materialized from real events."""
     return pipeline_db
+
+
+@pytest.fixture
+def open_page(monkeypatch: pytest.MonkeyPatch):
+    """``open_page(db, page=None, **params)``: run the app on ``db``, switch to ``page_<page>.py`` with
+    query parameters, and return it rendered (no exception allowed on the way)."""
+    from streamlit.testing.v1 import AppTest
+
+    from flightrec.analytics import ENTRY_SCRIPT
+
+    def open_(db: Path, page: str | None = None, **params: str) -> AppTest:
+        monkeypatch.setenv("FLIGHTREC_DB", str(db))
+        at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=120)  # a cap for a loaded machine, not a speed test
+        at.run()
+        assert not at.exception, at.exception
+        if page:
+            for k, v in params.items():
+                at.query_params[k] = v
+            at.switch_page(f"page_{page}.py").run()
+            assert not at.exception, at.exception
+        return at
+
+    return open_

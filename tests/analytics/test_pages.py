@@ -8,25 +8,10 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from flightrec.analytics import ENTRY_SCRIPT
 
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
-RUN_TIMEOUT = 120  # a generous cap for a loaded 2-core machine, not a speed assertion
 
 
-def open_page(db: Path, monkeypatch: pytest.MonkeyPatch, page: str | None = None,
-              **params: str) -> AppTest:
-    """Run the app on ``db``, switch to ``page_<page>.py`` with query parameters, and return it rendered."""
-    monkeypatch.setenv("FLIGHTREC_DB", str(db))
-    at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=RUN_TIMEOUT)
-    at.run()
-    assert not at.exception, at.exception
-    if page:
-        for k, v in params.items():
-            at.query_params[k] = v
-        at.switch_page(f"page_{page}.py").run()
-        assert not at.exception, at.exception
-    return at
 
 
 def all_text(at: AppTest) -> str:
@@ -46,9 +31,9 @@ def metric(at: AppTest, label: str) -> Any:
     return next(m.value for m in at.metric if m.label == label)
 
 
-def test_fleet_shows_counts_and_table(arrow_db, monkeypatch):
+def test_fleet_shows_counts_and_table(arrow_db, open_page):
     db, ids = arrow_db
-    at = open_page(db, monkeypatch)  # Fleet is the default page
+    at = open_page(db)  # Fleet is the default page
     assert at.title[0].value == "Fleet"
     assert metric(at, "Instances") == "3"
     assert metric(at, "Failed now") == "2"
@@ -58,9 +43,9 @@ def test_fleet_shows_counts_and_table(arrow_db, monkeypatch):
     assert table.set_index("instance_id").loc[ids["ok"], "proofs_per_hour"] == 1500.0
 
 
-def test_fleet_filters_narrow_the_table(arrow_db, monkeypatch):
+def test_fleet_filters_narrow_the_table(arrow_db, open_page):
     db, ids = arrow_db
-    at = open_page(db, monkeypatch)
+    at = open_page(db)
     at.multiselect(key="fleet_states").select("failed").run()
     assert set(at.dataframe[0].value["instance_id"]) == {ids["no_kernel"], ids["slow"]}
     at.text_input(key="fleet_search").input("5090").run()
@@ -74,9 +59,9 @@ def test_fleet_filters_narrow_the_table(arrow_db, monkeypatch):
     assert list(at.dataframe[0].value["instance_id"]) == [ids["ok"]]
 
 
-def test_instance_page_shows_life_and_logs(arrow_db, monkeypatch):
+def test_instance_page_shows_life_and_logs(arrow_db, open_page):
     db, ids = arrow_db
-    at = open_page(db, monkeypatch, "instance", instance=ids["no_kernel"])
+    at = open_page(db, "instance", instance=ids["no_kernel"])
     text = all_text(at)
     assert at.selectbox[0].value == ids["no_kernel"]
     assert "NVIDIA GeForce RTX 5090" in text and "compute 12.0" in text
@@ -90,10 +75,10 @@ def test_instance_page_shows_life_and_logs(arrow_db, monkeypatch):
     assert "/var/log/prover/daemon.log" in set(logs["source"])
 
 
-def test_instance_log_viewer_filters_and_jumps(arrow_db, monkeypatch):
+def test_instance_log_viewer_filters_and_jumps(arrow_db, open_page):
     db, ids = arrow_db
     iid = ids["no_kernel"]
-    at = open_page(db, monkeypatch, "instance", instance=iid)
+    at = open_page(db, "instance", instance=iid)
     at.multiselect(key=f"logs_sources_{iid}").select("/var/log/prover/daemon.log").run()
     assert set(at.dataframe[-1].value["source"]) == {"/var/log/prover/daemon.log"}
     assert len(at.dataframe[-1].value) == 3
@@ -110,16 +95,16 @@ def test_instance_log_viewer_filters_and_jumps(arrow_db, monkeypatch):
     assert NO_KERNEL in list(lines["text"])
 
 
-def test_instance_that_does_not_exist(arrow_db, monkeypatch):
+def test_instance_that_does_not_exist(arrow_db, open_page):
     db, _ = arrow_db
-    at = open_page(db, monkeypatch, "instance", instance="no-such-instance")
+    at = open_page(db, "instance", instance="no-such-instance")
     # The picker falls back to the newest instance rather than failing.
     assert at.selectbox[0].value in {"i-h100-ok", "i-5090-nokernel", "i-a100-slow"}
 
 
-def test_failure_drill_down_shows_the_daemon_error(arrow_db, monkeypatch):
+def test_failure_drill_down_shows_the_daemon_error(arrow_db, open_page):
     db, ids = arrow_db
-    at = open_page(db, monkeypatch, "failures", failure=ids["no_kernel_failure"])
+    at = open_page(db, "failures", failure=ids["no_kernel_failure"])
     assert set(at.dataframe[0].value["instance_id"]) == {ids["no_kernel"], ids["slow"]}
     assert metric(at, "Class") == "gpu_arch_unsupported"
     assert metric(at, "Exit code") == "1"
@@ -132,18 +117,18 @@ def test_failure_drill_down_shows_the_daemon_error(arrow_db, monkeypatch):
     assert "/var/log/prover/daemon.log" in all_text(at)
 
 
-def test_failures_filter_and_picker(arrow_db, monkeypatch):
+def test_failures_filter_and_picker(arrow_db, open_page):
     db, ids = arrow_db
-    at = open_page(db, monkeypatch, "failures")
+    at = open_page(db, "failures")
     at.multiselect(key="failures_classes").select("below_min_rate").run()
     assert list(at.dataframe[0].value["instance_id"]) == [ids["slow"]]
     assert metric(at, "Class") == "below_min_rate"
     assert "640.0 proofs/hour against a minimum of 1,000.0" in all_text(at)
 
 
-def test_throughput_by_gpu_and_cost_per_proof(arrow_db, monkeypatch):
+def test_throughput_by_gpu_and_cost_per_proof(arrow_db, open_page):
     db, ids = arrow_db
-    at = open_page(db, monkeypatch, "throughput")
+    at = open_page(db, "throughput")
     summary = at.dataframe[0].value.set_index("gpu_model")
     assert summary.loc["NVIDIA H100 80GB HBM3", "median_proofs_per_hour"] == 1500.0
     assert summary.loc["NVIDIA A100-SXM4-40GB", "below_min_rate"] == 1
@@ -154,9 +139,9 @@ def test_throughput_by_gpu_and_cost_per_proof(arrow_db, monkeypatch):
     assert list(at.dataframe[1].value["instance_id"]) == [ids["slow"]]
 
 
-def test_sql_console_runs_examples_and_refuses_writes(arrow_db, monkeypatch):
+def test_sql_console_runs_examples_and_refuses_writes(arrow_db, open_page):
     db, _ = arrow_db
-    at = open_page(db, monkeypatch, "sql")
+    at = open_page(db, "sql")
     first = at.dataframe[0].value  # the first example: failures by class
     assert set(first["failure_class"]) == {"gpu_arch_unsupported", "below_min_rate"}
     assert at.get("download_button"), "the result can be downloaded as CSV"
@@ -177,14 +162,14 @@ def test_sql_console_runs_examples_and_refuses_writes(arrow_db, monkeypatch):
     assert at.dataframe[0].value["n"][0] == 3  # nothing was dropped
 
 
-def test_sql_console_caps_huge_results(arrow_db, monkeypatch):
+def test_sql_console_caps_huge_results(arrow_db, open_page):
     db, _ = arrow_db
-    at = open_page(db, monkeypatch, "sql")
+    at = open_page(db, "sql")
     next(t for t in at.text_area).input("SELECT * FROM range(20000) t(n)").run()
     assert len(at.dataframe[0].value) == 10_000
     assert "first 10,000 shown" in all_text(at)
 
 
-def test_missing_database_says_what_to_do(tmp_path, monkeypatch):
-    at = open_page(tmp_path / "absent.duckdb", monkeypatch)
+def test_missing_database_says_what_to_do(tmp_path, open_page):
+    at = open_page(tmp_path / "absent.duckdb")
     assert at.error and "flightrec materialize" in at.error[0].value
