@@ -16,7 +16,7 @@ from pathlib import Path
 
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
-from flightrec.schemas import LogBatch, decode_record
+from flightrec.schemas import decode_record
 from flightrec.settings import TOPIC_LOGS, Settings
 
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")

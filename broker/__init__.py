@@ -8,7 +8,7 @@ from flightrec.broker.local import (
     fetch_kafka,
     kafka_libs_dir,
 )
-from flightrec.broker.topics import ensure_topics, wait_until_answering
+from flightrec.broker.topics import ensure_topics
 
 __all__ = [
     # running a broker
@@ -21,5 +21,4 @@ __all__ = [
     "check_java",
     # talking to any cluster
     "ensure_topics",
-    "wait_until_answering",
 ]

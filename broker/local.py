@@ -315,11 +315,3 @@ class LocalBroker:
         if self._proc is not None and self._proc.pid == pid:
             return self._proc.poll() is None
         return _alive(pid)
-
-    def kill(self) -> None:
-        """SIGKILL the broker (tests use it to play a crash)."""
-        pid = self._pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-            while self._still_running(pid):
-                time.sleep(0.05)

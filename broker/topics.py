@@ -42,21 +42,6 @@ async def _any_port_open(bootstrap: str, timeout: float) -> bool:
     return False
 
 
-async def wait_until_answering(kafka_kwargs: dict[str, Any], timeout: float = 60.0) -> None:
-    """Wait until the cluster answers metadata requests; raise BrokerError after ``timeout`` s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await answers_metadata(kafka_kwargs):
-            return
-        await asyncio.sleep(0.3)
-    raise BrokerError(
-        f"no Kafka broker answered at {kafka_kwargs.get('bootstrap_servers')} within {timeout:.0f}s; "
-        "check FLIGHTREC_BOOTSTRAP or start one with `flightrec broker start`",
-        retriable=True,
-    )
-
-
 async def ensure_topics(
     kafka_kwargs: dict[str, Any],
     topics: Iterable[str] = TOPICS,

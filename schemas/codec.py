@@ -6,7 +6,7 @@ import io
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Iterable
+from typing import Any
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
@@ -149,10 +149,6 @@ class Codec:
             return EVENT_BY_NAME[name].from_record(record)
         except (TypeError, ValueError) as exc:
             raise CodecError(f"{name} record does not build an event: {exc}") from exc
-
-    def decode_many(self, messages: Iterable[bytes]) -> list[Event]:
-        """Decode several messages; the first bad one raises."""
-        return [self.decode(m) for m in messages]
 
 
 _default: Codec | None = None

@@ -14,14 +14,13 @@ included); a broker that was already running is reused and left running.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
@@ -31,7 +30,6 @@ from flightrec.fleet import FATE_GPU, GPUS
 from flightrec.query import run_query
 from flightrec.settings import Settings
 
-log = logging.getLogger(__name__)
 
 # The first six instances meet the six failure fates (the destroyed one is healthy
 # through its benchmark); every further instance is healthy.

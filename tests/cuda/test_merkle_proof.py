@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from flightrec.cuda import field, ntt
+from flightrec.cuda import field
 from flightrec.cuda.field import P
 from flightrec.cuda.merkle import leaf_bytes, merkle_root
 from flightrec.cuda.proof import ProofParams, extend, prove

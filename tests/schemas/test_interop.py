@@ -7,7 +7,6 @@ Avro specification here, independently of fastavro.
 from __future__ import annotations
 
 import io
-import json
 from importlib import resources
 
 import avro.io
