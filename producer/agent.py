@@ -16,16 +16,12 @@ from flightrec.settings import Settings
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
 from flightrec.producer.redact import Redactor
+from flightrec.producer.scrub import scrub
 from flightrec.producer.spool import Spool
 
 log = logging.getLogger(__name__)
 
 _FILLED = ("event_id", "instance_id", "boot_id", "seq")
-
-
-def _cut(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters and marked, as long tail lines are."""
-    return text if len(text) <= limit else text[:limit] + " [cut]"
 
 
 class Stage:
@@ -124,8 +120,16 @@ class _AgentBase:
 
     def emit_makers(self, makers: list[Callable[[str, int], Event]], once: str | None = None,
                     encode: Callable[[Event], bytes] | None = None) -> list[Event]:
-        """Spool several events in one write (one fsync); each maker gets (boot_id, seq)."""
-        events = self.spool.append(makers, once=once, encode=encode)
+        """Spool several events in one write (one fsync); each maker gets (boot_id, seq).
+
+        Every event is scrubbed first (:func:`scrub`): undecodable bytes escaped, secrets masked, then cut.
+        """
+        redactor, cap = self.redactor, self.settings.max_line
+
+        def clean(make: Callable[[str, int], Event]) -> Callable[[str, int], Event]:
+            return lambda boot, seq: scrub(make(boot, seq), redactor, cap)
+
+        events = self.spool.append([clean(m) for m in makers], once=once, encode=encode)
         self.events_emitted += len(events)
         if self.deliverer is not None and events:
             self.deliverer.notify()
@@ -137,13 +141,11 @@ class _AgentBase:
         if bad:
             raise TypeError(f"emit fills {', '.join(bad)} itself; do not pass them")
         ts = fields.pop("ts_us", None) or now_us()
-        if cls is Lifecycle:  # texts from shell scripts: masked, and cut like log lines (one event fits a message)
-            cap = self.settings.max_line
+        if cls is Lifecycle:  # texts from shell scripts (masked and cut by emit_makers)
             if "detail" in fields:
-                fields["detail"] = _cut(self.redactor.text(str(fields["detail"])), cap)
+                fields["detail"] = str(fields["detail"])
             if "attributes" in fields:
-                fields["attributes"] = {k: _cut(v, cap) for k, v in self.redactor.mapping(
-                    {str(k)[:cap]: str(v) for k, v in fields["attributes"].items()}).items()}
+                fields["attributes"] = {str(k): str(v) for k, v in fields["attributes"].items()}
         eid = new_event_id()
         iid = self.instance_id
 
