@@ -15,7 +15,7 @@ from flightrec.settings import Settings
 
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
-from flightrec.producer.redact import Redactor
+from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
 from flightrec.producer.spool import Spool
 
@@ -71,7 +71,7 @@ class _AgentBase:
                  spool_dir: str | None = None, new_boot: bool = False, deliver: bool = True,
                  env: Mapping[str, str] | None = None) -> None:
         self.settings = settings or Settings.from_env()
-        self.instance_id = instance_id or self.settings.instance
+        self.instance_id = visible(instance_id or self.settings.instance)[0]  # non-UTF-8 bytes as \xNN
         self.spool = Spool(spool_dir or self.settings.spool, self.instance_id, new_boot=new_boot)
         self.redactor = Redactor(self.settings.redact, os.environ if env is None else env)
         self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None
