@@ -5,23 +5,84 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+import threading
 import time
 from types import TracebackType
 from typing import Any, Callable, Mapping
 
-from flightrec.errors import FlightrecError
-from flightrec.schemas import Event, InstanceFacts, Lifecycle, Sealed, new_event_id, now_us
+from flightrec.errors import FlightrecError, SpoolError
+from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, Sealed, new_event_id, now_us
 from flightrec.settings import Settings
 
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
 from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
-from flightrec.producer.spool import Spool
+from flightrec.producer.spool import LostSpool, Spool, SpoolWriteError
 
 log = logging.getLogger(__name__)
 
 _FILLED = ("event_id", "instance_id", "boot_id", "seq")
+
+
+def say(text: str) -> None:
+    """Tell the person at the terminal (stderr, whatever the log level): what the agent could not record."""
+    try:
+        sys.stderr.write(f"flightrec agent: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class Losses:
+    """What could not be spooled: counted, said loudly on stderr, and noted in the next event that is spooled.
+
+    Guarantees: every event that was built but not written is counted once (and its lines,
+    for log batches); the first loss of each reason is said on stderr at once; :meth:`take`
+    hands the counts not yet noted to exactly one note event.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events = self.lines = 0  # in total
+        self._events = self._lines = 0  # not yet noted in an event
+        self._reason = ""
+        self._stage = ""
+        self._said: set[str] = set()
+
+    def add(self, exc: SpoolWriteError) -> None:
+        lines = sum(len(e.text) for e in exc.events if isinstance(e, LogBatch))
+        stage = next((str(getattr(e, "stage")) for e in exc.events if getattr(e, "stage", "")), "")
+        with self._lock:
+            self.events += len(exc.events)
+            self.lines += lines
+            self._events += len(exc.events)
+            self._lines += lines
+            self._reason = exc.reason
+            self._stage = self._stage or stage
+            first = exc.reason not in self._said
+            self._said.add(exc.reason)
+        if first:
+            say(f"NOT RECORDED: {exc.reason}. The command goes on; what cannot be spooled is counted "
+                "and the count is sent with the next event that can be.")
+
+    def take(self) -> tuple[int, int, str, str] | None:
+        """(events, lines, reason, stage) lost since the last note, or None; the counts are then noted."""
+        with self._lock:
+            if not self._events:
+                return None
+            out = (self._events, self._lines, self._reason, self._stage or "agent")
+            self._events = self._lines = 0
+            self._stage = ""
+            return out
+
+    def give_back(self, taken: tuple[int, int, str, str]) -> None:
+        """A note that could not be written: its counts wait for the next one."""
+        with self._lock:
+            self._events += taken[0]
+            self._lines += taken[1]
+            self._stage = self._stage or taken[3]
 
 
 class Stage:
@@ -72,9 +133,17 @@ class _AgentBase:
                  env: Mapping[str, str] | None = None) -> None:
         self.settings = settings or Settings.from_env()
         self.instance_id = visible(instance_id or self.settings.instance)[0]  # non-UTF-8 bytes as \xNN
-        self.spool = Spool(spool_dir or self.settings.spool, self.instance_id, new_boot=new_boot)
+        root = spool_dir or self.settings.spool
+        self.losses = Losses()
+        self.spool: Spool | LostSpool
+        try:
+            self.spool = Spool(root, self.instance_id, new_boot=new_boot)
+        except SpoolError as exc:  # the stage must run anyway: nothing is recorded, and that is said
+            say(f"NOT RECORDED: {exc}. Nothing of instance {self.instance_id} is recorded by this agent.")
+            self.spool = LostSpool(root, self.instance_id, str(exc))
+            deliver = False
         self.redactor = Redactor(self.settings.redact, os.environ if env is None else env)
-        self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None
+        self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]
         self.events_emitted = 0
         self._closed: bool | None = None  # once closed: whether everything was acknowledged then
 
@@ -92,6 +161,10 @@ class _AgentBase:
         if self._closed is not None:
             return self._closed
         ok = True
+        if self.losses.events:
+            self._note_losses()
+            say(f"NOT RECORDED in total: {self.losses.lines} log lines in {self.losses.events} events of "
+                f"instance {self.instance_id}")
         if self.deliverer is not None:
             timeout = self.settings.flush_timeout if timeout is None else timeout
             ok = self._flush_blocking(timeout)
@@ -129,11 +202,36 @@ class _AgentBase:
         def clean(make: Callable[[str, int], Event]) -> Callable[[str, int], Event]:
             return lambda boot, seq: scrub(make(boot, seq), redactor, cap)
 
-        events = self.spool.append([clean(m) for m in makers], once=once, encode=encode)
+        try:
+            events = self.spool.append([clean(m) for m in makers], once=once, encode=encode)
+        except SpoolWriteError as exc:  # never stop the caller (a stage): count it, say it, note it later
+            self.losses.add(exc)
+            return exc.events
+        if events:
+            self._note_losses()
         self.events_emitted += len(events)
         if self.deliverer is not None and events:
             self.deliverer.notify()
         return events
+
+    def _note_losses(self) -> None:
+        """After a successful write: a Lifecycle ``info`` event saying what was lost before it, if anything."""
+        taken = self.losses.take()
+        if taken is None:
+            return
+        events, lines, reason, stage = taken
+        eid, iid, ts = new_event_id(), self.instance_id, now_us()
+        detail = f"not recorded: {lines} log lines in {events} events ({reason})"
+        attrs = {"lost_events": str(events), "lost_lines": str(lines)}
+
+        def make(boot: str, seq: int) -> Event:
+            return scrub(Lifecycle(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, stage=stage,
+                                   state="info", detail=detail, attributes=attrs), self.redactor, self.settings.max_line)
+
+        try:
+            self.spool.append([make])
+        except SpoolWriteError:
+            self.losses.give_back(taken)
 
     def emit(self, cls: type[Event], **fields: Any) -> Event:
         """Build an event of type ``cls`` from ``fields`` (the common fields are filled in) and spool it."""
