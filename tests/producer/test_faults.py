@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -82,3 +83,25 @@ def test_a_disk_that_fills_mid_run_loses_lines_but_says_how_many(agent_env, tiny
     assert "No space left on device" in notes[0].detail
     assert [e.exit_code for e in agent_env.of(ProcessExit)] == [3]
     assert [e.state for e in agent_env.of(Lifecycle) if e.stage == "fill"][-1] == "failed"
+
+
+def test_the_delivery_thread_outlives_a_damaged_spool(agent_env, caplog) -> None:
+    from flightrec.producer.agent import open_agent
+    from flightrec.producer.spool import SEG_MAGIC
+
+    with open_agent(settings=agent_env.kafka.settings.with_overrides(
+            instance=agent_env.instance, spool=str(agent_env.spool))) as agent:
+        agent.event("s", "info", detail="one")
+        assert agent.flush(30)
+        seg = sorted(agent.spool.dir.glob("*.seg"))[-1]
+        good = seg.read_bytes()
+        seg.write_bytes(b"GARBAGE!" + good[len(SEG_MAGIC) - 1:] + b"torn")  # another process damaged it
+        agent.deliverer.notify()
+        time.sleep(1.5)
+        assert agent.deliverer._thread.is_alive()
+        assert "the delivery thread hit SpoolError" in caplog.text
+        seg.write_bytes(good)  # repaired: delivery goes on by itself
+        agent.spool._head = None
+        agent.event("s", "info", detail="two")
+        assert agent.flush(30)
+    assert [e.detail for e in agent_env.of(Lifecycle)] == ["one", "two"]
