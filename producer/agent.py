@@ -8,8 +8,9 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from flightrec.errors import FlightrecError, SpoolError
 from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, Sealed, new_event_id, now_us
@@ -17,9 +18,10 @@ from flightrec.settings import Settings
 
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
+from flightrec.producer.members import Member, join, leave, running
 from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
-from flightrec.producer.spool import LostSpool, Spool, SpoolWriteError
+from flightrec.producer.spool import BootSealedError, LostSpool, Spool, SpoolWriteError
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +54,17 @@ class Losses:
         self._said: set[str] = set()
 
     def add(self, exc: SpoolWriteError) -> None:
+        """Count the events of ``exc`` (and their lines); say the reason on stderr the first time."""
         lines = sum(len(e.text) for e in exc.events if isinstance(e, LogBatch))
         stage = next((str(getattr(e, "stage")) for e in exc.events if getattr(e, "stage", "")), "")
         with self._lock:
             self.events += len(exc.events)
             self.lines += lines
-            self._events += len(exc.events)
-            self._lines += lines
-            self._reason = exc.reason
-            self._stage = self._stage or stage
+            if not isinstance(exc, BootSealedError):  # those belong to a sealed boot, which names the stage
+                self._events += len(exc.events)
+                self._lines += lines
+                self._reason = exc.reason
+                self._stage = self._stage or stage
             first = exc.reason not in self._said
             self._said.add(exc.reason)
         if first:
@@ -145,6 +149,7 @@ class _AgentBase:
         self.redactor = Redactor(self.settings.redact, os.environ if env is None else env)
         self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]
         self.events_emitted = 0
+        self._stage_member: Member | None = None  # the stage this agent runs (a seal does not wait for it)
         self._closed: bool | None = None  # once closed: whether everything was acknowledged then
 
     # -- lifecycle --------------------------------------------------------------
@@ -282,13 +287,51 @@ class _AgentBase:
         events = self.emit_makers([make], once=None if force else "facts")
         return events[0] if events else None  # type: ignore[return-value]
 
-    def seal(self, reason: str = "") -> Sealed:
-        """The Sealed event closing this boot: it counts every event of the boot (itself included)."""
-        eid, iid, ts = new_event_id(), self.instance_id, now_us()
+    def join(self, what: str) -> Member | None:
+        """Register ``what`` (a stage, a probe) as running in this boot until :meth:`leave`; a seal waits for it."""
+        return join(self.spool, what) if isinstance(self.spool, Spool) else None
+
+    def leave(self, member: Member | None) -> None:
+        """``what`` of :meth:`join` ended."""
+        if isinstance(self.spool, Spool):
+            leave(self.spool, member)
+
+    @contextmanager
+    def running_stage(self, stage: str) -> Iterator[Member | None]:
+        """``with agent.running_stage("x"):`` - stage x takes part in this boot; this agent's own seal skips it."""
+        member = self.join(f"stage {stage}")
+        before, self._stage_member = self._stage_member, member
+        try:
+            yield member
+        finally:
+            self._stage_member = before
+            self.leave(member)
+
+    def seal(self, reason: str = "", wait: float | None = None) -> Sealed:
+        """The Sealed event closing this boot: it counts every event of the boot (itself included).
+
+        It first waits up to ``wait`` seconds (FLIGHTREC_SEAL_WAIT) for the boot's other running
+        stages and facts probes (any process) to end, so that their events belong to the boot; what
+        still runs then is named in the seal's reason, and its later events are not recorded.
+        """
+        wait = self.settings.seal_wait if wait is None else wait
+        own = self._stage_member
+        if isinstance(self.spool, Spool):
+            boot_id = own.boot_id if own is not None else self.spool.boot()[0]
+            deadline = time.monotonic() + wait
+            while running(self.spool, boot_id, own) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
 
         def make(boot: str, seq: int) -> Event:
+            left = running(spool, boot, own) if isinstance(spool, Spool) and seq >= 0 else []
+            why = reason
+            if left:
+                why += (f"{'; ' if why else ''}still running when sealed after waiting {wait:g}s, their later "
+                        f"events are not recorded: {', '.join(left)}")
+                log.warning("sealing boot %s of %s: %s", boot, iid, why)
             return Sealed(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, event_count=seq + 1,
-                          reason=reason)
+                          reason=why)
 
         return self.emit_makers([make])[0]  # type: ignore[return-value]
 

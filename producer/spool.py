@@ -31,7 +31,7 @@ import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 from urllib.parse import quote
 
 from flightrec.errors import SpoolError
@@ -49,6 +49,7 @@ RESERVE_BYTES = 256 * 1024
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 Maker = Callable[[str, int], Event]  # (boot_id, seq) -> the event
+T = TypeVar("T")
 
 
 def kernel_boot_id() -> str:
@@ -104,6 +105,10 @@ class SpoolWriteError(SpoolError):
         super().__init__(f"{reason}; free disk space or set FLIGHTREC_SPOOL to a writable folder")
         self.reason = reason
         self.events = list(events)
+
+
+class BootSealedError(SpoolWriteError):
+    """Events of a stage that still ran when its boot was sealed: the seal names the stage; they are not noted."""
 
 
 def _built(makers: Sequence[Maker], boot_id: str) -> list[Event]:
@@ -188,6 +193,7 @@ class Spool:
         except OSError as exc:
             raise SpoolError(f"cannot use the spool folder {self.dir}: {exc}; set FLIGHTREC_SPOOL to a writable folder") from exc
         self._codec = default_codec()
+        self.held: dict[str, int] = {}  # boots that stages of this process take part in (producer.members)
         self._reserve_given_up = False
         self._keep_reserve()
 
@@ -317,6 +323,27 @@ class Spool:
             finally:
                 self._unlock()
 
+    def with_boot(self, fn: Callable[[str], T]) -> T:
+        """``fn(boot id)`` run under the lock, the boot started if none is open (no seal comes in between)."""
+        with self._tlock:
+            self._lock()
+            try:
+                return fn(self._current().boot_id)
+            finally:
+                self._unlock()
+
+    def _ended_under_us(self, makers: Sequence[Maker]) -> None:
+        """Under the lock: a stage of this process still runs in a boot that was sealed: its events are lost."""
+        if not self.held:
+            return
+        head = self._recover()
+        if head is not None and head.boot_id in self.held and not head.sealed:
+            return
+        gone = ", ".join(sorted(self.held))
+        raise BootSealedError(f"boot {gone} was sealed while this stage was still running (a seal waits "
+                              "FLIGHTREC_SEAL_WAIT seconds for running stages); its later events are not recorded",
+                              _built(makers, gone))
+
     # -- writing ------------------------------------------------------------
 
     def _write(self, head: _Head, blob: bytes) -> None:
@@ -351,6 +378,7 @@ class Spool:
         with self._tlock:
             self._lock()
             try:
+                self._ended_under_us(makers)
                 try:
                     head = self._current()
                 except OSError as exc:
