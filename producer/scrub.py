@@ -65,7 +65,9 @@ class _Scrubber:
                 continue
             old = getattr(obj, f.name)
             if f.name == "text" and isinstance(obj, LogBatch):  # lines: already cut, flagged per line
-                new = self.lines(list(old), "text")
+                lines = old if isinstance(old, list) else list(old)
+                new = self.lines(lines, "text")
+                new = old if new is lines else new
             else:
                 new = self.value(old, f"{where}{f.name}" if not where else f"{where}.{f.name}")
             if new is not old:
