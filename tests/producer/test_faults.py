@@ -64,6 +64,21 @@ def test_a_spool_under_dev_null_does_not_stop_the_command(agent_env) -> None:
     _loud(r.stderr)
 
 
+def test_a_spool_on_a_disk_already_full_does_not_stop_the_command(agent_env, tiny_disk: Path) -> None:
+    with open(tiny_disk / "filler", "wb") as f:  # fill the disk before the agent comes
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    env = agent_env.env(FLIGHTREC_SPOOL=str(tiny_disk / "spool"))
+    r = agent_env.run("run", "--stage", "s", "--", "sh", "-c", "echo out; exit 9", env=env)
+    assert r.returncode == 9
+    assert r.stdout == b"out\n"
+    assert "No space left on device" in _loud(r.stderr)
+
+
 N = 60_000
 SPEW = f"import sys\nfor i in range({N}): sys.stdout.write('line %06d of a stage that fills the disk\\n' % i)\nsys.exit(3)"
 

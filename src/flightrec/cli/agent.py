@@ -160,4 +160,6 @@ def _seal(args: argparse.Namespace, settings: Settings) -> int:
     with open_agent(settings=_settings(args, settings)) as agent:
         ev = agent.seal(args.reason)
         print(f"sealed boot {ev.boot_id} of {ev.instance_id}: {ev.event_count} events")
+        if "still running when sealed" in ev.reason:  # what the seal could not wait for
+            print(f"flightrec agent seal: {ev.reason}", file=sys.stderr)
     return 0
