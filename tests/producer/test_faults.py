@@ -34,7 +34,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    yield from _mount(tmp_path / "tiny", "size=768k")
+    yield from _mount(tmp_path / "tiny", "size=2m")  # more than one full log batch, less than 60,000 lines
 
 
 def _loud(stderr: bytes) -> str:
@@ -94,6 +94,7 @@ def test_a_disk_that_fills_mid_run_loses_lines_but_says_how_many(agent_env, tiny
     notes = [e for e in agent_env.of(Lifecycle) if "lost_lines" in e.attributes]
     assert notes, "the loss is recorded in an event"
     lost = sum(int(e.attributes["lost_lines"]) for e in notes)
+    print(f"60,000 lines: {stored} stored, {lost} recorded as lost")
     assert 0 < stored < N and stored + lost == N  # nothing lost unsaid, nothing counted twice
     assert "No space left on device" in notes[0].detail
     assert [e.exit_code for e in agent_env.of(ProcessExit)] == [3]
