@@ -257,7 +257,7 @@ class _AgentBase:
 
         try:
             return self.emit_makers([make])[0]
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, IndexError) as exc:  # IndexError: not even built for counting
             raise TypeError(f"cannot build {cls.__name__} from {sorted(fields)}: {exc}") from exc
 
     def event(self, stage: str, state: str, detail: str = "", attributes: Mapping[str, str] | None = None) -> Lifecycle:
