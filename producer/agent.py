@@ -5,27 +5,88 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from flightrec.errors import FlightrecError
-from flightrec.schemas import Event, InstanceFacts, Lifecycle, Sealed, new_event_id, now_us
+from flightrec.errors import FlightrecError, SpoolError
+from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, Sealed, new_event_id, now_us
 from flightrec.settings import Settings
 
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
-from flightrec.producer.redact import Redactor
-from flightrec.producer.spool import Spool
+from flightrec.producer.members import Member, join, leave, running
+from flightrec.producer.redact import Redactor, visible
+from flightrec.producer.scrub import scrub
+from flightrec.producer.spool import BootSealedError, LostSpool, Spool, SpoolWriteError
 
 log = logging.getLogger(__name__)
 
 _FILLED = ("event_id", "instance_id", "boot_id", "seq")
 
 
-def _cut(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters and marked, as long tail lines are."""
-    return text if len(text) <= limit else text[:limit] + " [cut]"
+def say(text: str) -> None:
+    """Tell the person at the terminal (stderr, whatever the log level): what the agent could not record."""
+    try:
+        sys.stderr.write(f"flightrec agent: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class Losses:
+    """What could not be spooled: counted, said loudly on stderr, and noted in the next event that is spooled.
+
+    Guarantees: every event that was built but not written is counted once (and its lines,
+    for log batches); the first loss of each reason is said on stderr at once; :meth:`take`
+    hands the counts not yet noted to exactly one note event.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events = self.lines = 0  # in total
+        self._events = self._lines = 0  # not yet noted in an event
+        self._reason = ""
+        self._stage = ""
+        self._said: set[str] = set()
+
+    def add(self, exc: SpoolWriteError) -> None:
+        """Count the events of ``exc`` (and their lines); say the reason on stderr the first time."""
+        lines = sum(len(e.text) for e in exc.events if isinstance(e, LogBatch))
+        stage = next((str(getattr(e, "stage")) for e in exc.events if getattr(e, "stage", "")), "")
+        with self._lock:
+            self.events += len(exc.events)
+            self.lines += lines
+            if not isinstance(exc, BootSealedError):  # those belong to a sealed boot, which names the stage
+                self._events += len(exc.events)
+                self._lines += lines
+                self._reason = exc.reason
+                self._stage = self._stage or stage
+            first = exc.reason not in self._said
+            self._said.add(exc.reason)
+        if first:
+            say(f"NOT RECORDED: {exc.reason}. The command goes on; what cannot be spooled is counted "
+                "and the count is sent with the next event that can be.")
+
+    def take(self) -> tuple[int, int, str, str] | None:
+        """(events, lines, reason, stage) lost since the last note, or None; the counts are then noted."""
+        with self._lock:
+            if not self._events:
+                return None
+            out = (self._events, self._lines, self._reason, self._stage or "agent")
+            self._events = self._lines = 0
+            self._stage = ""
+            return out
+
+    def give_back(self, taken: tuple[int, int, str, str]) -> None:
+        """A note that could not be written: its counts wait for the next one."""
+        with self._lock:
+            self._events += taken[0]
+            self._lines += taken[1]
+            self._stage = self._stage or taken[3]
 
 
 class Stage:
@@ -75,11 +136,20 @@ class _AgentBase:
                  spool_dir: str | None = None, new_boot: bool = False, deliver: bool = True,
                  env: Mapping[str, str] | None = None) -> None:
         self.settings = settings or Settings.from_env()
-        self.instance_id = instance_id or self.settings.instance
-        self.spool = Spool(spool_dir or self.settings.spool, self.instance_id, new_boot=new_boot)
+        self.instance_id = visible(instance_id or self.settings.instance)[0]  # non-UTF-8 bytes as \xNN
+        root = spool_dir or self.settings.spool
+        self.losses = Losses()
+        self.spool: Spool | LostSpool
+        try:
+            self.spool = Spool(root, self.instance_id, new_boot=new_boot)
+        except SpoolError as exc:  # the stage must run anyway: nothing is recorded, and that is said
+            say(f"NOT RECORDED: {exc}. Nothing of instance {self.instance_id} is recorded by this agent.")
+            self.spool = LostSpool(root, self.instance_id, str(exc))
+            deliver = False
         self.redactor = Redactor(self.settings.redact, os.environ if env is None else env)
-        self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None
+        self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]
         self.events_emitted = 0
+        self._stage_member: Member | None = None  # the stage this agent runs (a seal does not wait for it)
         self._closed: bool | None = None  # once closed: whether everything was acknowledged then
 
     # -- lifecycle --------------------------------------------------------------
@@ -96,6 +166,10 @@ class _AgentBase:
         if self._closed is not None:
             return self._closed
         ok = True
+        if self.losses.events:
+            self._note_losses()
+            say(f"NOT RECORDED in total: {self.losses.lines} log lines in {self.losses.events} events of "
+                f"instance {self.instance_id}")
         if self.deliverer is not None:
             timeout = self.settings.flush_timeout if timeout is None else timeout
             ok = self._flush_blocking(timeout)
@@ -124,12 +198,45 @@ class _AgentBase:
 
     def emit_makers(self, makers: list[Callable[[str, int], Event]], once: str | None = None,
                     encode: Callable[[Event], bytes] | None = None) -> list[Event]:
-        """Spool several events in one write (one fsync); each maker gets (boot_id, seq)."""
-        events = self.spool.append(makers, once=once, encode=encode)
+        """Spool several events in one write (one fsync); each maker gets (boot_id, seq).
+
+        Every event is scrubbed first (:func:`scrub`): undecodable bytes escaped, secrets masked, then cut.
+        """
+        redactor, cap = self.redactor, self.settings.max_line
+
+        def clean(make: Callable[[str, int], Event]) -> Callable[[str, int], Event]:
+            return lambda boot, seq: scrub(make(boot, seq), redactor, cap)
+
+        try:
+            events = self.spool.append([clean(m) for m in makers], once=once, encode=encode)
+        except SpoolWriteError as exc:  # never stop the caller (a stage): count it, say it, note it later
+            self.losses.add(exc)
+            return exc.events
+        if events:
+            self._note_losses()
         self.events_emitted += len(events)
         if self.deliverer is not None and events:
             self.deliverer.notify()
         return events
+
+    def _note_losses(self) -> None:
+        """After a successful write: a Lifecycle ``info`` event saying what was lost before it, if anything."""
+        taken = self.losses.take()
+        if taken is None:
+            return
+        events, lines, reason, stage = taken
+        eid, iid, ts = new_event_id(), self.instance_id, now_us()
+        detail = f"not recorded: {lines} log lines in {events} events ({reason})"
+        attrs = {"lost_events": str(events), "lost_lines": str(lines)}
+
+        def make(boot: str, seq: int) -> Event:
+            return scrub(Lifecycle(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, stage=stage,
+                                   state="info", detail=detail, attributes=attrs), self.redactor, self.settings.max_line)
+
+        try:
+            self.spool.append([make])
+        except SpoolWriteError:
+            self.losses.give_back(taken)
 
     def emit(self, cls: type[Event], **fields: Any) -> Event:
         """Build an event of type ``cls`` from ``fields`` (the common fields are filled in) and spool it."""
@@ -137,13 +244,11 @@ class _AgentBase:
         if bad:
             raise TypeError(f"emit fills {', '.join(bad)} itself; do not pass them")
         ts = fields.pop("ts_us", None) or now_us()
-        if cls is Lifecycle:  # texts from shell scripts: masked, and cut like log lines (one event fits a message)
-            cap = self.settings.max_line
+        if cls is Lifecycle:  # texts from shell scripts (masked and cut by emit_makers)
             if "detail" in fields:
-                fields["detail"] = _cut(self.redactor.text(str(fields["detail"])), cap)
+                fields["detail"] = str(fields["detail"])
             if "attributes" in fields:
-                fields["attributes"] = {k: _cut(v, cap) for k, v in self.redactor.mapping(
-                    {str(k)[:cap]: str(v) for k, v in fields["attributes"].items()}).items()}
+                fields["attributes"] = {str(k): str(v) for k, v in fields["attributes"].items()}
         eid = new_event_id()
         iid = self.instance_id
 
@@ -152,7 +257,7 @@ class _AgentBase:
 
         try:
             return self.emit_makers([make])[0]
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, IndexError) as exc:  # IndexError: not even built for counting
             raise TypeError(f"cannot build {cls.__name__} from {sorted(fields)}: {exc}") from exc
 
     def event(self, stage: str, state: str, detail: str = "", attributes: Mapping[str, str] | None = None) -> Lifecycle:
@@ -182,13 +287,51 @@ class _AgentBase:
         events = self.emit_makers([make], once=None if force else "facts")
         return events[0] if events else None  # type: ignore[return-value]
 
-    def seal(self, reason: str = "") -> Sealed:
-        """The Sealed event closing this boot: it counts every event of the boot (itself included)."""
-        eid, iid, ts = new_event_id(), self.instance_id, now_us()
+    def join(self, what: str) -> Member | None:
+        """Register ``what`` (a stage, a probe) as running in this boot until :meth:`leave`; a seal waits for it."""
+        return join(self.spool, what) if isinstance(self.spool, Spool) else None
+
+    def leave(self, member: Member | None) -> None:
+        """``what`` of :meth:`join` ended."""
+        if isinstance(self.spool, Spool):
+            leave(self.spool, member)
+
+    @contextmanager
+    def running_stage(self, stage: str) -> Iterator[Member | None]:
+        """``with agent.running_stage("x"):`` - stage x takes part in this boot; this agent's own seal skips it."""
+        member = self.join(f"stage {stage}")
+        before, self._stage_member = self._stage_member, member
+        try:
+            yield member
+        finally:
+            self._stage_member = before
+            self.leave(member)
+
+    def seal(self, reason: str = "", wait: float | None = None) -> Sealed:
+        """The Sealed event closing this boot: it counts every event of the boot (itself included).
+
+        It first waits up to ``wait`` seconds (FLIGHTREC_SEAL_WAIT) for the boot's other running
+        stages and facts probes (any process) to end, so that their events belong to the boot; what
+        still runs then is named in the seal's reason, and its later events are not recorded.
+        """
+        wait = self.settings.seal_wait if wait is None else wait
+        own = self._stage_member
+        if isinstance(self.spool, Spool):
+            boot_id = own.boot_id if own is not None else self.spool.boot()[0]
+            deadline = time.monotonic() + wait
+            while running(self.spool, boot_id, own) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
 
         def make(boot: str, seq: int) -> Event:
+            left = running(spool, boot, own) if isinstance(spool, Spool) and seq >= 0 else []
+            why = reason
+            if left:
+                why += (f"{'; ' if why else ''}still running when sealed after waiting {wait:g}s, their later "
+                        f"events are not recorded: {', '.join(left)}")
+                log.warning("sealing boot %s of %s: %s", boot, iid, why)
             return Sealed(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, event_count=seq + 1,
-                          reason=reason)
+                          reason=why)
 
         return self.emit_makers([make])[0]  # type: ignore[return-value]
 

@@ -111,9 +111,16 @@ class Deliverer:
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
-            loop.run_until_complete(self._run())
-        except Exception:  # pragma: no cover - a bug; the spool keeps the events
-            log.exception("the delivery thread failed; events stay in the spool for `flightrec agent flush`")
+            while not self._stopping:  # the thread never dies: an unexpected error is said, and it tries again
+                try:
+                    loop.run_until_complete(self._run())
+                except Exception as exc:  # a damaged spool, a bug: the spool keeps the events
+                    self.errors_total += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.error("the delivery thread hit %s; it retries in %gs (events stay in the spool %s)",
+                              self.last_error, BACKOFF_S[-1], self.spool.dir)
+                    self._release()
+                    time.sleep(BACKOFF_S[-1])
         finally:
             loop.close()
             self._release()

@@ -6,7 +6,6 @@ import fcntl
 import logging
 import os
 import select
-import shlex
 import signal
 import subprocess
 import threading
@@ -70,7 +69,7 @@ class SourceBatcher:
         if not lines:
             return
         texts, invalid = decode_lines(lines)
-        texts = self.agent.redactor.lines(texts)
+        texts = self.agent.redactor.lines(texts, trunc)
         n = len(texts)
         self._texts.extend(texts)
         self._ts.extend([ts] * n)
@@ -270,7 +269,7 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
     """
     settings = agent.settings
     argv = list(argv)
-    shown = agent.redactor.text(shlex.join(argv))
+    shown = agent.redactor.argv(argv)
     agent.event(stage, "started", attributes={"argv": shown, "cwd": os.getcwd()})
     proc: subprocess.Popen[bytes] | None = None
     pending_signals: list[int] = []

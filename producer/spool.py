@@ -14,10 +14,13 @@ Layout of one instance's folder (``<spool>/<quoted instance id>/``):
 * ``cursor`` - how far Kafka acknowledged (segment, offset); segments before it
   are deleted.
 * ``once-<boot>-<name>`` - markers for events sent once per boot (instance facts).
+* ``reserve`` - room kept on the disk: when the disk is full, it is given up so that a
+  stage's exit, its end and the note of what was lost can still be written.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -28,11 +31,11 @@ import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 from urllib.parse import quote
 
 from flightrec.errors import SpoolError
-from flightrec.schemas import Event, Sealed, default_codec, now_us
+from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +45,11 @@ BODY = struct.Struct("<qBH")  # seq, flags, topic length
 FLAG_SEALED = 1
 DEFAULT_ROTATE_BYTES = 8 * 1024 * 1024
 _KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+RESERVE_BYTES = 256 * 1024
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 Maker = Callable[[str, int], Event]  # (boot_id, seq) -> the event
+T = TypeVar("T")
 
 
 def kernel_boot_id() -> str:
@@ -90,6 +96,30 @@ class _Head:
     next_seq: int
     sealed: bool
     instance_id: str
+
+
+class SpoolWriteError(SpoolError):
+    """Events that were built but could not be written to the spool (``events``), and why (``reason``)."""
+
+    def __init__(self, reason: str, events: Sequence[Event]) -> None:
+        super().__init__(f"{reason}; free disk space or set FLIGHTREC_SPOOL to a writable folder")
+        self.reason = reason
+        self.events = list(events)
+
+
+class BootSealedError(SpoolWriteError):
+    """Events of a stage that still ran when its boot was sealed: the seal names the stage; they are not noted."""
+
+
+def _built(makers: Sequence[Maker], boot_id: str) -> list[Event]:
+    """The events the makers would have spooled (seq -1: never written), to count what was lost."""
+    out: list[Event] = []
+    for make in makers:
+        try:
+            out.append(make(boot_id, -1))
+        except Exception:  # noqa: BLE001 - only counting: an event that cannot even be built counts as one
+            log.debug("an event that was not spooled could not be built for counting", exc_info=True)
+    return out
 
 
 def _seg_name(n: int) -> str:
@@ -163,6 +193,43 @@ class Spool:
         except OSError as exc:
             raise SpoolError(f"cannot use the spool folder {self.dir}: {exc}; set FLIGHTREC_SPOOL to a writable folder") from exc
         self._codec = default_codec()
+        self.held: dict[str, int] = {}  # boots that stages of this process take part in (producer.members)
+        self._reserve_given_up = False
+        self._keep_reserve()
+
+    def _keep_reserve(self) -> None:
+        """Hold RESERVE_BYTES of disk in ``reserve`` (where the disk has the room; quietly not otherwise)."""
+        path = self.dir / "reserve"
+        try:
+            if path.exists() and path.stat().st_size >= RESERVE_BYTES:
+                return
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.debug("no disk reserve in %s: %s", self.dir, exc)
+
+    def _give_up_reserve(self) -> bool:
+        """The disk is full: free the reserve for the events that must be written; False if there was none."""
+        try:
+            (self.dir / "reserve").unlink()
+        except OSError:
+            return False
+        self._reserve_given_up = True
+        log.warning("spool %s: the disk is full; the reserve is given up for exits and ends of stages", self.dir)
+        return True
+
+    def _room_for_lines(self) -> bool:
+        """Once the reserve was given up, log lines are written only where the disk has room again."""
+        if not self._reserve_given_up:
+            return True
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize > 2 * RESERVE_BYTES
 
     # -- locking and recovery ---------------------------------------------
 
@@ -256,6 +323,27 @@ class Spool:
             finally:
                 self._unlock()
 
+    def with_boot(self, fn: Callable[[str], T]) -> T:
+        """``fn(boot id)`` run under the lock, the boot started if none is open (no seal comes in between)."""
+        with self._tlock:
+            self._lock()
+            try:
+                return fn(self._current().boot_id)
+            finally:
+                self._unlock()
+
+    def _ended_under_us(self, makers: Sequence[Maker]) -> None:
+        """Under the lock: a stage of this process still runs in a boot that was sealed: its events are lost."""
+        if not self.held:
+            return
+        head = self._recover()
+        if head is not None and head.boot_id in self.held and not head.sealed:
+            return
+        gone = ", ".join(sorted(self.held))
+        raise BootSealedError(f"boot {gone} was sealed while this stage was still running (a seal waits "
+                              "FLIGHTREC_SEAL_WAIT seconds for running stages); its later events are not recorded",
+                              _built(makers, gone))
+
     # -- writing ------------------------------------------------------------
 
     def _write(self, head: _Head, blob: bytes) -> None:
@@ -265,11 +353,18 @@ class Spool:
             self._fd = os.open(self._path(head.seg), os.O_WRONLY | os.O_APPEND)
             self._fd_seg = head.seg
         view = memoryview(blob)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        if self.fsync:
-            os.fdatasync(self._fd)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            if self.fsync:
+                os.fdatasync(self._fd)
+        except OSError:
+            try:  # give the disk back what a half-written record took (the next append would cut it anyway)
+                os.ftruncate(self._fd, head.offset)
+            except OSError:
+                pass
+            raise
 
     def append(self, makers: Sequence[Maker], *, once: str | None = None,
                encode: Callable[[Event], bytes] | None = None) -> list[Event]:
@@ -283,7 +378,12 @@ class Spool:
         with self._tlock:
             self._lock()
             try:
-                head = self._current()
+                self._ended_under_us(makers)
+                try:
+                    head = self._current()
+                except OSError as exc:
+                    raise SpoolWriteError(f"cannot start a spool segment in {self.dir}: {exc}",
+                                          _built(makers, "")) from exc
                 marker = self.dir / f"once-{head.boot_id}-{once}" if once else None
                 if marker is not None and marker.exists():
                     return []
@@ -303,20 +403,38 @@ class Spool:
                     seq += 1
                     sealed = sealed or bool(flags)
                 blob = b"".join(parts)
-                try:
-                    self._write(head, blob)
-                except OSError as exc:
-                    raise SpoolError(f"cannot write the spool segment {self._path(head.seg)}: {exc}; "
-                                     "free disk space or set FLIGHTREC_SPOOL elsewhere") from exc
+                self._write_or_lose(head, blob, events)
                 head.offset += len(blob)
                 head.next_seq = seq
                 head.sealed = head.sealed or sealed
                 if marker is not None:
-                    marker.touch()
+                    try:
+                        marker.touch()
+                    except OSError as exc:  # the event is spooled; at worst it is sent again by a later agent
+                        log.warning("spool %s: cannot write the marker %s: %s", self.dir, marker.name, exc)
                 self.events_spooled += len(events)
                 return events
             finally:
                 self._unlock()
+
+    def _write_or_lose(self, head: _Head, blob: bytes, events: list[Event]) -> None:
+        """Write ``blob``; on a full disk, give up the reserve for anything but log lines; else SpoolWriteError."""
+        has_lines = any(isinstance(ev, LogBatch) for ev in events)
+        if has_lines and not self._room_for_lines():
+            raise SpoolWriteError(f"the disk of {self.dir} is full: log lines are dropped, the last room is kept "
+                                  "for exits and ends of stages", events)
+        try:
+            self._write(head, blob)
+            return
+        except OSError as exc:
+            first = exc
+        if first.errno in _NO_ROOM and not has_lines and self._give_up_reserve():
+            try:
+                self._write(head, blob)
+                return
+            except OSError as exc:
+                first = exc
+        raise SpoolWriteError(f"cannot write the spool segment {self._path(head.seg)}: {first}", events) from first
 
     # -- reading (delivery) -------------------------------------------------
 
@@ -339,10 +457,24 @@ class Spool:
             return Position(0, 0)
 
     def save_cursor(self, pos: Position) -> None:
-        """Record that everything before ``pos`` is acknowledged; delete segments wholly before it."""
+        """Record that everything before ``pos`` is acknowledged; delete segments wholly before it.
+
+        On a full disk the cursor is overwritten in place (same size, no new block); if even that
+        fails, a warning says so and a later agent sends those events again (same event_ids).
+        """
+        text = f"{pos.seg:012d} {pos.offset:012d}\n"
         tmp = self.dir / f"cursor.{os.getpid()}.tmp"
-        tmp.write_text(f"{pos.seg} {pos.offset}\n")
-        os.replace(tmp, self.dir / "cursor")
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, self.dir / "cursor")
+        except OSError as exc:
+            try:
+                tmp.unlink(missing_ok=True)
+                with open(self.dir / "cursor", "r+") as f:
+                    f.write(text)
+            except OSError:
+                log.warning("spool %s: cannot save the delivery cursor (%s); acknowledged events may be sent again",
+                            self.dir, exc)
         for n in self.segments():
             if n < pos.seg:
                 try:
@@ -410,3 +542,42 @@ class Spool:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
 
+
+
+class LostSpool:
+    """Stands in for a spool that cannot be created: the command still runs, nothing is written.
+
+    Every :meth:`append` raises :class:`SpoolWriteError` carrying the events it would have
+    written, so that the agent can say what was lost; the rest answers "empty".
+    """
+
+    def __init__(self, root: str | Path, instance_id: str, reason: str) -> None:
+        self.instance_id = instance_id
+        self.key = instance_id.encode("utf-8")
+        self.dir = instance_dir(root, instance_id)
+        self.reason = reason
+        self.events_spooled = 0
+
+    def boot(self) -> tuple[str, int]:
+        """No boot can be kept without a spool: an empty boot id."""
+        return "", 0
+
+    def append(self, makers: Sequence[Maker], *, once: str | None = None,
+               encode: Callable[[Event], bytes] | None = None) -> list[Event]:
+        """Nothing can be written: SpoolWriteError with the events that were lost."""
+        raise SpoolWriteError(self.reason, _built(makers, ""))
+
+    def committed_end(self) -> Position:
+        """Nothing written: the start."""
+        return Position(0, 0)
+
+    def load_cursor(self) -> Position:
+        """Nothing written: the start."""
+        return Position(0, 0)
+
+    def pending(self) -> int:
+        """Nothing waits for Kafka."""
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -24,7 +24,8 @@ def test_url_credentials_are_masked() -> None:
     r = Redactor()
     assert r.text("GET https://bob:hunter2@example.com/x ok") == "GET https://***:***@example.com/x ok"
     assert r.text("postgres://u:p@db:5432/x") == "postgres://***:***@db:5432/x"
-    assert r.text("ssh://git@github.com/repo and http://example.com/a@b") == "ssh://git@github.com/repo and http://example.com/a@b"
+    # a user alone may be a token (https://TOKEN@host): it is masked too
+    assert r.text("ssh://git@github.com/repo and http://example.com/a@b") == "ssh://***@github.com/repo and http://example.com/a@b"
 
 
 def test_lines_fast_path_returns_same_list() -> None:

@@ -74,23 +74,26 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     s = _settings(args, settings)
     with open_agent(settings=s) as agent:
         facts = None
-        if not args.no_facts:
-            facts = threading.Thread(target=_facts_quietly, args=(agent,), daemon=True)
+        if not args.no_facts:  # the probe joins this boot now, so that a seal waits for it
+            facts = threading.Thread(target=_facts_quietly, args=(agent, agent.join("facts")), daemon=True)
             facts.start()
-        result = run_stage(agent, args.stage, cmd, args.tail,
-                           seal_on_success=(args.seal or args.stage == "supervisor") and not args.no_seal)
+        with agent.running_stage(args.stage):
+            result = run_stage(agent, args.stage, cmd, args.tail,
+                               seal_on_success=(args.seal or args.stage == "supervisor") and not args.no_seal)
         if facts is not None:
             facts.join(20)
     return result.exit_status
 
 
-def _facts_quietly(agent: object) -> None:
+def _facts_quietly(agent: object, member: object = None) -> None:
     import logging
 
     try:
         agent.facts()  # type: ignore[attr-defined]
     except Exception as exc:  # facts must never break a stage
         logging.getLogger(__name__).warning("instance facts not sent: %s", exc)
+    finally:
+        agent.leave(member)  # type: ignore[attr-defined]
 
 
 def _event(args: argparse.Namespace, settings: Settings) -> int:
@@ -157,4 +160,6 @@ def _seal(args: argparse.Namespace, settings: Settings) -> int:
     with open_agent(settings=_settings(args, settings)) as agent:
         ev = agent.seal(args.reason)
         print(f"sealed boot {ev.boot_id} of {ev.instance_id}: {ev.event_count} events")
+        if "still running when sealed" in ev.reason:  # what the seal could not wait for
+            print(f"flightrec agent seal: {ev.reason}", file=sys.stderr)
     return 0

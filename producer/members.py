@@ -1,0 +1,101 @@
+"""Who still works on a boot: one flock-held file per running stage or facts probe, so that a seal can wait for them."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from flightrec.producer.spool import Spool
+
+log = logging.getLogger(__name__)
+
+PREFIX = "member-"
+
+
+@dataclass(frozen=True)
+class Member:
+    """A stage or a probe taking part in boot ``boot_id``; its file is locked for as long as it runs."""
+
+    what: str
+    boot_id: str
+    path: Path
+    fd: int
+
+
+def join(spool: Spool, what: str) -> Member | None:
+    """Register ``what`` as running in the open boot (started if none is); None where the spool cannot hold it.
+
+    The boot is read and the file written under the spool's lock, so a seal either sees the member or
+    comes before it (then the member joins the next boot).
+    """
+
+    def register(boot_id: str) -> Member:
+        path = spool.dir / f"{PREFIX}{boot_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, json.dumps({"what": what, "pid": os.getpid()}).encode())
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        return Member(what, boot_id, path, fd)
+
+    try:
+        member = spool.with_boot(register)
+    except OSError as exc:  # a full or read-only disk: the stage runs, the seal just cannot wait for it
+        log.warning("cannot register %s in the spool %s (%s); a seal will not wait for it", what, spool.dir, exc)
+        return None
+    spool.held[member.boot_id] = spool.held.get(member.boot_id, 0) + 1
+    return member
+
+
+def leave(spool: Spool, member: Member | None) -> None:
+    """The stage or probe ended: it no longer holds its boot open."""
+    if member is None:
+        return
+    left = spool.held.get(member.boot_id, 0) - 1
+    if left > 0:
+        spool.held[member.boot_id] = left
+    else:
+        spool.held.pop(member.boot_id, None)
+    try:
+        member.path.unlink(missing_ok=True)
+    except OSError:
+        pass
+    os.close(member.fd)
+
+
+def running(spool: Spool, boot_id: str, exclude: Member | None = None) -> list[str]:
+    """What is still running in ``boot_id`` ("stage tunnel (pid 12)"); files left by dead processes are removed."""
+    out: list[str] = []
+    try:
+        paths = sorted(spool.dir.glob(f"{PREFIX}*"))
+    except OSError:
+        return out
+    for path in paths:
+        if exclude is not None and path == exclude.path:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:  # held: its process is alive and still running it
+                if path.name.startswith(f"{PREFIX}{boot_id}-"):
+                    info = json.loads(os.read(fd, 4096) or b"{}")
+                    out.append(f"{info.get('what', '?')} (pid {info.get('pid', '?')})")
+                continue
+            path.unlink(missing_ok=True)  # not held: its process died without leaving
+        except (OSError, ValueError) as exc:
+            log.debug("member file %s: %s", path, exc)
+        finally:
+            os.close(fd)
+    return out
