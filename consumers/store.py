@@ -71,6 +71,12 @@ class Store:
             # Nothing the writer does needs files; readers share this database
             # instance through cursors, so this also closes file access to them.
             self.con.execute("SET enable_external_access = false")
+            self.con.execute("SET autoload_known_extensions = false")
+            self.con.execute("SET autoinstall_known_extensions = false")
+            self.con.execute("SET python_enable_replacements = false")
+            # Last: from here on no connection of this database, the live readers' cursors
+            # included, can change any setting (memory_limit, threads, default_order ...).
+            self.con.execute("SET lock_configuration = true")
         except duckdb.Error as exc:
             self.con.close()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc

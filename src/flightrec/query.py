@@ -1,8 +1,9 @@
 """Read-only SQL over a flightrec database, whether or not a materializer holds it.
 
 This is the one door readers (``flightrec sql``, the dashboard, ``timeline``)
-use. Guarantees: the statement runs read-only (one SELECT / EXPLAIN / PRAGMA),
-cannot read or write files, and returns a pyarrow Table. Parameters are bound,
+use. Guarantees: the statement is one a reader may run (decided by DuckDB's own
+parser, see ``flightrec.readonly``), cannot read or write files, and returns a
+pyarrow Table. Parameters are bound,
 never pasted into SQL text. ``prelude`` holds temp views (checked: one
 ``CREATE TEMP VIEW`` each) run first on the same connection.
 
@@ -20,7 +21,6 @@ import decimal
 import hashlib
 import io
 import json
-import re
 import socket
 import struct
 import time
@@ -31,52 +31,15 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
+from flightrec.readonly import READ_PRAGMAS, check_prelude, check_read_only  # noqa: F401 - re-exported
 
-READ_STATEMENTS = {"SELECT", "EXPLAIN", "PRAGMA"}
 _FRAME = struct.Struct(">Q")
 MAX_REQUEST = 16 * 1024 * 1024
 Params = Sequence[Any] | dict[str, Any] | None
-
-
-def check_read_only(sql: str) -> None:
-    """Raise QueryError unless ``sql`` is exactly one read statement (SELECT, EXPLAIN, PRAGMA)."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise QueryError(f"the query does not parse: {exc}") from exc
-    if len(statements) != 1:
-        raise QueryError(f"one statement at a time, please (got {len(statements)})")
-    kind = statements[0].type.name
-    if kind not in READ_STATEMENTS:
-        raise QueryError(f"only read-only queries are allowed here, not {kind}")
-    if kind == "PRAGMA":
-        m = _PRAGMA.match(sql)
-        if not m or m.group(1).lower() not in READ_PRAGMAS:
-            raise QueryError("only PRAGMAs that read are allowed here: " + ", ".join(sorted(READ_PRAGMAS)))
-
-
-# PRAGMAs that only describe the database; others change settings (of the writer, on the live path).
-READ_PRAGMAS = frozenset({"table_info", "show", "show_tables", "show_tables_expanded", "database_list",
-                          "database_size", "storage_info", "metadata_info", "version", "platform", "functions",
-                          "collations", "user_agent"})
-_PRAGMA = re.compile(r"\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*PRAGMA\s+(\w+)", re.IGNORECASE | re.DOTALL)
-
-
-_PRELUDE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?TEMP(?:ORARY)?\s+VIEW\s", re.IGNORECASE)
-
-
-def check_prelude(stmt: str) -> None:
-    """Raise QueryError unless ``stmt`` is exactly one ``CREATE [OR REPLACE] TEMP VIEW`` statement.
-
-    The live path runs the prelude a client sends on the writer's database, so it
-    must not be a way around :func:`check_read_only` (a COMMIT, DML, SET ...).
-    """
-    try:
-        statements = duckdb.extract_statements(stmt)
-    except duckdb.Error as exc:
-        raise QueryError(f"a prelude statement does not parse: {exc}") from exc
-    if len(statements) != 1 or statements[0].type.name != "CREATE" or not _PRELUDE.match(stmt):
-        raise QueryError(f"a prelude may only hold single CREATE TEMP VIEW statements, not {stmt[:80]!r}")
+# The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked.
+READER_CONFIG = {"enable_external_access": False, "autoload_known_extensions": False,
+                 "autoinstall_known_extensions": False, "python_enable_replacements": False,
+                 "lock_configuration": True}
 
 
 def socket_path(db: str | Path) -> Path:
@@ -96,7 +59,7 @@ def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
     if not path.exists():
         raise QueryError(f"no database at {path}; run `flightrec materialize --db {path}` first")
     try:
-        return duckdb.connect(str(path), read_only=True, config={"enable_external_access": False})
+        return duckdb.connect(str(path), read_only=True, config=READER_CONFIG)
     except duckdb.IOException as exc:
         raise QueryError(
             f"{path} is held by another process and it serves no queries: {exc}", ) from exc
