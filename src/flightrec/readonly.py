@@ -142,8 +142,10 @@ def check_read_only(sql: str) -> None:
     elif kind == "EXPLAIN":
         m = _EXPLAIN.match(sql)
         inner = sql[m.end():] if m else ""
-        if not inner.strip() or statement_types(inner) != ["SELECT"]:
-            raise QueryError("only EXPLAIN of a SELECT is allowed here (EXPLAIN ANALYZE runs its statement)")
+        inner_kinds = statement_types(inner) if inner.strip() else ["nothing"]
+        if inner_kinds != ["SELECT"]:
+            raise QueryError(f"only read-only queries are allowed here: EXPLAIN of a SELECT, not of "
+                             f"{' and '.join(inner_kinds)} (EXPLAIN ANALYZE runs its statement)")
         check_query(inner, "the explained query")
     else:  # PRAGMA
         m = _PRAGMA.match(sql)
