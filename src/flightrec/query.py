@@ -11,7 +11,10 @@ While a materializer runs it holds DuckDB's write lock and no other process can
 open the file; it then serves queries on a Unix socket next to the database
 (:func:`socket_path`, see ``flightrec.consumers.serve``), answering with Arrow
 IPC from a snapshot of its last commit. ``run_query`` asks that socket first
-and opens the file read-only when nobody answers.
+and opens the file read-only when nobody answers. A read on the file gives
+way: a materializer that cannot get the file writes ``<db>.writer-waiting``
+(:func:`writer_notice_path`) and every flightrec read on the file is
+interrupted within ``GIVE_WAY_POLL_S`` and asked again live.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ import decimal
 import hashlib
 import io
 import json
+import logging
+import os
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,7 +39,10 @@ import pyarrow as pa
 from flightrec.errors import QueryError
 from flightrec.readonly import READ_PRAGMAS, check_prelude, check_read_only  # noqa: F401 - re-exported
 
+log = logging.getLogger(__name__)
 _FRAME = struct.Struct(">Q")
+GIVE_WAY_POLL_S = 0.2   # how often a file-path read looks for a materializer waiting for the file
+WRITER_START_S = 30.0   # how long a reader that gave way waits for that materializer's socket
 MAX_REQUEST = 16 * 1024 * 1024
 Params = Sequence[Any] | dict[str, Any] | None
 # The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked.
@@ -51,6 +60,58 @@ def socket_path(db: str | Path) -> Path:
         return sock
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:20]
     return Path("/tmp") / f"flightrec-{digest}.sock"
+
+
+def writer_notice_path(db: str | Path) -> Path:
+    """Where a materializer waiting for the file says so (``<db>.writer-waiting``, holding its pid)."""
+    path = Path(db).absolute()
+    return path.with_name(path.name + ".writer-waiting")
+
+
+def writer_waiting(db: str | Path) -> int | None:
+    """The pid of a live materializer waiting to open ``db`` for writing, or None."""
+    try:
+        pid = int(writer_notice_path(db).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a notice left by a materializer killed while it waited
+    except PermissionError:
+        pass
+    return pid
+
+
+class _GaveWay(Exception):
+    """A file-path read was interrupted because a materializer wants the file."""
+
+
+def _read_file(con: duckdb.DuckDBPyConnection, db: str | Path, sql: str, params: Params,
+               prelude: Sequence[str]) -> pa.Table:
+    """Run the read on the file, interrupting it as soon as a materializer asks for the file."""
+    done = threading.Event()
+    asked: list[int] = []
+
+    def watch() -> None:
+        while not done.wait(GIVE_WAY_POLL_S):
+            pid = writer_waiting(db)
+            if pid is not None:
+                asked.append(pid)
+                con.interrupt()
+                return
+
+    watcher = threading.Thread(target=watch, name="flightrec-give-way", daemon=True)
+    watcher.start()
+    try:
+        return execute_read_only(con, sql, params, prelude)
+    except QueryError:
+        if asked:
+            raise _GaveWay(asked[0]) from None
+        raise
+    finally:
+        done.set()
+        watcher.join()
 
 
 def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
@@ -178,13 +239,25 @@ def query_live(db: str | Path, sql: str, params: Params = None, prelude: Sequenc
 
 
 def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence[str] = ()) -> pa.Table:
-    """Run one read-only statement against the database and return its rows as Arrow."""
+    """Run one read-only statement against the database and return its rows as Arrow.
+
+    Live through the materializer's socket when one serves ``db``; else on the file, read-only,
+    giving the file up within ``GIVE_WAY_POLL_S`` when a materializer asks for it (then the
+    read is asked again, live, once that materializer serves).
+    """
     check_read_only(sql)
     deadline = time.monotonic() + 5.0
     while True:
         live = query_live(db, sql, params, prelude)
         if live is not None:
             return live
+        waiting = writer_waiting(db)
+        if waiting is not None:
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            raise QueryError(f"a materializer (pid {waiting}) is taking {db} and does not serve yet; "
+                             "run the query again in a moment (it will be answered live)")
         try:
             con = open_read_only(db)
         except QueryError:
@@ -194,6 +267,9 @@ def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence
                 continue
             raise
         try:
-            return execute_read_only(con, sql, params, prelude)
+            return _read_file(con, db, sql, params, prelude)
+        except _GaveWay as exc:
+            log.info("gave %s up to the materializer (pid %s) that asked for it; asking it instead", db, exc)
+            deadline = time.monotonic() + WRITER_START_S
         finally:
             con.close()
