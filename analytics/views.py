@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flightrec.consumers.fold import TS_MAX_US, TS_MIN_US
+from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
 
 # Each entry is one `CREATE OR REPLACE TEMP VIEW ...` statement over the tables of
 # consumers/schema.sql. `flightrec sql` and the app pass them to
