@@ -20,10 +20,11 @@ is locked and whose file access is off (see flightrec.consumers.serve).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 
@@ -128,6 +129,22 @@ def check_query(sql: str, what: str = "the query") -> None:
         raise QueryError(f"{what} calls functions that change state: {', '.join(bad)}; readers may not")
 
 
+def _cached(check: Callable[[str], None]) -> Callable[[str], None]:
+    """Remember texts that passed (the dashboard asks the same queries and views again and again);
+    a refusal is an exception, so it is never remembered. Long texts are checked every time."""
+    passed = functools.lru_cache(maxsize=1024)(check)
+
+    @functools.wraps(check)
+    def run(sql: str) -> None:
+        if len(sql) <= 65536:
+            passed(sql)
+        else:
+            check(sql)
+
+    return run
+
+
+@_cached
 def check_read_only(sql: str) -> None:
     """Raise QueryError unless ``sql`` is exactly one statement a reader may run (see the module doc)."""
     kinds = statement_types(sql)
@@ -153,6 +170,7 @@ def check_read_only(sql: str) -> None:
             raise QueryError("only PRAGMAs that read are allowed here: " + ", ".join(sorted(READ_PRAGMAS)))
 
 
+@_cached
 def check_prelude(stmt: str) -> None:
     """Raise QueryError unless ``stmt`` is exactly one ``CREATE [OR REPLACE] TEMP VIEW ... AS <query>``
     whose query passes :func:`check_query` (a view's body runs whenever a later query names it)."""

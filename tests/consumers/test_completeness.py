@@ -64,3 +64,19 @@ def test_complete_means_exactly_a_covering_seal_and_every_seq_once(kafka, db, en
         assert (out.returncode == 0) is complete, (name, out.stdout, out.stderr)
         for piece in why:
             assert piece in out.stderr, (name, out.stderr)
+
+
+@pytest.mark.parametrize("seq_counts, seal_seq, count, reason", [
+    ([(s, 1) for s in range(10)], 9, 10, None),
+    ([(s, 1) for s in range(5)] + [(10, 1)], 10, 0, "seal count 0 below seal seq 10; missing seq 5..9"),
+    ([(s, 1) for s in (0, 1, 2, 3, 4, 6, 8)], 8, 3, "seal count 3 below seal seq 8; missing seq 5, 7"),
+    ([(s, 1) for s in range(10)], 9, 11, "missing seq 10"),
+    ([(0, 1), (1, 3), (2, 2), (3, 1)], 3, 4, "seq 1 3 times, seq 2 twice"),
+    ([(s, 1) for s in range(7)], 5, 6, "1 event after the seal"),
+    ([(s, 1) for s in range(4)], None, None, "not sealed"),
+    ([(0, 1), (2, 1)], None, None, "not sealed; missing seq 1"),
+])
+def test_judge_boot(seq_counts, seal_seq, count, reason):
+    from flightrec.consumers.derive import judge_boot
+
+    assert judge_boot(seq_counts, seal_seq, count) == reason
