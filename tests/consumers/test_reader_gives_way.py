@@ -81,3 +81,36 @@ def test_a_holder_that_does_not_leave_is_named(kafka, db, env_for):
     finally:
         holder.kill()
         holder.wait(30)
+
+
+def test_a_reader_that_gave_way_asks_again_live(db):
+    # The reader (a real `flightrec sql` process) holds the file; a writer opening it in this
+    # process gets it without waiting out its lock_wait, and the reader's query then reaches the
+    # live server (which here interrupts it after 1 s, so the test need not wait for the answer).
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+
+    Store(db, "g").close()
+    exe = Path(sys.executable).with_name("flightrec")
+    reader = subprocess.Popen([str(exe), "sql", "--db", str(db), HEAVY], env={**os.environ, "PYTHONSAFEPATH": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until(lambda: _holds(reader.pid, db), 60, "the reader never opened the file")
+        started = time.monotonic()
+        store = Store(db, "g", lock_wait=60)
+        took = time.monotonic() - started
+        try:
+            assert took < 20, f"the writer waited {took:.1f}s for the reader to leave"
+            assert not _holds(reader.pid, db)
+            server = QueryServer(store.con.cursor(), db, query_timeout=1.0)
+            with server:
+                _, err = reader.communicate(timeout=120)
+            assert server.counters["errors_total"] == 1  # the reader's query came, live
+        finally:
+            store.close()
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.communicate(timeout=60)
+    assert reader.returncode == 1 and "Traceback" not in err, err
+    assert "nterrupt" in err, err
