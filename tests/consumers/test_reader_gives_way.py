@@ -59,6 +59,7 @@ def test_a_long_file_read_gives_way_to_a_starting_materializer(kafka, db, env_fo
         assert m.returncode == 0, m.stderr
         # Before, the store waited its 30 s for the lock and then exited 1 ("Conflicting lock").
         assert took < 25, f"materialize took {took:.1f}s to start and finish"
+        print(f"materialize --until-idle 1 with a long reader on the file: {took:.1f}s")
     finally:
         reader.kill()
         _, err = reader.communicate(timeout=60)
@@ -101,6 +102,7 @@ def test_a_reader_that_gave_way_asks_again_live(db):
         took = time.monotonic() - started
         try:
             assert took < 20, f"the writer waited {took:.1f}s for the reader to leave"
+            print(f"the writer got the file {took:.2f}s after asking")
             assert not _holds(reader.pid, db)
             server = QueryServer(store.con.cursor(), db, query_timeout=1.0)
             with server:
