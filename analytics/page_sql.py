@@ -27,9 +27,9 @@ def run_console(sql: str) -> None:
 def render() -> None:
     """The SQL page."""
     st.title("SQL")
-    st.caption("Read-only: one SELECT (or EXPLAIN) at a time over the views and tables below; "
-               "statements that write, attach or read files are refused. The same views work in "
-               "`flightrec sql --db PATH \"...\"`.")
+    st.caption("Read-only: one SELECT (or EXPLAIN of one) at a time over the views and tables below; "
+               "statements that write, change settings, attach or read files are refused with the reason. "
+               "The same views work in `flightrec sql --db PATH \"...\"`.")
     names = list(queries.EXAMPLES)
     example = st.selectbox("Example", names, key="sql_example")
     sql = st.text_area("Query", value=queries.EXAMPLES[example], height=160, key=f"sql_text_{example}")

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from flightrec.analytics.views import VIEWS
+from flightrec.analytics.views import VIEWS, ts
 from flightrec.query import run_query
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,9 @@ def instance_facts(db: Db, instance_id: str) -> pa.Table:
 
 def instance_stages(db: Db, instance_id: str) -> pa.Table:
     """Its stage runs for the timeline; an unfinished run ends at the instance's last event."""
-    return q(db, """
+    return q(db, f"""
         SELECT s.stage, s.run_no, s.boot_id, s.started_at,
-               coalesce(s.ended_at, make_timestamp(i.last_event_us)) AS ended_at,
+               coalesce(s.ended_at, {ts("i.last_event_us")}) AS ended_at,
                s.outcome, s.detail, s.duration_s
         FROM stage_runs s LEFT JOIN instances i USING (instance_id)
         WHERE s.instance_id = $id
@@ -108,8 +108,8 @@ def instance_stages(db: Db, instance_id: str) -> pa.Table:
 
 def instance_exits(db: Db, instance_id: str) -> pa.Table:
     """Its subprocess exits, oldest first."""
-    return q(db, """
-        SELECT make_timestamp(ts_us) AS ended_at, stage, array_to_string(argv, ' ') AS command,
+    return q(db, f"""
+        SELECT {ts("ts_us")} AS ended_at, stage, array_to_string(argv, ' ') AS command,
                exit_code, signal_name, start_error, duration_s, timed_out
         FROM process_exits WHERE instance_id = $id ORDER BY ts_us""", {"id": instance_id})
 

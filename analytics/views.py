@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
+
 # Each entry is one `CREATE OR REPLACE TEMP VIEW ...` statement over the tables of
 # consumers/schema.sql. `flightrec sql` and the app pass them to
 # flightrec.query.run_query(prelude=VIEWS), so both speak the same names.
 # Times: the tables hold microseconds since the epoch (UTC, `*_us`); the views add
 # TIMESTAMP columns (UTC, no zone) next to them so people can read and bucket them.
+# A stored time outside the fold's sane window (a database written before the fold checked,
+# or by another tool) reads as NULL there, so one absurd value cannot break a view for everyone.
 
-FLEET = """
+
+def sane_us(expr: str) -> str:
+    """``expr`` (µs since the epoch) when inside the sane window, else NULL."""
+    return f"(CASE WHEN ({expr}) >= {TS_MIN_US} AND ({expr}) < {TS_MAX_US} THEN ({expr}) END)"
+
+
+def ts(expr: str) -> str:
+    """A TIMESTAMP from ``expr`` (µs since the epoch), NULL when outside the sane window."""
+    return f"make_timestamp({sane_us(expr)})"
+
+
+FLEET = f"""
 CREATE OR REPLACE TEMP VIEW fleet AS
 SELECT
     i.instance_id, i.state, i.stage, i.detail, i.gpu_model, i.gpu_count, i.compute_capability,
     i.driver_version, i.cuda_version, i.host, i.price_per_hour,
-    make_timestamp(i.first_event_us) AS first_seen,
-    make_timestamp(i.last_event_us) AS last_seen,
-    round((epoch_us(now()) - i.first_event_us) / 3600e6, 2) AS age_hours,
+    {ts("i.first_event_us")} AS first_seen,
+    {ts("i.last_event_us")} AS last_seen,
+    round((epoch_us(now()) - {sane_us("i.first_event_us")}) / 3600e6, 2) AS age_hours,
     i.proofs_per_hour, i.min_rate, i.verdict,
     i.price_per_hour / nullif(i.proofs_per_hour, 0) AS cost_per_proof,
     coalesce(i.failures, 0) AS failures,
@@ -26,10 +41,10 @@ FROM instances i
 
 # One row per run of a stage: started -> the next succeeded / failed / skipped of the
 # same instance, boot and stage. A run with no end yet has outcome 'running'.
-STAGE_RUNS = """
+STAGE_RUNS = f"""
 CREATE OR REPLACE TEMP VIEW stage_runs AS
 WITH ev AS (
-    SELECT instance_id, boot_id, stage, state, detail, ts_us, seq,
+    SELECT instance_id, boot_id, stage, state, detail, {sane_us("ts_us")} AS ts_us, seq,
            CAST(sum(CASE WHEN state = 'started' THEN 1 ELSE 0 END)
                OVER (PARTITION BY instance_id, boot_id, stage ORDER BY seq
                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) AS run_no
@@ -49,10 +64,10 @@ FROM ev
 GROUP BY instance_id, boot_id, stage, run_no
 """
 
-FAILURE_CONTEXT = """
+FAILURE_CONTEXT = f"""
 CREATE OR REPLACE TEMP VIEW failure_context AS
 SELECT
-    f.failure_id, f.instance_id, f.boot_id, f.stage, make_timestamp(f.ts_us) AS failed_at,
+    f.failure_id, f.instance_id, f.boot_id, f.stage, {ts("f.ts_us")} AS failed_at,
     f.failure_class, f.hint, f.matched_line,
     CASE
         WHEN f.signal IS NOT NULL AND f.signal <> 0
@@ -71,19 +86,19 @@ LEFT JOIN instances i USING (instance_id)
 """
 
 # Every log line with a readable time and the kind of its source (stdout, stderr, file).
-LOG_VIEW = """
+LOG_VIEW = f"""
 CREATE OR REPLACE TEMP VIEW log_view AS
 SELECT
     instance_id, boot_id, stage, source,
     CASE WHEN source IN ('stdout', 'stderr') THEN source ELSE 'file' END AS source_kind,
-    line_no, make_timestamp(ts_us) AS ts, text, truncated, invalid_utf8, ts_us, pid, seq
+    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, ts_us, pid, seq
 FROM log_lines
 """
 
-THROUGHPUT_SAMPLES = """
+THROUGHPUT_SAMPLES = f"""
 CREATE OR REPLACE TEMP VIEW throughput_samples AS
 SELECT
-    t.instance_id, t.boot_id, t.stage, t.kind, t.phase, make_timestamp(t.ts_us) AS ts,
+    t.instance_id, t.boot_id, t.stage, t.kind, t.phase, {ts("t.ts_us")} AS ts,
     coalesce(i.gpu_model, t.device) AS gpu_model, t.backend, t.device,
     t.proofs, t.seconds, t.proofs_per_hour, coalesce(t.min_rate, i.min_rate) AS min_rate, t.verdict,
     i.price_per_hour, i.price_per_hour / nullif(t.proofs_per_hour, 0) AS cost_per_proof, t.ts_us

@@ -10,7 +10,7 @@ relations ``_aff_boot(instance_id, boot_id)``, ``_aff_inst(instance_id)`` and
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -48,55 +48,97 @@ def missing_ranges(seqs: list[int], upto: int | None) -> list[tuple[int, int]]:
     return gaps
 
 
-def incomplete_reason(sealed_count: int | None, gaps: list[tuple[int, int]]) -> str:
-    """Why a boot's evidence is not complete, e.g. 'not sealed' or 'missing seq 17..19'."""
+def _times(n: int) -> str:
+    return "twice" if n == 2 else f"{n} times"
+
+
+def incomplete_reason(sealed_count: int | None, gaps: list[tuple[int, int]], seal_seq: int | None = None,
+                      duplicates: Sequence[tuple[int, int]] = (), after: int = 0) -> str:
+    """Why a boot's evidence is not complete, e.g. 'not sealed', 'missing seq 17..19',
+    'seal count 0 below seal seq 10', 'seq 4 twice', '3 events after the seal'."""
     parts = []
     if sealed_count is None:
         parts.append("not sealed")
+    elif seal_seq is not None and sealed_count <= seal_seq:
+        parts.append(f"seal count {sealed_count} below seal seq {seal_seq}")
     if gaps:
         shown = ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in gaps[:MAX_RANGES])
         more = f" and {len(gaps) - MAX_RANGES} more ranges" if len(gaps) > MAX_RANGES else ""
         parts.append(f"missing seq {shown}{more}")
+    if duplicates:
+        shown = ", ".join(f"seq {s} {_times(n)}" for s, n in duplicates[:MAX_RANGES])
+        more = f" and {len(duplicates) - MAX_RANGES} more seqs seen more than once" if len(duplicates) > MAX_RANGES else ""
+        parts.append(shown + more)
+    if after:
+        parts.append(f"{after} event{'s' if after != 1 else ''} after the seal")
     return "; ".join(parts) or "incomplete"
 
 
+def judge_boot(seq_counts: Sequence[tuple[int, int]], seal_seq: int | None, sealed_count: int | None) -> str | None:
+    """None when the boot is complete, else why not. Pure.
+
+    ``seq_counts`` holds (seq, distinct events with that seq), sorted by seq. Complete means
+    exactly: a seal (the one with the highest seq) whose count covers every seq of the boot,
+    its own included (count > seal seq), every seq 0..count-1 present exactly once, and
+    nothing at or above the count.
+    """
+    seqs = [s for s, _ in seq_counts]
+    if sealed_count is None:
+        upto: int | None = None
+    else:
+        upto = max(sealed_count - 1, seal_seq if seal_seq is not None else -1)
+    gaps = missing_ranges(seqs, upto)
+    dups = [(s, n) for s, n in seq_counts if n > 1 and (upto is None or s <= upto)]
+    after = 0
+    if sealed_count is not None:
+        floor = max(sealed_count, (seal_seq if seal_seq is not None else -1) + 1)
+        after = sum(n for s, n in seq_counts if s >= floor)
+    below = sealed_count is not None and seal_seq is not None and sealed_count <= seal_seq
+    if sealed_count is not None and not (gaps or dups or after or below):
+        return None
+    return incomplete_reason(sealed_count, gaps, seal_seq, dups, after)
+
+
 def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
-    """Events, seq coverage and completeness of every affected boot."""
+    """Events, seq coverage and completeness (:func:`judge_boot`) of every affected boot."""
     rows = _rows(con, """
         WITH s AS (
-            SELECT instance_id, boot_id, arg_max(event_count, seq) AS sealed_count
+            SELECT instance_id, boot_id, arg_max(event_count, seq) AS sealed_count, max(seq) AS seal_seq
             FROM lifecycle_events SEMI JOIN _aff_boot USING (instance_id, boot_id)
             WHERE kind = 'sealed' GROUP BY ALL)
-        SELECT e.instance_id, e.boot_id, count(*) AS events, max(e.seq) AS max_seq,
-               any_value(s.sealed_count) AS sealed_count,
+        SELECT e.instance_id, e.boot_id, count(*) AS events, max(e.seq) AS max_seq, min(e.seq) AS min_seq,
+               any_value(s.sealed_count) AS sealed_count, any_value(s.seal_seq) AS seal_seq,
                min(e.ts_us) AS first_event_us, max(e.ts_us) AS last_event_us,
-               count(DISTINCT e.seq) AS distinct_seq,
-               count(DISTINCT e.seq) FILTER (WHERE e.seq < s.sealed_count) AS in_range
+               count(DISTINCT e.seq) AS distinct_seq
         FROM events_seen e JOIN _aff_boot b USING (instance_id, boot_id)
         LEFT JOIN s USING (instance_id, boot_id)
         GROUP BY ALL ORDER BY e.instance_id, e.boot_id""")
-    need_gaps = []
+    need_seqs = []
     for r in rows:
-        sealed = r["sealed_count"]
-        r["complete"] = sealed is not None and r["in_range"] == sealed
-        if not r["complete"] and (sealed is not None or r["distinct_seq"] != r["max_seq"] + 1):
-            need_gaps.append((r["instance_id"], r["boot_id"]))
-    gaps: dict[tuple[str, str], list[int]] = defaultdict(list)
-    if need_gaps:
-        con.register("_gap_boots", pa.table({"instance_id": [k[0] for k in need_gaps],
-                                             "boot_id": [k[1] for k in need_gaps]}))
-        for g in _rows(con, """SELECT DISTINCT instance_id, boot_id, seq FROM events_seen
-                               SEMI JOIN _gap_boots USING (instance_id, boot_id) ORDER BY ALL"""):
-            gaps[(g["instance_id"], g["boot_id"])].append(g["seq"])
-        con.unregister("_gap_boots")
-    for r in rows:
-        if r["complete"]:
-            r["incomplete_reason"] = None
+        sealed, n = r["sealed_count"], r["events"]
+        exact = r["min_seq"] == 0 and r["distinct_seq"] == n and r["max_seq"] == n - 1  # seqs 0..n-1, each once
+        if sealed is None and exact:
+            r["complete"], r["incomplete_reason"] = False, incomplete_reason(None, [])
+        elif sealed is not None and exact and sealed == n and r["seal_seq"] < sealed:
+            r["complete"], r["incomplete_reason"] = True, None
         else:
-            sealed = r["sealed_count"]
-            seqs = gaps.get((r["instance_id"], r["boot_id"]), [])
-            r["incomplete_reason"] = incomplete_reason(
-                sealed, missing_ranges(seqs, sealed - 1 if sealed is not None else None))
+            need_seqs.append((r["instance_id"], r["boot_id"]))
+    if need_seqs:
+        counts: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+        con.register("_gap_boots", pa.table({"instance_id": [k[0] for k in need_seqs],
+                                             "boot_id": [k[1] for k in need_seqs]}))
+        try:
+            for g in _rows(con, """SELECT instance_id, boot_id, seq, count(*) AS n FROM events_seen
+                                   SEMI JOIN _gap_boots USING (instance_id, boot_id) GROUP BY ALL ORDER BY ALL"""):
+                counts[(g["instance_id"], g["boot_id"])].append((g["seq"], g["n"]))
+        finally:
+            con.unregister("_gap_boots")
+        wanted = set(need_seqs)
+        for r in rows:
+            key = (r["instance_id"], r["boot_id"])
+            if key in wanted:
+                reason = judge_boot(counts.get(key, []), r["seal_seq"], r["sealed_count"])
+                r["complete"], r["incomplete_reason"] = reason is None, reason
     con.execute("DELETE FROM boots USING _aff_boot a WHERE boots.instance_id = a.instance_id AND boots.boot_id = a.boot_id")
     if rows:
         table = pa.Table.from_pylist(rows, schema=BOOTS)

@@ -2,7 +2,9 @@
 
 Guarantees: no I/O; the same messages give the same Delta; every message ends
 up either as rows or as exactly one dead letter with a reason; an event_id seen
-twice in one batch yields rows once (the store drops ids seen in earlier batches).
+twice in one batch yields rows once (the store drops ids seen in earlier batches);
+no stored timestamp lies outside 1970-01-01..2200-01-01 and no seq beyond 2^40
+(such events are dead letters), so no reader's arithmetic can overflow.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pyarrow as pa
 
 from flightrec.errors import CodecError
 from flightrec.schemas import EVENT_BY_NAME, Codec, default_codec
+from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
 
 STR = pa.string()
 I32 = pa.int32()
@@ -170,18 +173,41 @@ class _Builder:
         return pa.Table.from_pydict(self.cols[name], schema=schema)
 
 
+def _check_ts(name: str, value: Any) -> None:
+    if value is not None and not TS_MIN_US <= value < TS_MAX_US:
+        raise FoldError(f"{name} {value} outside the sane window {TS_WINDOW} (µs since the epoch)")
+
+
 def _envelope(rec: dict[str, Any]) -> dict[str, Any]:
     if not rec.get("event_id") or not rec.get("instance_id"):
         raise FoldError("event without event_id or instance_id")
     if rec["seq"] < 0:
         raise FoldError(f"negative seq {rec['seq']}")
+    if rec["seq"] > MAX_SEQ:
+        raise FoldError(f"seq {rec['seq']} beyond {MAX_SEQ}")
+    _check_ts("ts_us", rec["ts_us"])
     return {k: rec[k] for k in ("event_id", "instance_id", "boot_id", "seq", "ts_us")}
+
+
+def _validate(kind: str, rec: dict[str, Any]) -> None:
+    """The timestamps and counts inside an event, beyond its envelope."""
+    if kind == "log":
+        times = rec["line_ts_us"]
+        if times:  # min/max run in C: the hot path stays cheap
+            _check_ts("line_ts_us", min(times))
+            _check_ts("line_ts_us", max(times))
+    elif kind == "exit":
+        _check_ts("started_us", rec.get("started_us"))
+        _check_ts("ended_us", rec.get("ended_us"))
+    elif kind == "sealed" and not 0 <= rec["event_count"] <= MAX_SEQ + 1:
+        raise FoldError(f"event_count {rec['event_count']} beyond 0..{MAX_SEQ + 1}")
 
 
 def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
     """Append one decoded record's rows; raises FoldError (nothing appended) when it cannot."""
     env = _envelope(rec)
     kind = KIND[name]
+    _validate(kind, rec)
     if kind == "log":
         b.add_log(rec)
         stage = rec["stage"]

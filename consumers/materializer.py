@@ -49,6 +49,7 @@ class Options:
     batch_messages: int = 5000
     commit_interval: float = 0.5        # seconds a partial batch may wait
     memory_limit: str = "512MB"
+    lock_wait: float = 30.0             # seconds to wait for another process holding the file
     topics: tuple[str, ...] = TOPICS
 
 
@@ -121,7 +122,7 @@ class Materializer:
         try:
             self._store = await self._in_writer(lambda: Store(opts.db, opts.group, opts.rules,
                                                               "replay" if opts.replay else "materialize",
-                                                              opts.memory_limit))
+                                                              opts.memory_limit, opts.lock_wait))
             if opts.serve:
                 reader_root = await self._in_writer(self._store.con.cursor)
                 self._server = QueryServer(reader_root, opts.db)

@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS instances (
     failures           INTEGER DEFAULT 0,
     events             BIGINT DEFAULT 0, -- distinct events of the latest boot
     sealed             BOOLEAN DEFAULT FALSE,
-    complete           BOOLEAN DEFAULT FALSE, -- latest boot sealed and seq 0..event_count-1 all present
+    complete           BOOLEAN DEFAULT FALSE, -- latest boot sealed, its count covering seq 0..count-1 each once and nothing more
     incomplete_reason  VARCHAR           -- why not complete, e.g. 'not sealed', 'missing seq 17..19'
 );
 

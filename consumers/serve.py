@@ -4,10 +4,20 @@ Guarantees: each query runs on its own cursor of the writer's database, inside a
 read-only transaction that is rolled back, so it sees exactly the last committed
 batch (a consistent snapshot) and can change nothing (nor lock rows the writer
 needs); the statement and the prelude are checked (``check_read_only``,
-``check_prelude``) here again, whatever the client did; file access is off
-for the whole database (the Store disables it), so ``read_csv`` and friends
-fail; queries run past ``query_timeout`` are interrupted. The socket is made
-owner-only (0600).
+``check_prelude``, an allow-list by DuckDB statement type and syntax tree, see
+flightrec.readonly) here again, whatever the client did. Behind that check, the
+Store locks the database's configuration (``lock_configuration``) once its own
+settings are made, so even a statement the check missed cannot change a setting
+of the writer (memory_limit, threads, default_order ...), and turns file access,
+extension autoloading and Python replacement scans off for the whole database.
+Queries run past ``query_timeout`` are interrupted. The socket is made owner-only
+(0600).
+
+Why cursors of the writer and not a separate read-only instance: DuckDB lets no
+other instance open the file while the writer holds it (not even read-only, not
+even in the same process: a second ``duckdb.connect`` with other settings is
+refused), so a cursor is the only way to read the live data; a cursor shares the
+database instance and so its global settings, which is what the lock closes.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ one thread (the writer thread); readers use their own cursors (see serve.py).
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from flightrec.consumers.classify import RuleTable, load_rules
 from flightrec.consumers.derive import recompute
 from flightrec.consumers.fold import Delta
 from flightrec.errors import MaterializeError
+from flightrec.query import writer_notice_path
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,34 @@ class CommitStats:
     failures: int = 0
 
 
+def _ask_readers_to_leave(db: Path) -> Path | None:
+    """Write the notice that makes flightrec's file-path readers give the file up."""
+    notice = writer_notice_path(db)
+    tmp = notice.with_name(notice.name + f".{os.getpid()}")
+    try:
+        tmp.write_text(f"{os.getpid()}\n")
+        tmp.replace(notice)
+    except OSError as exc:
+        log.warning("cannot ask readers of %s to leave (%s); waiting for them", db, exc)
+        return None
+    return notice
+
+
+def lock_holder(message: str) -> str:
+    """Who holds the file, from DuckDB's lock error: 'pid N (command line)' when it can tell."""
+    m = re.search(r"PID (\d+)", message)
+    if not m:
+        return "another process"
+    pid = int(m.group(1))
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        command = " ".join(a.decode("utf-8", "replace") for a in argv if a)
+    except OSError:
+        command = ""
+    command = command if len(command) <= 200 else command[:199] + "…"
+    return f"pid {pid} ({command})" if command else f"pid {pid}"
+
+
 class Store:
     """One writable DuckDB database holding the materialized tables and the consumer offsets."""
 
@@ -71,26 +102,44 @@ class Store:
             # Nothing the writer does needs files; readers share this database
             # instance through cursors, so this also closes file access to them.
             self.con.execute("SET enable_external_access = false")
+            self.con.execute("SET autoload_known_extensions = false")
+            self.con.execute("SET autoinstall_known_extensions = false")
+            self.con.execute("SET python_enable_replacements = false")
+            # Last: from here on no connection of this database, the live readers' cursors
+            # included, can change any setting (memory_limit, threads, default_order ...).
+            self.con.execute("SET lock_configuration = true")
         except duckdb.Error as exc:
             self.con.close()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
 
     def _connect(self, lock_wait: float) -> duckdb.DuckDBPyConnection:
-        # Readers without a live materializer open the file read-only for a moment,
-        # which blocks the write lock: wait for them rather than fail.
+        # flightrec readers on the file path leave when asked (the notice file, see
+        # flightrec.query.writer_notice_path); anything else holding the file is waited for
+        # up to ``lock_wait`` seconds and then named.
         deadline = time.monotonic() + lock_wait
-        while True:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                return duckdb.connect(str(self.path))
-            except duckdb.IOException as exc:
-                if "lock" in str(exc).lower() and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    continue
-                raise MaterializeError(
-                    f"cannot open {self.path} for writing: {exc}; is another materializer running on it?") from exc
-            except (duckdb.Error, OSError) as exc:
-                raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
+        notice: Path | None = None
+        try:
+            while True:
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    return duckdb.connect(str(self.path))
+                except duckdb.IOException as exc:
+                    if "lock" not in str(exc).lower():
+                        raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
+                    if notice is None:
+                        notice = _ask_readers_to_leave(self.path)
+                    if time.monotonic() < deadline:
+                        time.sleep(0.1)
+                        continue
+                    raise MaterializeError(
+                        f"cannot open {self.path} for writing: {lock_holder(str(exc))} held it for "
+                        f"{lock_wait:g}s; stop that process (or let it finish) and start again "
+                        "(flightrec readers leave by themselves; is another materializer running on it?)") from exc
+                except (duckdb.Error, OSError) as exc:
+                    raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
+        finally:
+            if notice is not None:
+                notice.unlink(missing_ok=True)
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offset to read per (topic, partition) for this consumer group."""

@@ -73,15 +73,16 @@ def _failure_text(r: Row) -> str:
 def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], metrics: Iterable[Row],
                       logs: Iterable[Row], failures: Iterable[Row]) -> list[Entry]:
     """Entries from rows shaped like the tables (lifecycle_events, process_exits, throughput, log_lines, failures)."""
-    out = [Entry(r["ts_us"], r["seq"], -1, "event", r.get("stage") or "-", _lifecycle_text(r),
+    out = [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "event", r.get("stage") or "-", _lifecycle_text(r),
                  r.get("state") == "failed") for r in lifecycle]
-    out += [Entry(r["ts_us"], r["seq"], -1, "exit", r.get("stage") or "-", _exit_text(r),
+    out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "exit", r.get("stage") or "-", _exit_text(r),
                   bool(r.get("exit_code") or r.get("signal") is not None or r.get("start_error"))) for r in exits]
-    out += [Entry(r["ts_us"], r["seq"], -1, "metric", r.get("stage") or "-", _metric_text(r),
+    out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "metric", r.get("stage") or "-", _metric_text(r),
                   r.get("verdict") in ("fail", "error")) for r in metrics]
-    out += [Entry(r["ts_us"], r["seq"], r["line_no"], "log", r.get("stage") or "-", f"{r['source']}: {r['text']}")
-            for r in logs]
-    out += [Entry(r["ts_us"], 1 << 62, 0, "FAILURE", r.get("stage") or "-", _failure_text(r), True) for r in failures]
+    out += [Entry(_n(r["ts_us"]), _n(r["seq"]), _n(r["line_no"], -1), "log", r.get("stage") or "-",
+                  f"{r['source']}: {r['text']}") for r in logs]
+    out += [Entry(_n(r["ts_us"]), 1 << 62, 0, "FAILURE", r.get("stage") or "-", _failure_text(r), True)
+            for r in failures]
     return sorted(out)
 
 
@@ -193,7 +194,17 @@ async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, top
 
 
 def _when(ts_us: int) -> str:
-    return datetime.fromtimestamp(ts_us / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    """The time as UTC text; a value no calendar can show (a database from before the fold
+    checked timestamps) is printed as the raw number instead of stopping the timeline."""
+    try:
+        return datetime.fromtimestamp(ts_us / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    except (OverflowError, ValueError, OSError, TypeError):
+        return f"ts_us={ts_us}".ljust(26)
+
+
+def _n(value: Any, default: int = 0) -> int:
+    """An integer sort key from a stored value that may be NULL."""
+    return default if value is None else int(value)
 
 
 def render(entries: Sequence[Entry], left_out: int = 0, color: bool = False) -> str:

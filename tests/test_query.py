@@ -45,7 +45,18 @@ def test_the_file_path_reads_with_views_and_refuses_files(tmp_path):
     con.close()
     t = run_query(db, "SELECT a + $one AS b FROM v", {"one": 1}, prelude=["CREATE TEMP VIEW v AS SELECT a FROM t"])
     assert t.to_pylist() == [{"b": 42}]
-    with pytest.raises(QueryError, match="(?i)file|permission"):
+    with pytest.raises(QueryError, match="read_csv"):
         run_query(db, "SELECT * FROM read_csv('/etc/passwd')")
+    # Behind the check, the file path's own connection has file access off and its settings locked.
+    from flightrec.query import open_read_only
+
+    con = open_read_only(db)
+    try:
+        with pytest.raises(duckdb.Error, match="(?i)disabled"):
+            con.execute("SELECT * FROM read_csv('/etc/passwd')")
+        with pytest.raises(duckdb.Error, match="locked"):
+            con.execute("SET threads = 1")
+    finally:
+        con.close()
     with pytest.raises(QueryError, match="no database"):
         run_query(tmp_path / "missing.duckdb", "SELECT 1")

@@ -1,8 +1,9 @@
 """Read-only SQL over a flightrec database, whether or not a materializer holds it.
 
 This is the one door readers (``flightrec sql``, the dashboard, ``timeline``)
-use. Guarantees: the statement runs read-only (one SELECT / EXPLAIN / PRAGMA),
-cannot read or write files, and returns a pyarrow Table. Parameters are bound,
+use. Guarantees: the statement is one a reader may run (decided by DuckDB's own
+parser, see ``flightrec.readonly``), cannot read or write files, and returns a
+pyarrow Table. Parameters are bound,
 never pasted into SQL text. ``prelude`` holds temp views (checked: one
 ``CREATE TEMP VIEW`` each) run first on the same connection.
 
@@ -10,7 +11,10 @@ While a materializer runs it holds DuckDB's write lock and no other process can
 open the file; it then serves queries on a Unix socket next to the database
 (:func:`socket_path`, see ``flightrec.consumers.serve``), answering with Arrow
 IPC from a snapshot of its last commit. ``run_query`` asks that socket first
-and opens the file read-only when nobody answers.
+and opens the file read-only when nobody answers. A read on the file gives
+way: a materializer that cannot get the file writes ``<db>.writer-waiting``
+(:func:`writer_notice_path`) and every flightrec read on the file is
+interrupted within ``GIVE_WAY_POLL_S`` and asked again live.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import decimal
 import hashlib
 import io
 import json
-import re
+import logging
+import os
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,52 +37,18 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
+from flightrec.readonly import READ_PRAGMAS, check_prelude, check_read_only  # noqa: F401 - re-exported
 
-READ_STATEMENTS = {"SELECT", "EXPLAIN", "PRAGMA"}
+log = logging.getLogger(__name__)
 _FRAME = struct.Struct(">Q")
+GIVE_WAY_POLL_S = 0.2   # how often a file-path read looks for a materializer waiting for the file
+WRITER_START_S = 30.0   # how long a reader that gave way waits for that materializer's socket
 MAX_REQUEST = 16 * 1024 * 1024
 Params = Sequence[Any] | dict[str, Any] | None
-
-
-def check_read_only(sql: str) -> None:
-    """Raise QueryError unless ``sql`` is exactly one read statement (SELECT, EXPLAIN, PRAGMA)."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise QueryError(f"the query does not parse: {exc}") from exc
-    if len(statements) != 1:
-        raise QueryError(f"one statement at a time, please (got {len(statements)})")
-    kind = statements[0].type.name
-    if kind not in READ_STATEMENTS:
-        raise QueryError(f"only read-only queries are allowed here, not {kind}")
-    if kind == "PRAGMA":
-        m = _PRAGMA.match(sql)
-        if not m or m.group(1).lower() not in READ_PRAGMAS:
-            raise QueryError("only PRAGMAs that read are allowed here: " + ", ".join(sorted(READ_PRAGMAS)))
-
-
-# PRAGMAs that only describe the database; others change settings (of the writer, on the live path).
-READ_PRAGMAS = frozenset({"table_info", "show", "show_tables", "show_tables_expanded", "database_list",
-                          "database_size", "storage_info", "metadata_info", "version", "platform", "functions",
-                          "collations", "user_agent"})
-_PRAGMA = re.compile(r"\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*PRAGMA\s+(\w+)", re.IGNORECASE | re.DOTALL)
-
-
-_PRELUDE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?TEMP(?:ORARY)?\s+VIEW\s", re.IGNORECASE)
-
-
-def check_prelude(stmt: str) -> None:
-    """Raise QueryError unless ``stmt`` is exactly one ``CREATE [OR REPLACE] TEMP VIEW`` statement.
-
-    The live path runs the prelude a client sends on the writer's database, so it
-    must not be a way around :func:`check_read_only` (a COMMIT, DML, SET ...).
-    """
-    try:
-        statements = duckdb.extract_statements(stmt)
-    except duckdb.Error as exc:
-        raise QueryError(f"a prelude statement does not parse: {exc}") from exc
-    if len(statements) != 1 or statements[0].type.name != "CREATE" or not _PRELUDE.match(stmt):
-        raise QueryError(f"a prelude may only hold single CREATE TEMP VIEW statements, not {stmt[:80]!r}")
+# The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked.
+READER_CONFIG = {"enable_external_access": False, "autoload_known_extensions": False,
+                 "autoinstall_known_extensions": False, "python_enable_replacements": False,
+                 "lock_configuration": True}
 
 
 def socket_path(db: str | Path) -> Path:
@@ -90,13 +62,65 @@ def socket_path(db: str | Path) -> Path:
     return Path("/tmp") / f"flightrec-{digest}.sock"
 
 
+def writer_notice_path(db: str | Path) -> Path:
+    """Where a materializer waiting for the file says so (``<db>.writer-waiting``, holding its pid)."""
+    path = Path(db).absolute()
+    return path.with_name(path.name + ".writer-waiting")
+
+
+def writer_waiting(db: str | Path) -> int | None:
+    """The pid of a live materializer waiting to open ``db`` for writing, or None."""
+    try:
+        pid = int(writer_notice_path(db).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a notice left by a materializer killed while it waited
+    except PermissionError:
+        pass
+    return pid
+
+
+class _GaveWay(Exception):
+    """A file-path read was interrupted because a materializer wants the file."""
+
+
+def _read_file(con: duckdb.DuckDBPyConnection, db: str | Path, sql: str, params: Params,
+               prelude: Sequence[str]) -> pa.Table:
+    """Run the read on the file, interrupting it as soon as a materializer asks for the file."""
+    done = threading.Event()
+    asked: list[int] = []
+
+    def watch() -> None:
+        while not done.wait(GIVE_WAY_POLL_S):
+            pid = writer_waiting(db)
+            if pid is not None:
+                asked.append(pid)
+                con.interrupt()
+                return
+
+    watcher = threading.Thread(target=watch, name="flightrec-give-way", daemon=True)
+    watcher.start()
+    try:
+        return execute_read_only(con, sql, params, prelude)
+    except QueryError:
+        if asked:
+            raise _GaveWay(asked[0]) from None
+        raise
+    finally:
+        done.set()
+        watcher.join()
+
+
 def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
     """Open the database file read-only with file access disabled."""
     path = Path(db)
     if not path.exists():
         raise QueryError(f"no database at {path}; run `flightrec materialize --db {path}` first")
     try:
-        return duckdb.connect(str(path), read_only=True, config={"enable_external_access": False})
+        return duckdb.connect(str(path), read_only=True, config=READER_CONFIG)
     except duckdb.IOException as exc:
         raise QueryError(
             f"{path} is held by another process and it serves no queries: {exc}", ) from exc
@@ -215,13 +239,25 @@ def query_live(db: str | Path, sql: str, params: Params = None, prelude: Sequenc
 
 
 def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence[str] = ()) -> pa.Table:
-    """Run one read-only statement against the database and return its rows as Arrow."""
+    """Run one read-only statement against the database and return its rows as Arrow.
+
+    Live through the materializer's socket when one serves ``db``; else on the file, read-only,
+    giving the file up within ``GIVE_WAY_POLL_S`` when a materializer asks for it (then the
+    read is asked again, live, once that materializer serves).
+    """
     check_read_only(sql)
     deadline = time.monotonic() + 5.0
     while True:
         live = query_live(db, sql, params, prelude)
         if live is not None:
             return live
+        waiting = writer_waiting(db)
+        if waiting is not None:
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            raise QueryError(f"a materializer (pid {waiting}) is taking {db} and does not serve yet; "
+                             "run the query again in a moment (it will be answered live)")
         try:
             con = open_read_only(db)
         except QueryError:
@@ -231,6 +267,9 @@ def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence
                 continue
             raise
         try:
-            return execute_read_only(con, sql, params, prelude)
+            return _read_file(con, db, sql, params, prelude)
+        except _GaveWay as exc:
+            log.info("gave %s up to the materializer (pid %s) that asked for it; asking it instead", db, exc)
+            deadline = time.monotonic() + WRITER_START_S
         finally:
             con.close()

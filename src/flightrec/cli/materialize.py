@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: consumers/rules.toml)")
     m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
     m.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
+    m.add_argument("--lock-wait", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to wait for another process holding the file (flightrec readers leave "
+                        "at once); then exit 1 naming it")
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
     r.add_argument("--db", default=None, help="the NEW database file to build")
@@ -81,7 +84,8 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     settings = settings.with_overrides(db=args.db)
     _ensure_topics(settings)
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, until_idle=args.until_idle,
-                   rules=load_rules(args.rules), serve=not args.no_serve, memory_limit=args.memory_limit)
+                   rules=load_rules(args.rules), serve=not args.no_serve, memory_limit=args.memory_limit,
+                   lock_wait=args.lock_wait)
     return _run(opts, settings)
 
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flightrec.settings import Settings
 
@@ -36,10 +37,37 @@ def _cell(value: Any) -> str:
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
+def _column_values(column: pa.ChunkedArray) -> list[Any]:
+    """A column as Python values; one Python cannot hold (a TIMESTAMP past year 9999, a DATE
+    before year 1) falls back to Arrow's own text for it, or to the raw number."""
+    try:
+        return column.to_pylist()
+    except (OverflowError, ValueError, pa.ArrowException):
+        pass
+    try:
+        return pc.cast(column, pa.string()).to_pylist()
+    except (pa.ArrowException, ValueError):
+        pass
+    try:
+        storage = pa.int64() if pa.types.is_timestamp(column.type) or pa.types.is_date64(column.type) else pa.int32()
+        return [None if v is None else f"<{column.type} {v}>" for v in column.cast(storage).to_pylist()]
+    except (pa.ArrowException, ValueError):
+        return [f"<{column.type} value>"] * len(column)
+
+
+def table_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The rows as dicts of Python values, never failing on a value Python cannot represent."""
+    try:
+        return table.to_pylist()
+    except (OverflowError, ValueError, pa.ArrowException):
+        columns = [_column_values(c) for c in table.columns]
+        return [dict(zip(table.column_names, values)) for values in zip(*columns)]
+
+
 def format_table(table: pa.Table) -> str:
     """An aligned text table with a header, a rule and a row count."""
     names = table.column_names
-    rows = [[_cell(v) for v in row.values()] for row in table.to_pylist()]
+    rows = [[_cell(v) for v in row.values()] for row in table_rows(table)]
     widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
     numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
                for f in table.schema]
@@ -60,11 +88,11 @@ def _sql(args: argparse.Namespace, settings: Settings) -> int:
     if args.csv:
         w = csv.writer(sys.stdout)
         w.writerow(table.column_names)
-        for row in table.to_pylist():
+        for row in table_rows(table):
             w.writerow(["" if v is None else json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
                         for v in row.values()])
     elif args.json:
-        for row in table.to_pylist():
+        for row in table_rows(table):
             print(json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
     else:
         print(format_table(table))

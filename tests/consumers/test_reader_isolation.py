@@ -1,0 +1,205 @@
+"""Readers cannot reach the writer: every statement type DuckDB reports is refused or proven harmless, on every path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from flightrec.analytics import queries
+from flightrec.errors import QueryError
+from flightrec.query import recv_frame, run_query, send_frame, socket_path
+
+LEAK = Path("/tmp/flightrec-a-isolation-leak")
+
+# One or more statements per DuckDB statement type; each is checked to parse as that type.
+SAMPLES: list[tuple[str, str]] = [
+    ("SELECT", "SELECT count(*) AS n FROM instances"),
+    ("SELECT", "SHOW TABLES"),
+    ("SELECT", "SELECT * FROM checkpoint()"),
+    ("SELECT", "SELECT * FROM force_checkpoint()"),
+    ("SELECT", "SELECT * FROM enable_logging()"),
+    ("SELECT", "SELECT * FROM truncate_duckdb_logs()"),
+    ("SELECT", "SELECT * FROM query('SELECT * FROM checkpoint()')"),
+    ("SELECT", "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))"),
+    ("SELECT", "SELECT setseed(0.5)"),
+    ("SELECT", f"SELECT * FROM read_text('{LEAK}')"),
+    ("INSERT", "INSERT INTO instances (instance_id) VALUES ('evil')"),
+    ("UPDATE", "UPDATE instances SET state = 'evil'"),
+    ("CREATE", "CREATE TABLE evil AS SELECT 1 AS x"),
+    ("CREATE", "CREATE MACRO evil() AS 1"),
+    ("CREATE", "CREATE SEQUENCE evil"),
+    ("DELETE", "DELETE FROM instances"),
+    ("DELETE", "TRUNCATE instances"),
+    ("PREPARE", "PREPARE evil AS SELECT 1"),
+    ("EXECUTE", "EXECUTE evil"),
+    ("ALTER", "ALTER TABLE instances ADD COLUMN evil INTEGER"),
+    ("TRANSACTION", "COMMIT"),
+    ("TRANSACTION", "BEGIN TRANSACTION"),
+    ("COPY", f"COPY instances TO '{LEAK}.csv'"),
+    ("EXPLAIN", "EXPLAIN SELECT count(*) FROM instances"),
+    ("EXPLAIN", "EXPLAIN ANALYZE SELECT count(*) FROM instances"),
+    ("EXPLAIN", "EXPLAIN ANALYZE SET GLOBAL memory_limit = '2MB'"),
+    ("EXPLAIN", "EXPLAIN ANALYZE SET default_order = 'DESC'"),
+    ("EXPLAIN", "EXPLAIN ANALYZE SET lock_configuration = true"),
+    ("EXPLAIN", "EXPLAIN ANALYZE SET threads = 1"),
+    ("EXPLAIN", "EXPLAIN ANALYZE CHECKPOINT"),
+    ("EXPLAIN", "EXPLAIN ANALYZE DELETE FROM instances"),
+    ("EXPLAIN", "EXPLAIN ANALYZE SELECT * FROM checkpoint()"),
+    ("DROP", "DROP TABLE instances"),
+    ("EXPORT", f"EXPORT DATABASE '{LEAK}'"),
+    ("PRAGMA", "PRAGMA show_tables"),
+    ("PRAGMA", "PRAGMA table_info('instances')"),
+    ("PRAGMA", "PRAGMA enable_profiling"),
+    ("SET", "PRAGMA threads = 1"),
+    ("PRAGMA", f"IMPORT DATABASE '{LEAK}'"),
+    ("PRAGMA", f"COPY FROM DATABASE memory TO memory"),
+    ("VACUUM", "VACUUM"),
+    ("VACUUM", "ANALYZE"),
+    ("CALL", "CALL checkpoint()"),
+    ("CALL", "CHECKPOINT"),
+    ("SET", "SET GLOBAL memory_limit = '2MB'"),
+    ("SET", "SET default_order = 'DESC'"),
+    ("SET", "SET lock_configuration = true"),
+    ("SET", "RESET threads"),
+    ("SET", "SET VARIABLE evil = 1"),
+    ("SET", "USE system"),
+    ("LOAD", "LOAD json"),
+    ("LOAD", "INSTALL httpfs"),
+    ("ATTACH", "ATTACH ':memory:' AS evil"),
+    ("DETACH", "DETACH evil"),
+    ("MULTI", "PIVOT instances ON state"),
+    ("MERGE_INTO", "MERGE INTO instances USING (SELECT 'i-1' AS instance_id) s USING (instance_id) "
+                   "WHEN MATCHED THEN DELETE"),
+    ("UNKNOWN", "UPDATE EXTENSIONS"),
+]
+# Types DuckDB's parser never yields for SQL text (built by the client APIs, or text of them parses as
+# another type: ANALYZE as VACUUM, SET VARIABLE as SET, CREATE MACRO as CREATE, COPY FROM DATABASE as
+# PRAGMA); they are refused because they are not on the allow-list.
+NOT_FROM_TEXT = {"INVALID", "RELATION", "LOGICAL_PLAN", "EXTENSION", "ANALYZE", "VARIABLE_SET", "CREATE_FUNC",
+                 "COPY_DATABASE"}
+MUST_REFUSE = {sql for kind, sql in SAMPLES if kind not in ("SELECT", "EXPLAIN", "PRAGMA")} | {
+    "SELECT * FROM checkpoint()", "SELECT * FROM force_checkpoint()", "SELECT * FROM enable_logging()",
+    "SELECT * FROM truncate_duckdb_logs()", "SELECT * FROM query('SELECT * FROM checkpoint()')",
+    "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))", "SELECT setseed(0.5)",
+    "EXPLAIN ANALYZE SET GLOBAL memory_limit = '2MB'", "EXPLAIN ANALYZE SET default_order = 'DESC'",
+    "EXPLAIN ANALYZE SET lock_configuration = true", "EXPLAIN ANALYZE SET threads = 1", "EXPLAIN ANALYZE CHECKPOINT",
+    "EXPLAIN ANALYZE DELETE FROM instances", "EXPLAIN ANALYZE SELECT * FROM checkpoint()",
+    "PRAGMA enable_profiling", "PRAGMA threads = 1"}
+ALLOWED = {"SELECT", "EXPLAIN", "PRAGMA"}
+
+
+def _type_of(sql: str) -> str:
+    try:
+        return duckdb.extract_statements(sql)[0].type.name
+    except ValueError:
+        return "UNKNOWN"
+
+
+def test_the_samples_cover_every_statement_type():
+    for kind, sql in SAMPLES:
+        assert _type_of(sql) == kind, sql
+    covered = {kind for kind, _ in SAMPLES} | NOT_FROM_TEXT
+    assert set(duckdb.StatementType.__members__) <= covered, "a statement type DuckDB reports has no sample"
+    assert not (NOT_FROM_TEXT & ALLOWED)
+
+
+def _raw(db: Path, sql: str) -> None:
+    """The live server's answer, skipping the client's own checks; QueryError when refused."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(socket_path(db)))
+    try:
+        send_frame(s, json.dumps({"sql": sql, "params": None, "prelude": []}).encode())
+        reply = recv_frame(s)
+    finally:
+        s.close()
+    if reply[:1] != b"A":
+        raise QueryError(reply[1:].decode())
+
+
+PATHS = {"client": lambda db, sql: run_query(db, sql), "dashboard": lambda db, sql: queries.console(db, sql)}
+
+
+def _attack(db: Path, paths: dict) -> dict[str, list[str]]:
+    """Run every sample on every path; returns what was answered, per path. Refusals must say why."""
+    answered: dict[str, list[str]] = {}
+    for name, run in paths.items():
+        for kind, sql in SAMPLES:
+            try:
+                run(db, sql)
+            except QueryError as exc:
+                assert str(exc).strip(), (name, sql)
+                continue
+            answered.setdefault(name, []).append(sql)
+            assert kind in ALLOWED, f"{name} path ran {sql!r} ({kind})"
+            assert sql not in MUST_REFUSE, f"{name} path ran {sql!r}"
+    return answered
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _state(con: duckdb.DuckDBPyConnection) -> tuple:
+    settings = con.execute("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall()
+    data = con.execute("SELECT * FROM instances ORDER BY ALL").fetchall()
+    catalog = con.execute("SELECT database_name, schema_name, table_name FROM duckdb_tables() "
+                          "WHERE NOT temporary ORDER BY ALL").fetchall()
+    seqs = con.execute("SELECT count(*) FROM duckdb_sequences()").fetchall()
+    return settings, data, catalog, seqs
+
+
+def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+
+    LEAK.unlink(missing_ok=True)
+    store = Store(db, "g")
+    store.con.execute("INSERT INTO instances (instance_id, state) VALUES ('i-1', 'running')")
+    store.close()
+
+    # The file path (no materializer): the file is not changed at all.
+    before = _digest(db)
+    answered = _attack(db, PATHS)
+    assert "SELECT count(*) AS n FROM instances" in answered["client"]  # reads still work
+    assert _digest(db) == before
+
+    # The live path: the writer's settings, data and catalog are what they were, and it still commits.
+    store = Store(db, "g")
+    try:
+        reference = _state(store.con)
+        with QueryServer(store.con.cursor(), db):
+            answered = _attack(db, {**PATHS, "socket": _raw})
+            assert "EXPLAIN SELECT count(*) FROM instances" in answered["socket"]
+        assert _state(store.con) == reference
+        store.con.execute("BEGIN TRANSACTION")
+        store.con.execute("INSERT INTO instances (instance_id) VALUES ('i-2')")
+        store.con.execute("COMMIT")
+        store.con.execute("CHECKPOINT")
+    finally:
+        store.close()
+    assert not list(LEAK.parent.glob(LEAK.name + "*"))
+
+
+def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_missed(db):
+    # Defence in depth: were a setting-changing statement to pass the check, the writer's
+    # database refuses it (lock_configuration), so the live path cannot change the writer.
+    from flightrec.consumers.store import Store
+
+    store = Store(db, "g")
+    try:
+        cur = store.con.cursor()
+        for sql in ("SET GLOBAL memory_limit = '2MB'", "SET default_order = 'DESC'", "SET threads = 1",
+                    "SET lock_configuration = false", "SET enable_external_access = true"):
+            with pytest.raises(duckdb.Error, match="locked"):
+                cur.execute(sql)
+        for sql in ("SELECT * FROM read_text('/etc/hostname')", "SELECT * FROM glob('/etc/*')"):
+            with pytest.raises(duckdb.Error, match="disabled"):
+                cur.execute(sql)
+        cur.close()
+    finally:
+        store.close()
