@@ -27,7 +27,9 @@ from flightrec.errors import ProveError
 
 log = logging.getLogger(__name__)
 
-LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so")
+LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so", "/usr/local/nvidia/lib64/libcuda.so.1",
+                 "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1")
+"""Where libcuda is looked for: the loader's path first, then where container runtimes mount the driver."""
 _lib: ctypes.CDLL | None = None
 _size = ctypes.c_size_t
 

@@ -138,3 +138,28 @@ def test_asking_for_pycuda_where_it_is_missing_says_so() -> None:
             CudaProver(ProofParams(width=4, log_n=8), driver="pycuda")
     else:
         pytest.skip("pycuda is installed here")
+
+
+def test_the_wrapper_runs_the_cuda_branch_on_the_stand_in_driver(fake_lib: Path, tmp_path: Path) -> None:
+    """scripts/device_run.sh's GPU branch end to end: every step runs; the stand-in computes nothing,
+    so bench_device and test_gpu.py must both report the roots as different (they can fail)."""
+    import json
+    import os
+    import sys
+
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "LD_LIBRARY_PATH": str(fake_lib.parent),
+           "FLIGHTREC_DEVICE_WHEELS": str(tmp_path / "none")}
+    proc = subprocess.run(["sh", str(HERE.parents[1] / "scripts" / "device_run.sh"), "--roots-k", "8", "--seeds", "1",
+                           "--ks", "10", "--cpu-k", "10", "--budget-s", "60"],
+                          capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    res = json.loads((out / "bench_device.json").read_text())
+    assert res["facts"]["device"] == "Fake H200" and res["facts"]["cuda_driver_api"] == "ctypes"
+    assert not res["roots_equal"] and res["roots"][0]["extension_equal"] is False
+    assert [t["k"] for t in res["timings"]] == [10] and res["timings"][0]["peak_gbs"] > 4000
+    assert "MISMATCH: fix the smallest k that differs first" in (out / "bench_device.txt").read_text()
+    assert " failed" in (out / "test_gpu.txt").read_text().splitlines()[-1]
+    events = [json.loads(x) for x in (out / "prove_bench.txt").read_text().splitlines() if x.startswith("{")]
+    assert {e["backend"] for e in events} == {"cuda"} and events[-1]["device"] == "Fake H200"
+    assert "exit statuses: bench_device 1, test_gpu 1, prove bench 0" in proc.stdout
