@@ -155,7 +155,7 @@ def compile_cubin_nvcc(arch: str, nvcc: str | None = None) -> tuple[bytes, str]:
         raise CompileError("no nvcc on PATH: install the CUDA toolkit, or pip install nvidia-cuda-nvrtc-cu12")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "prove.cubin"
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++14", f"-I{source_dir()}", "-Xptxas=-v",
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", f"-I{source_dir()}", "-Xptxas=-v",
                "-o", str(out), str(source_dir() / SOURCE)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         text = (proc.stdout + proc.stderr).strip()
@@ -166,15 +166,28 @@ def compile_cubin_nvcc(arch: str, nvcc: str | None = None) -> tuple[bytes, str]:
 
 @functools.lru_cache(maxsize=None)
 def compile_cubin_any(arch: str) -> tuple[bytes, str]:
-    """The kernels as a cubin for ``arch``: NVRTC where it is found, else nvcc; compiled once per process.
+    """The kernels as a cubin for ``arch``: NVRTC where it is found, else (or where NVRTC fails) nvcc;
+    compiled once per process.
 
     CompileError when neither is there (its message names what to install) or the
     compiler rejects the source (with its log).
     """
+    nvrtc_error: CompileError | None = None
     if load_nvrtc() is not None:
-        return compile_cubin(arch)
+        try:
+            return compile_cubin(arch)
+        except CompileError as exc:
+            if not nvcc_path():
+                raise
+            log.warning("NVRTC failed, trying nvcc: %s", exc)
+            nvrtc_error = exc
     if nvcc_path():
-        return compile_cubin_nvcc(arch)
+        try:
+            return compile_cubin_nvcc(arch)
+        except CompileError as exc:
+            if nvrtc_error is None:
+                raise
+            raise CompileError(f"NVRTC and nvcc both failed for {arch}", f"{nvrtc_error}\n---\n{exc}") from exc
     raise CompileError("neither NVRTC nor nvcc found: pip install nvidia-cuda-nvrtc-cu12, or install the CUDA toolkit")
 
 

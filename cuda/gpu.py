@@ -162,7 +162,7 @@ class CudaProver:
 
             try:
                 return SourceModule(cc.kernel_source(), no_extern_c=True, include_dirs=[str(cc.source_dir())],
-                                    arch=self.arch, options=["-std=c++14"])
+                                    arch=self.arch, options=["-std=c++17"])
             except Exception as exc:
                 raise DeviceError(self._classify(exc, "compile"), str(exc), self._facts) from exc
         try:

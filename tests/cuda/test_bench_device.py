@@ -145,3 +145,13 @@ def test_the_kernels_are_compiled_once_per_architecture() -> None:
     first = cc.compile_cubin_any("sm_90")
     assert first[0][:4] == b"\x7fELF" and cc.compile_cubin_any("sm_90") is first
     assert cc.compile_cubin_any.cache_info().hits == 1
+
+
+@pytest.mark.skipif(NVRTC is None, reason="no NVRTC here: pip install nvidia-cuda-nvrtc-cu12")
+def test_nvrtc_is_found_in_the_cuda_13_wheel_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert NVRTC is not None
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / Path(NVRTC.path).name).symlink_to(NVRTC.path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cc._nvrtc_candidates()[0] == str(lib / Path(NVRTC.path).name)
