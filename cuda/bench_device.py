@@ -171,6 +171,7 @@ class Results:
 
     backend: str
     facts: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     roots: list[RootCheck] = field(default_factory=list)
     timings: list[Timing] = field(default_factory=list)
     cpu: list[CpuComparison] = field(default_factory=list)
@@ -322,8 +323,28 @@ def summary(res: Results, budget: Budget) -> str:
     lines += res.stopped
     if res.error:
         lines.append(f"error: {res.error}")
-    lines.append(f"exit status {res.exit_code()}")
+    lines += ["", "== markdown (for BENCHMARKS.md)", markdown(res), "", f"exit status {res.exit_code()}"]
     lines.append("RESULT " + json.dumps(asdict(res) | {"roots_equal": res.roots_equal}, sort_keys=True))
+    return "\n".join(lines)
+
+
+def markdown(res: Results) -> str:
+    """The figures as Markdown tables, ready for BENCHMARKS.md."""
+    f = res.facts
+    smi = res.env.get("nvidia-smi --query-gpu", "").splitlines()
+    lines = [f"Device: {f.get('device', '?')} (compute capability {f.get('compute_capability', '?')}), CUDA driver API "
+             f"{f.get('driver_version', '?')}, through {f.get('cuda_driver_api', '?')}; NVRTC: {res.env.get('NVRTC', '?')}.",
+             f"nvidia-smi: {smi[-1] if len(smi) > 1 else 'n/a'} ({smi[0] if smi else ''})", "",
+             "| k | seed | device root | CPU root | equal |", "| ---: | --- | --- | --- | --- |"]
+    lines += [f"| {r.k} | `{r.seed:#018x}` | `{r.device_root[:16]}` | `{r.cpu_root[:16]}` | {'yes' if r.equal else '**NO**'} |"
+              for r in res.roots]
+    lines += ["", "| k | NTT ms | GB/s | peak GB/s | copy GB/s | floor/time | proof ms | proofs/hour |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {t.k} | {t.ntt_ms:.3f} | {t.gbs:,.0f} | {t.peak_gbs:,.0f} | {t.copy_gbs:,.0f} | {t.floor_ratio:.1%} | "
+              f"{t.proof_ms:.3f} | {t.proofs_per_hour:,.0f} |" for t in res.timings]
+    lines += ["", "| k | device proof ms | CPU proof ms | device/CPU speed-up | roots |", "| ---: | ---: | ---: | ---: | --- |"]
+    lines += [f"| {c.k} | {c.device_ms:.3f} | {c.cpu_ms:,.1f} | {c.speedup:,.0f}x | {'equal' if c.equal else '**differ**'} |"
+              for c in res.cpu]
     return "\n".join(lines)
 
 
@@ -362,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"== flightrec bench_device {' '.join(sys.argv[1:] if argv is None else argv)}")
     say(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     try:
-        say(device_env.render(device_env.probes(with_smi=not args.no_smi)))
+        found = device_env.probes(with_smi=not args.no_smi)
+        res.env = {p.label: p.text for p in found}
+        say(device_env.render(found))
         check_roots(args.backend, args.driver, args.roots_k, args.seeds, budget, res)
         time_sizes(args.backend, args.driver, ks, (args.ntt_repeats, args.proof_repeats), budget, res)
         compare_cpu(args.backend, args.driver, args.cpu_k, budget, res)
