@@ -165,9 +165,9 @@ class CpuComparison:
     equal: bool
 
 
-@dataclass
+@dataclass(frozen=True)
 class Results:
-    """Everything measured so far; printed in full whatever stops the run."""
+    """Everything measured so far (its lists and maps fill in as the run goes); printed in full whatever stops it."""
 
     backend: str
     facts: dict[str, str] = field(default_factory=dict)
@@ -176,7 +176,14 @@ class Results:
     timings: list[Timing] = field(default_factory=list)
     cpu: list[CpuComparison] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
-    error: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> str:
+        return "; ".join(self.errors)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self) | {"roots_equal": self.roots_equal, "error": self.error}
 
     @property
     def roots_equal(self) -> bool:
@@ -226,7 +233,7 @@ def check_roots(backend: str, driver: str, ks: list[int], seeds: int, budget: Bu
         params = ProofParams(width=WIDTH, log_n=k, log_blowup=LOG_BLOWUP)
         dev = open_device(backend, params, driver)
         try:
-            res.facts = res.facts or dev.facts
+            res.facts.update({} if res.facts else dev.facts)
             for _ in range(seeds):
                 seed = secrets.randbits(64)
                 g, g_ms = _ms(lambda: dev.prove(seed))
@@ -278,7 +285,7 @@ def time_sizes(backend: str, driver: str, ks: list[int], repeats: tuple[int, int
         params = ProofParams(width=WIDTH, log_n=k, log_blowup=LOG_BLOWUP)
         dev = open_device(backend, params, driver)
         try:
-            res.facts = res.facts or dev.facts
+            res.facts.update({} if res.facts else dev.facts)
             t = measure(dev, params, *repeats)
         finally:
             dev.close()
@@ -324,7 +331,7 @@ def summary(res: Results, budget: Budget) -> str:
     if res.error:
         lines.append(f"error: {res.error}")
     lines += ["", "== markdown (for BENCHMARKS.md)", markdown(res), "", f"exit status {res.exit_code()}"]
-    lines.append("RESULT " + json.dumps(asdict(res) | {"roots_equal": res.roots_equal}, sort_keys=True))
+    lines.append("RESULT " + json.dumps(res.as_json(), sort_keys=True))
     return "\n".join(lines)
 
 
@@ -384,24 +391,22 @@ def main(argv: list[str] | None = None) -> int:
     say(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     try:
         found = device_env.probes(with_smi=not args.no_smi)
-        res.env = {p.label: p.text for p in found}
+        res.env.update({p.label: p.text for p in found})
         say(device_env.render(found))
         check_roots(args.backend, args.driver, args.roots_k, args.seeds, budget, res)
         time_sizes(args.backend, args.driver, ks, (args.ntt_repeats, args.proof_repeats), budget, res)
         compare_cpu(args.backend, args.driver, args.cpu_k, budget, res)
     except DeviceError as exc:
-        res.error = f"CUDA cannot serve: {exc}; attributes {exc.attributes()}"
+        res.errors.append(f"CUDA cannot serve: {exc}; attributes {exc.attributes()}")
         say(res.error)
     except BaseException as exc:  # noqa: BLE001 - whatever breaks, what was measured is printed below
-        res.error = f"{type(exc).__name__}: {exc}"
+        res.errors.append("interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}")
         say(traceback.format_exc().rstrip())
-        if isinstance(exc, KeyboardInterrupt):
-            res.error = "interrupted"
     finally:
         text = summary(res, budget)
         say(text)
         if args.json is not None:
-            args.json.write_text(json.dumps(asdict(res) | {"roots_equal": res.roots_equal}, indent=2, sort_keys=True))
+            args.json.write_text(json.dumps(res.as_json(), indent=2, sort_keys=True))
     return res.exit_code()
 
 
