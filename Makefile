@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONSAFEPATH := 1
 
-.PHONY: setup demo test bench docs clean system-packages
+.PHONY: setup demo test bench docs clean system-packages device-wheels
 
 setup: $(VENV)/.installed .cache/kafka/.fetched
 
@@ -36,6 +36,10 @@ bench: setup system-packages
 
 docs: setup
 	COLUMNS=100 $(PY) -m flightrec.cli.reference > docs/cli.md
+
+# Wheels and pycuda's sdist for scripts/device_run.sh on a GPU machine without PyPI (.cache/device-wheels).
+device-wheels: setup
+	sh scripts/device_wheels.sh
 
 clean:
 	rm -rf $(VENV) .cache .flightrec

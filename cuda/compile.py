@@ -1,4 +1,4 @@
-"""Turning the .cu sources into a loadable module: PyCUDA's SourceModule (nvcc), or NVRTC to cubin.
+"""Turning the .cu sources into a loadable module: PyCUDA's SourceModule (nvcc), or a cubin from NVRTC or nvcc.
 
 NVRTC (PyPI: nvidia-cuda-nvrtc-cu12) compiles without a GPU or a driver, so the
 tests compile the kernels for sm_80 and sm_90 on machines that have neither.
@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -46,19 +51,36 @@ def nvcc_path() -> str | None:
     return shutil.which("nvcc")
 
 
-def _nvrtc_candidates() -> list[str]:
-    found: list[str] = []
-    try:
-        import nvidia.cuda_nvrtc  # type: ignore[import-not-found]
+def cuda_homes() -> list[Path]:
+    """Folders that may hold a CUDA toolkit: $CUDA_HOME, $CUDA_PATH, nvcc's parent, /usr/local/cuda*."""
+    found: list[Path] = []
+    for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
+        if os.environ.get(var):
+            found.append(Path(os.environ[var]))
+    nvcc = nvcc_path()
+    if nvcc:
+        found.append(Path(nvcc).resolve().parent.parent)
+    found += sorted(Path("/usr/local").glob("cuda*"))
+    out: list[Path] = []
+    for p in found:
+        if p.is_dir() and p not in out:
+            out.append(p)
+    return out
 
-        for base in getattr(nvidia.cuda_nvrtc, "__path__", []):
-            found += sorted(str(p) for p in (Path(base) / "lib").glob("libnvrtc.so*") if "alt" not in p.name)
-    except ImportError:
-        pass
+
+def _nvrtc_candidates() -> list[str]:
+    """libnvrtc paths, most specific first: the pip wheels (CUDA 12 and 13 layouts), the toolkits, the loader."""
+    found: list[str] = []
+    for base in map(Path, sys.path):
+        for lib_dir in (base / "nvidia" / "cuda_nvrtc" / "lib", *sorted((base / "nvidia").glob("cu1*/lib"))):
+            found += sorted(str(p) for p in lib_dir.glob("libnvrtc.so*") if "alt" not in p.name and "builtins" not in p.name)
+    for home in cuda_homes():
+        for lib_dir in (home / "lib64", home / "lib", home / "targets" / "x86_64-linux" / "lib"):
+            found += sorted(str(p) for p in lib_dir.glob("libnvrtc.so*") if "alt" not in p.name and "builtins" not in p.name)
     name = ctypes.util.find_library("nvrtc")
     if name:
         found.append(name)
-    return found
+    return list(dict.fromkeys(found))
 
 
 @dataclass(frozen=True)
@@ -124,6 +146,49 @@ def compile_cubin(arch: str) -> tuple[bytes, str]:
     if nvrtc is None:
         raise CompileError("no NVRTC found: pip install nvidia-cuda-nvrtc-cu12 (or put the CUDA toolkit's lib64 on the loader path)")
     return nvrtc.compile_cubin(kernel_source(), arch, source_dir())
+
+
+def compile_cubin_nvcc(arch: str, nvcc: str | None = None) -> tuple[bytes, str]:
+    """cuda/prove.cu as a cubin for ``arch`` through ``nvcc -cubin`` (with ptxas' report as the log)."""
+    nvcc = nvcc or nvcc_path()
+    if not nvcc:
+        raise CompileError("no nvcc on PATH: install the CUDA toolkit, or pip install nvidia-cuda-nvrtc-cu12")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "prove.cubin"
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", f"-I{source_dir()}", "-Xptxas=-v",
+               "-o", str(out), str(source_dir() / SOURCE)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        text = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc could not compile {SOURCE} for {arch} (exit {proc.returncode})", text)
+        return out.read_bytes(), text
+
+
+@functools.lru_cache(maxsize=None)
+def compile_cubin_any(arch: str) -> tuple[bytes, str]:
+    """The kernels as a cubin for ``arch``: NVRTC where it is found, else (or where NVRTC fails) nvcc;
+    compiled once per process.
+
+    CompileError when neither is there (its message names what to install) or the
+    compiler rejects the source (with its log).
+    """
+    nvrtc_error: CompileError | None = None
+    if load_nvrtc() is not None:
+        try:
+            return compile_cubin(arch)
+        except CompileError as exc:
+            if not nvcc_path():
+                raise
+            log.warning("NVRTC failed, trying nvcc: %s", exc)
+            nvrtc_error = exc
+    if nvcc_path():
+        try:
+            return compile_cubin_nvcc(arch)
+        except CompileError as exc:
+            if nvrtc_error is None:
+                raise
+            raise CompileError(f"NVRTC and nvcc both failed for {arch}", f"{nvrtc_error}\n---\n{exc}") from exc
+    raise CompileError("neither NVRTC nor nvcc found: pip install nvidia-cuda-nvrtc-cu12, or install the CUDA toolkit")
 
 
 def cubin_kernel_names(cubin: bytes) -> list[str]:

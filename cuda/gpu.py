@@ -8,8 +8,9 @@ DeviceError carrying the CUDA error text and whatever was learned about the devi
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass, field as dc_field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -43,14 +44,33 @@ class DeviceError(ProveError):
         return out
 
 
-def _pycuda() -> Any:
+DRIVERS = ("auto", "pycuda", "ctypes")
+
+
+def _driver(choice: str = "auto") -> tuple[Any, str]:
+    """(a pycuda.driver-like module, its name): pycuda where it is installed, else the ctypes binding
+    to libcuda (flightrec.cuda.driver); ``choice`` forces one."""
+    if choice not in DRIVERS:
+        raise ValueError(f"driver must be one of {', '.join(DRIVERS)}; got {choice!r}")
+    why = ""
+    if choice in ("auto", "pycuda"):
+        try:
+            import pycuda.driver as drv  # type: ignore[import-not-found]
+
+            return drv, "pycuda"
+        except ImportError as exc:
+            why = f"pycuda is not installed ({exc})"
+            if choice == "pycuda":
+                raise DeviceError("unavailable", why, hint="pip install 'flightrec[gpu]' on a machine with the CUDA toolkit") from exc
+    from flightrec.cuda import driver as ctypes_driver
+
     try:
-        import pycuda.driver as drv  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise DeviceError(
-            "unavailable", f"pycuda is not installed ({exc})", hint="pip install 'flightrec[gpu]' on a machine with the CUDA toolkit"
-        ) from exc
-    return drv
+        ctypes_driver.load()
+    except ctypes_driver.DriverError as exc:
+        text = f"{why} and {exc}" if why else str(exc)
+        raise DeviceError("unavailable", text, hint="run on a machine with an NVIDIA driver; "
+                          "pip install 'flightrec[gpu]' for pycuda") from exc
+    return ctypes_driver, "ctypes"
 
 
 def bytes_needed(params: ProofParams) -> int:
@@ -86,18 +106,20 @@ class CudaProver:
 
     backend = "cuda"
 
-    def __init__(self, params: ProofParams, device_index: int = 0) -> None:
+    def __init__(self, params: ProofParams, device_index: int = 0, driver: str = "auto") -> None:
         self.params = params
         self._facts: dict[str, str] = {}
         self._ctx: Any = None
         self._bufs: list[Any] = []
-        drv = self._drv = _pycuda()
+        drv, self.driver = _driver(driver)
+        self._drv = drv
         try:
             drv.init()
         except Exception as exc:  # pycuda raises its own RuntimeError/LogicError types
             self._learn_driver()
             raise DeviceError("init", str(exc), self._facts, hint="is the NVIDIA driver loaded and a GPU visible?") from exc
         self._learn_driver()
+        self._facts["cuda_driver_api"] = self.driver
         try:
             count = drv.Device.count()
         except Exception as exc:
@@ -135,16 +157,16 @@ class CudaProver:
             log.debug("driver version unknown: %s", exc)
 
     def _load_module(self) -> Any:
-        if cc.nvcc_path():
+        if self.driver == "pycuda" and cc.nvcc_path():
             from pycuda.compiler import SourceModule  # type: ignore[import-not-found]
 
             try:
                 return SourceModule(cc.kernel_source(), no_extern_c=True, include_dirs=[str(cc.source_dir())],
-                                    arch=self.arch, options=["-std=c++14"])
+                                    arch=self.arch, options=["-std=c++17"])
             except Exception as exc:
                 raise DeviceError(self._classify(exc, "compile"), str(exc), self._facts) from exc
         try:
-            cubin, _ = cc.compile_cubin(self.arch)
+            cubin, _ = cc.compile_cubin_any(self.arch)
         except ProveError as exc:
             raise DeviceError("compile", str(exc), self._facts, hint="install nvcc or nvidia-cuda-nvrtc-cu12") from exc
         try:
@@ -249,6 +271,40 @@ class CudaProver:
             return root
         except Exception as exc:
             raise DeviceError(self._classify(exc, "kernel"), str(exc), self._facts) from exc
+
+    def forward_ntt(self) -> None:
+        """The proof's forward NTT of the extension, in place on ext_buf (what the benchmark times)."""
+        self.ntt(self.ext_buf, self.tw_m, self.params.log_m, dif=False)
+
+    def timed_ms(self, fn: Callable[[], object], repeats: int) -> float:
+        """Median milliseconds of ``fn`` between two CUDA events on the default stream."""
+        out = []
+        for _ in range(max(1, repeats)):
+            start, stop = self._drv.Event(), self._drv.Event()
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            out.append(start.time_till(stop))
+        return statistics.median(out)
+
+    def peak_bandwidth_gbs(self) -> float:
+        """Theoretical DRAM bandwidth from the driver: memory clock (kHz) x 2 (DDR) x bus width (0.0 if unknown)."""
+        drv = self._drv
+        try:
+            dev = drv.Context.get_device()
+            clock_khz = dev.get_attribute(drv.device_attribute.MEMORY_CLOCK_RATE)
+            bus_bits = dev.get_attribute(drv.device_attribute.GLOBAL_MEMORY_BUS_WIDTH)
+        except Exception as exc:  # an attribute this driver no longer reports
+            log.warning("memory clock or bus width unknown: %s", exc)
+            return 0.0
+        return clock_khz * 1e3 * 2 * bus_bits / 8 / 1e9
+
+    def copy_bandwidth_gbs(self, repeats: int = 5) -> float:
+        """Measured device-to-device copy of the extension buffer into the digest buffers, bytes read + written."""
+        nbytes = min(8 * self.params.width * self.params.m, 32 * self.params.m)
+        ms = self.timed_ms(lambda: self._drv.memcpy_dtod(self.dig_a, self.ext_buf, nbytes), repeats)
+        return 2 * nbytes / (ms * 1e6) if ms > 0 else 0.0
 
     def extension(self) -> np.ndarray:
         """ext_buf copied to the host as (W, m) (for checks against the CPU backend)."""

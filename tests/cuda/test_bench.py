@@ -67,13 +67,14 @@ def test_below_the_minimum_rate_fails_with_exit_1() -> None:
 
 
 def test_cuda_without_pycuda_fails_naming_the_cause() -> None:
-    if _has_pycuda():
-        pytest.skip("pycuda is installed here; this test is about machines without it")
+    if _cuda_may_serve():
+        pytest.skip("pycuda or an NVIDIA driver is here; this test is about machines without either")
     emit = Collector()
     out = bench.run_benchmark(SMALL, backend="cuda", emit=emit)
     (failed,) = emit.of(Lifecycle)
     assert failed.state == "failed" and failed.stage == "benchmark"
     assert "pycuda is not installed" in failed.attributes["cuda_error"]
+    assert "libcuda could not be loaded" in failed.attributes["cuda_error"]
     assert failed.attributes["cause"] == "unavailable"
     (result,) = emit.of(BenchmarkResult)
     assert result.verdict == "error" and "pycuda" in result.detail
@@ -82,8 +83,8 @@ def test_cuda_without_pycuda_fails_naming_the_cause() -> None:
 
 
 def test_auto_falls_back_to_the_cpu_and_says_why() -> None:
-    if _has_pycuda():
-        pytest.skip("pycuda is installed here; auto may pick the GPU")
+    if _cuda_may_serve():
+        pytest.skip("pycuda or an NVIDIA driver is here; auto may pick the GPU")
     emit = Collector()
     out = bench.run_benchmark(SMALL, backend="auto", warmup=0, proofs=1, emit=emit)
     (info,) = emit.of(Lifecycle)
@@ -91,10 +92,19 @@ def test_auto_falls_back_to_the_cpu_and_says_why() -> None:
     assert out.backend == "cpu" and out.exit_code == 0
 
 
-def _has_pycuda() -> bool:
+def _cuda_may_serve() -> bool:
+    """pycuda, or an NVIDIA driver the ctypes binding can use: either way CUDA may serve here."""
     import importlib.util
 
-    return importlib.util.find_spec("pycuda") is not None
+    from flightrec.cuda import driver
+
+    if importlib.util.find_spec("pycuda") is not None:
+        return True
+    try:
+        driver.load()
+    except driver.DriverError:
+        return False
+    return True
 
 
 def _fake_pycuda(monkeypatch: pytest.MonkeyPatch, init_error: str | None = None, free: int = 80 << 30) -> None:

@@ -43,12 +43,19 @@ def test_cpu_bench_sends_throughput_to_the_metrics_topic(kafka, tmp_path: Path) 
 def test_cuda_bench_without_a_gpu_fails_with_the_cause_on_the_broker(kafka, tmp_path: Path) -> None:
     import importlib.util
 
+    from flightrec.cuda import driver
+
     if importlib.util.find_spec("pycuda") is not None:
         pytest.skip("pycuda is installed here: this test is for machines without a GPU stack")
+    try:
+        driver.load()
+        pytest.skip("an NVIDIA driver (libcuda) is here: this test is for machines without one")
+    except driver.DriverError:
+        pass
     instance = f"prove-{uuid.uuid4()}"
     proc = _bench(kafka, tmp_path, instance, "--backend", "cuda", "--k", "10")
     assert proc.returncode == 2, proc.stderr
-    assert "pycuda is not installed" in proc.stderr
+    assert "pycuda is not installed" in proc.stderr and "libcuda could not be loaded" in proc.stderr
     events = _events(kafka, instance, (TOPIC_LIFECYCLE, TOPIC_METRICS))
     failed = [e for e in events if isinstance(e, Lifecycle) and e.state == "failed" and e.stage == "benchmark"]
     assert len(failed) == 1
