@@ -22,6 +22,7 @@ from flightrec.settings import Settings
 
 _POM = resources.files("flightrec.broker") / "pom.xml"
 KAFKA_VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
+SLF4J_VERSION = re.search(r"<slf4j.version>([^<]+)</slf4j.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
 LOG_TAIL_LINES = 40
 
 
@@ -34,6 +35,31 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+_START_MARK = "=== flightrec starting Kafka"
+_LOG_LINE = re.compile(r"^\[[^\]]+\] (ERROR|FATAL) (.*?)(?: \([\w.$]+\))?$")
+_EXCEPTION = re.compile(r"^(?:Caused by: )?[\w.$]+(?:Exception|Error): (.+)$")
+
+
+def log_cause(text: str) -> str:
+    """The first ERROR of Kafka's log since our last start, with the exception message under it ("" if none).
+
+    Pure. Kafka prints ``[time] ERROR message (logger)`` and, on the next line, the exception's class and
+    message; both together name the real cause in one line.
+    """
+    at = text.rfind(_START_MARK)
+    lines = text[at:].splitlines() if at >= 0 else text.splitlines()
+    for i, line in enumerate(lines):
+        m = _LOG_LINE.match(line)
+        if not m:
+            continue
+        cause = m.group(2).strip()
+        nxt = _EXCEPTION.match(lines[i + 1].strip()) if i + 1 < len(lines) else None
+        if nxt and nxt.group(1) not in cause:
+            cause = f"{cause}: {nxt.group(1).strip()}"
+        return cause[:500]
+    return ""
 
 
 def check_java() -> str:
@@ -64,7 +90,10 @@ def kafka_libs_dir(settings: Settings | None = None) -> Path:
 
 
 def _libs_complete(libs: Path) -> bool:
-    return (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists() and (libs / f"kafka-tools-{KAFKA_VERSION}.jar").exists()
+    """The folder holds Kafka's jars and exactly the pinned slf4j API (an older one silences the broker's log)."""
+    slf4j = sorted(p.name for p in libs.glob("slf4j-api-*.jar")) if libs.is_dir() else []
+    return ((libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists() and (libs / f"kafka-tools-{KAFKA_VERSION}.jar").exists()
+            and slf4j == [f"slf4j-api-{SLF4J_VERSION}.jar"])
 
 
 def fetch_kafka(settings: Settings | None = None, quiet: bool = True) -> Path:
@@ -76,6 +105,8 @@ def fetch_kafka(settings: Settings | None = None, quiet: bool = True) -> Path:
     if not mvn:
         raise BrokerError("Maven (mvn) not found: it fetches Kafka's jars from Maven Central; install maven")
     libs.parent.mkdir(parents=True, exist_ok=True)
+    for stale in libs.glob("*.jar") if libs.is_dir() else ():  # jars of an older pom must not stay on the classpath
+        stale.unlink()
     cmd = [mvn, "-B", "-f", str(_POM), "dependency:copy-dependencies", f"-Dkafka.libs={libs}"]
     if quiet:
         cmd.insert(2, "-q")
@@ -223,7 +254,7 @@ class LocalBroker:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
-            "message.max.bytes": str(16 * 1024 * 1024),
+            # no raised message.max.bytes: Kafka's stock limits, as on any real cluster
         }
         path = self.data / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -244,11 +275,11 @@ class LocalBroker:
             "-cp", f"{libs}/*", main, *args,
         ]
 
-    def _format(self, java: str, libs: Path, config: Path) -> None:
+    def _format(self, java: str, libs: Path, config: Path, cluster_id: str | None = None) -> None:
         if (self.data / "logs" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cmd = self._java(java, libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config))
+        cluster_id = cluster_id or base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cmd = self._java(java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BrokerError(f"formatting the KRaft storage in {self.data / 'logs'} failed (exit {proc.returncode})",
@@ -280,14 +311,20 @@ class LocalBroker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting",
-                                  _tail(self.log_path))
+                tail = _tail(self.log_path, 400)
+                cause = log_cause(tail)
+                raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting"
+                                  + (f": {cause}" if cause else " (its log names no cause)"),
+                                  "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
             if asyncio.run(answers_metadata(self._kafka_kwargs(), timeout=2.0)):
                 self._ensure_topics()
                 return f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, data {self.data})"
             time.sleep(0.3)
         self.stop()
-        raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s", _tail(self.log_path))
+        tail = _tail(self.log_path, 400)
+        cause = log_cause(tail)
+        raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s"
+                          + (f"; its log says: {cause}" if cause else ""), "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
 
     def _ensure_topics(self) -> list[str]:
         return asyncio.run(ensure_topics(self._kafka_kwargs(), partitions=self.settings.partitions,

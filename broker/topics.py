@@ -11,7 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from flightrec.errors import BrokerError
-from flightrec.settings import TOPICS
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPICS  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -71,5 +71,34 @@ async def ensure_topics(
                 raise BrokerError(f"could not create topic {name}: error code {code} {rest}")
         log.info("topics created", extra={"topics": created, "partitions": partitions})
         return created
+    finally:
+        await admin.close()
+
+
+async def topic_limits(kafka_kwargs: dict[str, Any], topics: Iterable[str] = TOPICS,
+                       timeout: float = 10.0) -> dict[str, int]:
+    """Each topic's ``max.message.bytes`` as the cluster describes it (the broker default when not overridden).
+
+    Raises KafkaError (or a timeout) when the configs cannot be described, e.g. without DescribeConfigs rights.
+    """
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout * 1000), **kafka_kwargs)
+    await asyncio.wait_for(admin.start(), timeout)
+    try:
+        names = list(topics)
+        responses = await asyncio.wait_for(
+            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, ["max.message.bytes"]) for t in names]),
+            timeout)
+        out: dict[str, int] = {}
+        for resp in responses:
+            for res in resp.resources:
+                code, _msg, _rtype, name, entries = res[:5]
+                if code:
+                    continue
+                for entry in entries:
+                    if entry[0] == "max.message.bytes" and entry[1] is not None:
+                        out[name] = int(entry[1])
+        return out
     finally:
         await admin.close()

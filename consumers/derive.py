@@ -26,7 +26,8 @@ FAILURES = pa.schema([
     ("gpu_model", STR), ("compute_capability", STR), ("driver_version", STR), ("cuda_version", STR),
     ("proofs_per_hour", F64), ("min_rate", F64), ("failure_class", STR), ("hint", STR), ("matched_line", STR)])
 BOOTS = pa.schema([("instance_id", STR), ("boot_id", STR), ("events", I64), ("max_seq", I64), ("sealed_count", I64),
-                   ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR)])
+                   ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR),
+                  ("dropped_events", I64)])
 MAX_RANGES = 5  # missing-seq ranges spelled out in incomplete_reason
 
 
@@ -71,7 +72,8 @@ def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
                any_value(s.sealed_count) AS sealed_count,
                min(e.ts_us) AS first_event_us, max(e.ts_us) AS last_event_us,
                count(DISTINCT e.seq) AS distinct_seq,
-               count(DISTINCT e.seq) FILTER (WHERE e.seq < s.sealed_count) AS in_range
+               count(DISTINCT e.seq) FILTER (WHERE e.seq < s.sealed_count) AS in_range,
+               count(*) FILTER (WHERE e.kind = 'dropped') AS dropped_events
         FROM events_seen e JOIN _aff_boot b USING (instance_id, boot_id)
         LEFT JOIN s USING (instance_id, boot_id)
         GROUP BY ALL ORDER BY e.instance_id, e.boot_id""")
@@ -218,7 +220,8 @@ SELECT a.instance_id, lb.boot_id, sg.stage, st.state, st.detail,
        coalesce(lb.events, 0) AS events,
        lb.sealed_count IS NOT NULL AS sealed,
        coalesce(lb.complete, false) AS complete,
-       lb.incomplete_reason
+       lb.incomplete_reason,
+       coalesce(lb.dropped_events, 0) AS dropped_events
 FROM _aff_inst a
 LEFT JOIN lb USING (instance_id) LEFT JOIN span USING (instance_id) LEFT JOIN st USING (instance_id)
 LEFT JOIN sg USING (instance_id) LEFT JOIN fa USING (instance_id) LEFT JOIN re USING (instance_id)

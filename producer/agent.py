@@ -10,11 +10,12 @@ from types import TracebackType
 from typing import Any, Callable, Mapping
 
 from flightrec.errors import FlightrecError
-from flightrec.schemas import Event, InstanceFacts, Lifecycle, Sealed, new_event_id, now_us
-from flightrec.settings import Settings
+from flightrec.schemas import Event, InstanceFacts, Lifecycle, ProcessExit, Sealed, new_event_id, now_us
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
 
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
+from flightrec.producer.fit import fit_exit
 from flightrec.producer.redact import Redactor
 from flightrec.producer.spool import Spool
 
@@ -100,9 +101,14 @@ class _AgentBase:
             timeout = self.settings.flush_timeout if timeout is None else timeout
             ok = self._flush_blocking(timeout)
             if not ok:
-                log.warning("%d events of %s not yet acknowledged after %gs; they stay in %s for "
+                why = f" (last error: {self.deliverer.last_error})" if self.deliverer.last_error else ""
+                log.warning("%d events of %s not yet acknowledged after %gs%s; they stay in %s for "
                             "`flightrec agent flush` or the next agent", self.spool.pending(), self.instance_id,
-                            timeout, self.spool.dir)
+                            timeout, why, self.spool.dir)
+            if self.deliverer.dropped:
+                log.warning("%d events of %s were refused by Kafka for good and dropped (a Dropped marker keeps "
+                            "each one's seq): %s", len(self.deliverer.dropped), self.instance_id,
+                            "; ".join(self.deliverer.dropped))
             self.deliverer.stop()
         self.spool.close()
         self._closed = ok
@@ -144,6 +150,8 @@ class _AgentBase:
             if "attributes" in fields:
                 fields["attributes"] = {k: _cut(v, cap) for k, v in self.redactor.mapping(
                     {str(k)[:cap]: str(v) for k, v in fields["attributes"].items()}).items()}
+        if cls is ProcessExit:  # argv and tails cut to fit the topic's message limit, visibly
+            fields = fit_exit(fields, self.message_limit(cls.topic))
         eid = new_event_id()
         iid = self.instance_id
 
@@ -191,6 +199,12 @@ class _AgentBase:
                           reason=reason)
 
         return self.emit_makers([make])[0]  # type: ignore[return-value]
+
+    def message_limit(self, topic: str) -> int:
+        """The largest message this agent builds for ``topic``: the topic's max.message.bytes once learned."""
+        if self.deliverer is not None:
+            return self.deliverer.limit(topic)
+        return self.settings.max_message_bytes or STOCK_MAX_MESSAGE_BYTES
 
     def pending(self) -> int:
         """Events in the spool not yet acknowledged by Kafka."""

@@ -1,0 +1,42 @@
+"""Fit events into Kafka's message limit before they are spooled: cut argv and share the tails' byte budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flightrec.schemas import FileTail
+
+from flightrec.producer.lines import cut_text, fit_tails
+
+ARG_BYTES = 4096  # one argv element, at most
+MAX_ARGS = 256  # argv elements kept; the rest is counted in a last element
+MARGIN = 4096  # room for the envelope, field tags and length prefixes
+
+
+def fit_argv(argv: list[str]) -> list[str]:
+    """``argv`` with each element cut to ARG_BYTES bytes and at most MAX_ARGS elements (the cut is said)."""
+    out = [cut_text(a, ARG_BYTES) for a in argv[:MAX_ARGS]]
+    if len(argv) > MAX_ARGS:
+        out.append(f"[cut: {len(argv) - MAX_ARGS} more arguments]")
+    return out
+
+
+def fit_exit(fields: dict[str, Any], limit: int) -> dict[str, Any]:
+    """ProcessExit fields whose argv and tails together stay under ``limit`` bytes once encoded. Pure.
+
+    The tails (stdout, stderr, each followed file) share what is left after the other fields; each
+    keeps its newest lines, and one that lost lines says so in its first line.
+    """
+    out = dict(fields)
+    argv = fit_argv([str(a) for a in out.get("argv", ())])
+    out["argv"] = argv
+    files = [f if isinstance(f, FileTail) else FileTail(**f) for f in out.get("file_tails", ())]
+    other = sum(len(a.encode("utf-8", "surrogatepass")) + 4 for a in argv)
+    other += sum(len(f.path.encode("utf-8", "surrogatepass")) + 8 for f in files)
+    other += sum(len(str(out.get(k) or "").encode("utf-8", "surrogatepass")) for k in ("stage", "start_error"))
+    budget = max(0, limit - other - MARGIN)
+    tails = [list(out.get("stdout_tail", ())), list(out.get("stderr_tail", ()))] + [list(f.lines) for f in files]
+    fitted = fit_tails(tails, budget)
+    out["stdout_tail"], out["stderr_tail"] = fitted[0], fitted[1]
+    out["file_tails"] = [FileTail(path=f.path, lines=lines, exists=f.exists) for f, lines in zip(files, fitted[2:])]
+    return out
