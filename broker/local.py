@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from flightrec.broker.secure import SECURITIES, Secure
 from flightrec.broker.topics import answers_metadata, ensure_topics
 from flightrec.errors import BrokerError
 from flightrec.settings import Settings
@@ -179,13 +181,35 @@ class LocalBroker:
     """
 
     def __init__(self, port: int = 9092, data: str | Path | None = None, settings: Settings | None = None,
-                 heap: str = "512m") -> None:
+                 heap: str = "512m", security: str | None = None) -> None:
         self.settings = settings or Settings.from_env()
         self.port = port
         self.data = Path(data) if data else Path(self.settings.home) / f"broker-{port}"
         self.data = self.data.resolve()
         self.heap = heap
         self._proc: subprocess.Popen[bytes] | None = None
+        formatted = self._formatted_security()
+        if security is not None and security not in SECURITIES:
+            raise BrokerError(f"--security {security!r} is not one of {', '.join(SECURITIES)}")
+        if security is not None and formatted is not None and security != formatted:
+            raise BrokerError(f"the data folder {self.data} holds a {formatted} broker; "
+                              f"choose another --data for a {security} one")
+        self.security = security or formatted or "plaintext"
+        self.secure = Secure(self.data)
+
+    def _formatted_security(self) -> str | None:
+        try:
+            return (self.data / "security").read_text().strip() or None
+        except OSError:
+            return "plaintext" if (self.data / "logs" / "meta.properties").exists() else None
+
+    @property
+    def client_settings(self) -> Settings:
+        """Settings for a client of this broker (bootstrap, and SASL_SSL where it requires it)."""
+        base = dataclasses.replace(self.settings, bootstrap=self.bootstrap)
+        if self.security == "sasl_ssl":
+            return self.secure.client_settings(base, self.bootstrap)
+        return dataclasses.replace(base, security_protocol="PLAINTEXT")
 
     @property
     def bootstrap(self) -> str:
@@ -209,7 +233,7 @@ class LocalBroker:
         return None
 
     def _kafka_kwargs(self) -> dict[str, object]:
-        return {"bootstrap_servers": self.bootstrap}
+        return self.client_settings.kafka_kwargs()
 
     def status(self) -> BrokerStatus:
         pid = self._pid()
@@ -256,6 +280,9 @@ class LocalBroker:
             "group.initial.rebalance.delay.ms": "0",
             # no raised message.max.bytes: Kafka's stock limits, as on any real cluster
         }
+        if self.security == "sasl_ssl":
+            self.secure.make_certificates()
+            props.update(self.secure.server_properties(self.port, cport))
         path = self.data / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.data / "log4j2.properties").write_text(
@@ -279,11 +306,21 @@ class LocalBroker:
         if (self.data / "logs" / "meta.properties").exists():
             return
         cluster_id = cluster_id or base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cmd = self._java(java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config))
+        extra = self.secure.format_args() if self.security == "sasl_ssl" else []
+        cmd = self._java(java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config),
+                         *extra)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BrokerError(f"formatting the KRaft storage in {self.data / 'logs'} failed (exit {proc.returncode})",
                               "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:]))
+        (self.data / "security").write_text(self.security + "\n")
+
+    def _started(self, what: str) -> str:
+        if self.security != "sasl_ssl":
+            return what
+        env = self.secure.write_env_file(self.bootstrap)
+        return f"{what}; SASL_SSL ({self.secure.client_env(self.bootstrap)['FLIGHTREC_SASL_MECHANISM']}): " \
+               f"client settings in {env} (`source` it)"
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -293,7 +330,7 @@ class LocalBroker:
         if pid is not None:
             if asyncio.run(answers_metadata(self._kafka_kwargs())):
                 self._ensure_topics()
-                return f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})"
+                return self._started(f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})")
         java = check_java()
         if not _port_free(self.port):
             raise BrokerError(f"port {self.port} is in use by another process; choose another with --port")
@@ -318,7 +355,8 @@ class LocalBroker:
                                   "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
             if asyncio.run(answers_metadata(self._kafka_kwargs(), timeout=2.0)):
                 self._ensure_topics()
-                return f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, data {self.data})"
+                return self._started(f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, "
+                                     f"data {self.data})")
             time.sleep(0.3)
         self.stop()
         tail = _tail(self.log_path, 400)

@@ -141,6 +141,7 @@ class Deliverer:
         self.last_error: str | None = None
         self.dropped: list[str] = []  # one line per record replaced by a marker
         self.limits: dict[str, int] = {}
+        self._cause_line: str | None = None  # why Kafka cannot be reached, as connection_cause named it
         self._acked = spool.load_cursor()
         self._done: set[Position] = set()  # acknowledged records beyond the cursor: never sent again
         self._forced: dict[Position, str] = {}  # records refused for good (not for size): their marker is sent
@@ -373,7 +374,9 @@ class Deliverer:
                 if transient is not None:
                     self.errors_total += 1
                     failures += 1
-                    self.last_error = f"{type(transient).__name__}: {transient}"
+                    if failures == 1 or (failures % 20 == 0):  # name the cause: credentials, TLS, nothing there...
+                        self._cause_line = await self._cause()
+                    self.last_error = self._cause_line or f"{type(transient).__name__}: {transient}"
                     if failures == 1:
                         log.warning("cannot deliver to Kafka at %s (%s); events wait in the spool %s",
                                     self.settings.bootstrap, self.last_error, self.spool.dir)
@@ -385,10 +388,19 @@ class Deliverer:
                 if failures:
                     log.info("delivery to Kafka resumed after %d failed attempts", failures)
                 failures = 0
+                self._cause_line = None
         finally:
             if producer is not None:
                 await _close(producer)
             self._release()
+
+    async def _cause(self) -> str | None:
+        from flightrec.broker.topics import connection_cause
+
+        try:
+            return await connection_cause(self.settings.kafka_kwargs(), timeout=5.0)
+        except Exception:  # the probe is advice only
+            return None
 
     def _advance(self, records: list[Record]) -> None:
         """Move the cursor over the acknowledged prefix of ``records`` (the rest is remembered, not resent)."""

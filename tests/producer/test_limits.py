@@ -137,6 +137,8 @@ def test_a_record_refused_for_good_becomes_a_marker_and_later_events_flow(agent_
     assert "MessageSizeTooLarge" in m.reason or "too large" in m.reason
     assert [e.seq for e in events] == list(range(len(events))), "the marker keeps the seq: no gap"
     assert any(isinstance(e, Lifecycle) and e.stage == "later" for e in events)
+    raw = [m for m in agent_env.kafka.consume() if m.key == agent_env.instance.encode()]
+    assert len(raw) == len(events) == len({e.event_id for e in events}), "a retry never re-sends what Kafka acknowledged"
 
     db = tmp_path / "fleet.duckdb"
     _materialize(agent_env, db)
