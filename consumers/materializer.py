@@ -132,7 +132,7 @@ class Materializer:
             try:
                 await self._consumer.start()
             except (KafkaError, OSError) as exc:
-                from flightrec.broker.topics import connection_cause
+                from flightrec.cluster import connection_cause
 
                 cause = await connection_cause(self.kafka_kwargs)
                 err = MaterializeError(f"cannot read Kafka: {cause}" if cause else

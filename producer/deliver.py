@@ -249,7 +249,7 @@ class Deliverer:
 
     async def _learn_limits(self) -> None:
         """Ask the cluster for each topic's max.message.bytes; keep what is known when it cannot tell."""
-        from flightrec.broker.topics import topic_limits
+        from flightrec.cluster import topic_limits
 
         try:
             learned = await topic_limits(self.settings.kafka_kwargs(), TOPICS)
@@ -395,7 +395,7 @@ class Deliverer:
             self._release()
 
     async def _cause(self) -> str | None:
-        from flightrec.broker.topics import connection_cause
+        from flightrec.cluster import connection_cause
 
         try:
             return await connection_cause(self.settings.kafka_kwargs(), timeout=5.0)

@@ -9,15 +9,21 @@ from flightrec.schemas import FileTail
 from flightrec.producer.lines import cut_text, fit_tails
 
 ARG_BYTES = 4096  # one argv element, at most
-MAX_ARGS = 256  # argv elements kept; the rest is counted in a last element
+ARGV_BYTES = 64 * 1024  # all of argv, at most; the elements after that are counted in a last element
 MARGIN = 4096  # room for the envelope, field tags and length prefixes
 
 
 def fit_argv(argv: list[str]) -> list[str]:
-    """``argv`` with each element cut to ARG_BYTES bytes and at most MAX_ARGS elements (the cut is said)."""
-    out = [cut_text(a, ARG_BYTES) for a in argv[:MAX_ARGS]]
-    if len(argv) > MAX_ARGS:
-        out.append(f"[cut: {len(argv) - MAX_ARGS} more arguments]")
+    """``argv`` with each element cut to ARG_BYTES bytes and ARGV_BYTES in all (the cut is said). Pure."""
+    out: list[str] = []
+    total = 0
+    for i, a in enumerate(argv):
+        a = cut_text(a, ARG_BYTES)
+        total += len(a.encode("utf-8", "surrogatepass"))
+        if total > ARGV_BYTES:
+            out.append(f"[cut: {len(argv) - i} more arguments]")
+            break
+        out.append(a)
     return out
 
 
