@@ -29,6 +29,16 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " [cut]"
 
 
+def _secrets(settings: Settings, env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The redactor's names and values: FLIGHTREC_REDACT's, and the Kafka password (from its file too)."""
+    values = dict(env)
+    try:
+        values["FLIGHTREC_SASL_PASSWORD"] = settings.password() or ""
+    except FlightrecError:  # an unreadable password file is reported by the first Kafka client
+        pass
+    return (*settings.redact, "FLIGHTREC_SASL_PASSWORD"), values
+
+
 class Stage:
     """``with agent.stage("x"):`` - Lifecycle started, then succeeded, or failed with the exception text.
 
@@ -78,7 +88,7 @@ class _AgentBase:
         self.settings = settings or Settings.from_env()
         self.instance_id = instance_id or self.settings.instance
         self.spool = Spool(spool_dir or self.settings.spool, self.instance_id, new_boot=new_boot)
-        self.redactor = Redactor(self.settings.redact, os.environ if env is None else env)
+        self.redactor = Redactor(*_secrets(self.settings, os.environ if env is None else env))
         self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None
         self.events_emitted = 0
         self._closed: bool | None = None  # once closed: whether everything was acknowledged then

@@ -247,7 +247,7 @@ class Deliverer:
             pass
         self._wake.clear()
 
-    async def _learn_limits(self) -> None:
+    async def _learn_limits(self) -> bool:
         """Ask the cluster for each topic's max.message.bytes; keep what is known when it cannot tell."""
         from flightrec.cluster import topic_limits
 
@@ -256,8 +256,9 @@ class Deliverer:
         except Exception as exc:  # no DescribeConfigs right, broker away: the setting or the stock limit applies
             log.info("cannot describe the topics' max.message.bytes (%s: %s); using %d bytes",
                      type(exc).__name__, exc, self.limit(TOPIC_LIFECYCLE))
-            return
+            return False
         self.limits.update(learned)
+        return True
 
     def _outgoing(self, rec: Record) -> list[Outgoing]:
         """What to send for a spooled record: itself when it fits its topic's limit, else parts, else a marker."""
@@ -333,7 +334,7 @@ class Deliverer:
         self._ready.set()
         producer: AIOKafkaProducer | None = None
         failures = 0
-        learned = False
+        learned = 0
         try:
             while not self._stopping:
                 if not self._try_lock():
@@ -354,9 +355,8 @@ class Deliverer:
                 refused = False
                 try:
                     if producer is None:
-                        if not learned:
-                            await self._learn_limits()
-                            learned = True
+                        if learned < 3:  # until the cluster told us (or three tries: then the setting/stock limit)
+                            learned = 3 if await self._learn_limits() else learned + 1
                         producer = AIOKafkaProducer(**producer_kwargs(self.settings, self.limits))
                         try:
                             await producer.start()

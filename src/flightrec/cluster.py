@@ -75,7 +75,8 @@ async def connection_cause(kafka_kwargs: dict[str, Any], timeout: float = 10.0) 
                           "this port; check FLIGHTREC_SECURITY_PROTOCOL")
         except (ConnectionRefusedError, OSError) as exc:
             if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == 111:
-                causes.append(f"nothing listens at {where}: start the broker or fix FLIGHTREC_BOOTSTRAP")
+                causes.append(f"no Kafka broker answered at {where} (nothing listens there): start one "
+                              "(`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP")
             else:
                 causes.append(f"cannot connect to {where}: {exc}")
         except (KafkaError, asyncio.TimeoutError, ValueError) as exc:

@@ -60,7 +60,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_MAX_LINE", "65536", "Longest log line shipped, in bytes; longer lines are cut and flagged truncated."),
     Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
     Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits (it stops earlier once every followed file exists and was quiet for 1 s)."),
-    Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR)."),
+    Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines only at DEBUG."),
 )
 
 

@@ -82,6 +82,12 @@ def test_every_command_works_over_sasl_ssl(sasl_kafka, tmp_path: Path):
     timeline = ok("timeline", instance, "--from-topics", "--db", str(tmp_path / "none.duckdb")).stdout
     assert "CUDA error: no kernel image" in timeline and "after the benchmark" in timeline
     assert not any(password in text for text in outputs), "the password never appears in output or logs"
+    # a stage that prints the password (its own output passes through unchanged) ships it masked
+    leak = _run("agent", "run", "--instance", instance + "-leak", "--stage", "leak", "--", "sh", "-c",
+                'echo "pw=$(cat "$FLIGHTREC_SASL_PASSWORD_FILE")"', env=env)
+    assert leak.returncode == 0 and password in leak.stdout and password not in leak.stderr
+    shipped = ok("timeline", instance + "-leak", "--from-topics", "--db", str(tmp_path / "none.duckdb")).stdout
+    assert "pw=***" in shipped and password not in shipped
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +121,17 @@ def test_a_misconfigured_client_gets_one_line_naming_the_cause(sasl_kafka, tmp_p
     assert cause in r.stderr.strip().splitlines()[-1], r.stderr
     r = _run("materialize", "--db", str(tmp_path / "x.duckdb"), "--until-idle", "1", "--no-serve", env=env, timeout=120)
     assert r.returncode != 0 and cause in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+def test_the_demo_runs_over_sasl_ssl(tmp_path: Path):
+    from flightrec.broker.local import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")}
+    env["PYTHONSAFEPATH"] = "1"
+    r = subprocess.run([FLIGHTREC, "demo", "--instances", "3", "--headless", "--port", str(free_port()),
+                        "--home", str(tmp_path / "demo"), "--security", "sasl_ssl", "--supervisor-seconds", "2"],
+                       env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "SASL_SSL (SCRAM-SHA-512)" in r.stdout
+    assert "the whole fleet is materialized" in r.stdout
+    assert "gpu_arch_unsupported" in r.stdout

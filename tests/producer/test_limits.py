@@ -148,3 +148,7 @@ def test_a_record_refused_for_good_becomes_a_marker_and_later_events_flow(agent_
                        env=agent_env.env(), capture_output=True, text=True, timeout=60)
     assert w.returncode == 0, w.stderr
     assert "1 event dropped" in w.stdout and f"seq {m.seq}" in w.stdout and "LogBatch" in w.stdout, w.stdout
+    for source in (["--db", str(db)], ["--from-topics", "--db", str(tmp_path / "none.duckdb")]):
+        t = subprocess.run([FLIGHTREC, "timeline", agent_env.instance, *source], env=agent_env.env(),
+                           capture_output=True, text=True, timeout=120)
+        assert t.returncode == 0 and "DROPPED LogBatch of" in t.stdout, t.stdout + t.stderr
