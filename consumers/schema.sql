@@ -217,3 +217,7 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
     duplicates      BIGINT,
     dead_letters    BIGINT
 );
+
+-- Columns added after the first release: databases made before them gain them here.
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
+ALTER TABLE boots ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
