@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import os
 import re
 import shutil
@@ -16,12 +17,14 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from flightrec.broker.secure import SECURITIES, Secure
 from flightrec.broker.topics import answers_metadata, ensure_topics
 from flightrec.errors import BrokerError
 from flightrec.settings import Settings
 
 _POM = resources.files("flightrec.broker") / "pom.xml"
 KAFKA_VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
+SLF4J_VERSION = re.search(r"<slf4j.version>([^<]+)</slf4j.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
 LOG_TAIL_LINES = 40
 
 
@@ -34,6 +37,31 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+_START_MARK = "=== flightrec starting Kafka"
+_LOG_LINE = re.compile(r"^\[[^\]]+\] (ERROR|FATAL) (.*?)(?: \([\w.$]+\))?$")
+_EXCEPTION = re.compile(r"^(?:Caused by: )?[\w.$]+(?:Exception|Error): (.+)$")
+
+
+def log_cause(text: str) -> str:
+    """The first ERROR of Kafka's log since our last start, with the exception message under it ("" if none).
+
+    Pure. Kafka prints ``[time] ERROR message (logger)`` and, on the next line, the exception's class and
+    message; both together name the real cause in one line.
+    """
+    at = text.rfind(_START_MARK)
+    lines = text[at:].splitlines() if at >= 0 else text.splitlines()
+    for i, line in enumerate(lines):
+        m = _LOG_LINE.match(line)
+        if not m:
+            continue
+        cause = m.group(2).strip()
+        nxt = _EXCEPTION.match(lines[i + 1].strip()) if i + 1 < len(lines) else None
+        if nxt and nxt.group(1) not in cause:
+            cause = f"{cause}: {nxt.group(1).strip()}"
+        return cause[:500]
+    return ""
 
 
 def check_java() -> str:
@@ -64,7 +92,10 @@ def kafka_libs_dir(settings: Settings | None = None) -> Path:
 
 
 def _libs_complete(libs: Path) -> bool:
-    return (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists() and (libs / f"kafka-tools-{KAFKA_VERSION}.jar").exists()
+    """The folder holds Kafka's jars and exactly the pinned slf4j API (an older one silences the broker's log)."""
+    slf4j = sorted(p.name for p in libs.glob("slf4j-api-*.jar")) if libs.is_dir() else []
+    return ((libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists() and (libs / f"kafka-tools-{KAFKA_VERSION}.jar").exists()
+            and slf4j == [f"slf4j-api-{SLF4J_VERSION}.jar"])
 
 
 def fetch_kafka(settings: Settings | None = None, quiet: bool = True) -> Path:
@@ -76,6 +107,8 @@ def fetch_kafka(settings: Settings | None = None, quiet: bool = True) -> Path:
     if not mvn:
         raise BrokerError("Maven (mvn) not found: it fetches Kafka's jars from Maven Central; install maven")
     libs.parent.mkdir(parents=True, exist_ok=True)
+    for stale in libs.glob("*.jar") if libs.is_dir() else ():  # jars of an older pom must not stay on the classpath
+        stale.unlink()
     cmd = [mvn, "-B", "-f", str(_POM), "dependency:copy-dependencies", f"-Dkafka.libs={libs}"]
     if quiet:
         cmd.insert(2, "-q")
@@ -148,13 +181,35 @@ class LocalBroker:
     """
 
     def __init__(self, port: int = 9092, data: str | Path | None = None, settings: Settings | None = None,
-                 heap: str = "512m") -> None:
+                 heap: str = "512m", security: str | None = None) -> None:
         self.settings = settings or Settings.from_env()
         self.port = port
         self.data = Path(data) if data else Path(self.settings.home) / f"broker-{port}"
         self.data = self.data.resolve()
         self.heap = heap
         self._proc: subprocess.Popen[bytes] | None = None
+        formatted = self._formatted_security()
+        if security is not None and security not in SECURITIES:
+            raise BrokerError(f"--security {security!r} is not one of {', '.join(SECURITIES)}")
+        if security is not None and formatted is not None and security != formatted:
+            raise BrokerError(f"the data folder {self.data} holds a {formatted} broker; "
+                              f"choose another --data for a {security} one")
+        self.security = security or formatted or "plaintext"
+        self.secure = Secure(self.data)
+
+    def _formatted_security(self) -> str | None:
+        try:
+            return (self.data / "security").read_text().strip() or None
+        except OSError:
+            return "plaintext" if (self.data / "logs" / "meta.properties").exists() else None
+
+    @property
+    def client_settings(self) -> Settings:
+        """Settings for a client of this broker (bootstrap, and SASL_SSL where it requires it)."""
+        base = dataclasses.replace(self.settings, bootstrap=self.bootstrap)
+        if self.security == "sasl_ssl":
+            return self.secure.client_settings(base, self.bootstrap)
+        return dataclasses.replace(base, security_protocol="PLAINTEXT")
 
     @property
     def bootstrap(self) -> str:
@@ -178,7 +233,7 @@ class LocalBroker:
         return None
 
     def _kafka_kwargs(self) -> dict[str, object]:
-        return {"bootstrap_servers": self.bootstrap}
+        return self.client_settings.kafka_kwargs()
 
     def status(self) -> BrokerStatus:
         pid = self._pid()
@@ -223,8 +278,11 @@ class LocalBroker:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
-            "message.max.bytes": str(16 * 1024 * 1024),
+            # no raised message.max.bytes: Kafka's stock limits, as on any real cluster
         }
+        if self.security == "sasl_ssl":
+            self.secure.make_certificates()
+            props.update(self.secure.server_properties(self.port, cport))
         path = self.data / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.data / "log4j2.properties").write_text(
@@ -244,15 +302,25 @@ class LocalBroker:
             "-cp", f"{libs}/*", main, *args,
         ]
 
-    def _format(self, java: str, libs: Path, config: Path) -> None:
+    def _format(self, java: str, libs: Path, config: Path, cluster_id: str | None = None) -> None:
         if (self.data / "logs" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cmd = self._java(java, libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config))
+        cluster_id = cluster_id or base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        extra = self.secure.format_args() if self.security == "sasl_ssl" else []
+        cmd = self._java(java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config),
+                         *extra)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BrokerError(f"formatting the KRaft storage in {self.data / 'logs'} failed (exit {proc.returncode})",
                               "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:]))
+        (self.data / "security").write_text(self.security + "\n")
+
+    def _started(self, what: str) -> str:
+        if self.security != "sasl_ssl":
+            return what
+        env = self.secure.write_env_file(self.bootstrap)
+        return f"{what}; SASL_SSL ({self.secure.client_env(self.bootstrap)['FLIGHTREC_SASL_MECHANISM']}): " \
+               f"client settings in {env} (`source` it)"
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -262,7 +330,7 @@ class LocalBroker:
         if pid is not None:
             if asyncio.run(answers_metadata(self._kafka_kwargs())):
                 self._ensure_topics()
-                return f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})"
+                return self._started(f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})")
         java = check_java()
         if not _port_free(self.port):
             raise BrokerError(f"port {self.port} is in use by another process; choose another with --port")
@@ -280,14 +348,21 @@ class LocalBroker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting",
-                                  _tail(self.log_path))
+                tail = _tail(self.log_path, 400)
+                cause = log_cause(tail)
+                raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting"
+                                  + (f": {cause}" if cause else " (its log names no cause)"),
+                                  "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
             if asyncio.run(answers_metadata(self._kafka_kwargs(), timeout=2.0)):
                 self._ensure_topics()
-                return f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, data {self.data})"
+                return self._started(f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, "
+                                     f"data {self.data})")
             time.sleep(0.3)
         self.stop()
-        raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s", _tail(self.log_path))
+        tail = _tail(self.log_path, 400)
+        cause = log_cause(tail)
+        raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s"
+                          + (f"; its log says: {cause}" if cause else ""), "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
 
     def _ensure_topics(self) -> list[str]:
         return asyncio.run(ensure_topics(self._kafka_kwargs(), partitions=self.settings.partitions,

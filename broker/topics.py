@@ -11,7 +11,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from flightrec.errors import BrokerError
-from flightrec.settings import TOPICS
+from flightrec.cluster import connection_cause, topic_limits  # noqa: F401 - re-exported
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPICS  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,12 @@ async def ensure_topics(
 ) -> list[str]:
     """Create the topics that do not exist yet; return the names created. Idempotent."""
     admin = AIOKafkaAdminClient(**kafka_kwargs)
-    await admin.start()
+    try:
+        await admin.start()
+    except KafkaError as exc:
+        await admin.close()
+        cause = await connection_cause(kafka_kwargs)
+        raise BrokerError(f"cannot create the topics: {cause or exc}") from exc
     try:
         existing = set(await admin.list_topics())
         wanted = [t for t in topics if t not in existing]

@@ -26,7 +26,8 @@ FAILURES = pa.schema([
     ("gpu_model", STR), ("compute_capability", STR), ("driver_version", STR), ("cuda_version", STR),
     ("proofs_per_hour", F64), ("min_rate", F64), ("failure_class", STR), ("hint", STR), ("matched_line", STR)])
 BOOTS = pa.schema([("instance_id", STR), ("boot_id", STR), ("events", I64), ("max_seq", I64), ("sealed_count", I64),
-                   ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR)])
+                   ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR),
+                  ("dropped_events", I64)])
 MAX_RANGES = 5  # missing-seq ranges spelled out in incomplete_reason
 
 
@@ -109,7 +110,8 @@ def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
         SELECT e.instance_id, e.boot_id, count(*) AS events, max(e.seq) AS max_seq, min(e.seq) AS min_seq,
                any_value(s.sealed_count) AS sealed_count, any_value(s.seal_seq) AS seal_seq,
                min(e.ts_us) AS first_event_us, max(e.ts_us) AS last_event_us,
-               count(DISTINCT e.seq) AS distinct_seq
+               count(DISTINCT e.seq) AS distinct_seq,
+               count(*) FILTER (WHERE e.kind = 'dropped') AS dropped_events
         FROM events_seen e JOIN _aff_boot b USING (instance_id, boot_id)
         LEFT JOIN s USING (instance_id, boot_id)
         GROUP BY ALL ORDER BY e.instance_id, e.boot_id""")
@@ -128,7 +130,11 @@ def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
         con.register("_gap_boots", pa.table({"instance_id": [k[0] for k in need_seqs],
                                              "boot_id": [k[1] for k in need_seqs]}))
         try:
-            for g in _rows(con, """SELECT instance_id, boot_id, seq, count(*) AS n FROM events_seen
+            for g in _rows(con, """SELECT instance_id, boot_id, seq,
+                                          -- a LogBatch the deliverer split for the topic's limit: parts share one seq
+                                          count(DISTINCT CASE WHEN kind = 'log' THEN NULL ELSE event_id END)
+                                          + (count(*) FILTER (WHERE kind = 'log') > 0)::INTEGER AS n
+                                   FROM events_seen
                                    SEMI JOIN _gap_boots USING (instance_id, boot_id) GROUP BY ALL ORDER BY ALL"""):
                 counts[(g["instance_id"], g["boot_id"])].append((g["seq"], g["n"]))
         finally:
@@ -260,7 +266,8 @@ SELECT a.instance_id, lb.boot_id, sg.stage, st.state, st.detail,
        coalesce(lb.events, 0) AS events,
        lb.sealed_count IS NOT NULL AS sealed,
        coalesce(lb.complete, false) AS complete,
-       lb.incomplete_reason
+       lb.incomplete_reason,
+       coalesce(lb.dropped_events, 0) AS dropped_events
 FROM _aff_inst a
 LEFT JOIN lb USING (instance_id) LEFT JOIN span USING (instance_id) LEFT JOIN st USING (instance_id)
 LEFT JOIN sg USING (instance_id) LEFT JOIN fa USING (instance_id) LEFT JOIN re USING (instance_id)

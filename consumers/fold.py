@@ -61,7 +61,14 @@ KIND = {
     "flightrec.v1.ProcessExit": "exit",
     "flightrec.v1.Throughput": "sample",
     "flightrec.v1.BenchmarkResult": "result",
+    "flightrec.v1.Dropped": "dropped",
 }
+
+
+def dropped_detail(rec: dict[str, Any]) -> str:
+    """One line saying what a Dropped marker stands for, e.g. 'LogBatch of 6123 bytes dropped: ...'."""
+    kind = str(rec.get("original_type", "")).rsplit(".", 1)[-1] or "event"
+    return f"{kind} of {rec.get('original_bytes')} bytes dropped: {rec.get('reason', '')}"
 
 
 class Message(Protocol):
@@ -219,6 +226,11 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
         stage = None
         b.add("lifecycle", {**env, "kind": kind, "stage": None, "state": "sealed", "detail": rec.get("reason", ""),
                             "attributes": [], "event_count": rec["event_count"]})
+    elif kind == "dropped":
+        stage = rec.get("stage") or None
+        b.add("lifecycle", {**env, "kind": kind, "stage": stage, "state": "dropped", "detail": dropped_detail(rec),
+                            "attributes": _items({k: rec[k] for k in ("original_event_id", "original_type",
+                                                                      "original_topic", "original_bytes")})})
     elif kind == "facts":
         stage = None
         b.add("facts", {**rec, "attributes": _items(rec.get("attributes"))})

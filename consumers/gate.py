@@ -28,8 +28,18 @@ def check_sealed(db: str | Path, instance: str) -> GateResult:
         return GateResult(False, f"instance {instance} has no events in {db}")
     r = rows[0]
     if r["complete"]:
-        return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events")
+        return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events" + _dropped(db, r["boot_id"]))
     return GateResult(False, f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)")
+
+
+def _dropped(db: str | Path, boot_id: str) -> str:
+    """'; 1 event dropped: seq 7 LogBatch of 6123 bytes dropped: ...' for a boot with Dropped markers, else ''."""
+    rows = run_query(db, """SELECT seq, detail FROM lifecycle_events WHERE boot_id = ? AND kind = 'dropped'
+                            ORDER BY seq""", [boot_id]).to_pylist()
+    if not rows:
+        return ""
+    what = "; ".join(f"seq {d['seq']} {d['detail']}" for d in rows)
+    return f"; {len(rows)} event{'s' if len(rows) > 1 else ''} dropped: {what}"
 
 
 def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5) -> GateResult:

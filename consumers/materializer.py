@@ -133,7 +133,11 @@ class Materializer:
             try:
                 await self._consumer.start()
             except (KafkaError, OSError) as exc:
-                err = MaterializeError(f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
+                from flightrec.cluster import connection_cause
+
+                cause = await connection_cause(self.kafka_kwargs)
+                err = MaterializeError(f"cannot read Kafka: {cause}" if cause else
+                                       f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
                                        f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP")
                 err.retriable = True
                 raise err from exc

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS instances (
     events             BIGINT DEFAULT 0, -- distinct events of the latest boot
     sealed             BOOLEAN DEFAULT FALSE,
     complete           BOOLEAN DEFAULT FALSE, -- latest boot sealed, its count covering seq 0..count-1 each once and nothing more
-    incomplete_reason  VARCHAR           -- why not complete, e.g. 'not sealed', 'missing seq 17..19'
+    incomplete_reason  VARCHAR,          -- why not complete, e.g. 'not sealed', 'missing seq 17..19'
+    dropped_events     BIGINT DEFAULT 0  -- events of the latest boot Kafka refused for good (Dropped markers)
 );
 
 -- Completeness bookkeeping per boot (an instance may boot several times).
@@ -44,6 +45,7 @@ CREATE TABLE IF NOT EXISTS boots (
     last_event_us  BIGINT,
     complete       BOOLEAN,
     incomplete_reason VARCHAR, -- NULL when complete
+    dropped_events BIGINT DEFAULT 0, -- Dropped markers: events Kafka refused for good (their seq is kept)
     PRIMARY KEY (instance_id, boot_id)
 );
 
@@ -53,7 +55,7 @@ CREATE TABLE IF NOT EXISTS lifecycle_events (
     boot_id     VARCHAR,
     seq         BIGINT,
     ts_us       BIGINT,
-    kind        VARCHAR,      -- lifecycle / facts / sealed
+    kind        VARCHAR,      -- lifecycle / facts / sealed / dropped (a marker for an event Kafka refused)
     stage       VARCHAR,
     state       VARCHAR,
     detail      VARCHAR,
@@ -173,7 +175,7 @@ CREATE TABLE IF NOT EXISTS events_seen (
     boot_id     VARCHAR,
     seq         BIGINT,
     ts_us       BIGINT,
-    kind        VARCHAR,      -- lifecycle / facts / sealed / log / exit / sample / result
+    kind        VARCHAR,      -- lifecycle / facts / sealed / dropped / log / exit / sample / result
     stage       VARCHAR
 );
 
@@ -215,3 +217,7 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
     duplicates      BIGINT,
     dead_letters    BIGINT
 );
+
+-- Columns added after the first release: databases made before them gain them here.
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
+ALTER TABLE boots ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;

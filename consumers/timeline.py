@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from flightrec.consumers.classify import RuleTable, load_rules, signal_name
 from flightrec.consumers.failures import TAIL_LINES, build_failure
-from flightrec.consumers.fold import KIND, facts_summary
+from flightrec.consumers.fold import KIND, dropped_detail, facts_summary
 from flightrec.query import run_query
 from flightrec.schemas import default_codec
 from flightrec.errors import CodecError
@@ -43,6 +43,8 @@ def _lifecycle_text(r: Row) -> str:
         return f"sealed: {r.get('event_count')} events" + (f" ({r['detail']})" if r.get("detail") else "")
     if r.get("kind") == "facts":
         return f"facts: {r.get('detail') or ''}".rstrip()
+    if r.get("kind") == "dropped":
+        return f"DROPPED {r.get('detail') or ''}".rstrip()
     return " ".join(p for p in (r.get("state") or "", r.get("detail") or "") if p)
 
 
@@ -123,6 +125,9 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
             facts[rec["boot_id"]] = rec
             life.append({**rec, "kind": kind, "state": "info", "stage": None,
                          "detail": facts_summary(rec)})
+        elif kind == "dropped":  # an event Kafka refused for good: its marker, in its place
+            life.append({**rec, "kind": kind, "state": "dropped", "stage": rec.get("stage") or None,
+                         "detail": dropped_detail(rec)})
         elif kind == "exit":
             exits.append(rec)
         elif kind in ("sample", "result"):

@@ -13,11 +13,12 @@ from types import TracebackType
 from typing import Any, Callable, Iterator, Mapping
 
 from flightrec.errors import FlightrecError, SpoolError
-from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, Sealed, new_event_id, now_us
-from flightrec.settings import Settings
+from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
 
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
+from flightrec.producer.fit import fit_exit_event
 from flightrec.producer.members import Member, join, leave, running
 from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
@@ -89,6 +90,16 @@ class Losses:
             self._stage = self._stage or taken[3]
 
 
+def _secrets(settings: Settings, env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The redactor's names and values: FLIGHTREC_REDACT's, and the Kafka password (from its file too)."""
+    values = dict(env)
+    try:
+        values["FLIGHTREC_SASL_PASSWORD"] = settings.password() or ""
+    except FlightrecError:  # an unreadable password file is reported by the first Kafka client
+        pass
+    return (*settings.redact, "FLIGHTREC_SASL_PASSWORD"), values
+
+
 class Stage:
     """``with agent.stage("x"):`` - Lifecycle started, then succeeded, or failed with the exception text.
 
@@ -146,7 +157,7 @@ class _AgentBase:
             say(f"NOT RECORDED: {exc}. Nothing of instance {self.instance_id} is recorded by this agent.")
             self.spool = LostSpool(root, self.instance_id, str(exc))
             deliver = False
-        self.redactor = Redactor(self.settings.redact, os.environ if env is None else env)
+        self.redactor = Redactor(*_secrets(self.settings, os.environ if env is None else env))
         self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]
         self.events_emitted = 0
         self._stage_member: Member | None = None  # the stage this agent runs (a seal does not wait for it)
@@ -174,9 +185,14 @@ class _AgentBase:
             timeout = self.settings.flush_timeout if timeout is None else timeout
             ok = self._flush_blocking(timeout)
             if not ok:
-                log.warning("%d events of %s not yet acknowledged after %gs; they stay in %s for "
+                why = f" (last error: {self.deliverer.last_error})" if self.deliverer.last_error else ""
+                log.warning("%d events of %s not yet acknowledged after %gs%s; they stay in %s for "
                             "`flightrec agent flush` or the next agent", self.spool.pending(), self.instance_id,
-                            timeout, self.spool.dir)
+                            timeout, why, self.spool.dir)
+            if self.deliverer.dropped:
+                log.warning("%d events of %s were refused by Kafka for good and dropped (a Dropped marker keeps "
+                            "each one's seq): %s", len(self.deliverer.dropped), self.instance_id,
+                            "; ".join(self.deliverer.dropped))
             self.deliverer.stop()
         self.spool.close()
         self._closed = ok
@@ -205,7 +221,12 @@ class _AgentBase:
         redactor, cap = self.redactor, self.settings.max_line
 
         def clean(make: Callable[[str, int], Event]) -> Callable[[str, int], Event]:
-            return lambda boot, seq: scrub(make(boot, seq), redactor, cap)
+            def build(boot: str, seq: int) -> Event:
+                ev = scrub(make(boot, seq), redactor, cap)
+                if isinstance(ev, ProcessExit):  # argv and tails cut (after masking) to fit the topic's limit
+                    ev = fit_exit_event(ev, self.message_limit(ProcessExit.topic))
+                return ev
+            return build
 
         try:
             events = self.spool.append([clean(m) for m in makers], once=once, encode=encode)
@@ -334,6 +355,12 @@ class _AgentBase:
                           reason=why)
 
         return self.emit_makers([make])[0]  # type: ignore[return-value]
+
+    def message_limit(self, topic: str) -> int:
+        """The largest message this agent builds for ``topic``: the topic's max.message.bytes once learned."""
+        if self.deliverer is not None:
+            return self.deliverer.limit(topic)
+        return self.settings.max_message_bytes or STOCK_MAX_MESSAGE_BYTES
 
     def pending(self) -> int:
         """Events in the spool not yet acknowledged by Kafka."""

@@ -8,29 +8,111 @@ import logging
 import os
 import threading
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from flightrec.errors import DeliveryError
-from flightrec.settings import Settings
+from flightrec.errors import CodecError, DeliveryError
+from flightrec.schemas import Dropped, LogBatch, default_codec
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
 
-from flightrec.producer.spool import Position, Spool
+from flightrec.producer.spool import Position, Record, Spool
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # how often appends by other processes are looked for
 LOCK_RETRY_S = 0.2
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 3.0)
+MIN_LIMIT = 1024
+# errors after which sending the same record again can never succeed
+PERMANENT = ("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordException",
+             "TopicAuthorizationFailedError", "InvalidTopicError", "UnsupportedForMessageFormatError",
+             "InvalidRequiredAcksError", "RecordTooLargeError", "PolicyViolationError")
+TOO_LARGE = ("MessageSizeTooLargeError", "RecordListTooLargeError", "RecordTooLargeError")
 
 
-def producer_kwargs(settings: Settings) -> dict[str, Any]:
-    """aiokafka producer options: acks=all, idempotence, small linger, room for big log batches."""
+def message_size(key: bytes | None, value: bytes) -> int:
+    """Bytes of a one-record batch as the broker measures it against max.message.bytes."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, []))
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True for an error Kafka gives for the record itself (too large, invalid, not authorized on its topic)."""
+    return type(exc).__name__ in PERMANENT
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One Kafka message to send for a spooled record (the record itself, a part of it, or its marker)."""
+
+    topic: str
+    key: bytes
+    value: bytes
+
+
+def split_log_batch(value: bytes, key: bytes, limit: int) -> list[bytes] | None:
+    """A LogBatch message cut into consecutive parts that each fit ``limit`` (same seq, derived event ids).
+
+    None when it is not a LogBatch or one line alone does not fit. Pure and deterministic: a resend after a
+    crash makes the same parts with the same event ids, so consumers drop the repeats.
+    """
+    codec = default_codec()
+    try:
+        ev = codec.decode(value)
+    except CodecError:
+        return None
+    if not isinstance(ev, LogBatch) or len(ev) < 2:
+        return None
+    out: list[bytes] = []
+
+    def part(lo: int, hi: int) -> bool:
+        sub = LogBatch(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{ev.event_id}/{lo}-{hi}")),
+                       instance_id=ev.instance_id, boot_id=ev.boot_id, seq=ev.seq, ts_us=ev.ts_us, stage=ev.stage,
+                       source=ev.source, pid=ev.pid, line_no=ev.line_no[lo:hi], line_ts_us=ev.line_ts_us[lo:hi],
+                       text=ev.text[lo:hi], truncated=ev.truncated[lo:hi], invalid_utf8=ev.invalid_utf8[lo:hi])
+        data = codec.encode(sub)
+        if message_size(key, data) <= limit:
+            out.append(data)
+            return True
+        if hi - lo < 2:
+            return False
+        mid = (lo + hi) // 2
+        return part(lo, mid) and part(mid, hi)
+
+    return out if part(0, len(ev)) else None
+
+
+def marker_for(rec: Record, reason: str) -> bytes:
+    """The Dropped event standing in for a refused record: same instance, boot and seq; a derived event id."""
+    codec = default_codec()
+    try:
+        name, fields = codec.decode_record(rec.value)
+    except CodecError as exc:
+        name, fields = "unknown", {"event_id": "", "boot_id": "", "ts_us": 0}
+        reason = f"{reason}; the message does not decode either: {exc.reason}"
+    original_id = str(fields.get("event_id", ""))
+    ev = Dropped(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"dropped/{original_id or rec.seq}/{rec.end}")),
+                 instance_id=rec.key.decode("utf-8", "replace"), boot_id=str(fields.get("boot_id", "")), seq=rec.seq,
+                 ts_us=int(fields.get("ts_us") or 0), original_event_id=original_id, original_type=name,
+                 original_topic=rec.topic, original_bytes=len(rec.value), stage=str(fields.get("stage") or ""),
+                 reason=reason[:1000])
+    return codec.encode(ev)
+
+
+def producer_kwargs(settings: Settings, limits: dict[str, int] | None = None) -> dict[str, Any]:
+    """aiokafka producer options: acks=all, idempotence, small linger, batches within the smallest topic limit."""
+    limits = limits or {}
+    largest = max(limits.values(), default=STOCK_MAX_MESSAGE_BYTES)
+    smallest = min(limits.values(), default=STOCK_MAX_MESSAGE_BYTES)
     return dict(
         settings.kafka_kwargs(),
         acks="all",
         enable_idempotence=True,
         linger_ms=5,
-        max_batch_size=1024 * 1024,
-        max_request_size=8 * 1024 * 1024,
+        max_batch_size=max(1024, min(1024 * 1024, smallest - 512)),
+        max_request_size=largest,
         request_timeout_ms=30000,
         retry_backoff_ms=200,
         metadata_max_age_ms=60000,
@@ -43,9 +125,12 @@ class Deliverer:
     Guarantees: only the process holding ``deliver.lock`` sends (the others' events
     are shipped by it, in seq order, from the shared spool); a record's cursor
     moves past it only after Kafka acknowledged it with acks=all; while the broker
-    is away, records wait in the spool and sending resumes when it is back; after a
-    crash, records after the saved cursor are sent again with the same bytes (the
-    same event_id), never dropped.
+    is away, records wait in the spool and sending resumes when it is back, and a
+    retry never re-sends what Kafka already acknowledged; a record Kafka refuses
+    for good (over the topic's ``max.message.bytes``, invalid, not authorized) is
+    split where it can be (a LogBatch), else replaced by a Dropped marker keeping
+    its seq, so it never blocks the records after it; after a crash, records after
+    the saved cursor are sent again with the same bytes (the same event_id).
     """
 
     def __init__(self, spool: Spool, settings: Settings) -> None:
@@ -54,7 +139,12 @@ class Deliverer:
         self.events_sent = 0
         self.errors_total = 0
         self.last_error: str | None = None
+        self.dropped: list[str] = []  # one line per record replaced by a marker
+        self.limits: dict[str, int] = {}
+        self._cause_line: str | None = None  # why Kafka cannot be reached, as connection_cause named it
         self._acked = spool.load_cursor()
+        self._done: set[Position] = set()  # acknowledged records beyond the cursor: never sent again
+        self._forced: dict[Position, str] = {}  # records refused for good (not for size): their marker is sent
         self._lock_fd: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -63,6 +153,13 @@ class Deliverer:
         self._ready = threading.Event()
         self._cond = threading.Condition()
 
+    def limit(self, topic: str) -> int:
+        """The largest message this agent may build for ``topic`` (learned, else the setting, else stock)."""
+        learned = self.limits.get(topic)
+        cap = self.settings.max_message_bytes
+        if learned is None:
+            return cap or STOCK_MAX_MESSAGE_BYTES
+        return min(learned, cap) if cap else learned
     # -- control from other threads -------------------------------------------
 
     def start(self) -> None:
@@ -157,6 +254,86 @@ class Deliverer:
             pass
         self._wake.clear()
 
+    async def _learn_limits(self) -> bool:
+        """Ask the cluster for each topic's max.message.bytes; keep what is known when it cannot tell."""
+        from flightrec.cluster import topic_limits
+
+        try:
+            learned = await topic_limits(self.settings.kafka_kwargs(), TOPICS)
+        except Exception as exc:  # no DescribeConfigs right, broker away: the setting or the stock limit applies
+            log.info("cannot describe the topics' max.message.bytes (%s: %s); using %d bytes",
+                     type(exc).__name__, exc, self.limit(TOPIC_LIFECYCLE))
+            return False
+        self.limits.update(learned)
+        return True
+
+    def _outgoing(self, rec: Record) -> list[Outgoing]:
+        """What to send for a spooled record: itself when it fits its topic's limit, else parts, else a marker."""
+        forced = self._forced.get(rec.end)
+        if forced is not None:
+            return [self._drop(rec, f"Kafka refused it: {forced}")]
+        limit = self.limit(rec.topic)
+        if message_size(rec.key, rec.value) <= limit:
+            return [Outgoing(rec.topic, rec.key, rec.value)]
+        parts = split_log_batch(rec.value, rec.key, limit)
+        if parts is not None:
+            return [Outgoing(rec.topic, rec.key, p) for p in parts]
+        return [self._drop(rec, f"too large: the {len(rec.value)}-byte message is over {rec.topic}'s limit of "
+                                f"{limit} bytes (max.message.bytes) and cannot be split")]
+
+    def _drop(self, rec: Record, reason: str) -> Outgoing:
+        line = f"seq {rec.seq} on {rec.topic} ({len(rec.value)} bytes): {reason}"
+        if line not in self.dropped:
+            self.dropped.append(line)
+            log.error("Kafka refuses an event for good; a Dropped marker keeps its place: %s", line)
+        return Outgoing(TOPIC_LIFECYCLE, rec.key, marker_for(rec, reason))
+
+    async def _send_all(self, producer: Any, records: list[Record]) -> tuple[BaseException | None, bool]:
+        """Send what is not yet acknowledged; mark what Kafka acknowledged. Returns (transient error, retry now)."""
+        plans: list[tuple[Record, list[Any]]] = []
+        transient: BaseException | None = None
+        for rec in records:
+            if rec.end in self._done:
+                continue
+            futures = []
+            for out in self._outgoing(rec):
+                try:
+                    futures.append(await producer.send(out.topic, out.value, key=out.key))
+                except Exception as exc:  # refused before sending (size) or the producer is unusable
+                    futures.append(exc)
+            plans.append((rec, futures))
+        refused = False
+        for rec, futures in plans:
+            results = [f if isinstance(f, BaseException) else None for f in futures]
+            pending = [f for f in futures if not isinstance(f, BaseException)]
+            done = await asyncio.gather(*pending, return_exceptions=True)
+            it = iter(done)
+            results = [r if r is not None else next(it) for r in results]
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if not errors:
+                self._done.add(rec.end)
+                self.events_sent += 1
+                continue
+            permanent = [e for e in errors if is_permanent(e)]
+            if not permanent:
+                transient = transient or errors[0]
+                continue
+            refused = True
+            exc = permanent[0]
+            if rec.end in self._forced:  # even its marker is refused: retry, and say why
+                transient = transient or exc
+            elif type(exc).__name__ in TOO_LARGE:
+                before = self.limit(rec.topic)
+                await self._learn_limits()
+                if self.limit(rec.topic) >= before:  # the cluster did not say less: believe the refusal, halve
+                    if before <= MIN_LIMIT:
+                        self._forced[rec.end] = f"{type(exc).__name__}: {exc}"
+                    else:
+                        self.limits[rec.topic] = max(MIN_LIMIT, before // 2)
+            else:
+                self._forced[rec.end] = f"{type(exc).__name__}: {exc}"
+        return transient, refused
+
     async def _run(self) -> None:
         from aiokafka import AIOKafkaProducer
 
@@ -164,6 +341,7 @@ class Deliverer:
         self._ready.set()
         producer: AIOKafkaProducer | None = None
         failures = 0
+        learned = 0
         try:
             while not self._stopping:
                 if not self._try_lock():
@@ -180,21 +358,32 @@ class Deliverer:
                     self.spool.save_cursor(nxt)
                     self._set_acked(nxt)
                     continue
+                transient: BaseException | None = None
+                refused = False
                 try:
                     if producer is None:
-                        producer = AIOKafkaProducer(**producer_kwargs(self.settings))
+                        if learned < 3:  # until the cluster told us (or three tries: then the setting/stock limit)
+                            learned = 3 if await self._learn_limits() else learned + 1
+                        producer = AIOKafkaProducer(**producer_kwargs(self.settings, self.limits))
                         try:
                             await producer.start()
                         except BaseException:
                             p, producer = producer, None
                             await _close(p)
                             raise
-                    futures = [await producer.send(r.topic, r.value, key=r.key) for r in records]
-                    await asyncio.gather(*futures)
+                    transient, refused = await self._send_all(producer, records)
                 except Exception as exc:  # KafkaError, OSError, timeouts: the records stay spooled
+                    transient = exc
+                self._advance(records)
+                if refused and producer is not None:  # a fresh producer: new batch sizes, clean sequence numbers
+                    p, producer = producer, None
+                    await _close(p)
+                if transient is not None:
                     self.errors_total += 1
                     failures += 1
-                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    if failures == 1 or (failures % 20 == 0):  # name the cause: credentials, TLS, nothing there...
+                        self._cause_line = await self._cause()
+                    self.last_error = self._cause_line or f"{type(transient).__name__}: {transient}"
                     if failures == 1:
                         log.warning("cannot deliver to Kafka at %s (%s); events wait in the spool %s",
                                     self.settings.bootstrap, self.last_error, self.spool.dir)
@@ -206,13 +395,32 @@ class Deliverer:
                 if failures:
                     log.info("delivery to Kafka resumed after %d failed attempts", failures)
                 failures = 0
-                self.events_sent += len(records)
-                self.spool.save_cursor(nxt)
-                self._set_acked(nxt)
+                self._cause_line = None
         finally:
             if producer is not None:
                 await _close(producer)
             self._release()
+
+    async def _cause(self) -> str | None:
+        from flightrec.cluster import connection_cause
+
+        try:
+            return await connection_cause(self.settings.kafka_kwargs(), timeout=5.0)
+        except Exception:  # the probe is advice only
+            return None
+
+    def _advance(self, records: list[Record]) -> None:
+        """Move the cursor over the acknowledged prefix of ``records`` (the rest is remembered, not resent)."""
+        pos = None
+        for rec in records:
+            if rec.end not in self._done:
+                break
+            self._done.discard(rec.end)
+            self._forced.pop(rec.end, None)
+            pos = rec.end
+        if pos is not None:
+            self.spool.save_cursor(pos)
+            self._set_acked(pos)
 
 
 async def _close(producer: Any) -> None:

@@ -33,6 +33,58 @@ def cut_utf8(data: bytes, limit: int) -> bytes:
     return data[:end]
 
 
+CUT_MARK = " [cut]"
+
+
+def cut_text(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8 (on a character boundary) and marked `` [cut]``."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    return cut_utf8(data, limit).decode("utf-8", "ignore") + CUT_MARK
+
+
+def fit_tails(tails: Sequence[Sequence[str]], budget: int) -> list[list[str]]:
+    """Keep the newest lines of each tail so that all of them together take at most ``budget`` bytes.
+
+    Pure. The budget is shared fairly: a tail that needs less than its share leaves the rest to the
+    others. A tail that lost lines starts with a line saying how many were cut, so the cut is visible.
+    """
+    sizes = [[len(t.encode("utf-8", "surrogatepass")) + 4 for t in tail] for tail in tails]
+    need = [sum(s) for s in sizes]
+    if sum(need) <= budget:
+        return [list(t) for t in tails]
+    share = [0] * len(tails)
+    left, open_ = max(0, budget), sorted(range(len(tails)), key=lambda i: need[i])
+    while open_:
+        each = left // len(open_)
+        i = open_[0]
+        if need[i] <= each:
+            share[i] = need[i]
+            left -= need[i]
+            open_.pop(0)
+        else:
+            for j in open_:
+                share[j] = each
+            break
+    out: list[list[str]] = []
+    for tail, size, room in zip(tails, sizes, share):
+        if sum(size) <= room:
+            out.append(list(tail))
+            continue
+        room -= 80  # the line that says what was cut
+        kept = 0
+        used = 0
+        for s in reversed(size):
+            if used + s > room:
+                break
+            used += s
+            kept += 1
+        cut = len(tail) - kept
+        out.append([f"[cut: {cut} earlier lines left out to fit Kafka's message limit]"] + list(tail[len(tail) - kept:]))
+    return out
+
+
 class LineSplitter:
     """Turns chunks of a byte stream into complete lines.
 
@@ -136,7 +188,8 @@ class Tail:
     """The last ``limit`` lines of one source, for the process-exit event.
 
     Guarantees: at most ``limit`` lines; each kept line is at most ``line_bytes``
-    characters (longer ones are cut and marked) so one exit message stays small.
+    bytes of UTF-8 (longer ones are cut on a character boundary and end in `` [cut]``)
+    so one exit message stays small.
     """
 
     limit: int = 100
@@ -152,9 +205,10 @@ class Tail:
             texts = list(texts)
         if self.limit <= 0:
             return
+        fast = self.line_bytes // 4  # a str this long is at most line_bytes bytes of UTF-8
         for t in texts[-self.limit:]:
-            if len(t) > self.line_bytes:
-                t = t[: self.line_bytes] + " [cut]"
+            if len(t) > fast:
+                t = cut_text(t, self.line_bytes)
             self.lines.append(t)
 
     def snapshot(self) -> list[str]:

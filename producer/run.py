@@ -10,7 +10,9 @@ import signal
 import subprocess
 import threading
 import time
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Sequence
 
 from flightrec.schemas import Event, FileTail, LogBatch, ProcessExit, new_event_id, now_us
@@ -29,6 +31,7 @@ BATCH_MAX_BYTES = 256 * 1024  # and a LogBatch holds about this much text at mos
 # and at most this many lines: each costs ~15 bytes besides its text, and a burst of short lines
 # in one 1 MiB chunk must not make a message over the producer's max_request_size (it would block delivery)
 BATCH_MAX_LINES = 16384
+LINE_OVERHEAD = 16  # bytes a line costs in a LogBatch besides its text (number, time, flags, length)
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 1.0  # after CMD exits, stop following once every followed file exists and was quiet this long
 PIPE_GRACE_S = 2.0  # after CMD exits, how long to wait for its pipes to close (a daemon may hold them)
@@ -81,17 +84,27 @@ class SourceBatcher:
             self._since = time.monotonic()
 
     def feed(self, data: bytes, ts: int | None = None) -> None:
-        """Bytes read from the source."""
+        """Bytes read from the source: lines join the pending batch, which is spooled before it would grow
+        over ``max_bytes`` (text plus LINE_OVERHEAD per line) or BATCH_MAX_LINES lines."""
         with self._lock:
             lines, trunc = self.splitter.feed(data)
             ts = ts or now_us()
-            while len(self._texts) + len(lines) > BATCH_MAX_LINES:
-                room = max(0, BATCH_MAX_LINES - len(self._texts))
-                self._add(lines[:room], trunc[:room] if trunc else None, ts)
-                self._flush()
-                lines, trunc = lines[room:], trunc[room:] if trunc else None
-            self._add(lines, trunc, ts)
-            self._bytes += len(data)
+            sizes = list(accumulate(len(line) + LINE_OVERHEAD for line in lines))
+            start, n = 0, len(lines)
+            while start < n:
+                base = sizes[start - 1] if start else 0
+                room_lines = BATCH_MAX_LINES - len(self._texts)
+                end = min(n, start + room_lines, bisect_right(sizes, base + self.max_bytes - self._bytes, lo=start))
+                if end == start:
+                    if self._texts:  # the pending batch is full: spool it, then go on
+                        self._flush()
+                        continue
+                    end = start + 1  # one line alone always makes a batch (lines are cut to max_line)
+                self._add(lines[start:end], trunc[start:end] if trunc else None, ts)
+                self._bytes += sizes[end - 1] - base
+                start = end
+                if start < n:
+                    self._flush()
             if self._bytes >= self.max_bytes or (self._since is not None and time.monotonic() - self._since >= self.window):
                 self._flush()
 

@@ -214,6 +214,21 @@ class Sealed(Event):
     reason: str = ""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dropped(Event):
+    """Stands in for an event Kafka refused for good; keeps its seq and says what was lost and why."""
+
+    name: ClassVar[str] = "flightrec.v1.Dropped"
+    topic: ClassVar[str] = TOPIC_LIFECYCLE
+
+    original_event_id: str
+    original_type: str
+    original_topic: str
+    original_bytes: int
+    stage: str = ""
+    reason: str
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     Lifecycle,
     InstanceFacts,
@@ -222,5 +237,6 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Throughput,
     BenchmarkResult,
     Sealed,
+    Dropped,
 )
 EVENT_BY_NAME: dict[str, type[Event]] = {cls.name: cls for cls in EVENT_TYPES}

@@ -117,6 +117,29 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kafka]:
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def sasl_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    """One broker requiring SASL_SSL (SCRAM-SHA-512 over TLS) for the session; its client settings in client.env."""
+    data = tmp_path_factory.mktemp("kafka-sasl")
+    broker = None
+    for attempt in (1, 2):
+        broker = LocalBroker(port=free_port(), data=data / f"try{attempt}", settings=Settings.from_env({}),
+                             security="sasl_ssl")
+        try:
+            broker.start(timeout=120)
+            break
+        except BrokerError as exc:
+            broker.stop()
+            if attempt == 2:
+                raise
+            logging.getLogger(__name__).warning("SASL_SSL broker fixture: retrying after: %s", exc)
+    assert broker is not None
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
 @pytest.fixture
 def fresh_kafka(tmp_path: Path) -> Iterator[Kafka]:
     """A broker of this test's own, for tests that need empty topics or stop the broker."""

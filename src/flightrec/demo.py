@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from flightrec.broker import LocalBroker
-from flightrec.errors import FlightrecError, QueryError
+from flightrec.errors import ConfigError, FlightrecError, QueryError
 from flightrec.fleet import FATE_GPU, GPUS
 from flightrec.query import run_query
 from flightrec.settings import Settings
@@ -96,6 +96,7 @@ class Demo:
     dashboard_port: int = 8501
     home: Path = field(default_factory=lambda: Path(".flightrec") / "demo")
     supervisor_seconds: float = 6.0
+    security: str = "plaintext"  # or sasl_ssl: every process of the demo talks SCRAM-SHA-512 over TLS
     say: Callable[[str], None] = lambda line: print(line, flush=True)
     procs: list[Running] = field(default_factory=list)
 
@@ -114,6 +115,8 @@ class Demo:
     def _env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         env.update(PYTHONSAFEPATH="1", PYTHONUNBUFFERED="1", FLIGHTREC_BOOTSTRAP=self.broker.bootstrap)
+        if self.broker.security == "sasl_ssl":
+            env.update(self.broker.secure.client_env(self.broker.bootstrap))
         env.update(extra)
         return env
 
@@ -132,6 +135,13 @@ class Demo:
         if self.fresh:
             self.broker.stop()
             shutil.rmtree(self.home, ignore_errors=True)
+            self.broker = LocalBroker(port=self.port, data=self.home / "broker", settings=self.settings)
+        if self.broker.security != self.security and (self.broker.status().running or
+                                                      (self.home / "broker" / "logs").exists()):
+            raise ConfigError(f"the demo's broker in {self.home / 'broker'} is {self.broker.security}; "
+                              f"run `flightrec demo --fresh --security {self.security}` to start over")
+        self.broker = LocalBroker(port=self.port, data=self.home / "broker", settings=self.settings,
+                                  security=self.security)
         self.home.mkdir(parents=True, exist_ok=True)
         was_running = self.broker.status().running
         self.say(f"broker:       {self.broker.start()}")

@@ -16,6 +16,7 @@ TOPIC_LOGS = "flightrec.logs"
 TOPIC_EXITS = "flightrec.exits"
 TOPIC_METRICS = "flightrec.metrics"
 TOPICS: tuple[str, ...] = (TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_EXITS, TOPIC_METRICS)
+STOCK_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's default message.max.bytes (and so each topic's max.message.bytes)
 
 
 def _default_state_dir() -> str:
@@ -48,17 +49,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_SECURITY_PROTOCOL", "PLAINTEXT", "Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
     Setting("FLIGHTREC_SASL_MECHANISM", "", "SASL mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) when a SASL protocol is used."),
     Setting("FLIGHTREC_SASL_USERNAME", "", "SASL user name."),
-    Setting("FLIGHTREC_SASL_PASSWORD", "", "SASL password."),
+    Setting("FLIGHTREC_SASL_PASSWORD", "", "SASL password (prefer FLIGHTREC_SASL_PASSWORD_FILE: an environment is easy to leak)."),
+    Setting("FLIGHTREC_SASL_PASSWORD_FILE", "", "File holding the SASL password (its first line); used when FLIGHTREC_SASL_PASSWORD is not set."),
     Setting("FLIGHTREC_SSL_CAFILE", "", "CA bundle to verify the brokers' TLS certificates."),
     Setting("FLIGHTREC_SSL_CERTFILE", "", "Client certificate for TLS client authentication."),
     Setting("FLIGHTREC_SSL_KEYFILE", "", "Client key for TLS client authentication."),
     Setting("FLIGHTREC_FACTS", "", "JSON file of InstanceFacts fields that override the agent's probe (e.g. a simulated RTX 4090 on a CPU machine); GPU fields there skip nvidia-smi."),
     Setting("FLIGHTREC_FLUSH_TIMEOUT", "10", "Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool."),
+    Setting("FLIGHTREC_MAX_MESSAGE_BYTES", "", "Largest Kafka message the agent builds, in bytes. Unset: each topic's max.message.bytes as the cluster describes it, else Kafka's stock 1048588. Set it where the agent may not describe topic configs, or to stay below them."),
     Setting("FLIGHTREC_MAX_LINE", "65536", "Longest log line shipped, in bytes; longer lines are cut and flagged truncated."),
     Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
     Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits (it stops earlier once every followed file exists and was quiet for 1 s)."),
     Setting("FLIGHTREC_SEAL_WAIT", "10", "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded."),
-    Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR)."),
+    Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines only at DEBUG."),
 )
 
 
@@ -102,7 +105,8 @@ class Settings:
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
-    sasl_password: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    sasl_password_file: str | None = None
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
@@ -113,6 +117,7 @@ class Settings:
     tail_lines: int = 100
     follow_grace: float = 2.0
     seal_wait: float = 10.0
+    max_message_bytes: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -140,6 +145,7 @@ class Settings:
             sasl_mechanism=_env(env, "FLIGHTREC_SASL_MECHANISM"),
             sasl_username=_env(env, "FLIGHTREC_SASL_USERNAME"),
             sasl_password=_env(env, "FLIGHTREC_SASL_PASSWORD"),
+            sasl_password_file=_env(env, "FLIGHTREC_SASL_PASSWORD_FILE"),
             ssl_cafile=_env(env, "FLIGHTREC_SSL_CAFILE"),
             ssl_certfile=_env(env, "FLIGHTREC_SSL_CERTFILE"),
             ssl_keyfile=_env(env, "FLIGHTREC_SSL_KEYFILE"),
@@ -150,6 +156,7 @@ class Settings:
             tail_lines=_int(env, "FLIGHTREC_TAIL_LINES", base.tail_lines),
             follow_grace=_float(env, "FLIGHTREC_FOLLOW_GRACE", base.follow_grace),
             seal_wait=_float(env, "FLIGHTREC_SEAL_WAIT", base.seal_wait),
+            max_message_bytes=_int(env, "FLIGHTREC_MAX_MESSAGE_BYTES", None),  # type: ignore[arg-type]
         )
 
     def with_overrides(self, **flags: Any) -> "Settings":
@@ -170,13 +177,28 @@ class Settings:
                 cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
             )
         if self.security_protocol.startswith("SASL"):
-            if not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            password = self.password()
+            if not (self.sasl_mechanism and self.sasl_username and password):
                 raise ConfigError(
-                    "a SASL protocol needs FLIGHTREC_SASL_MECHANISM, FLIGHTREC_SASL_USERNAME and FLIGHTREC_SASL_PASSWORD"
+                    "a SASL protocol needs FLIGHTREC_SASL_MECHANISM, FLIGHTREC_SASL_USERNAME and "
+                    "FLIGHTREC_SASL_PASSWORD_FILE (or FLIGHTREC_SASL_PASSWORD)"
                 )
             kwargs.update(
                 sasl_mechanism=self.sasl_mechanism,
                 sasl_plain_username=self.sasl_username,
-                sasl_plain_password=self.sasl_password,
+                sasl_plain_password=password,
             )
         return kwargs
+
+    def password(self) -> str | None:
+        """The SASL password: FLIGHTREC_SASL_PASSWORD, else the first line of FLIGHTREC_SASL_PASSWORD_FILE."""
+        if self.sasl_password:
+            return self.sasl_password
+        if not self.sasl_password_file:
+            return None
+        try:
+            with open(self.sasl_password_file, encoding="utf-8") as f:
+                return f.readline().rstrip("\r\n") or None
+        except OSError as exc:
+            raise ConfigError(f"cannot read FLIGHTREC_SASL_PASSWORD_FILE {self.sasl_password_file}: {exc.strerror}; "
+                              "point it at a readable file holding the password") from exc

@@ -165,3 +165,43 @@ def test_old_java_is_refused(monkeypatch, tmp_path):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     with pytest.raises(BrokerError, match="Java 11 found"):
         check_java()
+
+
+def _dash_cluster_id() -> str:
+    """A valid cluster id (URL-safe base64 of 16 bytes) that begins with '-', as one in 64 random ids does."""
+    import base64
+
+    return base64.urlsafe_b64encode(b"\xf8" + uuid.uuid4().bytes[1:]).decode().rstrip("=")
+
+
+def test_a_cluster_id_beginning_with_a_dash_formats(tmp_path):
+    from flightrec.broker.local import fetch_kafka
+
+    cluster_id = _dash_cluster_id()
+    assert cluster_id.startswith("-")
+    broker = LocalBroker(port=free_port(), data=tmp_path / "b", settings=Settings.from_env({}))
+    config = broker._write_config()
+    broker._format(check_java(), fetch_kafka(broker.settings), config, cluster_id=cluster_id)
+    meta = (tmp_path / "b" / "logs" / "meta.properties").read_text()
+    assert f"cluster.id={cluster_id}\n" in meta
+
+
+def test_the_broker_log_holds_kafkas_own_info_lines(kafka):
+    text = kafka.broker.log_path.read_text(errors="replace")
+    assert "StaticLoggerBinder" not in text and "NOP" not in text
+    assert " INFO " in text
+    assert "Kafka Server started" in text
+
+
+def test_a_failed_start_quotes_its_real_cause(tmp_path):
+    broker = LocalBroker(port=free_port(), data=tmp_path / "b", settings=Settings.from_env({}))
+    broker._write_config()
+    logs = tmp_path / "b" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "meta.properties").write_text("version=1\nnode.id=99\ncluster.id=not-a-cluster\ndirectory.id=x\n")
+    with pytest.raises(BrokerError) as info:
+        broker.start(timeout=60)
+    first = str(info.value).splitlines()[0]
+    assert "exited with code" in first
+    # the cause, quoted from Kafka's own log, is on the first line
+    assert "node.id" in first or "meta.properties" in first, first

@@ -35,7 +35,30 @@ def _configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # aiokafka logs every failed connection attempt at ERROR; flightrec reports outages itself.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    # aiokafka logs every failed connection attempt at ERROR: each distinct message is shown once (an
+    # authentication or TLS error stays visible; a broker that is away does not flood stderr).
+    if getattr(logging, level, logging.INFO) > logging.DEBUG:  # its INFO is chatter (CA loaded, authenticated)
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OncePerMessage("aiokafka"))
+
+
+class OncePerMessage(logging.Filter):
+    """Lets each distinct message template of the loggers under ``prefix`` through once per process."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self._seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefix):
+            return True
+        key = (record.name, str(record.msg))
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

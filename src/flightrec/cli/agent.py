@@ -146,7 +146,10 @@ def _flush(args: argparse.Namespace, settings: Settings) -> int:
             before = agent.pending()
             ok = agent.flush(timeout)
             after = agent.pending()
-            print(f"{iid}: {before - after} events delivered, {after} left in {agent.spool.dir}")
+            d = agent.deliverer
+            dropped = f", {len(d.dropped)} refused by Kafka for good and replaced by Dropped markers " \
+                      f"({'; '.join(d.dropped)})" if d is not None and d.dropped else ""
+            print(f"{iid}: {before - after} events delivered, {after} left in {agent.spool.dir}{dropped}")
             if not ok:
                 left += after
                 print(f"{iid}: not everything was acknowledged within {timeout:g}s "

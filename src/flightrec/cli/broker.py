@@ -20,6 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         a = actions.add_parser(name, help=help_)
         a.add_argument("--port", type=int, default=9092, help="the PLAINTEXT port (default 9092)")
         a.add_argument("--data", default=None, help="data folder (default $FLIGHTREC_HOME/broker-PORT)")
+        if name == "start":
+            a.add_argument("--security", choices=["plaintext", "sasl_ssl"], default=None,
+                           help="plaintext (default for a new data folder), or sasl_ssl: SCRAM-SHA-512 over TLS with "
+                                "certificates made on the spot; client settings go to DATA/client.env")
         a.set_defaults(func=_broker)
     t = sub.add_parser("topics", help="create the flightrec topics on any Kafka cluster")
     t.add_argument("action", choices=["create"])
@@ -36,7 +40,7 @@ def _broker(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "fetch":
         print(f"Kafka jars in {fetch_kafka(settings)}")
         return 0
-    b = LocalBroker(port=args.port, data=args.data, settings=settings)
+    b = LocalBroker(port=args.port, data=args.data, settings=settings, security=getattr(args, "security", None))
     if args.action == "start":
         print(b.start())
     elif args.action == "stop":

@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--home", default=None, help="the demo's folder (default $FLIGHTREC_HOME/demo)")
     d.add_argument("--supervisor-seconds", type=float, default=6.0,
                    help="how long each healthy instance proves in production before it ends (default 6)")
+    d.add_argument("--security", choices=["plaintext", "sasl_ssl"], default="plaintext",
+                   help="sasl_ssl: the demo's broker requires SCRAM-SHA-512 over TLS and every process uses it")
     d.set_defaults(func=_demo)
 
 
@@ -28,4 +30,4 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     home = Path(args.home) if args.home else Path(settings.home) / "demo"
     return Demo(settings=settings, instances=args.instances, fresh=args.fresh, headless=args.headless,
                 port=args.port, dashboard_port=args.dashboard_port, home=home,
-                supervisor_seconds=args.supervisor_seconds).run()
+                supervisor_seconds=args.supervisor_seconds, security=args.security).run()

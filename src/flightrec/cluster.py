@@ -1,0 +1,91 @@
+"""What any Kafka cluster tells a client: each topic's message limit, and why a connection fails."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterable
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from flightrec.settings import TOPICS
+
+
+async def topic_limits(kafka_kwargs: dict[str, Any], topics: Iterable[str] = TOPICS,
+                       timeout: float = 10.0) -> dict[str, int]:
+    """Each topic's ``max.message.bytes`` as the cluster describes it (the broker default when not overridden).
+
+    Raises KafkaError (or a timeout) when the configs cannot be described, e.g. without DescribeConfigs rights.
+    """
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout * 1000), **kafka_kwargs)
+    await asyncio.wait_for(admin.start(), timeout)
+    try:
+        names = list(topics)
+        responses = await asyncio.wait_for(
+            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in names]),
+            timeout)
+        out: dict[str, int] = {}
+        for resp in responses:
+            for res in resp.resources:
+                code, _msg, _rtype, name, entries = res[:5]
+                if code:
+                    continue
+                for entry in entries:
+                    if entry[0] == "max.message.bytes" and entry[1] is not None:
+                        out[name] = int(entry[1])
+        return out
+    finally:
+        await admin.close()
+
+
+async def connection_cause(kafka_kwargs: dict[str, Any], timeout: float = 10.0) -> str | None:
+    """One line naming why a client with these settings cannot talk to the cluster (None: it can).
+
+    Tries each bootstrap address the way every client connects (TCP, TLS, SASL) and names the first
+    cause it meets: nothing listening, an untrusted certificate, a TLS/plaintext mismatch, or
+    credentials the broker refused.
+    """
+    import ssl
+
+    from aiokafka.conn import create_conn
+    from aiokafka.errors import AuthenticationFailedError, SaslAuthenticationFailed
+
+    protocol = str(kafka_kwargs.get("security_protocol", "PLAINTEXT"))
+    keys = ("ssl_context", "security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password")
+    conn_kwargs = {k: kafka_kwargs[k] for k in keys if k in kafka_kwargs}
+    causes = []
+    for hostport in str(kafka_kwargs.get("bootstrap_servers", "")).split(","):
+        host, _, port = hostport.strip().rpartition(":")
+        where = hostport.strip()
+        try:
+            conn = await asyncio.wait_for(create_conn(host or "localhost", int(port),
+                                                      request_timeout_ms=int(timeout * 1000), **conn_kwargs), timeout)
+        except (SaslAuthenticationFailed, AuthenticationFailedError) as exc:
+            user = kafka_kwargs.get("sasl_plain_username")
+            causes.append(f"the broker at {where} refused the SASL credentials of user {user!r} "
+                          f"({kafka_kwargs.get('sasl_mechanism')}): wrong user or password; check "
+                          f"FLIGHTREC_SASL_USERNAME and FLIGHTREC_SASL_PASSWORD_FILE ({exc})")
+        except ssl.SSLCertVerificationError as exc:
+            causes.append(f"the broker at {where} has a TLS certificate this client does not trust "
+                          f"({exc.verify_message}): set FLIGHTREC_SSL_CAFILE to the CA that signed it")
+        except ssl.SSLError as exc:
+            causes.append(f"TLS with the broker at {where} failed ({exc.reason or exc}): it may not speak TLS on "
+                          "this port; check FLIGHTREC_SECURITY_PROTOCOL")
+        except (ConnectionRefusedError, OSError) as exc:
+            if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == 111:
+                causes.append(f"no Kafka broker answered at {where} (nothing listens there): start one "
+                              "(`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP")
+            else:
+                causes.append(f"cannot connect to {where}: {exc}")
+        except (KafkaError, asyncio.TimeoutError, ValueError) as exc:
+            if protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+                causes.append(f"the broker at {where} closed a {protocol} connection: it expects TLS "
+                              "(set FLIGHTREC_SECURITY_PROTOCOL=SASL_SSL or SSL, and FLIGHTREC_SSL_CAFILE)")
+            else:
+                causes.append(f"the broker at {where} does not answer as Kafka ({type(exc).__name__}: {exc})")
+        else:
+            conn.close()
+            return None
+    return causes[0] if causes else None
