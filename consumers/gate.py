@@ -16,6 +16,7 @@ class GateResult:
 
     complete: bool
     reason: str
+    status: str | None = None  # the fleet status when the gate gives up at once (lost, destroyed)
 
 
 def check_sealed(db: str | Path, instance: str) -> GateResult:
@@ -29,17 +30,38 @@ def check_sealed(db: str | Path, instance: str) -> GateResult:
     r = rows[0]
     if r["complete"]:
         return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events")
-    return GateResult(False, f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)")
+    missing = f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)"
+    status = hopeless_status(db, instance)
+    if status is not None:
+        return GateResult(False, f"{status[0]} ({status[1]}); missing: {missing}", status[0])
+    return GateResult(False, missing)
+
+
+HOPELESS = ("lost", "destroyed")  # statuses after which no missing event will come: waiting is pointless
+
+
+def hopeless_status(db: str | Path, instance: str) -> tuple[str, str] | None:
+    """(status, status detail) when the instance is lost or destroyed, per the fleet view; else None."""
+    from flightrec.analytics.views import VIEWS
+
+    rows = run_query(db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance],
+                     prelude=VIEWS).to_pylist()
+    if rows and rows[0]["status"] in HOPELESS:
+        return rows[0]["status"], rows[0]["status_detail"]
+    return None
 
 
 def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5) -> GateResult:
-    """Poll until complete or ``timeout`` seconds pass; the last reason is returned on timeout."""
+    """Poll until complete or ``timeout`` seconds pass; the last reason is returned on timeout.
+
+    A lost or destroyed instance that is not complete fails at once (``status`` set).
+    """
     deadline = time.monotonic() + timeout
     while True:
         try:
             result = check_sealed(db, instance)
         except QueryError as exc:
             result = GateResult(False, f"cannot read {db}: {exc}")
-        if result.complete or time.monotonic() >= deadline:
+        if result.complete or result.status is not None or time.monotonic() >= deadline:
             return result
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))

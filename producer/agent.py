@@ -15,6 +15,7 @@ from flightrec.settings import Settings
 
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
+from flightrec.producer.heartbeat import HeartbeatThread, heartbeat
 from flightrec.producer.redact import Redactor
 from flightrec.producer.spool import Spool
 
@@ -39,13 +40,18 @@ class Stage:
         self.name = name
         self.attributes = dict(attributes or {})
         self._t0 = 0.0
+        self._beats: HeartbeatThread | None = None
 
     def __enter__(self) -> "Stage":
         self._t0 = time.monotonic()
         self.agent.event(self.name, "started", attributes=self.attributes)
+        self._beats = heartbeat(self.agent, self.name, os.getpid())
+        self._beats.start()
         return self
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        if self._beats is not None:
+            self._beats.stop()
         attrs = dict(self.attributes, duration_s=f"{time.monotonic() - self._t0:.3f}")
         if exc is None:
             self.agent.event(self.name, "succeeded", attributes=attrs)

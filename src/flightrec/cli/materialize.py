@@ -124,6 +124,9 @@ def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
     if result.complete:
         print(f"{args.instance}: complete: {result.reason}")
         return 0
+    if result.status is not None:  # lost / destroyed: the missing events will not come
+        print(f"flightrec wait-sealed: {args.instance} is {result.reason}", file=sys.stderr)
+        return 3
     print(f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}",
           file=sys.stderr)
     return 3
