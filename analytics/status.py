@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flightrec.consumers.liveness import LOST_AFTER_INTERVALS
+from flightrec.schemas import LOST_AFTER_INTERVALS
 
 
 @dataclass(frozen=True)

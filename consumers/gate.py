@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from flightrec.errors import QueryError
 from flightrec.query import run_query
@@ -19,8 +20,13 @@ class GateResult:
     status: str | None = None  # the fleet status when the gate gives up at once (lost, destroyed)
 
 
-def check_sealed(db: str | Path, instance: str) -> GateResult:
-    """One look at the database (live or not)."""
+HOPELESS = ("lost", "destroyed")  # statuses after which no missing event will come: waiting is pointless
+# (db, instance) -> (status, status detail) of the instance, or None: the readers' status (the fleet view)
+StatusOf = Callable[[str | Path, str], tuple[str, str] | None]
+
+
+def check_sealed(db: str | Path, instance: str, status_of: StatusOf | None = None) -> GateResult:
+    """One look at the database (live or not); with ``status_of``, a lost or destroyed instance is final."""
     if not Path(db).exists():
         return GateResult(False, f"no database at {db} yet")
     rows = run_query(db, "SELECT complete, incomplete_reason, boot_id, events FROM instances WHERE instance_id = ?",
@@ -31,27 +37,14 @@ def check_sealed(db: str | Path, instance: str) -> GateResult:
     if r["complete"]:
         return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events")
     missing = f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)"
-    status = hopeless_status(db, instance)
-    if status is not None:
+    status = status_of(db, instance) if status_of is not None else None
+    if status is not None and status[0] in HOPELESS:
         return GateResult(False, f"{status[0]} ({status[1]}); missing: {missing}", status[0])
     return GateResult(False, missing)
 
 
-HOPELESS = ("lost", "destroyed")  # statuses after which no missing event will come: waiting is pointless
-
-
-def hopeless_status(db: str | Path, instance: str) -> tuple[str, str] | None:
-    """(status, status detail) when the instance is lost or destroyed, per the fleet view; else None."""
-    from flightrec.analytics.views import VIEWS
-
-    rows = run_query(db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance],
-                     prelude=VIEWS).to_pylist()
-    if rows and rows[0]["status"] in HOPELESS:
-        return rows[0]["status"], rows[0]["status_detail"]
-    return None
-
-
-def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5) -> GateResult:
+def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5,
+                status_of: StatusOf | None = None) -> GateResult:
     """Poll until complete or ``timeout`` seconds pass; the last reason is returned on timeout.
 
     A lost or destroyed instance that is not complete fails at once (``status`` set).
@@ -59,7 +52,7 @@ def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5
     deadline = time.monotonic() + timeout
     while True:
         try:
-            result = check_sealed(db, instance)
+            result = check_sealed(db, instance, status_of)
         except QueryError as exc:
             result = GateResult(False, f"cannot read {db}: {exc}")
         if result.complete or result.status is not None or time.monotonic() >= deadline:

@@ -8,9 +8,9 @@ from typing import Iterable, Mapping
 
 import duckdb
 
-log = logging.getLogger(__name__)
+from flightrec.schemas import LOST_AFTER_INTERVALS
 
-LOST_AFTER_INTERVALS = 3  # silence of this many heartbeat intervals means contact is lost
+log = logging.getLogger(__name__)
 
 # Expects the registered Arrow batch ``_d_heartbeats`` and ``_new`` (the event ids stored
 # for the first time in this transaction). Each column merges order-independently (a sum,

@@ -226,6 +226,7 @@ class Heartbeat(Event):
     pid: int = 0
 
 
+LOST_AFTER_INTERVALS = 3  # an unsealed instance silent for this many heartbeat intervals is `lost`
 MANAGER_KINDS = ("rented", "destroyed", "note", "rebooted", "released")
 
 

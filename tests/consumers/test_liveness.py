@@ -29,15 +29,15 @@ def _fleet(db: Path, instance: str) -> dict:
     return rows[0]
 
 
-def _wait_status(db: Path, instance: str, want: str, within: float) -> float:
-    """Poll the fleet view until ``instance`` has status ``want``; seconds it took (fails after ``within``)."""
+def _wait_status(db: Path, instance: str, want: str, within: float) -> dict:
+    """Poll the fleet view until ``instance`` has status ``want``; its row then (fails after ``within``)."""
     t0 = time.monotonic()
     last = None
     while time.monotonic() - t0 < within:
         try:
             last = _fleet(db, instance)
             if last["status"] == want:
-                return time.monotonic() - t0
+                return last
         except (AssertionError, FlightrecError):  # not materialized yet
             pass
         time.sleep(0.2)
@@ -60,12 +60,15 @@ def test_sigkilled_agent_is_lost_at_once_while_a_live_one_stays_running(kafka, t
         assert row["heartbeat_interval_s"] == 1.0 and row["last_heartbeat_us"] is not None
         os.killpg(agents[dead].pid, signal.SIGKILL)  # the agent and its stage: no heartbeat, no exit, no seal
         killed = time.monotonic()
-        _wait_status(db, dead, "lost", 5)
+        row = _wait_status(db, dead, "lost", 5)
         assert time.monotonic() - killed <= 5.5
-        row = _fleet(db, dead)
         assert row["status_detail"].startswith("lost contact") and "no heartbeat since" in row["status_detail"]
         assert not row["sealed"]
-        assert _fleet(db, alive)["status"] == "running"  # fresh heartbeats keep it running
+        # fresh heartbeats keep the other one running (polled: a materializer behind by more than
+        # 3 intervals on a loaded machine shows it lost for a moment, which is what it can know)
+        _wait_status(db, alive, "running", 10)
+        time.sleep(2)
+        assert _wait_status(db, dead, "lost", 1)["status"] == "lost"  # and the dead one stays lost
 
         t0 = time.monotonic()
         gate = flightrec("wait-sealed", dead, "--db", str(db), "--timeout", "60", env=env, check=False)
