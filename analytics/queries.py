@@ -101,10 +101,23 @@ def instance_stages(db: Db, instance_id: str) -> pa.Table:
     return q(db, """
         SELECT s.stage, s.run_no, s.boot_id, s.started_at,
                coalesce(s.ended_at, make_timestamp(i.last_event_us)) AS ended_at,
-               s.outcome, s.detail, s.duration_s
-        FROM stage_runs s LEFT JOIN instances i USING (instance_id)
+               -- a run with no end on an instance that is gone did not go on running: say so
+               CASE WHEN s.outcome = 'running' AND (f.status IN ('lost', 'destroyed', 'finished')
+                                                    OR s.boot_id <> i.boot_id)
+                    THEN 'no end (' || CASE WHEN s.boot_id <> i.boot_id THEN 'rebooted' ELSE f.status END || ')'
+                    ELSE s.outcome END AS outcome,
+               s.detail, s.duration_s
+        FROM stage_runs s LEFT JOIN instances i USING (instance_id) LEFT JOIN fleet f USING (instance_id)
         WHERE s.instance_id = $id
         ORDER BY s.started_us""", {"id": instance_id})
+
+
+def instance_manager_events(db: Db, instance_id: str) -> pa.Table:
+    """What the manager said about the instance (rented, destroyed, notes), oldest first."""
+    return q(db, """
+        SELECT make_timestamp(ts_us) AS at, kind, source_id AS source, detail,
+               CAST(attributes AS VARCHAR) AS attributes
+        FROM manager_events WHERE instance_id = $id ORDER BY ts_us, seq""", {"id": instance_id})
 
 
 def instance_exits(db: Db, instance_id: str) -> pa.Table:
