@@ -48,12 +48,14 @@ class Gap:
 
 
 def heartbeat_gaps(beats: Iterable[Mapping[str, object]], intervals: Mapping[str, float],
-                   now_us: int | None = None, sealed_boots: Iterable[str] = ()) -> list[Gap]:
+                   now_us: int | None = None, sealed_boots: Iterable[str] = (),
+                   last_event_us: Mapping[str, int] | None = None) -> list[Gap]:
     """Gaps longer than LOST_AFTER_INTERVALS intervals between heartbeats of one stage of one boot.
 
     ``beats`` are rows with boot_id, seq, ts_us, stage; ``intervals`` the interval per boot.
-    With ``now_us``, an unsealed boot whose last heartbeat is older than that also gets an
-    open gap (until_us None): contact lost.
+    With ``now_us``, an unsealed boot silent for longer than that since its last heartbeat
+    (or its last event of any kind, from ``last_event_us``, when later) also gets an open
+    gap (until_us None): contact lost, as the `lost` status says.
     """
     by_boot: dict[str, list[Mapping[str, object]]] = {}
     for b in beats:
@@ -71,8 +73,9 @@ def heartbeat_gaps(beats: Iterable[Mapping[str, object]], intervals: Mapping[str
             if prev["stage"] == cur["stage"] and c - p > limit:
                 out.append(Gap(p, c, boot, str(cur["stage"]), interval))
         last = rows[-1]
-        if now_us is not None and boot not in sealed and now_us - int(last["ts_us"]) > limit:  # type: ignore[call-overload]
-            out.append(Gap(int(last["ts_us"]), None, boot, str(last["stage"]), interval))  # type: ignore[call-overload]
+        since = max(int(last["ts_us"]), int((last_event_us or {}).get(boot) or 0))  # type: ignore[call-overload]
+        if now_us is not None and boot not in sealed and now_us - since > limit:
+            out.append(Gap(since, None, boot, str(last["stage"]), interval))
     return sorted(out)
 
 

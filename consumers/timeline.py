@@ -79,19 +79,19 @@ def _manager_text(r: Row) -> str:
     return f"{what} {r.get('source_id')} at {_when(r['ts_us'])[:19]}" + (f": {r['detail']}" if r.get("detail") else "") + extra
 
 
-def _gap_text(g: Gap, now_us: int | None) -> str:
+def _gap_text(g: Gap, now: int | None) -> str:
     since = _when(g.since_us)[:19]
     if g.until_us is None:
-        lost = f"; lost contact {ago((now_us - g.since_us) / 1e6)} ago" if now_us else ""
+        lost = f"; lost contact {ago((now - g.since_us) / 1e6)} ago" if now else ""
         return f"no heartbeat since {since} (interval {g.interval_s:g}s){lost}"
     return f"no heartbeat since {since} for {ago((g.until_us - g.since_us) / 1e6)} (interval {g.interval_s:g}s)"
 
 
-def liveness_entries(manager: Iterable[Row], gaps: Iterable[Gap], now_us: int | None = None) -> list[Entry]:
+def liveness_entries(manager: Iterable[Row], gaps: Iterable[Gap], now: int | None = None) -> list[Entry]:
     """Entries for manager events (shown in place) and heartbeat gaps (marked at the last heartbeat)."""
     out = [Entry(r["ts_us"], 1 << 61, 0, "manager", "-", _manager_text(r), r.get("kind") == "destroyed")
            for r in manager]
-    out += [Entry(g.since_us, 1 << 60, 0, "GAP", g.stage, _gap_text(g, now_us), True) for g in gaps]
+    out += [Entry(g.since_us, 1 << 60, 0, "GAP", g.stage, _gap_text(g, now), True) for g in gaps]
     return out
 
 
@@ -124,10 +124,11 @@ def from_db(db: str | Path, instance: str, max_lines: int = 2000) -> tuple[list[
     manager = q("SELECT * FROM manager_events WHERE instance_id = ?", instance)
     beats = q("SELECT boot_id, seq, ts_us, stage FROM events_seen WHERE instance_id = ? AND kind = 'heartbeat'", instance)
     intervals = {r["boot_id"]: r["interval_s"] for r in q("SELECT * FROM heartbeats WHERE instance_id = ?", instance)}
-    sealed = [r["boot_id"] for r in q("SELECT boot_id FROM boots WHERE instance_id = ? AND sealed_count IS NOT NULL",
-                                      instance)]
+    boots = q("SELECT boot_id, sealed_count, last_event_us FROM boots WHERE instance_id = ?", instance)
+    sealed = [r["boot_id"] for r in boots if r["sealed_count"] is not None]
     now = now_us()
-    extra = liveness_entries(manager, heartbeat_gaps(beats, intervals, now, sealed), now)
+    gaps = heartbeat_gaps(beats, intervals, now, sealed, {r["boot_id"]: r["last_event_us"] for r in boots})
+    extra = liveness_entries(manager, gaps, now)
     return sorted(entries_from_rows(life, exits, metrics, logs, fails) + extra), total - len(logs)
 
 
@@ -190,8 +191,11 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
     left_out = max(0, len(logs) - max_lines) if max_lines > 0 else 0
     intervals = {b["boot_id"]: b["interval_s"] for b in sorted(beats, key=lambda b: b["seq"])}
     sealed = [r["boot_id"] for r in life if r["kind"] == "sealed"]
+    last: dict[str, int] = {}
+    for r in [*life, *exits, *metrics, *logs, *beats]:
+        last[r["boot_id"]] = max(last.get(r["boot_id"], 0), r["ts_us"])
     now = now_us()
-    extra = liveness_entries(manager, heartbeat_gaps(beats, intervals, now, sealed), now)
+    extra = liveness_entries(manager, heartbeat_gaps(beats, intervals, now, sealed, last), now)
     return sorted(entries_from_rows(life, exits, metrics, logs[left_out:], failures) + extra), left_out
 
 
