@@ -51,14 +51,7 @@ WITH lf AS (
            max(f.ts_us) AS failed_us
     FROM failures f JOIN instances i ON f.instance_id = i.instance_id AND f.boot_id = i.boot_id
     GROUP BY f.instance_id),
-ls AS (
-    SELECT instance_id, stage, arg_max(state, seq) AS last_state
-    FROM lifecycle_events l SEMI JOIN instances i USING (instance_id, boot_id)
-    WHERE kind = 'lifecycle' AND state IN ('started', 'succeeded', 'failed', 'skipped') AND stage IS NOT NULL
-    GROUP BY ALL),
-rs AS (
-    SELECT instance_id, string_agg(stage, ', ' ORDER BY stage) AS running_stages
-    FROM ls WHERE last_state = 'started' GROUP BY instance_id),
+rs AS (SELECT instance_id, stages AS running_stages FROM running_stages WHERE stages IS NOT NULL),
 mg AS (
     SELECT instance_id, arg_max(kind, (ts_us, seq, event_id)) AS manager_kind, max(ts_us) AS manager_ts_us,
            arg_max(detail, (ts_us, seq, event_id)) AS manager_detail,

@@ -31,6 +31,27 @@ ON CONFLICT (instance_id, boot_id) DO UPDATE SET
 """
 
 
+RUNNING_SQL = """
+INSERT INTO running_stages BY NAME
+WITH ls AS (
+    SELECT l.instance_id, l.stage, arg_max(l.state, l.seq) AS last_state
+    FROM lifecycle_events l JOIN instances i ON l.instance_id = i.instance_id AND l.boot_id = i.boot_id
+    WHERE i.instance_id IN (SELECT instance_id FROM _aff_inst) AND l.kind = 'lifecycle' AND l.stage IS NOT NULL
+      AND l.state IN ('started', 'succeeded', 'failed', 'skipped')
+    GROUP BY ALL)
+SELECT i.instance_id, i.boot_id,
+       (SELECT string_agg(stage, ', ' ORDER BY stage) FROM ls
+        WHERE ls.instance_id = i.instance_id AND ls.last_state = 'started') AS stages
+FROM instances i WHERE i.instance_id IN (SELECT instance_id FROM _aff_inst)
+"""
+
+
+def recompute_running(con: duckdb.DuckDBPyConnection) -> None:
+    """The stages in progress of every affected instance's latest boot (after the instances rows)."""
+    con.execute("DELETE FROM running_stages WHERE instance_id IN (SELECT instance_id FROM _aff_inst)")
+    con.execute(RUNNING_SQL)
+
+
 def merge_heartbeats(con: duckdb.DuckDBPyConnection) -> None:
     """Fold this transaction's new heartbeats into the per-boot summary (inside the store's transaction)."""
     con.execute(MERGE_SQL)

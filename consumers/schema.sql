@@ -160,6 +160,14 @@ CREATE TABLE IF NOT EXISTS heartbeats (
     PRIMARY KEY (instance_id, boot_id)
 );
 
+-- The stages in progress in each instance's latest boot (started, no end yet), derived from
+-- lifecycle_events like instances, so the status view need not scan every lifecycle event.
+CREATE TABLE IF NOT EXISTS running_stages (
+    instance_id VARCHAR PRIMARY KEY,
+    boot_id     VARCHAR,
+    stages      VARCHAR       -- comma separated, sorted; NULL when none
+);
+
 -- Events about an instance from the manager's side (`flightrec manager event`): their
 -- boot_id/seq are the sender's own, so they never touch the instance's boots.
 CREATE TABLE IF NOT EXISTS manager_events (

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from flightrec.consumers.classify import RuleTable, load_rules
 from flightrec.consumers.derive import recompute
-from flightrec.consumers.liveness import merge_heartbeats
+from flightrec.consumers.liveness import merge_heartbeats, recompute_running
 from flightrec.consumers.fold import Delta
 from flightrec.errors import MaterializeError
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # The materialized tables (what replay must reproduce), in comparison order.
 MATERIALIZED_TABLES: tuple[str, ...] = (
     "instances", "boots", "lifecycle_events", "instance_facts", "log_lines", "process_exits", "throughput",
-    "failures", "dead_letters", "events_seen", "heartbeats", "manager_events",
+    "failures", "dead_letters", "events_seen", "heartbeats", "manager_events", "running_stages",
 )
 OFFSETS = pa.schema([("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
                      ("next_offset", pa.int64())])
@@ -148,6 +148,7 @@ class Store:
                                SEMI JOIN (SELECT instance_id, boot_id FROM _new WHERE kind = 'lifecycle')
                                USING (instance_id, boot_id)""")
                 stats.failures = recompute(con, self.rules)
+                recompute_running(con)
             if delta.manager.num_rows:
                 con.execute("INSERT INTO manager_events BY NAME SELECT * FROM _d_manager ON CONFLICT DO NOTHING")
             if delta.dead.num_rows:
