@@ -21,18 +21,19 @@ def _bar(table, column: str, title: str) -> alt.Chart:
 def overview() -> None:
     """Headline numbers, the two breakdowns and the instances table."""
     counts = fetch(queries.fleet_counts).to_pylist()[0]
-    cols = st.columns(5)
+    cols = st.columns(6)
     cols[0].metric("Instances", f"{counts['instances']:,}")
     cols[1].metric("Failed now", f"{counts['failed']:,}")
     cols[2].metric("Failures", f"{counts['failures']:,}")
     cols[3].metric("Evidence incomplete", f"{counts['incomplete']:,}")
     cols[4].metric("Benchmark passed", f"{counts['passed']:,}")
+    cols[5].metric("Lost or destroyed", f"{counts['gone']:,}")
 
     left, right = st.columns(2)
-    by_state = fetch(queries.fleet_by, "state")
+    by_state = fetch(queries.fleet_by, "status")
     by_gpu = fetch(queries.fleet_by, "gpu_model")
     if by_state.num_rows:
-        left.altair_chart(_bar(by_state, "state", "Instances by state"), width="stretch")
+        left.altair_chart(_bar(by_state, "status", "Instances by status"), width="stretch")
         right.altair_chart(_bar(by_gpu, "gpu_model", "Instances by GPU model"), width="stretch")
 
     options = fetch(queries.fleet_filter_options).to_pylist()[0]

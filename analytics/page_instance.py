@@ -8,8 +8,12 @@ import streamlit as st
 from flightrec.analytics import queries
 from flightrec.analytics.ui import fetch, fmt_money, fmt_num, query_param, remember_in_url, table_height
 
-OUTCOME_COLORS = alt.Scale(domain=["succeeded", "failed", "skipped", "running"],
-                           range=["#2e7d32", "#c62828", "#9e9e9e", "#1565c0"])
+OUTCOME_COLORS = alt.Scale(domain=["succeeded", "failed", "skipped", "running", "no end (lost)", "no end (destroyed)",
+                                   "no end (finished)", "no end (rebooted)"],
+                           range=["#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#ef6c00", "#6d4c41", "#757575",
+                                  "#757575"])
+STATUS_BANNER = {"failed": st.error, "below_min_rate": st.warning, "lost": st.error, "destroyed": st.warning,
+                 "finished": st.success, "healthy": st.success, "running": st.info, "idle": st.info}
 
 
 def pick_instance() -> str | None:
@@ -45,7 +49,18 @@ def facts(instance_id: str) -> dict | None:
         f"first seen {f['first_seen']} · last seen {f['last_seen']} · evidence {evidence}")
     if f["detail"]:
         st.caption(f"Latest detail: {f['detail']}")
+    if f.get("status"):
+        STATUS_BANNER.get(f["status"], st.info)(f"Status **{f['status']}**: {f['status_detail'] or ''}")
     return f
+
+
+def manager_events(instance_id: str) -> None:
+    """What the manager said about the instance, in place."""
+    events = fetch(queries.instance_manager_events, instance_id)
+    if events.num_rows:
+        st.subheader("Manager events")
+        st.dataframe(events.to_pandas(), hide_index=True, width="stretch",
+                     height=table_height(events.num_rows, 240))
 
 
 def timeline(instance_id: str) -> None:
@@ -145,6 +160,7 @@ def render() -> None:
     if facts(instance_id) is None:
         return
     failure_rows = failures(instance_id)
+    manager_events(instance_id)
     timeline(instance_id)
     exits_and_throughput(instance_id)
     logs(instance_id, failure_rows)

@@ -41,7 +41,8 @@ def fleet_counts(db: Db) -> pa.Table:
     """Totals for the headline: instances, failed, failures, incomplete evidence, pass verdicts."""
     return q(db, """
         SELECT count(*) AS instances,
-               count(*) FILTER (WHERE state = 'failed') AS failed,
+               count(*) FILTER (WHERE status IN ('failed', 'below_min_rate')) AS failed,
+               count(*) FILTER (WHERE status IN ('lost', 'destroyed')) AS gone,
                CAST(coalesce(sum(failures), 0) AS BIGINT) AS failures,
                count(*) FILTER (WHERE NOT coalesce(complete, false)) AS incomplete,
                count(*) FILTER (WHERE verdict = 'pass') AS passed
@@ -50,7 +51,7 @@ def fleet_counts(db: Db) -> pa.Table:
 
 def fleet_by(db: Db, column: str) -> pa.Table:
     """Instances counted by ``state`` or ``gpu_model`` (the column name is chosen from a fixed set)."""
-    if column not in ("state", "gpu_model", "stage"):
+    if column not in ("state", "status", "gpu_model", "stage"):
         raise ValueError(f"cannot group the fleet by {column!r}")
     return q(db, f"""
         SELECT coalesce(nullif({column}, ''), 'unknown') AS {column}, count(*) AS instances
@@ -69,7 +70,7 @@ def fleet_table(db: Db, states: Sequence[str] | None = None, gpu_models: Sequenc
                 search: str = "", only_failed: bool = False, only_incomplete: bool = False) -> pa.Table:
     """The instances table with its filters (every filter is a bound parameter)."""
     return q(db, """
-        SELECT instance_id, state, stage, age_hours, proofs_per_hour, verdict, failures, complete,
+        SELECT instance_id, status, status_detail, state, stage, age_hours, proofs_per_hour, verdict, failures, complete,
                gpu_model, cost_per_proof, last_seen, incomplete_reason
         FROM fleet
         WHERE (len($states) = 0 OR list_contains($states, state))
@@ -100,10 +101,23 @@ def instance_stages(db: Db, instance_id: str) -> pa.Table:
     return q(db, f"""
         SELECT s.stage, s.run_no, s.boot_id, s.started_at,
                coalesce(s.ended_at, {ts("i.last_event_us")}) AS ended_at,
-               s.outcome, s.detail, s.duration_s
-        FROM stage_runs s LEFT JOIN instances i USING (instance_id)
+               -- a run with no end on an instance that is gone did not go on running: say so
+               CASE WHEN s.outcome = 'running' AND (f.status IN ('lost', 'destroyed', 'finished')
+                                                    OR s.boot_id <> i.boot_id)
+                    THEN 'no end (' || CASE WHEN s.boot_id <> i.boot_id THEN 'rebooted' ELSE f.status END || ')'
+                    ELSE s.outcome END AS outcome,
+               s.detail, s.duration_s
+        FROM stage_runs s LEFT JOIN instances i USING (instance_id) LEFT JOIN fleet f USING (instance_id)
         WHERE s.instance_id = $id
         ORDER BY s.started_us""", {"id": instance_id})
+
+
+def instance_manager_events(db: Db, instance_id: str) -> pa.Table:
+    """What the manager said about the instance (rented, destroyed, notes), oldest first."""
+    return q(db, """
+        SELECT make_timestamp(ts_us) AS at, kind, source_id AS source, detail,
+               CAST(attributes AS VARCHAR) AS attributes
+        FROM manager_events WHERE instance_id = $id ORDER BY ts_us, seq""", {"id": instance_id})
 
 
 def instance_exits(db: Db, instance_id: str) -> pa.Table:
@@ -243,8 +257,10 @@ def throughput_over_time(db: Db, gpu_models: Sequence[str] | None = None) -> pa.
 EXAMPLES: dict[str, str] = {
     "Failures by class": "SELECT failure_class, count(*) AS failures, any_value(hint) AS hint\n"
                          "FROM failure_context GROUP BY ALL ORDER BY failures DESC",
-    "Instances still failing": "SELECT instance_id, stage, gpu_model, failures, last_seen\n"
-                               "FROM fleet WHERE state = 'failed' ORDER BY last_seen DESC LIMIT 100",
+    "Instances still failing": "SELECT instance_id, status_detail, gpu_model, failures, last_seen\n"
+                               "FROM fleet WHERE status = 'failed' ORDER BY last_seen DESC LIMIT 100",
+    "Lost or destroyed": "SELECT instance_id, status, status_detail, last_seen\n"
+                         "FROM fleet WHERE status IN ('lost', 'destroyed') ORDER BY last_seen DESC LIMIT 100",
     "Evidence not complete": "SELECT instance_id, state, incomplete_reason\n"
                              "FROM fleet WHERE NOT coalesce(complete, false) ORDER BY instance_id LIMIT 100",
     "Throughput by GPU model": "SELECT * FROM gpu_throughput ORDER BY median_proofs_per_hour DESC",

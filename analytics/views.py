@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from flightrec.analytics.status import INSTANCE_STATUS
 from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
 
 # Each entry is one `CREATE OR REPLACE TEMP VIEW ...` statement over the tables of
@@ -35,8 +36,11 @@ SELECT
     i.price_per_hour / nullif(i.proofs_per_hour, 0) AS cost_per_proof,
     coalesce(i.failures, 0) AS failures,
     i.events, i.sealed, i.complete, i.incomplete_reason, i.boot_id,
-    i.first_event_us, i.last_event_us
+    i.first_event_us, i.last_event_us,
+    s.status, s.status_detail, s.failure_class, s.last_heartbeat_us, s.heartbeat_interval_s, s.silent_s,
+    s.manager_kind, s.manager_detail
 FROM instances i
+LEFT JOIN instance_status s USING (instance_id)
 """
 
 # One row per run of a stage: started -> the next succeeded / failed / skipped of the
@@ -124,9 +128,9 @@ WHERE proofs_per_hour IS NOT NULL
 GROUP BY ALL
 """
 
-VIEWS: tuple[str, ...] = (FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_SAMPLES, GPU_THROUGHPUT)
+VIEWS: tuple[str, ...] = (INSTANCE_STATUS, FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_SAMPLES, GPU_THROUGHPUT)
 
 # The names the views define, for documentation and the SQL console's help.
 VIEW_NAMES: tuple[str, ...] = (
-    "fleet", "stage_runs", "failure_context", "log_view", "throughput_samples", "gpu_throughput",
+    "instance_status", "fleet", "stage_runs", "failure_context", "log_view", "throughput_samples", "gpu_throughput",
 )

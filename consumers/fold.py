@@ -49,6 +49,8 @@ THROUGHPUT = pa.schema(_ENVELOPE + [
 LOGS = pa.schema([("instance_id", STR), ("boot_id", STR), ("event_id", STR), ("seq", I64), ("stage", STR),
                   ("source", STR), ("pid", I32), ("line_no", I64), ("ts_us", I64), ("text", STR),
                   ("truncated", BOOL), ("invalid_utf8", BOOL)])
+HEARTBEATS = pa.schema(_ENVELOPE + [("stage", STR), ("interval_s", F64), ("pid", I32)])
+MANAGER = pa.schema(_ENVELOPE + [("source_id", STR), ("kind", STR), ("detail", STR), ("attributes", STRMAP)])
 DEAD = pa.schema([("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()),
                   ("value", pa.binary()), ("reason", STR)])
 
@@ -62,6 +64,8 @@ KIND = {
     "flightrec.v1.Throughput": "sample",
     "flightrec.v1.BenchmarkResult": "result",
     "flightrec.v1.Dropped": "dropped",
+    "flightrec.v1.Heartbeat": "heartbeat",
+    "flightrec.v1.ManagerEvent": "manager",  # never in events_seen: not part of any boot of the instance
 }
 
 
@@ -111,6 +115,8 @@ class Delta:
     messages: int = 0
     duplicates: int = 0
     skipped: int = 0
+    heartbeats: pa.Table = field(default_factory=HEARTBEATS.empty_table)
+    manager: pa.Table = field(default_factory=MANAGER.empty_table)
 
     @property
     def lines(self) -> int:
@@ -139,7 +145,8 @@ class _Builder:
         self.cols: dict[str, dict[str, list[Any]]] = {
             name: {f.name: [] for f in schema}
             for name, schema in (("events", EVENTS), ("lifecycle", LIFECYCLE), ("facts", FACTS),
-                                 ("exits", EXITS), ("throughput", THROUGHPUT), ("dead", DEAD))
+                                 ("exits", EXITS), ("throughput", THROUGHPUT), ("dead", DEAD),
+                                 ("heartbeats", HEARTBEATS), ("manager", MANAGER))
         }
         self.log_scalars: dict[str, list[Any]] = {k: [] for k in
                                                   ("instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")}
@@ -215,7 +222,14 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
     env = _envelope(rec)
     kind = KIND[name]
     _validate(kind, rec)
-    if kind == "log":
+    if kind == "manager":  # its own source's seq: kept in manager_events only, outside the instance's boots
+        b.add("manager", {**env, "source_id": rec["source_id"], "kind": rec["kind"], "detail": rec.get("detail", ""),
+                          "attributes": _items(rec.get("attributes"))})
+        return
+    if kind == "heartbeat":  # counted in the boot (events_seen); summarised per boot by the store
+        stage = rec["stage"]
+        b.add("heartbeats", {**env, "stage": stage, "interval_s": rec["interval_s"], "pid": rec.get("pid", 0)})
+    elif kind == "log":
         b.add_log(rec)
         stage = rec["stage"]
     elif kind == "lifecycle":
@@ -288,6 +302,7 @@ def fold(messages: Iterable[Message], codec: Codec | None = None,
         events=b.table("events", EVENTS), lifecycle=b.table("lifecycle", LIFECYCLE), facts=b.table("facts", FACTS),
         exits=b.table("exits", EXITS), throughput=b.table("throughput", THROUGHPUT), logs=b.logs(),
         dead=b.table("dead", DEAD), offsets=offsets, messages=n, duplicates=dups, skipped=skipped,
+        heartbeats=b.table("heartbeats", HEARTBEATS), manager=b.table("manager", MANAGER),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from flightrec.errors import QueryError
 from flightrec.query import run_query
@@ -16,10 +17,16 @@ class GateResult:
 
     complete: bool
     reason: str
+    status: str | None = None  # the fleet status when the gate gives up at once (lost, destroyed)
 
 
-def check_sealed(db: str | Path, instance: str) -> GateResult:
-    """One look at the database (live or not)."""
+HOPELESS = ("lost", "destroyed")  # statuses after which no missing event will come: waiting is pointless
+# (db, instance) -> (status, status detail) of the instance, or None: the readers' status (the fleet view)
+StatusOf = Callable[[str | Path, str], tuple[str, str] | None]
+
+
+def check_sealed(db: str | Path, instance: str, status_of: StatusOf | None = None) -> GateResult:
+    """One look at the database (live or not); with ``status_of``, a lost or destroyed instance is final."""
     if not Path(db).exists():
         return GateResult(False, f"no database at {db} yet")
     rows = run_query(db, "SELECT complete, incomplete_reason, boot_id, events FROM instances WHERE instance_id = ?",
@@ -29,7 +36,11 @@ def check_sealed(db: str | Path, instance: str) -> GateResult:
     r = rows[0]
     if r["complete"]:
         return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events" + _dropped(db, r["boot_id"]))
-    return GateResult(False, f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)")
+    missing = f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)"
+    status = status_of(db, instance) if status_of is not None else None
+    if status is not None and status[0] in HOPELESS:
+        return GateResult(False, f"{status[0]} ({status[1]}); missing: {missing}", status[0])
+    return GateResult(False, missing)
 
 
 def _dropped(db: str | Path, boot_id: str) -> str:
@@ -42,14 +53,18 @@ def _dropped(db: str | Path, boot_id: str) -> str:
     return f"; {len(rows)} event{'s' if len(rows) > 1 else ''} dropped: {what}"
 
 
-def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5) -> GateResult:
-    """Poll until complete or ``timeout`` seconds pass; the last reason is returned on timeout."""
+def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5,
+                status_of: StatusOf | None = None) -> GateResult:
+    """Poll until complete or ``timeout`` seconds pass; the last reason is returned on timeout.
+
+    A lost or destroyed instance that is not complete fails at once (``status`` set).
+    """
     deadline = time.monotonic() + timeout
     while True:
         try:
-            result = check_sealed(db, instance)
+            result = check_sealed(db, instance, status_of)
         except QueryError as exc:
             result = GateResult(False, f"cannot read {db}: {exc}")
-        if result.complete or time.monotonic() >= deadline:
+        if result.complete or result.status is not None or time.monotonic() >= deadline:
             return result
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))

@@ -148,6 +148,42 @@ CREATE TABLE IF NOT EXISTS failures (
     matched_line       VARCHAR               -- the line (or field) the class rule matched
 );
 
+-- Heartbeats, summarised per boot (not one row each: events_seen already proves their seq).
+-- Merged by upsert; every column is a function of the boot's heartbeat set, so replay agrees.
+CREATE TABLE IF NOT EXISTS heartbeats (
+    instance_id VARCHAR,
+    boot_id     VARCHAR,
+    beats       BIGINT,       -- distinct heartbeats seen
+    first_us    BIGINT,
+    last_us     BIGINT,       -- the latest heartbeat's time (ts_us)
+    last_seq    BIGINT,
+    interval_s  DOUBLE,       -- the interval the latest heartbeat announced (FLIGHTREC_HEARTBEAT_S)
+    stage       VARCHAR,      -- the stage the latest heartbeat was sent for
+    PRIMARY KEY (instance_id, boot_id)
+);
+
+-- The stages in progress in each instance's latest boot (started, no end yet), derived from
+-- lifecycle_events like instances, so the status view need not scan every lifecycle event.
+CREATE TABLE IF NOT EXISTS running_stages (
+    instance_id VARCHAR PRIMARY KEY,
+    boot_id     VARCHAR,
+    stages      VARCHAR       -- comma separated, sorted; NULL when none
+);
+
+-- Events about an instance from the manager's side (`flightrec manager event`): their
+-- boot_id/seq are the sender's own, so they never touch the instance's boots.
+CREATE TABLE IF NOT EXISTS manager_events (
+    event_id    VARCHAR PRIMARY KEY,
+    instance_id VARCHAR,
+    boot_id     VARCHAR,      -- the manager source's boot, not the instance's
+    seq         BIGINT,
+    ts_us       BIGINT,
+    source_id   VARCHAR,      -- who sent it, e.g. manager@controller
+    kind        VARCHAR,      -- rented / destroyed / note / rebooted / released
+    detail      VARCHAR,
+    attributes  MAP(VARCHAR, VARCHAR)
+);
+
 CREATE TABLE IF NOT EXISTS dead_letters (
     topic       VARCHAR,
     "partition" INTEGER,
@@ -175,7 +211,7 @@ CREATE TABLE IF NOT EXISTS events_seen (
     boot_id     VARCHAR,
     seq         BIGINT,
     ts_us       BIGINT,
-    kind        VARCHAR,      -- lifecycle / facts / sealed / dropped / log / exit / sample / result
+    kind        VARCHAR,      -- lifecycle / facts / sealed / dropped / log / exit / sample / result / heartbeat
     stage       VARCHAR
 );
 

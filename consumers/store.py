@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from flightrec.consumers.classify import RuleTable, load_rules
 from flightrec.consumers.derive import recompute
+from flightrec.consumers.liveness import merge_heartbeats, recompute_running
 from flightrec.consumers.fold import Delta
 from flightrec.errors import MaterializeError
 from flightrec.query import writer_notice_path
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 # The materialized tables (what replay must reproduce), in comparison order.
 MATERIALIZED_TABLES: tuple[str, ...] = (
     "instances", "boots", "lifecycle_events", "instance_facts", "log_lines", "process_exits", "throughput",
-    "failures", "dead_letters", "events_seen",
+    "failures", "dead_letters", "events_seen", "heartbeats", "manager_events", "running_stages",
 )
 OFFSETS = pa.schema([("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
                      ("next_offset", pa.int64())])
@@ -155,7 +156,7 @@ class Store:
         names = []
         try:
             con.execute("BEGIN TRANSACTION")
-            for name in ("events", "lifecycle", "facts", "exits", "throughput", "logs", "dead"):
+            for name in ("events", "lifecycle", "facts", "exits", "throughput", "logs", "dead", "heartbeats", "manager"):
                 con.register(f"_d_{name}", getattr(delta, name))
                 names.append(f"_d_{name}")
             new = con.execute("""INSERT INTO events_seen BY NAME SELECT * FROM _d_events
@@ -178,6 +179,8 @@ class Store:
                     else:
                         stats.lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
                                                      SEMI JOIN _new USING (event_id)""").fetchone()[0]
+                if delta.heartbeats.num_rows:
+                    merge_heartbeats(con)
                 con.execute("CREATE OR REPLACE TEMP VIEW _aff_boot AS SELECT DISTINCT instance_id, boot_id FROM _new")
                 con.execute("CREATE OR REPLACE TEMP VIEW _aff_inst AS SELECT DISTINCT instance_id FROM _new")
                 # A failure row also depends on events outside its stage: new facts touch every failure
@@ -194,6 +197,9 @@ class Store:
                                SEMI JOIN (SELECT instance_id, boot_id FROM _new WHERE kind = 'lifecycle')
                                USING (instance_id, boot_id)""")
                 stats.failures = recompute(con, self.rules)
+                recompute_running(con)
+            if delta.manager.num_rows:
+                con.execute("INSERT INTO manager_events BY NAME SELECT * FROM _d_manager ON CONFLICT DO NOTHING")
             if delta.dead.num_rows:
                 stats.dead_letters = con.execute(
                     "INSERT INTO dead_letters BY NAME SELECT * FROM _d_dead ON CONFLICT DO NOTHING").fetchone()[0]

@@ -18,8 +18,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from flightrec.consumers.classify import RuleTable, load_rules, signal_name
 from flightrec.consumers.failures import TAIL_LINES, build_failure
 from flightrec.consumers.fold import KIND, dropped_detail, facts_summary
+from flightrec.consumers.liveness import Gap, ago, heartbeat_gaps
 from flightrec.query import run_query
-from flightrec.schemas import default_codec
+from flightrec.schemas import default_codec, now_us
 from flightrec.errors import CodecError
 
 Row = Mapping[str, Any]
@@ -72,6 +73,30 @@ def _failure_text(r: Row) -> str:
     return f"{r.get('failure_class')}: {r.get('hint')}{why}"
 
 
+def _manager_text(r: Row) -> str:
+    what = {"destroyed": "destroyed by", "rented": "rented by", "released": "released by",
+            "rebooted": "rebooted by"}.get(str(r.get("kind")), "note from")
+    attrs = dict(r.get("attributes") or {})
+    extra = f" [{', '.join(f'{k}={v}' for k, v in sorted(attrs.items()))}]" if attrs else ""
+    return f"{what} {r.get('source_id')} at {_when(r['ts_us'])[:19]}" + (f": {r['detail']}" if r.get("detail") else "") + extra
+
+
+def _gap_text(g: Gap, now: int | None) -> str:
+    since = _when(g.since_us)[:19]
+    if g.until_us is None:
+        lost = f"; lost contact {ago((now - g.since_us) / 1e6)} ago" if now else ""
+        return f"no heartbeat since {since} (interval {g.interval_s:g}s){lost}"
+    return f"no heartbeat since {since} for {ago((g.until_us - g.since_us) / 1e6)} (interval {g.interval_s:g}s)"
+
+
+def liveness_entries(manager: Iterable[Row], gaps: Iterable[Gap], now: int | None = None) -> list[Entry]:
+    """Entries for manager events (shown in place) and heartbeat gaps (marked at the last heartbeat)."""
+    out = [Entry(r["ts_us"], 1 << 61, 0, "manager", "-", _manager_text(r), r.get("kind") == "destroyed")
+           for r in manager]
+    out += [Entry(g.since_us, 1 << 60, 0, "GAP", g.stage, _gap_text(g, now), True) for g in gaps]
+    return out
+
+
 def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], metrics: Iterable[Row],
                       logs: Iterable[Row], failures: Iterable[Row]) -> list[Entry]:
     """Entries from rows shaped like the tables (lifecycle_events, process_exits, throughput, log_lines, failures)."""
@@ -99,7 +124,15 @@ def from_db(db: str | Path, instance: str, max_lines: int = 2000) -> tuple[list[
     limit = total if max_lines <= 0 else max_lines
     logs = q("""SELECT * FROM log_lines WHERE instance_id = ? ORDER BY ts_us DESC, seq DESC, line_no DESC
                 LIMIT ?""", instance, limit)
-    return entries_from_rows(life, exits, metrics, logs, fails), total - len(logs)
+    manager = q("SELECT * FROM manager_events WHERE instance_id = ?", instance)
+    beats = q("SELECT boot_id, seq, ts_us, stage FROM events_seen WHERE instance_id = ? AND kind = 'heartbeat'", instance)
+    intervals = {r["boot_id"]: r["interval_s"] for r in q("SELECT * FROM heartbeats WHERE instance_id = ?", instance)}
+    boots = q("SELECT boot_id, sealed_count, last_event_us FROM boots WHERE instance_id = ?", instance)
+    sealed = [r["boot_id"] for r in boots if r["sealed_count"] is not None]
+    now = now_us()
+    gaps = heartbeat_gaps(beats, intervals, now, sealed, {r["boot_id"]: r["last_event_us"] for r in boots})
+    extra = liveness_entries(manager, gaps, now)
+    return sorted(entries_from_rows(life, exits, metrics, logs, fails) + extra), total - len(logs)
 
 
 def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: RuleTable | None = None,
@@ -112,12 +145,18 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
     metrics: list[dict[str, Any]] = []
     logs: list[dict[str, Any]] = []
     facts: dict[str, dict[str, Any]] = {}
+    manager: list[dict[str, Any]] = []
+    beats: list[dict[str, Any]] = []
     for name, rec in records:
         if rec["event_id"] in seen:
             continue
         seen.add(rec["event_id"])
         kind = KIND[name]
-        if kind == "lifecycle":
+        if kind == "manager":
+            manager.append(rec)
+        elif kind == "heartbeat":
+            beats.append(rec)
+        elif kind == "lifecycle":
             life.append({**rec, "kind": kind})
         elif kind == "sealed":
             life.append({**rec, "kind": kind, "state": "sealed", "stage": None, "detail": rec.get("reason")})
@@ -156,7 +195,14 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
             failures.append(row)
     logs.sort(key=lambda x: (x["ts_us"], x["seq"], x["line_no"]))
     left_out = max(0, len(logs) - max_lines) if max_lines > 0 else 0
-    return entries_from_rows(life, exits, metrics, logs[left_out:], failures), left_out
+    intervals = {b["boot_id"]: b["interval_s"] for b in sorted(beats, key=lambda b: b["seq"])}
+    sealed = [r["boot_id"] for r in life if r["kind"] == "sealed"]
+    last: dict[str, int] = {}
+    for r in [*life, *exits, *metrics, *logs, *beats]:
+        last[r["boot_id"]] = max(last.get(r["boot_id"], 0), r["ts_us"])
+    now = now_us()
+    extra = liveness_entries(manager, heartbeat_gaps(beats, intervals, now, sealed, last), now)
+    return sorted(entries_from_rows(life, exits, metrics, logs[left_out:], failures) + extra), left_out
 
 
 async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, topics: Sequence[str],

@@ -19,6 +19,7 @@ from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
 from flightrec.producer.fit import fit_exit_event
+from flightrec.producer.heartbeat import HeartbeatThread, heartbeat
 from flightrec.producer.members import Member, join, leave, running
 from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
@@ -111,13 +112,18 @@ class Stage:
         self.name = name
         self.attributes = dict(attributes or {})
         self._t0 = 0.0
+        self._beats: HeartbeatThread | None = None
 
     def __enter__(self) -> "Stage":
         self._t0 = time.monotonic()
         self.agent.event(self.name, "started", attributes=self.attributes)
+        self._beats = heartbeat(self.agent, self.name, os.getpid())
+        self._beats.start()
         return self
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        if self._beats is not None:
+            self._beats.stop()
         attrs = dict(self.attributes, duration_s=f"{time.monotonic() - self._t0:.3f}")
         if exc is None:
             self.agent.event(self.name, "succeeded", attributes=attrs)

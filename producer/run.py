@@ -20,6 +20,7 @@ from flightrec.schemas import Event, FileTail, LogBatch, ProcessExit, new_event_
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.fastlog import encode_fast
 from flightrec.producer.follow import FileFollower
+from flightrec.producer.heartbeat import heartbeat
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
 
 log = logging.getLogger(__name__)
@@ -332,7 +333,8 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
             t.start()
         if follower:
             follower.start()
-        rc = proc.wait()
+        with heartbeat(agent, stage, proc.pid):  # liveness while CMD runs
+            rc = proc.wait()
         ended_us = now_us()
         duration = time.monotonic() - t0
         deadline = time.monotonic() + PIPE_GRACE_S

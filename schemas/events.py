@@ -229,6 +229,35 @@ class Dropped(Event):
     reason: str
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Heartbeat(Event):
+    """The agent is alive and ``stage`` runs; sent every ``interval_s`` s while a stage runs (counted in seq)."""
+
+    name: ClassVar[str] = "flightrec.v1.Heartbeat"
+    topic: ClassVar[str] = TOPIC_LIFECYCLE
+
+    stage: str
+    interval_s: float
+    pid: int = 0
+
+
+LOST_AFTER_INTERVALS = 3  # an unsealed instance silent for this many heartbeat intervals is `lost`
+MANAGER_KINDS = ("rented", "destroyed", "note", "rebooted", "released")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ManagerEvent(Event):
+    """A decision about an instance from the controller's side: its own source, boot and seq, never the instance's."""
+
+    name: ClassVar[str] = "flightrec.v1.ManagerEvent"
+    topic: ClassVar[str] = TOPIC_LIFECYCLE
+
+    source_id: str
+    kind: str
+    detail: str = ""
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     Lifecycle,
     InstanceFacts,
@@ -238,5 +267,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     BenchmarkResult,
     Sealed,
     Dropped,
+    Heartbeat,
+    ManagerEvent,
 )
 EVENT_BY_NAME: dict[str, type[Event]] = {cls.name: cls for cls in EVENT_TYPES}

@@ -5,7 +5,8 @@ bash, every stage wrapped by `flightrec agent run`, the stage commands played by
 `flightrec.fleet` (which runs the real proving core for the benchmark). The
 instances meet the fates real ones meet (see FLEET_PLAN); one is destroyed
 mid-supervisor with its agent killed, while its broker connection is cut, and its
-spooled events are delivered afterwards by `flightrec agent flush`.
+spooled events are delivered afterwards by `flightrec agent flush`. The demo plays
+the manager too: a `rented` manager event per instance, `destroyed` for that one.
 
 Guarantees: every process the demo starts is stopped when it ends (Ctrl-C
 included); a broker that was already running is reused and left running.
@@ -13,7 +14,9 @@ included); a broker that was already running is reused and left running.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -29,6 +32,9 @@ from flightrec.errors import ConfigError, FlightrecError, QueryError
 from flightrec.fleet import FATE_GPU, GPUS
 from flightrec.query import run_query
 from flightrec.settings import Settings
+
+log = logging.getLogger(__name__)
+MANAGER_SOURCE = "manager@demo"
 
 
 # The first six instances meet the six failure fates (the destroyed one is healthy
@@ -199,6 +205,8 @@ class Demo:
             )
             if destroyed:  # its network is cut: every event stays in its spool until flushed later
                 env.update(FLIGHTREC_BOOTSTRAP=DEAD_BOOTSTRAP, FLIGHTREC_FLUSH_TIMEOUT="0.2")
+            self.manager_event(inst.instance_id, "rented", f"{gpu.model} at ${gpu.price_per_hour:.2f}/hour",
+                               {"gpu": inst.gpu})
             self._spawn(inst.instance_id, ["bash", str(root / "examples" / "entrypoint.sh")], env, inst,
                         new_session=True, log_path=work / "console.log")
             time.sleep(0.3)  # a staggered start, as a real fleet comes up
@@ -227,7 +235,19 @@ class Demo:
         running.proc.wait()
         running.ended = True
         self.say(f"fleet:        {running.name} destroyed mid-supervisor (agent killed; events left in its spool)")
+        self.manager_event(running.name, "destroyed", "host stopped answering mid-supervisor (simulated)")
         return True
+
+    def manager_event(self, instance: str, kind: str, detail: str, attrs: dict[str, str] | None = None) -> None:
+        """What the manager did, as `flightrec manager event` publishes it (from the demo's own manager spool)."""
+        from flightrec.producer.manager import send_manager_event
+
+        settings = dataclasses.replace(self.settings, bootstrap=self.broker.bootstrap,
+                                       spool=str(self.home / "manager-spool"))
+        try:
+            send_manager_event(settings, instance, kind, detail, attrs, source=MANAGER_SOURCE)
+        except FlightrecError as exc:  # the demo goes on; the event stays spooled
+            log.warning("manager event %s for %s not sent: %s", kind, instance, exc)
 
     def _flush_spool(self, inst: Instance, run_dir: Path) -> None:
         spool = run_dir / inst.instance_id / "spool"
@@ -256,15 +276,18 @@ class Demo:
 
     def summary(self, fleet: list[Instance]) -> None:
         ids = [i.instance_id for i in fleet]
+        from flightrec.analytics.views import VIEWS
+
         rows = run_query(self.db, """
-            SELECT i.instance_id, i.gpu_model, i.state, i.complete, round(i.proofs_per_hour) AS proofs_per_hour,
+            SELECT i.instance_id, i.gpu_model, i.status, i.complete, round(i.proofs_per_hour) AS proofs_per_hour,
                    string_agg(f.failure_class, ',') AS classes
-            FROM instances i LEFT JOIN failures f ON f.instance_id = i.instance_id AND f.boot_id = i.boot_id
-            WHERE list_contains(?, i.instance_id) GROUP BY ALL ORDER BY i.instance_id""", [ids]).to_pylist()
+            FROM fleet i LEFT JOIN failures f ON f.instance_id = i.instance_id AND f.boot_id = i.boot_id
+            WHERE list_contains(?, i.instance_id) GROUP BY ALL ORDER BY i.instance_id""", [ids],
+                         prelude=VIEWS).to_pylist()
         self.say("")
-        self.say(f"{'instance':18} {'gpu':32} {'state':10} {'complete':9} {'proofs/h':>9}  failure class")
+        self.say(f"{'instance':18} {'gpu':32} {'status':14} {'complete':9} {'proofs/h':>9}  failure class")
         for r in rows:
-            self.say(f"{r['instance_id']:18} {r['gpu_model'] or '?':32} {r['state'] or '?':10} "
+            self.say(f"{r['instance_id']:18} {r['gpu_model'] or '?':32} {r['status'] or '?':14} "
                      f"{str(r['complete']):9} {r['proofs_per_hour'] or 0:9.0f}  {r['classes'] or ''}")
 
     # -- the whole run --------------------------------------------------------------

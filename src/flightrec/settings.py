@@ -61,6 +61,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
     Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits (it stops earlier once every followed file exists and was quiet for 1 s)."),
     Setting("FLIGHTREC_SEAL_WAIT", "10", "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded."),
+    Setting("FLIGHTREC_HEARTBEAT_S", "30", "Seconds between the agent's heartbeats while a stage runs (0: none); an unsealed instance silent for 3 intervals has status `lost`."),
     Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines only at DEBUG."),
 )
 
@@ -118,6 +119,7 @@ class Settings:
     follow_grace: float = 2.0
     seal_wait: float = 10.0
     max_message_bytes: int | None = None
+    heartbeat_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -157,6 +159,7 @@ class Settings:
             follow_grace=_float(env, "FLIGHTREC_FOLLOW_GRACE", base.follow_grace),
             seal_wait=_float(env, "FLIGHTREC_SEAL_WAIT", base.seal_wait),
             max_message_bytes=_int(env, "FLIGHTREC_MAX_MESSAGE_BYTES", None),  # type: ignore[arg-type]
+            heartbeat_s=_float(env, "FLIGHTREC_HEARTBEAT_S", base.heartbeat_s),
         )
 
     def with_overrides(self, **flags: Any) -> "Settings":

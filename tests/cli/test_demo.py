@@ -89,6 +89,32 @@ def _plan():
     return plan_fleet(7)
 
 
+def test_one_honest_status_per_instance_and_failed_now_counts_them(demo):
+    from flightrec.analytics.queries import fleet_counts
+    from flightrec.analytics.views import VIEWS
+
+    db, out, *_ = demo
+    status = {r["instance_id"]: r for r in run_query(db, "SELECT * FROM fleet", prelude=VIEWS).to_pylist()}
+    for inst in _plan():
+        row = status[inst.instance_id]
+        if inst.fate == "destroyed":  # never a pass: the manager destroyed it
+            assert row["status"] == "destroyed", row
+            assert row["status_detail"].startswith("destroyed by manager@demo at "), row
+        elif inst.fate == "too_slow":
+            assert row["status"] == "below_min_rate", row
+        elif inst.fate in EXPECTED_CLASS:
+            assert (row["status"], row["failure_class"]) == ("failed", EXPECTED_CLASS[inst.fate]), row
+        else:
+            assert row["status"] == "finished", row
+    failed = sum(1 for i in _plan() if i.fate in EXPECTED_CLASS)
+    assert fleet_counts(db).to_pylist()[0]["failed"] == failed
+    (inst,) = [i.instance_id for i in _plan() if i.fate == "destroyed"]
+    line = [x for x in out.splitlines() if x.startswith(inst)]
+    assert line and " destroyed " in line[0]  # the summary says it too
+    rented = run_query(db, "SELECT count(DISTINCT instance_id) AS n FROM manager_events WHERE kind = 'rented'")
+    assert rented.to_pylist()[0]["n"] >= len(_plan())
+
+
 def test_a_second_run_reuses_the_broker_data_and_adds_a_boot(demo):
     db, _, home, port = demo
     before = run_query(db, "SELECT count(*) AS n FROM log_lines").to_pylist()[0]["n"]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
 
 from flightrec.consumers.store import MATERIALIZED_TABLES
+from flightrec.schemas import Heartbeat, ManagerEvent
 from flightrec.query import run_query
 
 pytestmark = pytest.mark.integration
@@ -24,11 +26,15 @@ def test_replay_equals_live_table_by_table(kafka, tmp_path, env_for):
     boots = [motivating_boot(), Boot(), Boot()]
     boots[1].facts()
     boots[1].stage_ok("tunnel", ["up"])
+    boots[1].add(Heartbeat, stage="tunnel", interval_s=30.0)
     boots[1].benchmark(55.0, 10.0, "pass")
     boots[1].seal()
     boots[2].facts()
     boots[2].lines("params", "stderr", ["sha256 checksum mismatch for params.bin"])
-    publish(kafka.bootstrap, [e for b in boots for e in b.events], raw=[("flightrec.logs", b"junk", b"\x00junk")])
+    destroyed = ManagerEvent(event_id=str(uuid.uuid4()), instance_id=boots[2].instance, boot_id="manager-boot", seq=0,
+                             ts_us=boots[2].t0 + 10**6, source_id="manager@test", kind="destroyed")
+    publish(kafka.bootstrap, [e for b in boots for e in b.events] + [destroyed],
+            raw=[("flightrec.logs", b"junk", b"\x00junk")])
     live = tmp_path / "live.duckdb"
     # Live in tiny transactions (many batch boundaries), replay in the default big ones.
     materialize(kafka, live, idle=0.5, batch_messages=3)

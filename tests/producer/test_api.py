@@ -14,7 +14,7 @@ import pytest
 from flightrec.errors import ConfigError
 from flightrec.producer import Agent, open_agent
 from flightrec.producer.facts import parse_cuda_version, parse_gpu_query
-from flightrec.schemas import InstanceFacts, Lifecycle, Sealed, Throughput
+from flightrec.schemas import Heartbeat, InstanceFacts, Lifecycle, Sealed, Throughput
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +36,13 @@ def test_sync_api_emit_stage_seal(agent_env) -> None:
         sealed = agent.seal("done")
         assert agent.flush(30)
     evs = agent_env.events()
-    assert [e.seq for e in evs] == [0, 1, 2, 3, 4, 5]
+    assert [e.seq for e in evs] == list(range(8))  # each stage sends a heartbeat as it starts
+    assert [(e.stage, e.interval_s) for e in evs if isinstance(e, Heartbeat)] == [("benchmark", 30.0), ("prove", 30.0)]
     assert [(e.stage, e.state) for e in evs if isinstance(e, Lifecycle)] == [
         ("benchmark", "started"), ("benchmark", "succeeded"), ("prove", "started"), ("prove", "failed")]
     failed = [e for e in evs if isinstance(e, Lifecycle)][-1]
     assert failed.detail == "RuntimeError: no GPU"
-    assert isinstance(evs[-1], Sealed) and evs[-1] == sealed and sealed.event_count == 6
+    assert isinstance(evs[-1], Sealed) and evs[-1] == sealed and sealed.event_count == 8
     assert len({e.boot_id for e in evs}) == 1
     with pytest.raises(TypeError, match="fills seq"):
         open_agent(instance_id=agent_env.instance, settings=s, deliver=False).emit(Lifecycle, seq=3, stage="x", state="info")

@@ -148,3 +148,27 @@ def test_lines_are_shipped_while_cmd_runs(agent_env) -> None:
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(30)
+
+
+def test_heartbeats_while_a_stage_runs_counted_in_seq(agent_env) -> None:
+    from flightrec.schemas import Heartbeat
+
+    r = agent_env.run("run", "--stage", "bench", "--seal", "--", "sleep", "1.2",
+                      env=agent_env.env(FLIGHTREC_HEARTBEAT_S="0.25"))
+    assert r.returncode == 0, r.stderr
+    beats = agent_env.of(Heartbeat)
+    assert 3 <= len(beats) <= 8, len(beats)
+    assert {(b.stage, b.interval_s) for b in beats} == {("bench", 0.25)}
+    assert all(b.pid > 0 for b in beats)
+    events = agent_env.events()
+    seqs = sorted(e.seq for e in events)
+    assert seqs == list(range(len(seqs)))  # gap-free with the heartbeats in it
+    assert max(e.event_count for e in events if hasattr(e, "event_count")) == len(seqs)
+
+
+def test_no_heartbeats_when_the_interval_is_zero(agent_env) -> None:
+    from flightrec.schemas import Heartbeat
+
+    r = agent_env.run("run", "--stage", "bench", "--", "sleep", "0.5", env=agent_env.env(FLIGHTREC_HEARTBEAT_S="0"))
+    assert r.returncode == 0
+    assert agent_env.of(Heartbeat) == []

@@ -120,14 +120,27 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _status_of(db: str | Path, instance: str) -> tuple[str, str] | None:
+    """The instance's status from the fleet view (the readers' one rule table)."""
+    from flightrec.analytics.views import VIEWS
+    from flightrec.query import run_query
+
+    rows = run_query(db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance],
+                     prelude=VIEWS).to_pylist()
+    return (rows[0]["status"], rows[0]["status_detail"]) if rows else None
+
+
 def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.gate import wait_sealed
 
     settings = settings.with_overrides(db=args.db)
-    result = wait_sealed(settings.db, args.instance, args.timeout)
+    result = wait_sealed(settings.db, args.instance, args.timeout, status_of=_status_of)
     if result.complete:
         print(f"{args.instance}: complete: {result.reason}")
         return 0
+    if result.status is not None:  # lost / destroyed: the missing events will not come
+        print(f"flightrec wait-sealed: {args.instance} is {result.reason}", file=sys.stderr)
+        return 3
     print(f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}",
           file=sys.stderr)
     return 3

@@ -1,0 +1,112 @@
+"""Liveness on the materializer side: the per-boot heartbeat summary (upsert) and heartbeat gaps (pure)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import duckdb
+
+from flightrec.schemas import LOST_AFTER_INTERVALS
+
+log = logging.getLogger(__name__)
+
+# Expects the registered Arrow batch ``_d_heartbeats`` and ``_new`` (the event ids stored
+# for the first time in this transaction). Each column merges order-independently (a sum,
+# a min, a max, the value of the highest seq), so any batching of the same events agrees.
+MERGE_SQL = """
+INSERT INTO heartbeats BY NAME
+SELECT instance_id, boot_id, count(*) AS beats, min(ts_us) AS first_us, max(ts_us) AS last_us,
+       max(seq) AS last_seq, arg_max(interval_s, seq) AS interval_s, arg_max(stage, seq) AS stage
+FROM _d_heartbeats SEMI JOIN _new USING (event_id)
+GROUP BY instance_id, boot_id
+ON CONFLICT (instance_id, boot_id) DO UPDATE SET
+    beats = heartbeats.beats + excluded.beats,
+    first_us = least(heartbeats.first_us, excluded.first_us),
+    last_us = greatest(heartbeats.last_us, excluded.last_us),
+    interval_s = CASE WHEN excluded.last_seq > heartbeats.last_seq THEN excluded.interval_s ELSE heartbeats.interval_s END,
+    stage = CASE WHEN excluded.last_seq > heartbeats.last_seq THEN excluded.stage ELSE heartbeats.stage END,
+    last_seq = greatest(heartbeats.last_seq, excluded.last_seq)
+"""
+
+
+RUNNING_SQL = """
+INSERT INTO running_stages BY NAME
+WITH ls AS (
+    SELECT l.instance_id, l.stage, arg_max(l.state, l.seq) AS last_state
+    FROM lifecycle_events l JOIN instances i ON l.instance_id = i.instance_id AND l.boot_id = i.boot_id
+    WHERE i.instance_id IN (SELECT instance_id FROM _aff_inst) AND l.kind = 'lifecycle' AND l.stage IS NOT NULL
+      AND l.state IN ('started', 'succeeded', 'failed', 'skipped')
+    GROUP BY ALL)
+SELECT i.instance_id, i.boot_id,
+       (SELECT string_agg(stage, ', ' ORDER BY stage) FROM ls
+        WHERE ls.instance_id = i.instance_id AND ls.last_state = 'started') AS stages
+FROM instances i WHERE i.instance_id IN (SELECT instance_id FROM _aff_inst)
+"""
+
+
+def recompute_running(con: duckdb.DuckDBPyConnection) -> None:
+    """The stages in progress of every affected instance's latest boot (after the instances rows)."""
+    con.execute("DELETE FROM running_stages WHERE instance_id IN (SELECT instance_id FROM _aff_inst)")
+    con.execute(RUNNING_SQL)
+
+
+def merge_heartbeats(con: duckdb.DuckDBPyConnection) -> None:
+    """Fold this transaction's new heartbeats into the per-boot summary (inside the store's transaction)."""
+    con.execute(MERGE_SQL)
+
+
+@dataclass(frozen=True, order=True)
+class Gap:
+    """A silence of a running stage: no heartbeat from ``since_us`` to ``until_us`` (None: still silent)."""
+
+    since_us: int
+    until_us: int | None
+    boot_id: str
+    stage: str
+    interval_s: float
+
+
+def heartbeat_gaps(beats: Iterable[Mapping[str, object]], intervals: Mapping[str, float],
+                   now_us: int | None = None, sealed_boots: Iterable[str] = (),
+                   last_event_us: Mapping[str, int] | None = None) -> list[Gap]:
+    """Gaps longer than LOST_AFTER_INTERVALS intervals between heartbeats of one stage of one boot.
+
+    ``beats`` are rows with boot_id, seq, ts_us, stage; ``intervals`` the interval per boot.
+    With ``now_us``, an unsealed boot silent for longer than that since its last heartbeat
+    (or its last event of any kind, from ``last_event_us``, when later) also gets an open
+    gap (until_us None): contact lost, as the `lost` status says.
+    """
+    by_boot: dict[str, list[Mapping[str, object]]] = {}
+    for b in beats:
+        by_boot.setdefault(str(b["boot_id"]), []).append(b)
+    sealed = set(sealed_boots)
+    out: list[Gap] = []
+    for boot, rows in by_boot.items():
+        interval = float(intervals.get(boot) or 0)
+        if interval <= 0:
+            continue
+        limit = LOST_AFTER_INTERVALS * interval * 1e6
+        rows.sort(key=lambda r: (int(r["seq"]), int(r["ts_us"])))  # type: ignore[call-overload]
+        for prev, cur in zip(rows, rows[1:]):
+            p, c = int(prev["ts_us"]), int(cur["ts_us"])  # type: ignore[call-overload]
+            if prev["stage"] == cur["stage"] and c - p > limit:
+                out.append(Gap(p, c, boot, str(cur["stage"]), interval))
+        last = rows[-1]
+        since = max(int(last["ts_us"]), int((last_event_us or {}).get(boot) or 0))  # type: ignore[call-overload]
+        if now_us is not None and boot not in sealed and now_us - since > limit:
+            out.append(Gap(since, None, boot, str(last["stage"]), interval))
+    return sorted(out)
+
+
+def ago(seconds: float) -> str:
+    """A short human duration: '42 s', '4 min', '3 h', '2 d'."""
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    if s < 172800:
+        return f"{s // 3600} h"
+    return f"{s // 86400} d"

@@ -1,0 +1,62 @@
+"""Events from the manager's side: a controller publishes decisions about an instance from its own spool."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import quote
+
+from flightrec.errors import ConfigError
+from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, now_us
+from flightrec.settings import Settings
+
+from flightrec.producer.agent import SyncAgent
+
+log = logging.getLogger(__name__)
+
+
+def default_source() -> str:
+    """The source id a manager uses when none is given: manager@<host name>."""
+    return f"manager@{socket.gethostname()}"
+
+
+def manager_spool(settings: Settings, source: str) -> Path:
+    """The manager source's own spool root: <spool>/manager/<quoted source id>, apart from every agent's."""
+    return Path(settings.spool) / "manager" / quote(source, safe="-_.@")
+
+
+def send_manager_event(settings: Settings, instance: str, kind: str, detail: str = "",
+                       attributes: Mapping[str, str] | None = None, source: str | None = None,
+                       timeout: float | None = None) -> tuple[ManagerEvent, bool]:
+    """Spool one ManagerEvent about ``instance`` and wait up to the flush timeout for Kafka.
+
+    Returns (the event, whether Kafka acknowledged it). Its boot_id and seq are the
+    manager source's own (one boot per source and instance), so the instance's boots
+    and their completeness never see it; it is keyed by the instance id, so it sits in
+    the instance's partition. What Kafka did not acknowledge stays in the manager's spool.
+    """
+    if kind not in MANAGER_KINDS:
+        raise ConfigError(f"--kind {kind!r} is not one of {', '.join(MANAGER_KINDS)}")
+    if not instance:
+        raise ConfigError("a manager event needs --instance ID: the instance it is about")
+    source = source or default_source()
+    agent = SyncAgent(instance_id=instance, settings=settings, spool_dir=str(manager_spool(settings, source)))
+    with agent:
+        cap = settings.max_line
+        text = agent.redactor.text(detail)[:cap]
+        attrs = {k[:cap]: v[:cap] for k, v in agent.redactor.mapping(dict(attributes or {})).items()}
+        eid, ts = new_event_id(), now_us()
+
+        def make(boot: str, seq: int) -> Event:
+            return ManagerEvent(event_id=eid, instance_id=instance, boot_id=boot, seq=seq, ts_us=ts,
+                                source_id=source, kind=kind, detail=text, attributes=attrs)
+
+        event = agent.emit_makers([make])[0]
+        ok = agent.close(timeout)
+    if not ok:
+        log.warning("manager event %s about %s is spooled in %s but not yet acknowledged; deliver it with "
+                    "`flightrec agent flush --all --spool %s`", kind, instance, agent.spool.dir,
+                    manager_spool(settings, source))
+    return event, ok  # type: ignore[return-value]
