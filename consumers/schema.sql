@@ -74,7 +74,8 @@ CREATE TABLE IF NOT EXISTS log_lines (
     ts_us        BIGINT,
     text         VARCHAR,
     truncated    BOOLEAN,
-    invalid_utf8 BOOLEAN
+    invalid_utf8 BOOLEAN,
+    late         BOOLEAN      -- written after the stage's command exited (by a process it left behind)
 );
 
 CREATE TABLE IF NOT EXISTS process_exits (
@@ -215,3 +216,6 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
     duplicates      BIGINT,
     dead_letters    BIGINT
 );
+
+-- A database made before `late` existed gains the column (NULL for its old lines: not late).
+ALTER TABLE log_lines ADD COLUMN IF NOT EXISTS late BOOLEAN;

@@ -12,7 +12,7 @@ import numpy as np
 from flightrec.schemas import MAGIC, Event, LogBatch, default_codec
 
 _FIELDS = ("event_id", "instance_id", "boot_id", "seq", "ts_us", "stage", "source", "pid", "line_no",
-           "line_ts_us", "text", "truncated", "invalid_utf8")
+           "line_ts_us", "text", "truncated", "invalid_utf8", "late")
 
 
 def _schema_matches() -> bool:
@@ -95,7 +95,7 @@ class LogBatchEncoder:
             self._header, _str(ev.event_id), _str(ev.instance_id), _str(ev.boot_id), _long(ev.seq),
             _long(ev.ts_us), _str(ev.stage), _str(ev.source), _long(ev.pid), _long_array(ev.line_no),
             _long_array(ev.line_ts_us), _str_array(ev.text), _bool_array(ev.truncated),
-            _bool_array(ev.invalid_utf8),
+            _bool_array(ev.invalid_utf8), _bool_array(ev.late),
         ))
 
 
