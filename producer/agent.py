@@ -183,7 +183,15 @@ class _AgentBase:
         return events[0] if events else None  # type: ignore[return-value]
 
     def seal(self, reason: str = "") -> Sealed:
-        """The Sealed event closing this boot: it counts every event of the boot (itself included)."""
+        """The Sealed event closing this boot: it counts every event of the boot (itself included).
+
+        Late output of the boot (lines that processes left behind by a stage still write)
+        is spooled first, waiting up to FLIGHTREC_LATE_WAIT; from then on it is passed on
+        but no longer recorded.
+        """
+        from flightrec.producer.late import settle_late_output
+
+        settle_late_output(self.spool.dir, self.boot_id, self.settings.late_wait)
         eid, iid, ts = new_event_id(), self.instance_id, now_us()
 
         def make(boot: str, seq: int) -> Event:

@@ -56,7 +56,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_FLUSH_TIMEOUT", "10", "Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool."),
     Setting("FLIGHTREC_MAX_LINE", "65536", "Longest log line shipped, in bytes; longer lines are cut and flagged truncated."),
     Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
-    Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits (it stops earlier once every followed file exists and was quiet for 1 s)."),
+    Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits when no process the stage started still holds them (it stops earlier once every followed file exists and was quiet for 1 s)."),
+    Setting("FLIGHTREC_LATE_WAIT", "10", "Seconds a seal waits for late output (lines that processes left behind by a stage are still writing) before it closes the boot; late output is then passed on but no longer recorded."),
     Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR)."),
 )
 
@@ -111,6 +112,7 @@ class Settings:
     max_line: int = 65536
     tail_lines: int = 100
     follow_grace: float = 2.0
+    late_wait: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -147,6 +149,7 @@ class Settings:
             max_line=_int(env, "FLIGHTREC_MAX_LINE", base.max_line),
             tail_lines=_int(env, "FLIGHTREC_TAIL_LINES", base.tail_lines),
             follow_grace=_float(env, "FLIGHTREC_FOLLOW_GRACE", base.follow_grace),
+            late_wait=_float(env, "FLIGHTREC_LATE_WAIT", base.late_wait),
         )
 
     def with_overrides(self, **flags: Any) -> "Settings":
