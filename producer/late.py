@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "FLIGHTREC_STAGE_TOKEN"  # set in CMD's environment: marks the processes the stage started
 CHUNK = 1 << 20
 POLL_S = 0.05
-HOLDER_SCAN_S = 1.0  # how often /proc is scanned for stage processes holding a followed file
+HOLDER_SCAN_S = 1.0  # how often /proc is scanned for processes the stage started
 QUIET_S = 1.0  # a seal waits until late output was quiet this long (or FLIGHTREC_LATE_WAIT passed)
 
 
@@ -82,24 +82,21 @@ def hand_off(h: Handoff, spool_dir: Path) -> int:
     return proc.pid
 
 
-def stage_holders(token: str, paths: set[str]) -> set[str]:
-    """The ``paths`` that a live process carrying the stage's token (one the stage started) has open."""
-    found: set[str] = set()
+def stage_alive(token: str) -> bool:
+    """Whether a process carrying the stage's token (one the stage started, or its descendants) still runs."""
     needle = f"{TOKEN_ENV}={token}\0".encode()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle not in f.read() + b"\0":
-                    continue
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link in paths:
-                    found.add(link)
+                if needle in f.read() + b"\0":
+                    with open(f"/proc/{pid}/stat", "rb") as st:
+                        if st.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                            return True
         except OSError:
             continue
-    return found
+    return False
 
 
 def _registered(spool_dir: Path, boot_id: str) -> list[Path]:
@@ -214,8 +211,7 @@ class _Late:
         if self.pipes:
             return True
         if now - self.holders_seen >= HOLDER_SCAN_S:
-            paths = {os.path.realpath(f.path) for f, _ in self.files}
-            if stage_holders(self.h.token, paths):
+            if stage_alive(self.h.token):
                 self.holders_seen = now
             elif now - self.last_data < self.h.settings.follow_grace:
                 pass

@@ -24,7 +24,7 @@ from flightrec.schemas import Event, FileTail, LogBatch, ProcessExit, new_event_
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.fastlog import encode_fast
 from flightrec.producer.follow import FileFollower
-from flightrec.producer.late import TOKEN_ENV, HandedFile, HandedPipe, Handoff, hand_off, stage_holders
+from flightrec.producer.late import TOKEN_ENV, HandedFile, HandedPipe, Handoff, hand_off, stage_alive
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
 from flightrec.producer.term import (FORWARDED, PtyPair, SignalWatcher, foreground_of_terminal, read_eof,
                                      should_forward, strip_control, unblock_in_child)
@@ -450,10 +450,8 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
             while t.is_alive() and time.monotonic() < deadline and not sigs.after_exit.is_set():
                 t.join(0.02)
         held = [t for t in pumps if t.is_alive()]
-        held_files: set[str] = set()
-        if follows and not sigs.after_exit.is_set():
-            held_files = stage_holders(token, {os.path.realpath(f.path) for f, _b in follows})
-        if held or held_files:
+        # followed files go on being followed while a process the stage started still runs
+        if held or (follows and not sigs.after_exit.is_set() and stage_alive(token)):
             late_pid = _hand_off(agent, stage, token, pumps, follower, follows)
         elif follower:
             follower.finish(settings.follow_grace, sigs.after_exit)

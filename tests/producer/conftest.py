@@ -65,7 +65,7 @@ class AgentEnv:
         out: list[tuple[int, str, bool]] = []
         for b in self.of(LogBatch):
             if b.source == source and (stage is None or b.stage == stage):
-                out.extend(zip(b.line_no, b.text, b.late or [False] * len(b.text)))
+                out.extend(zip(b.line_no, b.text, getattr(b, "late", ()) or [False] * len(b.text)))
         return out
 
     def wait_for_line(self, source: str, text: str, timeout: float = 60.0) -> list[tuple[int, str, bool]]:
