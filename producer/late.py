@@ -37,6 +37,7 @@ class HandedPipe:
     pending: bytes = b""
     overflow: bool = False
     strip: bool = False  # a pty: terminal control sequences are kept out of the recorded text
+    early: int = 0  # bytes still in the pipe that were written before CMD exited (not late)
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ class _Late:
         self.pipes = {}
         for p in h.pipes:
             b = SourceBatcher(self.agent, h.stage, p.source, p.pid, **kw)
-            b.resume(p.next_no, p.pending, p.overflow, late=True)
+            b.resume(p.next_no, p.pending, p.overflow, late=not p.early)
             self.pipes[p.fd] = (p, b)
         self.files = []
         for f in h.files:
@@ -202,10 +203,17 @@ class _Late:
             except OSError:
                 self.pipes[fd] = (HandedPipe(**{**p.__dict__, "out_fd": None}), b)
         if self.recording:
-            if p.strip:
-                from flightrec.producer.term import strip_control
-                data = strip_control(data)
-            b.feed(data)
+            parts = [data]
+            if p.early:  # written before CMD exited, read only now
+                parts = [data[:p.early], data[p.early:]]
+                self.pipes[fd] = (HandedPipe(**{**p.__dict__, "early": max(0, p.early - len(data))}), b)
+            for i, part in enumerate(parts):
+                b.late = i == len(parts) - 1
+                if p.strip:
+                    from flightrec.producer.term import strip_control
+                    part = strip_control(part)
+                if part:
+                    b.feed(part)
 
     def _files_still_written(self, now: float) -> bool:
         if self.pipes:

@@ -10,7 +10,9 @@ import select
 import shlex
 import shutil
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
 import uuid
@@ -179,10 +181,22 @@ class _Pump(threading.Thread):
         self.handing_off = False  # stopped to hand the fd to the late-output process: keep it open
         self.eof = False
         self.error: str | None = None
+        self.read_total = 0
+        self.late_at: int | None = None  # bytes read past this were written after CMD exited
+        self._read_lock = threading.Lock()
         try:
             fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ: room for bursts while a batch is spooled
         except OSError:
             pass
+
+    def mark_exit(self) -> None:
+        """CMD exited: what is in the pipe now was written before, whatever comes after is late."""
+        with self._read_lock:
+            try:
+                waiting = struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+            except OSError:
+                waiting = 0
+            self.late_at = self.read_total + waiting
 
     def _capture(self, call: str, *args: object) -> None:
         if self.error is not None:
@@ -205,12 +219,14 @@ class _Pump(threading.Thread):
                     if self.stop_flag:
                         break
                     continue
-                try:
-                    data = os.read(self.fd, CHUNK)
-                except OSError as exc:
-                    if not read_eof(exc):
-                        raise
-                    data = b""
+                with self._read_lock:
+                    try:
+                        data = os.read(self.fd, CHUNK)
+                    except OSError as exc:
+                        if not read_eof(exc):
+                            raise
+                        data = b""
+                    start, self.read_total = self.read_total, self.read_total + len(data)
                 if not data:
                     self.eof = True
                     break
@@ -222,6 +238,13 @@ class _Pump(threading.Thread):
                         self._capture("feed", strip_control(data) if self.strip else data)
                         self.eof = True
                         break
+                late_at = self.late_at
+                if late_at is not None and not self.batcher.late and start + len(data) > late_at:
+                    cut = max(0, late_at - start)  # what was in the pipe when CMD exited is not late
+                    if cut:
+                        self._capture("feed", strip_control(data[:cut]) if self.strip else data[:cut])
+                    self.batcher.late = True
+                    data = data[cut:]
                 self._capture("feed", strip_control(data) if self.strip else data)
                 if self.stop_flag:
                     break
@@ -443,8 +466,10 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
         sigs.exited = True
         ended_us = now_us()
         duration = time.monotonic() - t0
-        for b in (out_b, err_b, *(b for _f, b in follows)):
-            b.late = True
+        for t in pumps:
+            t.mark_exit()
+        for _f, b in follows:
+            b.late = True  # lines a followed file gets from here on
         deadline = time.monotonic() + PIPE_GRACE_S
         for t in pumps:
             while t.is_alive() and time.monotonic() < deadline and not sigs.after_exit.is_set():
@@ -501,7 +526,8 @@ def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], foll
         if not t.eof:
             no, pending, overflow = t.batcher.handoff_state()
             pipes.append(HandedPipe(fd=t.fd, out_fd=t.out_fd, source=t.batcher.source, pid=t.batcher.pid,
-                                    next_no=no, pending=pending, overflow=overflow, strip=t.strip))
+                                    next_no=no, pending=pending, overflow=overflow, strip=t.strip,
+                                    early=max(0, (t.late_at or 0) - t.read_total)))
     files = []
     for f, b in follows:
         fd, offset, ino = f.state()
