@@ -52,9 +52,14 @@ def varints(values: Sequence[int]) -> bytes:
 
 
 def _long_array(values: Sequence[int]) -> bytes:
-    if not len(values):
+    n = len(values)
+    if not n:
         return b"\x00"
-    return _long(len(values)) + varints(values) + b"\x00"
+    if isinstance(values, range):  # line numbers: no Python ints to convert
+        return _long(n) + varints(np.arange(values.start, values.stop, values.step, dtype=np.int64)) + b"\x00"
+    if values.count(values[0]) == n:  # one read time for the whole batch (the usual case): one varint, repeated
+        return _long(n) + _long(values[0]) * n + b"\x00"
+    return _long(n) + varints(values) + b"\x00"
 
 
 def _str_array(texts: Sequence[str]) -> bytes:
@@ -72,6 +77,12 @@ def _str_array(texts: Sequence[str]) -> bytes:
 def _bool_array(flags: Sequence[bool]) -> bytes:
     if not flags:
         return b"\x00"
+    try:
+        raw = bytes(flags)  # bools are 0/1 already
+    except (TypeError, ValueError):
+        raw = b"\x02"
+    if not raw.translate(None, b"\x00\x01"):
+        return _long(len(flags)) + raw + b"\x00"
     return _long(len(flags)) + bytes(map(bool, flags)) + b"\x00"
 
 

@@ -67,6 +67,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
     from flightrec.producer import open_agent, run_stage
     from flightrec.producer.run import set_title
+    from flightrec.producer.term import HANDLED
     from flightrec.producer.term import block as block_signals
 
     cmd = list(args.cmd)
@@ -88,6 +89,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             if facts is not None:
                 facts.join(20)
     finally:
+        for sig in HANDLED:  # one that came during the final flush must not change CMD's exit status
+            signal.signal(sig, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     return result.exit_status
 
