@@ -176,10 +176,10 @@ class _Late:
             follower.close()
             b.close()
         self.files = []
+        self.reg.unlink(missing_ok=True)  # every line is spooled: a seal may go on
         if self.agent is not None:
             self.agent.close()
             self.agent = None
-        self.reg.unlink(missing_ok=True)
 
     def _read_pipe(self, fd: int) -> None:
         p, b = self.pipes[fd]

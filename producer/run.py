@@ -28,8 +28,8 @@ from flightrec.producer.fastlog import encode_fast
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.late import TOKEN_ENV, HandedFile, HandedPipe, Handoff, hand_off, stage_alive
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
-from flightrec.producer.term import (FORWARDED, PtyPair, SignalWatcher, foreground_of_terminal, read_eof,
-                                     should_forward, strip_control, unblock_in_child)
+from flightrec.producer.term import (FORWARDED, PtyPair, SignalWatcher, StageSignals, read_eof, strip_control,
+                                     unblock_in_child)
 from flightrec.producer.term import block as block_signals
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ BATCH_MAX_BYTES = 256 * 1024  # and a LogBatch holds about this much text at mos
 BATCH_MAX_LINES = 16384
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 1.0  # after CMD exits, stop following once every followed file exists and was quiet this long
-PIPE_GRACE_S = 0.3  # after CMD exits, how long its outputs may take to close before a late-output process takes them
+PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them
 
 
 class SourceBatcher:
@@ -327,9 +327,9 @@ def _start_error(exc: OSError, cmd: str) -> tuple[int, str]:
     return 126, f"{cmd}: cannot execute: {exc.strerror or exc}"
 
 
-def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair], own_group: bool) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair]) -> subprocess.Popen[bytes]:
     """Start CMD like a shell would: an executable without ``#!`` (ENOEXEC) runs under /bin/sh."""
-    kw: dict = dict(env=env, bufsize=0, preexec_fn=unblock_in_child, process_group=0 if own_group else None,
+    kw: dict = dict(env=env, bufsize=0, preexec_fn=unblock_in_child,
                     stdout=ptys[1].slave if 1 in ptys else subprocess.PIPE,
                     stderr=ptys[2].slave if 2 in ptys else subprocess.PIPE)
     try:
@@ -345,47 +345,6 @@ def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair], own_g
 def set_title(stage: str) -> None:
     """Show the agent as ``flightrec-agent stage=NAME`` in ps and to ``pkill -f`` (not the wrapped command line)."""
     setproctitle(f"flightrec-agent stage={stage}")
-
-
-class _Signals:
-    """What the agent does with a signal while a stage runs (and after CMD exited)."""
-
-    def __init__(self, own_group: bool, ptys: dict[int, PtyPair]) -> None:
-        self.own_group = own_group
-        self.ptys = ptys
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.pending: list[tuple[int, int]] = []
-        self.after_exit = threading.Event()  # a signal came after CMD exited: stop waiting, end now
-        self.exited = False
-        self.forwarded: list[int] = []
-
-    def __call__(self, signum: int, si_code: int) -> None:
-        proc = self.proc
-        if signum == signal.SIGWINCH:
-            for p in self.ptys.values():
-                p.resize()
-            if proc is not None and not self.exited and self.ptys:
-                _kill(proc.pid, signal.SIGWINCH)  # after the resize, so CMD reads the new size
-            return
-        if proc is None:
-            self.pending.append((signum, si_code))
-        elif self.exited or proc.returncode is not None:
-            self.after_exit.set()
-        elif should_forward(signum, si_code, not self.own_group):
-            self.forwarded.append(signum)
-            _kill(proc.pid, signum)
-
-    def started(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        for signum, code in self.pending:
-            self(signum, code)
-
-
-def _kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence[str] = (), *,
@@ -411,8 +370,7 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
     # followed files take their starting point now, before CMD writes anything
     follows = [(FileFollower(p), SourceBatcher(agent, stage, p, 0, **kw)) for p in tails]
     ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
-    own_group = not foreground_of_terminal()  # no terminal sends signals to our group: CMD gets one of its own
-    sigs = _Signals(own_group, ptys)
+    sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
     watcher: SignalWatcher | None = None
     old_handlers = {}
     old_mask: set[int] | None = None
@@ -427,7 +385,7 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
     late_pid = None
     try:
         try:
-            proc = _spawn(argv, env, ptys, own_group)
+            proc = _spawn(argv, env, ptys)
         except OSError as exc:
             for p in ptys.values():
                 os.close(p.master)

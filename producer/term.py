@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import struct
+import subprocess  # noqa: F401  (types)
 import termios
 import threading
 from dataclasses import dataclass
@@ -31,32 +32,71 @@ def strip_control(data: bytes) -> bytes:
     return _CONTROL.sub(b"", data)
 
 
-def should_forward(signum: int, si_code: int, cmd_in_our_group: bool) -> bool:
-    """Whether a signal the agent got must be passed to CMD (pure).
+def should_forward(signum: int, si_code: int, cmd_has_it_pending: bool = False) -> bool:
+    """Whether a signal the agent got must be passed to CMD, which shares the agent's process group (pure).
 
-    A terminal's signals (si_code SI_KERNEL: ^C, ^\\, hangup, window change) go to the
-    whole foreground process group; when CMD shares the agent's group it already got
-    it, so passing it on would deliver it twice. Anything else (``kill AGENT_PID``, a
-    container runtime's SIGTERM, a group kill while CMD has a group of its own) is
-    passed on once.
+    A terminal's signals (si_code SI_KERNEL: ^C, ^\\, hangup) go to the whole
+    foreground process group, CMD included: passing them on would deliver them
+    twice. A signal CMD has pending already (a kill of the whole group that CMD has
+    not taken yet) is not sent again either. Anything else (``kill AGENT_PID``, a
+    container runtime's SIGTERM) is passed on once.
     """
     if signum == signal.SIGWINCH:
         return False  # resizes are handled by resizing CMD's pseudo-terminals (see PtyPair.resize)
-    return not (si_code == SI_KERNEL and signum in TERMINAL_SIGNALS and cmd_in_our_group)
-
-
-def foreground_of_terminal() -> bool:
-    """Whether this process's group is the foreground group of its controlling terminal."""
-    try:
-        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError:
-        return False  # no controlling terminal
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
+    if si_code == SI_KERNEL and signum in TERMINAL_SIGNALS:
         return False
-    finally:
-        os.close(fd)
+    return not cmd_has_it_pending
+
+
+def pending_in(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has signal ``signum`` pending (not yet taken), per /proc/PID/status."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) >> (signum - 1) & 1:
+                    return True
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+class StageSignals:
+    """What the agent does with a signal while a stage runs (and after CMD exited)."""
+
+    def __init__(self, ptys: "dict[int, PtyPair]") -> None:
+        self.ptys = ptys
+        self.proc: "subprocess.Popen[bytes] | None" = None
+        self.pending: list[tuple[int, int]] = []
+        self.after_exit = threading.Event()  # a signal came after CMD exited: stop waiting, end now
+        self.exited = False
+
+    def __call__(self, signum: int, si_code: int) -> None:
+        proc = self.proc
+        if signum == signal.SIGWINCH:
+            for p in self.ptys.values():
+                p.resize()
+            if proc is not None and not self.exited and self.ptys:
+                _kill(proc.pid, signal.SIGWINCH)  # after the resize, so CMD reads the new size
+            return
+        if proc is None:
+            self.pending.append((signum, si_code))
+        elif self.exited or proc.returncode is not None:
+            self.after_exit.set()
+        elif should_forward(signum, si_code, pending_in(proc.pid, signum)):
+            _kill(proc.pid, signum)
+
+    def started(self, proc: "subprocess.Popen[bytes]") -> None:
+        """CMD runs: pass on what came while it was starting."""
+        self.proc = proc
+        for signum, code in self.pending:
+            self(signum, code)
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ def test_a_daemon_outlives_its_stage_and_is_recorded_late(agent_env, tmp_path: P
                                           env, tmp_path, "agent")
     assert code == 1
     script_ended = float((tmp_path / "a.end").read_text())
-    assert ended - script_ended < 1.0, f"the agent exited {ended - script_ended:.2f}s after its command"
+    # about 0.3 s on an idle machine; the bound leaves room for a loaded test machine
+    assert ended - script_ended < 1.5, f"the agent exited {ended - script_ended:.2f}s after its command"
     daemon = int((tmp_path / "a.pid").read_text())
     time.sleep(3)
     assert alive(daemon), "the daemon was killed after its stage ended"
@@ -189,19 +190,12 @@ def _start_signals(agent_env, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     ready = tmp_path / "ready"
     p = subprocess.Popen(agent_env.argv("run", "--stage", "s", "--", PY, "-c", SIGNALS, str(ready)),
                          env=agent_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)  # its own process group, as an entrypoint in a container
+                         start_new_session=True)  # no terminal, as an entrypoint in a container
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ready.exists()
     return p, ready
-
-
-def test_sigint_to_the_whole_process_group_reaches_cmd_once(agent_env, tmp_path: Path) -> None:
-    p, _ = _start_signals(agent_env, tmp_path)
-    os.killpg(p.pid, signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    assert out.decode().split() == ["SIGINT"], err.decode()[-2000:]
 
 
 def test_sigterm_to_the_agent_alone_reaches_cmd_once(agent_env, tmp_path: Path) -> None:
@@ -255,13 +249,13 @@ def _pty_run(argv: list[str], env: dict[str, str], *, send: bytes = b"", ready: 
     return p.wait(timeout=60), seen
 
 
-def test_ctrl_c_in_a_terminal_reaches_cmd_once(agent_env, tmp_path: Path) -> None:
+def test_ctrl_c_to_the_terminal_s_process_group_reaches_cmd_once(agent_env, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     code, seen = _pty_run(agent_env.argv("run", "--stage", "s", "--", PY, "-c", TERMINAL_SIGNALS, str(ready)),
                           agent_env.env(), send=b"\x03", ready=ready)
     text = seen.decode(errors="replace")
+    assert re.findall(r"SIG[A-Z]+", text) == ["SIGINT"], text  # from the terminal; the agent did not add one
     assert code == 0 and re.search(r"tty (\^C)?True", text), text
-    assert re.findall(r"SIG[A-Z]+", text) == ["SIGINT"], text
 
 
 COLOURS = r"""
