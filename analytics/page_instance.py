@@ -147,8 +147,11 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     total = lines.column("matching")[0].as_py() if lines.num_rows else 0
     where = " up to the failure" if around is not None else ""
     st.caption(f"{total:,} matching lines; showing the last {lines.num_rows:,}{where}.")
-    st.dataframe(lines.select(["ts", "stage", "source", "line_no", "text"]), hide_index=True, width="stretch",
-                 height=table_height(lines.num_rows, 420), column_config={"text": st.column_config.TextColumn("text", width="large")})
+    st.dataframe(lines.select(["ts", "stage", "source", "line_no", "late", "text"]), hide_index=True, width="stretch",
+                 height=table_height(lines.num_rows, 420),
+                 column_config={"text": st.column_config.TextColumn("text", width="large"),
+                                "late": st.column_config.CheckboxColumn(
+                                    "late", help="written after the stage's command exited, by a process it left behind")})
 
 
 def render() -> None:

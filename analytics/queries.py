@@ -159,7 +159,7 @@ def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sou
     return q(db, """
         WITH mine AS MATERIALIZED (SELECT * FROM log_view WHERE instance_id = $id)
         SELECT * FROM (
-            SELECT ts, stage, source, line_no, text, truncated, ts_us, seq, count(*) OVER () AS matching
+            SELECT ts, stage, source, line_no, text, truncated, late, ts_us, seq, count(*) OVER () AS matching
             FROM mine
             WHERE (len($stages) = 0 OR list_contains($stages, stage))
               AND (len($sources) = 0 OR list_contains($sources, source))

@@ -95,7 +95,7 @@ CREATE OR REPLACE TEMP VIEW log_view AS
 SELECT
     instance_id, boot_id, stage, source,
     CASE WHEN source IN ('stdout', 'stderr') THEN source ELSE 'file' END AS source_kind,
-    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, ts_us, pid, seq
+    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, coalesce(late, false) AS late, ts_us, pid, seq
 FROM log_lines
 """
 

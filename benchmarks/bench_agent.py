@@ -181,6 +181,7 @@ def run(bootstrap: str, tmp: Path) -> int:
               f"(child {agent_child[-1]:.2f}s)  rss {rss[-1]} MiB", flush=True)
     delivered = count_lines(bootstrap, instances[0])
     assert delivered == LINES, f"the agent delivered {delivered} lines, not {LINES}"
+    cat_kcat, cat_agent = pipeline_capacity(bootstrap, tmp, env)
 
     # latency at 1,000 lines/s: a live consumer notes when each line's batch arrives
     inst = f"bench-lat-{uuid.uuid4()}"
@@ -216,7 +217,37 @@ def run(bootstrap: str, tmp: Path) -> int:
           f"p50 {lat_ms[len(lat_ms) // 2]:.0f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99)]:.0f} ms, "
           f"max {lat_ms[-1]:.0f} ms (goal p99 <= 250 ms)")
     print(f"agent peak RSS: {max(rss)} MiB (goal <= 150 MiB)")
+    print(f"pipeline capacity, {LINES:,} lines from a file: kcat -P -l FILE {med(cat_kcat):.2f}s, "
+          f"agent run -- cat FILE {med(cat_agent):.2f}s = {med(cat_agent) / med(cat_kcat):.2f}x kcat's time "
+          f"(goal <= 1.5x; runs: kcat {', '.join(f'{x:.2f}' for x in cat_kcat)}; "
+          f"agent {', '.join(f'{x:.2f}' for x in cat_agent)})")
     return 0
+
+
+def pipeline_capacity(bootstrap: str, tmp: Path, env: dict[str, str]) -> tuple[list[float], list[float]]:
+    """The pipeline's own capacity: `agent run -- cat FILE` vs `kcat -P -l FILE`, same lines, same broker, acks=all."""
+    data = tmp / "lines.txt"
+    with open(data, "w") as f:
+        for i in range(LINES):
+            f.write(f"{i:07d} worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5\n")
+    kc, ag = [], []
+    for r in range(RUNS):
+        t = time.perf_counter()
+        k = subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", SCRATCH, "-l", "-X", "acks=all",
+                            "-X", "enable.idempotence=true", "-X", "linger.ms=5", str(data)])
+        kc.append(time.perf_counter() - t)
+        assert k.returncode == 0, "kcat failed"
+        inst = f"bench-cat-{uuid.uuid4()}"
+        t = time.perf_counter()
+        p = subprocess.run([FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "cat", "--no-facts", "--",
+                            "cat", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        ag.append(time.perf_counter() - t)
+        assert p.returncode == 0, p.stderr[-2000:]
+        if r == 0:
+            delivered = count_lines(bootstrap, inst)
+            assert delivered == LINES, f"the agent delivered {delivered} lines of cat, not {LINES}"
+        print(f"capacity run {r + 1}: kcat -P -l {kc[-1]:.2f}s  agent run -- cat {ag[-1]:.2f}s", flush=True)
+    return kc, ag
 
 
 if __name__ == "__main__":

@@ -185,6 +185,15 @@ def recompute_failures(con: duckdb.DuckDBPyConnection, rules: RuleTable) -> int:
                 FROM log_lines l SEMI JOIN (SELECT * FROM _fail_keys k ANTI JOIN process_exits x
                                             USING (instance_id, boot_id, stage)) USING (instance_id, boot_id, stage))
             WHERE rn <= {TAIL_LINES} ORDER BY instance_id, boot_id, stage, source, seq, line_no""")
+        late = _rows(con, f"""
+            SELECT instance_id, boot_id, stage, source, text FROM (
+                SELECT l.*, row_number() OVER (PARTITION BY instance_id, boot_id, stage, source
+                                               ORDER BY seq DESC, line_no DESC) AS rn
+                FROM log_lines l SEMI JOIN _fail_keys USING (instance_id, boot_id, stage) WHERE l.late)
+            WHERE rn <= {TAIL_LINES} ORDER BY instance_id, boot_id, stage, source, seq, line_no""")
+        late_of: dict[tuple[str, str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        for t in late:
+            late_of[(t["instance_id"], t["boot_id"], t["stage"])][t["source"]].append(t["text"])
         by_boot: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for r in life:
             by_boot[(r["instance_id"], r["boot_id"])].append(r)
@@ -208,7 +217,7 @@ def recompute_failures(con: duckdb.DuckDBPyConnection, rules: RuleTable) -> int:
                 *key, lifecycle=by_boot.get(key[:2], []), exits=by_stage_exit.get(key, []),
                 results=by_stage_result.get(key, []),
                 facts=facts_of.get(key[:2]) or facts_of.get((key[0], None)),
-                log_tails=tails_of.get(key, {}), rules=rules)
+                log_tails=tails_of.get(key, {}), rules=rules, late_tails=late_of.get(key))
             if row is not None:
                 out.append(row)
         con.execute("""DELETE FROM failures USING _fail_keys k WHERE failures.instance_id = k.instance_id

@@ -44,12 +44,14 @@ def _order(r: Row) -> tuple[int, str]:
 
 def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequence[Row], exits: Sequence[Row],
                   results: Sequence[Row], facts: Row | None, log_tails: Mapping[str, Sequence[str]],
-                  rules: RuleTable) -> dict[str, Any] | None:
+                  rules: RuleTable, late_tails: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any] | None:
     """The failures row for (instance, boot, stage), or None when nothing failed.
 
     ``lifecycle`` holds the boot's lifecycle events (any stage), ``exits`` and
     ``results`` those of this stage, ``facts`` the GPU facts, ``log_tails``
-    the last lines per source (used when no ProcessExit carries tails).
+    the last lines per source (used when no ProcessExit carries tails), ``late_tails``
+    the last late lines per source (written after the stage's command exited, by what it
+    left behind): they extend the exit's tails, so a daemon's decisive last words count.
     """
     lifecycle = sorted(lifecycle, key=_order)
     stage_life = [r for r in lifecycle if r.get("stage") == stage and r.get("kind", "lifecycle") == "lifecycle"]
@@ -73,6 +75,17 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
         stderr, stdout = list(log_tails.get("stderr", ())), list(log_tails.get("stdout", ()))
         file_tails = [{"path": src, "lines": list(lines), "exists": True}
                       for src, lines in sorted(log_tails.items()) if src not in ("stderr", "stdout")]
+    if exit_row is not None and late_tails:
+        stderr += list(late_tails.get("stderr", ()))
+        stdout += list(late_tails.get("stdout", ()))
+        by_path = {t["path"]: t for t in file_tails}
+        for src, lines in sorted(late_tails.items()):
+            if src in ("stderr", "stdout"):
+                continue
+            if src in by_path:
+                by_path[src]["lines"] += list(lines)
+            else:
+                file_tails.append({"path": src, "lines": list(lines), "exists": True})
     preceding = [" ".join(p for p in (r.get("stage") or "", r.get("state") or "", r.get("detail") or "") if p)
                  for r in lifecycle if int(r["seq"]) <= last_seq and r.get("kind", "lifecycle") == "lifecycle"]
     preceding = preceding[-PRECEDING_EVENTS:]

@@ -48,7 +48,7 @@ THROUGHPUT = pa.schema(_ENVELOPE + [
     ("params", STRMAP)])
 LOGS = pa.schema([("instance_id", STR), ("boot_id", STR), ("event_id", STR), ("seq", I64), ("stage", STR),
                   ("source", STR), ("pid", I32), ("line_no", I64), ("ts_us", I64), ("text", STR),
-                  ("truncated", BOOL), ("invalid_utf8", BOOL)])
+                  ("truncated", BOOL), ("invalid_utf8", BOOL), ("late", BOOL)])
 HEARTBEATS = pa.schema(_ENVELOPE + [("stage", STR), ("interval_s", F64), ("pid", I32)])
 MANAGER = pa.schema(_ENVELOPE + [("source_id", STR), ("kind", STR), ("detail", STR), ("attributes", STRMAP)])
 DEAD = pa.schema([("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()),
@@ -152,7 +152,7 @@ class _Builder:
                                                   ("instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")}
         self.log_counts: list[int] = []
         self.log_lines: dict[str, list[Any]] = {k: [] for k in
-                                                ("line_no", "ts_us", "text", "truncated", "invalid_utf8")}
+                                                ("line_no", "ts_us", "text", "truncated", "invalid_utf8", "late")}
 
     def add(self, table: str, row: dict[str, Any]) -> None:
         cols = self.cols[table]
@@ -171,6 +171,10 @@ class _Builder:
         self.log_lines["text"].extend(rec["text"])
         self.log_lines["truncated"].extend(rec["truncated"])
         self.log_lines["invalid_utf8"].extend(rec["invalid_utf8"])
+        late = rec.get("late") or ()
+        if len(late) not in (0, n):
+            raise FoldError("LogBatch late flags neither empty nor one per line")
+        self.log_lines["late"].extend(late if late else [False] * n)
 
     def logs(self) -> pa.Table:
         counts = np.asarray(self.log_counts, dtype=np.int64)

@@ -76,7 +76,8 @@ CREATE TABLE IF NOT EXISTS log_lines (
     ts_us        BIGINT,
     text         VARCHAR,
     truncated    BOOLEAN,
-    invalid_utf8 BOOLEAN
+    invalid_utf8 BOOLEAN,
+    late         BOOLEAN      -- written after the stage's command exited (by a process it left behind)
 );
 
 CREATE TABLE IF NOT EXISTS process_exits (
@@ -257,3 +258,4 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
 -- Columns added after the first release: databases made before them gain them here.
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
 ALTER TABLE boots ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
+ALTER TABLE log_lines ADD COLUMN IF NOT EXISTS late BOOLEAN; -- NULL for lines from before `late`: not late

@@ -107,7 +107,7 @@ def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], metrics: I
     out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "metric", r.get("stage") or "-", _metric_text(r),
                   r.get("verdict") in ("fail", "error")) for r in metrics]
     out += [Entry(_n(r["ts_us"]), _n(r["seq"]), _n(r["line_no"], -1), "log", r.get("stage") or "-",
-                  f"{r['source']}: {r['text']}") for r in logs]
+                  f"{r['source']}{' (late)' if r.get('late') else ''}: {r['text']}") for r in logs]
     out += [Entry(_n(r["ts_us"]), 1 << 62, 0, "FAILURE", r.get("stage") or "-", _failure_text(r), True)
             for r in failures]
     return sorted(out)
@@ -175,22 +175,26 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
             for i, text in enumerate(rec["text"]):
                 logs.append({"ts_us": rec["line_ts_us"][i], "seq": rec["seq"], "line_no": rec["line_no"][i],
                              "stage": rec["stage"], "source": rec["source"], "text": text,
-                             "boot_id": rec["boot_id"]})
+                             "boot_id": rec["boot_id"], "late": bool(rec.get("late") and rec["late"][i])})
     failures = []
     # as in the database: a boot without facts of its own shows the instance's latest ones
     latest_facts = max(facts.values(), key=lambda f: (f["ts_us"], f["seq"]), default=None)
     stages = {(r["boot_id"], r["stage"]) for r in life + exits + metrics if r.get("stage")}
     for boot, stage in sorted(stages):
         tails: dict[str, list[str]] = defaultdict(list)
+        late: dict[str, list[str]] = defaultdict(list)
         for line in sorted((x for x in logs if x["boot_id"] == boot and x["stage"] == stage),
                            key=lambda x: (x["seq"], x["line_no"])):
             tails[line["source"]].append(line["text"])
+            if line["late"]:
+                late[line["source"]].append(line["text"])
         row = build_failure(
             life[0]["instance_id"] if life else "", boot, stage,
             lifecycle=[r for r in life if r["boot_id"] == boot and r["kind"] == "lifecycle"],
             exits=[r for r in exits if r["boot_id"] == boot and r["stage"] == stage],
             results=[r for r in metrics if r["boot_id"] == boot and r["stage"] == stage and r["kind"] == "result"],
-            facts=facts.get(boot) or latest_facts, log_tails={k: v[-TAIL_LINES:] for k, v in tails.items()}, rules=rules)
+            facts=facts.get(boot) or latest_facts, log_tails={k: v[-TAIL_LINES:] for k, v in tails.items()}, rules=rules,
+            late_tails={k: v[-TAIL_LINES:] for k, v in late.items()})
         if row is not None:
             failures.append(row)
     logs.sort(key=lambda x: (x["ts_us"], x["seq"], x["line_no"]))

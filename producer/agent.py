@@ -340,7 +340,11 @@ class _AgentBase:
         It first waits up to ``wait`` seconds (FLIGHTREC_SEAL_WAIT) for the boot's other running
         stages and facts probes (any process) to end, so that their events belong to the boot; what
         still runs then is named in the seal's reason, and its later events are not recorded.
+        Then late output of the boot (lines that processes left behind by a stage still write) is
+        spooled, waiting up to FLIGHTREC_LATE_WAIT; from then on it is passed on but no longer recorded.
         """
+        from flightrec.producer.late import settle_late_output
+
         wait = self.settings.seal_wait if wait is None else wait
         own = self._stage_member
         if isinstance(self.spool, Spool):
@@ -348,6 +352,7 @@ class _AgentBase:
             deadline = time.monotonic() + wait
             while running(self.spool, boot_id, own) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            settle_late_output(self.spool.dir, boot_id, self.settings.late_wait)
         spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
 
         def make(boot: str, seq: int) -> Event:

@@ -71,7 +71,8 @@ def split_log_batch(value: bytes, key: bytes, limit: int) -> list[bytes] | None:
         sub = LogBatch(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{ev.event_id}/{lo}-{hi}")),
                        instance_id=ev.instance_id, boot_id=ev.boot_id, seq=ev.seq, ts_us=ev.ts_us, stage=ev.stage,
                        source=ev.source, pid=ev.pid, line_no=ev.line_no[lo:hi], line_ts_us=ev.line_ts_us[lo:hi],
-                       text=ev.text[lo:hi], truncated=ev.truncated[lo:hi], invalid_utf8=ev.invalid_utf8[lo:hi])
+                       text=ev.text[lo:hi], truncated=ev.truncated[lo:hi], invalid_utf8=ev.invalid_utf8[lo:hi],
+                       late=ev.late[lo:hi] if ev.late else ())
         data = codec.encode(sub)
         if message_size(key, data) <= limit:
             out.append(data)

@@ -12,7 +12,7 @@ import numpy as np
 from flightrec.schemas import MAGIC, Event, LogBatch, default_codec
 
 _FIELDS = ("event_id", "instance_id", "boot_id", "seq", "ts_us", "stage", "source", "pid", "line_no",
-           "line_ts_us", "text", "truncated", "invalid_utf8")
+           "line_ts_us", "text", "truncated", "invalid_utf8", "late")
 
 
 def _schema_matches() -> bool:
@@ -52,9 +52,14 @@ def varints(values: Sequence[int]) -> bytes:
 
 
 def _long_array(values: Sequence[int]) -> bytes:
-    if not len(values):
+    n = len(values)
+    if not n:
         return b"\x00"
-    return _long(len(values)) + varints(values) + b"\x00"
+    if isinstance(values, range):  # line numbers: no Python ints to convert
+        return _long(n) + varints(np.arange(values.start, values.stop, values.step, dtype=np.int64)) + b"\x00"
+    if values.count(values[0]) == n:  # one read time for the whole batch (the usual case): one varint, repeated
+        return _long(n) + _long(values[0]) * n + b"\x00"
+    return _long(n) + varints(values) + b"\x00"
 
 
 def _str_array(texts: Sequence[str]) -> bytes:
@@ -72,6 +77,12 @@ def _str_array(texts: Sequence[str]) -> bytes:
 def _bool_array(flags: Sequence[bool]) -> bytes:
     if not flags:
         return b"\x00"
+    try:
+        raw = bytes(flags)  # bools are 0/1 already
+    except (TypeError, ValueError):
+        raw = b"\x02"
+    if not raw.translate(None, b"\x00\x01"):
+        return _long(len(flags)) + raw + b"\x00"
     return _long(len(flags)) + bytes(map(bool, flags)) + b"\x00"
 
 
@@ -95,7 +106,7 @@ class LogBatchEncoder:
             self._header, _str(ev.event_id), _str(ev.instance_id), _str(ev.boot_id), _long(ev.seq),
             _long(ev.ts_us), _str(ev.stage), _str(ev.source), _long(ev.pid), _long_array(ev.line_no),
             _long_array(ev.line_ts_us), _str_array(ev.text), _bool_array(ev.truncated),
-            _bool_array(ev.invalid_utf8),
+            _bool_array(ev.invalid_utf8), _bool_array(ev.late),
         ))
 
 

@@ -1,9 +1,10 @@
-"""Follow a file by name like ``tail -F``: wait for it, read on through truncation and rotation."""
+"""Follow a file by name like ``tail -F``: from its end if it exists, read on through truncation and rotation."""
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 from typing import BinaryIO
 
 log = logging.getLogger(__name__)
@@ -12,16 +13,20 @@ CHUNK = 1 << 20
 
 
 class FileFollower:
-    """Reads whatever is appended to the file at ``path``, from its first byte.
+    """Reads whatever is appended to the file at ``path`` from where the stage finds it.
 
-    Guarantees: a file that does not exist yet is waited for (``exists`` stays
-    False until it appears); when the file is truncated (copytruncate) reading
-    restarts at its new start; when it is rotated (renamed or deleted and created
-    anew) the old file is read to its end first, then the new one from its start.
-    Never raises for a missing or unreadable file (``last_error`` says why).
+    Guarantees: a file that already exists when following starts is read from its
+    end (only what the stage adds is shipped: no line of an earlier stage twice, no
+    stale tail); a file that does not exist yet is waited for (``exists`` stays
+    False until it appears) and read from its first byte; when the file is truncated
+    (copytruncate) reading restarts at its new start; when it is rotated (renamed or
+    deleted and created anew) the old file is read to its end first, then the new one
+    from its start. A special file (FIFO, device, socket) is never opened nor read,
+    so it can never block (``last_error`` says so). Never raises for a missing or
+    unreadable file (``last_error`` says why).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, from_end: bool = True) -> None:
         self.path = path
         self.exists = False
         self.rotations = 0
@@ -30,19 +35,50 @@ class FileFollower:
         self._f: BinaryIO | None = None
         self._ino: tuple[int, int] | None = None
         self._offset = 0
+        self._from_end = from_end
+        if from_end:  # the end is taken now, when the stage starts: what it writes from here on is read
+            self._open()
+        self._from_end = False
 
     def _open(self) -> bool:
+        from_end, self._from_end = self._from_end, False
         try:
-            f = open(self.path, "rb")
+            st = os.stat(self.path)
+            if not stat.S_ISREG(st.st_mode):
+                if self.last_error is None:
+                    log.warning("%s is not a regular file (a FIFO or a device); it is not followed", self.path)
+                self.last_error = "not a regular file: not followed"
+                self.exists = True
+                return False
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
         except OSError as exc:
             self.last_error = str(exc)
             return False
-        st = os.fstat(f.fileno())
+        f = os.fdopen(fd, "rb")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # replaced by a special file between stat and open
+            f.close()
+            return False
         self._f, self._ino, self._offset = f, (st.st_dev, st.st_ino), 0
+        if from_end:
+            self._offset = f.seek(0, os.SEEK_END)
         self.exists = True
         return True
+
+    def state(self) -> tuple[int | None, int, tuple[int, int] | None]:
+        """(open fd or None, offset read to, (dev, inode)): what :meth:`resume` needs in another process."""
+        return (self._f.fileno() if self._f is not None else None), self._offset, self._ino
+
+    def resume(self, fd: int | None, offset: int, ino: tuple[int, int] | None, exists: bool) -> None:
+        """Go on from another follower's :meth:`state` (``fd`` passed to this process)."""
+        self._from_end = False
+        self.exists = exists
+        if fd is not None:
+            self._f = os.fdopen(fd, "rb")
+            self._f.seek(offset)
+            self._offset, self._ino = offset, ino
 
     def _drain(self, out: list[bytes], budget: int) -> int:
         assert self._f is not None

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import select
+import shutil
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
 from bisect import bisect_right
+import uuid
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Sequence
+
+from setproctitle import setproctitle
 
 from flightrec.schemas import Event, FileTail, LogBatch, ProcessExit, new_event_id, now_us
 
@@ -21,7 +28,11 @@ from flightrec.producer.agent import SyncAgent
 from flightrec.producer.fastlog import encode_fast
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
+from flightrec.producer.late import TOKEN_ENV, HandedFile, HandedPipe, Handoff, hand_off, stage_alive
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
+from flightrec.producer.term import (FORWARDED, PtyPair, SignalWatcher, StageSignals, read_eof, strip_control,
+                                     unblock_in_child)
+from flightrec.producer.term import block as block_signals
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +46,7 @@ BATCH_MAX_LINES = 16384
 LINE_OVERHEAD = 16  # bytes a line costs in a LogBatch besides its text (number, time, flags, length)
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 1.0  # after CMD exits, stop following once every followed file exists and was quiet this long
-PIPE_GRACE_S = 2.0  # after CMD exits, how long to wait for its pipes to close (a daemon may hold them)
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them
 
 
 class SourceBatcher:
@@ -65,6 +75,8 @@ class SourceBatcher:
         self._ts: list[int] = []
         self._trunc: list[bool] = []
         self._invalid: list[bool] = []
+        self._late: list[bool] = []
+        self.late = False  # lines added from now on were written after CMD exited
         self._bytes = 0
         self._since: float | None = None
         self._lock = threading.Lock()
@@ -79,6 +91,7 @@ class SourceBatcher:
         self._ts.extend([ts] * n)
         self._trunc.extend(trunc if trunc is not None else [False] * n)
         self._invalid.extend(invalid if invalid is not None else [False] * n)
+        self._late.extend([self.late] * n)
         self.tail.extend(texts)
         self.lines_read += n
         if self._since is None:
@@ -132,13 +145,26 @@ class SourceBatcher:
         with self._lock:
             self._flush()
 
+    def resume(self, next_no: int, pending: bytes, overflow: bool, *, late: bool) -> None:
+        """Go on from another batcher's :meth:`handoff_state` (in the late-output process)."""
+        self._next_no = next_no
+        self.splitter._buf, self.splitter._overflow = pending, overflow
+        self.late = late
+
+    def handoff_state(self) -> tuple[int, bytes, bool]:
+        """Spool every complete line; return (next line number, unfinished line, its overflow flag)."""
+        with self._lock:
+            self._flush()
+            return self._next_no, self.splitter._buf, self.splitter._overflow
+
     def _flush(self) -> None:
         self._bytes = 0
         self._since = None
         if not self._texts:
             return
         texts, ts, trunc, invalid = self._texts, self._ts, self._trunc, self._invalid
-        self._texts, self._ts, self._trunc, self._invalid = [], [], [], []
+        late = self._late if any(self._late) else ()
+        self._texts, self._ts, self._trunc, self._invalid, self._late = [], [], [], [], []
         first = self._next_no
         self._next_no += len(texts)
         eid, iid, stage, source, pid, now = new_event_id(), self.agent.instance_id, self.stage, self.source, self.pid, now_us()
@@ -146,7 +172,7 @@ class SourceBatcher:
         def make(boot: str, seq: int) -> Event:
             return LogBatch(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=now, stage=stage,
                             source=source, pid=pid, line_no=range(first, first + len(texts)), line_ts_us=ts,
-                            text=texts, truncated=trunc, invalid_utf8=invalid)
+                            text=texts, truncated=trunc, invalid_utf8=invalid, late=late)
 
         self.agent.emit_makers([make], encode=encode_fast)
         self.batches += 1
@@ -159,17 +185,31 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class _Pump(threading.Thread):
-    """Copies one pipe of CMD to our own fd byte for byte, and feeds its batcher."""
+    """Copies one output of CMD (a pipe, or a pty's master) to our own fd byte for byte, and feeds its batcher."""
 
-    def __init__(self, fd: int, out_fd: int | None, batcher: SourceBatcher) -> None:
+    def __init__(self, fd: int, out_fd: int | None, batcher: SourceBatcher, *, strip: bool = False) -> None:
         super().__init__(name=f"flightrec-{batcher.source}", daemon=True)
-        self.fd, self.out_fd, self.batcher = fd, out_fd, batcher
+        self.fd, self.out_fd, self.batcher, self.strip = fd, out_fd, batcher, strip
         self.stop_flag = False
+        self.handing_off = False  # stopped to hand the fd to the late-output process: keep it open
+        self.eof = False
         self.error: str | None = None
+        self.read_total = 0
+        self.late_at: int | None = None  # bytes read past this were written after CMD exited
+        self._read_lock = threading.Lock()
         try:
             fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ: room for bursts while a batch is spooled
         except OSError:
             pass
+
+    def mark_exit(self) -> None:
+        """CMD exited: what is in the pipe now was written before, whatever comes after is late."""
+        with self._read_lock:
+            try:
+                waiting = struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+            except OSError:
+                waiting = 0
+            self.late_at = self.read_total + waiting
 
     def _capture(self, call: str, *args: object) -> None:
         if self.error is not None:
@@ -192,22 +232,39 @@ class _Pump(threading.Thread):
                     if self.stop_flag:
                         break
                     continue
-                data = os.read(self.fd, CHUNK)
+                with self._read_lock:
+                    try:
+                        data = os.read(self.fd, CHUNK)
+                    except OSError as exc:
+                        if not read_eof(exc):
+                            raise
+                        data = b""
+                    start, self.read_total = self.read_total, self.read_total + len(data)
                 if not data:
+                    self.eof = True
                     break
                 if self.out_fd is not None:
                     try:
                         _write_all(self.out_fd, data)
                     except BrokenPipeError:
                         # our reader went away: CMD gets the same EPIPE/SIGPIPE it would have got
-                        self._capture("feed", data)
+                        self._capture("feed", strip_control(data) if self.strip else data)
+                        self.eof = True
                         break
-                self._capture("feed", data)
+                late_at = self.late_at
+                if late_at is not None and not self.batcher.late and start + len(data) > late_at:
+                    cut = max(0, late_at - start)  # what was in the pipe when CMD exited is not late
+                    if cut:
+                        self._capture("feed", strip_control(data[:cut]) if self.strip else data[:cut])
+                    self.batcher.late = True
+                    data = data[cut:]
+                self._capture("feed", strip_control(data) if self.strip else data)
                 if self.stop_flag:
                     break
         finally:
-            os.close(self.fd)
-            self._capture("close")
+            if not (self.handing_off and not self.eof):
+                os.close(self.fd)
+                self._capture("close")
 
 
 class _Followers(threading.Thread):
@@ -217,6 +274,7 @@ class _Followers(threading.Thread):
         super().__init__(name="flightrec-follow", daemon=True)
         self.followers = followers
         self.stop_at: float | None = None  # monotonic deadline after CMD's exit
+        self.handing_off = False
         self.last_data = time.monotonic()
 
     def _poll_all(self) -> bool:
@@ -243,14 +301,24 @@ class _Followers(threading.Thread):
                 time.sleep(FOLLOW_POLL_S)
             self._poll_all()
         finally:
-            for follower, batcher in self.followers:
-                follower.close()
-                batcher.close()
+            if not self.handing_off:
+                for follower, batcher in self.followers:
+                    follower.close()
+                    batcher.close()
 
-    def finish(self, grace: float) -> None:
-        """CMD exited: keep reading up to ``grace`` s (less once every file exists and is quiet), then end."""
+    def finish(self, grace: float, abort: threading.Event) -> None:
+        """CMD exited: keep reading up to ``grace`` s (less once every file exists and is quiet, or on a signal)."""
         self.last_data = max(self.last_data, time.monotonic())
         self.stop_at = time.monotonic() + grace
+        while self.is_alive():
+            if abort.is_set():
+                self.stop_at = 0.0
+            self.join(0.05)
+
+    def stop_for_handoff(self) -> None:
+        """Stop now, leaving files open and lines unfinished for the late-output process."""
+        self.handing_off = True
+        self.stop_at = 0.0
         self.join()
 
 
@@ -261,6 +329,7 @@ class StageResult:
     exit_status: int
     exit_event: ProcessExit
     lines: dict[str, int] = field(default_factory=dict)
+    late_pid: int | None = None  # the late-output process that goes on reading what CMD left behind
 
 
 def _start_error(exc: OSError, cmd: str) -> tuple[int, str]:
@@ -271,42 +340,71 @@ def _start_error(exc: OSError, cmd: str) -> tuple[int, str]:
     return 126, f"{cmd}: cannot execute: {exc.strerror or exc}"
 
 
+def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair]) -> subprocess.Popen[bytes]:
+    """Start CMD like a shell would: an executable without ``#!`` (ENOEXEC) runs under /bin/sh."""
+    kw: dict = dict(env=env, bufsize=0, preexec_fn=unblock_in_child,
+                    stdout=ptys[1].slave if 1 in ptys else subprocess.PIPE,
+                    stderr=ptys[2].slave if 2 in ptys else subprocess.PIPE)
+    try:
+        return subprocess.Popen(argv, **kw)
+    except OSError as exc:
+        if exc.errno != errno.ENOEXEC:
+            raise
+        path = argv[0] if "/" in argv[0] else (shutil.which(argv[0]) or argv[0])
+        log.debug("%s has no #! line: running it under /bin/sh as a shell would", path)
+        return subprocess.Popen(["/bin/sh", path, *argv[1:]], **kw)
+
+
+def set_title(stage: str) -> None:
+    """Show the agent as ``flightrec-agent stage=NAME`` in ps and to ``pkill -f`` (not the wrapped command line)."""
+    setproctitle(f"flightrec-agent stage={stage}")
+
+
 def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence[str] = (), *,
               seal_on_success: bool = False, passthrough: bool = True) -> StageResult:
     """Run ``argv`` as stage ``stage``; return the status to exit with (CMD's code, or 128+N for signal N).
 
-    Guarantees: CMD inherits stdin, the environment and the working folder; its
-    stdout/stderr reach ours byte for byte; SIGTERM/INT/HUP/QUIT/USR1/USR2 sent to
-    the agent are passed to CMD; every line is spooled before this returns; the
-    stage ends with a ProcessExit (code or signal, duration, tails) and a Lifecycle
-    succeeded/failed event; a CMD that cannot start gives 127/126 and says why.
+    Guarantees: CMD inherits stdin, the environment (plus FLIGHTREC_STAGE_TOKEN) and
+    the working folder; its stdout/stderr reach ours byte for byte, through a
+    pseudo-terminal where ours is a terminal; a signal sent to the agent is passed to
+    CMD once, one the terminal already sent CMD's group is not; every line is spooled
+    before this returns, except those that processes CMD left behind write later: a
+    late-output process goes on with them (``late_pid``), and never cuts them off; the
+    stage ends with a ProcessExit and a Lifecycle succeeded/failed event; a CMD that
+    cannot start gives 127/126 and says why.
     """
     settings = agent.settings
     argv = list(argv)
     shown = agent.redactor.argv(argv)
     agent.event(stage, "started", attributes={"argv": shown, "cwd": os.getcwd()})
-    proc: subprocess.Popen[bytes] | None = None
-    pending_signals: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        if proc is not None and proc.returncode is None:
-            try:
-                os.kill(proc.pid, signum)
-            except ProcessLookupError:
-                pass
-        else:
-            pending_signals.append(signum)
-
+    token = uuid.uuid4().hex
+    env = dict(os.environ, **{TOKEN_ENV: token})
+    kw = dict(max_line=settings.max_line, tail_lines=settings.tail_lines)
+    # followed files take their starting point now, before CMD writes anything
+    follows = [(FileFollower(p), SourceBatcher(agent, stage, p, 0, **kw)) for p in tails]
+    ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
+    sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
+    watcher: SignalWatcher | None = None
     old_handlers = {}
+    old_mask: set[int] | None = None
     if threading.current_thread() is threading.main_thread():
-        for s in FORWARDED:
-            old_handlers[s] = signal.signal(s, forward)
+        old_mask = block_signals()
+        watcher = SignalWatcher(sigs)
+        watcher.start()
+        for s in FORWARDED:  # only reached by threads that do not block them (a library caller's)
+            old_handlers[s] = signal.signal(s, lambda n, _f: sigs(n, 0))
     started_us = now_us()
     t0 = time.monotonic()
+    late_pid = None
     try:
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+            proc = _spawn(argv, env, ptys)
         except OSError as exc:
+            for p in ptys.values():
+                os.close(p.master)
+                os.close(p.slave)
+            for f, _b in follows:
+                f.close()
             status, why = _start_error(exc, argv[0] if argv else "")
             os.write(2, f"flightrec agent run: {why}\n".encode())
             ended = now_us()
@@ -316,18 +414,20 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
                                  file_tails=[FileTail(path=p, lines=(), exists=os.path.exists(p)) for p in tails])
             agent.event(stage, "failed", detail=f"could not start: {why} (exit {status})")
             return StageResult(status, exit_ev)  # type: ignore[arg-type]
-        for s in pending_signals:
-            forward(s, None)
-        kw = dict(max_line=settings.max_line, tail_lines=settings.tail_lines)
+        sigs.started(proc)
         out_b = SourceBatcher(agent, stage, "stdout", proc.pid, **kw)
         err_b = SourceBatcher(agent, stage, "stderr", proc.pid, **kw)
-        assert proc.stdout is not None and proc.stderr is not None
-        # the pumps own duplicates of the read ends; the file objects are closed at once
-        out_fd, err_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
-        proc.stdout.close()
-        proc.stderr.close()
-        pumps = [_Pump(out_fd, 1 if passthrough else None, out_b), _Pump(err_fd, 2 if passthrough else None, err_b)]
-        follows = [(FileFollower(p), SourceBatcher(agent, stage, p, 0, **kw)) for p in tails]
+        fds = []
+        for n, pipe in ((1, proc.stdout), (2, proc.stderr)):
+            if n in ptys:
+                os.close(ptys[n].slave)
+                fds.append(ptys[n].master)
+            else:
+                assert pipe is not None
+                fds.append(os.dup(pipe.fileno()))  # the pumps own duplicates of the read ends
+                pipe.close()
+        pumps = [_Pump(fds[0], 1 if passthrough else None, out_b, strip=1 in ptys),
+                 _Pump(fds[1], 2 if passthrough else None, err_b, strip=2 in ptys)]
         follower = _Followers(follows) if follows else None
         for t in pumps:
             t.start()
@@ -335,20 +435,30 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
             follower.start()
         with heartbeat(agent, stage, proc.pid):  # liveness while CMD runs
             rc = proc.wait()
+        sigs.exited = True
         ended_us = now_us()
         duration = time.monotonic() - t0
+        for t in pumps:
+            t.mark_exit()
+        for _f, b in follows:
+            b.late = True  # lines a followed file gets from here on
         deadline = time.monotonic() + PIPE_GRACE_S
         for t in pumps:
-            t.join(max(0.0, deadline - time.monotonic()))
-            if t.is_alive():  # a daemon started by CMD holds the pipe: stop reading it
-                log.info("CMD's %s is still open (held by a process CMD started); no longer reading it", t.batcher.source)
-                t.stop_flag = True
-                t.join(1.0)
-        if follower:
-            follower.finish(settings.follow_grace)
+            while t.is_alive() and time.monotonic() < deadline and not sigs.after_exit.is_set():
+                t.join(0.02)
+        held = [t for t in pumps if t.is_alive()]
+        # followed files go on being followed while a process the stage started still runs
+        if held or (follows and not sigs.after_exit.is_set() and stage_alive(token)):
+            late_pid = _hand_off(agent, stage, token, pumps, follower, follows)
+        elif follower:
+            follower.finish(settings.follow_grace, sigs.after_exit)
     finally:
+        if watcher is not None:
+            watcher.stop()
         for s, h in old_handlers.items():
             signal.signal(s, h)
+        if old_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     signum = -rc if rc < 0 else None
     status = 128 + signum if signum else rc
     sig_name = signal.Signals(signum).name if signum and signum in signal.Signals._value2member_map_ else None
@@ -370,4 +480,42 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
         agent.event(stage, "failed", detail=detail, attributes={"duration_s": f"{duration:.3f}"})
     lines = {"stdout": out_b.lines_read, "stderr": err_b.lines_read}
     lines.update({f.path: b.lines_read for f, b in follows})
-    return StageResult(status, exit_ev, lines)  # type: ignore[arg-type]
+    return StageResult(status, exit_ev, lines, late_pid)  # type: ignore[arg-type]
+
+
+def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], follower: _Followers | None,
+              follows: list[tuple[FileFollower, SourceBatcher]]) -> int | None:
+    """CMD exited but what it started still holds its outputs (or followed files): a late-output process goes on."""
+    for t in pumps:
+        t.handing_off = True
+        t.stop_flag = True
+    for t in pumps:
+        t.join()
+    if follower:
+        follower.stop_for_handoff()
+    pipes = []
+    for t in pumps:
+        if not t.eof:
+            no, pending, overflow = t.batcher.handoff_state()
+            pipes.append(HandedPipe(fd=t.fd, out_fd=t.out_fd, source=t.batcher.source, pid=t.batcher.pid,
+                                    next_no=no, pending=pending, overflow=overflow, strip=t.strip,
+                                    early=max(0, (t.late_at or 0) - t.read_total)))
+    files = []
+    for f, b in follows:
+        fd, offset, ino = f.state()
+        no, pending, overflow = b.handoff_state()
+        files.append(HandedFile(path=f.path, fd=fd, offset=offset, ino=ino, exists=f.exists, next_no=no,
+                                pending=pending, overflow=overflow))
+    h = Handoff(settings=agent.settings, stage=stage, boot_id=agent.boot_id, token=token, pipes=pipes, files=files)
+    try:
+        pid = hand_off(h, agent.spool.dir)
+    except OSError as exc:  # cannot start it: read on here rather than cut CMD's leftovers off
+        log.error("the late-output process did not start (%s); the leftovers' output is no longer recorded", exc)
+        pid = None
+    for p in pipes:
+        os.close(p.fd)
+    for f, _b in follows:
+        f.close()
+    log.info("CMD exited; %s still written by processes it left behind: a late-output process (pid %s) goes on",
+             ", ".join([p.source for p in pipes] + [f.path for f in files]), pid)
+    return pid

@@ -109,12 +109,15 @@ class LogBatch(Event):
     text: Sequence[str] = ()
     truncated: Sequence[bool] = ()
     invalid_utf8: Sequence[bool] = ()
+    late: Sequence[bool] = ()  # empty: no line is late (data written before the field existed)
 
     def __post_init__(self) -> None:
         Event.__post_init__(self)
         n = len(self.text)
         if not (len(self.line_no) == len(self.line_ts_us) == len(self.truncated) == len(self.invalid_utf8) == n):
             raise ValueError("LogBatch: line_no, line_ts_us, text, truncated and invalid_utf8 must have equal lengths")
+        if len(self.late) not in (0, n):
+            raise ValueError("LogBatch: late must be empty or as long as text")
 
     def __len__(self) -> int:
         return len(self.text)

@@ -59,9 +59,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_MAX_MESSAGE_BYTES", "", "Largest Kafka message the agent builds, in bytes. Unset: each topic's max.message.bytes as the cluster describes it, else Kafka's stock 1048588. Set it where the agent may not describe topic configs, or to stay below them."),
     Setting("FLIGHTREC_MAX_LINE", "65536", "Longest log line shipped, in bytes; longer lines are cut and flagged truncated."),
     Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
-    Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits (it stops earlier once every followed file exists and was quiet for 1 s)."),
+    Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits when no process the stage started still holds them (it stops earlier once every followed file exists and was quiet for 1 s)."),
     Setting("FLIGHTREC_SEAL_WAIT", "10", "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded."),
     Setting("FLIGHTREC_HEARTBEAT_S", "30", "Seconds between the agent's heartbeats while a stage runs (0: none); an unsealed instance silent for 3 intervals has status `lost`."),
+    Setting("FLIGHTREC_LATE_WAIT", "10", "Seconds a seal waits for late output (lines that processes left behind by a stage are still writing) before it closes the boot; late output is then passed on but no longer recorded."),
     Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines only at DEBUG."),
 )
 
@@ -120,6 +121,7 @@ class Settings:
     seal_wait: float = 10.0
     max_message_bytes: int | None = None
     heartbeat_s: float = 30.0
+    late_wait: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -160,6 +162,7 @@ class Settings:
             seal_wait=_float(env, "FLIGHTREC_SEAL_WAIT", base.seal_wait),
             max_message_bytes=_int(env, "FLIGHTREC_MAX_MESSAGE_BYTES", None),  # type: ignore[arg-type]
             heartbeat_s=_float(env, "FLIGHTREC_HEARTBEAT_S", base.heartbeat_s),
+            late_wait=_float(env, "FLIGHTREC_LATE_WAIT", base.late_wait),
         )
 
     def with_overrides(self, **flags: Any) -> "Settings":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,24 @@ class AgentEnv:
             if b.source == source and (stage is None or b.stage == stage):
                 out.extend(zip(b.line_no, b.text, b.truncated, b.invalid_utf8))
         return out
+
+
+    def late_lines(self, source: str, stage: str | None = None) -> list[tuple[int, str, bool]]:
+        """(line_no, text, late) of one source, in seq order."""
+        out: list[tuple[int, str, bool]] = []
+        for b in self.of(LogBatch):
+            if b.source == source and (stage is None or b.stage == stage):
+                out.extend(zip(b.line_no, b.text, getattr(b, "late", ()) or [False] * len(b.text)))
+        return out
+
+    def wait_for_line(self, source: str, text: str, timeout: float = 60.0) -> list[tuple[int, str, bool]]:
+        """Poll Kafka until a line of ``source`` holds ``text`` (late lines arrive after the agent exited)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.late_lines(source)
+            if any(text in t for _, t, _ in got) or time.monotonic() > deadline:
+                return got
+            time.sleep(0.5)
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ def batches(draw):
                     line_ts_us=draw(st.lists(longs, min_size=n, max_size=n)),
                     text=draw(st.lists(text, min_size=n, max_size=n)),
                     truncated=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
-                    invalid_utf8=draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+                    invalid_utf8=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+                    late=draw(st.one_of(st.just(()), st.lists(st.booleans(), min_size=n, max_size=n))))
 
 
 @settings(max_examples=300, deadline=None)

@@ -73,7 +73,7 @@ def test_a_refused_log_batch_is_split_into_parts_that_fit_with_the_same_seq() ->
     n = 40
     ev = LogBatch(event_id=str(uuid.uuid4()), instance_id="i", boot_id="b", seq=7, ts_us=1, stage="s", source="stdout",
                   line_no=range(1, n + 1), line_ts_us=[1] * n, text=["z" * 500] * n, truncated=[False] * n,
-                  invalid_utf8=[False] * n)
+                  invalid_utf8=[False] * n, late=[i >= n // 2 for i in range(n)])
     value = encode(ev)
     parts = split_log_batch(value, b"i", 4096)
     assert parts is not None and len(parts) > 1
@@ -81,6 +81,7 @@ def test_a_refused_log_batch_is_split_into_parts_that_fit_with_the_same_seq() ->
     assert all(message_size(b"i", p) <= 4096 for p in parts)
     assert {d.seq for d in decoded} == {7}
     assert [x for d in decoded for x in d.line_no] == list(range(1, n + 1))
+    assert [x for d in decoded for x in d.late] == list(ev.late), "the parts keep each line's late flag"
     assert split_log_batch(value, b"i", 4096) == parts, "deterministic: a resend makes the same event ids"
     one = LogBatch(event_id="e", instance_id="i", boot_id="b", seq=1, ts_us=1, stage="s", source="stdout",
                    line_no=[1], line_ts_us=[1], text=["z" * 9000], truncated=[False], invalid_utf8=[False])

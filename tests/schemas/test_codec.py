@@ -188,6 +188,11 @@ def _previous(name: str) -> dict:
      dict(event_id="e", instance_id="i", boot_id="b", seq=9, ts_us=2, stage="benchmark", backend="cpu", device="",
           proofs_per_hour=10.0, min_rate=5.0, verdict="pass", detail=""),
      {"proofs": 0, "params": {}}),
+    ("LogBatch.v0.avsc", LogBatch,
+     dict(event_id="e", instance_id="i", boot_id="b", seq=3, ts_us=2, stage="benchmark", source="stdout", pid=7,
+          line_no=(1, 2), line_ts_us=(5, 6), text=("a", "b"), truncated=(False, False),
+          invalid_utf8=(False, True)),
+     {"late": ()}),
 ])
 def test_data_written_with_the_previous_schema_still_decodes(file, cls, record, defaults):
     from flightrec.schemas import schema_fingerprint

@@ -62,9 +62,13 @@ def _settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    import signal
     import threading
 
     from flightrec.producer import open_agent, run_stage
+    from flightrec.producer.run import set_title
+    from flightrec.producer.term import HANDLED
+    from flightrec.producer.term import block as block_signals
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -72,16 +76,23 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if not cmd:
         raise ConfigError("no command given: flightrec agent run --stage NAME -- CMD [ARGS]")
     s = _settings(args, settings)
-    with open_agent(settings=s) as agent:
-        facts = None
-        if not args.no_facts:  # the probe joins this boot now, so that a seal waits for it
-            facts = threading.Thread(target=_facts_quietly, args=(agent, agent.join("facts")), daemon=True)
-            facts.start()
-        with agent.running_stage(args.stage):
-            result = run_stage(agent, args.stage, cmd, args.tail,
-                               seal_on_success=(args.seal or args.stage == "supervisor") and not args.no_seal)
-        if facts is not None:
-            facts.join(20)
+    set_title(args.stage)
+    old_mask = block_signals()  # before any thread starts: every thread leaves the stage's signals to run_stage
+    try:
+        with open_agent(settings=s) as agent:
+            facts = None
+            if not args.no_facts:  # the probe joins this boot now, so that a seal waits for it
+                facts = threading.Thread(target=_facts_quietly, args=(agent, agent.join("facts")), daemon=True)
+                facts.start()
+            with agent.running_stage(args.stage):
+                result = run_stage(agent, args.stage, cmd, args.tail,
+                                   seal_on_success=(args.seal or args.stage == "supervisor") and not args.no_seal)
+            if facts is not None:
+                facts.join(20)
+    finally:
+        for sig in HANDLED:  # one that came during the final flush must not change CMD's exit status
+            signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     return result.exit_status
 
 

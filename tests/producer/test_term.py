@@ -1,0 +1,50 @@
+"""Pure parts of terminal and signal handling: which signals are passed on, what is kept of terminal output."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from flightrec.producer.term import SI_KERNEL, pending_in, should_forward, strip_control
+
+SI_USER = 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGQUIT, signal.SIGHUP])
+def test_a_terminal_signal_already_reached_cmd(signum: int) -> None:
+    assert should_forward(signum, SI_KERNEL) is False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP])
+def test_a_signal_sent_to_the_agent_is_passed_on(signum: int) -> None:
+    assert should_forward(signum, SI_USER) is True
+    assert should_forward(signum, SI_USER, cmd_has_it_pending=True) is False  # a group kill CMD has not taken yet
+
+
+def test_window_changes_are_not_forwarded_as_signals() -> None:
+    assert should_forward(signal.SIGWINCH, SI_KERNEL) is False
+
+
+def test_pending_signals_are_read_from_proc() -> None:
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.pthread_sigmask(signal.SIG_BLOCK, "
+                          "{signal.SIGUSR1}); print('ok', flush=True); time.sleep(30)"], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ok\n"
+        assert pending_in(p.pid, signal.SIGUSR1) is False
+        os.kill(p.pid, signal.SIGUSR1)
+        assert pending_in(p.pid, signal.SIGUSR1) is True
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_control_sequences_are_kept_out_of_the_text() -> None:
+    assert strip_control(b"\x1b[1;31mERROR\x1b[0m: x\n") == b"ERROR: x\n"
+    assert strip_control(b"\x1b]0;title\x07done\x1b[2K\rbar 100%\n") == b"done\rbar 100%\n"
+    assert strip_control(b"tab\there\r\n\x07") == b"tab\there\r\n"
+    assert strip_control("héllo ✓\n".encode()) == "héllo ✓\n".encode()
