@@ -131,9 +131,9 @@ def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
                                              "boot_id": [k[1] for k in need_seqs]}))
         try:
             for g in _rows(con, """SELECT instance_id, boot_id, seq,
-                                          -- a LogBatch the deliverer split for the topic's limit: parts share one seq
-                                          count(DISTINCT CASE WHEN kind = 'log' THEN NULL ELSE event_id END)
-                                          + (count(*) FILTER (WHERE kind = 'log') > 0)::INTEGER AS n
+                                          -- a LogBatch the deliverer split for the topic's limit: its parts share one
+                                          -- seq and carry the original event id before '/part-' (producer/deliver.py)
+                                          count(DISTINCT split_part(event_id, '/part-', 1)) AS n
                                    FROM events_seen
                                    SEMI JOIN _gap_boots USING (instance_id, boot_id) GROUP BY ALL ORDER BY ALL"""):
                 counts[(g["instance_id"], g["boot_id"])].append((g["seq"], g["n"]))

@@ -52,8 +52,14 @@ class Outgoing:
     value: bytes
 
 
+PART = "/part-"  # a split LogBatch's part: event id = original event id + PART + its line range
+
+
 def split_log_batch(value: bytes, key: bytes, limit: int) -> list[bytes] | None:
     """A LogBatch message cut into consecutive parts that each fit ``limit`` (same seq, derived event ids).
+
+    A part's event id is the original's, then PART and its line range, so that consumers can count the
+    parts as the one event of their seq (the completeness proof) while each part is stored once.
 
     None when it is not a LogBatch or one line alone does not fit. Pure and deterministic: a resend after a
     crash makes the same parts with the same event ids, so consumers drop the repeats.
@@ -68,7 +74,7 @@ def split_log_batch(value: bytes, key: bytes, limit: int) -> list[bytes] | None:
     out: list[bytes] = []
 
     def part(lo: int, hi: int) -> bool:
-        sub = LogBatch(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{ev.event_id}/{lo}-{hi}")),
+        sub = LogBatch(event_id=f"{ev.event_id}{PART}{lo}-{hi}",
                        instance_id=ev.instance_id, boot_id=ev.boot_id, seq=ev.seq, ts_us=ev.ts_us, stage=ev.stage,
                        source=ev.source, pid=ev.pid, line_no=ev.line_no[lo:hi], line_ts_us=ev.line_ts_us[lo:hi],
                        text=ev.text[lo:hi], truncated=ev.truncated[lo:hi], invalid_utf8=ev.invalid_utf8[lo:hi],

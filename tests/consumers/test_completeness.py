@@ -27,6 +27,15 @@ def _boot(seqs: list[int], seal_seq: int | None, count: int | None) -> Boot:
     return b
 
 
+def _parts_boot() -> Boot:
+    """A sound boot whose LogBatch at seq 1 arrived in two parts (split by the deliverer for the topic's limit)."""
+    b = _boot([0, 1, 1, 2], 3, 4)
+    first, second = b.events[1], b.events[2]
+    b.events[1] = dataclasses.replace(first, event_id=f"{first.event_id}/part-0-1")
+    b.events[2] = dataclasses.replace(second, event_id=f"{first.event_id}/part-1-2")
+    return b
+
+
 CASES = {
     # name: (boot, complete, pieces of the reason)
     "sound": (lambda: _boot(list(range(9)), 9, 10), True, []),
@@ -37,6 +46,7 @@ CASES = {
     "seal at 2 of 3, then 3, 4, 6": (lambda: _boot([0, 1, 3, 4, 6], 2, 3), False, ["3 events after the seal"]),
     "events after the seal": (lambda: _boot(list(range(5)) + [6, 7, 8], 5, 6), False, ["3 events after the seal"]),
     "a seq twice": (lambda: _boot([0, 1, 1, 2, 3], 4, 5), False, ["seq 1 twice"]),
+    "a log batch in two parts": (_parts_boot, True, []),
     "not sealed, with a gap": (lambda: _boot([0, 1, 3], None, None), False, ["not sealed", "missing seq 2"]),
 }
 

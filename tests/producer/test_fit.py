@@ -80,6 +80,7 @@ def test_a_refused_log_batch_is_split_into_parts_that_fit_with_the_same_seq() ->
     decoded = [decode(p) for p in parts]
     assert all(message_size(b"i", p) <= 4096 for p in parts)
     assert {d.seq for d in decoded} == {7}
+    assert all(d.event_id.startswith(f"{ev.event_id}/part-") for d in decoded), "parts name their original event"
     assert [x for d in decoded for x in d.line_no] == list(range(1, n + 1))
     assert [x for d in decoded for x in d.late] == list(ev.late), "the parts keep each line's late flag"
     assert split_log_batch(value, b"i", 4096) == parts, "deterministic: a resend makes the same event ids"
