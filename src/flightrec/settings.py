@@ -57,6 +57,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_MAX_LINE", "65536", "Longest log line shipped, in bytes; longer lines are cut and flagged truncated."),
     Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
     Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits (it stops earlier once every followed file exists and was quiet for 1 s)."),
+    Setting("FLIGHTREC_WEBHOOK", "", "The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL (same as `materialize --webhook`)."),
+    Setting("FLIGHTREC_ALERT_ON", "failed,lost,below_min_rate,incomplete", "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`)."),
+    Setting("FLIGHTREC_DASHBOARD_URL", "http://localhost:8501", "The dashboard's address, for the links in alerts."),
     Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR)."),
 )
 
@@ -111,6 +114,9 @@ class Settings:
     max_line: int = 65536
     tail_lines: int = 100
     follow_grace: float = 2.0
+    webhook: str | None = None
+    alert_on: str | None = None
+    dashboard_url: str = "http://localhost:8501"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -147,6 +153,9 @@ class Settings:
             max_line=_int(env, "FLIGHTREC_MAX_LINE", base.max_line),
             tail_lines=_int(env, "FLIGHTREC_TAIL_LINES", base.tail_lines),
             follow_grace=_float(env, "FLIGHTREC_FOLLOW_GRACE", base.follow_grace),
+            webhook=_env(env, "FLIGHTREC_WEBHOOK"),
+            alert_on=_env(env, "FLIGHTREC_ALERT_ON"),
+            dashboard_url=_env(env, "FLIGHTREC_DASHBOARD_URL") or base.dashboard_url,
         )
 
     def with_overrides(self, **flags: Any) -> "Settings":

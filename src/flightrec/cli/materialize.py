@@ -23,6 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: consumers/rules.toml)")
     m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
     m.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
+    m.add_argument("--webhook", default=None, metavar="URL",
+                   help="post a Slack-compatible JSON message per new failure here (default $FLIGHTREC_WEBHOOK)")
+    m.add_argument("--alert-on", default=None, metavar="KINDS",
+                   help="which alerts, comma separated: failed,lost,below_min_rate,incomplete "
+                        "(default $FLIGHTREC_ALERT_ON, else all)")
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
     r.add_argument("--db", default=None, help="the NEW database file to build")
@@ -77,13 +82,16 @@ def _run(opts: "object", settings: Settings) -> int:
 
 
 def _materialize(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.consumers.alerts import parse_kinds
     from flightrec.consumers.classify import load_rules
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
 
-    settings = settings.with_overrides(db=args.db)
+    settings = settings.with_overrides(db=args.db, webhook=args.webhook, alert_on=args.alert_on)
+    kinds = parse_kinds(settings.alert_on)
     _ensure_topics(settings)
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, until_idle=args.until_idle,
-                   rules=load_rules(args.rules), serve=not args.no_serve, memory_limit=args.memory_limit)
+                   rules=load_rules(args.rules), serve=not args.no_serve, memory_limit=args.memory_limit,
+                   webhook=settings.webhook, alert_on=kinds, dashboard_url=settings.dashboard_url)
     return _run(opts, settings)
 
 
