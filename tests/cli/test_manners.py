@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +44,8 @@ def db(tmp_path_factory) -> Path:
     con = duckdb.connect(str(path))
     con.execute("INSERT INTO instances (instance_id, boot_id, stage, state) VALUES ('h100-01', 'b1', 'benchmark', "
                 "'failed')")
-    for seq, (stage, state) in enumerate([("tunnel", "started"), ("tunnel", "succeeded"), ("benchmark", "started")]):
+    for seq, (stage, state) in enumerate([("tunnel", "started"), ("tunnel", "succeeded"), ("benchmark", "started"),
+                                                    ("benchmark", "failed")]):
         con.execute("INSERT INTO lifecycle_events (event_id, instance_id, boot_id, seq, ts_us, kind, stage, state) "
                     "VALUES (?, 'h100-01', 'b1', ?, ?, 'lifecycle', ?, ?)", [f"e{seq}", seq, T0 + seq, stage, state])
     con.execute(f"""INSERT INTO log_lines (instance_id, boot_id, event_id, seq, stage, source, line_no, ts_us, text)
@@ -83,3 +86,24 @@ def test_timeline_shows_each_file_path_once_in_a_legend(db):
     assert body and "prover-daemon.log" in body[0]
     assert max(len(line) for line in out.splitlines() if " log " in line) < 120
     assert "\x1b[" not in out  # no colour when stdout is not a terminal
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_colour_only_on_a_terminal_and_never_with_no_color(db, no_color):
+    leader, follower = pty.openpty()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1", **({"NO_COLOR": "1"} if no_color else {})}
+    proc = subprocess.Popen([_flightrec(), "timeline", "h100-01", "--db", str(db), "--max-lines", "5"],
+                            stdout=follower, stderr=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other end closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    assert b"benchmark" in out and (b"\x1b[" in out) == (not no_color)

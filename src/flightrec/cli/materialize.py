@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -122,7 +123,8 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     if not entries:
         print(f"flightrec timeline: no events of instance {args.instance}", file=sys.stderr)
         return 1
-    print(timeline.render(entries, left_out, color=sys.stdout.isatty()))
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # https://no-color.org
+    print(timeline.render(entries, left_out, color=color))
     return 0
 
 
