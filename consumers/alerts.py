@@ -55,12 +55,13 @@ CREATE TABLE IF NOT EXISTS alerts (
 
 # The alertable rows that the outbox does not hold yet, as (kind, row).
 _NEW_FAILURES = """
-SELECT CASE WHEN f.failure_class = 'below_min_rate' THEN 'below_min_rate' ELSE 'failed' END AS kind, f.*
-FROM failures f
-WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.alert_id = f.failure_id
-                  OR (a.instance_id = f.instance_id AND a.boot_id = f.boot_id AND a.stage IS NOT DISTINCT FROM f.stage
-                      AND a.kind = CASE WHEN f.failure_class = 'below_min_rate' THEN 'below_min_rate' ELSE 'failed' END))
-ORDER BY f.ts_us"""
+WITH f AS (SELECT CASE WHEN failure_class = 'below_min_rate' THEN 'below_min_rate' ELSE 'failed' END AS kind, *
+           FROM failures)
+SELECT * FROM f
+WHERE failure_id NOT IN (SELECT alert_id FROM alerts)
+  AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.kind = f.kind AND a.instance_id = f.instance_id
+                  AND a.boot_id = f.boot_id AND a.stage IS NOT DISTINCT FROM f.stage)
+ORDER BY ts_us"""
 _NEW_INCOMPLETE = """
 SELECT 'incomplete' AS kind, 'incomplete:' || b.instance_id || ':' || b.boot_id AS failure_id, b.instance_id,
        b.boot_id, NULL AS stage, b.last_event_us AS ts_us, b.incomplete_reason, b.events, b.sealed_count,
