@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -141,6 +142,9 @@ class Alerter:
     """The outbox in the database and the thread that posts it. Call sync() and close() from the writer thread."""
 
     def __init__(self, config: AlertConfig) -> None:
+        url = urllib.parse.urlsplit(config.url)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise ConfigError(f"webhook {config.url!r} is not an http(s) URL; give --webhook https://host/path")
         self.config = config
         self._queue: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=config.queue_size)
         self._queued: set[str] = set()                  # enqueued, outcome not yet recorded (writer thread)

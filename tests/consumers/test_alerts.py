@@ -145,3 +145,11 @@ def test_alert_on_refuses_an_unknown_kind():
     assert parse_kinds(None) == KINDS and parse_kinds("failed, incomplete") == ("failed", "incomplete")
     with pytest.raises(ConfigError, match="choose from"):
         parse_kinds("failed,explosions")
+
+
+def test_a_webhook_that_is_not_a_url_is_refused_with_what_to_do():
+    from flightrec.consumers.alerts import AlertConfig, Alerter
+    from flightrec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--webhook https://"):
+        Alerter(AlertConfig("hooks.example.com/abc"))
