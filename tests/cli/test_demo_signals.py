@@ -1,5 +1,4 @@
-"""`flightrec demo` stops everything it started (broker JVM, materializer, instance process trees) on SIGINT,
-SIGTERM and SIGHUP sent to the demo process alone."""
+"""`flightrec demo` stops all it started (broker, materializer, dashboard, instances) on SIGINT, SIGTERM, SIGHUP."""
 
 from __future__ import annotations
 
@@ -39,8 +38,8 @@ def test_the_demo_stops_everything_it_started_on(sig, tmp_path):
     home = tmp_path / "demo"
     out = tmp_path / "demo.out"
     with open(out, "wb") as f:
-        demo = subprocess.Popen([sys.executable, "-m", "flightrec", "demo", "--instances", "2", "--headless",
-                                 "--port", str(free_port()), "--home", str(home), "--supervisor-seconds", "60"],
+        demo = subprocess.Popen([sys.executable, "-m", "flightrec", "demo", "--instances", "2",
+                                 "--port", str(free_port()), "--dashboard-port", str(free_port()), "--home", str(home), "--supervisor-seconds", "60"],
                                 stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONSAFEPATH": "1"})
     try:
         deadline = time.monotonic() + 240
@@ -48,7 +47,9 @@ def test_the_demo_stops_everything_it_started_on(sig, tmp_path):
             assert demo.poll() is None and time.monotonic() < deadline, out.read_text(errors="replace")[-3000:]
             time.sleep(0.5)
         time.sleep(2.0)
-        assert len(_started_by(home)) >= 4, "expected the broker, the materializer and the instances"
+        started = _started_by(home)
+        assert len(started) >= 5, "expected the broker, the materializer, the dashboard and the instances"
+        assert any("dashboard" in p for p in started), started
         demo.send_signal(sig)
         demo.wait(timeout=150)
     finally:
