@@ -34,6 +34,7 @@ def test_the_duckdb_cli_and_the_python_client_read_a_materialized_file(kafka, db
 
     con = duckdb.connect(str(db), read_only=True)
     try:
-        assert con.execute("SELECT failure_class FROM failures").fetchall() == [("gpu_arch_unsupported",)]
+        assert con.execute("SELECT failure_class FROM failures WHERE instance_id = ?",
+                           [b.instance]).fetchall() == [("gpu_arch_unsupported",)]
     finally:
         con.close()
