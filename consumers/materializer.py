@@ -22,6 +22,7 @@ from typing import Any, Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from flightrec.consumers.alerts import KINDS as ALERT_KINDS, AlertConfig, Alerter
 from flightrec.consumers.classify import RuleTable
 from flightrec.consumers.fold import Delta, fold
 from flightrec.consumers.serve import QueryServer
@@ -51,6 +52,11 @@ class Options:
     memory_limit: str = "512MB"
     lock_wait: float = 30.0             # seconds to wait for another process holding the file
     topics: tuple[str, ...] = TOPICS
+    webhook: str | None = None          # post alerts there (consumers/alerts.py); never in a replay
+    alert_on: tuple[str, ...] = ALERT_KINDS
+    dashboard_url: str = "http://localhost:8501"
+    alert_backoff: float = 1.0          # first retry delay of a failed post
+    alert_drain: float = 10.0           # seconds a stopping materializer lets queued alerts go out
 
 
 @dataclass
@@ -111,6 +117,7 @@ class Materializer:
         self._consumer: AIOKafkaConsumer | None = None
         self._parts: list[TopicPartition] = []
         self._stop = asyncio.Event()
+        self._alerts: Alerter | None = None
 
     async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.wrap_future(self._writer.submit(fn, *args))
@@ -123,6 +130,10 @@ class Materializer:
             self._store = await self._in_writer(lambda: Store(opts.db, opts.group, opts.rules,
                                                               "replay" if opts.replay else "materialize",
                                                               opts.memory_limit, opts.lock_wait))
+            if opts.webhook and not opts.replay:
+                self._alerts = Alerter(AlertConfig(opts.webhook, opts.alert_on, opts.dashboard_url,
+                                                   backoff=opts.alert_backoff, drain=opts.alert_drain))
+                await self._in_writer(self._alerts.start, self._store.con)
             if opts.serve:
                 reader_root = await self._in_writer(self._store.con.cursor)
                 self._server = QueryServer(reader_root, opts.db)
@@ -160,6 +171,9 @@ class Materializer:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._alerts is not None:
+            alerts, self._alerts = self._alerts, None
+            await self._in_writer(alerts.close, self._store.con if self._store is not None else None)
         if self._store is not None:
             store, self._store = self._store, None
             await self._in_writer(store.close)
@@ -215,6 +229,14 @@ class Materializer:
         self.stats.lines_written += s.lines
         self.stats.duplicates_dropped += s.duplicates
         self.stats.dead_letters += s.dead_letters
+        await self._sync_alerts()
+
+    async def _sync_alerts(self) -> None:
+        if self._alerts is not None and self._store is not None:
+            try:
+                await self._in_writer(self._alerts.sync, self._store.con)
+            except Exception as exc:  # noqa: BLE001 - alerts never stop materialization
+                log.warning("alerts: could not update the outbox: %s", exc)
 
     async def run(self) -> RunStats:
         """Consume until stopped, idle (``until_idle``) or, for a replay, the end offsets at start."""
@@ -276,6 +298,7 @@ class Materializer:
                     continue
                 if now - last_refresh >= 5.0:
                     last_refresh = now
+                    await self._sync_alerts()  # outcomes of posts made while idle; retries of queued ones
                     try:
                         await self._assign()
                         kafka_ok = now

@@ -37,6 +37,7 @@ class Entry:
     stage: str
     text: str
     highlight: bool = False
+    source: str = ""  # log lines: stdout, stderr or the followed file's full path (render shortens it)
 
 
 def _lifecycle_text(r: Row) -> str:
@@ -107,7 +108,7 @@ def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], metrics: I
     out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "metric", r.get("stage") or "-", _metric_text(r),
                   r.get("verdict") in ("fail", "error")) for r in metrics]
     out += [Entry(_n(r["ts_us"]), _n(r["seq"]), _n(r["line_no"], -1), "log", r.get("stage") or "-",
-                  f"{r['source']}{' (late)' if r.get('late') else ''}: {r['text']}") for r in logs]
+                  f"{'(late) ' if r.get('late') else ''}{r['text']}", source=r["source"]) for r in logs]
     out += [Entry(_n(r["ts_us"]), 1 << 62, 0, "FAILURE", r.get("stage") or "-", _failure_text(r), True)
             for r in failures]
     return sorted(out)
@@ -262,15 +263,41 @@ def _n(value: Any, default: int = 0) -> int:
     return default if value is None else int(value)
 
 
+def short_sources(sources: Iterable[str]) -> dict[str, str]:
+    """A short name per log source: stdout/stderr as they are, a file by its name (parent folders added until unique)."""
+    files = sorted({s for s in sources if s and s not in ("stdout", "stderr")})
+    out = {"stdout": "stdout", "stderr": "stderr"}
+    depth = 1
+    names: dict[str, str] = {}
+    while files:
+        names = {f: "/".join(Path(f).parts[-depth:]) for f in files}
+        clash = {n for n in names.values() if list(names.values()).count(n) > 1}
+        out.update({f: n for f, n in names.items() if n not in clash})
+        files = [f for f, n in names.items() if n in clash]
+        depth += 1
+        if depth > 64:
+            out.update({f: f for f in files})
+            break
+    return out
+
+
 def render(entries: Sequence[Entry], left_out: int = 0, color: bool = False) -> str:
-    """The timeline as text; failures are marked '!!' (and red when ``color``)."""
+    """The timeline as text; failures are marked '!!' (and red when ``color``); each log file's full path
+    is shown once, in a legend at the top, and its lines carry the short name."""
     lines = []
+    short = short_sources(e.source for e in entries if e.kind == "log")
+    files = sorted((n, f) for f, n in short.items() if f not in ("stdout", "stderr"))
+    if files:
+        lines.append("log files:")
+        width = max(len(n) for n, _ in files)
+        lines += [f"  {n:<{width}}  {f}" for n, f in files]
     if left_out:
         lines.append(f"... {left_out} earlier log lines left out (use --max-lines 0 for all)")
     width = max((len(e.stage) for e in entries), default=5)
     for e in entries:
         mark = "!!" if e.highlight else "  "
-        line = f"{mark} {_when(e.ts_us)}  {e.stage:<{width}}  {e.kind:<7} {e.text}"
+        text = f"{short.get(e.source, e.source)}: {e.text}" if e.kind == "log" else e.text
+        line = f"{mark} {_when(e.ts_us)}  {e.stage:<{width}}  {e.kind:<7} {text}"
         if e.highlight and color:
             line = f"\x1b[1;31m{line}\x1b[0m"
         lines.append(line)

@@ -8,8 +8,11 @@ mid-supervisor with its agent killed, while its broker connection is cut, and it
 spooled events are delivered afterwards by `flightrec agent flush`. The demo plays
 the manager too: a `rented` manager event per instance, `destroyed` for that one.
 
-Guarantees: every process the demo starts is stopped when it ends (Ctrl-C
-included); a broker that was already running is reused and left running.
+Guarantees: every process the demo starts is stopped when it ends, on Ctrl-C
+(SIGINT), SIGTERM and SIGHUP alike; a broker that was already running is reused
+and left running. The demo's broker is its own (port 9192 and data in the demo's
+folder), so producers configured for the default localhost:9092 never write into
+the demo's database. Progress counts this run's fleet only.
 """
 
 from __future__ import annotations
@@ -47,6 +50,16 @@ MIN_RATE = 2000.0
 PROOF_K = {"too_slow": 17}
 DEFAULT_PROOF_K = 8
 DEAD_BOOTSTRAP = "127.0.0.1:9"  # the destroyed instance's network is cut: nothing listens there
+DEMO_PORT = 9192  # not Kafka's usual 9092: only the demo's own fleet publishes to the demo's broker
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """Raised in the demo's main thread by SIGTERM or SIGHUP, handled like Ctrl-C."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,7 @@ class Demo:
     instances: int = 12
     fresh: bool = False
     headless: bool = False
-    port: int = 9092
+    port: int = DEMO_PORT
     dashboard_port: int = 8501
     home: Path = field(default_factory=lambda: Path(".flightrec") / "demo")
     supervisor_seconds: float = 6.0
@@ -150,8 +163,8 @@ class Demo:
                                   security=self.security)
         self.home.mkdir(parents=True, exist_ok=True)
         was_running = self.broker.status().running
+        self.started_broker = not was_running  # before start(): a signal while it starts still stops it
         self.say(f"broker:       {self.broker.start()}")
-        self.started_broker = not was_running
 
     def start_materializer(self) -> None:
         self._spawn("materializer", [self.flightrec, "materialize", "--db", str(self.db)], self._env())
@@ -215,12 +228,17 @@ class Demo:
 
     # -- progress -----------------------------------------------------------------
 
-    def progress(self, t0: float) -> str:
+    def progress(self, t0: float, fleet: list[Instance] | None = None, since_us: int = 0) -> str:
+        """One line of progress, counting this run only: its instances, events at or after ``since_us``."""
+        ids = [i.instance_id for i in fleet or []]
         try:
             rows = run_query(self.db, "SELECT coalesce(stage, '?') AS stage, coalesce(state, '?') AS state, "
-                                      "count(*) AS n FROM instances GROUP BY ALL ORDER BY ALL").to_pylist()
-            lines = run_query(self.db, "SELECT count(*) AS n FROM log_lines").to_pylist()[0]["n"]
-            fails = run_query(self.db, "SELECT count(*) AS n FROM failures").to_pylist()[0]["n"]
+                                      "count(*) AS n FROM instances WHERE list_contains(?, instance_id) "
+                                      "AND last_event_us >= ? GROUP BY ALL ORDER BY ALL", [ids, since_us]).to_pylist()
+            lines = run_query(self.db, "SELECT count(*) AS n FROM log_lines WHERE list_contains(?, instance_id) "
+                                       "AND ts_us >= ?", [ids, since_us]).to_pylist()[0]["n"]
+            fails = run_query(self.db, "SELECT count(*) AS n FROM failures WHERE list_contains(?, instance_id) "
+                                       "AND ts_us >= ?", [ids, since_us]).to_pylist()[0]["n"]
         except QueryError as exc:
             return f"[{time.monotonic() - t0:5.0f}s] waiting for the materializer ({exc})"
         by = ", ".join(f"{r['n']} {r['stage']}/{r['state']}" for r in rows) or "none seen yet"
@@ -254,7 +272,9 @@ class Demo:
         r = subprocess.run([self.flightrec, "agent", "flush", "--instance", inst.instance_id, "--spool", str(spool),
                             "--timeout", "60"], env=self._env(), capture_output=True, text=True)
         self.say(f"fleet:        {inst.instance_id}'s spooled events delivered late by `flightrec agent flush` "
-                 f"(exit {r.returncode}) {r.stdout.strip()[-200:]}")
+                 f"(exit {r.returncode})")
+        for line in r.stdout.strip().splitlines()[-5:]:  # its own words, each on a line of its own
+            self.say(f"              {line[:200]}")
 
     def wait_materialized(self, fleet: list[Instance], since_us: int, timeout: float = 120.0) -> None:
         """Wait until every instance of this run is in the database and every sealed one is complete."""
@@ -295,6 +315,7 @@ class Demo:
     def run(self) -> int:
         t0, since_us = time.monotonic(), time.time_ns() // 1000
         run_dir = self.home / "runs" / time.strftime("%Y%m%d-%H%M%S")
+        previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS[1:]}
         try:
             self.start_broker()
             self.start_materializer()
@@ -307,14 +328,14 @@ class Demo:
                 for r in destroyed:
                     self._destroy_when_supervising(r)
                 if time.monotonic() - last >= 3:
-                    self.say(self.progress(t0))
+                    self.say(self.progress(t0, fleet, since_us))
                     last = time.monotonic()
                 time.sleep(0.3)
             for r in destroyed:
                 time.sleep(2.0)  # the evidence arrives later, as it would from a recovered disk
                 self._flush_spool(r.instance, run_dir)  # type: ignore[arg-type]
             self.wait_materialized(fleet, since_us)
-            self.say(self.progress(t0))
+            self.say(self.progress(t0, fleet, since_us))
             self.summary(fleet)
             self.say(f"\nthe whole fleet is materialized in {self.db}  ({time.monotonic() - t0:.0f} s)")
             if self.headless:
@@ -322,11 +343,20 @@ class Demo:
             self.say(f"dashboard:    http://localhost:{self.dashboard_port}   (Ctrl-C stops everything the demo started)")
             while True:
                 time.sleep(1.0)
-        except KeyboardInterrupt:
-            self.say("\nstopping ...")
+        except KeyboardInterrupt as exc:
+            for sig in STOP_SIGNALS:  # a second signal must not cut the stopping short
+                signal.signal(sig, signal.SIG_IGN)
+            self.say(f"\nstopping ({exc or 'SIGINT'}) ...")
             return 0
         finally:
-            self.stop()
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+            try:
+                self.stop()
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def stop(self) -> None:
         """Stop every process the demo started (instances, dashboard, materializer), then its broker."""
@@ -345,6 +375,11 @@ class Demo:
             except subprocess.TimeoutExpired:
                 r.proc.kill()
                 r.proc.wait()
+            if r.instance:  # the whole tree: children that outlive the entrypoint's bash too
+                try:
+                    os.killpg(r.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             if r.output:
                 r.output.close()
         if self.started_broker:

@@ -63,6 +63,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_SEAL_WAIT", "10", "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded."),
     Setting("FLIGHTREC_HEARTBEAT_S", "30", "Seconds between the agent's heartbeats while a stage runs (0: none); an unsealed instance silent for 3 intervals has status `lost`."),
     Setting("FLIGHTREC_LATE_WAIT", "10", "Seconds a seal waits for late output (lines that processes left behind by a stage are still writing) before it closes the boot; late output is then passed on but no longer recorded."),
+    Setting("FLIGHTREC_WEBHOOK", "", "The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL (same as `materialize --webhook`)."),
+    Setting("FLIGHTREC_ALERT_ON", "failed,lost,below_min_rate,incomplete", "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`)."),
+    Setting("FLIGHTREC_DASHBOARD_URL", "http://localhost:8501", "The dashboard's address, for the links in alerts."),
     Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines only at DEBUG."),
 )
 
@@ -122,6 +125,9 @@ class Settings:
     max_message_bytes: int | None = None
     heartbeat_s: float = 30.0
     late_wait: float = 10.0
+    webhook: str | None = None
+    alert_on: str | None = None
+    dashboard_url: str = "http://localhost:8501"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -163,6 +169,9 @@ class Settings:
             max_message_bytes=_int(env, "FLIGHTREC_MAX_MESSAGE_BYTES", None),  # type: ignore[arg-type]
             heartbeat_s=_float(env, "FLIGHTREC_HEARTBEAT_S", base.heartbeat_s),
             late_wait=_float(env, "FLIGHTREC_LATE_WAIT", base.late_wait),
+            webhook=_env(env, "FLIGHTREC_WEBHOOK"),
+            alert_on=_env(env, "FLIGHTREC_ALERT_ON"),
+            dashboard_url=_env(env, "FLIGHTREC_DASHBOARD_URL") or base.dashboard_url,
         )
 
     def with_overrides(self, **flags: Any) -> "Settings":

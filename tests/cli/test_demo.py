@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -78,6 +79,8 @@ def test_the_destroyed_instances_late_events_arrived(demo):
     db, out, *_ = demo
     (inst,) = [i.instance_id for i in _plan() if i.fate == "destroyed"]
     assert f"{inst} destroyed mid-supervisor" in out and "delivered late" in out
+    late = [line for line in out.splitlines() if "delivered late" in line]
+    assert len(late) == 1 and re.search(r"\(exit \d+\)$", late[0]), "no second message glued on the line"
     rows = run_query(db, "SELECT stage, state FROM lifecycle_events WHERE instance_id = ?", [inst]).to_pylist()
     assert {"stage": "supervisor", "state": "started"} in rows
     (row,) = run_query(db, "SELECT complete, incomplete_reason FROM instances WHERE instance_id = ?",
@@ -123,6 +126,23 @@ def test_a_second_run_reuses_the_broker_data_and_adds_a_boot(demo):
     boots = run_query(db, "SELECT instance_id, count(*) AS n FROM boots GROUP BY ALL").to_pylist()
     assert {b["instance_id"]: b["n"] for b in boots}["rtxpro4000-02"] == 2
     assert run_query(db, "SELECT count(*) AS n FROM log_lines").to_pylist()[0]["n"] > before
+    # progress counts this run only: its 2 instances and its one failure, not the first run's
+    last = [x for x in r.stdout.splitlines() if "failures explained" in x][-1]
+    counts = re.search(r"instances: (.*) \| (\d+) log lines, (\d+) failures explained", last)
+    assert counts, last
+    assert sum(int(n) for n in re.findall(r"(\d+) \S+/\S+", counts.group(1))) == 2, last
+    assert counts.group(3) == "1", last
     # the summary shows this run's failure once (not one per boot)
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("rtxpro4000-02")]
     assert line.rstrip().endswith(" gpu_arch_unsupported")
+
+
+def test_the_demo_has_a_broker_of_its_own():
+    """Producers left at the default bootstrap (localhost:9092) never reach the demo's broker or database."""
+    from flightrec.cli.demo import DEMO_PORT as CLI_PORT
+    from flightrec.demo import DEMO_PORT, Demo
+    from flightrec.settings import Settings
+
+    default_port = int(Settings().bootstrap.rsplit(":", 1)[1])
+    assert DEMO_PORT == CLI_PORT != default_port
+    assert Demo.__dataclass_fields__["port"].default == DEMO_PORT

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -62,7 +63,7 @@ class OncePerMessage(logging.Filter):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; FlightrecError becomes a one-line message and exit status 1."""
+    """Run one command; FlightrecError becomes a one-line message and exit status 1; a closed pipe ends quietly."""
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
@@ -73,6 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (`| head`): end quietly with the status a shell gives SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+    return 128 + 13
 
 
 def not_built(what: str, issue: str) -> int:

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                 "certificates made on the spot; client settings go to DATA/client.env")
         a.set_defaults(func=_broker)
     t = sub.add_parser("topics", help="create the flightrec topics on any Kafka cluster")
-    t.add_argument("action", choices=["create"])
+    t.add_argument("action", choices=["create"], help="create: make the four topics if they do not exist")
     t.add_argument("--bootstrap", default=None, help="bootstrap servers (default $FLIGHTREC_BOOTSTRAP)")
     t.add_argument("--partitions", type=int, default=None, help="partitions per topic (default 6)")
     t.add_argument("--replication", type=int, default=None, help="replication factor (default 1)")

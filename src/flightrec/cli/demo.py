@@ -7,6 +7,8 @@ from pathlib import Path
 
 from flightrec.settings import Settings
 
+DEMO_PORT = 9192  # = flightrec.demo.DEMO_PORT (not imported here: `flightrec --help` stays quick)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="broker, materializer, a simulated fleet and the dashboard")
@@ -14,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--fresh", action="store_true", help="start over: stop the demo broker and delete its data")
     d.add_argument("--headless", action="store_true",
                    help="no dashboard; exit once the fleet is materialized (for tests and CI)")
-    d.add_argument("--port", type=int, default=9092, help="the local broker's port (default 9092)")
+    d.add_argument("--port", type=int, default=DEMO_PORT,
+                   help=f"the demo broker's own port (default {DEMO_PORT}, not 9092: no other producer writes into the demo)")
     d.add_argument("--dashboard-port", type=int, default=8501, help="the dashboard's port (default 8501)")
     d.add_argument("--home", default=None, help="the demo's folder (default $FLIGHTREC_HOME/demo)")
     d.add_argument("--supervisor-seconds", type=float, default=6.0,

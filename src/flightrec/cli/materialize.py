@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -26,26 +27,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--lock-wait", type=float, default=30.0, metavar="SECONDS",
                    help="how long to wait for another process holding the file (flightrec readers leave "
                         "at once); then exit 1 naming it")
+    m.add_argument("--webhook", default=None, metavar="URL",
+                   help="post a Slack-compatible JSON message per new failure here (default $FLIGHTREC_WEBHOOK)")
+    m.add_argument("--alert-on", default=None, metavar="KINDS",
+                   help="which alerts, comma separated: failed,lost,below_min_rate,incomplete "
+                        "(default $FLIGHTREC_ALERT_ON, else all)")
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
     r.add_argument("--db", default=None, help="the NEW database file to build")
     r.add_argument("--since", default=None, help="only events at/after TIME (ISO-8601, epoch s, or an age: 2h)")
     r.add_argument("--instance", default=None, help="only this instance's events")
-    r.add_argument("--group", default=None)
-    r.add_argument("--rules", default=None, metavar="FILE")
-    r.add_argument("--memory-limit", default="512MB")
+    r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
+    r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: consumers/rules.toml)")
+    r.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
     r.set_defaults(func=_replay)
     t = sub.add_parser("timeline", help="print one instance's life")
-    t.add_argument("instance")
-    t.add_argument("--db", default=None)
+    t.add_argument("instance", help="the instance id")
+    t.add_argument("--db", default=None, help="database file (default $FLIGHTREC_DB)")
     t.add_argument("--from-topics", action="store_true", help="read the topics even if the database exists")
     t.add_argument("--max-lines", type=int, default=2000, help="log lines shown, the latest (0: all)")
-    t.add_argument("--rules", default=None, metavar="FILE")
+    t.add_argument("--rules", default=None, metavar="FILE",
+                   help="failure rule table for --from-topics (default: consumers/rules.toml)")
     t.set_defaults(func=_timeline)
     w = sub.add_parser("wait-sealed", help="wait until an instance's evidence is complete")
-    w.add_argument("instance")
-    w.add_argument("--db", default=None)
-    w.add_argument("--timeout", type=float, default=60.0)
+    w.add_argument("instance", help="the instance id")
+    w.add_argument("--db", default=None, help="database file (default $FLIGHTREC_DB)")
+    w.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="give up after SECONDS (exit 3; default 60)")
     w.set_defaults(func=_wait_sealed)
 
 
@@ -78,14 +86,17 @@ def _run(opts: "object", settings: Settings) -> int:
 
 
 def _materialize(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.consumers.alerts import parse_kinds
     from flightrec.consumers.classify import load_rules
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
 
-    settings = settings.with_overrides(db=args.db)
+    settings = settings.with_overrides(db=args.db, webhook=args.webhook, alert_on=args.alert_on)
+    kinds = parse_kinds(settings.alert_on)
     _ensure_topics(settings)
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, until_idle=args.until_idle,
                    rules=load_rules(args.rules), serve=not args.no_serve, memory_limit=args.memory_limit,
-                   lock_wait=args.lock_wait)
+                   lock_wait=args.lock_wait,
+                   webhook=settings.webhook, alert_on=kinds, dashboard_url=settings.dashboard_url)
     return _run(opts, settings)
 
 
@@ -116,7 +127,8 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     if not entries:
         print(f"flightrec timeline: no events of instance {args.instance}", file=sys.stderr)
         return 1
-    print(timeline.render(entries, left_out, color=sys.stdout.isatty()))
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # https://no-color.org
+    print(timeline.render(entries, left_out, color=color))
     return 0
 
 

@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "BenchmarkResult. Exit status: 0 pass, 1 below --min-rate, 2 the backend could not run.",
     )
     b.add_argument("--instance", default=None, help="instance id (default: FLIGHTREC_INSTANCE, then the host name)")
-    b.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
+    b.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="cuda, cpu, or auto: cuda where a GPU and pycuda exist (default auto)")
     b.add_argument("--k", type=int, default=20, help="log2 of the trace's rows (default 20)")
     b.add_argument("--width", type=int, default=8, help="trace columns (default 8)")
     b.add_argument("--blowup", type=int, default=4, help="extension factor, a power of two (default 4)")

@@ -18,8 +18,8 @@ MAX_CELL = 200  # characters shown per cell in the text table
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sql", help="run read-only SQL and print the result")
-    s.add_argument("query")
-    s.add_argument("--db", default=None)
+    s.add_argument("query", help="one read-only SQL statement; the shared views (fleet, log_view, ...) are there")
+    s.add_argument("--db", default=None, help="database file (default $FLIGHTREC_DB)")
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="print CSV")
     fmt.add_argument("--json", action="store_true", help="print one JSON object per line")

@@ -1,0 +1,155 @@
+"""Webhook alerts against a local HTTP server: one post per failure, no re-send on restart, retries, a dead server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+import pytest
+from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
+
+from flightrec.broker.local import free_port
+from flightrec.query import run_query
+from flightrec.schemas import Lifecycle
+
+pytestmark = pytest.mark.integration
+
+
+class Hook:
+    """A webhook receiver: answers each POST with the next status of ``statuses`` (then 200), keeps the bodies."""
+
+    def __init__(self, statuses: list[int] | None = None) -> None:
+        self.statuses = list(statuses or [])
+        self.attempts: list[dict] = []
+        self.delivered: list[dict] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status = hook.statuses.pop(0) if hook.statuses else 200
+                hook.attempts.append(body)
+                if status == 200:
+                    hook.delivered.append(body)
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    h = Hook()
+    yield h
+    h.close()
+
+
+def _failed_boot() -> Boot:
+    return motivating_boot()
+
+
+def test_one_failure_one_post_and_a_restart_sends_nothing_again(kafka, db, hook):
+    b = _failed_boot()
+    publish(kafka.bootstrap, b.events)
+    materialize(kafka, db, idle=0.5, webhook=hook.url)
+    mine = [m for m in hook.delivered if m["flightrec"]["instance_id"] == b.instance]
+    assert len(mine) == 1, hook.delivered
+    msg = mine[0]
+    assert b.instance in msg["text"] and "gpu_arch_unsupported" in msg["text"]
+    fields = msg["flightrec"]
+    assert fields["kind"] == "failed" and fields["failure_class"] == "gpu_arch_unsupported"
+    assert "no kernel image" in fields["matched_line"] and "architecture" in fields["hint"]
+    assert fields["link"].endswith(f"failure={fields['alert_id']}")
+    section = json.dumps(msg["blocks"])  # Slack blocks carry the same fields
+    assert b.instance in section and "gpu_arch_unsupported" in section
+    sent = run_query(db, "SELECT alert_id, sent_us FROM alerts WHERE instance_id = ?", [b.instance]).to_pylist()
+    assert len(sent) == 1 and sent[0]["sent_us"] is not None
+
+    materialize(kafka, db, idle=0.5, webhook=hook.url)  # a restart: nothing is sent twice
+    assert len([m for m in hook.delivered if m["flightrec"]["instance_id"] == b.instance]) == 1
+
+
+def test_a_server_failing_twice_gets_the_message_once(kafka, db):
+    hook = Hook([500, 500])
+    try:
+        b = _failed_boot()
+        publish(kafka.bootstrap, b.events)
+        materialize(kafka, db, idle=0.5, webhook=hook.url, alert_backoff=0.05)
+        mine = [m for m in hook.delivered if m["flightrec"]["instance_id"] == b.instance]
+        assert len(mine) == 1 and len(hook.attempts) >= 3
+        ids = [m["flightrec"]["alert_id"] for m in hook.delivered]
+        assert len(ids) == len(set(ids))  # every message delivered once, retried or not
+    finally:
+        hook.close()
+
+
+def test_a_dead_server_does_not_stop_materialization_and_is_sent_to_later(kafka, db):
+    dead = f"http://127.0.0.1:{free_port()}/hook"
+    b = _failed_boot()
+    publish(kafka.bootstrap, b.events)
+    t0 = time.monotonic()
+    materialize(kafka, db, idle=0.5, webhook=dead, alert_backoff=0.05, alert_drain=1.0)
+    assert time.monotonic() - t0 < 60
+    assert run_query(db, "SELECT count(*) AS n FROM failures WHERE instance_id = ?", [b.instance]).to_pylist() == \
+        [{"n": 1}]
+    (row,) = run_query(db, "SELECT sent_us FROM alerts WHERE instance_id = ?", [b.instance]).to_pylist()
+    assert row["sent_us"] is None  # remembered as not sent ...
+    hook = Hook()
+    try:
+        materialize(kafka, db, idle=0.5, webhook=hook.url)  # ... so the next run sends it
+        assert [m["flightrec"]["instance_id"] for m in hook.delivered].count(b.instance) == 1
+    finally:
+        hook.close()
+
+
+def test_an_incomplete_boot_alerts_and_alert_on_chooses(kafka, db, hook):
+    gap = Boot()
+    gap.stage_ok("tunnel", ["up"])
+    gap.add(Lifecycle, stage="params", state="started")
+    gap.seal()
+    del gap.events[1]  # seq 1 never arrives
+    failed = _failed_boot()
+    publish(kafka.bootstrap, gap.events + failed.events)
+    materialize(kafka, db, idle=0.5, webhook=hook.url, alert_on=("incomplete",))
+    kinds = {(m["flightrec"]["instance_id"], m["flightrec"]["kind"]) for m in hook.delivered}
+    assert (gap.instance, "incomplete") in kinds
+    assert not any(i == failed.instance for i, _ in kinds)  # failures were not asked for
+
+
+def test_the_materialize_command_takes_the_webhook_from_the_environment(kafka, db, hook, env_for):
+    b = _failed_boot()
+    publish(kafka.bootstrap, b.events)
+    flightrec("materialize", "--db", str(db), "--until-idle", "1", "--no-serve", "--alert-on", "failed",
+              env=env_for(FLIGHTREC_WEBHOOK=hook.url))
+    assert [m["flightrec"]["instance_id"] for m in hook.delivered].count(b.instance) == 1
+
+
+def test_alert_on_refuses_an_unknown_kind():
+    from flightrec.consumers.alerts import KINDS, parse_kinds
+    from flightrec.errors import ConfigError
+
+    assert parse_kinds(None) == KINDS and parse_kinds("failed, incomplete") == ("failed", "incomplete")
+    with pytest.raises(ConfigError, match="choose from"):
+        parse_kinds("failed,explosions")
+
+
+def test_a_webhook_that_is_not_a_url_is_refused_with_what_to_do():
+    from flightrec.consumers.alerts import AlertConfig, Alerter
+    from flightrec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--webhook https://"):
+        Alerter(AlertConfig("hooks.example.com/abc"))
