@@ -58,6 +58,7 @@ WRITING_FUNCTIONS = frozenset({"nextval", "setval", "setseed", "write_log", "que
 
 _COMMENT = r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
 _PRAGMA = re.compile(_COMMENT + r"PRAGMA\s+(\w+)", re.IGNORECASE | re.DOTALL)
+_PRAGMA_ARGS = re.compile(r"\s*(?:\(\s*(?:'[^']*'|\"[^\"]*\"|\w+)?\s*\))?\s*;?\s*\Z")
 _EXPLAIN = re.compile(_COMMENT + r"EXPLAIN" + _COMMENT + r"(?:ANALY[SZ]E\b)?" + _COMMENT
                       + r"(?:\((?:[^()'\"]|'[^']*'|\"[^\"]*\")*\))?", re.IGNORECASE | re.DOTALL)
 _VIEW = re.compile(_COMMENT + r"CREATE\s+(?:OR\s+REPLACE\s+)?TEMP(?:ORARY)?\s+VIEW\s+"
@@ -151,6 +152,10 @@ def check_read_only(sql: str) -> None:
     if len(kinds) != 1:
         raise QueryError(f"one statement at a time, please (got {len(kinds)})")
     kind = kinds[0]
+    pragma = _PRAGMA.match(sql)
+    if pragma and kind in ("SELECT", "PRAGMA"):  # DuckDB 1.5 parses a describing PRAGMA as a SELECT of pragma_*()
+        _check_pragma(sql, pragma)
+        return
     if kind not in ALLOWED_TYPES:
         raise QueryError(f"only read-only queries are allowed here, not {kind}: "
                          "use SELECT, EXPLAIN SELECT, or a PRAGMA that describes the database")
@@ -164,10 +169,15 @@ def check_read_only(sql: str) -> None:
             raise QueryError(f"only read-only queries are allowed here: EXPLAIN of a SELECT, not of "
                              f"{' and '.join(inner_kinds)} (EXPLAIN ANALYZE runs its statement)")
         check_query(inner, "the explained query")
-    else:  # PRAGMA
-        m = _PRAGMA.match(sql)
-        if not m or m.group(1).lower() not in READ_PRAGMAS:
-            raise QueryError("only PRAGMAs that read are allowed here: " + ", ".join(sorted(READ_PRAGMAS)))
+    else:  # a PRAGMA statement that does not start with the word (the regex above takes those)
+        raise QueryError("only PRAGMAs that read are allowed here: " + ", ".join(sorted(READ_PRAGMAS)))
+
+
+def _check_pragma(sql: str, m: re.Match[str]) -> None:
+    """A describing PRAGMA from the allow-list, whose one argument (if any) is a plain name or literal."""
+    if m.group(1).lower() not in READ_PRAGMAS or not _PRAGMA_ARGS.match(sql, m.end()):
+        raise QueryError("only PRAGMAs that read are allowed here, with at most one name or quoted "
+                         "argument: " + ", ".join(sorted(READ_PRAGMAS)))
 
 
 @_cached

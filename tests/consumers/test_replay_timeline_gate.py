@@ -40,8 +40,14 @@ def test_replay_equals_live_table_by_table(kafka, tmp_path, env_for):
     materialize(kafka, live, idle=0.5, batch_messages=3)
     replayed = tmp_path / "replayed.duckdb"
     flightrec("replay", "--db", str(replayed), env=env_for())
+    # Dead letters are the shared topics' whole garbage: compare the replay up to the offsets the live run had
+    # read (a process of an earlier test may still publish after the live run went idle).
+    read = run_query(live, "SELECT topic, \"partition\", next_offset FROM consumer_offsets").to_pylist()
+    upto = " OR ".join(f"(topic = '{r['topic']}' AND \"partition\" = {r['partition']} AND \"offset\" < {r['next_offset']})"
+                       for r in read) or "false"
     for name in MATERIALIZED_TABLES:
-        a, b = _table(live, name), _table(replayed, name)
+        where = f"WHERE {upto}" if name == "dead_letters" else ""
+        a, b = _table(live, name, where), _table(replayed, name, where)
         assert a.num_rows > 0, name
         assert a.equals(b), f"{name} differs between live and replay"
     again = flightrec("replay", "--db", str(replayed), env=env_for(), check=False)
