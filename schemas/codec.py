@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -13,6 +14,8 @@ from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from flightrec.errors import CodecError
 from flightrec.schemas.events import EVENT_BY_NAME, Event
+
+_ADDRESS = re.compile(r" object at 0x[0-9a-fA-F]+")  # object addresses in library messages
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10  # magic (2) + fingerprint (8)
@@ -132,9 +135,8 @@ class Codec:
                 body, version.parsed, reader.parsed if reader else None
             )
         except Exception as exc:  # fastavro raises many kinds for corrupt bodies
-            raise CodecError(
-                f"body does not decode as {version.name} ({version.source}): {type(exc).__name__}: {exc}"
-            ) from exc
+            why = _ADDRESS.sub("", f"{type(exc).__name__}: {exc}")  # the same bytes give the same reason
+            raise CodecError(f"body does not decode as {version.name} ({version.source}): {why}") from exc
         rest = len(data) - body.tell()
         if rest:
             raise CodecError(f"{rest} trailing bytes after a {version.name} body")

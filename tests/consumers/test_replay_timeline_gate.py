@@ -49,7 +49,10 @@ def test_replay_equals_live_table_by_table(kafka, tmp_path, env_for):
         where = f"WHERE {upto}" if name == "dead_letters" else ""
         a, b = _table(live, name, where), _table(replayed, name, where)
         assert a.num_rows > 0, name
-        assert a.equals(b), f"{name} differs between live and replay"
+        if not a.equals(b):
+            ra, rb = a.to_pylist(), b.to_pylist()
+            raise AssertionError(f"{name} differs between live and replay: only live {[r for r in ra if r not in rb][:3]}"
+                                 f", only replay {[r for r in rb if r not in ra][:3]}")
     again = flightrec("replay", "--db", str(replayed), env=env_for(), check=False)
     assert again.returncode == 1 and "exists" in again.stderr
 

@@ -136,6 +136,18 @@ def test_truncated_body_and_trailing_bytes_are_rejected():
         decode(good + b"\x00")
 
 
+def test_the_reason_for_bad_bytes_is_the_same_every_time():
+    """A dead letter's reason must not depend on the run (replay equals live): no object addresses."""
+    good = encode(LogBatch(event_id="e", instance_id="i", boot_id="b", seq=0, ts_us=1, stage="s", source="stdout",
+                           line_no=[1], line_ts_us=[1], text=["x"], truncated=[False], invalid_utf8=[False]))
+    reasons = set()
+    for cut in range(10, len(good)):
+        with pytest.raises(CodecError) as err:
+            decode(good[:cut])
+        reasons.add(str(err.value))
+    assert not [r for r in reasons if " at 0x" in r], reasons
+
+
 @settings(max_examples=500)
 @given(st.binary(max_size=200))
 def test_random_bytes_never_raise_anything_but_codec_error(data):
