@@ -44,6 +44,14 @@ def varints(values: Sequence[int]) -> bytes:
     while t.any():
         nb += t > 0
         t = t >> np.uint64(7)
+    width = int(nb[0]) if len(nb) else 0
+    if width and (nb == width).all():  # one width for all (line numbers of a batch, mostly): column by column
+        out = np.empty((len(z), width), dtype=np.uint8)
+        for j in range(width):
+            out[:, j] = (z >> np.uint64(7 * j)) & np.uint64(0x7F)
+        if width > 1:
+            out[:, :-1] |= np.uint8(0x80)
+        return out.tobytes()
     g = np.arange(int(nb.max()), dtype=np.uint64)
     groups = ((z[:, None] >> (np.uint64(7) * g)[None, :]) & np.uint64(0x7F)).astype(np.uint8)
     gi = g.astype(np.int64)[None, :]
@@ -59,13 +67,20 @@ def _long_array(values: Sequence[int]) -> bytes:
         return _long(n) + varints(np.arange(values.start, values.stop, values.step, dtype=np.int64)) + b"\x00"
     if values.count(values[0]) == n:  # one read time for the whole batch (the usual case): one varint, repeated
         return _long(n) + _long(values[0]) * n + b"\x00"
+    distinct = set(values)
+    if len(distinct) <= 64:  # a few read times (one per read): each encoded once
+        heads = {v: _long(v) for v in distinct}
+        return _long(n) + b"".join(map(heads.__getitem__, values)) + b"\x00"
     return _long(n) + varints(values) + b"\x00"
 
 
-def _str_array(texts: Sequence[str]) -> bytes:
+def _str_array(texts: Sequence[str], encoded: Sequence[bytes] | None = None) -> bytes:
     if not texts:
         return b"\x00"
-    parts = "\n".join(texts).encode("utf-8").split(b"\n")
+    if encoded is not None and len(encoded) == len(texts):
+        parts = encoded  # the caller's UTF-8 of each text: no join, encode and split again
+    else:
+        parts = "\n".join(texts).encode("utf-8").split(b"\n")
     if len(parts) != len(texts):  # a text held a newline: item by item
         return _long(len(texts)) + b"".join(map(_str, texts)) + b"\x00"
     lens = list(map(len, parts))
@@ -99,13 +114,14 @@ class LogBatchEncoder:
         self._ok = _schema_matches()
         self._header = MAGIC + self._codec.current(LogBatch.name).fingerprint
 
-    def __call__(self, ev: Event) -> bytes:
+    def __call__(self, ev: Event, encoded: Sequence[bytes] | None = None) -> bytes:
+        """``ev``'s Avro message; ``encoded``, where given, must be exactly ``[t.encode() for t in ev.text]``."""
         if not self._ok or type(ev) is not LogBatch:
             return self._codec.encode(ev)
         return b"".join((
             self._header, _str(ev.event_id), _str(ev.instance_id), _str(ev.boot_id), _long(ev.seq),
             _long(ev.ts_us), _str(ev.stage), _str(ev.source), _long(ev.pid), _long_array(ev.line_no),
-            _long_array(ev.line_ts_us), _str_array(ev.text), _bool_array(ev.truncated),
+            _long_array(ev.line_ts_us), _str_array(ev.text, encoded), _bool_array(ev.truncated),
             _bool_array(ev.invalid_utf8), _bool_array(ev.late),
         ))
 
