@@ -166,8 +166,8 @@ class Deliverer:
     def start(self) -> None:
         """Start the delivery thread."""
         self._thread = threading.Thread(target=self._main, name="flightrec-deliver", daemon=True)
-        self._thread.start()
-        self._ready.wait(5)
+        self._thread.start()  # not waited for: the stage starts while it imports and connects (a notify
+        # before its loop runs is not needed: it looks at the spool first thing, then every POLL_S)
 
     def notify(self) -> None:
         """Say that new records were appended (thread-safe; wakes the sender at once)."""

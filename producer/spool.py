@@ -25,24 +25,24 @@ import fcntl
 import json
 import logging
 import os
-import struct
 import threading
 import time
 import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 from urllib.parse import quote
 
 from flightrec.errors import SpoolError
 from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
 
+from flightrec.producer.segment import BODY, REC, SEG_MAGIC, iter_records  # noqa: F401 (SEG_MAGIC: re-exported)
+from flightrec.producer.segment import parse_header as _parse_header
+from flightrec.producer.syncer import Syncer
+
 log = logging.getLogger(__name__)
 
-SEG_MAGIC = b"FRSPOOL1\n"
-REC = struct.Struct("<II")  # body length, crc32(body)
-BODY = struct.Struct("<qBH")  # seq, flags, topic length
 FLAG_SEALED = 1
 DEFAULT_ROTATE_BYTES = 8 * 1024 * 1024
 _KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -129,48 +129,14 @@ def _seg_name(n: int) -> str:
     return f"{n:012d}.seg"
 
 
-def _parse_header(data: bytes, path: Path) -> tuple[dict, int]:
-    if not data.startswith(SEG_MAGIC):
-        raise SpoolError(f"{path} is not a flightrec spool segment (bad magic); move it out of the spool folder")
-    nl = data.find(b"\n", len(SEG_MAGIC))
-    if nl < 0:
-        raise SpoolError(f"{path} has a torn header; delete it if it holds no records")
-    try:
-        header = json.loads(data[len(SEG_MAGIC):nl])
-    except ValueError as exc:
-        raise SpoolError(f"{path} has an unreadable header: {exc}; move it out of the spool folder") from exc
-    return header, nl + 1
-
-
-def iter_records(data: bytes, start: int) -> Iterator[tuple[int, int, int, str, bytes]]:
-    """Yield (offset after, seq, flags, topic, value) of each whole, intact record from ``start``.
-
-    Stops at the first torn or corrupt record (a crash mid-write leaves one at the end).
-    """
-    pos = start
-    n = len(data)
-    view = memoryview(data)
-    while pos + REC.size <= n:
-        length, crc = REC.unpack_from(data, pos)
-        body_start = pos + REC.size
-        end = body_start + length
-        if length < BODY.size or end > n:
-            return
-        if zlib.crc32(view[body_start:end]) != crc:  # no copy of the body to check it
-            return
-        seq, flags, tlen = BODY.unpack_from(data, body_start)
-        topic = data[body_start + BODY.size:body_start + BODY.size + tlen].decode("utf-8")
-        yield end, seq, flags, topic, data[body_start + BODY.size + tlen:end]
-        pos = end
-
-
 class Spool:
     """One instance's durable spool; safe for many threads and many processes at once.
 
     Guarantees: :meth:`append` returns only after its records are written (and
     fdatasync'd when ``fsync``; with ``sync=False`` - log batches - group commit: one
-    fdatasync within SYNC_WINDOW_S for all of them, by the next append, :meth:`sync_due`,
-    :meth:`sync` or :meth:`close`, and any other append's fdatasync covers them too),
+    fdatasync for all of them, started within SYNC_WINDOW_S by the next append (in a
+    syncer thread: the writer does not wait), :meth:`sync_due`, :meth:`sync` or
+    :meth:`close`; any other append's fdatasync covers them too),
     with seqs taken gap-free from the boot's counter under
     an fcntl lock; a boot ends at a sealed event or a kernel reboot, and the next
     append starts a new boot (new boot id, seq 0); a torn record left by a crash is
@@ -193,7 +159,8 @@ class Spool:
         self._fd: int | None = None
         self._fd_seg = -1
         self._dirty_since: float | None = None  # written, not yet fdatasync'd (group commit), since
-        self.syncs = 0  # fdatasyncs of records done by this object
+        self._syncs = 0  # fdatasyncs of records done in the writing threads
+        self._syncer = Syncer(str(self.dir))
         self.events_spooled = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -355,6 +322,11 @@ class Spool:
     # -- writing ------------------------------------------------------------
 
     @property
+    def syncs(self) -> int:
+        """fdatasyncs of records done by this object (its syncer thread's included)."""
+        return self._syncs + self._syncer.syncs
+
+    @property
     def dirty(self) -> bool:
         """Records of this object were written but are not yet fdatasync'd (group commit)."""
         return self._dirty_since is not None
@@ -363,13 +335,14 @@ class Spool:
         """Under ``_tlock``: fdatasync the open segment (every record written to it, by any process)."""
         if self._fd is not None and self._dirty_since is not None:
             os.fdatasync(self._fd)
-            self.syncs += 1
+            self._syncs += 1
         self._dirty_since = None
 
     def sync(self) -> None:
-        """Make every record this object wrote durable now (fdatasync)."""
+        """Make every record this object wrote durable now (fdatasync), waiting for the syncer too."""
         with self._tlock:
             self._sync_fd()
+        self._syncer.drain()
 
     def sync_due(self) -> None:
         """fdatasync the records written with ``sync=False`` once the oldest waited SYNC_WINDOW_S."""
@@ -383,25 +356,27 @@ class Spool:
     def _write(self, head: _Head, blob: list[bytes], sync: bool = True) -> None:
         if self._fd_seg != head.seg:
             if self._fd is not None:
-                try:  # the old segment's unsynced records first (group commit)
-                    self._sync_fd()
-                except OSError as exc:
-                    log.error("spool %s: cannot fdatasync segment %d: %s", self.dir, self._fd_seg, exc)
-                os.close(self._fd)
+                if self._dirty_since is not None:  # the old segment's unsynced records: the syncer thread
+                    self._syncer.hand(self._fd)   # fdatasyncs and closes it (the writer does not wait)
+                    self._dirty_since = None
+                else:
+                    os.close(self._fd)
             self._fd = os.open(self._path(head.seg), os.O_WRONLY | os.O_APPEND)
             self._fd_seg = head.seg
         try:
-            written = os.writev(self._fd, blob)  # one system call, no copy of the parts into one buffer
-            total = sum(map(len, blob))
-            if written < total:  # a short write (a full disk): the rest one write at a time, or the error
+            view = memoryview(b"")  # one system call, no copy of the parts into one buffer; after a short
+            if (written := os.writev(self._fd, blob)) < sum(map(len, blob)):  # write (a full disk) the rest
                 view = memoryview(b"".join(blob))[written:]
-                while view:
-                    view = view[os.write(self._fd, view):]
+            while view:
+                view = view[os.write(self._fd, view):]
             if self.fsync:
                 if self._dirty_since is None:
                     self._dirty_since = time.monotonic()
-                if sync or time.monotonic() - self._dirty_since >= SYNC_WINDOW_S:
+                if sync:
                     self._sync_fd()
+                elif time.monotonic() - self._dirty_since >= SYNC_WINDOW_S:  # group commit, in the syncer
+                    self._syncer.hand(os.dup(self._fd))
+                    self._dirty_since = None
         except OSError:
             try:  # give the disk back what a half-written record took (the next append would cut it anyway)
                 os.ftruncate(self._fd, head.offset)
@@ -583,12 +558,12 @@ class Spool:
 
     def close(self) -> None:
         """Release the file descriptors (the spool stays on disk)."""
+        try:
+            self.sync()
+        except OSError as exc:
+            log.error("spool %s: cannot fdatasync segment %d: %s", self.dir, self._fd_seg, exc)
         with self._tlock:
             if self._fd is not None:
-                try:
-                    self._sync_fd()
-                except OSError as exc:
-                    log.error("spool %s: cannot fdatasync segment %d: %s", self.dir, self._fd_seg, exc)
                 os.close(self._fd)
                 self._fd = None
                 self._fd_seg = -1
