@@ -72,3 +72,29 @@ def test_a_batch_of_several_reads_and_one_varint_width() -> None:
                      invalid_utf8=[False] * n)
         assert encode_fast(b, [t.encode() for t in texts]) == encode(b) == encode_fast(b)
         assert varints(list(range(first, first + n))) == b"".join(_long(v) for v in range(first, first + n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=2**62), st.integers(min_value=0, max_value=600))
+def test_consecutive_line_numbers_without_numpy(start: int, n: int) -> None:
+    from flightrec.producer.fastlog import consecutive
+
+    assert consecutive(start, start + n) == b"".join(_long(v) for v in range(start, start + n))
+
+
+def test_width_boundaries_of_consecutive_numbers() -> None:
+    from flightrec.producer.fastlog import consecutive
+
+    for edge in (0, 64, 8192, 2**20, 2**27, 2**34, 2**62 - 64):
+        lo = max(0, edge - 130)
+        assert consecutive(lo, edge + 130) == b"".join(_long(v) for v in range(lo, edge + 130)), edge
+
+
+def test_the_agent_starts_without_numpy() -> None:
+    # numpy costs ~40 ms to import: the agent's start is on the critical path of every stage
+    import subprocess
+    import sys
+
+    code = "import sys, flightrec.cli, flightrec.producer.run; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
