@@ -372,8 +372,9 @@ class Spool:
             if self.fsync:
                 if self._dirty_since is None:
                     self._dirty_since = time.monotonic()
-                if sync:
+                if sync:  # this event and every line before it (an older segment's too) are on disk
                     self._sync_fd()
+                    self._syncer.drain()
                 elif time.monotonic() - self._dirty_since >= SYNC_WINDOW_S:  # group commit, in the syncer
                     self._syncer.hand(os.dup(self._fd))
                     self._dirty_since = None
