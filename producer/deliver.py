@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # how often appends by other processes are looked for
 LOCK_RETRY_S = 0.2
+ROUND_BYTES = 16 * 1024 * 1024  # records read and sent per round (acknowledgements awaited once per round)
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 3.0)
 MIN_LIMIT = 1024
 # errors after which sending the same record again can never succeed
@@ -354,7 +355,7 @@ class Deliverer:
                 if cursor >= end:
                     await self._sleep(POLL_S)
                     continue
-                records, nxt = self.spool.read(cursor, end)
+                records, nxt = self.spool.read(cursor, end, ROUND_BYTES)
                 if not records:
                     self.spool.save_cursor(nxt)
                     self._set_acked(nxt)
