@@ -103,14 +103,14 @@ class SourceBatcher:
             return
         decoded, invalid = decode_lines(lines)
         texts = self.agent.redactor.lines(decoded, trunc)
-        n = len(texts)
+        n, have = len(texts), len(self._texts)
         self._texts.extend(texts)
         # the UTF-8 of each text for the encoder: the bytes read, unless decoding or masking changed a line
         self._raw.extend(lines if invalid is None and texts is decoded else [t.encode("utf-8") for t in texts])
         self._ts.extend([ts] * n)
-        self._trunc.extend(trunc if trunc is not None else [False] * n)
-        self._invalid.extend(invalid if invalid is not None else [False] * n)
-        self._late.extend([self.late] * n)
+        _flags(self._trunc, have, trunc, n)
+        _flags(self._invalid, have, invalid, n)
+        _flags(self._late, have, [True] * n if self.late else None, n)
         self.tail.extend(texts)
         self.lines_read += n
         if self._since is None:
@@ -189,8 +189,9 @@ class SourceBatcher:
         self._since = None
         if not self._texts:
             return
-        texts, raw, ts, trunc, invalid = self._texts, self._raw, self._ts, self._trunc, self._invalid
-        late = self._late if any(self._late) else ()
+        texts, raw, ts, n = self._texts, self._raw, self._ts, len(self._texts)
+        trunc, invalid = self._trunc or (False,) * n, self._invalid or (False,) * n  # no flag set: no list kept
+        late = self._late or ()
         self._texts, self._raw, self._ts, self._trunc, self._invalid, self._late = [], [], [], [], [], []
         first = self._next_no
         self._next_no += len(texts)
@@ -204,6 +205,15 @@ class SourceBatcher:
         self.agent.emit_makers([make], encode=lambda ev: encode_fast(ev, raw), sync=False,
                                scrubbed=True)  # group commit (see Spool)
         self.batches += 1
+
+
+def _flags(flags: list[bool], have: int, values: Sequence[bool] | None, n: int) -> None:
+    """Add ``n`` lines' flags to ``flags``, kept empty (all False) until one is set: no list per batch."""
+    if values is not None and any(values):
+        flags.extend([False] * (have - len(flags)))
+        flags.extend(values)
+    elif flags:
+        flags.extend([False] * n)
 
 
 def _write_all(fd: int, data: bytes) -> None:
