@@ -8,12 +8,15 @@ import threading
 
 log = logging.getLogger(__name__)
 
+IDLE_S = 1.0  # the thread ends after this long without work
+
 
 class Syncer:
     """fdatasync in the background: :meth:`hand` returns at once, :meth:`drain` waits for all handed so far.
 
     Guarantees: every fd handed is fdatasync'd once, in order, and closed (also when the
-    fdatasync fails: the failure is logged); the thread starts at the first :meth:`hand`.
+    fdatasync fails: the failure is logged); the thread starts at a :meth:`hand` and ends
+    when it had nothing to do for IDLE_S.
     """
 
     def __init__(self, name: str) -> None:
@@ -41,8 +44,11 @@ class Syncer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._fds:
-                    self._cond.wait()
+                if not self._fds:
+                    self._cond.wait(IDLE_S)
+                if not self._fds:  # idle: the thread ends (the next hand() starts another)
+                    self._thread = None
+                    return
                 fd = self._fds[0]
             try:
                 os.fdatasync(fd)

@@ -94,3 +94,25 @@ def test_a_source_closing_makes_its_lines_durable(tmp_path: Path) -> None:
         b.tick()
         b.close()
         assert not agent.spool.dirty
+
+
+def test_the_syncer_thread_ends_when_idle(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    from flightrec.producer.syncer import IDLE_S, Syncer
+
+    s = Syncer("test")
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"x")
+    s.hand(fd)
+    s.drain()
+    assert s.syncs == 1
+    deadline = time.monotonic() + IDLE_S + 10
+    while any(t.name == "flightrec-spool-sync" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "flightrec-spool-sync" for t in threading.enumerate()), "an idle syncer thread stays"
+    fd = os.open(tmp_path / "f", os.O_WRONLY)
+    s.hand(fd)  # a new one starts for new work
+    s.drain()
+    assert s.syncs == 2
