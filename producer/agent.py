@@ -23,7 +23,8 @@ from flightrec.producer.heartbeat import HeartbeatThread, heartbeat
 from flightrec.producer.members import Member, join, leave, running
 from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
-from flightrec.producer.spool import BootSealedError, LostSpool, Spool, SpoolWriteError
+from flightrec.producer.lost import LostSpool
+from flightrec.producer.spool import BootSealedError, Spool, SpoolWriteError
 
 log = logging.getLogger(__name__)
 
@@ -219,10 +220,13 @@ class _AgentBase:
         return self.spool.boot()[0]
 
     def emit_makers(self, makers: list[Callable[[str, int], Event]], once: str | None = None,
-                    encode: Callable[[Event], bytes] | None = None) -> list[Event]:
-        """Spool several events in one write (one fsync); each maker gets (boot_id, seq).
+                    encode: Callable[[Event], bytes] | None = None, sync: bool = True,
+                    scrubbed: bool = False) -> list[Event]:
+        """Spool several events in one write (one fsync; ``sync=False``: group commit, see Spool); each maker
+        gets (boot_id, seq).
 
-        Every event is scrubbed first (:func:`scrub`): undecodable bytes escaped, secrets masked, then cut.
+        Every event is scrubbed first (:func:`scrub`): undecodable bytes escaped, secrets masked, then cut;
+        ``scrubbed`` says the makers build events that are clean already (the line batcher's).
         """
         redactor, cap = self.redactor, self.settings.max_line
 
@@ -235,7 +239,8 @@ class _AgentBase:
             return build
 
         try:
-            events = self.spool.append([clean(m) for m in makers], once=once, encode=encode)
+            events = self.spool.append(makers if scrubbed else [clean(m) for m in makers], once=once,
+                                       encode=encode, sync=sync)
         except SpoolWriteError as exc:  # never stop the caller (a stage): count it, say it, note it later
             self.losses.add(exc)
             return exc.events

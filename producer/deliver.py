@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # how often appends by other processes are looked for
 LOCK_RETRY_S = 0.2
+ROUND_BYTES = 16 * 1024 * 1024  # records read and sent per round (acknowledgements awaited once per round)
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 3.0)
 MIN_LIMIT = 1024
 # errors after which sending the same record again can never succeed
@@ -172,8 +173,8 @@ class Deliverer:
     def start(self) -> None:
         """Start the delivery thread."""
         self._thread = threading.Thread(target=self._main, name="flightrec-deliver", daemon=True)
-        self._thread.start()
-        self._ready.wait(5)
+        self._thread.start()  # not waited for: the stage starts while it imports and connects (a notify
+        # before its loop runs is not needed: it looks at the spool first thing, then every POLL_S)
 
     def notify(self) -> None:
         """Say that new records were appended (thread-safe; wakes the sender at once)."""
@@ -360,7 +361,7 @@ class Deliverer:
                 if cursor >= end:
                     await self._sleep(POLL_S)
                     continue
-                records, nxt = self.spool.read(cursor, end)
+                records, nxt = self.spool.read(cursor, end, ROUND_BYTES)
                 if not records:
                     self.spool.save_cursor(nxt)
                     self._set_acked(nxt)

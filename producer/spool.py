@@ -25,28 +25,31 @@ import fcntl
 import json
 import logging
 import os
-import struct
 import threading
+import time
 import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 from urllib.parse import quote
 
 from flightrec.errors import SpoolError
 from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
 
+from flightrec.producer.segment import BODY, REC, SEG_MAGIC, iter_records  # noqa: F401 (SEG_MAGIC: re-exported)
+from flightrec.producer.segment import parse_header as _parse_header
+from flightrec.producer.syncer import Syncer
+
 log = logging.getLogger(__name__)
 
-SEG_MAGIC = b"FRSPOOL1\n"
-REC = struct.Struct("<II")  # body length, crc32(body)
-BODY = struct.Struct("<qBH")  # seq, flags, topic length
 FLAG_SEALED = 1
 DEFAULT_ROTATE_BYTES = 8 * 1024 * 1024
 _KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 RESERVE_BYTES = 256 * 1024
+SYNC_WINDOW_S = 0.1  # group commit: log batches written with sync=False are fdatasync'd at most this long after
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_HEAD_READ = 64 * 1024  # a segment's header is read from this much of its start
 
 Maker = Callable[[str, int], Event]  # (boot_id, seq) -> the event
 T = TypeVar("T")
@@ -126,46 +129,15 @@ def _seg_name(n: int) -> str:
     return f"{n:012d}.seg"
 
 
-def _parse_header(data: bytes, path: Path) -> tuple[dict, int]:
-    if not data.startswith(SEG_MAGIC):
-        raise SpoolError(f"{path} is not a flightrec spool segment (bad magic); move it out of the spool folder")
-    nl = data.find(b"\n", len(SEG_MAGIC))
-    if nl < 0:
-        raise SpoolError(f"{path} has a torn header; delete it if it holds no records")
-    try:
-        header = json.loads(data[len(SEG_MAGIC):nl])
-    except ValueError as exc:
-        raise SpoolError(f"{path} has an unreadable header: {exc}; move it out of the spool folder") from exc
-    return header, nl + 1
-
-
-def iter_records(data: bytes, start: int) -> Iterator[tuple[int, int, int, str, bytes]]:
-    """Yield (offset after, seq, flags, topic, value) of each whole, intact record from ``start``.
-
-    Stops at the first torn or corrupt record (a crash mid-write leaves one at the end).
-    """
-    pos = start
-    n = len(data)
-    while pos + REC.size <= n:
-        length, crc = REC.unpack_from(data, pos)
-        body_start = pos + REC.size
-        end = body_start + length
-        if length < BODY.size or end > n:
-            return
-        body = data[body_start:end]
-        if zlib.crc32(body) != crc:
-            return
-        seq, flags, tlen = BODY.unpack_from(body, 0)
-        topic = body[BODY.size:BODY.size + tlen].decode("utf-8")
-        yield end, seq, flags, topic, body[BODY.size + tlen:]
-        pos = end
-
-
 class Spool:
     """One instance's durable spool; safe for many threads and many processes at once.
 
     Guarantees: :meth:`append` returns only after its records are written (and
-    fsync'd when ``fsync``), with seqs taken gap-free from the boot's counter under
+    fdatasync'd when ``fsync``; with ``sync=False`` - log batches - group commit: one
+    fdatasync for all of them, started within SYNC_WINDOW_S by the next append (in a
+    syncer thread: the writer does not wait), :meth:`sync_due`, :meth:`sync` or
+    :meth:`close`; any other append's fdatasync covers them too),
+    with seqs taken gap-free from the boot's counter under
     an fcntl lock; a boot ends at a sealed event or a kernel reboot, and the next
     append starts a new boot (new boot id, seq 0); a torn record left by a crash is
     cut off by the next process that takes the lock; nothing is removed before
@@ -186,6 +158,9 @@ class Spool:
         self._head: _Head | None = None
         self._fd: int | None = None
         self._fd_seg = -1
+        self._dirty_since: float | None = None  # written, not yet fdatasync'd (group commit), since
+        self._syncs = 0  # fdatasyncs of records done in the writing threads
+        self._syncer = Syncer(str(self.dir))
         self.events_spooled = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -346,19 +321,63 @@ class Spool:
 
     # -- writing ------------------------------------------------------------
 
-    def _write(self, head: _Head, blob: bytes) -> None:
+    @property
+    def syncs(self) -> int:
+        """fdatasyncs of records done by this object (its syncer thread's included)."""
+        return self._syncs + self._syncer.syncs
+
+    @property
+    def dirty(self) -> bool:
+        """Records of this object were written but are not yet fdatasync'd (group commit)."""
+        return self._dirty_since is not None
+
+    def _sync_fd(self) -> None:
+        """Under ``_tlock``: fdatasync the open segment (every record written to it, by any process)."""
+        if self._fd is not None and self._dirty_since is not None:
+            os.fdatasync(self._fd)
+            self._syncs += 1
+        self._dirty_since = None
+
+    def sync(self) -> None:
+        """Make every record this object wrote durable now (fdatasync), waiting for the syncer too."""
+        with self._tlock:
+            self._sync_fd()
+        self._syncer.drain()
+
+    def sync_due(self) -> None:
+        """fdatasync the records written with ``sync=False`` once the oldest waited SYNC_WINDOW_S."""
+        since = self._dirty_since
+        if since is not None and time.monotonic() - since >= SYNC_WINDOW_S:
+            with self._tlock:
+                since = self._dirty_since
+                if since is not None and time.monotonic() - since >= SYNC_WINDOW_S:
+                    self._sync_fd()
+
+    def _write(self, head: _Head, blob: list[bytes], sync: bool = True) -> None:
         if self._fd_seg != head.seg:
             if self._fd is not None:
-                os.close(self._fd)
+                if self._dirty_since is not None:  # the old segment's unsynced records: the syncer thread
+                    self._syncer.hand(self._fd)   # fdatasyncs and closes it (the writer does not wait)
+                    self._dirty_since = None
+                else:
+                    os.close(self._fd)
             self._fd = os.open(self._path(head.seg), os.O_WRONLY | os.O_APPEND)
             self._fd_seg = head.seg
-        view = memoryview(blob)
         try:
+            view = memoryview(b"")  # one system call, no copy of the parts into one buffer; after a short
+            if (written := os.writev(self._fd, blob)) < sum(map(len, blob)):  # write (a full disk) the rest
+                view = memoryview(b"".join(blob))[written:]
             while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+                view = view[os.write(self._fd, view):]
             if self.fsync:
-                os.fdatasync(self._fd)
+                if self._dirty_since is None:
+                    self._dirty_since = time.monotonic()
+                if sync:  # this event and every line before it (an older segment's too) are on disk
+                    self._sync_fd()
+                    self._syncer.drain()
+                elif time.monotonic() - self._dirty_since >= SYNC_WINDOW_S:  # group commit, in the syncer
+                    self._syncer.hand(os.dup(self._fd))
+                    self._dirty_since = None
         except OSError:
             try:  # give the disk back what a half-written record took (the next append would cut it anyway)
                 os.ftruncate(self._fd, head.offset)
@@ -367,8 +386,10 @@ class Spool:
             raise
 
     def append(self, makers: Sequence[Maker], *, once: str | None = None,
-               encode: Callable[[Event], bytes] | None = None) -> list[Event]:
+               encode: Callable[[Event], bytes] | None = None, sync: bool = True) -> list[Event]:
         """Assign seqs, build, encode and durably write events; return them (empty if ``once`` was done).
+
+        ``sync=False`` (log batches): written at once, fdatasync'd by group commit (see the class).
 
         ``once`` names an event sent once per boot: if this boot already has it, nothing is written.
         A :class:`Sealed` event ends the boot. ``encode`` replaces the codec (it must give the same bytes).
@@ -396,15 +417,13 @@ class Spool:
                     value = encode(ev) if encode is not None else self._codec.encode(ev)
                     flags = FLAG_SEALED if isinstance(ev, Sealed) else 0
                     topic = ev.topic.encode()
-                    body = BODY.pack(seq, flags, len(topic)) + topic + value
-                    parts.append(REC.pack(len(body), zlib.crc32(body)))
-                    parts.append(body)
+                    head_ = BODY.pack(seq, flags, len(topic)) + topic  # the body is head_ + value, not copied
+                    parts += (REC.pack(len(head_) + len(value), zlib.crc32(value, zlib.crc32(head_))), head_, value)
                     events.append(ev)
                     seq += 1
                     sealed = sealed or bool(flags)
-                blob = b"".join(parts)
-                self._write_or_lose(head, blob, events)
-                head.offset += len(blob)
+                self._write_or_lose(head, parts, events, sync)
+                head.offset += sum(map(len, parts))
                 head.next_seq = seq
                 head.sealed = head.sealed or sealed
                 if marker is not None:
@@ -417,20 +436,20 @@ class Spool:
             finally:
                 self._unlock()
 
-    def _write_or_lose(self, head: _Head, blob: bytes, events: list[Event]) -> None:
-        """Write ``blob``; on a full disk, give up the reserve for anything but log lines; else SpoolWriteError."""
+    def _write_or_lose(self, head: _Head, blob: list[bytes], events: list[Event], sync: bool = True) -> None:
+        """Write the parts of ``blob``; on a full disk, give up the reserve for anything but log lines; else SpoolWriteError."""
         has_lines = any(isinstance(ev, LogBatch) for ev in events)
         if has_lines and not self._room_for_lines():
             raise SpoolWriteError(f"the disk of {self.dir} is full: log lines are dropped, the last room is kept "
                                   "for exits and ends of stages", events)
         try:
-            self._write(head, blob)
+            self._write(head, blob, sync)
             return
         except OSError as exc:
             first = exc
         if first.errno in _NO_ROOM and not has_lines and self._give_up_reserve():
             try:
-                self._write(head, blob)
+                self._write(head, blob, sync)
                 return
             except OSError as exc:
                 first = exc
@@ -497,22 +516,29 @@ class Spool:
             path = self._path(n)
             try:
                 with open(path, "rb") as f:
-                    data = f.read() if n < end.seg else f.read(end.offset)
+                    data = f.read(_HEAD_READ)
+                    if len(data) == _HEAD_READ and b"\n" not in data[len(SEG_MAGIC):]:
+                        data += f.read()  # a header longer than that (a very long instance id)
+                    header, header_len = _parse_header(data, path)
+                    # from the cursor on: what was sent before is not read again
+                    base = max(pos.offset, header_len) if n == pos.seg else header_len
+                    f.seek(base)
+                    data = f.read() if n < end.seg else f.read(max(0, end.offset - base))
             except FileNotFoundError:
                 continue
-            header, header_len = _parse_header(data, path)
             key = str(header.get("instance_id", self.instance_id)).encode("utf-8")
-            start = max(pos.offset, header_len) if n == pos.seg else header_len
-            last = start
-            for rec_end, seq, flags, topic, value in iter_records(data, start):
+            last = 0
+            for rec_end, seq, flags, topic, value in iter_records(data, 0):
                 last = rec_end
-                out.append(Record(seq, flags, topic, key, value, Position(n, rec_end)))
+                out.append(Record(seq, flags, topic, key, value, Position(n, base + rec_end)))
                 total += len(value)
                 if total >= max_bytes:
-                    return out, Position(n, rec_end)
+                    return out, Position(n, base + rec_end)
+            last += base
             if n < end.seg:
-                if last < len(data):  # damage inside an older segment: skip the rest of it, loudly
-                    log.error("spool %s: %d unreadable bytes at offset %d skipped", path, len(data) - last, last)
+                if last < base + len(data):  # damage inside an older segment: skip the rest of it, loudly
+                    log.error("spool %s: %d unreadable bytes at offset %d skipped", path, base + len(data) - last,
+                              last)
                 pos = Position(n + 1, 0)
             else:
                 pos = Position(n, last)
@@ -533,6 +559,10 @@ class Spool:
 
     def close(self) -> None:
         """Release the file descriptors (the spool stays on disk)."""
+        try:
+            self.sync()
+        except OSError as exc:
+            log.error("spool %s: cannot fdatasync segment %d: %s", self.dir, self._fd_seg, exc)
         with self._tlock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -541,43 +571,3 @@ class Spool:
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
-
-
-
-class LostSpool:
-    """Stands in for a spool that cannot be created: the command still runs, nothing is written.
-
-    Every :meth:`append` raises :class:`SpoolWriteError` carrying the events it would have
-    written, so that the agent can say what was lost; the rest answers "empty".
-    """
-
-    def __init__(self, root: str | Path, instance_id: str, reason: str) -> None:
-        self.instance_id = instance_id
-        self.key = instance_id.encode("utf-8")
-        self.dir = instance_dir(root, instance_id)
-        self.reason = reason
-        self.events_spooled = 0
-
-    def boot(self) -> tuple[str, int]:
-        """No boot can be kept without a spool: an empty boot id."""
-        return "", 0
-
-    def append(self, makers: Sequence[Maker], *, once: str | None = None,
-               encode: Callable[[Event], bytes] | None = None) -> list[Event]:
-        """Nothing can be written: SpoolWriteError with the events that were lost."""
-        raise SpoolWriteError(self.reason, _built(makers, ""))
-
-    def committed_end(self) -> Position:
-        """Nothing written: the start."""
-        return Position(0, 0)
-
-    def load_cursor(self) -> Position:
-        """Nothing written: the start."""
-        return Position(0, 0)
-
-    def pending(self) -> int:
-        """Nothing waits for Kafka."""
-        return 0
-
-    def close(self) -> None:
-        """Nothing to release."""

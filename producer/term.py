@@ -152,7 +152,7 @@ class SignalWatcher(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
-            info = signal.sigtimedwait(HANDLED, 0.1)
+            info = signal.sigtimedwait(HANDLED, 0.02)  # how long stop() may wait for it, at the stage's end
             if info is not None:
                 try:
                     self.on_signal(info.si_signo, info.si_code)

@@ -6,10 +6,10 @@ import argparse
 import csv
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
+if TYPE_CHECKING:  # imported where used: every `flightrec` command (the agent's too) would pay for it at start
+    import pyarrow as pa
 
 from flightrec.settings import Settings
 
@@ -40,6 +40,9 @@ def _cell(value: Any) -> str:
 def _column_values(column: pa.ChunkedArray) -> list[Any]:
     """A column as Python values; one Python cannot hold (a TIMESTAMP past year 9999, a DATE
     before year 1) falls back to Arrow's own text for it, or to the raw number."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     try:
         return column.to_pylist()
     except (OverflowError, ValueError, pa.ArrowException):
@@ -57,6 +60,8 @@ def _column_values(column: pa.ChunkedArray) -> list[Any]:
 
 def table_rows(table: pa.Table) -> list[dict[str, Any]]:
     """The rows as dicts of Python values, never failing on a value Python cannot represent."""
+    import pyarrow as pa
+
     try:
         return table.to_pylist()
     except (OverflowError, ValueError, pa.ArrowException):
@@ -66,6 +71,8 @@ def table_rows(table: pa.Table) -> list[dict[str, Any]]:
 
 def format_table(table: pa.Table) -> str:
     """An aligned text table with a header, a rule and a row count."""
+    import pyarrow as pa
+
     names = table.column_names
     rows = [[_cell(v) for v in row.values()] for row in table_rows(table)]
     widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]

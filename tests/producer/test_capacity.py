@@ -1,0 +1,118 @@
+"""The agent's hot path: batches as big as the topic allows, and one fdatasync per window of log batches."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from flightrec.producer import open_agent
+from flightrec.producer.deliver import message_size
+from flightrec.producer.run import SourceBatcher
+from flightrec.producer.spool import SYNC_WINDOW_S, Position, Spool
+from flightrec.schemas import LogBatch, Lifecycle, decode, new_event_id, now_us
+from flightrec.settings import TOPIC_LOGS, Settings
+
+LINE = b"0000000 worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5\n"
+
+
+def log_batch(instance: str, n: int = 100):
+    eid, ts = new_event_id(), now_us()
+
+    def make(boot: str, seq: int) -> LogBatch:
+        return LogBatch(event_id=eid, instance_id=instance, boot_id=boot, seq=seq, ts_us=ts, stage="s",
+                        source="stdout", pid=1, line_no=range(1, n + 1), line_ts_us=[ts] * n,
+                        text=["x" * 60] * n, truncated=[False] * n, invalid_utf8=[False] * n, late=())
+
+    return make
+
+
+def lifecycle(instance: str):
+    eid = new_event_id()
+
+    def make(boot: str, seq: int) -> Lifecycle:
+        return Lifecycle(event_id=eid, instance_id=instance, boot_id=boot, seq=seq, ts_us=now_us(), stage="s",
+                         state="info")
+
+    return make
+
+
+def test_a_1_mib_read_makes_batches_as_big_as_the_topic_allows(tmp_path: Path) -> None:
+    # 256 KiB / 16384-line batches made five LogBatches (five spool writes) of one 1 MiB pipe read
+    with open_agent("cap-1", Settings.from_env({}), spool_dir=str(tmp_path), deliver=False) as agent:
+        limit = agent.message_limit(TOPIC_LOGS)
+        b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=10)
+        chunk = LINE * ((1 << 20) // len(LINE))
+        b.feed(chunk)
+        b.close()
+        recs, _ = agent.spool.read(Position(0, 0), agent.spool.committed_end(), max_bytes=1 << 40)
+    batches = [decode(r.value) for r in recs]
+    assert sum(len(x) for x in batches) == chunk.count(b"\n")
+    assert len(recs) <= 2, [len(r.value) for r in recs]
+    assert all(message_size(r.key, r.value) <= limit for r in recs), [len(r.value) for r in recs]
+    assert [n for x in batches for n in x.line_no] == list(range(1, chunk.count(b"\n") + 1))
+
+
+def test_log_batches_share_one_fdatasync_per_window(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, "cap-2")
+    sp.append([lifecycle("cap-2")])
+    base = sp.syncs
+    t0 = time.monotonic()
+    for _ in range(30):
+        sp.append([log_batch("cap-2")], sync=False)
+    windows = (time.monotonic() - t0) / SYNC_WINDOW_S
+    assert sp.syncs - base <= 1 + windows, "a log batch is fdatasync'd at most once per window"
+    # written at once: another process (another Spool) reads them before any fdatasync
+    other = Spool(tmp_path, "cap-2")
+    recs, _ = other.read(Position(0, 0), other.committed_end(), max_bytes=1 << 40)
+    assert len(recs) == 31
+    other.close()
+    # every other event is fdatasync'd before append returns, and with it the lines before it
+    before = sp.syncs
+    sp.append([lifecycle("cap-2")])
+    assert sp.syncs >= before + 1 and not sp.dirty
+    sp.close()
+
+
+def test_unsynced_lines_are_made_durable_within_the_window(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, "cap-3")
+    sp.append([log_batch("cap-3")], sync=False)
+    assert sp.dirty
+    sp.sync_due()  # not due yet: nothing happens, or it was already due under load
+    time.sleep(SYNC_WINDOW_S)
+    sp.sync_due()
+    assert not sp.dirty
+    sp.append([log_batch("cap-3")], sync=False)
+    assert sp.dirty
+    sp.close()  # closing makes the rest durable
+    assert not sp.dirty
+
+
+def test_a_source_closing_makes_its_lines_durable(tmp_path: Path) -> None:
+    with open_agent("cap-4", Settings.from_env({}), spool_dir=str(tmp_path), deliver=False) as agent:
+        b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=10)
+        b.feed(LINE * 10)
+        b.tick()
+        b.close()
+        assert not agent.spool.dirty
+
+
+def test_the_syncer_thread_ends_when_idle(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    from flightrec.producer.syncer import IDLE_S, Syncer
+
+    s = Syncer("test")
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"x")
+    s.hand(fd)
+    s.drain()
+    assert s.syncs == 1
+    deadline = time.monotonic() + IDLE_S + 10
+    while any(t.name == "flightrec-spool-sync" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "flightrec-spool-sync" for t in threading.enumerate()), "an idle syncer thread stays"
+    fd = os.open(tmp_path / "f", os.O_WRONLY)
+    s.hand(fd)  # a new one starts for new work
+    s.drain()
+    assert s.syncs == 2
