@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONSAFEPATH := 1
 
-.PHONY: setup demo test bench docs clean system-packages device-wheels
+.PHONY: setup demo test check bench docs clean system-packages device-wheels
 
 setup: $(VENV)/.installed .cache/kafka/.fetched
 
@@ -30,6 +30,10 @@ demo: setup
 
 test: setup system-packages
 	$(VENV)/bin/pytest
+
+# The edit-test loop: every test that needs no broker (tests using a broker fixture are marked integration).
+check: setup
+	$(VENV)/bin/pytest -q -m "not integration"
 
 bench: setup system-packages
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

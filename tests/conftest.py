@@ -148,3 +148,14 @@ def fresh_kafka(tmp_path: Path) -> Iterator[Kafka]:
         yield Kafka(broker)
     finally:
         broker.stop()
+
+
+BROKER_FIXTURES = frozenset({"kafka", "fresh_kafka", "sasl_kafka"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that needs a broker, directly or through another fixture, is an integration test (marked or
+    not), so `make check` (`-m "not integration"`) never starts Kafka."""
+    for item in items:
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
