@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import duckdb
+import pyarrow as pa
 
 from flightrec.errors import ConfigError
 
@@ -38,6 +39,26 @@ log = logging.getLogger(__name__)
 
 KINDS: tuple[str, ...] = ("failed", "lost", "below_min_rate", "incomplete")
 MAX_FIELD = 1900  # Slack refuses a block field over 2,000 characters
+
+_NEW = pa.schema([("alert_id", pa.string()), ("kind", pa.string()), ("instance_id", pa.string()),
+                  ("boot_id", pa.string()), ("stage", pa.string()), ("ts_us", pa.int64()), ("payload", pa.string()),
+                  ("created_us", pa.int64()), ("sent_us", pa.int64())])
+_OUTCOMES = pa.schema([("alert_id", pa.string()), ("sent_us", pa.int64()), ("attempts", pa.int32()),
+                       ("error", pa.string())])
+
+
+def _record_outcomes(con: duckdb.DuckDBPyConnection, outcomes: list[tuple[str, int | None, int, str | None]]) -> None:
+    """The senders' results into the outbox, as one Arrow batch and one UPDATE."""
+    if not outcomes:
+        return
+    table = pa.Table.from_pylist([dict(zip(_OUTCOMES.names, o)) for o in outcomes], schema=_OUTCOMES)
+    con.register("_alert_outcomes", table)
+    try:
+        con.execute("""UPDATE alerts SET sent_us = o.sent_us, attempts = alerts.attempts + o.attempts, error = o.error
+                       FROM _alert_outcomes o WHERE alerts.alert_id = o.alert_id""")
+    finally:
+        con.unregister("_alert_outcomes")
+
 
 OUTBOX_DDL = """
 CREATE TABLE IF NOT EXISTS alerts (
@@ -169,10 +190,8 @@ class Alerter:
         """Record outcomes, copy new alertable rows into the outbox, queue the unsent ones (never blocks)."""
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
-        for alert_id, sent_us, attempts, error in outcomes:
-            con.execute("UPDATE alerts SET sent_us = ?, attempts = attempts + ?, error = ? WHERE alert_id = ?",
-                        [sent_us, attempts, error, alert_id])
-            self._queued.discard(alert_id)
+        _record_outcomes(con, outcomes)
+        self._queued.difference_update(o[0] for o in outcomes)
         self._record_new(con, sent_us=None)
         free = self.config.queue_size - self._queue.qsize()
         if free <= 0:
@@ -202,9 +221,14 @@ class Alerter:
                 rows.append([row["failure_id"], row["kind"], row["instance_id"], row["boot_id"], row["stage"],
                              row["ts_us"], json.dumps(message(row["kind"], row, self.config.dashboard_url),
                                                       default=str), now, sent_us])
-        if rows:
-            con.executemany("INSERT INTO alerts (alert_id, kind, instance_id, boot_id, stage, ts_us, payload, "
-                            "created_us, sent_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", rows)
+        if rows:  # one Arrow batch, one INSERT (a first start may record thousands of earlier failures)
+            unique = {r[0]: r for r in rows}  # one row per alert id within the batch too
+            con.register("_new_alerts", pa.Table.from_pylist([dict(zip(_NEW.names, r)) for r in unique.values()],
+                                                             schema=_NEW))
+            try:
+                con.execute("INSERT INTO alerts BY NAME SELECT * FROM _new_alerts ON CONFLICT DO NOTHING")
+            finally:
+                con.unregister("_new_alerts")
 
     def close(self, con: duckdb.DuckDBPyConnection | None) -> None:
         """Give queued messages ``drain`` seconds, stop the sender, record the outcomes."""
@@ -218,9 +242,7 @@ class Alerter:
         if con is not None:
             with self._lock:
                 outcomes, self._outcomes = self._outcomes, []
-            for alert_id, sent_us, attempts, error in outcomes:
-                con.execute("UPDATE alerts SET sent_us = ?, attempts = attempts + ?, error = ? WHERE alert_id = ?",
-                            [sent_us, attempts, error, alert_id])
+            _record_outcomes(con, outcomes)
         left = self._queue.unfinished_tasks
         if left:
             log.warning("%d alert(s) not delivered yet to %s; they are sent at the next start", left, self.config.url)
