@@ -107,18 +107,24 @@ def _facts_quietly(agent: object, member: object = None) -> None:
         agent.leave(member)  # type: ignore[attr-defined]
 
 
+def parse_attrs(pairs: list[str]) -> dict[str, str]:
+    """``--attr K=V`` flags as a mapping (a later K wins); ConfigError for one without ``=`` or a key."""
+    attrs: dict[str, str] = {}
+    for kv in pairs:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise ConfigError(f"--attr {kv!r} is not K=V")
+        attrs[k] = v
+    return attrs
+
+
 def _event(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.producer import open_agent
     from flightrec.schemas import STAGE_STATES
 
     if args.state not in STAGE_STATES:
         raise ConfigError(f"--state {args.state!r} is not one of {', '.join(STAGE_STATES)}")
-    attrs: dict[str, str] = {}
-    for kv in args.attr:
-        k, sep, v = kv.partition("=")
-        if not sep or not k:
-            raise ConfigError(f"--attr {kv!r} is not K=V")
-        attrs[k] = v
+    attrs = parse_attrs(args.attr)
     with open_agent(settings=_settings(args, settings)) as agent:
         if not args.no_facts:
             _facts_quietly(agent)

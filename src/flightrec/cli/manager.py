@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flightrec.errors import ConfigError
+from flightrec.cli.agent import parse_attrs
 from flightrec.settings import Settings
 
 
@@ -31,12 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _event(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.producer.manager import send_manager_event
 
-    attrs: dict[str, str] = {}
-    for kv in args.attr:
-        k, sep, v = kv.partition("=")
-        if not sep or not k:
-            raise ConfigError(f"--attr {kv!r} is not K=V")
-        attrs[k] = v
+    attrs = parse_attrs(args.attr)
     s = settings.with_overrides(spool=args.spool, bootstrap=args.bootstrap, flush_timeout=args.flush_timeout)
     ev, ok = send_manager_event(s, args.instance, args.kind, args.detail, attrs, args.source)
     where = "delivered" if ok else "spooled, not yet delivered"
