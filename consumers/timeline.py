@@ -1,26 +1,27 @@
-"""One instance's life as text: lifecycle events, exits, metrics and log lines interleaved in time.
+"""One instance's life as text: lifecycle events, exits, throughput and log lines interleaved in time.
 
 Two sources give the same entries: the database (through ``flightrec.query``, so
 it works while a materializer runs) and the topics themselves (when the
-database is gone), where failures are rebuilt with the same pure builder and
-rule table the materializer uses.
+database is gone). Events from the topics go through the materializer's own
+``fold()`` into an in-memory store, so both sources read the same tables, built
+by the same dispatch, failure builder and rule table.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from flightrec.consumers.classify import RuleTable, load_rules, signal_name
-from flightrec.consumers.failures import TAIL_LINES, build_failure
-from flightrec.consumers.fold import KIND, dropped_detail, facts_summary
+from flightrec.consumers.failures import exit_failed, is_failure_signal
+from flightrec.consumers.fold import Message, RawMessage, fold
 from flightrec.consumers.liveness import Gap, ago, heartbeat_gaps
+from flightrec.consumers.store import Store
 from flightrec.query import run_query
-from flightrec.schemas import default_codec, now_us
+from flightrec.schemas import EVENT_BY_NAME, default_codec, now_us
 from flightrec.errors import CodecError
 
 Row = Mapping[str, Any]
@@ -33,7 +34,7 @@ class Entry:
     ts_us: int
     seq: int
     line_no: int
-    kind: str        # event / exit / metric / log / FAILURE
+    kind: str        # event / exit / throughput / log / FAILURE / manager / GAP
     stage: str
     text: str
     highlight: bool = False
@@ -61,7 +62,7 @@ def _exit_text(r: Row) -> str:
     return f"{what}{extra} after {float(r.get('duration_s') or 0):.1f}s: {' '.join(r.get('argv') or [])}"
 
 
-def _metric_text(r: Row) -> str:
+def _throughput_text(r: Row) -> str:
     if r.get("kind") == "result":
         return (f"benchmark {r.get('verdict')}: {float(r.get('proofs_per_hour') or 0):.1f} proofs/h "
                 f"(min {float(r.get('min_rate') or 0):.1f}) {r.get('detail') or ''}").rstrip()
@@ -98,15 +99,19 @@ def liveness_entries(manager: Iterable[Row], gaps: Iterable[Gap], now: int | Non
     return out
 
 
-def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], metrics: Iterable[Row],
+def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], throughput: Iterable[Row],
                       logs: Iterable[Row], failures: Iterable[Row]) -> list[Entry]:
-    """Entries from rows shaped like the tables (lifecycle_events, process_exits, throughput, log_lines, failures)."""
+    """Entries from rows shaped like the tables (lifecycle_events, process_exits, throughput, log_lines, failures).
+
+    An exit or a benchmark result is highlighted exactly when the failures table counts it
+    (:func:`flightrec.consumers.failures.is_failure_signal`); a failed lifecycle event always is.
+    """
     out = [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "event", r.get("stage") or "-", _lifecycle_text(r),
                  r.get("state") == "failed") for r in lifecycle]
     out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "exit", r.get("stage") or "-", _exit_text(r),
-                  bool(r.get("exit_code") or r.get("signal") is not None or r.get("start_error"))) for r in exits]
-    out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "metric", r.get("stage") or "-", _metric_text(r),
-                  r.get("verdict") in ("fail", "error")) for r in metrics]
+                  exit_failed(r)) for r in exits]
+    out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "throughput", r.get("stage") or "-", _throughput_text(r),
+                  is_failure_signal(str(r.get("kind")), r)) for r in throughput]
     out += [Entry(_n(r["ts_us"]), _n(r["seq"]), _n(r["line_no"], -1), "log", r.get("stage") or "-",
                   f"{'(late) ' if r.get('late') else ''}{r['text']}", source=r["source"]) for r in logs]
     out += [Entry(_n(r["ts_us"]), 1 << 62, 0, "FAILURE", r.get("stage") or "-", _failure_text(r), True)
@@ -114,12 +119,14 @@ def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], metrics: I
     return sorted(out)
 
 
-def from_db(db: str | Path, instance: str, max_lines: int = 2000) -> tuple[list[Entry], int]:
-    """Entries from the database; returns (entries, log lines left out beyond ``max_lines``)."""
-    q = lambda sql, *p: run_query(db, sql, list(p)).to_pylist()  # noqa: E731
+Query = Callable[..., list[dict[str, Any]]]  # (sql, *params) -> rows
+
+
+def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]:
+    """Entries of one instance from the tables, read with ``q``; returns (entries, log lines left out)."""
     life = q("SELECT * FROM lifecycle_events WHERE instance_id = ?", instance)
     exits = q("SELECT * FROM process_exits WHERE instance_id = ?", instance)
-    metrics = q("SELECT * FROM throughput WHERE instance_id = ?", instance)
+    throughput = q("SELECT * FROM throughput WHERE instance_id = ?", instance)
     fails = q("SELECT * FROM failures WHERE instance_id = ?", instance)
     total = q("SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", instance)[0]["n"]
     limit = total if max_lines <= 0 else max_lines
@@ -133,81 +140,41 @@ def from_db(db: str | Path, instance: str, max_lines: int = 2000) -> tuple[list[
     now = now_us()
     gaps = heartbeat_gaps(beats, intervals, now, sealed, {r["boot_id"]: r["last_event_us"] for r in boots})
     extra = liveness_entries(manager, gaps, now)
-    return sorted(entries_from_rows(life, exits, metrics, logs, fails) + extra), total - len(logs)
+    return sorted(entries_from_rows(life, exits, throughput, logs, fails) + extra), total - len(logs)
+
+
+def from_db(db: str | Path, instance: str, max_lines: int = 2000) -> tuple[list[Entry], int]:
+    """Entries from the database; returns (entries, log lines left out beyond ``max_lines``)."""
+    return _entries(lambda sql, *p: run_query(db, sql, list(p)).to_pylist(), instance, max_lines)
+
+
+def entries_from_messages(messages: Iterable[Message], instance: str, rules: RuleTable | None = None,
+                          max_lines: int = 2000, memory_limit: str = "1GB") -> tuple[list[Entry], int]:
+    """Entries of ``instance`` from Kafka records, folded by the materializer's ``fold()`` into an in-memory store.
+
+    Whatever the materializer would dead-letter is left out here too, so the timeline from the
+    topics shows exactly what a database built from them would.
+    """
+    store = Store(":memory:", group="timeline", rules=rules or load_rules(), memory_limit=memory_limit)
+    try:
+        store.commit(fold(messages, keep=lambda who, _ts: who == instance))
+        return _entries(lambda sql, *p: store.con.execute(sql, list(p)).to_arrow_table().to_pylist(),
+                        instance, max_lines)
+    finally:
+        store.close()
 
 
 def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: RuleTable | None = None,
                          max_lines: int = 2000) -> tuple[list[Entry], int]:
-    """Entries from decoded events of one instance (name, record); failures are rebuilt from them."""
-    rules = rules or load_rules()
-    seen: set[str] = set()
-    life: list[dict[str, Any]] = []
-    exits: list[dict[str, Any]] = []
-    metrics: list[dict[str, Any]] = []
-    logs: list[dict[str, Any]] = []
-    facts: dict[str, dict[str, Any]] = {}
-    manager: list[dict[str, Any]] = []
-    beats: list[dict[str, Any]] = []
-    for name, rec in records:
-        if rec["event_id"] in seen:
-            continue
-        seen.add(rec["event_id"])
-        kind = KIND[name]
-        if kind == "manager":
-            manager.append(rec)
-        elif kind == "heartbeat":
-            beats.append(rec)
-        elif kind == "lifecycle":
-            life.append({**rec, "kind": kind})
-        elif kind == "sealed":
-            life.append({**rec, "kind": kind, "state": "sealed", "stage": None, "detail": rec.get("reason")})
-        elif kind == "facts":
-            facts[rec["boot_id"]] = rec
-            life.append({**rec, "kind": kind, "state": "info", "stage": None,
-                         "detail": facts_summary(rec)})
-        elif kind == "dropped":  # an event Kafka refused for good: its marker, in its place
-            life.append({**rec, "kind": kind, "state": "dropped", "stage": rec.get("stage") or None,
-                         "detail": dropped_detail(rec)})
-        elif kind == "exit":
-            exits.append(rec)
-        elif kind in ("sample", "result"):
-            metrics.append({**rec, "kind": kind})
-        else:
-            for i, text in enumerate(rec["text"]):
-                logs.append({"ts_us": rec["line_ts_us"][i], "seq": rec["seq"], "line_no": rec["line_no"][i],
-                             "stage": rec["stage"], "source": rec["source"], "text": text,
-                             "boot_id": rec["boot_id"], "late": bool(rec.get("late") and rec["late"][i])})
-    failures = []
-    # as in the database: a boot without facts of its own shows the instance's latest ones
-    latest_facts = max(facts.values(), key=lambda f: (f["ts_us"], f["seq"]), default=None)
-    stages = {(r["boot_id"], r["stage"]) for r in life + exits + metrics if r.get("stage")}
-    for boot, stage in sorted(stages):
-        tails: dict[str, list[str]] = defaultdict(list)
-        late: dict[str, list[str]] = defaultdict(list)
-        for line in sorted((x for x in logs if x["boot_id"] == boot and x["stage"] == stage),
-                           key=lambda x: (x["seq"], x["line_no"])):
-            tails[line["source"]].append(line["text"])
-            if line["late"]:
-                late[line["source"]].append(line["text"])
-        row = build_failure(
-            life[0]["instance_id"] if life else "", boot, stage,
-            lifecycle=[r for r in life if r["boot_id"] == boot and r["kind"] == "lifecycle"],
-            exits=[r for r in exits if r["boot_id"] == boot and r["stage"] == stage],
-            results=[r for r in metrics if r["boot_id"] == boot and r["stage"] == stage and r["kind"] == "result"],
-            facts=facts.get(boot) or latest_facts, log_tails={k: v[-TAIL_LINES:] for k, v in tails.items()}, rules=rules,
-            late_tails={k: v[-TAIL_LINES:] for k, v in late.items()})
-        if row is not None:
-            failures.append(row)
-    logs.sort(key=lambda x: (x["ts_us"], x["seq"], x["line_no"]))
-    left_out = max(0, len(logs) - max_lines) if max_lines > 0 else 0
-    intervals = {b["boot_id"]: b["interval_s"] for b in sorted(beats, key=lambda b: b["seq"])}
-    sealed = [r["boot_id"] for r in life if r["kind"] == "sealed"]
-    last: dict[str, int] = {}
-    for r in [*life, *exits, *metrics, *logs, *beats]:
-        last[r["boot_id"]] = max(last.get(r["boot_id"], 0), r["ts_us"])
-    now = now_us()
-    extra = liveness_entries(manager, heartbeat_gaps(beats, intervals, now, sealed, last), now)
-    return sorted(entries_from_rows(life, exits, metrics, logs[left_out:], failures) + extra), left_out
+    """Entries from decoded events of one instance (name, record), through :func:`entries_from_messages`."""
+    codec = default_codec()
+    messages = [RawMessage(EVENT_BY_NAME[name].topic, 0, offset, str(rec["instance_id"]).encode(),
+                           codec.encode_record(name, rec))
+                for offset, (name, rec) in enumerate(records)]
+    if not messages:
+        return [], 0
+    instance = messages[0].key.decode()
+    return entries_from_messages(messages, instance, rules, max_lines)
 
 
 async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, topics: Sequence[str],
@@ -297,7 +264,7 @@ def render(entries: Sequence[Entry], left_out: int = 0, color: bool = False) -> 
     for e in entries:
         mark = "!!" if e.highlight else "  "
         text = f"{short.get(e.source, e.source)}: {e.text}" if e.kind == "log" else e.text
-        line = f"{mark} {_when(e.ts_us)}  {e.stage:<{width}}  {e.kind:<7} {text}"
+        line = f"{mark} {_when(e.ts_us)}  {e.stage:<{width}}  {e.kind:<10} {text}"
         if e.highlight and color:
             line = f"\x1b[1;31m{line}\x1b[0m"
         lines.append(line)

@@ -1,0 +1,65 @@
+"""The timeline from topics and from the database fold events the same way (one dispatch: consumers/fold.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from materializer_helpers import Boot
+
+from flightrec.consumers.failures import exit_failed
+from flightrec.consumers.fold import RawMessage, fold
+from flightrec.consumers.store import Store
+from flightrec.consumers.timeline import Entry, entries_from_records, from_db
+from flightrec.schemas import Lifecycle, encode
+
+
+def _timed_out_boot() -> Boot:
+    """Exits a timeout ended: code 0 (the command obeyed SIGTERM), code 124 (timeout(1)), a signal; and one clean."""
+    b = Boot()
+    b.facts()
+    for stage, kw in (("obeyed", dict(code=0)), ("coreutils", dict(code=124)), ("killed", dict(code=None, signal=9)),
+                      ("clean", dict(code=0, timed_out=False))):
+        b.add(Lifecycle, stage=stage, state="started")
+        b.lines(stage, "stdout", [f"{stage} working"])
+        b.exit(stage, **{"timed_out": True, **kw})
+    b.seal()
+    return b
+
+
+def _records(b: Boot) -> list[tuple[str, dict]]:
+    return [(e.name, e.to_record()) for e in b.events]
+
+
+def _comparable(entries: list[Entry]) -> list[tuple]:
+    # GAP entries depend on the wall clock ("lost contact ... ago"): compare everything else
+    return [(e.ts_us, e.seq, e.line_no, e.kind, e.stage, e.text, e.highlight, e.source) for e in entries
+            if e.kind != "GAP"]
+
+
+def test_timed_out_exit_is_highlighted_exactly_when_the_failures_table_counts_it() -> None:
+    b = _timed_out_boot()
+    entries, _ = entries_from_records(_records(b))
+    exits = {e.stage: e for e in entries if e.kind == "exit"}
+    failed = {e.stage for e in entries if e.kind == "FAILURE"}
+    for ev in b.events:
+        if ev.name.endswith("ProcessExit"):
+            counted = exit_failed(ev.to_record())
+            assert exits[ev.stage].highlight == counted, f"{ev.stage}: highlight {exits[ev.stage].highlight}, " \
+                                                         f"failures table counts it: {counted}"
+            assert (ev.stage in failed) == counted, ev.stage
+    assert failed == {"obeyed", "coreutils", "killed"}
+
+
+def test_timeline_from_topics_equals_timeline_from_the_database(tmp_path: Path) -> None:
+    b = _timed_out_boot()
+    db = tmp_path / "flightrec.duckdb"
+    store = Store(db, group="test")
+    try:
+        msgs = [RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(b.events)]
+        store.commit(fold(msgs))
+    finally:
+        store.close()
+    from_topics, left_topics = entries_from_records(_records(b))
+    stored, left_db = from_db(db, b.instance)
+    assert _comparable(from_topics) == _comparable(stored)
+    assert left_topics == left_db == 0
