@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from flightrec.errors import CodecError
 from flightrec.schemas import EVENT_BY_NAME, Codec, default_codec
+from flightrec.schemas.arrow import ENVELOPE, element_field, event_fields, event_schema
 from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
 
 STR = pa.string()
@@ -26,33 +27,37 @@ F64 = pa.float64()
 BOOL = pa.bool_()
 STRMAP = pa.map_(pa.string(), pa.string())
 STRLIST = pa.list_(pa.string())
-FILE_TAILS = pa.list_(pa.struct([("path", STR), ("lines", STRLIST), ("exists", BOOL)]))
 
-_ENVELOPE = [("event_id", STR), ("instance_id", STR), ("boot_id", STR), ("seq", I64), ("ts_us", I64)]
+# The Arrow schemas of the rows the fold writes. Every column that carries an event field takes
+# its type from the .avsc (flightrec.schemas.arrow); only the fold's own columns are typed here
+# (`kind`, and the Kafka record's coordinates in dead letters). Column order is the table's in
+# consumers/schema.sql: tests/consumers/test_table_shapes.py compares the two.
+FILE_TAILS = event_fields("ProcessExit", "file_tails")[0].type
+_ENVELOPE = event_fields("Lifecycle", *ENVELOPE)
+_KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND below)
 
-EVENTS = pa.schema(_ENVELOPE + [("kind", STR), ("stage", STR)])
-LIFECYCLE = pa.schema(_ENVELOPE + [("kind", STR), ("stage", STR), ("state", STR), ("detail", STR),
-                                   ("attributes", STRMAP), ("event_count", I64)])
-FACTS = pa.schema(_ENVELOPE + [
-    ("gpu_model", STR), ("gpu_count", I32), ("gpu_memory_mib", I64), ("driver_version", STR),
-    ("cuda_version", STR), ("compute_capability", STR), ("gpu_probe_error", STR), ("host", STR),
-    ("cpu_model", STR), ("cpu_count", I32), ("ram_mib", I64), ("image", STR), ("price_per_hour", F64),
-    ("attributes", STRMAP)])
-EXITS = pa.schema(_ENVELOPE + [
-    ("stage", STR), ("argv", STRLIST), ("pid", I32), ("exit_code", I32), ("signal", I32), ("signal_name", STR),
-    ("start_error", STR), ("started_us", I64), ("ended_us", I64), ("duration_s", F64), ("timed_out", BOOL),
-    ("stdout_tail", STRLIST), ("stderr_tail", STRLIST), ("file_tails", FILE_TAILS)])
-THROUGHPUT = pa.schema(_ENVELOPE + [
-    ("kind", STR), ("stage", STR), ("backend", STR), ("device", STR), ("phase", STR), ("proofs", I32),
-    ("seconds", F64), ("proofs_per_hour", F64), ("min_rate", F64), ("verdict", STR), ("detail", STR),
-    ("params", STRMAP)])
-LOGS = pa.schema([("instance_id", STR), ("boot_id", STR), ("event_id", STR), ("seq", I64), ("stage", STR),
-                  ("source", STR), ("pid", I32), ("line_no", I64), ("ts_us", I64), ("text", STR),
-                  ("truncated", BOOL), ("invalid_utf8", BOOL), ("late", BOOL)])
-HEARTBEATS = pa.schema(_ENVELOPE + [("stage", STR), ("interval_s", F64), ("pid", I32)])
-MANAGER = pa.schema(_ENVELOPE + [("source_id", STR), ("kind", STR), ("detail", STR), ("attributes", STRMAP)])
+EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR)])
+LIFECYCLE = pa.schema(_ENVELOPE + [_KIND] + event_fields("Lifecycle", "stage", "state", "detail", "attributes")
+                      + event_fields("Sealed", "event_count"))
+FACTS = event_schema("InstanceFacts")
+EXITS = event_schema("ProcessExit")
+THROUGHPUT = pa.schema(_ENVELOPE + [_KIND]
+                       + event_fields("Throughput", "stage", "backend", "device", "phase", "proofs", "seconds",
+                                      "proofs_per_hour")
+                       + event_fields("BenchmarkResult", "min_rate", "verdict", "detail", "params"))
+LOGS = pa.schema(event_fields("LogBatch", "instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
+                 + [element_field("LogBatch", "line_no"), element_field("LogBatch", "line_ts_us", "ts_us")]
+                 + [element_field("LogBatch", n) for n in ("text", "truncated", "invalid_utf8", "late")])
+HEARTBEATS = event_schema("Heartbeat")
+MANAGER = event_schema("ManagerEvent")
 DEAD = pa.schema([("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()),
                   ("value", pa.binary()), ("reason", STR)])
+
+# The table each schema's rows land in (heartbeats are summarised per boot by the store instead).
+TABLES: dict[str, pa.Schema] = {
+    "events_seen": EVENTS, "lifecycle_events": LIFECYCLE, "instance_facts": FACTS, "process_exits": EXITS,
+    "throughput": THROUGHPUT, "log_lines": LOGS, "dead_letters": DEAD, "manager_events": MANAGER,
+}
 
 # Short kind names per event type, as stored in events_seen.kind.
 KIND = {

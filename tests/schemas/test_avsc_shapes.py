@@ -1,0 +1,77 @@
+"""The .avsc files are the one source of each event's shape: the dataclasses and Arrow types follow them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from flightrec.errors import FlightrecError
+from flightrec.schemas import EVENT_TYPES, FileTail
+from flightrec.schemas.arrow import arrow_type, event_fields, event_schema
+
+
+def _avsc(name: str) -> dict[str, Any]:
+    return json.loads(resources.files("flightrec.schemas").joinpath(f"{name}.avsc").read_text("utf-8"))
+
+
+def _plain(value: Any) -> Any:
+    """Defaults compared as JSON values (a tuple default and an Avro [] are the same)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _dataclass_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return _plain(f.default)
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return _plain(f.default_factory())  # type: ignore[misc]
+    return dataclasses.MISSING
+
+
+def _check(cls: type, avsc_fields: list[dict[str, Any]]) -> None:
+    ours = dataclasses.fields(cls)
+    assert [f.name for f in ours] == [f["name"] for f in avsc_fields], f"{cls.__name__}: fields or their order differ"
+    for f, a in zip(ours, avsc_fields):
+        nullable = isinstance(a["type"], list) and "null" in a["type"]
+        assert ("None" in str(f.type)) == nullable, f"{cls.__name__}.{f.name}: nullable in one, not in the other"
+        if "default" in a:
+            assert _dataclass_default(f) == _plain(a["default"]), f"{cls.__name__}.{f.name}: defaults differ"
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)
+def test_dataclass_has_exactly_the_avsc_fields(cls: type) -> None:
+    _check(cls, _avsc(cls.name.rsplit(".", 1)[-1])["fields"])
+
+
+def test_file_tail_has_exactly_the_nested_record_fields() -> None:
+    exit_fields = {f["name"]: f for f in _avsc("ProcessExit")["fields"]}
+    _check(FileTail, exit_fields["file_tails"]["type"]["items"]["fields"])
+
+
+def test_avro_types_map_to_arrow_types() -> None:
+    assert arrow_type("string") == pa.string() and arrow_type("int") == pa.int32()
+    assert arrow_type("long") == pa.int64() and arrow_type("double") == pa.float64()
+    assert arrow_type("boolean") == pa.bool_() and arrow_type("bytes") == pa.binary()
+    assert arrow_type(["null", "int"]) == pa.int32()
+    assert arrow_type({"type": "enum", "name": "E", "symbols": ["a"]}) == pa.string()
+    assert arrow_type({"type": "array", "items": "string"}) == pa.list_(pa.string())
+    assert arrow_type({"type": "map", "values": "string"}) == pa.map_(pa.string(), pa.string())
+    rec = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string"}]}
+    assert arrow_type(rec) == pa.struct([("a", pa.int64()), ("b", pa.string())])
+    with pytest.raises(FlightrecError, match="union"):
+        arrow_type(["null", "int", "string"])
+
+
+def test_event_schema_follows_the_avsc_order() -> None:
+    for cls in EVENT_TYPES:
+        short = cls.name.rsplit(".", 1)[-1]
+        assert event_schema(short).names == [f["name"] for f in _avsc(short)["fields"]]
+        assert [f.name for f in event_fields(short)] == event_schema(short).names
