@@ -35,7 +35,7 @@ from flightrec.schemas.events import (
     new_event_id,
     now_us,
 )
-from flightrec.settings import TOPIC_EXITS, TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS, TOPICS
+from flightrec.schemas.topics import TOPIC_EXITS, TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS, TOPICS
 
 __all__ = [
     # events

@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
-from flightrec.settings import TOPIC_EXITS, TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS
+from flightrec.schemas.topics import TOPIC_EXITS, TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS
 
 STAGE_STATES = ("started", "succeeded", "failed", "skipped", "info")
 PHASES = ("warmup", "measured")

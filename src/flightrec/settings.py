@@ -11,12 +11,19 @@ from typing import Any, Mapping
 
 from flightrec.errors import ConfigError
 
-TOPIC_LIFECYCLE = "flightrec.lifecycle"
-TOPIC_LOGS = "flightrec.logs"
-TOPIC_EXITS = "flightrec.exits"
-TOPIC_METRICS = "flightrec.metrics"
-TOPICS: tuple[str, ...] = (TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_EXITS, TOPIC_METRICS)
+# The topic names live in flightrec.schemas.topics (the wire's contract); they are re-exported
+# here, on first use, so that reading settings does not load the Avro codec.
+_TOPIC_NAMES = ("TOPIC_LIFECYCLE", "TOPIC_LOGS", "TOPIC_EXITS", "TOPIC_METRICS", "TOPICS")
 STOCK_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's default message.max.bytes (and so each topic's max.message.bytes)
+
+
+def __getattr__(name: str) -> Any:
+    """The topic names, from flightrec.schemas.topics (``from flightrec.settings import TOPICS`` keeps working)."""
+    if name in _TOPIC_NAMES:
+        from flightrec.schemas import topics
+
+        return getattr(topics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _default_state_dir() -> str:

@@ -75,3 +75,27 @@ def test_event_schema_follows_the_avsc_order() -> None:
         short = cls.name.rsplit(".", 1)[-1]
         assert event_schema(short).names == [f["name"] for f in _avsc(short)["fields"]]
         assert [f.name for f in event_fields(short)] == event_schema(short).names
+
+
+def test_every_event_travels_on_a_topic_of_the_contract() -> None:
+    from flightrec import settings
+    from flightrec.schemas import topics
+
+    assert {cls.topic for cls in EVENT_TYPES} == set(topics.TOPICS)
+    assert settings.TOPICS == topics.TOPICS  # re-exported for older imports
+
+
+def test_schemas_depend_on_nothing_but_the_error_types() -> None:
+    """The wire's contract stands alone: schemas/ imports flightrec.errors and itself only."""
+    import ast
+
+    root = resources.files("flightrec.schemas")
+    for entry in root.iterdir():
+        if not entry.name.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(entry.read_text("utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                if name.startswith("flightrec"):
+                    assert name == "flightrec.errors" or name.startswith("flightrec.schemas"), (entry.name, name)
