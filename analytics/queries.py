@@ -91,9 +91,12 @@ def instance_ids(db: Db) -> list[str]:
 
 # ---- Instance ------------------------------------------------------------------------
 
-def instance_facts(db: Db, instance_id: str) -> pa.Table:
+def fleet_row(db: Db, instance_id: str) -> pa.Table:
     """The instance's row of the fleet view (zero rows when unknown)."""
     return q(db, "SELECT * FROM fleet WHERE instance_id = $id", {"id": instance_id})
+
+
+instance_facts = fleet_row  # the old name (it never returned the instance_facts table)
 
 
 def instance_stages(db: Db, instance_id: str) -> pa.Table:
@@ -132,7 +135,7 @@ def instance_throughput(db: Db, instance_id: str) -> pa.Table:
     """Its throughput samples and results over time."""
     return q(db, """
         SELECT ts, kind, phase, proofs, seconds, proofs_per_hour, min_rate, verdict, cost_per_proof
-        FROM throughput_samples WHERE instance_id = $id ORDER BY ts_us""", {"id": instance_id})
+        FROM throughput_view WHERE instance_id = $id ORDER BY ts_us""", {"id": instance_id})
 
 
 def instance_failures(db: Db, instance_id: str) -> pa.Table:
@@ -246,7 +249,7 @@ def throughput_over_time(db: Db, gpu_models: Sequence[str] | None = None) -> pa.
     return q(db, """
         SELECT date_trunc('hour', ts) AS hour, coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model,
                median(proofs_per_hour) AS proofs_per_hour, count(*) AS samples
-        FROM throughput_samples
+        FROM throughput_view
         WHERE proofs_per_hour IS NOT NULL AND (phase IS NULL OR phase = 'measured')
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
         GROUP BY ALL ORDER BY hour""", {"gpus": _list(gpu_models)})

@@ -99,8 +99,10 @@ SELECT
 FROM log_lines
 """
 
-THROUGHPUT_SAMPLES = f"""
-CREATE OR REPLACE TEMP VIEW throughput_samples AS
+# Every throughput row (kind 'sample': a Throughput event, 'result': a BenchmarkResult) with a
+# readable time, the instance's GPU model and price, and the cost per proof.
+THROUGHPUT_VIEW = f"""
+CREATE OR REPLACE TEMP VIEW throughput_view AS
 SELECT
     t.instance_id, t.boot_id, t.stage, t.kind, t.phase, {ts("t.ts_us")} AS ts,
     coalesce(i.gpu_model, t.device) AS gpu_model, t.backend, t.device,
@@ -109,6 +111,9 @@ SELECT
 FROM throughput t
 LEFT JOIN instances i USING (instance_id)
 """
+
+# The view's name before it was named for its concept (it holds results too); kept for old SQL.
+THROUGHPUT_SAMPLES = "CREATE OR REPLACE TEMP VIEW throughput_samples AS SELECT * FROM throughput_view"
 
 # Latest proofs/hour per instance, summarised per GPU model against the minimum rate.
 GPU_THROUGHPUT = """
@@ -128,9 +133,12 @@ WHERE proofs_per_hour IS NOT NULL
 GROUP BY ALL
 """
 
-VIEWS: tuple[str, ...] = (INSTANCE_STATUS, FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_SAMPLES, GPU_THROUGHPUT)
+VIEWS: tuple[str, ...] = (INSTANCE_STATUS, FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_VIEW,
+                          THROUGHPUT_SAMPLES, GPU_THROUGHPUT)
 
 # The names the views define, for documentation and the SQL console's help.
 VIEW_NAMES: tuple[str, ...] = (
-    "instance_status", "fleet", "stage_runs", "failure_context", "log_view", "throughput_samples", "gpu_throughput",
+    "instance_status", "fleet", "stage_runs", "failure_context", "log_view", "throughput_view",
+    "throughput_samples",  # the old name of throughput_view
+    "gpu_throughput",
 )

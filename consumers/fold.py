@@ -66,8 +66,8 @@ KIND = {
     "flightrec.v1.Sealed": "sealed",
     "flightrec.v1.LogBatch": "log",
     "flightrec.v1.ProcessExit": "exit",
-    "flightrec.v1.Throughput": "sample",
-    "flightrec.v1.BenchmarkResult": "result",
+    "flightrec.v1.Throughput": "sample",       # throughput: the table `throughput`, the timeline's `throughput`
+    "flightrec.v1.BenchmarkResult": "result",  # throughput too
     "flightrec.v1.Dropped": "dropped",
     "flightrec.v1.Heartbeat": "heartbeat",
     "flightrec.v1.ManagerEvent": "manager",  # never in events_seen: not part of any boot of the instance
@@ -263,7 +263,7 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
         stage = rec["stage"]
         tails = [{"path": t["path"], "lines": list(t["lines"]), "exists": t["exists"]} for t in rec.get("file_tails", ())]
         b.add("exits", {**rec, "file_tails": tails})
-    else:  # sample / result
+    else:  # throughput: sample / result
         stage = rec["stage"]
         b.add("throughput", {**rec, "kind": kind, "phase": rec.get("phase") if kind == "sample" else None,
                              "params": _items(rec.get("params")), "seconds": rec.get("seconds"),

@@ -173,7 +173,7 @@ class ProcessExit(Event):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Throughput(Event):
-    """Proofs timed by the proving benchmark (a warm-up or a measured run)."""
+    """A throughput sample: proofs timed by the proving benchmark (a warm-up or a measured run); kind ``sample``."""
 
     name: ClassVar[str] = "flightrec.v1.Throughput"
     topic: ClassVar[str] = TOPIC_METRICS
@@ -190,7 +190,8 @@ class Throughput(Event):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BenchmarkResult(Event):
-    """The benchmark's verdict: pass or fail against ``min_rate``, or error when it could not run."""
+    """A throughput result, the benchmark's verdict: pass or fail against ``min_rate``, or error when it
+    could not run; kind ``result``."""
 
     name: ClassVar[str] = "flightrec.v1.BenchmarkResult"
     topic: ClassVar[str] = TOPIC_METRICS

@@ -99,3 +99,37 @@ def test_schemas_depend_on_nothing_but_the_error_types() -> None:
             for name in names:
                 if name.startswith("flightrec"):
                     assert name == "flightrec.errors" or name.startswith("flightrec.schemas"), (entry.name, name)
+
+
+# Every schema version ever released, by CRC-64-AVRO fingerprint: messages written with any of them
+# may still sit in Kafka (or in an agent's spool), so this build must decode them all.
+RELEASED: dict[str, tuple[str, ...]] = {
+    "flightrec.v1.BenchmarkResult": ("c78f67f8dd23a802", "cd4360d13db9682b"),
+    "flightrec.v1.Dropped": ("91f64868dac2792c",),
+    "flightrec.v1.Heartbeat": ("f4a89aa7a2cf0a9f",),
+    "flightrec.v1.InstanceFacts": ("bbed134756422e6d", "a4dd7ff4184d16ca"),
+    "flightrec.v1.Lifecycle": ("50f83d8ecfb4a2f1", "1a9079dd0dbd7cf2"),
+    "flightrec.v1.LogBatch": ("162681480ec02f2b", "e9c0ab63342a9b5a"),
+    "flightrec.v1.ManagerEvent": ("55ad707df7cf5bf8",),
+    "flightrec.v1.ProcessExit": ("a5b015526042862c",),
+    "flightrec.v1.Sealed": ("fa764eb0b4f246a5",),
+    "flightrec.v1.Throughput": ("40d4b3441706c352",),
+}
+
+
+def test_a_changed_schema_keeps_every_released_version_readable() -> None:
+    """Changing an .avsc (beyond its docs) changes its fingerprint: keep the released version in
+    schemas/previous/ (a decode test in test_codec.py) and list the new fingerprint in RELEASED."""
+    from flightrec.schemas import default_codec
+
+    codec = default_codec()
+    known = {v.fingerprint.hex(): v for v in codec.versions}
+    for cls in EVENT_TYPES:
+        fp = codec.current(cls.name).fingerprint.hex()
+        assert fp in RELEASED.get(cls.name, ()), (
+            f"{cls.name} changed (fingerprint {fp}): copy its released .avsc to schemas/previous/"
+            f"{cls.name.rsplit('.', 1)[-1]}.vN.avsc, then add {fp} to RELEASED here")
+    for name, fps in RELEASED.items():
+        for fp in fps:
+            assert fp in known and known[fp].name == name, \
+                f"released {name} {fp} no longer decodes: restore its .avsc in schemas/previous/"
