@@ -18,7 +18,7 @@ from materializer_helpers import motivating_boot
 from flightrec.consumers import derive, fold as fold_mod
 from flightrec.consumers.fold import RawMessage, fold
 from flightrec.consumers.store import OFFSETS, Store
-from flightrec.schemas import Dropped, Heartbeat, ManagerEvent, encode
+from flightrec.schemas import EVENT_BY_NAME, EVENT_TYPES, Dropped, Heartbeat, ManagerEvent, encode
 from flightrec.schemas.arrow import element_field, event_fields
 
 # Tables written from an Arrow schema (the fold's, the derived tables', the offsets').
@@ -38,6 +38,7 @@ def con(tmp_path_factory: pytest.TempPathFactory) -> Any:
     b.add(Dropped, original_event_id="e-1", original_type="flightrec.v1.LogBatch", original_topic="flightrec.logs",
           original_bytes=2_000_000, stage="benchmark", reason="MessageSizeTooLargeError")
     b.add(ManagerEvent, source_id="manager@ctl", kind="destroyed", detail="gone", attributes={"why": "test"})
+    assert {type(e) for e in b.events} == set(EVENT_TYPES), "materialize every event type"
     msgs = [RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(b.events)]
     msgs.append(RawMessage("flightrec.logs", 0, len(msgs), b"x", b"not avro"))
     db = tmp_path_factory.mktemp("shapes") / "flightrec.duckdb"
@@ -60,6 +61,10 @@ def _duckdb_types(schema: pa.Schema) -> list[tuple[str, str]]:
     c = duckdb.connect()
     c.register("_arrow", schema.empty_table())
     return _describe(c, "_arrow")
+
+
+def test_the_fold_knows_every_event_type() -> None:
+    assert set(fold_mod.KIND) == set(EVENT_BY_NAME), "give the new event type a kind in KIND of consumers/fold.py"
 
 
 def test_every_table_is_written_from_an_arrow_schema_or_made_by_sql(con: Any) -> None:
