@@ -42,8 +42,9 @@ def _check(cls: type, avsc_fields: list[dict[str, Any]]) -> None:
     for f, a in zip(ours, avsc_fields):
         nullable = isinstance(a["type"], list) and "null" in a["type"]
         assert ("None" in str(f.type)) == nullable, f"{cls.__name__}.{f.name}: nullable in one, not in the other"
-        if "default" in a:
-            assert _dataclass_default(f) == _plain(a["default"]), f"{cls.__name__}.{f.name}: defaults differ"
+        expected = _plain(a["default"]) if "default" in a else dataclasses.MISSING
+        shown = "none" if expected is dataclasses.MISSING else repr(expected)
+        assert _dataclass_default(f) == expected, f"{cls.__name__}.{f.name}: defaults differ (.avsc: {shown})"
 
 
 @pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)
