@@ -134,3 +134,22 @@ def test_a_changed_schema_keeps_every_released_version_readable() -> None:
         for fp in fps:
             assert fp in known and known[fp].name == name, \
                 f"released {name} {fp} no longer decodes: restore its .avsc in schemas/previous/"
+
+
+def test_every_event_opens_with_the_same_envelope() -> None:
+    from flightrec.schemas.arrow import ENVELOPE
+
+    for cls in EVENT_TYPES:  # names and types; the docs may say what an id means for this event
+        fields = _avsc(cls.name.rsplit(".", 1)[-1])["fields"][: len(ENVELOPE)]
+        assert [(f["name"], f["type"]) for f in fields] == list(zip(ENVELOPE, ("string",) * 3 + ("long",) * 2)), \
+            cls.__name__
+
+
+def test_a_field_name_has_one_type_in_every_event() -> None:
+    """One name per concept: a field called the same in two events holds the same kind of value."""
+    seen: dict[str, tuple[str, pa.DataType]] = {}
+    for cls in EVENT_TYPES:
+        short = cls.name.rsplit(".", 1)[-1]
+        for f in event_fields(short):
+            where, typ = seen.setdefault(f.name, (short, f.type))
+            assert typ == f.type, f"{short}.{f.name} is {f.type}, {where}.{f.name} is {typ}: one name, one type"
