@@ -1,4 +1,4 @@
-"""The one contract every part shares: Avro schemas, the event model and the wire codec."""
+"""The one contract every part shares: Avro schemas, the event model, the topics, the Arrow types and the wire codec."""
 
 from flightrec.errors import CodecError
 from flightrec.schemas.codec import (
