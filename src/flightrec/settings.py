@@ -17,15 +17,6 @@ _TOPIC_NAMES = ("TOPIC_LIFECYCLE", "TOPIC_LOGS", "TOPIC_EXITS", "TOPIC_METRICS",
 STOCK_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's default message.max.bytes (and so each topic's max.message.bytes)
 
 
-def __getattr__(name: str) -> Any:
-    """The topic names, from flightrec.schemas.topics (``from flightrec.settings import TOPICS`` keeps working)."""
-    if name in _TOPIC_NAMES:
-        from flightrec.schemas import topics
-
-        return getattr(topics, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _default_state_dir() -> str:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return str(Path(base) / "flightrec")
@@ -224,3 +215,12 @@ class Settings:
         except OSError as exc:
             raise ConfigError(f"cannot read FLIGHTREC_SASL_PASSWORD_FILE {self.sasl_password_file}: {exc.strerror}; "
                               "point it at a readable file holding the password") from exc
+
+
+def __getattr__(name: str) -> Any:
+    """The topic names, from flightrec.schemas.topics (``from flightrec.settings import TOPICS`` keeps working)."""
+    if name in _TOPIC_NAMES:
+        from flightrec.schemas import topics
+
+        return getattr(topics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
