@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from materializer_helpers import Boot
+from materializer_helpers import Boot, motivating_boot
 
 from flightrec.consumers.failures import exit_failed
 from flightrec.consumers.fold import RawMessage, fold
 from flightrec.consumers.store import Store
 from flightrec.consumers.timeline import Entry, entries_from_records, from_db
-from flightrec.schemas import Lifecycle, encode
+from flightrec.schemas import Dropped, Heartbeat, Lifecycle, LogBatch, ManagerEvent, encode
 
 
 def _timed_out_boot() -> Boot:
@@ -50,16 +50,44 @@ def test_timed_out_exit_is_highlighted_exactly_when_the_failures_table_counts_it
     assert failed == {"obeyed", "coreutils", "killed"}
 
 
-def test_timeline_from_topics_equals_timeline_from_the_database(tmp_path: Path) -> None:
-    b = _timed_out_boot()
+def _richer_boots() -> list[Boot]:
+    """Two boots of one instance: the incident, then one with heartbeats, a drop, late lines and a manager note."""
+    first = motivating_boot()
+    second = Boot(instance=first.instance, t0=first.t0 + 3_600_000_000)
+    second.facts()
+    second.add(Lifecycle, stage="supervisor", state="started")
+    second.add(Heartbeat, stage="supervisor", interval_s=30.0, pid=7)
+    second.add(Dropped, original_event_id="e-1", original_type="flightrec.v1.LogBatch",
+               original_topic="flightrec.logs", original_bytes=2_000_000, stage="supervisor",
+               reason="MessageSizeTooLargeError")
+    second.exit("supervisor", code=None, signal=11, stderr=["segfault"])
+    second.add(LogBatch, stage="supervisor", source="stderr", pid=7, line_no=[1, 2], line_ts_us=[second.t0, second.t0 + 1],
+               text=["left behind", "still talking"], truncated=[False, False], invalid_utf8=[False, False],
+               late=[True, True])
+    second.add(ManagerEvent, source_id="manager@ctl", kind="destroyed", detail="segfaults")
+    second.seal()
+    return [first, second]
+
+
+def _stored(tmp_path: Path, boots: list[Boot]) -> Path:
     db = tmp_path / "flightrec.duckdb"
     store = Store(db, group="test")
     try:
-        msgs = [RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(b.events)]
-        store.commit(fold(msgs))
+        events = [e for b in boots for e in b.events]
+        store.commit(fold([RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(events)]))
     finally:
         store.close()
-    from_topics, left_topics = entries_from_records(_records(b))
-    stored, left_db = from_db(db, b.instance)
-    assert _comparable(from_topics) == _comparable(stored)
-    assert left_topics == left_db == 0
+    return db
+
+
+def test_timeline_from_topics_equals_timeline_from_the_database(tmp_path: Path) -> None:
+    for n, boots in enumerate(([_timed_out_boot()], _richer_boots())):
+        db = _stored(tmp_path / str(n), boots)
+        for max_lines in (2000, 3):
+            from_topics, left_topics = entries_from_records([r for b in boots for r in _records(b)],
+                                                            max_lines=max_lines)
+            stored, left_db = from_db(db, boots[0].instance, max_lines)
+            assert _comparable(from_topics) == _comparable(stored)
+            assert left_topics == left_db
+    kinds = {e.kind for e in from_topics}
+    assert {"event", "exit", "throughput", "log", "FAILURE", "manager"} <= kinds
