@@ -1,0 +1,160 @@
+"""The `--db` grammar's DuckLake form: parse it, load the offline extensions, attach the lake, maintain it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import duckdb
+
+from flightrec.errors import LakeError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "ducklake:"
+DATA_PATH_ENV = "FLIGHTREC_DATA_PATH"
+
+# (import package, distribution to pip install, extension name): the extensions ship as PyPI wheels, loaded
+# from the file inside the installed package, so nothing is ever INSTALLed from the internet.
+EXTENSIONS: tuple[tuple[str, str, str], ...] = (
+    ("duckdb_extension_ducklake", "duckdb-extension-ducklake", "ducklake"),
+    ("duckdb_extension_postgres_scanner", "duckdb-extension-postgres-scanner", "postgres_scanner"),
+)
+
+
+def is_lake(db: str | os.PathLike[str]) -> bool:
+    """True when ``db`` names a DuckLake (``ducklake:…``), False for an embedded DuckDB file path."""
+    return str(db).startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class LakeLocation:
+    """A DuckLake store: DuckDB's own ATTACH string (``ducklake:postgres:dbname=… host=…``) and its data folder.
+
+    ``data_path`` is None where it was not given: a reader (or a writer of a lake that exists) then uses the
+    data path the catalog recorded when the lake was created.
+    """
+
+    attach: str
+    data_path: str | None = None
+
+    def describe(self) -> str:
+        """The location for messages, with any password in the connection string masked."""
+        return mask_password(self.attach) + (f" (data path {self.data_path})" if self.data_path else "")
+
+
+_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def mask_password(text: str) -> str:
+    """``text`` with every libpq ``password=…`` value replaced by ``***``. Pure."""
+    return _PASSWORD.sub(r"\1***", text)
+
+
+def parse_db(db: str | os.PathLike[str], data_path: str | None = None, *, writing: bool = False,
+             env: Mapping[str, str] | None = None) -> Path | LakeLocation:
+    """An embedded database file (Path) or a lake (LakeLocation) from `--db` and `--data-path`.
+
+    The data path comes from the flag, else ``FLIGHTREC_DATA_PATH``. ``writing=True`` (a materializer, replay)
+    demands one for a lake: the Parquet files must go somewhere known to every writer. Pure but for ``env``.
+    """
+    text = str(db)
+    if not is_lake(text):
+        if data_path:
+            raise LakeError(f"--data-path {data_path} is for a DuckLake --db ('ducklake:…'), not for the "
+                            f"database file {text}; drop --data-path or give a ducklake: --db")
+        return Path(text)
+    if text.strip() == PREFIX:
+        raise LakeError("--db 'ducklake:' names no catalog: use DuckDB's ATTACH string, e.g. "
+                        "'ducklake:postgres:dbname=flightrec host=127.0.0.1 port=5432 user=flightrec' "
+                        "(`flightrec catalog start` prints one)")
+    env = os.environ if env is None else env
+    path = data_path or env.get(DATA_PATH_ENV) or None
+    if writing and not path:
+        raise LakeError(f"writing a lake needs a data path for its Parquet files: pass --data-path DIR or set "
+                        f"{DATA_PATH_ENV} (a folder every writer and reader can reach, or object storage)")
+    if path and "://" not in path:
+        path = str(Path(path).expanduser().resolve())
+    return LakeLocation(attach=text, data_path=path)
+
+
+def extension_file(package: str, dist: str, name: str) -> Path:
+    """The ``.duckdb_extension`` file for this DuckDB version inside the installed wheel ``dist``.
+
+    Raises LakeError saying what to pip install when the wheel is missing or built for another DuckDB.
+    """
+    want = duckdb.__version__
+    hint = f"pip install '{dist}=={want}'"
+    try:
+        root = Path(str(resources.files(package)))
+    except ModuleNotFoundError:
+        raise LakeError(f"the DuckDB extension {name} is not installed: {hint}") from None
+    exact = root / "extensions" / f"v{want}" / f"{name}.duckdb_extension"
+    if exact.is_file():
+        return exact
+    try:
+        have = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        have = "an unknown version"
+    raise LakeError(f"the DuckDB extension {name} installed ({dist} {have}) is not built for duckdb {want}: {hint}")
+
+
+def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
+    """LOAD the ducklake and postgres_scanner extensions from their wheels into ``con`` (offline; idempotent)."""
+    loaded = {r[0] for r in con.execute(
+        "SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()}
+    for package, dist, name in EXTENSIONS:
+        if name in loaded or (name == "postgres_scanner" and "postgres" in loaded):
+            continue
+        path = extension_file(package, dist, name)
+        try:
+            con.execute(f"LOAD {_quote(str(path))}")
+        except duckdb.Error as exc:
+            raise LakeError(f"DuckDB could not load the {name} extension from {path}: {exc}; "
+                            f"reinstall it: pip install --force-reinstall '{dist}=={duckdb.__version__}'") from exc
+
+
+def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "lake",
+           read_only: bool = False) -> None:
+    """ATTACH the lake as ``alias`` (READ_ONLY for readers) and USE it, so unqualified table names are the lake's."""
+    load_extensions(con)
+    options = []
+    if loc.data_path:
+        if "://" not in loc.data_path and not read_only:
+            Path(loc.data_path).mkdir(parents=True, exist_ok=True)
+        options.append(f"DATA_PATH {_quote(loc.data_path)}")
+    if read_only:
+        options.append("READ_ONLY")
+    sql = f"ATTACH {_quote(loc.attach)} AS {_ident(alias)}" + (f" ({', '.join(options)})" if options else "")
+    try:
+        con.execute(sql)
+    except duckdb.Error as exc:
+        cause = " ".join(mask_password(str(exc)).split())
+        raise LakeError(f"cannot attach the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
+                        f"(`flightrec catalog status`)?") from None
+    con.execute(f"USE {_ident(alias)}")
+
+
+def connect(loc: LakeLocation, *, read_only: bool = False, config: Mapping[str, Any] | None = None,
+            alias: str = "lake") -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB connection with the lake attached as ``alias`` and in use."""
+    con = duckdb.connect(":memory:", config=dict(config or {}))
+    try:
+        attach(con, loc, alias=alias, read_only=read_only)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
