@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
@@ -83,6 +84,14 @@ def parse_db(db: str | os.PathLike[str], data_path: str | None = None, *, writin
     return LakeLocation(attach=text, data_path=path)
 
 
+def reader_data_path(db: str, data_path: str | None) -> None:
+    """A reader command's `--data-path`: checked against ``db`` (only a lake takes one) and made this process's
+    FLIGHTREC_DATA_PATH, where every later ``parse_db`` of the same lake finds it. For CLI entry points only."""
+    if data_path:
+        parse_db(db, data_path)  # raises for a database file
+        os.environ[DATA_PATH_ENV] = data_path
+
+
 def extension_file(package: str, dist: str, name: str) -> Path:
     """The ``.duckdb_extension`` file for this DuckDB version inside the installed wheel ``dist``.
 
@@ -130,13 +139,16 @@ def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "l
         options.append(f"DATA_PATH {_quote(loc.data_path)}")
     if read_only:
         options.append("READ_ONLY")
+        if loc.data_path:  # a reader on another host may reach the same files under another path
+            options.append("OVERRIDE_DATA_PATH TRUE")
     sql = f"ATTACH {_quote(loc.attach)} AS {_ident(alias)}" + (f" ({', '.join(options)})" if options else "")
     try:
         con.execute(sql)
     except duckdb.Error as exc:
         cause = " ".join(mask_password(str(exc)).split())
-        raise LakeError(f"cannot attach the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
-                        f"(`flightrec catalog status`)?") from None
+        hint = ("; is its PostgreSQL running and reachable (`flightrec catalog status`)?"
+                if "connect" in cause.lower() else "")
+        raise LakeError(f"cannot attach the lake {loc.describe()}: {cause}{hint}") from None
     con.execute(f"USE {_ident(alias)}")
 
 
@@ -150,6 +162,62 @@ def connect(loc: LakeLocation, *, read_only: bool = False, config: Mapping[str, 
         con.close()
         raise
     return con
+
+
+# A reader's DuckDB: no extension loaded or installed behind our back, no Python objects as tables.
+READER_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False,
+                 "python_enable_replacements": False}
+
+
+def data_path_of(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> str:
+    """The data path in use by the lake attached as ``alias`` (the catalog's, or the override)."""
+    row = con.execute("SELECT data_path FROM ducklake_settings(?)", [alias]).fetchone()
+    if not row or not row[0]:
+        raise LakeError(f"the lake attached as {alias} names no data path")
+    return str(row[0])
+
+
+def open_reader(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConnection:
+    """A locked-down read-only connection to the lake: attached READ_ONLY, then file access off except for the
+    lake's own data path, no extension loading, configuration locked (no SET can undo any of it)."""
+    con = duckdb.connect(":memory:", config=READER_CONFIG)
+    try:
+        attach(con, loc, alias=alias, read_only=True)
+        data = data_path_of(con, alias)
+        con.execute("SET allowed_directories = ?", [[data]])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+_readers: dict[LakeLocation, duckdb.DuckDBPyConnection] = {}
+_readers_lock = threading.Lock()
+
+
+def reader_cursor(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConnection:
+    """A new cursor (its own transaction, temp views and default database) on this process's shared reader
+    of ``loc``; every transaction reads the lake's latest snapshot. Close it after use."""
+    with _readers_lock:
+        con = _readers.get(loc)
+        if con is None:
+            con = _readers[loc] = open_reader(loc, alias)
+        cur = con.cursor()
+    cur.execute(f"USE {_ident(alias)}")
+    return cur
+
+
+def forget_reader(loc: LakeLocation) -> None:
+    """Close the shared reader of ``loc`` (after an error: the next read connects afresh)."""
+    with _readers_lock:
+        con = _readers.pop(loc, None)
+    if con is not None:
+        try:
+            con.close()
+        except duckdb.Error:
+            pass
 
 
 def _quote(text: str) -> str:
