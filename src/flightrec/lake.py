@@ -6,7 +6,9 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -218,6 +220,76 @@ def forget_reader(loc: LakeLocation) -> None:
             con.close()
         except duckdb.Error:
             pass
+
+
+# -- maintenance -----------------------------------------------------------------------------------------
+
+MAINTENANCE_INTERVAL = timedelta(minutes=10)  # how often a materializer runs maintain() (docs/lake.md)
+KEEP_SNAPSHOTS = timedelta(hours=1)           # snapshots younger than this stay (time travel, slow readers)
+FILE_GRACE = timedelta(minutes=10)            # retired files stay this long after their snapshot expired
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """What one maintain() pass did."""
+
+    files_before: int
+    files_after: int
+    rows_flushed: int
+    files_merged: int
+    snapshots_expired: int
+    files_deleted: int
+    conflicts_retried: int
+
+
+def live_files(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> int:
+    """Parquet data files of the lake's current snapshot, all tables together."""
+    return int(con.execute("SELECT coalesce(sum(file_count), 0) FROM ducklake_table_info(?)", [alias]).fetchone()[0])
+
+
+def _seconds(delta: timedelta) -> int:
+    return max(0, int(delta.total_seconds()))
+
+
+def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapshots: timedelta = KEEP_SNAPSHOTS,
+             file_grace: timedelta = FILE_GRACE, retries: int = 8) -> Maintenance:
+    """Compact and tidy the lake while writers keep writing; each step is its own short transaction.
+
+    1. flush rows DuckLake inlined into the catalog (small commits) out to Parquet;
+    2. merge adjacent small Parquet files of each table into larger ones;
+    3. expire snapshots older than ``keep_snapshots`` (their files become unreferenced);
+    4. delete the files retired more than ``file_grace`` ago (a reader still on an old snapshot keeps them).
+
+    A step that loses a commit race with a writer (DuckLake's per-table conflict check) is retried; the
+    writers are never blocked or asked to stop. ``con`` must have the lake attached read-write as ``alias``.
+    """
+    conflicts = 0
+
+    def step(sql: str) -> list[tuple[Any, ...]]:
+        nonlocal conflicts
+        for attempt in range(retries + 1):
+            try:
+                return con.execute(sql, [alias]).to_arrow_table().to_pylist()  # type: ignore[return-value]
+            except duckdb.Error as exc:
+                if "conflict" not in str(exc).lower() or attempt == retries:
+                    raise LakeError(f"lake maintenance failed in {sql.split('(')[0].split()[-1]}: {exc}") from exc
+                conflicts += 1
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+    before = live_files(con, alias)
+    flushed = step("FROM ducklake_flush_inlined_data(?)")
+    merged = step("FROM ducklake_merge_adjacent_files(?)")
+    expired = step(f"FROM ducklake_expire_snapshots(?, older_than => now() - INTERVAL "
+                   f"'{_seconds(keep_snapshots)} seconds')")
+    deleted = step(f"FROM ducklake_cleanup_old_files(?, older_than => now() - INTERVAL "
+                   f"'{_seconds(file_grace)} seconds')")
+    result = Maintenance(files_before=before, files_after=live_files(con, alias),
+                         rows_flushed=sum(int(r["rows_flushed"] or 0) for r in flushed),  # type: ignore[call-overload]
+                         files_merged=sum(int(r["files_processed"] or 0) for r in merged),  # type: ignore[call-overload]
+                         snapshots_expired=len(expired), files_deleted=len(deleted), conflicts_retried=conflicts)
+    log.info("lake maintenance: %s", result)
+    return result
 
 
 def _quote(text: str) -> str:
