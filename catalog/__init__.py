@@ -3,10 +3,11 @@
 from flightrec.catalog.local import (
     DATABASE,
     DEFAULT_PORT,
+    READER,
     CatalogStatus,
     LocalCatalog,
     db_string,
     find_bin_dir,
 )
 
-__all__ = ["DATABASE", "DEFAULT_PORT", "CatalogStatus", "LocalCatalog", "db_string", "find_bin_dir"]
+__all__ = ["DATABASE", "DEFAULT_PORT", "READER", "CatalogStatus", "LocalCatalog", "db_string", "find_bin_dir"]

@@ -21,6 +21,7 @@ from flightrec.settings import Settings
 
 DEFAULT_PORT = 5432
 SUPERUSER = "flightrec"      # the role initdb creates; trusted on 127.0.0.1 only
+READER = "flightrec_reader"  # a role that can only read (pg_read_all_data): the --db string for readers
 DATABASE = "flightrec"       # the database `start` creates and names in its --db string
 SERVICE_USER = "postgres"    # PostgreSQL refuses to run as root: when root, it runs as this user
 MAX_CONNECTIONS = 200        # every materializer and reader holds a few catalog connections
@@ -152,6 +153,11 @@ class LocalCatalog:
         """The `--db` string of this catalog's ``flightrec`` database."""
         return db_string(self.port)
 
+    @property
+    def reader_db(self) -> str:
+        """The `--db` string for readers: the same lake through a role PostgreSQL lets read and nothing else."""
+        return db_string(self.port, user=READER)
+
     # -- who runs it ----------------------------------------------------------
 
     def _run_as(self) -> dict[str, Any]:
@@ -255,8 +261,9 @@ class LocalCatalog:
         pid = self._pid()
         bin_dir = find_bin_dir()
         if pid is not None and self._answers(bin_dir):
-            self.create_database(DATABASE)
-            return f"PostgreSQL already running on 127.0.0.1:{self.port} (pid {pid}, data {self.data})\n{self.db}"
+            self._prepare_roles_and_database()
+            return (f"PostgreSQL already running on 127.0.0.1:{self.port} (pid {pid}, data {self.data})\n"
+                    f"{self._db_lines()}")
         if pid is None and not port_free(self.port):
             raise CatalogError(f"port {self.port} is in use by another process; choose another with --port")
         self._prepare_data()
@@ -280,8 +287,17 @@ class LocalCatalog:
                 self.stop()
             raise CatalogError(f"PostgreSQL did not start on 127.0.0.1:{self.port}: {cause}",
                                "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
+        self._prepare_roles_and_database()
+        return f"PostgreSQL started on 127.0.0.1:{self.port} (pid {self._pid()}, data {self.data})\n{self._db_lines()}"
+
+    def _prepare_roles_and_database(self) -> None:
         self.create_database(DATABASE)
-        return f"PostgreSQL started on 127.0.0.1:{self.port} (pid {self._pid()}, data {self.data})\n{self.db}"
+        self.psql(f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{READER}') THEN "
+                  f"CREATE ROLE {READER} LOGIN; END IF; END $$; GRANT pg_read_all_data TO {READER}")
+
+    def _db_lines(self) -> str:
+        """What `start` prints last: the readers' --db string (a role that cannot write), then the writers'."""
+        return f"readers may use: {self.reader_db}\n{self.db}"
 
     def stop(self, timeout: float = 60.0) -> str:
         """Stop the server (fast shutdown: open sessions end, committed work stays) and wait until it is gone."""

@@ -12,7 +12,7 @@ import pytest
 
 from flightrec import lake as lakes
 from flightrec.broker.local import free_port
-from flightrec.catalog import LocalCatalog, find_bin_dir
+from flightrec.catalog import READER, LocalCatalog, find_bin_dir
 from flightrec.errors import CatalogError
 
 
@@ -29,6 +29,7 @@ def test_start_status_stop_round_trip_and_the_db_string_works(pg_dir, tmp_path):
         assert f"started on 127.0.0.1:{port}" in r.stdout
         db = r.stdout.strip().splitlines()[-1]
         assert db == f"ducklake:postgres:dbname=flightrec host=127.0.0.1 port={port} user=flightrec"
+        assert r.stdout.strip().splitlines()[-2] == f"readers may use: {db}_reader"
         r = flightrec("catalog", "start", "--port", port, "--data", data)
         assert r.returncode == 0 and "already running" in r.stdout, r.stderr
         assert r.stdout.strip().splitlines()[-1] == db
@@ -145,3 +146,25 @@ def test_log_cause_names_what_explains_the_fatal_line():
     assert cause.startswith('could not bind IPv4 address "127.0.0.1": Address already in use')
     assert cause.endswith("could not create any TCP/IP sockets") and '"old"' not in cause
     assert log_cause("2026 LOG:  database system is ready\n") == ""
+
+
+def test_the_reader_role_reads_and_nothing_else(pg_catalog, lake, tmp_path):
+    db, data_path = lake
+    w = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    w.execute("CREATE TABLE t AS SELECT range AS i FROM range(3)")
+    w.close()
+    reader_db = db.replace(f"user=flightrec", f"user={READER}")
+    assert reader_db.endswith(f"user={READER}")
+    r = lakes.connect(lakes.parse_db(reader_db), read_only=True)  # type: ignore[arg-type]
+    assert r.execute("SELECT sum(i) FROM t").fetchone() == (3,)
+    with pytest.raises(duckdb.Error, match="permission denied"):  # PostgreSQL itself refuses server files
+        r.execute("SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT pg_read_file(''/etc/hostname'')')")
+    r.close()
+    # a writer through the reader's role cannot commit: PostgreSQL refuses the catalog rows
+    w = lakes.connect(lakes.parse_db(reader_db, data_path, writing=True))  # type: ignore[arg-type]
+    with pytest.raises(duckdb.Error):
+        w.execute("INSERT INTO t VALUES (99)")
+    w.close()
+    check = lakes.connect(lakes.parse_db(db), read_only=True)  # type: ignore[arg-type]
+    assert check.execute("SELECT count(*) FROM t").fetchone() == (3,)
+    check.close()
