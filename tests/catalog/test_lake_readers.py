@@ -198,3 +198,11 @@ def test_dashboard_pages_render_from_a_lake(fleet_lake, open_page):
         assert at.error, f"{bad!r} was not refused"
     assert not Path("/tmp/flightrec-lake-leak.csv").exists()
     assert "Cannot read" not in _text(at)
+
+
+def test_wait_sealed_on_a_lake(fleet_lake):
+    db, _, ids = fleet_lake
+    r = flightrec("wait-sealed", ids["no_kernel"], "--db", db, "--timeout", "5")
+    assert r.returncode == 0 and "complete" in r.stdout, r.stderr
+    r = flightrec("wait-sealed", "no-such-instance", "--db", db, "--timeout", "1")
+    assert r.returncode == 3 and "no events" in r.stderr
