@@ -207,19 +207,22 @@ def reader_cursor(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConn
         if con is None:
             con = _readers[loc] = open_reader(loc, alias)
         cur = con.cursor()
-    cur.execute(f"USE {_ident(alias)}")
+    try:
+        cur.execute(f"USE {_ident(alias)}")
+    except duckdb.Error as exc:  # the catalog went away since: say so; the next read attaches afresh
+        cur.close()
+        forget_reader(loc)
+        cause = " ".join(mask_password(str(exc)).split())
+        raise LakeError(f"cannot read the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
+                        f"(`flightrec catalog status`)?") from None
     return cur
 
 
 def forget_reader(loc: LakeLocation) -> None:
-    """Close the shared reader of ``loc`` (after an error: the next read connects afresh)."""
+    """Drop the shared reader of ``loc`` so that the next read attaches afresh. Not closed here: cursors other
+    threads still hold keep it until they finish."""
     with _readers_lock:
-        con = _readers.pop(loc, None)
-    if con is not None:
-        try:
-            con.close()
-        except duckdb.Error:
-            pass
+        _readers.pop(loc, None)
 
 
 # -- maintenance -----------------------------------------------------------------------------------------

@@ -283,8 +283,9 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
     cur = reader_cursor(loc)
     try:
         return execute_read_only(cur, sql, params, prelude)
-    except QueryError:
-        forget_reader(loc)  # a lost catalog connection must not stay cached; the next read attaches afresh
+    except QueryError as exc:
+        if "connect" in str(exc).lower():  # the catalog went away: the next read attaches afresh
+            forget_reader(loc)
         raise
     finally:
         cur.close()

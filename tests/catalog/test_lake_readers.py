@@ -206,3 +206,53 @@ def test_wait_sealed_on_a_lake(fleet_lake):
     assert r.returncode == 0 and "complete" in r.stdout, r.stderr
     r = flightrec("wait-sealed", "no-such-instance", "--db", db, "--timeout", "1")
     assert r.returncode == 3 and "no events" in r.stderr
+
+
+def test_a_reader_survives_a_catalog_restart(pg_dir, tmp_path):
+    from flightrec.broker.local import free_port
+    from flightrec.catalog import LocalCatalog
+
+    c = LocalCatalog(port=free_port(), data=pg_dir / "c")
+    c.start()
+    try:
+        w = lakes.connect(lakes.parse_db(c.db, str(tmp_path / "files"), writing=True))  # type: ignore[arg-type]
+        w.execute("CREATE TABLE t AS SELECT range AS i FROM range(10)")
+        w.close()
+        assert run_query(c.reader_db, "SELECT sum(i) AS s FROM t").to_pylist() == [{"s": 45}]
+        c.stop()
+        with pytest.raises(FlightrecError):
+            run_query(c.reader_db, "SELECT sum(i) AS s FROM t")
+        c.start()
+        assert run_query(c.reader_db, "SELECT sum(i) AS s FROM t").to_pylist() == [{"s": 45}]
+    finally:
+        c.stop()
+
+
+def test_dashboard_command_serves_a_lake(fleet_lake):
+    import socket
+    import time
+    import urllib.request
+
+    from flightrec.broker.local import free_port
+
+    db, data_path, _ = fleet_lake
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "flightrec", "dashboard", "--db", db, "--data-path", data_path,
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONSAFEPATH": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except (OSError, socket.timeout):
+                time.sleep(0.5)
+        else:
+            raise AssertionError("the dashboard did not answer")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert f"on {db}" in err  # the lake string as given, not made into a file path
