@@ -46,6 +46,9 @@ class LakeLocation:
     attach: str
     data_path: str | None = None
 
+    def __repr__(self) -> str:  # never a password in a log line or a traceback
+        return f"LakeLocation({mask_password(self.attach)!r}, data_path={self.data_path!r})"
+
     def describe(self) -> str:
         """The location for messages, with any password in the connection string masked."""
         return mask_password(self.attach) + (f" (data path {self.data_path})" if self.data_path else "")

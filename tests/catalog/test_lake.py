@@ -41,6 +41,7 @@ def test_parse_db_file_and_lake(tmp_path):
 def test_describe_masks_a_password():
     loc = lakes.LakeLocation(attach=DB + " password=s3cret", data_path="/d")
     assert "s3cret" not in loc.describe() and "password=***" in loc.describe() and "/d" in loc.describe()
+    assert "s3cret" not in repr(loc) and "password=***" in repr(loc)
 
 
 def test_extensions_load_offline_from_the_wheels():
