@@ -256,3 +256,12 @@ def test_dashboard_command_serves_a_lake(fleet_lake):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert f"on {db}" in err  # the lake string as given, not made into a file path
+
+
+def test_the_lake_s_own_listings_are_readable(fleet_lake):
+    db, _, _ = fleet_lake
+    r = flightrec("sql", "--db", db, "--json", "SELECT count(*) AS n FROM ducklake_snapshots('lake')")
+    assert r.returncode == 0 and json.loads(r.stdout)["n"] >= 2, r.stderr
+    r = flightrec("sql", "--db", db, "--json",
+                  "SELECT sum(file_count) AS files FROM ducklake_table_info('lake') WHERE table_name = 'log_lines'")
+    assert r.returncode == 0 and int(json.loads(r.stdout)["files"]) == 1, r.stderr
