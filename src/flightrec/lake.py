@@ -46,6 +46,11 @@ class LakeLocation:
     attach: str
     data_path: str | None = None
 
+    @property
+    def db(self) -> str:
+        """The `--db` string itself (the same as ``attach``)."""
+        return self.attach
+
     def __repr__(self) -> str:  # never a password in a log line or a traceback
         return f"LakeLocation({mask_password(self.attach)!r}, data_path={self.data_path!r})"
 

@@ -21,7 +21,7 @@ def test_is_lake():
 def test_parse_db_file_and_lake(tmp_path):
     assert lakes.parse_db("a/flightrec.duckdb", env={}) == Path("a/flightrec.duckdb")
     loc = lakes.parse_db(DB, str(tmp_path / "d"), env={})
-    assert loc == lakes.LakeLocation(attach=DB, data_path=str(tmp_path / "d"))
+    assert loc == lakes.LakeLocation(attach=DB, data_path=str(tmp_path / "d")) and loc.db == DB  # type: ignore[union-attr]
     # the environment stands in for the flag, the flag beats it; relative folders become absolute
     assert lakes.parse_db(DB, env={"FLIGHTREC_DATA_PATH": "/srv/lake"}).data_path == "/srv/lake"  # type: ignore[union-attr]
     assert lakes.parse_db(DB, "/a", env={"FLIGHTREC_DATA_PATH": "/srv/lake"}).data_path == "/a"  # type: ignore[union-attr]
