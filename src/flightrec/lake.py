@@ -94,6 +94,16 @@ def parse_db(db: str | os.PathLike[str], data_path: str | None = None, *, writin
     return LakeLocation(attach=text, data_path=path)
 
 
+def lake_location(db: str, data_path: str | None = None, *, writing: bool = False,
+                  env: Mapping[str, str] | None = None) -> LakeLocation:
+    """``parse_db`` for code that only handles lakes: a LakeLocation, or LakeError for a database file."""
+    loc = parse_db(db, data_path, writing=writing, env=env)
+    if not isinstance(loc, LakeLocation):
+        raise LakeError(f"{db} is a database file, not a lake: use --db 'ducklake:postgres:dbname=… host=… "
+                        f"port=… user=…'")
+    return loc
+
+
 def reader_data_path(db: str, data_path: str | None) -> None:
     """A reader command's `--data-path`: checked against ``db`` (only a lake takes one) and made this process's
     FLIGHTREC_DATA_PATH, where every later ``parse_db`` of the same lake finds it. For CLI entry points only."""

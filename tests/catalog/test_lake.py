@@ -36,6 +36,9 @@ def test_parse_db_file_and_lake(tmp_path):
     with pytest.raises(LakeError, match="catalog start"):
         lakes.parse_db("ducklake:", env={})
     assert issubclass(LakeError, FlightrecError)
+    assert lakes.lake_location(DB, "/srv/lake", writing=True, env={}).data_path == "/srv/lake"
+    with pytest.raises(LakeError, match="database file, not a lake"):
+        lakes.lake_location("x.duckdb", env={})
 
 
 def test_describe_masks_a_password():

@@ -107,6 +107,8 @@ def test_the_reader_connection_itself_holds_the_walls(fleet_lake, tmp_path):
         assert cur.execute("SELECT count(*) FROM log_lines").fetchone()[0] > 0  # Parquet files of the lake: allowed
         for sql in (f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'", "SELECT * FROM read_csv('/etc/passwd')",
                     f"ATTACH '{tmp_path / 'y.duckdb'}' AS y", "SET enable_external_access = true",
+                    f"ATTACH '{db.replace('dbname=', 'dbname=other_')}' AS other",
+                    "ATTACH 'postgres:dbname=postgres host=127.0.0.1' AS pg (TYPE postgres)",
                     "SET lock_configuration = false", "LOAD httpfs", "INSERT INTO instances (instance_id) VALUES ('x')",
                     "CALL ducklake_expire_snapshots('lake', older_than => now())",
                     "CALL postgres_execute('__ducklake_metadata_lake', 'DROP TABLE ducklake_snapshot')"):
