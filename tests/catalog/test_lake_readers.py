@@ -260,6 +260,16 @@ def test_dashboard_command_serves_a_lake(fleet_lake):
     assert f"on {db}" in err  # the lake string as given, not made into a file path
 
 
+def test_the_dashboard_never_shows_a_password(fleet_lake, open_page, monkeypatch):
+    db, data_path, _ = fleet_lake
+    monkeypatch.setenv("PGPASSWORD", "")
+    at = open_page(db + " password=s3cret-word")  # trust authentication ignores it; the page must not show it
+    shown = "\n".join(str(c.value) for c in at.sidebar.caption) + _text(at)
+    assert "password=***" in shown and "s3cret-word" not in shown
+    at = open_page(db.replace("dbname=", "dbname=absent_") + " password=s3cret-word")
+    assert at.error and "s3cret-word" not in at.error[0].value and "Cannot read" in at.error[0].value
+
+
 def test_the_lake_s_own_listings_are_readable(fleet_lake):
     db, _, _ = fleet_lake
     r = flightrec("sql", "--db", db, "--json", "SELECT count(*) AS n FROM ducklake_snapshots('lake')")

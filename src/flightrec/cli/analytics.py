@@ -40,7 +40,7 @@ def streamlit_command(db: str, port: int, address: str) -> list[str]:
 
 def run_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     """Replace this process with Streamlit (so signals reach it directly); never returns on success."""
-    from flightrec.lake import is_lake, reader_data_path
+    from flightrec.lake import is_lake, mask_password, reader_data_path
 
     db = args.db or settings.db
     reader_data_path(db, args.data_path)  # into os.environ, which Streamlit inherits below
@@ -53,6 +53,9 @@ def run_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     env["FLIGHTREC_DB"] = db
     env["PYTHONSAFEPATH"] = "1"  # keep the working directory off sys.path (./cuda would shadow NVIDIA's package)
     cmd = streamlit_command(db, args.port, args.address)
-    print(f"flightrec dashboard: http://{args.address}:{args.port}/ on {db}", file=sys.stderr, flush=True)
+    if is_lake(db):  # the lake string (a password in it, perhaps) goes by the environment only, never into `ps`
+        cmd = cmd[:-3]
+    print(f"flightrec dashboard: http://{args.address}:{args.port}/ on {mask_password(db)}", file=sys.stderr,
+          flush=True)
     os.execve(cmd[0], cmd, env)
     return 0  # pragma: no cover - execve does not return
