@@ -37,7 +37,7 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
-from flightrec.lake import LakeLocation, forget_reader, is_lake, parse_db, reader_cursor
+from flightrec.lake import LakeLocation, forget_reader, is_lake, mask_password, parse_db, reader_cursor
 from flightrec.readonly import READ_PRAGMAS, check_prelude, check_read_only  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,6 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
     except QueryError as exc:
         if "connect" in str(exc).lower():  # the catalog went away: the next read attaches afresh
             forget_reader(loc)
-        raise
+        raise QueryError(mask_password(str(exc))) from None
     finally:
         cur.close()
