@@ -31,8 +31,8 @@ demo: setup
 test: setup system-packages
 	$(VENV)/bin/pytest
 
-# The edit-test loop: every test that needs no broker (tests using a broker fixture are marked integration).
-check: setup system-packages
+# The edit-test loop: every test that needs no broker or PostgreSQL (tests using their fixtures are marked integration).
+check: setup
 	$(VENV)/bin/pytest -q -m "not integration"
 
 bench: setup system-packages

@@ -217,11 +217,12 @@ def lake(pg_catalog: LocalCatalog, tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 
 BROKER_FIXTURES = frozenset({"kafka", "fresh_kafka", "sasl_kafka"})
+SERVICE_FIXTURES = BROKER_FIXTURES | {"pg_catalog", "lake", "pg_dir"}  # a real Kafka or a real PostgreSQL
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that needs a broker, directly or through another fixture, is an integration test (marked or
-    not), so `make check` (`-m "not integration"`) never starts Kafka."""
+    """A test that needs a broker or PostgreSQL, directly or through another fixture, is an integration test
+    (marked or not), so `make check` (`-m "not integration"`) starts neither."""
     for item in items:
-        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
