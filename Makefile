@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	mkdir -p .cache/kafka && touch $@
 
 # Debian tools some tests and benchmarks use (kcat for the delivery baseline,
-# chromium for the browser test); installed only when missing and when apt can.
+# chromium for the browser test, postgresql for a lake's catalog); installed only when missing and when apt can.
 system-packages:
 	@sh scripts/system-packages.sh
 
@@ -31,7 +31,7 @@ demo: setup
 test: setup system-packages
 	$(VENV)/bin/pytest
 
-# The edit-test loop: every test that needs no broker (tests using a broker fixture are marked integration).
+# The edit-test loop: every test that needs no broker or PostgreSQL (tests using their fixtures are marked integration).
 check: setup
 	$(VENV)/bin/pytest -q -m "not integration"
 

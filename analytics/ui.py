@@ -13,6 +13,7 @@ import streamlit as st
 
 from flightrec.analytics import queries
 from flightrec.errors import FlightrecError
+from flightrec.lake import mask_password
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def fetch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
                        tuple(sorted((k, _freeze(v)) for k, v in kwargs.items())))
     except FlightrecError as exc:
         log.warning("dashboard query %s failed: %s", fn.__name__, exc)
-        st.error(f"Cannot read {db}: {exc}")
+        st.error(f"Cannot read {mask_password(db)}: {exc}")
         st.stop()
 
 

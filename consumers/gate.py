@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from flightrec.errors import QueryError
+from flightrec.lake import is_lake
 from flightrec.query import run_query
 
 
@@ -27,7 +28,7 @@ StatusOf = Callable[[str | Path, str], tuple[str, str] | None]
 
 def check_sealed(db: str | Path, instance: str, status_of: StatusOf | None = None) -> GateResult:
     """One look at the database (live or not); with ``status_of``, a lost or destroyed instance is final."""
-    if not Path(db).exists():
+    if not is_lake(db) and not Path(db).exists():
         return GateResult(False, f"no database at {db} yet")
     rows = run_query(db, "SELECT complete, incomplete_reason, boot_id, events FROM instances WHERE instance_id = ?",
                      [instance]).to_pylist()

@@ -1,11 +1,14 @@
-"""Shared fixtures: a real Kafka broker (KRaft) started once per test session, on a free port."""
+"""Shared fixtures: a real Kafka broker (KRaft) and a real PostgreSQL (a lake's catalog), each once per session."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
+import itertools
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -13,7 +16,8 @@ import pytest
 
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
-from flightrec.errors import BrokerError
+from flightrec.catalog import LocalCatalog
+from flightrec.errors import BrokerError, CatalogError
 from flightrec.settings import TOPICS, Settings
 
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -150,12 +154,75 @@ def fresh_kafka(tmp_path: Path) -> Iterator[Kafka]:
         broker.stop()
 
 
+def catalog_dir(prefix: str = "flightrec-catalog-") -> Path:
+    """A new folder for a PostgreSQL data directory that the `postgres` user can reach when tests run as root
+    (pytest's own tmp folders are private to root; PostgreSQL refuses to run as root)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o711)
+    return path
+
+
+def _start_catalog(data: Path) -> LocalCatalog:
+    """Start a PostgreSQL on a free port; one retry on another port (a busy machine can lose the port race)."""
+    for attempt in (1, 2):
+        catalog = LocalCatalog(port=free_port(), data=data / f"try{attempt}", settings=Settings.from_env({}))
+        try:
+            catalog.start(timeout=120)
+            return catalog
+        except CatalogError as exc:
+            catalog.stop()
+            if attempt == 2:
+                raise
+            logging.getLogger(__name__).warning("catalog fixture: retrying on another port after: %s", exc)
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def pg_catalog() -> Iterator[LocalCatalog]:
+    """One real PostgreSQL for the whole session, started by `flightrec catalog`'s own code (never skipped:
+    a machine without PostgreSQL fails here, saying what to install)."""
+    data = catalog_dir()
+    catalog = _start_catalog(data)
+    try:
+        yield catalog
+    finally:
+        catalog.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dir() -> Iterator[Path]:
+    """A folder for this test's own PostgreSQL data directories (reachable by `postgres` when run as root)."""
+    path = catalog_dir("flightrec-catalog-test-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_lake_numbers = itertools.count(1)
+
+
+@pytest.fixture
+def lake(pg_catalog: LocalCatalog, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A fresh, empty DuckLake for this test: (the --db string of a new catalog database, its data folder)."""
+    name = f"lake_{os.getpid()}_{next(_lake_numbers)}"
+    db = pg_catalog.create_database(name)
+    data_path = tmp_path / "lake-data"
+    data_path.mkdir()
+    try:
+        yield db, str(data_path)
+    finally:
+        pg_catalog.drop_database(name)
+
+
 BROKER_FIXTURES = frozenset({"kafka", "fresh_kafka", "sasl_kafka"})
+SERVICE_FIXTURES = BROKER_FIXTURES | {"pg_catalog", "lake", "pg_dir"}  # a real Kafka or a real PostgreSQL
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that needs a broker, directly or through another fixture, is an integration test (marked or
-    not), so `make check` (`-m "not integration"`) never starts Kafka."""
+    """A test that needs a broker or PostgreSQL, directly or through another fixture, is an integration test
+    (marked or not), so `make check` (`-m "not integration"`) starts neither."""
     for item in items:
-        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)

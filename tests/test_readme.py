@@ -46,7 +46,7 @@ def _test_sources() -> str:
 @pytest.mark.parametrize("argv", readme_commands(), ids=lambda a: " ".join(a)[:60])
 def test_every_readme_command_is_run_by_a_test(argv):
     """A test runs the same command (and action): the README shows nothing that no test exercised."""
-    words = [argv[0]] + ([argv[1]] if argv[0] in ("broker", "agent", "prove", "topics") else [])
+    words = [argv[0]] + ([argv[1]] if argv[0] in ("broker", "catalog", "agent", "prove", "topics") else [])
     q = r"[\"']"
     patterns = [q + (q + r"\s*,\s*" + q).join(re.escape(w) for w in words) + q]
     if words[0] == "agent":  # tests/producer's helper prepends "agent": agent_env.run("event", ...)

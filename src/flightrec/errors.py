@@ -69,3 +69,24 @@ class QueryError(FlightrecError):
 
 class ProveError(FlightrecError):
     """The proving core could not run on the asked-for backend; the message says why."""
+
+
+class CatalogError(FlightrecError):
+    """The local PostgreSQL for a DuckLake catalog could not be found, started, reached or stopped.
+
+    ``log_tail`` holds the last lines of PostgreSQL's own log where there is one.
+    """
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        if self.log_tail:
+            return f"{msg}\n--- last lines of the PostgreSQL log ---\n{self.log_tail}"
+        return msg
+
+
+class LakeError(FlightrecError):
+    """A DuckLake store could not be opened: a missing extension wheel, an unreachable catalog, no data path."""

@@ -37,6 +37,7 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
+from flightrec.lake import LakeLocation, forget_reader, is_lake, mask_password, parse_db, reader_cursor
 from flightrec.readonly import READ_PRAGMAS, check_prelude, check_read_only  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
@@ -246,6 +247,8 @@ def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence
     read is asked again, live, once that materializer serves).
     """
     check_read_only(sql)
+    if is_lake(db):
+        return _read_lake(parse_db(db), sql, params, prelude)  # type: ignore[arg-type]
     deadline = time.monotonic() + 5.0
     while True:
         live = query_live(db, sql, params, prelude)
@@ -273,3 +276,16 @@ def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence
             deadline = time.monotonic() + WRITER_START_S
         finally:
             con.close()
+
+
+def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[str]) -> pa.Table:
+    """Run the read on this process's locked-down read-only attachment of the lake (flightrec.lake)."""
+    cur = reader_cursor(loc)
+    try:
+        return execute_read_only(cur, sql, params, prelude)
+    except QueryError as exc:
+        if "connect" in str(exc).lower():  # the catalog went away: the next read attaches afresh
+            forget_reader(loc)
+        raise QueryError(mask_password(str(exc))) from None
+    finally:
+        cur.close()

@@ -50,6 +50,8 @@ READ_TABLE_FUNCTIONS = frozenset({
     "duckdb_temporary_files", "duckdb_optimizers", "duckdb_variables", "duckdb_prepared_statements",
     "pragma_collations", "pragma_database_size", "pragma_metadata_info", "pragma_platform", "pragma_show",
     "pragma_storage_info", "pragma_table_info", "pragma_user_agent", "pragma_version",
+    # a DuckLake's own listings (snapshots, files per table), for `flightrec sql --db 'ducklake:…'`
+    "ducklake_snapshots", "ducklake_table_info", "ducklake_current_snapshot", "ducklake_settings",
 })
 
 # Scalar functions that change state (sequences, the random seed, the log) or run SQL text.

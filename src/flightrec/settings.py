@@ -35,7 +35,8 @@ class Setting:
 # each one; a test checks that none is missing there.
 SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_BOOTSTRAP", "localhost:9092", "Kafka bootstrap servers, comma separated."),
-    Setting("FLIGHTREC_DB", "flightrec.duckdb", "Path of the DuckDB database the materializer writes and readers read."),
+    Setting("FLIGHTREC_DB", "flightrec.duckdb", "Path of the DuckDB database the materializer writes and readers read, or a DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…' (docs/lake.md)."),
+    Setting("FLIGHTREC_DATA_PATH", "", "Data folder (or object-storage URL) of a DuckLake --db ('ducklake:…'), where its Parquet files go; same as --data-path. Writers need it; readers take the one the lake's catalog recorded."),
     Setting("FLIGHTREC_INSTANCE", "<hostname>", "This instance's id, used by the agent when --instance is not given."),
     Setting("FLIGHTREC_SPOOL", "$XDG_STATE_HOME/flightrec/spool", "The agent's durable spool folder (boot id, seq counter, unsent events)."),
     Setting("FLIGHTREC_HOME", ".flightrec", "Folder for local state of `flightrec broker` and `flightrec demo` (broker data, demo databases)."),

@@ -9,11 +9,11 @@ import sys
 from typing import Sequence
 
 from flightrec import __version__
-from flightrec.cli import agent, analytics, broker, demo, manager, materialize, prove, sql
+from flightrec.cli import agent, analytics, broker, catalog, demo, manager, materialize, prove, sql
 from flightrec.errors import FlightrecError
 from flightrec.settings import Settings
 
-GROUPS = (broker, agent, manager, materialize, sql, analytics, prove, demo)
+GROUPS = (broker, catalog, agent, manager, materialize, sql, analytics, prove, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

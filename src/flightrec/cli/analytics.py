@@ -17,7 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("dashboard", help="start the Streamlit app",
                        description="Start the Streamlit dashboard (Fleet, Instance, Failures, Throughput, SQL) "
                                    "on a flightrec database; it reads it live while a materializer runs.")
-    d.add_argument("--db", default=None, help="the database (default: $FLIGHTREC_DB, else flightrec.duckdb)")
+    d.add_argument("--db", default=None, help="the database (default: $FLIGHTREC_DB, else flightrec.duckdb), or a "
+                   "DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…', read read-only")
+    d.add_argument("--data-path", default=None, metavar="DIR",
+                   help="a DuckLake's data folder where it differs on this host (default $FLIGHTREC_DATA_PATH, "
+                        "else the one the lake's catalog recorded)")
     d.add_argument("--port", type=int, default=8501, help="HTTP port (default 8501)")
     d.add_argument("--address", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 serves every interface)")
@@ -36,13 +40,22 @@ def streamlit_command(db: str, port: int, address: str) -> list[str]:
 
 def run_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     """Replace this process with Streamlit (so signals reach it directly); never returns on success."""
-    db = str(Path(args.db or settings.db).resolve())
-    if not Path(db).exists():
-        log.warning("no database at %s yet; the pages say so until `flightrec materialize --db %s` creates it", db, db)
+    from flightrec.lake import is_lake, mask_password, reader_data_path
+
+    db = args.db or settings.db
+    reader_data_path(db, args.data_path)  # into os.environ, which Streamlit inherits below
+    if not is_lake(db):
+        db = str(Path(db).resolve())
+        if not Path(db).exists():
+            log.warning("no database at %s yet; the pages say so until `flightrec materialize --db %s` creates it",
+                        db, db)
     env = dict(os.environ)
     env["FLIGHTREC_DB"] = db
     env["PYTHONSAFEPATH"] = "1"  # keep the working directory off sys.path (./cuda would shadow NVIDIA's package)
     cmd = streamlit_command(db, args.port, args.address)
-    print(f"flightrec dashboard: http://{args.address}:{args.port}/ on {db}", file=sys.stderr, flush=True)
+    if is_lake(db):  # the lake string (a password in it, perhaps) goes by the environment only, never into `ps`
+        cmd = cmd[:-3]
+    print(f"flightrec dashboard: http://{args.address}:{args.port}/ on {mask_password(db)}", file=sys.stderr,
+          flush=True)
     os.execve(cmd[0], cmd, env)
     return 0  # pragma: no cover - execve does not return

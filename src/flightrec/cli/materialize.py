@@ -43,7 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_replay)
     t = sub.add_parser("timeline", help="print one instance's life")
     t.add_argument("instance", help="the instance id")
-    t.add_argument("--db", default=None, help="database file (default $FLIGHTREC_DB)")
+    t.add_argument("--db", default=None, help="database file, or a DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
+    t.add_argument("--data-path", default=None, metavar="DIR",
+                   help="a DuckLake's data folder where it differs on this host (default $FLIGHTREC_DATA_PATH, "
+                        "else the one the lake's catalog recorded)")
     t.add_argument("--from-topics", action="store_true", help="read the topics even if the database exists")
     t.add_argument("--max-lines", type=int, default=2000, help="log lines shown, the latest (0: all)")
     t.add_argument("--rules", default=None, metavar="FILE",
@@ -51,7 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=_timeline)
     w = sub.add_parser("wait-sealed", help="wait until an instance's evidence is complete")
     w.add_argument("instance", help="the instance id")
-    w.add_argument("--db", default=None, help="database file (default $FLIGHTREC_DB)")
+    w.add_argument("--db", default=None, help="database file, or a DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
+    w.add_argument("--data-path", default=None, metavar="DIR",
+                   help="a DuckLake's data folder where it differs on this host (default $FLIGHTREC_DATA_PATH, "
+                        "else the one the lake's catalog recorded)")
     w.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up after SECONDS (exit 3; default 60)")
     w.set_defaults(func=_wait_sealed)
@@ -116,8 +122,11 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.classify import load_rules
     from flightrec.settings import TOPICS
 
+    from flightrec.lake import is_lake, reader_data_path
+
     settings = settings.with_overrides(db=args.db)
-    if Path(settings.db).exists() and not args.from_topics:
+    reader_data_path(settings.db, args.data_path)
+    if (is_lake(settings.db) or Path(settings.db).exists()) and not args.from_topics:
         entries, left_out = timeline.from_db(settings.db, args.instance, args.max_lines)
     else:
         if not args.from_topics:
@@ -144,8 +153,10 @@ def _status_of(db: str | Path, instance: str) -> tuple[str, str] | None:
 
 def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.gate import wait_sealed
+    from flightrec.lake import reader_data_path
 
     settings = settings.with_overrides(db=args.db)
+    reader_data_path(settings.db, args.data_path)
     result = wait_sealed(settings.db, args.instance, args.timeout, status_of=_status_of)
     if result.complete:
         print(f"{args.instance}: complete: {result.reason}")

@@ -19,7 +19,10 @@ MAX_CELL = 200  # characters shown per cell in the text table
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sql", help="run read-only SQL and print the result")
     s.add_argument("query", help="one read-only SQL statement; the shared views (fleet, log_view, ...) are there")
-    s.add_argument("--db", default=None, help="database file (default $FLIGHTREC_DB)")
+    s.add_argument("--db", default=None, help="database file, or a DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
+    s.add_argument("--data-path", default=None, metavar="DIR",
+                   help="a DuckLake's data folder where it differs on this host (default $FLIGHTREC_DATA_PATH, "
+                        "else the one the lake's catalog recorded)")
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="print CSV")
     fmt.add_argument("--json", action="store_true", help="print one JSON object per line")
@@ -90,7 +93,10 @@ def _sql(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.analytics.views import VIEWS
     from flightrec.query import run_query
 
+    from flightrec.lake import reader_data_path
+
     settings = settings.with_overrides(db=args.db)
+    reader_data_path(settings.db, args.data_path)
     table = run_query(settings.db, args.query, prelude=VIEWS)
     if args.csv:
         w = csv.writer(sys.stdout)

@@ -1,0 +1,321 @@
+"""The `--db` grammar's DuckLake form: parse it, load the offline extensions, attach the lake, maintain it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import duckdb
+
+from flightrec.errors import LakeError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "ducklake:"
+DATA_PATH_ENV = "FLIGHTREC_DATA_PATH"
+
+# (import package, distribution to pip install, extension name): the extensions ship as PyPI wheels, loaded
+# from the file inside the installed package, so nothing is ever INSTALLed from the internet.
+EXTENSIONS: tuple[tuple[str, str, str], ...] = (
+    ("duckdb_extension_ducklake", "duckdb-extension-ducklake", "ducklake"),
+    ("duckdb_extension_postgres_scanner", "duckdb-extension-postgres-scanner", "postgres_scanner"),
+)
+
+
+def is_lake(db: str | os.PathLike[str]) -> bool:
+    """True when ``db`` names a DuckLake (``ducklake:…``), False for an embedded DuckDB file path."""
+    return str(db).startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class LakeLocation:
+    """A DuckLake store: DuckDB's own ATTACH string (``ducklake:postgres:dbname=… host=…``) and its data folder.
+
+    ``data_path`` is None where it was not given: a reader (or a writer of a lake that exists) then uses the
+    data path the catalog recorded when the lake was created.
+    """
+
+    attach: str
+    data_path: str | None = None
+
+    @property
+    def db(self) -> str:
+        """The `--db` string itself (the same as ``attach``)."""
+        return self.attach
+
+    def __repr__(self) -> str:  # never a password in a log line or a traceback
+        return f"LakeLocation({mask_password(self.attach)!r}, data_path={self.data_path!r})"
+
+    def describe(self) -> str:
+        """The location for messages, with any password in the connection string masked."""
+        return mask_password(self.attach) + (f" (data path {self.data_path})" if self.data_path else "")
+
+
+_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def mask_password(text: str) -> str:
+    """``text`` with every libpq ``password=…`` value replaced by ``***``. Pure."""
+    return _PASSWORD.sub(r"\1***", text)
+
+
+def parse_db(db: str | os.PathLike[str], data_path: str | None = None, *, writing: bool = False,
+             env: Mapping[str, str] | None = None) -> Path | LakeLocation:
+    """An embedded database file (Path) or a lake (LakeLocation) from `--db` and `--data-path`.
+
+    The data path comes from the flag, else ``FLIGHTREC_DATA_PATH``. ``writing=True`` (a materializer, replay)
+    demands one for a lake: the Parquet files must go somewhere known to every writer. Pure but for ``env``.
+    """
+    text = str(db)
+    if not is_lake(text):
+        if data_path:
+            raise LakeError(f"--data-path {data_path} is for a DuckLake --db ('ducklake:…'), not for the "
+                            f"database file {text}; drop --data-path or give a ducklake: --db")
+        return Path(text)
+    if text.strip() == PREFIX:
+        raise LakeError("--db 'ducklake:' names no catalog: use DuckDB's ATTACH string, e.g. "
+                        "'ducklake:postgres:dbname=flightrec host=127.0.0.1 port=5432 user=flightrec' "
+                        "(`flightrec catalog start` prints one)")
+    env = os.environ if env is None else env
+    path = data_path or env.get(DATA_PATH_ENV) or None
+    if writing and not path:
+        raise LakeError(f"writing a lake needs a data path for its Parquet files: pass --data-path DIR or set "
+                        f"{DATA_PATH_ENV} (a folder every writer and reader can reach, or object storage)")
+    if path and "://" not in path:
+        path = str(Path(path).expanduser().resolve())
+    return LakeLocation(attach=text, data_path=path)
+
+
+def lake_location(db: str, data_path: str | None = None, *, writing: bool = False,
+                  env: Mapping[str, str] | None = None) -> LakeLocation:
+    """``parse_db`` for code that only handles lakes: a LakeLocation, or LakeError for a database file."""
+    loc = parse_db(db, data_path, writing=writing, env=env)
+    if not isinstance(loc, LakeLocation):
+        raise LakeError(f"{db} is a database file, not a lake: use --db 'ducklake:postgres:dbname=… host=… "
+                        f"port=… user=…'")
+    return loc
+
+
+def reader_data_path(db: str, data_path: str | None) -> None:
+    """A reader command's `--data-path`: checked against ``db`` (only a lake takes one) and made this process's
+    FLIGHTREC_DATA_PATH, where every later ``parse_db`` of the same lake finds it. For CLI entry points only."""
+    if data_path:
+        parse_db(db, data_path)  # raises for a database file
+        os.environ[DATA_PATH_ENV] = data_path
+
+
+def extension_file(package: str, dist: str, name: str) -> Path:
+    """The ``.duckdb_extension`` file for this DuckDB version inside the installed wheel ``dist``.
+
+    Raises LakeError saying what to pip install when the wheel is missing or built for another DuckDB.
+    """
+    want = duckdb.__version__
+    hint = f"pip install '{dist}=={want}'"
+    try:
+        root = Path(str(resources.files(package)))
+    except ModuleNotFoundError:
+        raise LakeError(f"the DuckDB extension {name} is not installed: {hint}") from None
+    exact = root / "extensions" / f"v{want}" / f"{name}.duckdb_extension"
+    if exact.is_file():
+        return exact
+    try:
+        have = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        have = "an unknown version"
+    raise LakeError(f"the DuckDB extension {name} installed ({dist} {have}) is not built for duckdb {want}: {hint}")
+
+
+def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
+    """LOAD the ducklake and postgres_scanner extensions from their wheels into ``con`` (offline; idempotent)."""
+    loaded = {r[0] for r in con.execute(
+        "SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()}
+    for package, dist, name in EXTENSIONS:
+        if name in loaded or (name == "postgres_scanner" and "postgres" in loaded):
+            continue
+        path = extension_file(package, dist, name)
+        try:
+            con.execute(f"LOAD {_quote(str(path))}")
+        except duckdb.Error as exc:
+            raise LakeError(f"DuckDB could not load the {name} extension from {path}: {exc}; "
+                            f"reinstall it: pip install --force-reinstall '{dist}=={duckdb.__version__}'") from exc
+
+
+def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "lake",
+           read_only: bool = False) -> None:
+    """ATTACH the lake as ``alias`` (READ_ONLY for readers) and USE it, so unqualified table names are the lake's."""
+    load_extensions(con)
+    options = []
+    if loc.data_path:
+        if "://" not in loc.data_path and not read_only:
+            Path(loc.data_path).mkdir(parents=True, exist_ok=True)
+        options.append(f"DATA_PATH {_quote(loc.data_path)}")
+    if read_only:
+        options.append("READ_ONLY")
+        if loc.data_path:  # a reader on another host may reach the same files under another path
+            options.append("OVERRIDE_DATA_PATH TRUE")
+    sql = f"ATTACH {_quote(loc.attach)} AS {_ident(alias)}" + (f" ({', '.join(options)})" if options else "")
+    try:
+        con.execute(sql)
+    except duckdb.Error as exc:
+        cause = " ".join(mask_password(str(exc)).split())
+        hint = ("; is its PostgreSQL running and reachable (`flightrec catalog status`)?"
+                if "connect" in cause.lower() else "")
+        raise LakeError(f"cannot attach the lake {loc.describe()}: {cause}{hint}") from None
+    con.execute(f"USE {_ident(alias)}")
+
+
+def connect(loc: LakeLocation, *, read_only: bool = False, config: Mapping[str, Any] | None = None,
+            alias: str = "lake") -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB connection with the lake attached as ``alias`` and in use."""
+    con = duckdb.connect(":memory:", config=dict(config or {}))
+    try:
+        attach(con, loc, alias=alias, read_only=read_only)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+# A reader's DuckDB: no extension loaded or installed behind our back, no Python objects as tables.
+READER_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False,
+                 "python_enable_replacements": False}
+
+
+def data_path_of(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> str:
+    """The data path in use by the lake attached as ``alias`` (the catalog's, or the override)."""
+    row = con.execute("SELECT data_path FROM ducklake_settings(?)", [alias]).fetchone()
+    if not row or not row[0]:
+        raise LakeError(f"the lake attached as {alias} names no data path")
+    return str(row[0])
+
+
+def open_reader(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConnection:
+    """A locked-down read-only connection to the lake: attached READ_ONLY, then file access off except for the
+    lake's own data path, no extension loading, configuration locked (no SET can undo any of it)."""
+    con = duckdb.connect(":memory:", config=READER_CONFIG)
+    try:
+        attach(con, loc, alias=alias, read_only=True)
+        data = data_path_of(con, alias)
+        con.execute("SET allowed_directories = ?", [[data]])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+_readers: dict[LakeLocation, duckdb.DuckDBPyConnection] = {}
+_readers_lock = threading.Lock()
+
+
+def reader_cursor(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConnection:
+    """A new cursor (its own transaction, temp views and default database) on this process's shared reader
+    of ``loc``; every transaction reads the lake's latest snapshot. Close it after use."""
+    with _readers_lock:
+        con = _readers.get(loc)
+        if con is None:
+            con = _readers[loc] = open_reader(loc, alias)
+        cur = con.cursor()
+    try:
+        cur.execute(f"USE {_ident(alias)}")
+    except duckdb.Error as exc:  # the catalog went away since: say so; the next read attaches afresh
+        cur.close()
+        forget_reader(loc)
+        cause = " ".join(mask_password(str(exc)).split())
+        raise LakeError(f"cannot read the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
+                        f"(`flightrec catalog status`)?") from None
+    return cur
+
+
+def forget_reader(loc: LakeLocation) -> None:
+    """Drop the shared reader of ``loc`` so that the next read attaches afresh. Not closed here: cursors other
+    threads still hold keep it until they finish."""
+    with _readers_lock:
+        _readers.pop(loc, None)
+
+
+# -- maintenance -----------------------------------------------------------------------------------------
+
+MAINTENANCE_INTERVAL = timedelta(minutes=10)  # how often a materializer runs maintain() (docs/lake.md)
+KEEP_SNAPSHOTS = timedelta(hours=1)           # snapshots younger than this stay (time travel, slow readers)
+FILE_GRACE = timedelta(minutes=10)            # retired files stay this long after their snapshot expired
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """What one maintain() pass did."""
+
+    files_before: int
+    files_after: int
+    rows_flushed: int
+    files_merged: int
+    snapshots_expired: int
+    files_deleted: int
+    conflicts_retried: int
+
+
+def live_files(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> int:
+    """Parquet data files of the lake's current snapshot, all tables together."""
+    return int(con.execute("SELECT coalesce(sum(file_count), 0) FROM ducklake_table_info(?)", [alias]).fetchone()[0])
+
+
+def _seconds(delta: timedelta) -> int:
+    return max(0, int(delta.total_seconds()))
+
+
+def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapshots: timedelta = KEEP_SNAPSHOTS,
+             file_grace: timedelta = FILE_GRACE, retries: int = 8) -> Maintenance:
+    """Compact and tidy the lake while writers keep writing; each step is its own short transaction.
+
+    1. flush rows DuckLake inlined into the catalog (small commits) out to Parquet;
+    2. merge adjacent small Parquet files of each table into larger ones;
+    3. expire snapshots older than ``keep_snapshots`` (their files become unreferenced);
+    4. delete the files retired more than ``file_grace`` ago (a reader still on an old snapshot keeps them).
+
+    A step that loses a commit race with a writer (DuckLake's per-table conflict check) is retried; the
+    writers are never blocked or asked to stop. ``con`` must have the lake attached read-write as ``alias``.
+    """
+    conflicts = 0
+
+    def step(sql: str) -> list[tuple[Any, ...]]:
+        nonlocal conflicts
+        for attempt in range(retries + 1):
+            try:
+                return con.execute(sql, [alias]).to_arrow_table().to_pylist()  # type: ignore[return-value]
+            except duckdb.Error as exc:
+                if "conflict" not in str(exc).lower() or attempt == retries:
+                    raise LakeError(f"lake maintenance failed in {sql.split('(')[0].split()[-1]}: {exc}") from exc
+                conflicts += 1
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+    before = live_files(con, alias)
+    flushed = step("FROM ducklake_flush_inlined_data(?)")
+    merged = step("FROM ducklake_merge_adjacent_files(?)")
+    expired = step(f"FROM ducklake_expire_snapshots(?, older_than => now() - INTERVAL "
+                   f"'{_seconds(keep_snapshots)} seconds')")
+    deleted = step(f"FROM ducklake_cleanup_old_files(?, older_than => now() - INTERVAL "
+                   f"'{_seconds(file_grace)} seconds')")
+    result = Maintenance(files_before=before, files_after=live_files(con, alias),
+                         rows_flushed=sum(int(r["rows_flushed"] or 0) for r in flushed),  # type: ignore[call-overload]
+                         files_merged=sum(int(r["files_processed"] or 0) for r in merged),  # type: ignore[call-overload]
+                         snapshots_expired=len(expired), files_deleted=len(deleted), conflicts_retried=conflicts)
+    log.info("lake maintenance: %s", result)
+    return result
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
