@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from flightrec.analytics.money import MONEY_VIEW_NAMES, MONEY_VIEWS
 from flightrec.analytics.status import INSTANCE_STATUS
 from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
 
 # Each entry is one `CREATE OR REPLACE TEMP VIEW ...` statement over the tables of
 # consumers/schema.sql. `flightrec sql` and the app pass them to
 # flightrec.query.run_query(prelude=VIEWS), so both speak the same names.
-# Times: the tables hold microseconds since the epoch (UTC, `*_us`); the views add
-# TIMESTAMP columns (UTC, no zone) next to them so people can read and bucket them.
+# Times: the tables hold microseconds since the epoch (UTC, `*_us`); the views add a
+# TIMESTAMPTZ `*_at` next to every `*_us` (and the older readable names: first_seen, ts ...),
+# so any DuckDB client can read and bucket them in its own time zone.
 # A stored time outside the fold's sane window (a database written before the fold checked,
 # or by another tool) reads as NULL there, so one absurd value cannot break a view for everyone.
 
@@ -20,8 +22,8 @@ def sane_us(expr: str) -> str:
 
 
 def ts(expr: str) -> str:
-    """A TIMESTAMP from ``expr`` (µs since the epoch), NULL when outside the sane window."""
-    return f"make_timestamp({sane_us(expr)})"
+    """A TIMESTAMPTZ from ``expr`` (µs since the epoch), NULL when outside the sane window."""
+    return f"make_timestamptz({sane_us(expr)})"
 
 
 FLEET = f"""
@@ -37,8 +39,10 @@ SELECT
     coalesce(i.failures, 0) AS failures,
     i.events, i.sealed, i.complete, i.incomplete_reason, i.boot_id,
     i.first_event_us, i.last_event_us,
-    s.status, s.status_detail, s.failure_class, s.last_heartbeat_us, s.heartbeat_interval_s, s.silent_s,
-    s.manager_kind, s.manager_detail
+    {ts("i.first_event_us")} AS first_event_at, {ts("i.last_event_us")} AS last_event_at,
+    i.gpu_probe_error,
+    s.status, s.status_detail, s.failure_class, s.last_heartbeat_us, s.last_heartbeat_at, s.heartbeat_interval_s,
+    s.silent_s, s.manager_kind, s.manager_detail
 FROM instances i
 LEFT JOIN instance_status s USING (instance_id)
 """
@@ -59,8 +63,8 @@ SELECT
     instance_id, boot_id, stage, run_no,
     min(ts_us) AS started_us,
     min(ts_us) FILTER (WHERE state <> 'started') AS ended_us,
-    make_timestamp(min(ts_us)) AS started_at,
-    make_timestamp(min(ts_us) FILTER (WHERE state <> 'started')) AS ended_at,
+    make_timestamptz(min(ts_us)) AS started_at,
+    make_timestamptz(min(ts_us) FILTER (WHERE state <> 'started')) AS ended_at,
     coalesce(arg_min(state, seq) FILTER (WHERE state <> 'started'), 'running') AS outcome,
     arg_min(detail, seq) FILTER (WHERE state <> 'started') AS detail,
     (min(ts_us) FILTER (WHERE state <> 'started') - min(ts_us)) / 1e6 AS duration_s
@@ -84,7 +88,7 @@ SELECT
     f.stderr_tail, f.stdout_tail, f.file_tails, f.preceding_events,
     coalesce(f.gpu_model, i.gpu_model) AS gpu_model,
     f.compute_capability, f.driver_version, f.cuda_version,
-    f.proofs_per_hour, f.min_rate, i.host, i.price_per_hour, f.ts_us
+    f.proofs_per_hour, f.min_rate, i.host, i.price_per_hour, f.ts_us, {ts("f.ts_us")} AS ts_at
 FROM failures f
 LEFT JOIN instances i USING (instance_id)
 """
@@ -95,7 +99,8 @@ CREATE OR REPLACE TEMP VIEW log_view AS
 SELECT
     instance_id, boot_id, stage, source,
     CASE WHEN source IN ('stdout', 'stderr') THEN source ELSE 'file' END AS source_kind,
-    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, coalesce(late, false) AS late, ts_us, pid, seq
+    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, coalesce(late, false) AS late, ts_us, {ts("ts_us")} AS ts_at,
+    pid, seq
 FROM log_lines
 """
 
@@ -105,7 +110,8 @@ SELECT
     t.instance_id, t.boot_id, t.stage, t.kind, t.phase, {ts("t.ts_us")} AS ts,
     coalesce(i.gpu_model, t.device) AS gpu_model, t.backend, t.device,
     t.proofs, t.seconds, t.proofs_per_hour, coalesce(t.min_rate, i.min_rate) AS min_rate, t.verdict,
-    i.price_per_hour, i.price_per_hour / nullif(t.proofs_per_hour, 0) AS cost_per_proof, t.ts_us
+    i.price_per_hour, i.price_per_hour / nullif(t.proofs_per_hour, 0) AS cost_per_proof, t.ts_us,
+    {ts("t.ts_us")} AS ts_at
 FROM throughput t
 LEFT JOIN instances i USING (instance_id)
 """
@@ -128,9 +134,28 @@ WHERE proofs_per_hour IS NOT NULL
 GROUP BY ALL
 """
 
-VIEWS: tuple[str, ...] = (INSTANCE_STATUS, FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_SAMPLES, GPU_THROUGHPUT)
+VIEWS: tuple[str, ...] = (INSTANCE_STATUS, FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_SAMPLES, GPU_THROUGHPUT,
+                          *MONEY_VIEWS)
 
 # The names the views define, for documentation and the SQL console's help.
 VIEW_NAMES: tuple[str, ...] = (
     "instance_status", "fleet", "stage_runs", "failure_context", "log_view", "throughput_samples", "gpu_throughput",
+    *MONEY_VIEW_NAMES,
 )
+
+_TEMP = "CREATE OR REPLACE TEMP VIEW "
+
+
+def stored_views() -> tuple[str, ...]:
+    """The same views as ``CREATE OR REPLACE VIEW`` statements, for the materializer to keep in the file.
+
+    Readers still run VIEWS (temp views shadow stored ones), so a file written before
+    the views were stored, or by an older materializer, reads the same.
+    """
+    out = []
+    for stmt in VIEWS:
+        body = stmt.strip()
+        if not body.startswith(_TEMP):
+            raise ValueError(f"not a temp view: {body[:60]!r}")
+        out.append("CREATE OR REPLACE VIEW " + body[len(_TEMP):])
+    return tuple(out)
