@@ -50,8 +50,10 @@ SELECT instance_id, gpu_model, host, host_id, driver_version, price_per_hour, pr
        first_failure_us, make_timestamptz(first_failure_us) AS first_failure_at,
        greatest(ended_us - rented_us, 0) / 3600e6 AS hours_paid,
        price_per_hour * greatest(ended_us - rented_us, 0) / 3600e6 AS dollars_paid,
-       greatest(first_failure_us - rented_us, 0) / 3600e6 AS hours_before_failure,
-       price_per_hour * greatest(first_failure_us - rented_us, 0) / 3600e6 AS dollars_lost
+       CASE WHEN first_failure_us IS NOT NULL THEN greatest(first_failure_us - rented_us, 0) / 3600e6 END
+           AS hours_before_failure,
+       CASE WHEN first_failure_us IS NOT NULL THEN price_per_hour * greatest(first_failure_us - rented_us, 0) / 3600e6
+       END AS dollars_lost
 FROM c
 """
 
