@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how long to wait for another process holding the file (flightrec readers leave "
                         "at once); then exit 1 naming it")
     m.add_argument("--webhook", default=None, metavar="URL",
-                   help="post a Slack-compatible JSON message per new failure here (default $FLIGHTREC_WEBHOOK)")
+                   help="post a Slack-compatible JSON message per new failure or status change here "
+                        "(default $FLIGHTREC_WEBHOOK)")
     m.add_argument("--alert-on", default=None, metavar="KINDS",
                    help="which alerts, comma separated: failed,lost,below_min_rate,incomplete "
                         "(default $FLIGHTREC_ALERT_ON, else all)")
