@@ -35,10 +35,11 @@ def by_gpu(db: str | Path) -> pa.Table:
                             failure_classes FROM cost_by_gpu""")
 
 
-def by_host(db: str | Path) -> pa.Table:
-    """Per host (the provider's host id where the manager gave one): the same."""
-    return _q(db, """SELECT host, instances, failed_instances, failure_rate, dollars_paid, dollars_lost,
-                            failure_classes FROM cost_by_host""")
+def by_host(db: str | Path, limit: int = 200) -> pa.Table:
+    """Per host (the provider's host id where the manager gave one): the same, those that lost most first."""
+    return _q(db, f"""SELECT host, instances, failed_instances, failure_rate, dollars_paid, dollars_lost,
+                             failure_classes FROM cost_by_host
+                      ORDER BY dollars_lost DESC, failure_rate DESC, host LIMIT {int(limit)}""")
 
 
 def avoid(db: str | Path) -> pa.Table:

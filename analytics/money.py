@@ -8,8 +8,8 @@ from __future__ import annotations
 # A provider's host id comes from the same event's `host_id` attribute, else the facts' host.
 #
 # Paid time: from the first `rented` event (else the instance's first event) to the first
-# `destroyed`/`released` event, else to the last event when the boot is sealed or contact
-# is lost, else to now (still running, still paid). Hours paid before a failure run from the
+# `destroyed`/`released` event, else to the last event when the boot is sealed, else to now
+# (running, or lost: a machine we cannot hear is still billed until it is destroyed). Hours paid before a failure run from the
 # same start to the failure. An instance counts once per breakdown: its cost up to its
 # *first* failure is "lost" and that failure's class takes it.
 
@@ -36,15 +36,14 @@ c AS (
                AS price_source,
            coalesce(mg.rented_us, i.first_event_us) AS rented_us,
            CASE WHEN mg.gone_us IS NOT NULL THEN mg.gone_us
-                WHEN i.sealed OR s.status = 'lost' THEN i.last_event_us
+                WHEN i.sealed THEN i.last_event_us
                 ELSE epoch_us(now()) END AS ended_us,
-           mg.gone_us IS NULL AND NOT i.sealed AND coalesce(s.status, '') <> 'lost' AS still_paid,
-           s.status, ff.first_failure_class AS failure_class, ff.first_failure_us, coalesce(ff.failures, 0) AS failures
+           mg.gone_us IS NULL AND NOT i.sealed AS still_paid,
+           ff.first_failure_class AS failure_class, ff.first_failure_us, coalesce(ff.failures, 0) AS failures
     FROM instances i
     LEFT JOIN mg USING (instance_id)
-    LEFT JOIN instance_status s USING (instance_id)
     LEFT JOIN ff USING (instance_id))
-SELECT instance_id, gpu_model, host, host_id, driver_version, price_per_hour, price_source, status, failure_class,
+SELECT instance_id, gpu_model, host, host_id, driver_version, price_per_hour, price_source, failure_class,
        failures, failures > 0 AS failed, still_paid,
        rented_us, make_timestamptz(rented_us) AS rented_at, ended_us, make_timestamptz(ended_us) AS ended_at,
        first_failure_us, make_timestamptz(first_failure_us) AS first_failure_at,
@@ -111,7 +110,8 @@ ORDER BY dollars_lost DESC, failure_rate DESC
 
 # vast.ai's offer search syntax (`vastai search offers '<query>'`): `field op value`, joined by
 # spaces; `gpu_name` writes spaces as underscores and drops nvidia-smi's "NVIDIA "/"GeForce ".
-AVOID_RATE = 0.5  # a GPU model / host / driver with at least this failure rate goes into the filter
+AVOID_RATE = 0.5  # a GPU model / host / driver with at least this failure rate goes into the filter ...
+AVOID_TOP = 10    # ... when it is among the 10 of its kind that lost the most money (the filter stays paste-able)
 
 
 def vast_value(dimension_expr: str, value_expr: str) -> str:
@@ -130,7 +130,10 @@ CREATE OR REPLACE TEMP VIEW avoid_list AS
 SELECT row_number() OVER (ORDER BY dollars_lost DESC, failure_rate DESC, failed_instances DESC, dimension, value)
            AS rank,
        dimension, value, instances, failed_instances, failure_rate, dollars_lost, dollars_paid, failure_classes,
-       failure_rate >= {AVOID_RATE} AS in_filter,
+       failure_rate >= {AVOID_RATE}
+           AND row_number() OVER (PARTITION BY dimension, failure_rate >= {AVOID_RATE}
+                                  ORDER BY dollars_lost DESC, failure_rate DESC, failed_instances DESC, value)
+               <= {AVOID_TOP} AS in_filter,
        {vast_field("dimension")} || '!=' || {vast_value("dimension", "value")} AS offer_filter
 FROM cost_breakdown WHERE failed_instances > 0
 ORDER BY rank

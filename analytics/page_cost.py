@@ -9,7 +9,7 @@ import pyarrow as pa
 import streamlit as st
 
 from flightrec.analytics import cost
-from flightrec.analytics.money import AVOID_RATE
+from flightrec.analytics.money import AVOID_RATE, AVOID_TOP
 from flightrec.analytics.ui import REFRESH_S, db_path, page_link_url, table_height
 from flightrec.errors import FlightrecError
 
@@ -55,7 +55,8 @@ def avoid_these() -> None:
     f = fetch(cost.offer_filter).to_pylist()[0]
     if f["items"]:
         st.caption(f"Paste into vast.ai's offer search (`vastai search offers '…'`): every GPU model, host and "
-                   f"driver with a failure rate of {AVOID_RATE:.0%} or more.")
+                   f"driver with a failure rate of {AVOID_RATE:.0%} or more "
+                   f"(the {AVOID_TOP} of each kind that lost the most).")
         st.code(f["offer_filter"], language=None)
     ranked = fetch(cost.avoid)
     if not ranked.num_rows:
