@@ -7,7 +7,7 @@ from __future__ import annotations
 # controller knows what it pays), else the instance facts' `price_per_hour` (FLIGHTREC_FACTS).
 # A provider's host id comes from the same event's `host_id` attribute, else the facts' host.
 #
-# Paid time: from the first `rented` event (else the instance's first event) to the first
+# Paid time: from the first `rented` event or the instance's first event, whichever came first, to the first
 # `destroyed`/`released` event, else to the last event when the boot is sealed, else to now
 # (running, or lost: a machine we cannot hear is still billed until it is destroyed). Hours paid before a failure run from the
 # same start to the failure. An instance counts once per breakdown: its cost up to its
@@ -34,7 +34,7 @@ c AS (
            coalesce(mg.rented_price, i.price_per_hour) AS price_per_hour,
            CASE WHEN mg.rented_price IS NOT NULL THEN 'manager' WHEN i.price_per_hour IS NOT NULL THEN 'facts' END
                AS price_source,
-           coalesce(mg.rented_us, i.first_event_us) AS rented_us,
+           least(mg.rented_us, i.first_event_us) AS rented_us,  -- least() skips a NULL
            CASE WHEN mg.gone_us IS NOT NULL THEN mg.gone_us
                 WHEN i.sealed THEN i.last_event_us
                 ELSE epoch_us(now()) END AS ended_us,

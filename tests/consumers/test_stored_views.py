@@ -78,3 +78,21 @@ def test_views_are_in_the_file_with_timestamptz_and_null_facts(kafka, db, env_fo
     flightrec("replay", "--db", str(again), "--instance", failed.instance, env=env_for())
     (row,) = _cli(again, "SELECT instance_id, status FROM fleet")
     assert row == {"instance_id": failed.instance, "status": "failed"}
+
+
+def test_the_price_the_manager_sends_is_what_the_cost_views_count(kafka, db, env_for, tmp_path):
+    b = motivating_boot()  # its facts say $0.35/hour; the controller knows it pays $1.85
+    publish(kafka.bootstrap, b.events)
+    flightrec("manager", "event", "--instance", b.instance, "--kind", "rented", "--attr", "price_per_hour=1.85",
+              "--attr", "host_id=41007", "--spool", str(tmp_path / "spool"), env=env_for())
+    flightrec("materialize", "--db", str(db), "--until-idle", "1", "--no-serve", env=env_for())
+    (row,) = _cli(db, f"SELECT price_per_hour, price_source, host_id, failure_class, "
+                      f"round(dollars_lost / hours_before_failure, 2) AS per_hour, "
+                      f"year(rented_at) = 2025 AND first_failure_at - rented_at < INTERVAL 1 SECOND "
+                      f"AS paid_from_first_event "
+                      f"FROM instance_cost WHERE instance_id = '{b.instance}'")
+    # the boot's events carry a fixed 2025 clock, the manager's event today's: paid from the earlier
+    assert row == {"price_per_hour": "1.85", "price_source": "manager", "host_id": "41007",
+                   "failure_class": "gpu_arch_unsupported", "per_hour": "1.85", "paid_from_first_event": "true"}
+    (f,) = _cli(db, f"SELECT value, offer_filter FROM avoid_list WHERE dimension = 'host' AND value = '41007'")
+    assert f["offer_filter"] == "host_id!=41007"
