@@ -215,7 +215,7 @@ class _Late:
                 if part:
                     b.feed(part)
 
-    def _yield_claimed(self, now: float) -> None:
+    def _yield_claimed(self) -> None:
         """Stop following a file that a later stage of the boot follows now (flightrec.producer.claims).
 
         Looked at right before every read, so this process reads past the later stage's starting
@@ -254,7 +254,7 @@ class _Late:
             now = time.monotonic()
             if not self.recording:
                 continue
-            self._yield_claimed(now)
+            self._yield_claimed()
             for follower, b in self.files:
                 for chunk in follower.poll():
                     if chunk is None:

@@ -73,6 +73,16 @@ def test_views_are_in_the_file_with_timestamptz_and_null_facts(kafka, db, env_fo
                     "AND gpu_model IS NULL AND driver_version IS NULL AND gpu_count IS NULL")[0]["n"] == "1"
     assert pf["gpu_probe_error"] == "nvidia-smi not found on PATH"
 
+    # the Python client reads them too, times as aware datetimes (duckdb needs pytz for that: a dependency)
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        (first,) = con.execute("SELECT first_event_at FROM fleet WHERE instance_id = ?", [failed.instance]).fetchone()
+    finally:
+        con.close()
+    assert first.utcoffset() is not None and first.year == 2025
+
     # a replay stores the same views
     again = tmp_path / "replayed.duckdb"
     flightrec("replay", "--db", str(again), "--instance", failed.instance, env=env_for())
