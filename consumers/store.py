@@ -107,6 +107,7 @@ class Store:
             self.con.execute("SET autoload_known_extensions = false")
             self.con.execute("SET autoinstall_known_extensions = false")
             self.con.execute("SET python_enable_replacements = false")
+            self.con.execute("SET GLOBAL TimeZone = 'UTC'")  # live reads' (cursors') TIMESTAMPTZ in UTC, as on the file path
             # Last: from here on no connection of this database, the live readers' cursors
             # included, can change any setting (memory_limit, threads, default_order ...).
             self.con.execute("SET lock_configuration = true")

@@ -107,3 +107,16 @@ def test_avoid_list_ranks_by_money_lost_and_gives_the_offer_filter(money_db):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "host_id notin [123,456]" in done.stdout
+
+
+def test_flightrec_readers_give_times_in_utc_whatever_the_machine_zone(money_db):
+    """The dashboard says "Times are UTC": the TIMESTAMPTZ columns reach it in UTC even on a Tokyo machine."""
+    code = ("from flightrec.query import run_query\nfrom flightrec.analytics.views import VIEWS\n"
+            f"t = run_query({str(money_db)!r}, 'SELECT rented_at FROM instance_cost ORDER BY instance_id LIMIT 1', "
+            "prelude=VIEWS)\nprint(t.schema.field('rented_at').type.tz, t.column(0)[0].as_py().hour)\n")
+    import os
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TZ": "Asia/Tokyo", "PYTHONSAFEPATH": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["UTC", "12"]  # 2025-06-01 12:00 UTC, not 21:00 Tokyo
