@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from flightrec.analytics.views import VIEWS
+from flightrec.analytics.views import prelude_for
 from flightrec.query import run_query
 
 
 def _q(db: str | Path, sql: str) -> pa.Table:
-    return run_query(db, sql, prelude=VIEWS)
+    return run_query(db, sql, prelude=prelude_for(sql))  # only the views this query reads
 
 
 def totals(db: str | Path) -> pa.Table:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from flightrec.analytics.money import MONEY_VIEW_NAMES, MONEY_VIEWS
 from flightrec.analytics.status import INSTANCE_STATUS
 from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
@@ -134,26 +136,55 @@ WHERE proofs_per_hour IS NOT NULL
 GROUP BY ALL
 """
 
-VIEWS: tuple[str, ...] = (INSTANCE_STATUS, FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_SAMPLES, GPU_THROUGHPUT,
-                          *MONEY_VIEWS)
+VIEWS: tuple[str, ...] = (INSTANCE_STATUS, FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_SAMPLES, GPU_THROUGHPUT)
 
 # The names the views define, for documentation and the SQL console's help.
 VIEW_NAMES: tuple[str, ...] = (
     "instance_status", "fleet", "stage_runs", "failure_context", "log_view", "throughput_samples", "gpu_throughput",
-    *MONEY_VIEW_NAMES,
 )
+
+# Every shared view, the money too (analytics/money.py). Binding a view costs a few ms and
+# the money views nest several deep, so a reader passes only what its statement names
+# (``prelude_for``); the pages' queries pass VIEWS, which they all use.
+ALL_VIEWS: tuple[str, ...] = VIEWS + MONEY_VIEWS
+ALL_VIEW_NAMES: tuple[str, ...] = VIEW_NAMES + MONEY_VIEW_NAMES
+
+
+def _named(name: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None
+
+
+# For each view, the other views its statement reads.
+_DEPENDS: dict[str, tuple[str, ...]] = {
+    name: tuple(other for other in ALL_VIEW_NAMES
+                if other != name and _named(other, stmt.split(" AS", 1)[1]))
+    for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS)
+}
+
+
+def prelude_for(sql: str) -> tuple[str, ...]:
+    """The view statements ``sql`` needs: the views it names and those they read, in definition order."""
+    wanted = {n for n in ALL_VIEW_NAMES if _named(n, sql)}
+    todo = list(wanted)
+    while todo:
+        for dep in _DEPENDS[todo.pop()]:
+            if dep not in wanted:
+                wanted.add(dep)
+                todo.append(dep)
+    return tuple(stmt for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS) if name in wanted)
+
 
 _TEMP = "CREATE OR REPLACE TEMP VIEW "
 
 
 def stored_views() -> tuple[str, ...]:
-    """The same views as ``CREATE OR REPLACE VIEW`` statements, for the materializer to keep in the file.
+    """Every shared view as a ``CREATE OR REPLACE VIEW`` statement, for the materializer to keep in the file.
 
-    Readers still run VIEWS (temp views shadow stored ones), so a file written before
+    Readers still run theirs (temp views shadow stored ones), so a file written before
     the views were stored, or by an older materializer, reads the same.
     """
     out = []
-    for stmt in VIEWS:
+    for stmt in ALL_VIEWS:
         body = stmt.strip()
         if not body.startswith(_TEMP):
             raise ValueError(f"not a temp view: {body[:60]!r}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analytics import queries
-from flightrec.analytics.views import VIEW_NAMES, VIEWS
+from flightrec.analytics.views import ALL_VIEW_NAMES, ALL_VIEWS, VIEW_NAMES, VIEWS, prelude_for
 from flightrec.errors import QueryError
 from flightrec.query import run_query
 
@@ -61,7 +61,18 @@ def test_flightrec_sql_offers_the_same_views(arrow_db):
 
 
 def _rows(db: Path, sql: str) -> list[dict]:
-    return run_query(db, sql, prelude=VIEWS).to_pylist()
+    return run_query(db, sql, prelude=prelude_for(sql)).to_pylist()
+
+
+def test_every_money_view_answers_with_only_the_views_it_reads(arrow_db):
+    db, _ = arrow_db
+    assert ALL_VIEWS[:len(VIEWS)] == VIEWS and len(ALL_VIEWS) == len(ALL_VIEW_NAMES)
+    for name in ALL_VIEW_NAMES:
+        sql = f"SELECT count(*) AS n FROM {name}"
+        assert run_query(db, sql, prelude=prelude_for(sql)).column("n")[0].as_py() > 0, name
+    assert [s.split(" AS", 1)[0].split()[-1] for s in prelude_for("FROM avoid_filter")] == [
+        "instance_cost", "cost_breakdown", "avoid_list", "avoid_filter"]
+    assert prelude_for("SELECT 1") == () and len(prelude_for("from fleet")) == 2
 
 
 def test_what_each_instance_and_failure_cost(money_db):
@@ -111,9 +122,9 @@ def test_avoid_list_ranks_by_money_lost_and_gives_the_offer_filter(money_db):
 
 def test_flightrec_readers_give_times_in_utc_whatever_the_machine_zone(money_db):
     """The dashboard says "Times are UTC": the TIMESTAMPTZ columns reach it in UTC even on a Tokyo machine."""
-    code = ("from flightrec.query import run_query\nfrom flightrec.analytics.views import VIEWS\n"
+    code = ("from flightrec.query import run_query\nfrom flightrec.analytics.views import ALL_VIEWS\n"
             f"t = run_query({str(money_db)!r}, 'SELECT rented_at FROM instance_cost ORDER BY instance_id LIMIT 1', "
-            "prelude=VIEWS)\nprint(t.schema.field('rented_at').type.tz, t.column(0)[0].as_py().hour)\n")
+            "prelude=ALL_VIEWS)\nprint(t.schema.field('rented_at').type.tz, t.column(0)[0].as_py().hour)\n")
     import os
 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from materializer_helpers import Boot, flightrec, motivating_boot, publish
 
-from flightrec.analytics.views import VIEW_NAMES
+from flightrec.analytics.views import ALL_VIEW_NAMES
 from flightrec.schemas import Lifecycle
 
 pytestmark = pytest.mark.integration
@@ -44,8 +44,8 @@ def test_views_are_in_the_file_with_timestamptz_and_null_facts(kafka, db, env_fo
 
     # `duckdb fleet.duckdb -c "from fleet"` works: every view the readers share is stored in the file
     stored = {r["view_name"] for r in _cli(db, "SELECT view_name FROM duckdb_views() WHERE NOT internal")}
-    assert set(VIEW_NAMES) <= stored, set(VIEW_NAMES) - stored
-    for name in VIEW_NAMES:
+    assert set(ALL_VIEW_NAMES) <= stored, set(ALL_VIEW_NAMES) - stored
+    for name in ALL_VIEW_NAMES:
         _cli(db, f"FROM {name} LIMIT 1")
     rows = {r["instance_id"]: r for r in _cli(db, "FROM fleet")}
     assert rows[failed.instance]["status"] == "failed"
@@ -58,7 +58,7 @@ def test_views_are_in_the_file_with_timestamptz_and_null_facts(kafka, db, env_fo
                     "WHERE table_name IN (SELECT view_name FROM duckdb_views() WHERE NOT internal)")
     types = {(c["table_name"], c["column_name"]): c["data_type"] for c in cols}
     for (view, col), _ in types.items():
-        if view in VIEW_NAMES and col.endswith("_us"):
+        if view in ALL_VIEW_NAMES and col.endswith("_us"):
             at = (view, col[: -len("_us")] + "_at")
             assert types.get(at) == "TIMESTAMP WITH TIME ZONE", (at, types.get(at))
 

@@ -87,11 +87,11 @@ def format_table(table: pa.Table) -> str:
 
 
 def _sql(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.analytics.views import VIEWS
+    from flightrec.analytics.views import prelude_for
     from flightrec.query import run_query
 
     settings = settings.with_overrides(db=args.db)
-    table = run_query(settings.db, args.query, prelude=VIEWS)
+    table = run_query(settings.db, args.query, prelude=prelude_for(args.query))  # the shared views it names
     if args.csv:
         w = csv.writer(sys.stdout)
         w.writerow(table.column_names)
