@@ -30,7 +30,8 @@ ff AS (
            min(ts_us) AS first_failure_us, count(*) AS failures
     FROM failures GROUP BY instance_id),
 c AS (
-    SELECT i.instance_id, i.gpu_model, i.host, coalesce(mg.host_id, i.host) AS host_id, i.driver_version,
+    SELECT i.instance_id, nullif(i.gpu_model, '') AS gpu_model, nullif(i.host, '') AS host,
+           coalesce(mg.host_id, nullif(i.host, '')) AS host_id, nullif(i.driver_version, '') AS driver_version,
            coalesce(mg.rented_price, i.price_per_hour) AS price_per_hour,
            CASE WHEN mg.rented_price IS NOT NULL THEN 'manager' WHEN i.price_per_hour IS NOT NULL THEN 'facts' END
                AS price_source,

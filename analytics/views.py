@@ -31,8 +31,10 @@ def ts(expr: str) -> str:
 FLEET = f"""
 CREATE OR REPLACE TEMP VIEW fleet AS
 SELECT
-    i.instance_id, i.state, i.stage, i.detail, i.gpu_model, i.gpu_count, i.compute_capability,
-    i.driver_version, i.cuda_version, i.host, i.price_per_hour,
+    i.instance_id, i.state, i.stage, i.detail, nullif(i.gpu_model, '') AS gpu_model,  -- '' in files folded before
+    nullif(i.gpu_count, 0) AS gpu_count, nullif(i.compute_capability, '') AS compute_capability,  -- facts were
+    nullif(i.driver_version, '') AS driver_version, nullif(i.cuda_version, '') AS cuda_version,  -- NULL-not-''
+    nullif(i.host, '') AS host, i.price_per_hour,
     {ts("i.first_event_us")} AS first_seen,
     {ts("i.last_event_us")} AS last_seen,
     round((epoch_us(now()) - {sane_us("i.first_event_us")}) / 3600e6, 2) AS age_hours,
