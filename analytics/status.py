@@ -91,7 +91,9 @@ SELECT instance_id, status,
            WHEN 'running' THEN 'running ' || running_stages
            ELSE 'no stage in progress'
        END AS status_detail,
-       failure_class, failed_stage, running_stages, last_heartbeat_us, interval_s AS heartbeat_interval_s,
-       round(silent_s, 1) AS silent_s, manager_kind, manager_ts_us, manager_detail, manager_source
+       failure_class, failed_stage, running_stages, last_heartbeat_us, make_timestamptz(last_heartbeat_us) AS last_heartbeat_at,
+       interval_s AS heartbeat_interval_s, round(silent_s, 1) AS silent_s,
+       last_sign_us, make_timestamptz(last_sign_us) AS last_sign_at,
+       manager_kind, manager_ts_us, make_timestamptz(manager_ts_us) AS manager_ts_at, manager_detail, manager_source
 FROM _ss
 """

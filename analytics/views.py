@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
+from flightrec.analytics.money import MONEY_VIEW_NAMES, MONEY_VIEWS
 from flightrec.analytics.status import INSTANCE_STATUS
 from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
 
 # Each entry is one `CREATE OR REPLACE TEMP VIEW ...` statement over the tables of
 # consumers/schema.sql. `flightrec sql` and the app pass them to
 # flightrec.query.run_query(prelude=VIEWS), so both speak the same names.
-# Times: the tables hold microseconds since the epoch (UTC, `*_us`); the views add
-# TIMESTAMP columns (UTC, no zone) next to them so people can read and bucket them.
+# Times: the tables hold microseconds since the epoch (UTC, `*_us`); the views add a
+# TIMESTAMPTZ `*_at` next to every `*_us` (and the older readable names: first_seen, ts ...),
+# so any DuckDB client can read and bucket them in its own time zone.
 # A stored time outside the fold's sane window (a database written before the fold checked,
 # or by another tool) reads as NULL there, so one absurd value cannot break a view for everyone.
 
@@ -20,15 +24,17 @@ def sane_us(expr: str) -> str:
 
 
 def ts(expr: str) -> str:
-    """A TIMESTAMP from ``expr`` (µs since the epoch), NULL when outside the sane window."""
-    return f"make_timestamp({sane_us(expr)})"
+    """A TIMESTAMPTZ from ``expr`` (µs since the epoch), NULL when outside the sane window."""
+    return f"make_timestamptz({sane_us(expr)})"
 
 
 FLEET = f"""
 CREATE OR REPLACE TEMP VIEW fleet AS
 SELECT
-    i.instance_id, i.state, i.stage, i.detail, i.gpu_model, i.gpu_count, i.compute_capability,
-    i.driver_version, i.cuda_version, i.host, i.price_per_hour,
+    i.instance_id, i.state, i.stage, i.detail, nullif(i.gpu_model, '') AS gpu_model,  -- '' in files folded before
+    nullif(i.gpu_count, 0) AS gpu_count, nullif(i.compute_capability, '') AS compute_capability,  -- facts were
+    nullif(i.driver_version, '') AS driver_version, nullif(i.cuda_version, '') AS cuda_version,  -- NULL-not-''
+    nullif(i.host, '') AS host, i.price_per_hour,
     {ts("i.first_event_us")} AS first_seen,
     {ts("i.last_event_us")} AS last_seen,
     round((epoch_us(now()) - {sane_us("i.first_event_us")}) / 3600e6, 2) AS age_hours,
@@ -37,8 +43,10 @@ SELECT
     coalesce(i.failures, 0) AS failures,
     i.events, i.sealed, i.complete, i.incomplete_reason, i.boot_id,
     i.first_event_us, i.last_event_us,
-    s.status, s.status_detail, s.failure_class, s.last_heartbeat_us, s.heartbeat_interval_s, s.silent_s,
-    s.manager_kind, s.manager_detail
+    {ts("i.first_event_us")} AS first_event_at, {ts("i.last_event_us")} AS last_event_at,
+    i.gpu_probe_error,
+    s.status, s.status_detail, s.failure_class, s.last_heartbeat_us, s.last_heartbeat_at, s.heartbeat_interval_s,
+    s.silent_s, s.manager_kind, s.manager_detail
 FROM instances i
 LEFT JOIN instance_status s USING (instance_id)
 """
@@ -59,8 +67,8 @@ SELECT
     instance_id, boot_id, stage, run_no,
     min(ts_us) AS started_us,
     min(ts_us) FILTER (WHERE state <> 'started') AS ended_us,
-    make_timestamp(min(ts_us)) AS started_at,
-    make_timestamp(min(ts_us) FILTER (WHERE state <> 'started')) AS ended_at,
+    make_timestamptz(min(ts_us)) AS started_at,
+    make_timestamptz(min(ts_us) FILTER (WHERE state <> 'started')) AS ended_at,
     coalesce(arg_min(state, seq) FILTER (WHERE state <> 'started'), 'running') AS outcome,
     arg_min(detail, seq) FILTER (WHERE state <> 'started') AS detail,
     (min(ts_us) FILTER (WHERE state <> 'started') - min(ts_us)) / 1e6 AS duration_s
@@ -84,7 +92,7 @@ SELECT
     f.stderr_tail, f.stdout_tail, f.file_tails, f.preceding_events,
     coalesce(f.gpu_model, i.gpu_model) AS gpu_model,
     f.compute_capability, f.driver_version, f.cuda_version,
-    f.proofs_per_hour, f.min_rate, i.host, i.price_per_hour, f.ts_us
+    f.proofs_per_hour, f.min_rate, i.host, i.price_per_hour, f.ts_us, {ts("f.ts_us")} AS ts_at
 FROM failures f
 LEFT JOIN instances i USING (instance_id)
 """
@@ -95,7 +103,8 @@ CREATE OR REPLACE TEMP VIEW log_view AS
 SELECT
     instance_id, boot_id, stage, source,
     CASE WHEN source IN ('stdout', 'stderr') THEN source ELSE 'file' END AS source_kind,
-    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, coalesce(late, false) AS late, ts_us, pid, seq
+    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, coalesce(late, false) AS late, ts_us, {ts("ts_us")} AS ts_at,
+    pid, seq
 FROM log_lines
 """
 
@@ -107,7 +116,8 @@ SELECT
     t.instance_id, t.boot_id, t.stage, t.kind, t.phase, {ts("t.ts_us")} AS ts,
     coalesce(i.gpu_model, t.device) AS gpu_model, t.backend, t.device,
     t.proofs, t.seconds, t.proofs_per_hour, coalesce(t.min_rate, i.min_rate) AS min_rate, t.verdict,
-    i.price_per_hour, i.price_per_hour / nullif(t.proofs_per_hour, 0) AS cost_per_proof, t.ts_us
+    i.price_per_hour, i.price_per_hour / nullif(t.proofs_per_hour, 0) AS cost_per_proof, t.ts_us,
+    {ts("t.ts_us")} AS ts_at
 FROM throughput t
 LEFT JOIN instances i USING (instance_id)
 """
@@ -142,3 +152,51 @@ VIEW_NAMES: tuple[str, ...] = (
     "throughput_samples",  # the old name of throughput_view
     "gpu_throughput",
 )
+
+# Every shared view, the money too (analytics/money.py). Binding a view costs a few ms and
+# the money views nest several deep, so a reader passes only what its statement names
+# (``prelude_for``); the pages' queries pass VIEWS, which they all use.
+ALL_VIEWS: tuple[str, ...] = VIEWS + MONEY_VIEWS
+ALL_VIEW_NAMES: tuple[str, ...] = VIEW_NAMES + MONEY_VIEW_NAMES
+
+
+def _named(name: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None
+
+
+# For each view, the other views its statement reads.
+_DEPENDS: dict[str, tuple[str, ...]] = {
+    name: tuple(other for other in ALL_VIEW_NAMES
+                if other != name and _named(other, stmt.split(" AS", 1)[1]))
+    for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS)
+}
+
+
+def prelude_for(sql: str) -> tuple[str, ...]:
+    """The view statements ``sql`` needs: the views it names and those they read, in definition order."""
+    wanted = {n for n in ALL_VIEW_NAMES if _named(n, sql)}
+    todo = list(wanted)
+    while todo:
+        for dep in _DEPENDS[todo.pop()]:
+            if dep not in wanted:
+                wanted.add(dep)
+                todo.append(dep)
+    return tuple(stmt for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS) if name in wanted)
+
+
+_TEMP = "CREATE OR REPLACE TEMP VIEW "
+
+
+def stored_views() -> tuple[str, ...]:
+    """Every shared view as a ``CREATE OR REPLACE VIEW`` statement, for the materializer to keep in the file.
+
+    Readers still run theirs (temp views shadow stored ones), so a file written before
+    the views were stored, or by an older materializer, reads the same.
+    """
+    out = []
+    for stmt in ALL_VIEWS:
+        body = stmt.strip()
+        if not body.startswith(_TEMP):
+            raise ValueError(f"not a temp view: {body[:60]!r}")
+        out.append("CREATE OR REPLACE VIEW " + body[len(_TEMP):])
+    return tuple(out)

@@ -210,6 +210,7 @@ def main() -> int:
             "Instance (a failed one)": render("page_instance.py", instance=failed[0]),
             "Failures (drill-down)": render("page_failures.py", failure=failed[1]),
             "Throughput": render("page_throughput.py"),
+            "Cost": render("page_cost.py"),
             "SQL (first example)": render("page_sql.py"),
         }
         pages["Fleet"]()  # warm the page modules' imports (altair, pandas)

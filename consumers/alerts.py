@@ -1,4 +1,4 @@
-"""Webhook alerts: one Slack-compatible JSON message per new failure or incomplete boot, sent at least once.
+"""Webhook alerts: one Slack-compatible JSON message per new failure, incomplete boot or lost instance, at least once.
 
 How it keeps its promises:
 
@@ -12,6 +12,12 @@ How it keeps its promises:
 - *Never blocking materialization.* Posts happen on the alerter's own thread
   from a bounded queue; the writer only does two small SQL statements per commit.
   A server that is down costs retries with exponential backoff on that thread.
+- *Status changes.* Every ``status_interval`` seconds the writer also reads the
+  ``instance_status`` view stored in the file (the readers' one rule table, handed to
+  the materializer as DDL: nothing here imports it) and records one ``lost`` row per
+  silence, keyed ``lost:<instance>:<boot>:<last sign µs>``: a lost instance alerts once,
+  and again only after it was heard from and went silent anew. A file without the
+  stored view gets no ``lost`` alerts (a warning says so once).
 - *Alerts start when enabled.* When the outbox is first created in a database
   that already holds failures, those are recorded as not to be sent (``sent_us``
   = 0), so enabling alerts on an old database does not replay its history.
@@ -62,8 +68,8 @@ def _record_outcomes(con: duckdb.DuckDBPyConnection, outcomes: list[tuple[str, i
 
 OUTBOX_DDL = """
 CREATE TABLE IF NOT EXISTS alerts (
-    alert_id    VARCHAR PRIMARY KEY,  -- the failure id, or 'incomplete:<instance>:<boot>'
-    kind        VARCHAR,              -- failed / below_min_rate / incomplete (lost: with the status column)
+    alert_id    VARCHAR PRIMARY KEY,  -- the failure id, 'incomplete:<instance>:<boot>' or 'lost:<instance>:<boot>:<µs>'
+    kind        VARCHAR,              -- failed / below_min_rate / incomplete / lost
     instance_id VARCHAR,
     boot_id     VARCHAR,
     stage       VARCHAR,
@@ -92,6 +98,17 @@ FROM boots b LEFT JOIN instances i USING (instance_id)
 WHERE b.sealed_count IS NOT NULL AND NOT b.complete
   AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.alert_id = 'incomplete:' || b.instance_id || ':' || b.boot_id)
 ORDER BY b.last_event_us"""
+# Instances the stored status view calls lost, one row per silence (its last sign of life).
+_NEW_LOST = """
+SELECT 'lost' AS kind, 'lost:' || s.instance_id || ':' || i.boot_id || ':' || CAST(s.last_sign_us AS VARCHAR)
+           AS failure_id,
+       s.instance_id, i.boot_id, NULL AS stage, s.last_sign_us AS ts_us, s.status_detail, s.silent_s,
+       s.heartbeat_interval_s, i.gpu_model, i.host
+FROM main.instance_status s JOIN instances i USING (instance_id)
+WHERE s.status = 'lost' AND s.last_sign_us IS NOT NULL
+  AND 'lost:' || s.instance_id || ':' || i.boot_id || ':' || CAST(s.last_sign_us AS VARCHAR)
+      NOT IN (SELECT alert_id FROM alerts)
+ORDER BY s.last_sign_us"""
 
 
 def parse_kinds(text: str | None) -> tuple[str, ...]:
@@ -117,6 +134,7 @@ class AlertConfig:
     drain: float = 10.0         # seconds a stopping materializer lets queued messages go out
     queue_size: int = 256
     timeout: float = 10.0       # seconds per HTTP request
+    status_interval: float = 15.0  # seconds between reads of the instance status (lost alerts)
 
 
 def _cut(text: Any) -> str:
@@ -128,7 +146,11 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
     """The Slack-compatible message for one alertable row: ``text``, ``blocks`` and a ``flightrec`` object."""
     base = dashboard_url.rstrip("/")
     inst, alert_id = row["instance_id"], row["failure_id"]
-    if kind == "incomplete":
+    if kind == "lost":
+        link = f"{base}/instance?instance={inst}"
+        klass, hint, matched = "lost", row.get("status_detail") or "", ""
+        text = f"flightrec: {inst} is lost: {hint}"
+    elif kind == "incomplete":
         link = f"{base}/instance?instance={inst}"
         klass, hint = "incomplete", (f"sealed but incomplete: {row.get('incomplete_reason')} "
                                      f"({row.get('events')} of {row.get('sealed_count')} events)")
@@ -174,6 +196,8 @@ class Alerter:
         self._stop = threading.Event()
         self._busy = threading.Event()
         self._thread = threading.Thread(target=self._send_loop, name="flightrec-alerts", daemon=True)
+        self._status_due = 0.0                          # monotonic time of the next status read
+        self._status_missing_said = False
 
     # -- writer thread -----------------------------------------------------------
 
@@ -211,7 +235,12 @@ class Alerter:
     def _record_new(self, con: duckdb.DuckDBPyConnection, sent_us: int | None) -> None:
         now = time.time_ns() // 1000
         rows = []
-        for sql in (_NEW_FAILURES, _NEW_INCOMPLETE):
+        queries = [_NEW_FAILURES, _NEW_INCOMPLETE]
+        if time.monotonic() >= self._status_due and ("lost" in self.config.kinds or sent_us is not None):
+            self._status_due = time.monotonic() + self.config.status_interval
+            if self._has_status_view(con):
+                queries.append(_NEW_LOST)
+        for sql in queries:
             cur = con.execute(sql)
             names = [d[0] for d in cur.description]
             for values in cur.fetchall():
@@ -229,6 +258,15 @@ class Alerter:
                 con.execute("INSERT INTO alerts BY NAME SELECT * FROM _new_alerts ON CONFLICT DO NOTHING")
             finally:
                 con.unregister("_new_alerts")
+
+    def _has_status_view(self, con: duckdb.DuckDBPyConnection) -> bool:
+        found = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'instance_status' "
+                            "AND schema_name = 'main'").fetchone()[0]
+        if not found and not self._status_missing_said:
+            self._status_missing_said = True
+            log.warning("no instance_status view stored in the database: no `lost` alerts "
+                        "(run the materializer through `flightrec materialize`, which stores the views)")
+        return bool(found)
 
     def close(self, con: duckdb.DuckDBPyConnection | None) -> None:
         """Give queued messages ``drain`` seconds, stop the sender, record the outcomes."""

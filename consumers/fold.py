@@ -80,6 +80,17 @@ def dropped_detail(rec: dict[str, Any]) -> str:
     return f"{kind} of {rec.get('original_bytes')} bytes dropped: {rec.get('reason', '')}"
 
 
+# InstanceFacts fields whose Avro default ('' or 0) means "not known" (a failed GPU probe
+# sends them so): stored as NULL, so a failed probe and no facts at all read (and group) alike.
+UNKNOWN_WHEN_EMPTY = ("gpu_model", "gpu_count", "gpu_memory_mib", "driver_version", "cuda_version",
+                      "compute_capability", "gpu_probe_error", "host", "cpu_model", "cpu_count", "ram_mib", "image")
+
+
+def missing_facts_as_null(rec: dict[str, Any]) -> dict[str, Any]:
+    """The facts record with every unknown optional fact ('' or 0) as None."""
+    return {**rec, **{k: None for k in UNKNOWN_WHEN_EMPTY if rec.get(k) in ("", 0)}}
+
+
 class Message(Protocol):
     """What the fold reads from a Kafka record (aiokafka's ConsumerRecord fits)."""
 
@@ -256,7 +267,7 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
                                                                       "original_topic", "original_bytes")})})
     elif kind == "facts":
         stage = None
-        b.add("facts", {**rec, "attributes": _items(rec.get("attributes"))})
+        b.add("facts", {**missing_facts_as_null(rec), "attributes": _items(rec.get("attributes"))})
         b.add("lifecycle", {**env, "kind": kind, "stage": None, "state": "info", "detail": facts_summary(rec),
                             "attributes": []})
     elif kind == "exit":

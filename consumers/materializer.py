@@ -57,6 +57,8 @@ class Options:
     dashboard_url: str = "http://localhost:8501"
     alert_backoff: float = 1.0          # first retry delay of a failed post
     alert_drain: float = 10.0           # seconds a stopping materializer lets queued alerts go out
+    views: tuple[str, ...] = ()         # CREATE OR REPLACE VIEW statements stored in the file at start
+    status_interval: float = 15.0       # seconds between evaluations of instance status (lost alerts)
 
 
 @dataclass
@@ -129,10 +131,11 @@ class Materializer:
         try:
             self._store = await self._in_writer(lambda: Store(opts.db, opts.group, opts.rules,
                                                               "replay" if opts.replay else "materialize",
-                                                              opts.memory_limit, opts.lock_wait))
+                                                              opts.memory_limit, opts.lock_wait, opts.views))
             if opts.webhook and not opts.replay:
                 self._alerts = Alerter(AlertConfig(opts.webhook, opts.alert_on, opts.dashboard_url,
-                                                   backoff=opts.alert_backoff, drain=opts.alert_drain))
+                                                   backoff=opts.alert_backoff, drain=opts.alert_drain,
+                                                   status_interval=opts.status_interval))
                 await self._in_writer(self._alerts.start, self._store.con)
             if opts.serve:
                 reader_root = await self._in_writer(self._store.con.cursor)

@@ -87,7 +87,7 @@ class Store:
     """One writable DuckDB database holding the materialized tables and the consumer offsets."""
 
     def __init__(self, path: str | Path, group: str, rules: RuleTable | None = None, mode: str = "materialize",
-                 memory_limit: str = "512MB", lock_wait: float = 30.0) -> None:
+                 memory_limit: str = "512MB", lock_wait: float = 30.0, views: tuple[str, ...] = ()) -> None:
         self.path = Path(path)
         self.group = group
         self.rules = rules or load_rules()
@@ -100,18 +100,33 @@ class Store:
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
             self.con.execute(schema_sql())
+            self._store_views(views)
             # Nothing the writer does needs files; readers share this database
             # instance through cursors, so this also closes file access to them.
             self.con.execute("SET enable_external_access = false")
             self.con.execute("SET autoload_known_extensions = false")
             self.con.execute("SET autoinstall_known_extensions = false")
             self.con.execute("SET python_enable_replacements = false")
+            self.con.execute("SET GLOBAL TimeZone = 'UTC'")  # live reads' (cursors') TIMESTAMPTZ in UTC, as on the file path
             # Last: from here on no connection of this database, the live readers' cursors
             # included, can change any setting (memory_limit, threads, default_order ...).
             self.con.execute("SET lock_configuration = true")
         except duckdb.Error as exc:
             self.con.close()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
+
+    def _store_views(self, views: tuple[str, ...]) -> None:
+        """Create or replace the readers' shared views in the file, so any DuckDB client has them.
+
+        The statements come from whoever wires the parts (the CLI hands analytics' views in);
+        one that fails is logged and left out: readers bring their own copy of every view.
+        """
+        for stmt in views:
+            try:
+                self.con.execute(stmt)
+            except duckdb.Error as exc:
+                log.warning("could not store a view in %s (%s); flightrec readers still have it: %s",
+                            self.path, exc, stmt.strip().splitlines()[0][:80])
 
     def _connect(self, lock_wait: float) -> duckdb.DuckDBPyConnection:
         # flightrec readers on the file path leave when asked (the notice file, see

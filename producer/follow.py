@@ -36,6 +36,8 @@ class FileFollower:
         self._ino: tuple[int, int] | None = None
         self._offset = 0
         self._from_end = from_end
+        self._until: tuple[tuple[int, int] | None, int] | None = None
+        self.done = False  # stopped at another follower's claim: nothing more to read here
         if from_end:  # the end is taken now, when the stage starts: what it writes from here on is read
             self._open()
         self._from_end = False
@@ -92,11 +94,34 @@ class FileFollower:
             self._offset += len(data)
         return got
 
+    def stop_at(self, ino: tuple[int, int] | None, offset: int) -> None:
+        """Another follower took this file over from ``offset`` of file ``ino``: the next poll reads up to
+        there (all of this file when it is another one) and the follower is ``done``."""
+        self._until = (ino, offset)
+
+    def _final_poll(self) -> list[bytes | None]:
+        assert self._until is not None
+        ino, offset = self._until
+        out: list[bytes] = []
+        if self._f is not None:
+            if ino == self._ino:
+                while self._offset < offset and self._drain(out, offset - self._offset):
+                    pass
+            else:
+                while self._drain(out, 8 * CHUNK):
+                    pass
+        self.done = True
+        return list(out)
+
     def poll(self, budget: int = 8 * CHUNK) -> list[bytes | None]:
         """New bytes since the last call (about ``budget`` at most); ``None`` marks where a new file begins.
 
         At a ``None`` the caller ends any unfinished line of the old file (rotation or truncation).
         """
+        if self.done:
+            return []
+        if self._until is not None:
+            return self._final_poll()
         out: list[bytes | None] = []
         if self._f is None and not self._open():
             return out

@@ -215,6 +215,21 @@ class _Late:
                 if part:
                     b.feed(part)
 
+    def _yield_claimed(self) -> None:
+        """Stop following a file that a later stage of the boot follows now (flightrec.producer.claims).
+
+        Looked at right before every read, so this process reads past the later stage's starting
+        offset only if that stage starts in the microseconds between this look and the read.
+        """
+        if self.agent is None:
+            return
+        from flightrec.producer.claims import read_claim
+
+        for follower, _b in self.files:
+            claim = read_claim(self.agent.spool.dir, self.h.boot_id, follower.path)
+            if claim is not None and claim.token != self.h.token:
+                follower.stop_at(claim.ino, claim.offset)
+
     def _files_still_written(self, now: float) -> bool:
         if self.pipes:
             return True
@@ -239,6 +254,7 @@ class _Late:
             now = time.monotonic()
             if not self.recording:
                 continue
+            self._yield_claimed()
             for follower, b in self.files:
                 for chunk in follower.poll():
                     if chunk is None:
@@ -246,6 +262,11 @@ class _Late:
                     else:
                         self.last_data = now
                         b.feed(chunk)
+            if any(f.done for f, _b in self.files):  # taken over by a later stage: it ships the rest
+                for follower, b in [x for x in self.files if x[0].done]:
+                    follower.close()
+                    b.close()
+                self.files = [x for x in self.files if not x[0].done]
             for _p, b in self.pipes.values():
                 b.tick()
             for _f, b in self.files:

@@ -26,6 +26,7 @@ from flightrec.schemas import Event, FileTail, LogBatch, ProcessExit, new_event_
 from flightrec.settings import TOPIC_LOGS
 
 from flightrec.producer.agent import SyncAgent
+from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.fastlog import encode_fast
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
@@ -420,6 +421,9 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
     kw = dict(max_line=settings.max_line, tail_lines=settings.tail_lines)
     # followed files take their starting point now, before CMD writes anything
     follows = [(FileFollower(p), SourceBatcher(agent, stage, p, 0, **kw)) for p in tails]
+    for f, _b in follows:  # an earlier stage's leftover following the same file stops where this one starts
+        _fd, offset, ino = f.state()
+        write_claim(agent.spool.dir, agent.boot_id, f.path, Claim(token, ino, offset))
     ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
     sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
     watcher: SignalWatcher | None = None

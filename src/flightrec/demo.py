@@ -38,6 +38,7 @@ from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
 MANAGER_SOURCE = "manager@demo"
+DEMO_HOST_ID = 41000  # simulated provider host ids (manager `rented` events), one per instance
 
 
 # The first six instances meet the six failure fates (the destroyed one is healthy
@@ -188,7 +189,7 @@ class Demo:
     def start_fleet(self, run_dir: Path) -> list[Instance]:
         root = repo_root()
         fleet = plan_fleet(self.instances)
-        for inst in fleet:
+        for n, inst in enumerate(fleet):
             gpu = GPUS[inst.gpu]
             work = run_dir / inst.instance_id
             work.mkdir(parents=True, exist_ok=True)
@@ -219,7 +220,8 @@ class Demo:
             if destroyed:  # its network is cut: every event stays in its spool until flushed later
                 env.update(FLIGHTREC_BOOTSTRAP=DEAD_BOOTSTRAP, FLIGHTREC_FLUSH_TIMEOUT="0.2")
             self.manager_event(inst.instance_id, "rented", f"{gpu.model} at ${gpu.price_per_hour:.2f}/hour",
-                               {"gpu": inst.gpu})
+                               {"gpu": inst.gpu, "price_per_hour": f"{gpu.price_per_hour:.2f}",  # the Cost page
+                                "host_id": str(DEMO_HOST_ID + n)})
             self._spawn(inst.instance_id, ["bash", str(root / "examples" / "entrypoint.sh")], env, inst,
                         new_session=True, log_path=work / "console.log")
             time.sleep(0.3)  # a staggered start, as a real fleet comes up

@@ -46,10 +46,13 @@ GIVE_WAY_POLL_S = 0.2   # how often a file-path read looks for a materializer wa
 WRITER_START_S = 30.0   # how long a reader that gave way waits for that materializer's socket
 MAX_REQUEST = 16 * 1024 * 1024
 Params = Sequence[Any] | dict[str, Any] | None
-# The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked.
+# The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked
+# (after the time zone: the views' TIMESTAMPTZ columns come out in UTC whatever the machine's zone,
+# as the dashboard says; DuckDB takes TimeZone only as a SET, not in the connect config).
 READER_CONFIG = {"enable_external_access": False, "autoload_known_extensions": False,
                  "autoinstall_known_extensions": False, "python_enable_replacements": False,
                  "lock_configuration": True}
+READER_TIME_ZONE = "UTC"
 
 
 def socket_path(db: str | Path) -> Path:
@@ -121,10 +124,22 @@ def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
     if not path.exists():
         raise QueryError(f"no database at {path}; run `flightrec materialize --db {path}` first")
     try:
-        return duckdb.connect(str(path), read_only=True, config=READER_CONFIG)
+        con = duckdb.connect(str(path), read_only=True,
+                             config={k: v for k, v in READER_CONFIG.items() if k != "lock_configuration"})
     except duckdb.IOException as exc:
         raise QueryError(
             f"{path} is held by another process and it serves no queries: {exc}", ) from exc
+    try:  # another open connection of this process to the file shares its instance, already set and locked
+        locked, zone = con.execute("SELECT current_setting('lock_configuration'), "
+                                   "current_setting('TimeZone')").fetchone()  # type: ignore[misc]
+        if not locked:
+            if zone != READER_TIME_ZONE:
+                con.execute(f"SET GLOBAL TimeZone = '{READER_TIME_ZONE}'")
+            con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params = None,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analytics import queries
-from flightrec.analytics.views import VIEW_NAMES, VIEWS
+from flightrec.analytics.views import ALL_VIEW_NAMES, ALL_VIEWS, VIEW_NAMES, VIEWS, prelude_for
 from flightrec.errors import QueryError
 from flightrec.query import run_query
 
@@ -58,3 +58,76 @@ def test_flightrec_sql_offers_the_same_views(arrow_db):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert ids["no_kernel"] in done.stdout and "gpu_arch_unsupported" in done.stdout
+
+
+def _rows(db: Path, sql: str) -> list[dict]:
+    return run_query(db, sql, prelude=prelude_for(sql)).to_pylist()
+
+
+def test_every_money_view_answers_with_only_the_views_it_reads(arrow_db):
+    db, _ = arrow_db
+    assert ALL_VIEWS[:len(VIEWS)] == VIEWS and len(ALL_VIEWS) == len(ALL_VIEW_NAMES)
+    for name in ALL_VIEW_NAMES:
+        sql = f"SELECT count(*) AS n FROM {name}"
+        assert run_query(db, sql, prelude=prelude_for(sql)).column("n")[0].as_py() > 0, name
+    assert [s.split(" AS", 1)[0].split()[-1] for s in prelude_for("FROM avoid_filter")] == [
+        "instance_cost", "cost_breakdown", "avoid_list", "avoid_filter"]
+    assert prelude_for("SELECT 1") == () and len(prelude_for("from fleet")) == 2
+
+
+def test_what_each_instance_and_failure_cost(money_db):
+    cost = {r["instance_id"]: r for r in _rows(money_db, "FROM instance_cost")}
+    a, b, c = cost["a"], cost["b"], cost["c"]
+    assert (a["price_per_hour"], a["price_source"], a["host_id"]) == (0.40, "manager", "123")
+    assert (b["price_per_hour"], b["price_source"], b["host_id"]) == (0.50, "facts", "456")
+    assert a["hours_paid"] == pytest.approx(2.0) and a["dollars_paid"] == pytest.approx(0.80)  # sealed at 2 h
+    assert b["hours_paid"] == pytest.approx(3.0) and b["dollars_paid"] == pytest.approx(1.50)  # destroyed at 3 h
+    assert c["dollars_paid"] == pytest.approx(8.0) and not c["failed"] and c["dollars_lost"] is None
+    assert a["dollars_lost"] == pytest.approx(0.40) and b["dollars_lost"] == pytest.approx(0.25)  # up to 1st failure
+    assert a["rented_at"].isoformat().startswith("2025-06-01T12:00:00") and a["rented_at"].utcoffset().total_seconds() == 0
+
+    per_failure = {r["failure_id"]: r for r in _rows(money_db, "FROM failure_cost")}
+    assert per_failure["fb2"]["hours_before_failure"] == pytest.approx(1.0)
+    assert per_failure["fb2"]["dollars_before_failure"] == pytest.approx(0.50)
+    assert [k for k, r in sorted(per_failure.items()) if r["first_of_instance"]] == ["fa", "fb1"]
+
+
+def test_dollars_by_class_gpu_and_host_count_each_instance_once(money_db):
+    by_class = {r["failure_class"]: r for r in _rows(money_db, "FROM cost_by_class")}
+    assert set(by_class) == {"gpu_arch_unsupported", "cuda_oom"}  # b's later below_min_rate is not counted again
+    assert by_class["gpu_arch_unsupported"]["dollars_lost"] == pytest.approx(0.40)
+    assert by_class["cuda_oom"]["dollars_lost"] == pytest.approx(0.25)
+    by_gpu = {r["gpu_model"]: r for r in _rows(money_db, "FROM cost_by_gpu")}
+    rtx = by_gpu["NVIDIA GeForce RTX 4090"]
+    assert (rtx["instances"], rtx["failed_instances"], rtx["failure_rate"]) == (2, 2, 1.0)
+    assert rtx["dollars_lost"] == pytest.approx(0.65) and rtx["dollars_paid"] == pytest.approx(2.30)
+    assert by_gpu["NVIDIA H100 80GB HBM3"]["failed_instances"] == 0
+    assert {r["host"] for r in _rows(money_db, "FROM cost_by_host")} == {"123", "456", "h-c"}
+
+
+def test_avoid_list_ranks_by_money_lost_and_gives_the_offer_filter(money_db):
+    ranked = _rows(money_db, "SELECT dimension, value, offer_filter FROM avoid_list ORDER BY rank")
+    assert ranked[0]["offer_filter"] in ("gpu_name!=RTX_4090", "driver_version!=570.86")  # $0.65 lost each
+    assert {r["offer_filter"] for r in ranked} == {"gpu_name!=RTX_4090", "driver_version!=570.86", "host_id!=123",
+                                                   "host_id!=456"}
+    assert not any(r["value"] == "NVIDIA H100 80GB HBM3" for r in ranked)
+    (f,) = _rows(money_db, "FROM avoid_filter")
+    assert f["offer_filter"] == "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"
+    exe = str(Path(sys.executable).with_name("flightrec"))
+    done = subprocess.run([exe, "sql", "--db", str(money_db), "SELECT offer_filter FROM avoid_filter"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "host_id notin [123,456]" in done.stdout
+
+
+def test_flightrec_readers_give_times_in_utc_whatever_the_machine_zone(money_db):
+    """The dashboard says "Times are UTC": the TIMESTAMPTZ columns reach it in UTC even on a Tokyo machine."""
+    code = ("from flightrec.query import run_query\nfrom flightrec.analytics.views import ALL_VIEWS\n"
+            f"t = run_query({str(money_db)!r}, 'SELECT rented_at FROM instance_cost ORDER BY instance_id LIMIT 1', "
+            "prelude=ALL_VIEWS)\nprint(t.schema.field('rented_at').type.tz, t.column(0)[0].as_py().hour)\n")
+    import os
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TZ": "Asia/Tokyo", "PYTHONSAFEPATH": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["UTC", "12"]  # 2025-06-01 12:00 UTC, not 21:00 Tokyo

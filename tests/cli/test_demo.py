@@ -94,7 +94,7 @@ def _plan():
 
 def test_one_honest_status_per_instance_and_failed_now_counts_them(demo):
     from flightrec.analytics.queries import fleet_counts
-    from flightrec.analytics.views import VIEWS
+    from flightrec.analytics.views import ALL_VIEWS, VIEWS
 
     db, out, *_ = demo
     status = {r["instance_id"]: r for r in run_query(db, "SELECT * FROM fleet", prelude=VIEWS).to_pylist()}
@@ -116,6 +116,12 @@ def test_one_honest_status_per_instance_and_failed_now_counts_them(demo):
     assert line and " destroyed " in line[0]  # the summary says it too
     rented = run_query(db, "SELECT count(DISTINCT instance_id) AS n FROM manager_events WHERE kind = 'rented'")
     assert rented.to_pylist()[0]["n"] >= len(_plan())
+    # the money: every instance priced by its `rented` event; the Blackwell cards that never ran are to avoid
+    priced = run_query(db, "SELECT count(*) FILTER (WHERE price_source = 'manager') AS priced, count(*) AS n "
+                           "FROM instance_cost", prelude=ALL_VIEWS).to_pylist()[0]
+    assert priced["priced"] == priced["n"] > 0
+    (avoid,) = run_query(db, "SELECT offer_filter FROM avoid_filter", prelude=ALL_VIEWS).to_pylist()
+    assert "RTX_PRO_4000_Blackwell" in avoid["offer_filter"], avoid
 
 
 def test_a_second_run_reuses_the_broker_data_and_adds_a_boot(demo):

@@ -13,7 +13,8 @@ from materializer_helpers import Boot, flightrec, materialize, motivating_boot, 
 
 from flightrec.broker.local import free_port
 from flightrec.query import run_query
-from flightrec.schemas import Lifecycle
+from flightrec.analytics.views import stored_views
+from flightrec.schemas import Heartbeat, Lifecycle
 
 pytestmark = pytest.mark.integration
 
@@ -153,3 +154,23 @@ def test_a_webhook_that_is_not_a_url_is_refused_with_what_to_do():
 
     with pytest.raises(ConfigError, match="--webhook https://"):
         Alerter(AlertConfig("hooks.example.com/abc"))
+
+
+def test_an_instance_whose_heartbeats_stop_is_lost_once(kafka, db, hook):
+    b = Boot(t0=time.time_ns() // 1000)  # now: alive at first, silent from here on
+    b.facts()
+    b.add(Lifecycle, stage="supervisor", state="started")
+    for _ in range(3):
+        b.add(Heartbeat, stage="supervisor", interval_s=1.0)  # lost after 3 s without a sign
+    publish(kafka.bootstrap, b.events)
+    materialize(kafka, db, idle=12, webhook=hook.url, views=stored_views(), status_interval=0.5)
+    lost = [m for m in hook.delivered if m["flightrec"]["instance_id"] == b.instance]
+    assert [m["flightrec"]["kind"] for m in lost] == ["lost"], hook.delivered
+    fields = lost[0]["flightrec"]
+    assert fields["failure_class"] == "lost" and "lost contact" in fields["hint"]
+    assert fields["link"].endswith(f"instance={b.instance}") and b.instance in lost[0]["text"]
+    (row,) = run_query(db, "SELECT alert_id, sent_us FROM alerts WHERE instance_id = ?", [b.instance]).to_pylist()
+    assert row["alert_id"].startswith(f"lost:{b.instance}:{b.boot}:") and row["sent_us"]
+
+    materialize(kafka, db, idle=6, webhook=hook.url, views=stored_views(), status_interval=0.5)  # still lost
+    assert len([m for m in hook.delivered if m["flightrec"]["instance_id"] == b.instance]) == 1

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how long to wait for another process holding the file (flightrec readers leave "
                         "at once); then exit 1 naming it")
     m.add_argument("--webhook", default=None, metavar="URL",
-                   help="post a Slack-compatible JSON message per new failure here (default $FLIGHTREC_WEBHOOK)")
+                   help="post a Slack-compatible JSON message per new failure or status change here "
+                        "(default $FLIGHTREC_WEBHOOK)")
     m.add_argument("--alert-on", default=None, metavar="KINDS",
                    help="which alerts, comma separated: failed,lost,below_min_rate,incomplete "
                         "(default $FLIGHTREC_ALERT_ON, else all)")
@@ -102,7 +103,8 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, until_idle=args.until_idle,
                    rules=load_rules(args.rules), serve=not args.no_serve, memory_limit=args.memory_limit,
                    lock_wait=args.lock_wait,
-                   webhook=settings.webhook, alert_on=kinds, dashboard_url=settings.dashboard_url)
+                   webhook=settings.webhook, alert_on=kinds, dashboard_url=settings.dashboard_url,
+                   views=_stored_views())
     return _run(opts, settings)
 
 
@@ -113,8 +115,15 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     settings = settings.with_overrides(db=args.db)
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, replay=True, instance=args.instance,
                    since_us=parse_time(args.since) if args.since else None, rules=load_rules(args.rules),
-                   memory_limit=args.memory_limit)
+                   memory_limit=args.memory_limit, views=_stored_views())
     return _run(opts, settings)
+
+
+def _stored_views() -> tuple[str, ...]:
+    """The readers' shared views (analytics/), which the materializer stores in the file."""
+    from flightrec.analytics.views import stored_views
+
+    return stored_views()
 
 
 def _timeline(args: argparse.Namespace, settings: Settings) -> int:

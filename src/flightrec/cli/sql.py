@@ -90,14 +90,14 @@ def format_table(table: pa.Table) -> str:
 
 
 def _sql(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.analytics.views import VIEWS
+    from flightrec.analytics.views import prelude_for
     from flightrec.query import run_query
 
     from flightrec.lake import reader_data_path
 
     settings = settings.with_overrides(db=args.db)
     reader_data_path(settings.db, args.data_path)
-    table = run_query(settings.db, args.query, prelude=VIEWS)
+    table = run_query(settings.db, args.query, prelude=prelude_for(args.query))  # the shared views it names
     if args.csv:
         w = csv.writer(sys.stdout)
         w.writerow(table.column_names)

@@ -1,0 +1,57 @@
+"""Follow claims: the stage that follows a file now makes a leftover late-output follower of it stop where it began."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Two stages of one boot may follow the same file: the benchmark starts the GPU daemon and
+# follows its log, the supervisor follows the same log while that daemon (left behind by the
+# benchmark, so followed on by the benchmark's late-output process) goes on writing. Each
+# byte must be shipped once: a stage that starts following a file writes a claim (the file's
+# identity and the offset it starts from) into the boot's spool; a late-output process of an
+# earlier stage that sees someone else's claim reads up to that offset and stops following.
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who follows ``path`` from where: the stage's token, the file's (dev, inode), the offset it starts at."""
+
+    token: str
+    ino: tuple[int, int] | None
+    offset: int
+
+
+def claim_path(spool_dir: Path, boot_id: str, path: str) -> Path:
+    """The claim file of one followed path in one boot."""
+    key = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:20]
+    return Path(spool_dir) / f"follow-claim-{boot_id}-{key}"
+
+
+def write_claim(spool_dir: Path, boot_id: str, path: str, claim: Claim) -> None:
+    """Record that the stage of ``claim.token`` follows ``path`` from here on (never raises)."""
+    target = claim_path(spool_dir, boot_id, path)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"token": claim.token, "ino": list(claim.ino) if claim.ino else None,
+                                   "offset": claim.offset}))
+        tmp.replace(target)
+    except OSError as exc:
+        log.warning("cannot record that this stage follows %s (%s); an earlier stage's leftover may ship "
+                    "its new lines too", path, exc)
+
+
+def read_claim(spool_dir: Path, boot_id: str, path: str) -> Claim | None:
+    """The latest claim on ``path`` in this boot, or None."""
+    try:
+        data = json.loads(claim_path(spool_dir, boot_id, path).read_text())
+        ino = tuple(data["ino"]) if data.get("ino") else None
+        return Claim(str(data["token"]), ino, int(data["offset"]))  # type: ignore[arg-type]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

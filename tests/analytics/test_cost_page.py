@@ -1,0 +1,42 @@
+"""The Cost page rendered with Streamlit's AppTest against a real DuckDB file of known prices and failures."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_cost_page_shows_paid_lost_and_what_to_avoid(money_db, open_page):
+    at = open_page(money_db, "cost")
+    assert at.title[0].value == "Cost"
+    assert _metric(at, "Paid") == "$10.30"            # 0.80 + 1.50 + 8.00
+    assert _metric(at, "Lost before failures") == "$0.65"
+    assert _metric(at, "Failed instances") == "2 of 3"
+    assert [c.value for c in at.code] == ["gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"]
+    frames = [df.value for df in at.dataframe]
+    avoid = next(f for f in frames if "offer_filter" in f.columns)
+    assert set(avoid["offer_filter"]) == {"gpu_name!=RTX_4090", "driver_version!=570.86", "host_id!=123",
+                                          "host_id!=456"}
+    by_class = next(f for f in frames if list(f.columns[:2]) == ["failure_class", "instances"])
+    assert dict(zip(by_class["failure_class"], by_class["dollars_lost"].round(2))) == {
+        "gpu_arch_unsupported": 0.40, "cuda_oom": 0.25}
+    per_failure = next(f for f in frames if "dollars_before_failure" in f.columns)
+    assert len(per_failure) == 3 and per_failure["open"].str.contains("failure=fb2").any()
+    by_gpu = next(f for f in frames if "gpu_model" in f.columns and "failure_rate" in f.columns)
+    assert by_gpu.set_index("gpu_model").loc["NVIDIA GeForce RTX 4090", "failed_instances"] == 2
+
+
+def test_cost_page_without_instances_says_so(open_page, tmp_path):
+    import duckdb
+
+    db = tmp_path / "empty.duckdb"
+    src = duckdb.connect(str(db))
+    from flightrec.consumers.store import schema_sql
+
+    src.execute(schema_sql())
+    src.close()
+    at = open_page(db, "cost")
+    assert [i.value for i in at.info] == ["No instances yet."]
