@@ -21,6 +21,22 @@ def _bar(table, column: str, title: str) -> alt.Chart:
             .properties(height=max(120, 26 * len(frame))))
 
 
+def attention(since: int | None) -> None:
+    """The few instances that need a look, each with links to its failure and its instance page."""
+    rows = fetch(queries.fleet_attention, since_us=since).to_pylist()
+    if not rows:
+        return
+    st.markdown("**Needs attention** (most recent first)")
+    for r in rows:
+        c1, c2, c3 = st.columns([5, 1, 1])
+        c1.markdown(f"`{r['status']}` **{r['instance_id']}** · {r['failure_class'] or ''} · {r['status_detail'] or ''}")
+        if r["failure_id"]:
+            c2.page_link("page_failures.py", label="failure", icon=":material/error:",
+                         query_params={"failure": r["failure_id"]})
+        c3.page_link("page_instance.py", label="instance", icon=":material/memory:",
+                     query_params={"instance": r["instance_id"]})
+
+
 def overview() -> None:
     """Headline numbers, the two breakdowns and the instances table."""
     since = since_us()
@@ -39,6 +55,8 @@ def overview() -> None:
     if by_state.num_rows:
         left.altair_chart(_bar(by_state, "status", "Instances by status"), width="stretch")
         right.altair_chart(_bar(by_gpu, "gpu_model", "Instances by GPU model"), width="stretch")
+
+    attention(since)
 
     options = fetch(queries.fleet_filter_options).to_pylist()[0]
     f1, f2, f3, f4 = st.columns([2, 2, 2, 1])

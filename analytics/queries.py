@@ -100,6 +100,22 @@ def fleet_table(db: Db, states: Sequence[str] | None = None, gpu_models: Sequenc
               "statuses": _list(statuses), "since": since_us})
 
 
+ATTENTION = ("failed", "below_min_rate", "lost")  # statuses the Fleet page lists first, with links
+
+
+def fleet_attention(db: Db, since_us: int | None = None, limit: int = 8) -> pa.Table:
+    """The instances that need a look (failed, too slow, lost), most recent first, with their latest failure."""
+    return q(db, """
+        WITH lf AS (SELECT instance_id, arg_max(failure_id, ts_us) AS failure_id,
+                           arg_max(failure_class, ts_us) AS last_class
+                    FROM failures GROUP BY instance_id)
+        SELECT status, instance_id, coalesce(failure_class, last_class) AS failure_class, lf.failure_id, status_detail
+        FROM fleet LEFT JOIN lf USING (instance_id)
+        WHERE list_contains($statuses, status) AND ($since IS NULL OR last_event_us >= $since)
+        ORDER BY last_event_us DESC NULLS LAST, instance_id LIMIT $limit""",
+             {"statuses": list(ATTENTION), "since": since_us, "limit": int(limit)})
+
+
 def instance_ids(db: Db) -> list[str]:
     """Every instance id, the most recently active first."""
     t = q(db, "SELECT instance_id FROM fleet ORDER BY last_event_us DESC NULLS LAST, instance_id")

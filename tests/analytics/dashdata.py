@@ -190,11 +190,12 @@ def segv_boot(start_us: int = BASE_US + 40 * MIN) -> Boot:
     return b
 
 
-def append_lines(path: Path, instance_id: str, stage: str, texts: list[str], ts_us: int, seq: int) -> None:
+def append_lines(path: Path, instance_id: str, stage: str, texts: list[str], ts_us: int, seq: int,
+                 boot_id: str | None = None) -> None:
     """What the materializer does when more log lines of a running stage arrive: fold and commit one LogBatch."""
     n = len(texts)
-    ev = LogBatch(event_id=f"{instance_id}-late-{seq}", instance_id=instance_id, boot_id=f"boot-{instance_id}", seq=seq,
-                  ts_us=ts_us, stage=stage, source="stdout", pid=42, line_no=list(range(1000 + seq, 1000 + seq + n)),
+    ev = LogBatch(event_id=f"{instance_id}-late-{seq}", instance_id=instance_id, boot_id=boot_id or f"boot-{instance_id}",
+                  seq=seq, ts_us=ts_us, stage=stage, source="stdout", pid=42, line_no=list(range(1000 + seq, 1000 + seq + n)),
                   line_ts_us=[ts_us + i for i in range(n)], text=list(texts), truncated=[False] * n,
                   invalid_utf8=[False] * n)
     store = Store(path, group="dashboard-tests")

@@ -226,3 +226,14 @@ def test_throughput_distribution_labels_every_gpu_and_minutes_over_time(glance_d
     spec, data = chart(at, "per minute")
     h100 = data[data["gpu_model"] == "NVIDIA H100 80GB HBM3"]
     assert len(h100) >= 2  # samples a minute apart are not one hourly point
+
+
+def test_fleet_lists_what_needs_attention_with_links(glance_db, open_page):
+    db, ids = glance_db
+    at = open_page(db)
+    links = [(el.proto.label, el.proto.page, el.proto.query_string) for el in at.get("page_link")]
+    failure_links = [q for label, _, q in links if label == "failure"]
+    assert f"failure={ids['segv_failure']}" in failure_links
+    assert f"failure={ids['no_kernel_failure']}" in failure_links
+    assert any(label == "instance" and q == f"instance={ids['slow']}" for label, _, q in links)
+    assert all(ids["ok"] not in q for _, _, q in links)  # a healthy instance needs no look
