@@ -237,3 +237,40 @@ def test_fleet_lists_what_needs_attention_with_links(glance_db, open_page):
     assert f"failure={ids['no_kernel_failure']}" in failure_links
     assert any(label == "instance" and q == f"instance={ids['slow']}" for label, _, q in links)
     assert all(ids["ok"] not in q for _, _, q in links)  # a healthy instance needs no look
+
+
+# ---- the pure helpers behind those points ----------------------------------------------
+
+def test_signal_of_reads_the_stage_a_shell_code_or_a_wrapper_report():
+    from flightrec.analytics.ui import signal_of
+
+    assert signal_of(9, "SIGKILL", None, [])[0] == "SIGKILL"
+    assert signal_of(None, None, 139, [])[0] == "SIGSEGV"  # a shell's 128 + 11
+    name, where = signal_of(None, None, 1, ["prover daemon (pid 7) was killed by signal SIGSEGV (core dumped)"])
+    assert name == "SIGSEGV" and "pid 7" in where
+    assert signal_of(None, None, 1, ["Segmentation fault (core dumped)"])[0] == "SIGSEGV"
+    assert signal_of(None, None, 1, ["exit status 1", "SIGNALS are fine"]) == (None, "")
+    assert signal_of(None, None, 0, []) == (None, "")
+
+
+def test_collapse_keeps_context_around_the_marked_line():
+    from flightrec.analytics.ui import collapse
+
+    lines = [f"l{n}" for n in range(90)]
+    shown, cut = collapse(lines, "l60")
+    assert cut and len(shown) == 21 and shown[10] == "▶ l60" and shown[0] == "l50" and shown[-1] == "l70"
+    shown, cut = collapse(lines, "l88")  # near the end: still 21 lines, ending with the last
+    assert cut and len(shown) == 21 and shown[-1] == "l89" and "▶ l88" in shown
+    assert collapse(lines[:5], "l2") == (["l0", "l1", "▶ l2", "l3", "l4"], False)
+    assert collapse(lines, None) == (lines, False) and collapse(lines, "absent") == (lines, False)
+
+
+def test_bucket_unit_and_short_source():
+    from flightrec.analytics.ui import bucket_unit, short_source
+
+    assert bucket_unit(0, 40 * 60_000_000) == "minute"
+    assert bucket_unit(0, 30 * 3600 * 1_000_000) == "hour"
+    assert bucket_unit(0, 10 * 86400 * 1_000_000) == "day"
+    assert bucket_unit(None, None) == "hour"
+    assert short_source("/tmp/x/.flightrec/h100-01/prover-daemon.log") == "prover-daemon.log"
+    assert (short_source("stdout"), short_source("stderr"), short_source(None)) == ("stdout", "stderr", None)
