@@ -141,12 +141,6 @@ def failures(instance_id: str) -> list[dict]:
 def logs(instance_id: str, failure_rows: list[dict]) -> None:
     """The log viewer: filter by stage and source, search, jump to the failure."""
     st.subheader("Logs")
-    sources = fetch(queries.log_sources, instance_id).to_pylist()
-    if not sources:
-        st.caption("No log lines.")
-        return
-    all_stages = sorted({r["stage"] for r in sources if r["stage"]})
-    all_sources = sorted({r["source"] for r in sources if r["source"]})
     c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
     live = c4.toggle("Live tail", value=False, key=f"live_tail_{instance_id}",
                      help="The newest lines first; follows them while the page refreshes")
@@ -157,14 +151,26 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     if jump and failure_rows and not live:
         failure = failure_rows[0]
         around = failure["ts_us"]
-        default_stages = [failure["stage"]] if failure["stage"] in all_stages else []
-    stages = c1.multiselect("Stage", all_stages, default=default_stages, key=f"logs_stages_{instance_id}_{jump}")
-    chosen_sources = c2.multiselect("Source", all_sources, key=f"logs_sources_{instance_id}", format_func=short_source,
-                                    help="stdout, stderr, or a followed file (by its name; the legend below has "
-                                         "the full path)")
-    search = c3.text_input("Search", key=f"logs_search_{instance_id}").strip()
-    lines = fetch(queries.log_lines, instance_id, stages=stages, sources=chosen_sources, search=search,
-                  around_us=around, **({"limit": TAIL_ROWS, "newest_first": True} if live else {}))
+        default_stages = [failure["stage"]]
+    # The filters' values are read before their widgets are drawn, so one scan answers both
+    # the widgets' options and the lines (a widget keeps its value in st.session_state).
+    stage_key, source_key, search_key = (f"logs_stages_{instance_id}_{jump}", f"logs_sources_{instance_id}",
+                                         f"logs_search_{instance_id}")
+    stages = list(st.session_state.get(stage_key, default_stages))
+    chosen_sources = list(st.session_state.get(source_key, []))
+    search = str(st.session_state.get(search_key, "")).strip()
+    source_rows, lines = fetch(queries.log_page, instance_id, stages=stages, sources=chosen_sources, search=search,
+                               around_us=around, **({"limit": TAIL_ROWS, "newest_first": True} if live else {}))
+    sources = source_rows.to_pylist()
+    if not sources:
+        st.caption("No log lines.")
+        return
+    all_stages = sorted({r["stage"] for r in sources if r["stage"]})
+    all_sources = sorted({r["source"] for r in sources if r["source"]})
+    c1.multiselect("Stage", all_stages, default=[s for s in default_stages if s in all_stages], key=stage_key)
+    c2.multiselect("Source", all_sources, key=source_key, format_func=short_source,
+                   help="stdout, stderr, or a followed file (by its name; the legend below has the full path)")
+    c3.text_input("Search", key=search_key)
     total = lines.column("matching")[0].as_py() if lines.num_rows else 0
     where = " up to the failure" if around is not None else ""
     order = "newest first, following new lines" if live else "oldest first"

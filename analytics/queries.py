@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flightrec.analytics.views import VIEWS, ts
 from flightrec.query import run_query
@@ -206,6 +207,39 @@ def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sou
                  CASE WHEN $newest THEN -line_no ELSE line_no END""",
              {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
               "pattern": like_pattern(search), "around": around_us, "limit": int(limit), "newest": newest_first})
+
+
+def log_page(db: Db, instance_id: str, stages: Sequence[str] | None = None, sources: Sequence[str] | None = None,
+             search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS,
+             newest_first: bool = False) -> tuple[pa.Table, pa.Table]:
+    """What the log viewer shows in one scan of the instance's lines: (:func:`log_sources`, :func:`log_lines`).
+
+    One statement cuts the instance's lines out once and answers both (their stages and
+    sources for the filters, and the filtered lines); the page reads its filters first.
+    """
+    t = q(db, """
+        WITH mine AS MATERIALIZED (SELECT * FROM log_view WHERE instance_id = $id),
+        src AS (SELECT list({'stage': stage, 'source': source, 'lines': n} ORDER BY stage, source) AS sources
+                FROM (SELECT stage, source, count(*) AS n FROM mine GROUP BY ALL)),
+        sel AS (
+            SELECT ts, stage, source, line_no, text, truncated, late, ts_us, seq, count(*) OVER () AS matching
+            FROM mine
+            WHERE (len($stages) = 0 OR list_contains($stages, stage))
+              AND (len($sources) = 0 OR list_contains($sources, source))
+              AND ($search = '' OR text ILIKE $pattern ESCAPE '\\')
+              AND ($around IS NULL OR ts_us <= $around)
+            ORDER BY ts_us DESC, seq DESC, line_no DESC
+            LIMIT $limit)
+        SELECT src.sources, sel.* FROM src LEFT JOIN sel ON true
+        ORDER BY CASE WHEN $newest THEN -ts_us ELSE ts_us END, CASE WHEN $newest THEN -seq ELSE seq END,
+                 CASE WHEN $newest THEN -line_no ELSE line_no END""",
+          {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
+           "pattern": like_pattern(search), "around": around_us, "limit": int(limit), "newest": newest_first})
+    found = (t.column("sources")[0].as_py() if t.num_rows else None) or []
+    source_table = pa.Table.from_pylist(found, schema=pa.schema([("stage", pa.string()), ("source", pa.string()),
+                                                                 ("lines", pa.int64())]))
+    lines = t.drop_columns(["sources"])
+    return source_table, lines.filter(pc.is_valid(lines.column("seq")))
 
 
 # ---- Failures ------------------------------------------------------------------------
