@@ -6,7 +6,7 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.ui import REFRESH_S, fetch, page_link_url, since_us, table_height
+from flightrec.analytics.ui import REFRESH_S, fetch, since_us, table_height
 
 COUNT_AXIS = {"tickMinStep": 1, "format": "d"}  # counts of instances: whole numbers on the axis
 
@@ -69,10 +69,6 @@ def overview() -> None:
     table = fetch(queries.fleet_table, statuses=statuses, gpu_models=gpus, search=search.strip(),
                   only_failed=only_failed, only_incomplete=only_incomplete, since_us=since)
     frame = table.to_pandas()
-    # Each row links to its instance and to its latest failure (when it has one).
-    frame.insert(3, "failure", [page_link_url("failures", failure=f) if isinstance(f, str) else None
-                                for f in frame.pop("failure_id")])
-    frame.insert(4, "instance", [page_link_url("instance", instance=i) for i in frame["instance_id"]])
     st.caption(f"{table.num_rows:,} instances match · select a cell and copy it (Ctrl+C) to copy an id")
     st.dataframe(
         frame, hide_index=True, width="stretch", key="fleet_table", height=table_height(len(frame)),

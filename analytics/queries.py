@@ -77,14 +77,17 @@ def fleet_table(db: Db, states: Sequence[str] | None = None, gpu_models: Sequenc
                 statuses: Sequence[str] | None = None, since_us: int | None = None) -> pa.Table:
     """The instances table with its filters (every filter is a bound parameter).
 
-    Status first; ``failure_id`` is the instance's latest failure (the row's link to it),
-    ``failure_class`` that of the current boot's failure, else of the latest one.
+    Status first; ``failure`` and ``instance`` are the row's relative links (ui.page_link_url's form) to
+    its latest failure and its Instance page; ``failure_class`` is that of the current boot's failure,
+    else of the latest one.
     """
     return q(db, """
         WITH lf AS (SELECT instance_id, arg_max(failure_id, ts_us) AS failure_id,
                            arg_max(failure_class, ts_us) AS last_class
                     FROM failures GROUP BY instance_id)
-        SELECT status, instance_id, coalesce(failure_class, last_class) AS failure_class, lf.failure_id, status_detail,
+        SELECT status, instance_id, coalesce(failure_class, last_class) AS failure_class,
+               'failures?failure=' || url_encode(lf.failure_id) AS failure,
+               'instance?instance=' || url_encode(instance_id) AS instance, status_detail,
                state, stage, age_hours, proofs_per_hour, verdict, failures, complete,
                gpu_model, cost_per_proof, last_seen, incomplete_reason
         FROM fleet LEFT JOIN lf USING (instance_id)
