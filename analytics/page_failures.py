@@ -12,6 +12,7 @@ from flightrec.analytics.ui import (
     collapse,
     fetch,
     fmt_num,
+    rows_height,
     page_link_url,
     query_param,
     remember_in_url,
@@ -36,16 +37,18 @@ def charts(classes: list[str], gpus: list[str], since: int | None) -> None:
     frame = over_time.to_pandas()
     frame["when"] = frame["bucket"].dt.strftime(BUCKET_FORMAT[unit])  # one band per bucket, labelled, not a hairline
     left, right = st.columns(2)
+    tall = rows_height(by_gpu.to_pandas()["gpu_model"].nunique() if by_gpu.num_rows else 1)
     left.altair_chart(
         alt.Chart(frame, title=f"Failures per {unit} by class (UTC)").mark_bar().encode(
             x=alt.X("when:O", title=f"{unit} (UTC)", sort=None, axis=alt.Axis(labelAngle=0)),
             y=alt.Y("failures:Q", axis=alt.Axis(**COUNT_AXIS)), color="failure_class:N",
-            tooltip=["bucket", "failure_class", "failures"]), width="stretch")
+            tooltip=["bucket", "failure_class", "failures"]).properties(height=tall), width="stretch", height=tall)
     right.altair_chart(
         alt.Chart(by_gpu.to_pandas(), title="Failures by GPU model").mark_bar().encode(
             x=alt.X("failures:Q", axis=alt.Axis(**COUNT_AXIS)),
             y=alt.Y("gpu_model:N", sort="-x", title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
-            color="failure_class:N", tooltip=["gpu_model", "failure_class", "failures"]), width="stretch")
+            color="failure_class:N", tooltip=["gpu_model", "failure_class", "failures"]).properties(height=tall),
+        width="stretch", height=tall)
 
 
 def failure_label(row: dict) -> str:

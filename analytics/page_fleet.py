@@ -6,7 +6,7 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.ui import REFRESH_S, fetch, since_us, table_height
+from flightrec.analytics.ui import REFRESH_S, fetch, rows_height, since_us, table_height
 
 COUNT_AXIS = {"tickMinStep": 1, "format": "d"}  # counts of instances: whole numbers on the axis
 
@@ -18,7 +18,7 @@ def _bar(table, column: str, title: str) -> alt.Chart:
             .encode(x=alt.X("instances:Q", title="instances", axis=alt.Axis(**COUNT_AXIS)),
                     y=alt.Y(f"{column}:N", sort="-x", title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
                     tooltip=[column, "instances"])
-            .properties(height=max(120, 26 * len(frame))))
+            .properties(height=rows_height(len(frame))))
 
 
 def attention(since: int | None) -> None:
@@ -53,13 +53,14 @@ def overview() -> None:
     by_state = fetch(queries.fleet_by, "status", since_us=since)
     by_gpu = fetch(queries.fleet_by, "gpu_model", since_us=since)
     if by_state.num_rows:
-        left.altair_chart(_bar(by_state, "status", "Instances by status"), width="stretch")
-        right.altair_chart(_bar(by_gpu, "gpu_model", "Instances by GPU model"), width="stretch")
+        tall = rows_height(max(by_state.num_rows, by_gpu.num_rows))  # side by side: one height
+        left.altair_chart(_bar(by_state, "status", "Instances by status"), width="stretch", height=tall)
+        right.altair_chart(_bar(by_gpu, "gpu_model", "Instances by GPU model"), width="stretch", height=tall)
 
     attention(since)
 
     options = fetch(queries.fleet_filter_options).to_pylist()[0]
-    f1, f2, f3, f4 = st.columns([2, 2, 2, 1])
+    f1, f2, f3, f4 = st.columns([2, 2, 2, 2])
     statuses = f1.multiselect("Status", options["statuses"] or [], key="fleet_status")
     gpus = f2.multiselect("GPU model", options["gpu_models"] or [], key="fleet_gpus")
     search = f3.text_input("Instance id contains", key="fleet_search")
@@ -73,14 +74,14 @@ def overview() -> None:
     st.dataframe(
         frame, hide_index=True, width="stretch", key="fleet_table", height=table_height(len(frame)),
         column_config={
-            "status": st.column_config.TextColumn("status", width="small", pinned=True,
+            "status": st.column_config.TextColumn("status", width="medium", pinned=True,
                                                   help="running / healthy / failed / below_min_rate / lost / "
                                                        "destroyed / finished / idle"),
             "instance_id": st.column_config.TextColumn("instance_id", width="large", pinned=True),
             "failure_class": st.column_config.TextColumn("failure class", width="medium"),
-            "failure": st.column_config.LinkColumn("failure", display_text="open failure", width="small",
+            "failure": st.column_config.LinkColumn("failure", display_text="open", width="small",
                                                    help="the instance's latest failure on the Failures page"),
-            "instance": st.column_config.LinkColumn("instance", display_text="open instance", width="small",
+            "instance": st.column_config.LinkColumn("instance", display_text="open", width="small",
                                                     help="the Instance page: stages, exits, logs"),
             "status_detail": st.column_config.TextColumn("status detail", width="medium"),
             "age_hours": st.column_config.NumberColumn("age (h)", format="%.1f"),

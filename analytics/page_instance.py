@@ -9,6 +9,7 @@ from flightrec.analytics import queries
 from flightrec.analytics.ui import (
     REFRESH_S,
     fetch,
+    rows_height,
     fmt_money,
     fmt_num,
     query_param,
@@ -90,8 +91,8 @@ def timeline(instance_id: str) -> None:
                      y=alt.Y("stage:N", sort=order, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
                      color=alt.Color("outcome:N", scale=OUTCOME_COLORS),
                      tooltip=["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"])
-             .properties(height=max(120, 32 * len(order))))
-    st.altair_chart(chart, width="stretch")
+             .properties(height=rows_height(len(order))))
+    st.altair_chart(chart, width="stretch", height=rows_height(len(order)))
     st.dataframe(frame[["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"]],
                  hide_index=True, width="stretch", height=table_height(len(frame), 300))
 

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.ui import bucket_unit, fetch, page_link_url, since_us, table_height
+from flightrec.analytics.ui import bucket_unit, fetch, page_link_url, rows_height, since_us, table_height
 
 MAX_POINTS = 5000  # instances drawn in the distribution chart (all are in the table)
 
@@ -37,8 +37,8 @@ def by_gpu(gpus: list[str], since: int | None) -> pd.DataFrame:
         x="min_rate:Q", y="gpu_model:N", tooltip=["gpu_model", "min_rate"])
     n_models = points["gpu_model"].nunique()
     st.altair_chart(alt.layer(dots, floor).properties(title="Distribution against the minimum rate (black)",
-                                                      height=max(120, 50 * n_models)),
-                    width="stretch")
+                                                      height=rows_height(n_models, 40)),
+                    width="stretch", height=rows_height(n_models, 40))
     return frame
 
 
@@ -66,7 +66,8 @@ def over_time(gpus: list[str], since: int | None) -> None:
         return
     fmt = "%H:%M" if unit == "minute" else "%m-%d %H:%M" if unit == "hour" else "%Y-%m-%d"
     st.altair_chart(alt.Chart(series.to_pandas(), title=f"Median proofs/hour per {unit}").mark_line(point=True).encode(
-        x=alt.X("bucket:T", title=f"{unit} (UTC)", axis=alt.Axis(format=fmt, labelAngle=0)),
+        x=alt.X("bucket:T", title=f"{unit} (UTC)",
+                axis=alt.Axis(format=fmt, labelAngle=0, tickCount={"interval": unit, "step": 1})),
         y=alt.Y("proofs_per_hour:Q", title="median proofs/hour"),
         color="gpu_model:N", tooltip=["bucket", "gpu_model", "proofs_per_hour", "samples"]), width="stretch")
 

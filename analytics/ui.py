@@ -92,6 +92,11 @@ def table_height(rows: int, cap: int = ROW_PX * (FIT_ROWS + 1) + 3) -> int:
     return min(cap, ROW_PX * (rows + 1) + 3)
 
 
+def rows_height(rows: int, per_row: int = 30) -> int:
+    """Pixels for a chart with ``rows`` labelled rows (bars, stages, GPU models): every label has room."""
+    return max(180, 90 + per_row * rows)
+
+
 def fmt_money(value: float | None, digits: int = 4) -> str:
     """A price or cost in dollars, or a dash."""
     return "—" if value is None else f"${value:,.{digits}f}"
