@@ -66,8 +66,7 @@ def over_time(gpus: list[str], since: int | None) -> None:
         return
     fmt = "%H:%M" if unit == "minute" else "%m-%d %H:%M" if unit == "hour" else "%Y-%m-%d"
     st.altair_chart(alt.Chart(series.to_pandas(), title=f"Median proofs/hour per {unit}").mark_line(point=True).encode(
-        x=alt.X("bucket:T", title=f"{unit} (UTC)",
-                axis=alt.Axis(format=fmt, labelAngle=0, tickCount={"interval": unit, "step": 1})),
+        x=alt.X("bucket:T", title=f"{unit} (UTC)", axis=alt.Axis(format=fmt, labelAngle=0)),
         y=alt.Y("proofs_per_hour:Q", title="median proofs/hour"),
         color="gpu_model:N", tooltip=["bucket", "gpu_model", "proofs_per_hour", "samples"]), width="stretch")
 
