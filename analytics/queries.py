@@ -179,46 +179,16 @@ def instance_failures(db: Db, instance_id: str) -> pa.Table:
         FROM failure_context WHERE instance_id = $id ORDER BY ts_us DESC""", {"id": instance_id})
 
 
-def log_sources(db: Db, instance_id: str) -> pa.Table:
-    """The stages and sources its lines came from, with counts (the log viewer's filters)."""
-    return q(db, """
-        SELECT stage, source, count(*) AS lines
-        FROM log_lines WHERE instance_id = $id GROUP BY ALL ORDER BY stage, source""", {"id": instance_id})
-
-
-def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sources: Sequence[str] | None = None,
-              search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS,
-              newest_first: bool = False) -> pa.Table:
-    """Its last ``limit`` log lines in time order, filtered; with ``around_us``, those up to that moment;
-    with ``newest_first``, the newest line first (the live tail).
-
-    Column ``matching`` holds how many lines match in all (one scan for both). The instance's
-    lines are cut out of the table first: one selective scan, then the filters on few rows.
-    """
-    return q(db, """
-        WITH mine AS MATERIALIZED (SELECT * FROM log_view WHERE instance_id = $id)
-        SELECT * FROM (
-            SELECT ts, stage, source, line_no, text, truncated, late, ts_us, seq, count(*) OVER () AS matching
-            FROM mine
-            WHERE (len($stages) = 0 OR list_contains($stages, stage))
-              AND (len($sources) = 0 OR list_contains($sources, source))
-              AND ($search = '' OR text ILIKE $pattern ESCAPE '\\')
-              AND ($around IS NULL OR ts_us <= $around)
-            ORDER BY ts_us DESC, seq DESC, line_no DESC
-            LIMIT $limit)
-        ORDER BY CASE WHEN $newest THEN -ts_us ELSE ts_us END, CASE WHEN $newest THEN -seq ELSE seq END,
-                 CASE WHEN $newest THEN -line_no ELSE line_no END""",
-             {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
-              "pattern": like_pattern(search), "around": around_us, "limit": int(limit), "newest": newest_first})
-
-
 def log_page(db: Db, instance_id: str, stages: Sequence[str] | None = None, sources: Sequence[str] | None = None,
              search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS,
              newest_first: bool = False) -> tuple[pa.Table, pa.Table]:
-    """What the log viewer shows in one scan of the instance's lines: (:func:`log_sources`, :func:`log_lines`).
+    """What the log viewer shows, in one scan of the instance's lines: (sources, lines).
 
-    One statement cuts the instance's lines out once and answers both (their stages and
-    sources for the filters, and the filtered lines); the page reads its filters first.
+    ``sources``: the stages and sources its lines came from, with counts (the filters' options).
+    ``lines``: its last ``limit`` lines matching the filters, in time order; with ``around_us``
+    those up to that moment; with ``newest_first`` the newest first (the live tail). Column
+    ``matching`` holds how many lines match in all. The instance's lines are cut out of the
+    table once, then both answers come from those few rows; the page reads its filters first.
     """
     t = q(db, """
         WITH mine AS MATERIALIZED (SELECT * FROM log_view WHERE instance_id = $id),
