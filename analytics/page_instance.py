@@ -15,6 +15,7 @@ from flightrec.analytics.ui import (
     query_param,
     remember_in_url,
     short_source,
+    since_us,
     table_height,
 )
 
@@ -29,12 +30,15 @@ STATUS_BANNER = {"failed": st.error, "below_min_rate": st.warning, "lost": st.er
 
 
 def pick_instance() -> str | None:
-    """The instance to show: from ?instance=ID, else the selectbox (newest activity first)."""
-    ids = fetch(queries.instance_ids)
-    if not ids:
-        st.info("No instances in the database yet. Start `flightrec materialize` and an agent.")
-        return None
+    """The instance to show: from ?instance=ID, else the selectbox (newest activity first, within the time range)."""
+    ids = fetch(queries.instance_ids, since_us=since_us())
     wanted = query_param("instance")
+    if wanted and wanted not in ids and fetch(queries.instance_facts, wanted).num_rows:
+        ids = [wanted, *ids]  # linked to one outside the time range: still show it
+    if not ids:
+        st.info("No instances heard from in this time range (sidebar). Widen it, or start `flightrec materialize` "
+                "and an agent.")
+        return None
     index = ids.index(wanted) if wanted in ids else 0
     key = f"instance_pick_{wanted}"
     return st.selectbox("Instance", ids, index=index, key=key, on_change=remember_in_url, args=("instance", key))

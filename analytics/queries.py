@@ -120,9 +120,10 @@ def fleet_attention(db: Db, since_us: int | None = None, limit: int = 8) -> pa.T
              {"statuses": list(ATTENTION), "since": since_us, "limit": int(limit)})
 
 
-def instance_ids(db: Db) -> list[str]:
-    """Every instance id, the most recently active first."""
-    t = q(db, "SELECT instance_id FROM fleet ORDER BY last_event_us DESC NULLS LAST, instance_id")
+def instance_ids(db: Db, since_us: int | None = None) -> list[str]:
+    """Every instance id (heard from since ``since_us`` when given), the most recently active first."""
+    t = q(db, """SELECT instance_id FROM fleet WHERE $since IS NULL OR last_event_us >= $since
+                 ORDER BY last_event_us DESC NULLS LAST, instance_id""", {"since": since_us})
     return t.column("instance_id").to_pylist()
 
 

@@ -274,3 +274,11 @@ def test_bucket_unit_and_short_source():
     assert bucket_unit(None, None) == "hour"
     assert short_source("/tmp/x/.flightrec/h100-01/prover-daemon.log") == "prover-daemon.log"
     assert (short_source("stdout"), short_source("stderr"), short_source(None)) == ("stdout", "stderr", None)
+
+
+def test_instance_picker_follows_the_time_range_but_keeps_a_linked_instance(glance_db, open_page):
+    db, ids = glance_db
+    at = open_page(db, "instance", instance=ids["segv"])
+    at.selectbox(key=TIME_RANGE).select("Last 15 min").run()
+    picker = next(s for s in at.selectbox if s.label == "Instance")
+    assert picker.options == [ids["segv"]] and picker.value == ids["segv"]  # the linked one, nothing else
