@@ -72,7 +72,7 @@ def overview() -> None:
     frame = table.to_pandas()
     st.caption(f"{table.num_rows:,} instances match · select a cell and copy it (Ctrl+C) to copy an id")
     st.dataframe(
-        frame, hide_index=True, width="stretch", key="fleet_table", height=table_height(len(frame)),
+        frame, hide_index=True, width="stretch", key="fleet_table", height=table_height(len(frame)), placeholder="—",
         column_config={
             "status": st.column_config.TextColumn("status", width="medium", pinned=True,
                                                   help="running / healthy / failed / below_min_rate / lost / "

@@ -100,6 +100,7 @@ def test_fleet_rows_show_status_first_class_and_links(glance_db, open_page):
     assert config["failure"]["type_config"]["type"] == "link"
     assert config["instance"]["type_config"]["type"] == "link"
     assert config["instance_id"]["width"] == "large"  # ids are not cut
+    assert at.dataframe[0].proto.placeholder == "—"  # a missing value reads as a dash, not "None"
 
 
 def test_fleet_table_fits_its_rows():
