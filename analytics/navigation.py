@@ -6,7 +6,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from flightrec.analytics.ui import db_path
+from flightrec.analytics.ui import db_path, time_range_picker
 from flightrec.lake import mask_password
 
 # The page scripts sit next to this module. Not in a `pages/` folder: Streamlit treats
@@ -32,6 +32,7 @@ def main() -> None:
              else st.Page(PAGES_DIR / f, title=t, icon=i, url_path=u)
              for n, (f, t, i, u) in enumerate(PAGES)]
     nav = st.navigation(pages)
+    time_range_picker()
     st.sidebar.caption(f"Database: `{mask_password(db_path())}`")
     st.sidebar.caption("Times are UTC.")
     nav.run()

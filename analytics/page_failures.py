@@ -6,24 +6,49 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.ui import fetch, fmt_num, page_link_url, query_param, remember_in_url, table_height
+from flightrec.analytics.ui import (
+    REFRESH_S,
+    bucket_unit,
+    collapse,
+    fetch,
+    fmt_num,
+    rows_height,
+    page_link_url,
+    query_param,
+    remember_in_url,
+    short_source,
+    signal_of,
+    since_us,
+    table_height,
+)
+
+COUNT_AXIS = {"tickMinStep": 1, "format": "d"}  # counts of failures: whole numbers on the axis
+BUCKET_FORMAT = {"minute": "%H:%M", "hour": "%m-%d %H:00", "day": "%Y-%m-%d"}
 
 
-def charts(classes: list[str], gpus: list[str]) -> None:
-    """Failures per hour stacked by class, and per GPU model."""
-    over_time = fetch(queries.failures_over_time, classes=classes, gpu_models=gpus)
-    by_gpu = fetch(queries.failures_by_gpu, classes=classes, gpu_models=gpus)
+def charts(classes: list[str], gpus: list[str], since: int | None) -> None:
+    """Failures per minute, hour or day (whichever says something) stacked by class, and per GPU model."""
+    span = fetch(queries.failures_span, classes=classes, gpu_models=gpus, since_us=since).to_pylist()[0]
+    unit = bucket_unit(span["first_us"], span["last_us"])
+    over_time = fetch(queries.failures_over_time, classes=classes, gpu_models=gpus, since_us=since, unit=unit)
+    by_gpu = fetch(queries.failures_by_gpu, classes=classes, gpu_models=gpus, since_us=since)
     if not over_time.num_rows:
         return
+    frame = over_time.to_pandas()
+    frame["when"] = frame["bucket"].dt.strftime(BUCKET_FORMAT[unit])  # one band per bucket, labelled, not a hairline
     left, right = st.columns(2)
+    tall = rows_height(by_gpu.to_pandas()["gpu_model"].nunique() if by_gpu.num_rows else 1)
     left.altair_chart(
-        alt.Chart(over_time.to_pandas(), title="Failures per hour by class").mark_bar().encode(
-            x=alt.X("hour:T", title="hour (UTC)"), y=alt.Y("failures:Q"), color="failure_class:N",
-            tooltip=["hour", "failure_class", "failures"]), width="stretch")
+        alt.Chart(frame, title=f"Failures per {unit} by class (UTC)").mark_bar().encode(
+            x=alt.X("when:O", title=f"{unit} (UTC)", sort=None, axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("failures:Q", axis=alt.Axis(**COUNT_AXIS)), color="failure_class:N",
+            tooltip=["bucket", "failure_class", "failures"]).properties(height=tall), width="stretch", height=tall)
     right.altair_chart(
         alt.Chart(by_gpu.to_pandas(), title="Failures by GPU model").mark_bar().encode(
-            x=alt.X("failures:Q"), y=alt.Y("gpu_model:N", sort="-x", title=None, axis=alt.Axis(labelLimit=220)), color="failure_class:N",
-            tooltip=["gpu_model", "failure_class", "failures"]), width="stretch")
+            x=alt.X("failures:Q", axis=alt.Axis(**COUNT_AXIS)),
+            y=alt.Y("gpu_model:N", sort="-x", title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
+            color="failure_class:N", tooltip=["gpu_model", "failure_class", "failures"]).properties(height=tall),
+        width="stretch", height=tall)
 
 
 def failure_label(row: dict) -> str:
@@ -31,22 +56,24 @@ def failure_label(row: dict) -> str:
     return f"{row['failed_at']:%Y-%m-%d %H:%M:%S} · {row['instance_id']} · {row['stage']} · {row['failure_class']}"
 
 
-def listing(classes: list[str], gpus: list[str]) -> str | None:
+def listing(classes: list[str], gpus: list[str], since: int | None) -> str | None:
     """The failures table and the picker; returns the failure id to drill into."""
-    table = fetch(queries.failure_list, classes=classes, gpu_models=gpus)
+    table = fetch(queries.failure_list, classes=classes, gpu_models=gpus, since_us=since)
+    wanted = query_param("failure")
     if not table.num_rows:
-        st.info("No failures match." if classes or gpus else "No failures recorded. Good.")
-        return None
+        st.info("No failures match." if classes or gpus or since else "No failures recorded. Good.")
+        return wanted
     frame = table.to_pandas()
     frame.insert(0, "open", [page_link_url("failures", failure=f) for f in frame["failure_id"]])
     st.dataframe(frame.drop(columns=["failure_id"]), hide_index=True, width="stretch", height=table_height(len(frame), 260),
-                 column_config={"open": st.column_config.LinkColumn("open", display_text="open", width="small")})
+                 column_config={"open": st.column_config.LinkColumn("open", display_text="open", width="small"),
+                                "instance_id": st.column_config.TextColumn("instance_id", width="medium"),
+                                "gpu_model": st.column_config.TextColumn("gpu_model", width="medium")})
     rows = table.select(["failure_id", "failed_at", "instance_id", "stage", "failure_class"]).to_pylist()
     labels = {r["failure_id"]: failure_label(r) for r in rows}
     ids = list(labels)
-    wanted = query_param("failure")
-    if wanted and wanted not in labels and not (classes or gpus):
-        ids.insert(0, wanted)  # linked directly to one beyond the list's length: still show it
+    if wanted and wanted not in labels:
+        ids.insert(0, wanted)  # linked directly to one outside the list (its length, filters, time range): still show it
         labels[wanted] = wanted
     index = ids.index(wanted) if wanted in ids else 0
     key = f"failure_pick_{wanted}"
@@ -55,14 +82,18 @@ def listing(classes: list[str], gpus: list[str]) -> str | None:
 
 
 def tail_block(title: str, lines: list[str] | None, matched: str | None) -> None:
-    """One tail as a code block; the line the class rule matched is called out above it."""
+    """One tail as a code block: the matched line marked ▶, a long tail collapsed around it (all of it below)."""
     st.markdown(f"**{title}**")
     if not lines:
         st.caption("(empty)")
         return
-    if matched and any(matched in line for line in lines):
-        st.caption("contains the matched line")
-    st.code("\n".join(lines), language=None, wrap_lines=True)
+    shown, cut = collapse(list(lines), matched)
+    if shown != list(lines):
+        st.caption("▶ the matched line" + (f"; {len(shown)} of {len(lines)} lines around it" if cut else ""))
+    st.code("\n".join(shown), language=None, wrap_lines=True)
+    if cut:
+        with st.expander(f"All {len(lines)} lines"):
+            st.code("\n".join(lines), language=None, wrap_lines=True)
 
 
 def drill_down(failure_id: str) -> None:
@@ -72,14 +103,19 @@ def drill_down(failure_id: str) -> None:
         st.warning(f"No failure {failure_id!r} in the database.")
         return
     st.header(f"{f['instance_id']} · {f['stage']} · {f['outcome']}")
+    st.code(f["instance_id"], language=None)  # the id, with a copy button
     st.page_link("page_instance.py", label="open the instance", icon=":material/memory:",
                  query_params={"instance": f["instance_id"]})
-    st.caption(f"failed at {f['failed_at']} UTC")
-    cols = st.columns([3, 1, 1, 2])
+    st.caption(f"failed at {f['failed_at']} UTC · failure id `{failure_id}`")
+    tails_text = list(f["stderr_tail"] or []) + [line for ft in f["file_tails"] or [] for line in ft.get("lines") or []]
+    name, where = signal_of(f["signal"], f["signal_name"], f["exit_code"],
+                            ([f["matched_line"]] if f["matched_line"] else []) + tails_text)
+    cols = st.columns([3, 1, 1])
     cols[0].metric("Class", f["failure_class"] or "unknown")
     cols[1].metric("Exit code", "—" if f["exit_code"] is None else str(f["exit_code"]))
-    cols[2].metric("Signal", f["signal_name"] or ("—" if not f["signal"] else str(f["signal"])))
-    cols[3].metric("GPU", f["gpu_model"] or "unknown", help=f"compute capability {f['compute_capability']}")
+    cols[2].metric("Signal", name or "—", help=where or "no signal: the command exited by itself")
+    # The GPU's full name (a metric would cut it).
+    st.markdown(f"**GPU** {f['gpu_model'] or 'unknown'} · compute capability {f['compute_capability'] or '?'}")
     if f["hint"]:
         st.info(f"**Hint:** {f['hint']}")
     if f["matched_line"]:
@@ -98,29 +134,46 @@ def drill_down(failure_id: str) -> None:
     tails: list[tuple[str, list[str] | None]] = [("stderr", f["stderr_tail"])]
     for ft in f["file_tails"] or []:
         suffix = "" if ft.get("exists", True) else " (missing)"
-        tails.append((f"{ft['path']}{suffix}", ft.get("lines")))
+        tails.append((f"{short_source(ft['path'])}{suffix}", ft.get("lines")))
     if f["stdout_tail"]:
         tails.append(("stdout", f["stdout_tail"]))
+    files = [ft["path"] for ft in f["file_tails"] or [] if short_source(ft["path"]) != ft["path"]]
+    if files:
+        st.caption("Files: " + " · ".join(f"{short_source(p)} = {p}" for p in files))
     for col, (title, lines) in zip(st.columns(len(tails)), tails):
         with col:
             tail_block(title, lines, f["matched_line"])
 
     st.markdown("**Events that led up to it**")
-    events = f["preceding_events"] or []
-    st.code("\n".join(events) if events else "(none recorded)", language=None)
+    events = fetch(queries.failure_events, failure_id)
+    if events.num_rows:
+        st.dataframe(events.select(["at", "stage", "state", "detail"]).to_pandas(), hide_index=True, width="stretch",
+                     height=table_height(events.num_rows, 420),
+                     column_config={"at": st.column_config.DatetimeColumn("at (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
+                                    "detail": st.column_config.TextColumn("detail", width="large")})
+    else:
+        st.code("\n".join(f["preceding_events"] or []) or "(none recorded)", language=None)
+
+
+def body(classes: list[str], gpus: list[str]) -> None:
+    """Charts, list and drill-down (rerun by itself every few seconds while `live` is on)."""
+    since = since_us()
+    charts(classes, gpus, since)
+    chosen = listing(classes, gpus, since)
+    if chosen:
+        drill_down(chosen)
 
 
 def render() -> None:
     """The Failures page."""
     st.title("Failures")
     options = fetch(queries.failure_filter_options).to_pylist()[0]
-    c1, c2 = st.columns(2)
+    c1, c2, c3 = st.columns([2, 2, 1])
     classes = c1.multiselect("Failure class", options["classes"] or [], key="failures_classes")
     gpus = c2.multiselect("GPU model", options["gpu_models"] or [], key="failures_gpus")
-    charts(classes, gpus)
-    chosen = listing(classes, gpus)
-    if chosen:
-        drill_down(chosen)
+    live = c3.toggle("Refresh while the materializer runs", value=True, key="failures_live",
+                     help=f"Re-reads the database every {REFRESH_S:.0f} s")
+    st.fragment(body, run_every=REFRESH_S if live else None)(classes, gpus)
 
 
 if __name__ == "__main__":

@@ -6,21 +6,41 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.ui import REFRESH_S, fetch, page_link_url
+from flightrec.analytics.ui import REFRESH_S, fetch, rows_height, since_us, table_height
+
+COUNT_AXIS = {"tickMinStep": 1, "format": "d"}  # counts of instances: whole numbers on the axis
 
 
 def _bar(table, column: str, title: str) -> alt.Chart:
-    return (alt.Chart(table.to_pandas(), title=title)
+    frame = table.to_pandas()
+    return (alt.Chart(frame, title=title)
             .mark_bar()
-            .encode(x=alt.X("instances:Q", title="instances"),
-                    y=alt.Y(f"{column}:N", sort="-x", title=None, axis=alt.Axis(labelLimit=220)),
+            .encode(x=alt.X("instances:Q", title="instances", axis=alt.Axis(**COUNT_AXIS)),
+                    y=alt.Y(f"{column}:N", sort="-x", title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
                     tooltip=[column, "instances"])
-            )
+            .properties(height=rows_height(len(frame))))
+
+
+def attention(since: int | None) -> None:
+    """The few instances that need a look, each with links to its failure and its instance page."""
+    rows = fetch(queries.fleet_attention, since_us=since).to_pylist()
+    if not rows:
+        return
+    st.markdown("**Needs attention** (most recent first)")
+    for r in rows:
+        c1, c2, c3 = st.columns([5, 1, 1])
+        c1.markdown(f"`{r['status']}` **{r['instance_id']}** · {r['failure_class'] or ''} · {r['status_detail'] or ''}")
+        if r["failure_id"]:
+            c2.page_link("page_failures.py", label="failure", icon=":material/error:",
+                         query_params={"failure": r["failure_id"]})
+        c3.page_link("page_instance.py", label="instance", icon=":material/memory:",
+                     query_params={"instance": r["instance_id"]})
 
 
 def overview() -> None:
     """Headline numbers, the two breakdowns and the instances table."""
-    counts = fetch(queries.fleet_counts).to_pylist()[0]
+    since = since_us()
+    counts = fetch(queries.fleet_counts, since_us=since).to_pylist()[0]
     cols = st.columns(6)
     cols[0].metric("Instances", f"{counts['instances']:,}")
     cols[1].metric("Failed now", f"{counts['failed']:,}")
@@ -30,29 +50,40 @@ def overview() -> None:
     cols[5].metric("Lost or destroyed", f"{counts['gone']:,}")
 
     left, right = st.columns(2)
-    by_state = fetch(queries.fleet_by, "status")
-    by_gpu = fetch(queries.fleet_by, "gpu_model")
+    by_state = fetch(queries.fleet_by, "status", since_us=since)
+    by_gpu = fetch(queries.fleet_by, "gpu_model", since_us=since)
     if by_state.num_rows:
-        left.altair_chart(_bar(by_state, "status", "Instances by status"), width="stretch")
-        right.altair_chart(_bar(by_gpu, "gpu_model", "Instances by GPU model"), width="stretch")
+        tall = rows_height(max(by_state.num_rows, by_gpu.num_rows))  # side by side: one height
+        left.altair_chart(_bar(by_state, "status", "Instances by status"), width="stretch", height=tall)
+        right.altair_chart(_bar(by_gpu, "gpu_model", "Instances by GPU model"), width="stretch", height=tall)
+
+    attention(since)
 
     options = fetch(queries.fleet_filter_options).to_pylist()[0]
-    f1, f2, f3, f4 = st.columns([2, 2, 2, 1])
-    states = f1.multiselect("State", options["states"] or [], key="fleet_states")
+    f1, f2, f3, f4 = st.columns([2, 2, 2, 2])
+    statuses = f1.multiselect("Status", options["statuses"] or [], key="fleet_status")
     gpus = f2.multiselect("GPU model", options["gpu_models"] or [], key="fleet_gpus")
     search = f3.text_input("Instance id contains", key="fleet_search")
     only_failed = f4.checkbox("Only with failures", key="fleet_failed")
     only_incomplete = f4.checkbox("Only incomplete evidence", key="fleet_incomplete")
 
-    table = fetch(queries.fleet_table, states=states, gpu_models=gpus, search=search.strip(),
-                  only_failed=only_failed, only_incomplete=only_incomplete)
+    table = fetch(queries.fleet_table, statuses=statuses, gpu_models=gpus, search=search.strip(),
+                  only_failed=only_failed, only_incomplete=only_incomplete, since_us=since)
     frame = table.to_pandas()
-    frame.insert(0, "open", [page_link_url("instance", instance=i) for i in frame["instance_id"]])
-    st.caption(f"{table.num_rows:,} instances match")
+    st.caption(f"{table.num_rows:,} instances match · select a cell and copy it (Ctrl+C) to copy an id")
     st.dataframe(
-        frame, hide_index=True, width="stretch", key="fleet_table",
+        frame, hide_index=True, width="stretch", key="fleet_table", height=table_height(len(frame)), placeholder="—",
         column_config={
-            "open": st.column_config.LinkColumn("open", display_text="open", width="small"),
+            "status": st.column_config.TextColumn("status", width="medium", pinned=True,
+                                                  help="running / healthy / failed / below_min_rate / lost / "
+                                                       "destroyed / finished / idle"),
+            "instance_id": st.column_config.TextColumn("instance_id", width="large", pinned=True),
+            "failure_class": st.column_config.TextColumn("failure class", width="medium"),
+            "failure": st.column_config.LinkColumn("failure", display_text="open", width="small",
+                                                   help="the instance's latest failure on the Failures page"),
+            "instance": st.column_config.LinkColumn("instance", display_text="open", width="small",
+                                                    help="the Instance page: stages, exits, logs"),
+            "status_detail": st.column_config.TextColumn("status detail", width="medium"),
             "age_hours": st.column_config.NumberColumn("age (h)", format="%.1f"),
             "proofs_per_hour": st.column_config.NumberColumn("proofs/hour", format="%.1f"),
             "cost_per_proof": st.column_config.NumberColumn("$/proof", format="$%.6f"),

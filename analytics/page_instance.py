@@ -6,7 +6,20 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.ui import fetch, fmt_money, fmt_num, query_param, remember_in_url, table_height
+from flightrec.analytics.ui import (
+    REFRESH_S,
+    fetch,
+    rows_height,
+    fmt_money,
+    fmt_num,
+    query_param,
+    remember_in_url,
+    short_source,
+    since_us,
+    table_height,
+)
+
+TAIL_ROWS = 200  # lines the live tail shows, newest first
 
 OUTCOME_COLORS = alt.Scale(domain=["succeeded", "failed", "skipped", "running", "no end (lost)", "no end (destroyed)",
                                    "no end (finished)", "no end (rebooted)"],
@@ -17,12 +30,15 @@ STATUS_BANNER = {"failed": st.error, "below_min_rate": st.warning, "lost": st.er
 
 
 def pick_instance() -> str | None:
-    """The instance to show: from ?instance=ID, else the selectbox (newest activity first)."""
-    ids = fetch(queries.instance_ids)
-    if not ids:
-        st.info("No instances in the database yet. Start `flightrec materialize` and an agent.")
-        return None
+    """The instance to show: from ?instance=ID, else the selectbox (newest activity first, within the time range)."""
+    ids = fetch(queries.instance_ids, since_us=since_us())
     wanted = query_param("instance")
+    if wanted and wanted not in ids and fetch(queries.instance_facts, wanted).num_rows:
+        ids = [wanted, *ids]  # linked to one outside the time range: still show it
+    if not ids:
+        st.info("No instances heard from in this time range (sidebar). Widen it, or start `flightrec materialize` "
+                "and an agent.")
+        return None
     index = ids.index(wanted) if wanted in ids else 0
     key = f"instance_pick_{wanted}"
     return st.selectbox("Instance", ids, index=index, key=key, on_change=remember_in_url, args=("instance", key))
@@ -35,9 +51,10 @@ def facts(instance_id: str) -> dict | None:
         st.warning(f"No instance {instance_id!r} in the database.")
         return None
     f = rows[0]
+    st.code(instance_id, language=None)  # the id, with a copy button
     cols = st.columns(5)
-    cols[0].metric("State", f"{f['state'] or '—'}", help=f"stage: {f['stage']}")
-    cols[1].metric("Stage", f["stage"] or "—")
+    cols[0].metric("Status", f"{f['status'] or '—'}", help=f"{f['status_detail'] or ''} (state: {f['state']})")
+    cols[1].metric("Stage", f["stage"] or "—", help=f"its last lifecycle state: {f['state']}")
     cols[2].metric("Proofs/hour", fmt_num(f["proofs_per_hour"]), help=f"minimum rate {fmt_num(f['min_rate'])}")
     cols[3].metric("Verdict", f["verdict"] or "—")
     cols[4].metric("Failures", f"{f['failures']}")
@@ -71,14 +88,15 @@ def timeline(instance_id: str) -> None:
         st.caption("No stage events.")
         return
     frame = stages.to_pandas()
-    chart = (alt.Chart(frame)
+    order = list(dict.fromkeys(frame.sort_values("started_at", kind="stable")["stage"]))  # by first start
+    chart = (alt.Chart(frame, title="Stages")
              .mark_bar()
              .encode(x=alt.X("started_at:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S")), x2="ended_at:T",
-                     y=alt.Y("stage:N", sort=alt.SortField("started_at"), title=None),
+                     y=alt.Y("stage:N", sort=order, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
                      color=alt.Color("outcome:N", scale=OUTCOME_COLORS),
                      tooltip=["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"])
-             .properties(height=max(120, 32 * frame["stage"].nunique())))
-    st.altair_chart(chart, width="stretch")
+             .properties(height=rows_height(len(order))))
+    st.altair_chart(chart, width="stretch", height=rows_height(len(order)))
     st.dataframe(frame[["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"]],
                  hide_index=True, width="stretch", height=table_height(len(frame), 300))
 
@@ -89,15 +107,16 @@ def exits_and_throughput(instance_id: str) -> None:
     left.subheader("Exits")
     exits = fetch(queries.instance_exits, instance_id)
     if exits.num_rows:
-        left.dataframe(exits, hide_index=True, width="stretch")
+        left.table(exits.to_pandas())  # a static table wraps: the whole command shows
     else:
         left.caption("No subprocess exits.")
     right.subheader("Throughput")
     tp = fetch(queries.instance_throughput, instance_id)
     if tp.num_rows:
         frame = tp.to_pandas()
-        line = alt.Chart(frame).mark_line(point=True).encode(
-            x=alt.X("ts:T", title="time (UTC)"), y=alt.Y("proofs_per_hour:Q", title="proofs/hour"),
+        line = alt.Chart(frame, title="Throughput").mark_line(point=True).encode(
+            x=alt.X("ts:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S", labelAngle=0)),
+            y=alt.Y("proofs_per_hour:Q", title="proofs/hour"),
             color="kind:N", tooltip=["ts", "kind", "phase", "proofs", "proofs_per_hour", "verdict"])
         layers = [line]
         if frame["min_rate"].notna().any():
@@ -112,6 +131,9 @@ def failures(instance_id: str) -> list[dict]:
     """Its failures, each linking to the drill-down on the Failures page."""
     rows = fetch(queries.instance_failures, instance_id).to_pylist()
     if rows:
+        latest = rows[0]  # the decisive line, above the fold
+        st.error(f"**{latest['stage']}** failed: `{latest['failure_class']}`"
+                 + (f"\n\n```\n{latest['matched_line']}\n```" if latest["matched_line"] else ""))
         st.subheader("Failures")
         for r in rows:
             st.markdown(f"- **{r['stage']}** {r['outcome']} at {r['failed_at']} — `{r['failure_class']}`: "
@@ -124,34 +146,62 @@ def failures(instance_id: str) -> list[dict]:
 def logs(instance_id: str, failure_rows: list[dict]) -> None:
     """The log viewer: filter by stage and source, search, jump to the failure."""
     st.subheader("Logs")
-    sources = fetch(queries.log_sources, instance_id).to_pylist()
+    c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
+    live = c4.toggle("Live tail", value=False, key=f"live_tail_{instance_id}",
+                     help="The newest lines first; follows them while the page refreshes")
+    jump = c4.toggle("Jump to the failure", value=False, disabled=not failure_rows or live,
+                     key=f"logs_jump_{instance_id}")
+    around = None
+    default_stages: list[str] = []
+    if jump and failure_rows and not live:
+        failure = failure_rows[0]
+        around = failure["ts_us"]
+        default_stages = [failure["stage"]]
+    # The filters' values are read before their widgets are drawn, so one scan answers both
+    # the widgets' options and the lines (a widget keeps its value in st.session_state).
+    stage_key, source_key, search_key = (f"logs_stages_{instance_id}_{jump}", f"logs_sources_{instance_id}",
+                                         f"logs_search_{instance_id}")
+    stages = list(st.session_state.get(stage_key, default_stages))
+    chosen_sources = list(st.session_state.get(source_key, []))
+    search = str(st.session_state.get(search_key, "")).strip()
+    source_rows, lines = fetch(queries.log_page, instance_id, stages=stages, sources=chosen_sources, search=search,
+                               around_us=around, **({"limit": TAIL_ROWS, "newest_first": True} if live else {}))
+    sources = source_rows.to_pylist()
     if not sources:
         st.caption("No log lines.")
         return
     all_stages = sorted({r["stage"] for r in sources if r["stage"]})
     all_sources = sorted({r["source"] for r in sources if r["source"]})
-    c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
-    jump = c4.toggle("Jump to the failure", value=False, disabled=not failure_rows, key=f"logs_jump_{instance_id}")
-    around = None
-    default_stages: list[str] = []
-    if jump and failure_rows:
-        failure = failure_rows[0]
-        around = failure["ts_us"]
-        default_stages = [failure["stage"]] if failure["stage"] in all_stages else []
-    stages = c1.multiselect("Stage", all_stages, default=default_stages, key=f"logs_stages_{instance_id}_{jump}")
-    chosen_sources = c2.multiselect("Source", all_sources, key=f"logs_sources_{instance_id}",
-                                    help="stdout, stderr, or a followed file")
-    search = c3.text_input("Search", key=f"logs_search_{instance_id}").strip()
-    lines = fetch(queries.log_lines, instance_id, stages=stages, sources=chosen_sources, search=search,
-                  around_us=around)
+    c1.multiselect("Stage", all_stages, default=[s for s in default_stages if s in all_stages], key=stage_key)
+    c2.multiselect("Source", all_sources, key=source_key, format_func=short_source,
+                   help="stdout, stderr, or a followed file (by its name; the legend below has the full path)")
+    c3.text_input("Search", key=search_key)
     total = lines.column("matching")[0].as_py() if lines.num_rows else 0
     where = " up to the failure" if around is not None else ""
-    st.caption(f"{total:,} matching lines; showing the last {lines.num_rows:,}{where}.")
-    st.dataframe(lines.select(["ts", "stage", "source", "line_no", "late", "text"]), hide_index=True, width="stretch",
-                 height=table_height(lines.num_rows, 420),
+    order = "newest first, following new lines" if live else "oldest first"
+    st.caption(f"{total:,} matching lines; showing the last {lines.num_rows:,}{where} ({order}).")
+    files = [s for s in all_sources if short_source(s) != s]
+    if files:
+        st.caption("Sources: " + " · ".join(f"{short_source(s)} = {s}" for s in files))
+    frame = lines.select(["ts", "stage", "source", "line_no", "late", "text"]).to_pandas()
+    frame["source"] = [short_source(s) for s in frame["source"]]
+    st.dataframe(frame, hide_index=True, width="stretch", height=table_height(len(frame), 420),
                  column_config={"text": st.column_config.TextColumn("text", width="large"),
+                                "source": st.column_config.TextColumn("source", width="small",
+                                                                      help="a followed file by its name: see Sources"),
                                 "late": st.column_config.CheckboxColumn(
                                     "late", help="written after the stage's command exited, by a process it left behind")})
+
+
+def body(instance_id: str) -> None:
+    """Everything below the picker (rerun by itself every few seconds while `live` is on)."""
+    if facts(instance_id) is None:
+        return
+    failure_rows = failures(instance_id)
+    manager_events(instance_id)
+    timeline(instance_id)
+    exits_and_throughput(instance_id)
+    logs(instance_id, failure_rows)
 
 
 def render() -> None:
@@ -160,13 +210,9 @@ def render() -> None:
     instance_id = pick_instance()
     if instance_id is None:
         return
-    if facts(instance_id) is None:
-        return
-    failure_rows = failures(instance_id)
-    manager_events(instance_id)
-    timeline(instance_id)
-    exits_and_throughput(instance_id)
-    logs(instance_id, failure_rows)
+    live = st.toggle("Refresh while the materializer runs", value=True, key="instance_live",
+                     help=f"Re-reads the database every {REFRESH_S:.0f} s")
+    st.fragment(body, run_every=REFRESH_S if live else None)(instance_id)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,12 @@ import pandas as pd
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.ui import fetch, page_link_url, table_height
+from flightrec.analytics.ui import bucket_unit, fetch, page_link_url, rows_height, since_us, table_height
 
 MAX_POINTS = 5000  # instances drawn in the distribution chart (all are in the table)
 
 
-def by_gpu(gpus: list[str]) -> pd.DataFrame:
+def by_gpu(gpus: list[str], since: int | None) -> pd.DataFrame:
     """The per-model summary and the distribution of each instance's latest rate against the minimum."""
     summary = fetch(queries.gpu_throughput)
     if not summary.num_rows:
@@ -23,12 +23,12 @@ def by_gpu(gpus: list[str]) -> pd.DataFrame:
         "median_cost_per_proof": st.column_config.NumberColumn("median $/proof", format="$%.6f"),
         "median_price_per_hour": st.column_config.NumberColumn("median $/hour", format="$%.2f"),
     })
-    rates = fetch(queries.instance_rates, gpu_models=gpus)
+    rates = fetch(queries.instance_rates, gpu_models=gpus, since_us=since)
     frame = rates.to_pandas()
     points = frame.sample(MAX_POINTS, random_state=0) if len(frame) > MAX_POINTS else frame
     dots = alt.Chart(points).mark_tick(thickness=2).encode(
         x=alt.X("proofs_per_hour:Q", title="proofs/hour (latest per instance)"),
-        y=alt.Y("gpu_model:N", title=None, axis=alt.Axis(labelLimit=220)),
+        y=alt.Y("gpu_model:N", title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
         color=alt.Color("meets_min_rate:N", title="meets minimum",
                         scale=alt.Scale(domain=[True, False], range=["#2e7d32", "#c62828"])),
         tooltip=["instance_id", "gpu_model", "proofs_per_hour", "min_rate", "cost_per_proof"])
@@ -37,8 +37,8 @@ def by_gpu(gpus: list[str]) -> pd.DataFrame:
         x="min_rate:Q", y="gpu_model:N", tooltip=["gpu_model", "min_rate"])
     n_models = points["gpu_model"].nunique()
     st.altair_chart(alt.layer(dots, floor).properties(title="Distribution against the minimum rate (black)",
-                                                      height=max(120, 40 * n_models)),
-                    width="stretch")
+                                                      height=rows_height(n_models, 40)),
+                    width="stretch", height=rows_height(n_models, 40))
     return frame
 
 
@@ -55,16 +55,20 @@ def per_instance(frame: pd.DataFrame) -> None:
     })
 
 
-def over_time(gpus: list[str]) -> None:
-    """Median measured proofs/hour per GPU model and hour."""
+def over_time(gpus: list[str], since: int | None) -> None:
+    """Median measured proofs/hour per GPU model and minute, hour or day (whichever says something)."""
     st.subheader("Over time")
-    series = fetch(queries.throughput_over_time, gpu_models=gpus)
+    span = fetch(queries.throughput_span, gpu_models=gpus, since_us=since).to_pylist()[0]
+    unit = bucket_unit(span["first_us"], span["last_us"])
+    series = fetch(queries.throughput_over_time, gpu_models=gpus, since_us=since, unit=unit)
     if not series.num_rows:
         st.caption("No measured samples.")
         return
-    st.altair_chart(alt.Chart(series.to_pandas()).mark_line(point=True).encode(
-        x=alt.X("hour:T", title="hour (UTC)"), y=alt.Y("proofs_per_hour:Q", title="median proofs/hour"),
-        color="gpu_model:N", tooltip=["hour", "gpu_model", "proofs_per_hour", "samples"]), width="stretch")
+    fmt = "%H:%M" if unit == "minute" else "%m-%d %H:%M" if unit == "hour" else "%Y-%m-%d"
+    st.altair_chart(alt.Chart(series.to_pandas(), title=f"Median proofs/hour per {unit}").mark_line(point=True).encode(
+        x=alt.X("bucket:T", title=f"{unit} (UTC)", axis=alt.Axis(format=fmt, labelAngle=0)),
+        y=alt.Y("proofs_per_hour:Q", title="median proofs/hour"),
+        color="gpu_model:N", tooltip=["bucket", "gpu_model", "proofs_per_hour", "samples"]), width="stretch")
 
 
 def render() -> None:
@@ -72,9 +76,10 @@ def render() -> None:
     st.title("Throughput")
     options = fetch(queries.fleet_filter_options).to_pylist()[0]
     gpus = st.multiselect("GPU model", options["gpu_models"] or [], key="throughput_gpus")
-    frame = by_gpu(gpus)
+    since = since_us()
+    frame = by_gpu(gpus, since)
     per_instance(frame)
-    over_time(gpus)
+    over_time(gpus, since)
 
 
 if __name__ == "__main__":

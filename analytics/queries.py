@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flightrec.analytics.views import VIEWS, ts
 from flightrec.query import run_query
@@ -37,8 +38,11 @@ def like_pattern(text: str) -> str:
 
 # ---- Fleet ---------------------------------------------------------------------------
 
-def fleet_counts(db: Db) -> pa.Table:
-    """Totals for the headline: instances, failed, failures, incomplete evidence, pass verdicts."""
+def fleet_counts(db: Db, since_us: int | None = None) -> pa.Table:
+    """Totals for the headline: instances, failed, failures, incomplete evidence, pass verdicts.
+
+    With ``since_us``, only instances heard from since then (the pages' time range).
+    """
     return q(db, """
         SELECT count(*) AS instances,
                count(*) FILTER (WHERE status IN ('failed', 'below_min_rate')) AS failed,
@@ -46,46 +50,80 @@ def fleet_counts(db: Db) -> pa.Table:
                CAST(coalesce(sum(failures), 0) AS BIGINT) AS failures,
                count(*) FILTER (WHERE NOT coalesce(complete, false)) AS incomplete,
                count(*) FILTER (WHERE verdict = 'pass') AS passed
-        FROM fleet""")
+        FROM fleet WHERE $since IS NULL OR last_event_us >= $since""", {"since": since_us})
 
 
-def fleet_by(db: Db, column: str) -> pa.Table:
+def fleet_by(db: Db, column: str, since_us: int | None = None) -> pa.Table:
     """Instances counted by ``state`` or ``gpu_model`` (the column name is chosen from a fixed set)."""
     if column not in ("state", "status", "gpu_model", "stage"):
         raise ValueError(f"cannot group the fleet by {column!r}")
     return q(db, f"""
         SELECT coalesce(nullif({column}, ''), 'unknown') AS {column}, count(*) AS instances
-        FROM fleet GROUP BY ALL ORDER BY instances DESC, {column}""")
+        FROM fleet WHERE $since IS NULL OR last_event_us >= $since
+        GROUP BY ALL ORDER BY instances DESC, {column}""", {"since": since_us})
 
 
 def fleet_filter_options(db: Db) -> pa.Table:
-    """Distinct states and GPU models, for the Fleet filters."""
+    """Distinct statuses, states and GPU models, for the Fleet filters."""
     return q(db, """
-        SELECT list(DISTINCT state ORDER BY state) FILTER (WHERE state IS NOT NULL) AS states,
+        SELECT list(DISTINCT status ORDER BY status) FILTER (WHERE status IS NOT NULL) AS statuses,
+               list(DISTINCT state ORDER BY state) FILTER (WHERE state IS NOT NULL) AS states,
                list(DISTINCT gpu_model ORDER BY gpu_model) FILTER (WHERE gpu_model IS NOT NULL) AS gpu_models
         FROM fleet""")
 
 
 def fleet_table(db: Db, states: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
-                search: str = "", only_failed: bool = False, only_incomplete: bool = False) -> pa.Table:
-    """The instances table with its filters (every filter is a bound parameter)."""
+                search: str = "", only_failed: bool = False, only_incomplete: bool = False,
+                statuses: Sequence[str] | None = None, since_us: int | None = None) -> pa.Table:
+    """The instances table with its filters (every filter is a bound parameter).
+
+    Status first; ``failure`` and ``instance`` are the row's relative links (ui.page_link_url's form) to
+    its latest failure and its Instance page; ``failure_class`` is that of the current boot's failure,
+    else of the latest one.
+    """
     return q(db, """
-        SELECT instance_id, status, status_detail, state, stage, age_hours, proofs_per_hour, verdict, failures, complete,
+        WITH lf AS (SELECT instance_id, arg_max(failure_id, ts_us) AS failure_id,
+                           arg_max(failure_class, ts_us) AS last_class
+                    FROM failures GROUP BY instance_id)
+        SELECT status, instance_id, coalesce(failure_class, last_class) AS failure_class,
+               'failures?failure=' || url_encode(lf.failure_id) AS failure,
+               'instance?instance=' || url_encode(instance_id) AS instance, status_detail,
+               state, stage, age_hours, proofs_per_hour, verdict, failures, complete,
                gpu_model, cost_per_proof, last_seen, incomplete_reason
-        FROM fleet
+        FROM fleet LEFT JOIN lf USING (instance_id)
         WHERE (len($states) = 0 OR list_contains($states, state))
+          AND (len($statuses) = 0 OR list_contains($statuses, status))
+          AND ($since IS NULL OR last_event_us >= $since)
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
           AND ($search = '' OR instance_id ILIKE $pattern ESCAPE '\\')
-          AND (NOT $only_failed OR failures > 0 OR state = 'failed')
+          AND (NOT $only_failed OR failures > 0 OR state = 'failed' OR status IN ('failed', 'below_min_rate'))
           AND (NOT $only_incomplete OR NOT coalesce(complete, false))
         ORDER BY last_event_us DESC NULLS LAST, instance_id""",
              {"states": _list(states), "gpus": _list(gpu_models), "search": search,
-              "pattern": like_pattern(search), "only_failed": only_failed, "only_incomplete": only_incomplete})
+              "pattern": like_pattern(search), "only_failed": only_failed, "only_incomplete": only_incomplete,
+              "statuses": _list(statuses), "since": since_us})
 
 
-def instance_ids(db: Db) -> list[str]:
-    """Every instance id, the most recently active first."""
-    t = q(db, "SELECT instance_id FROM fleet ORDER BY last_event_us DESC NULLS LAST, instance_id")
+ATTENTION = ("failed", "below_min_rate", "lost")  # statuses the Fleet page lists first, with links
+
+
+def fleet_attention(db: Db, since_us: int | None = None, limit: int = 8) -> pa.Table:
+    """The instances that need a look (failed, too slow, lost), most recent first, with their latest failure."""
+    return q(db, """
+        WITH lf AS (SELECT instance_id, arg_max(failure_id, ts_us) AS failure_id,
+                           arg_max(failure_class, ts_us) AS last_class
+                    FROM failures GROUP BY instance_id)
+        SELECT status, instance_id, coalesce(failure_class, last_class) AS failure_class, lf.failure_id, status_detail
+        FROM fleet LEFT JOIN lf USING (instance_id)
+        WHERE list_contains($statuses, status) AND ($since IS NULL OR last_event_us >= $since)
+        ORDER BY last_event_us DESC NULLS LAST, instance_id LIMIT $limit""",
+             {"statuses": list(ATTENTION), "since": since_us, "limit": int(limit)})
+
+
+def instance_ids(db: Db, since_us: int | None = None) -> list[str]:
+    """Every instance id (heard from since ``since_us`` when given), the most recently active first."""
+    t = q(db, """SELECT instance_id FROM fleet WHERE $since IS NULL OR last_event_us >= $since
+                 ORDER BY last_event_us DESC NULLS LAST, instance_id""", {"since": since_us})
     return t.column("instance_id").to_pylist()
 
 
@@ -141,27 +179,26 @@ def instance_throughput(db: Db, instance_id: str) -> pa.Table:
 def instance_failures(db: Db, instance_id: str) -> pa.Table:
     """Its failures, newest first."""
     return q(db, """
-        SELECT failure_id, stage, failed_at, failure_class, outcome, hint, ts_us
+        SELECT failure_id, stage, failed_at, failure_class, outcome, hint, matched_line, ts_us
         FROM failure_context WHERE instance_id = $id ORDER BY ts_us DESC""", {"id": instance_id})
 
 
-def log_sources(db: Db, instance_id: str) -> pa.Table:
-    """The stages and sources its lines came from, with counts (the log viewer's filters)."""
-    return q(db, """
-        SELECT stage, source, count(*) AS lines
-        FROM log_lines WHERE instance_id = $id GROUP BY ALL ORDER BY stage, source""", {"id": instance_id})
+def log_page(db: Db, instance_id: str, stages: Sequence[str] | None = None, sources: Sequence[str] | None = None,
+             search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS,
+             newest_first: bool = False) -> tuple[pa.Table, pa.Table]:
+    """What the log viewer shows, in one scan of the instance's lines: (sources, lines).
 
-
-def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sources: Sequence[str] | None = None,
-              search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS) -> pa.Table:
-    """Its last ``limit`` log lines in time order, filtered; with ``around_us``, those up to that moment.
-
-    Column ``matching`` holds how many lines match in all (one scan for both). The instance's
-    lines are cut out of the table first: one selective scan, then the filters on few rows.
+    ``sources``: the stages and sources its lines came from, with counts (the filters' options).
+    ``lines``: its last ``limit`` lines matching the filters, in time order; with ``around_us``
+    those up to that moment; with ``newest_first`` the newest first (the live tail). Column
+    ``matching`` holds how many lines match in all. The instance's lines are cut out of the
+    table once, then both answers come from those few rows; the page reads its filters first.
     """
-    return q(db, """
-        WITH mine AS MATERIALIZED (SELECT * FROM log_view WHERE instance_id = $id)
-        SELECT * FROM (
+    t = q(db, """
+        WITH mine AS MATERIALIZED (SELECT * FROM log_view WHERE instance_id = $id),
+        src AS (SELECT list({'stage': stage, 'source': source, 'lines': n} ORDER BY stage, source) AS sources
+                FROM (SELECT stage, source, count(*) AS n FROM mine GROUP BY ALL)),
+        sel AS (
             SELECT ts, stage, source, line_no, text, truncated, late, ts_us, seq, count(*) OVER () AS matching
             FROM mine
             WHERE (len($stages) = 0 OR list_contains($stages, stage))
@@ -170,9 +207,16 @@ def log_lines(db: Db, instance_id: str, stages: Sequence[str] | None = None, sou
               AND ($around IS NULL OR ts_us <= $around)
             ORDER BY ts_us DESC, seq DESC, line_no DESC
             LIMIT $limit)
-        ORDER BY ts_us, seq, line_no""",
-             {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
-              "pattern": like_pattern(search), "around": around_us, "limit": int(limit)})
+        SELECT src.sources, sel.* FROM src LEFT JOIN sel ON true
+        ORDER BY CASE WHEN $newest THEN -ts_us ELSE ts_us END, CASE WHEN $newest THEN -seq ELSE seq END,
+                 CASE WHEN $newest THEN -line_no ELSE line_no END""",
+          {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
+           "pattern": like_pattern(search), "around": around_us, "limit": int(limit), "newest": newest_first})
+    found = (t.column("sources")[0].as_py() if t.num_rows else None) or []
+    source_table = pa.Table.from_pylist(found, schema=pa.schema([("stage", pa.string()), ("source", pa.string()),
+                                                                 ("lines", pa.int64())]))
+    lines = t.drop_columns(["sources"])
+    return source_table, lines.filter(pc.is_valid(lines.column("seq")))
 
 
 # ---- Failures ------------------------------------------------------------------------
@@ -185,18 +229,42 @@ def failure_filter_options(db: Db) -> pa.Table:
         FROM failure_context""")
 
 
-def failures_over_time(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None) -> pa.Table:
-    """Failures per hour and class (filtered)."""
+UNITS = ("minute", "hour", "day")
+
+
+def _unit(unit: str) -> str:
+    if unit not in UNITS:
+        raise ValueError(f"cannot bucket by {unit!r}; use one of {', '.join(UNITS)}")
+    return unit
+
+
+def failures_span(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
+                  since_us: int | None = None) -> pa.Table:
+    """The first and last failure time (µs) of the filtered failures, to choose the chart's buckets."""
     return q(db, """
-        SELECT date_trunc('hour', failed_at) AS hour, coalesce(failure_class, 'unknown') AS failure_class,
+        SELECT min(ts_us) AS first_us, max(ts_us) AS last_us
+        FROM failure_context
+        WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
+          AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+          AND ($since IS NULL OR ts_us >= $since)""",
+             {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us})
+
+
+def failures_over_time(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
+                       since_us: int | None = None, unit: str = "hour") -> pa.Table:
+    """Failures per ``unit`` (minute, hour, day) and class (filtered)."""
+    return q(db, f"""
+        SELECT date_trunc('{_unit(unit)}', failed_at) AS bucket, coalesce(failure_class, 'unknown') AS failure_class,
                count(*) AS failures
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
-        GROUP BY ALL ORDER BY hour""", {"classes": _list(classes), "gpus": _list(gpu_models)})
+          AND ($since IS NULL OR ts_us >= $since)
+        GROUP BY ALL ORDER BY bucket""", {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us})
 
 
-def failures_by_gpu(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None) -> pa.Table:
+def failures_by_gpu(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
+                    since_us: int | None = None) -> pa.Table:
     """Failures per GPU model and class (filtered)."""
     return q(db, """
         SELECT coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model, coalesce(failure_class, 'unknown') AS failure_class,
@@ -204,19 +272,21 @@ def failures_by_gpu(db: Db, classes: Sequence[str] | None = None, gpu_models: Se
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
-        GROUP BY ALL ORDER BY failures DESC""", {"classes": _list(classes), "gpus": _list(gpu_models)})
+          AND ($since IS NULL OR ts_us >= $since)
+        GROUP BY ALL ORDER BY failures DESC""", {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us})
 
 
 def failure_list(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
-                 limit: int = 5000) -> pa.Table:
+                 limit: int = 5000, since_us: int | None = None) -> pa.Table:
     """The failures, newest first (filtered)."""
     return q(db, """
         SELECT failure_id, failed_at, instance_id, stage, failure_class, outcome, gpu_model, matched_line, hint
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+          AND ($since IS NULL OR ts_us >= $since)
         ORDER BY ts_us DESC, failure_id LIMIT $limit""",
-             {"classes": _list(classes), "gpus": _list(gpu_models), "limit": int(limit)})
+             {"classes": _list(classes), "gpus": _list(gpu_models), "limit": int(limit), "since": since_us})
 
 
 def failure_detail(db: Db, failure_id: str) -> dict[str, Any] | None:
@@ -226,6 +296,25 @@ def failure_detail(db: Db, failure_id: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def failure_events(db: Db, failure_id: str, limit: int = 20) -> pa.Table:
+    """The lifecycle events of the failure's boot that led up to it (those up to its stage's failed event), with times.
+
+    The same events as the failure's ``preceding_events``, each with its time and stage.
+    """
+    return q(db, """
+        WITH f AS (SELECT instance_id, boot_id, stage, ts_us FROM failures WHERE failure_id = $id),
+        upto AS (
+            SELECT greatest(coalesce((SELECT e.seq FROM events_seen e WHERE e.event_id = $id), -1),
+                            coalesce((SELECT max(l.seq) FROM lifecycle_events l JOIN f USING (instance_id, boot_id, stage)
+                                      WHERE l.kind = 'lifecycle' AND l.state = 'failed'), -1)) AS seq)
+        SELECT * FROM (
+            SELECT make_timestamp(l.ts_us) AS at, l.stage, l.state, l.detail, l.seq
+            FROM lifecycle_events l JOIN f USING (instance_id, boot_id)
+            WHERE l.kind = 'lifecycle' AND l.seq <= (SELECT seq FROM upto)
+            ORDER BY l.seq DESC LIMIT $limit)
+        ORDER BY seq""", {"id": failure_id, "limit": int(limit)})
+
+
 # ---- Throughput ----------------------------------------------------------------------
 
 def gpu_throughput(db: Db) -> pa.Table:
@@ -233,7 +322,7 @@ def gpu_throughput(db: Db) -> pa.Table:
     return q(db, "SELECT * FROM gpu_throughput ORDER BY median_proofs_per_hour DESC NULLS LAST")
 
 
-def instance_rates(db: Db, gpu_models: Sequence[str] | None = None) -> pa.Table:
+def instance_rates(db: Db, gpu_models: Sequence[str] | None = None, since_us: int | None = None) -> pa.Table:
     """Latest proofs/hour per instance with its minimum rate and cost per proof."""
     return q(db, """
         SELECT instance_id, coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model, proofs_per_hour, min_rate,
@@ -241,18 +330,31 @@ def instance_rates(db: Db, gpu_models: Sequence[str] | None = None) -> pa.Table:
         FROM fleet
         WHERE proofs_per_hour IS NOT NULL
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
-        ORDER BY proofs_per_hour DESC""", {"gpus": _list(gpu_models)})
+          AND ($since IS NULL OR last_event_us >= $since)
+        ORDER BY proofs_per_hour DESC""", {"gpus": _list(gpu_models), "since": since_us})
 
 
-def throughput_over_time(db: Db, gpu_models: Sequence[str] | None = None) -> pa.Table:
-    """Measured proofs/hour per GPU model and hour (median over instances)."""
+def throughput_span(db: Db, gpu_models: Sequence[str] | None = None, since_us: int | None = None) -> pa.Table:
+    """The first and last measured sample time (µs), to choose the chart's buckets."""
     return q(db, """
-        SELECT date_trunc('hour', ts) AS hour, coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model,
+        SELECT min(ts_us) AS first_us, max(ts_us) AS last_us
+        FROM throughput_samples
+        WHERE proofs_per_hour IS NOT NULL AND (phase IS NULL OR phase = 'measured')
+          AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
+          AND ($since IS NULL OR ts_us >= $since)""", {"gpus": _list(gpu_models), "since": since_us})
+
+
+def throughput_over_time(db: Db, gpu_models: Sequence[str] | None = None, since_us: int | None = None,
+                         unit: str = "hour") -> pa.Table:
+    """Measured proofs/hour per GPU model and ``unit`` (minute, hour, day; median over instances)."""
+    return q(db, f"""
+        SELECT date_trunc('{_unit(unit)}', ts) AS bucket, coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model,
                median(proofs_per_hour) AS proofs_per_hour, count(*) AS samples
         FROM throughput_view
         WHERE proofs_per_hour IS NOT NULL AND (phase IS NULL OR phase = 'measured')
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
-        GROUP BY ALL ORDER BY hour""", {"gpus": _list(gpu_models)})
+          AND ($since IS NULL OR ts_us >= $since)
+        GROUP BY ALL ORDER BY bucket""", {"gpus": _list(gpu_models), "since": since_us})
 
 
 # ---- SQL console ---------------------------------------------------------------------

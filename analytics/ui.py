@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal as _signal
 import sys
-from pathlib import Path
+import time
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -81,9 +84,18 @@ def remember_in_url(param: str, widget_key: str) -> None:
     st.query_params[param] = str(st.session_state[widget_key])
 
 
-def table_height(rows: int, cap: int = 420) -> int:
+ROW_PX = 35  # a dataframe row (and its header) in pixels
+FIT_ROWS = 25  # tables show this many rows without a scrollbar
+
+
+def table_height(rows: int, cap: int = ROW_PX * (FIT_ROWS + 1) + 3) -> int:
     """Pixels for a dataframe of ``rows`` rows: no empty rows below short tables, a scrollbar past ``cap``."""
-    return min(cap, 35 * (rows + 1) + 3)
+    return min(cap, ROW_PX * (rows + 1) + 3)
+
+
+def rows_height(rows: int, per_row: int = 30) -> int:
+    """Pixels for a chart with ``rows`` labelled rows (bars, stages, GPU models): every label has room."""
+    return max(180, 90 + per_row * rows)
 
 
 def fmt_money(value: float | None, digits: int = 4) -> str:
@@ -94,3 +106,92 @@ def fmt_money(value: float | None, digits: int = 4) -> str:
 def fmt_num(value: float | None, digits: int = 1) -> str:
     """A number with thousands separators, or a dash."""
     return "—" if value is None else f"{value:,.{digits}f}"
+
+
+# ---- the time range every page shares -------------------------------------------------
+
+TIME_RANGE_KEY = "time_range"
+TIME_RANGES: dict[str, float | None] = {"Last 15 min": 15 * 60, "Last 1 h": 3600, "Last 6 h": 6 * 3600,
+                                        "Last 24 h": 24 * 3600, "All time": None}
+DEFAULT_TIME_RANGE = "All time"
+
+
+def time_range_picker() -> None:
+    """The sidebar's time range (kept in st.session_state, so every page reads the same one)."""
+    labels = list(TIME_RANGES)
+    current = st.session_state.get(TIME_RANGE_KEY, DEFAULT_TIME_RANGE)
+    st.sidebar.selectbox("Time range", labels, index=labels.index(current) if current in labels else len(labels) - 1,
+                         key=TIME_RANGE_KEY, help="What every page shows: instances active, failures and "
+                                                  "samples within this range")
+
+
+def since_us(now_s: float | None = None) -> int | None:
+    """The start of the chosen time range in µs since the epoch, or None for all time."""
+    seconds = TIME_RANGES.get(st.session_state.get(TIME_RANGE_KEY, DEFAULT_TIME_RANGE))
+    if seconds is None:
+        return None
+    return int(((time.time() if now_s is None else now_s) - seconds) * 1e6)
+
+
+def bucket_unit(first_us: int | None, last_us: int | None) -> str:
+    """The time bucket that says something for a span: minutes within 3 h, hours within 3 days, else days."""
+    if first_us is None or last_us is None:
+        return "hour"
+    span_s = (last_us - first_us) / 1e6
+    return "minute" if span_s <= 3 * 3600 else "hour" if span_s <= 3 * 86400 else "day"
+
+
+# ---- small pure helpers of the pages ---------------------------------------------------
+
+def short_source(source: str | None) -> str | None:
+    """A log source as the grid shows it: stdout/stderr as they are, a followed file by its base name."""
+    if not source or source in ("stdout", "stderr"):
+        return source
+    return PurePosixPath(source).name or source
+
+
+_SIGNAL_WORD = re.compile(r"\b(SIG[A-Z]{2,6})\b")
+_SIGNAL_TEXT = {"segmentation fault": "SIGSEGV", "aborted": "SIGABRT", "bus error": "SIGBUS",
+                "illegal instruction": "SIGILL", "floating point exception": "SIGFPE"}
+
+
+def signal_of(signal: int | None, signal_name: str | None, exit_code: int | None,
+              lines: list[str]) -> tuple[str | None, str]:
+    """The signal behind a failure and where it was read: the stage's own exit, a shell's 128+n exit
+    code, or a wrapper's words about a process it started (a daemon's SIGSEGV reported on stderr)."""
+    if signal:
+        return signal_name or f"signal {signal}", "the stage's command was killed by it"
+    if exit_code is not None and 128 < exit_code < 128 + 65:
+        try:
+            return _signal.Signals(exit_code - 128).name, f"exit code {exit_code} = 128 + signal number"
+        except ValueError:
+            pass
+    for line in lines:
+        found = _SIGNAL_WORD.search(line)
+        if found and found.group(1) in _signal.Signals.__members__:
+            return found.group(1), f"a process the stage started: {line.strip()[:160]}"
+    for line in lines:
+        low = line.lower()
+        for text, name in _SIGNAL_TEXT.items():
+            if text in low:
+                return name, f"a process the stage started: {line.strip()[:160]}"
+    return None, ""
+
+
+CONTEXT_LINES = 10  # lines kept on each side of the matched line when a tail is collapsed
+MARK = "▶ "
+
+
+def collapse(lines: list[str], matched: str | None, context: int = CONTEXT_LINES) -> tuple[list[str], bool]:
+    """A tail as shown: the matched line marked with ▶, and only ``context`` lines around it when longer.
+
+    Returns (lines to show, whether lines were left out).
+    """
+    at = next((n for n, line in enumerate(lines) if matched and matched in line), None)
+    if at is None:
+        return list(lines), False
+    shown = [MARK + line if n == at else line for n, line in enumerate(lines)]
+    if len(lines) <= 2 * context + 1:
+        return shown, False
+    lo = max(0, min(at - context, len(lines) - 2 * context - 1))
+    return shown[lo:lo + 2 * context + 1], True

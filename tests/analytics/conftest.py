@@ -1,8 +1,8 @@
-"""Fixtures for the dashboard tests: a database written as Arrow rows into the schema.sql tables."""
+"""Fixtures for the dashboard tests: databases folded from events by the materializer's own fold() and Store."""
 
 from __future__ import annotations
 
-import importlib.resources
+import shutil
 import subprocess
 import sys
 import uuid
@@ -10,146 +10,35 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import duckdb
-import pyarrow as pa
 import pytest
 
-BASE_US = 1_748_779_200_000_000  # 2025-06-01 12:00:00 UTC
-MIN = 60_000_000
-NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
-DAEMON_LOG = "/var/log/prover/daemon.log"
-STAGES = ("tunnel", "register", "fetch_params", "benchmark", "supervisor")
+sys.path.insert(0, str(Path(__file__).parent))  # tests/analytics only, for dashdata
 
-FILE_TAIL = pa.struct([("path", pa.string()), ("lines", pa.list_(pa.string())), ("exists", pa.bool_())])
+from dashdata import NO_KERNEL, SEGV, build_arrow_db, commit, first_failure_id, segv_boot  # noqa: E402
 
 
-def schema_sql() -> str:
-    """The materialized tables' DDL, as shipped in the package."""
-    return importlib.resources.files("flightrec.consumers").joinpath("schema.sql").read_text()
+@pytest.fixture(scope="session")
+def glance_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The three instances of arrow_db plus a daemon that died of SIGSEGV 40 minutes later (path, ids)."""
+    path = tmp_path_factory.mktemp("glancedb") / "fleet.duckdb"
+    ids = build_arrow_db(path)
+    commit(path, [segv_boot()])
+    ids.update(segv=SEGV, segv_failure=first_failure_id(path, SEGV))
+    return path, ids
 
 
-def insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]],
-           schema: pa.Schema | None = None) -> None:
-    """Insert rows into a schema.sql table as one Arrow batch (columns by name)."""
-    data = pa.Table.from_pylist(rows, schema=schema)
-    con.register("arrow_rows", data)
-    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM arrow_rows")
-    con.unregister("arrow_rows")
-
-
-def _instance(iid: str, **kw: Any) -> dict[str, Any]:
-    row = dict(instance_id=iid, boot_id=f"boot-{iid}", gpu_count=1, driver_version="570.86",
-               cuda_version="12.8", host=f"host-{iid}", first_event_us=BASE_US, events=0, sealed=True,
-               complete=True, failures=0, min_rate=1000.0)
-    row.update(kw)
-    return row
-
-
-def _lifecycle(iid: str, plan: list[tuple[str, str, str]], start_us: int) -> list[dict[str, Any]]:
-    rows = []
-    for n, (stage, state, detail) in enumerate(plan):
-        rows.append(dict(event_id=f"{iid}-lc-{n}", instance_id=iid, boot_id=f"boot-{iid}", seq=n,
-                         ts_us=start_us + n * MIN, kind="lifecycle", stage=stage, state=state, detail=detail))
-    return rows
-
-
-def _ok_plan(last_stage: str, last_states: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
-    plan: list[tuple[str, str, str]] = []
-    for stage in STAGES:
-        if stage == last_stage:
-            plan += [(stage, s, d) for s, d in last_states]
-            break
-        plan += [(stage, "started", ""), (stage, "succeeded", "")]
-    return plan
-
-
-def build_arrow_db(path: Path) -> dict[str, Any]:
-    """Three instances: one proving (H100), the motivating no-kernel-image case (RTX 5090), one too slow (A100).
-
-    Returns the ids the tests look for.
-    """
-    ok, nok, slow = "i-h100-ok", "i-5090-nokernel", "i-a100-slow"
-    con = duckdb.connect(str(path))
-    con.execute(schema_sql())
-    fail_ts = BASE_US + 7 * MIN
-    insert(con, "instances", [
-        _instance(ok, stage="supervisor", state="started", gpu_model="NVIDIA H100 80GB HBM3", compute_capability="9.0",
-                  price_per_hour=2.49, last_event_us=BASE_US + 9 * MIN, proofs_per_hour=1500.0, verdict="pass",
-                  sealed=False, complete=False, incomplete_reason="not sealed", events=10),
-        _instance(nok, stage="benchmark", state="failed", gpu_model="NVIDIA GeForce RTX 5090",
-                  compute_capability="12.0", price_per_hour=0.89, last_event_us=fail_ts, proofs_per_hour=0.0,
-                  verdict="error", failures=1, events=9),
-        _instance(slow, stage="benchmark", state="failed", gpu_model="NVIDIA A100-SXM4-40GB",
-                  compute_capability="8.0", price_per_hour=1.2, last_event_us=fail_ts, proofs_per_hour=640.0,
-                  verdict="fail", failures=1, events=9),
-    ])
-    lc = (_lifecycle(ok, _ok_plan("supervisor", [("started", "")]) + [], BASE_US)
-          + _lifecycle(nok, _ok_plan("benchmark", [("started", ""), ("failed", "benchmark exited with error")]), BASE_US)
-          + _lifecycle(slow, _ok_plan("benchmark", [("started", ""), ("failed", "640.0 proofs/hour < MIN_RATE 1000")]),
-                       BASE_US))
-    insert(con, "lifecycle_events", lc)
-
-    logs: list[dict[str, Any]] = []
-
-    def add(iid: str, stage: str, source: str, texts: list[str], start_us: int) -> None:
-        for n, text in enumerate(texts):
-            logs.append(dict(instance_id=iid, boot_id=f"boot-{iid}", event_id=f"{iid}-{stage}-{source}", seq=100,
-                             stage=stage, source=source, pid=42, line_no=n + 1, ts_us=start_us + n * 1_000_000,
-                             text=text, truncated=False, invalid_utf8=False))
-
-    for iid in (ok, nok, slow):
-        add(iid, "fetch_params", "stdout", ["downloading params 100% done_ok"], BASE_US + 4 * MIN)
-        add(iid, "benchmark", "stdout", ["starting prover daemon", "warm-up proof 1/3"], BASE_US + 6 * MIN)
-    add(nok, "benchmark", "stderr", ["benchmark exited with error"], BASE_US + 6 * MIN + 30_000_000)
-    add(nok, "benchmark", DAEMON_LOG, ["daemon: device 0 NVIDIA GeForce RTX 5090 sm_120", NO_KERNEL,
-                                       "daemon: shutting down"], BASE_US + 6 * MIN + 10_000_000)
-    add(ok, "supervisor", "stdout", [f"proof {n} done" for n in range(50)], BASE_US + 8 * MIN)
-    insert(con, "log_lines", logs)
-
-    insert(con, "process_exits", [
-        dict(event_id=f"{nok}-exit", instance_id=nok, boot_id=f"boot-{nok}", seq=8, ts_us=fail_ts - 1, stage="benchmark",
-             argv=["bench.sh", "--min-rate", "1000"], pid=42, exit_code=1, started_us=BASE_US + 6 * MIN,
-             ended_us=fail_ts - 1, duration_s=60.0, timed_out=False, stderr_tail=["benchmark exited with error"],
-             stdout_tail=["starting prover daemon", "warm-up proof 1/3"],
-             file_tails=[{"path": DAEMON_LOG, "lines": ["daemon: device 0 NVIDIA GeForce RTX 5090 sm_120", NO_KERNEL,
-                                                        "daemon: shutting down"], "exists": True}]),
-    ])
-    insert(con, "throughput", [
-        dict(event_id=f"{ok}-tp-{n}", instance_id=ok, boot_id=f"boot-{ok}", seq=20 + n, ts_us=BASE_US + (6 + n) * MIN,
-             kind="sample", stage="benchmark", backend="cuda", device="H100", phase="measured", proofs=25,
-             seconds=60.0, proofs_per_hour=1400.0 + 50 * n)
-        for n in range(3)
-    ] + [
-        dict(event_id=f"{ok}-result", instance_id=ok, boot_id=f"boot-{ok}", seq=30, ts_us=BASE_US + 7 * MIN,
-             kind="result", stage="benchmark", proofs_per_hour=1500.0, min_rate=1000.0, verdict="pass"),
-        dict(event_id=f"{slow}-result", instance_id=slow, boot_id=f"boot-{slow}", seq=30, ts_us=fail_ts - 1,
-             kind="result", stage="benchmark", proofs_per_hour=640.0, min_rate=1000.0, verdict="fail"),
-    ])
-    insert(con, "failures", [
-        dict(failure_id=f"{nok}-exit", instance_id=nok, boot_id=f"boot-{nok}", stage="benchmark", ts_us=fail_ts,
-             exit_code=1, detail="benchmark exited with error", stderr_tail=["benchmark exited with error"],
-             stdout_tail=["starting prover daemon", "warm-up proof 1/3"],
-             file_tails=[{"path": DAEMON_LOG, "lines": ["daemon: device 0 NVIDIA GeForce RTX 5090 sm_120", NO_KERNEL,
-                                                        "daemon: shutting down"], "exists": True}],
-             preceding_events=["fetch_params succeeded", "benchmark started", "benchmark failed benchmark exited with error"],
-             gpu_model="NVIDIA GeForce RTX 5090", compute_capability="12.0", driver_version="570.86",
-             cuda_version="12.8", proofs_per_hour=0.0, min_rate=1000.0, failure_class="gpu_arch_unsupported",
-             hint="The binary has no kernel for this GPU's architecture (compute capability).",
-             matched_line=NO_KERNEL),
-        dict(failure_id=f"{slow}-result", instance_id=slow, boot_id=f"boot-{slow}", stage="benchmark",
-             ts_us=fail_ts - MIN, exit_code=0, detail="640.0 proofs/hour < MIN_RATE 1000", stderr_tail=[],
-             stdout_tail=["measured 640.0 proofs/hour"], file_tails=[],
-             preceding_events=["benchmark started"], gpu_model="NVIDIA A100-SXM4-40GB", compute_capability="8.0",
-             proofs_per_hour=640.0, min_rate=1000.0, failure_class="below_min_rate",
-             hint="The benchmark ran but measured fewer proofs/hour than MIN_RATE.", matched_line=None),
-    ])
-    con.close()
-    return {"ok": ok, "no_kernel": nok, "slow": slow, "no_kernel_failure": f"{nok}-exit",
-            "slow_failure": f"{slow}-result"}
+@pytest.fixture
+def live_db(arrow_db: tuple[Path, dict[str, Any]], tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A private copy of arrow_db that a test may append to (path, ids)."""
+    src, ids = arrow_db
+    dst = tmp_path / "live.duckdb"
+    shutil.copyfile(src, dst)
+    return dst, dict(ids)
 
 
 @pytest.fixture(scope="session")
 def arrow_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """A database of three instances written as Arrow rows (path, ids)."""
+    """A database of three instances folded from events (path, ids)."""
     path = tmp_path_factory.mktemp("arrowdb") / "fleet.duckdb"
     ids = build_arrow_db(path)
     yield path, ids
@@ -247,6 +136,29 @@ def open_page(monkeypatch: pytest.MonkeyPatch):
         return at
 
     return open_
+
+
+
+# The money fixture below still writes its rows as Arrow batches straight into the tables.
+import importlib.resources  # noqa: E402
+
+import pyarrow as pa  # noqa: E402
+
+from dashdata import BASE_US  # noqa: E402
+
+
+def schema_sql() -> str:
+    """The materialized tables' DDL, as shipped in the package."""
+    return importlib.resources.files("flightrec.consumers").joinpath("schema.sql").read_text()
+
+
+def insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]],
+           schema: pa.Schema | None = None) -> None:
+    """Insert rows into a schema.sql table as one Arrow batch (columns by name)."""
+    data = pa.Table.from_pylist(rows, schema=schema)
+    con.register("arrow_rows", data)
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM arrow_rows")
+    con.unregister("arrow_rows")
 
 
 HOUR = 3_600_000_000

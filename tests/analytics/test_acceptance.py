@@ -44,7 +44,8 @@ def test_instance_page_shows_the_daemon_log(pipeline_db, open_page):
     assert outcomes == {"fetch_params": "succeeded", "benchmark": "failed"}
     logs = at.dataframe[-1].value
     assert NO_KERNEL in list(logs["text"])
-    assert ids["daemon_log"] in set(logs["source"])
+    assert "daemon.log" in set(logs["source"])  # the followed file by its name ...
+    assert any(f"daemon.log = {ids['daemon_log']}" in c.value for c in at.caption)  # ... and its path in the legend
     at.multiselect(key=f"logs_sources_{iid}").select("stderr").run()
     assert list(at.dataframe[-1].value["text"]) == ["benchmark exited with error"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,6 +14,7 @@ from typing import Iterator
 
 import pytest
 
+from dashdata import append_lines
 from flightrec.broker.local import free_port
 
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
@@ -26,9 +28,18 @@ def flightrec_bin() -> str:
 
 
 @pytest.fixture
-def dashboard(acceptance_db) -> Iterator[str]:
-    """`flightrec dashboard` on a free port, serving the acceptance database; yields its URL."""
+def served_db(acceptance_db, tmp_path) -> Path:
+    """A private copy of the acceptance database: the test appends lines to it while the dashboard reads it."""
     db, _ = acceptance_db
+    copy = tmp_path / "served.duckdb"
+    shutil.copyfile(db, copy)
+    return copy
+
+
+@pytest.fixture
+def dashboard(served_db) -> Iterator[str]:
+    """`flightrec dashboard` on a free port, serving a copy of the acceptance database; yields its URL."""
+    db = served_db
     port = free_port()
     env = dict(os.environ, PYTHONSAFEPATH="1")
     proc = subprocess.Popen([flightrec_bin(), "dashboard", "--db", str(db), "--port", str(port)], env=env,
@@ -81,7 +92,17 @@ def assert_no_exception(page) -> None:
     assert errors.count() == 0, errors.first.inner_text()
 
 
-def test_browser_finds_the_daemon_error_of_a_failure(dashboard, acceptance_db, tmp_path):
+def boot_of(db: Path, instance_id: str) -> str:
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("SELECT boot_id FROM instances WHERE instance_id = ?", [instance_id]).fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, acceptance_db, tmp_path):
     assert Path(CHROMIUM).exists(), "Debian's chromium is needed: run `make system-packages`"
     from playwright.sync_api import expect, sync_playwright
 
@@ -100,7 +121,34 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, acceptance_db, t
             settle(page)
             expect(page.get_by_role("heading", name="Fleet")).to_be_visible()
             assert_no_exception(page)
+            expect(page.get_by_role("button", name="Deploy")).to_have_count(0)  # client.toolbarMode minimal
             shoot(page, "fleet", shots)
+
+            # Fleet -> its failure -> its instance, by the links of the instance's row.
+            row = page.get_by_test_id("stHorizontalBlock").filter(has_text=ids["no_kernel"]).filter(
+                has=page.get_by_role("link", name="failure")).last
+            row.get_by_role("link", name="failure").click()
+            settle(page, "text=Events that led up to it")
+            assert "failure=" in page.url
+            expect(page.get_by_role("heading", name=f"{ids['no_kernel']} · benchmark", exact=False)).to_be_visible()
+            expect(page.locator("code").filter(has_text=NO_KERNEL).first).to_be_visible()
+            page.get_by_role("link", name="open the instance").click()
+            settle(page)
+            expect(page.get_by_role("heading", name="Instance", exact=True)).to_be_visible()
+            assert ids["no_kernel"] in page.url
+            expect(page.get_by_text(NO_KERNEL).first).to_be_visible()  # the CUDA error, above the fold
+            assert_no_exception(page)
+
+            # The live tail: a line materialized after the page opened shows up, newest first.
+            page.goto(f"{dashboard}/instance?instance={ids['ok']}")
+            settle(page)
+            page.get_by_text("Live tail").click()
+            settle(page)
+            fresh = f"proof from the live tail {time.time_ns()}"
+            append_lines(served_db, ids["ok"], "supervisor", [fresh], time.time_ns() // 1000, seq=90_000,
+                         boot_id=boot_of(served_db, ids["ok"]))
+            # The grid draws on a canvas; its accessible table holds the cells' text.
+            expect(page.locator("[data-testid='stDataFrame'] td").filter(has_text=fresh).first).to_be_attached()
 
             # Navigate as a person would: the sidebar, then the failure picker.
             page.get_by_role("link", name="Failures").click()

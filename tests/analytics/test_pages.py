@@ -46,7 +46,7 @@ def test_fleet_shows_counts_and_table(arrow_db, open_page):
 def test_fleet_filters_narrow_the_table(arrow_db, open_page):
     db, ids = arrow_db
     at = open_page(db)
-    at.multiselect(key="fleet_states").select("failed").run()
+    at.multiselect(key="fleet_status").select("failed").select("below_min_rate").run()
     assert set(at.dataframe[0].value["instance_id"]) == {ids["no_kernel"], ids["slow"]}
     at.text_input(key="fleet_search").input("5090").run()
     assert list(at.dataframe[0].value["instance_id"]) == [ids["no_kernel"]]
@@ -54,7 +54,7 @@ def test_fleet_filters_narrow_the_table(arrow_db, open_page):
     at.text_input(key="fleet_search").input("' OR 1=1 --").run()
     assert at.dataframe[0].value.empty
     at.text_input(key="fleet_search").input("").run()
-    at.multiselect(key="fleet_states").unselect("failed").run()
+    at.multiselect(key="fleet_status").unselect("failed").unselect("below_min_rate").run()
     at.checkbox(key="fleet_incomplete").check().run()
     assert list(at.dataframe[0].value["instance_id"]) == [ids["ok"]]
 
@@ -65,14 +65,15 @@ def test_instance_page_shows_life_and_logs(arrow_db, open_page):
     text = all_text(at)
     assert at.selectbox[0].value == ids["no_kernel"]
     assert "NVIDIA GeForce RTX 5090" in text and "compute 12.0" in text
-    assert metric(at, "State") == "failed"
+    assert metric(at, "Status") == "failed"
     assert "gpu_arch_unsupported" in text
     frames = frames_text(at)
-    assert "bench.sh --min-rate 1000" in frames  # the exit
+    assert "bench.sh --min-rate 1000" in set(at.table[0].value["command"])  # the exit, its whole command
     assert "failed" in frames and "fetch_params" in frames  # the stage runs
     logs = at.dataframe[-1].value
     assert NO_KERNEL in list(logs["text"])
-    assert "/var/log/prover/daemon.log" in set(logs["source"])
+    assert "daemon.log" in set(logs["source"])  # by its name; the legend has the path
+    assert "daemon.log = /var/log/prover/daemon.log" in text
 
 
 def test_instance_log_viewer_filters_and_jumps(arrow_db, open_page):
@@ -80,7 +81,7 @@ def test_instance_log_viewer_filters_and_jumps(arrow_db, open_page):
     iid = ids["no_kernel"]
     at = open_page(db, "instance", instance=iid)
     at.multiselect(key=f"logs_sources_{iid}").select("/var/log/prover/daemon.log").run()
-    assert set(at.dataframe[-1].value["source"]) == {"/var/log/prover/daemon.log"}
+    assert set(at.dataframe[-1].value["source"]) == {"daemon.log"}
     assert len(at.dataframe[-1].value) == 3
     at.text_input(key=f"logs_search_{iid}").input("NO KERNEL").run()  # case-insensitive
     assert list(at.dataframe[-1].value["text"]) == [NO_KERNEL]
@@ -112,7 +113,8 @@ def test_failure_drill_down_shows_the_daemon_error(arrow_db, open_page):
     assert NO_KERNEL in codes  # the matched line
     assert any(NO_KERNEL in c and "daemon: shutting down" in c for c in codes)  # the daemon's tail
     assert any(c == "benchmark exited with error" for c in codes)  # the stderr tail, beside it
-    assert any("benchmark started" in c for c in codes)  # the events that led up to it
+    events = at.dataframe[-1].value  # the events that led up to it, with their times
+    assert ("benchmark", "started") in set(zip(events["stage"], events["state"]))
     assert "no kernel for this GPU's architecture" in at.info[0].value
     assert "/var/log/prover/daemon.log" in all_text(at)
 

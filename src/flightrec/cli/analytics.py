@@ -35,6 +35,7 @@ def streamlit_command(db: str, port: int, address: str) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(ENTRY_SCRIPT),
             "--server.headless", "true", "--server.port", str(port), "--server.address", address,
             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--client.toolbarMode", "minimal",  # no "Deploy" button, no developer menu
             "--", "--db", db]
 
 

@@ -1,0 +1,205 @@
+"""Dashboard test data: boots of events folded and committed by the materializer's own fold() and Store.
+
+Nothing here writes a derived table (instances, failures, boots) by hand: they come out of
+consumers/derive.py exactly as in production, so these databases cannot drift from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from flightrec.consumers.fold import RawMessage, fold
+from flightrec.consumers.store import Store
+from flightrec.schemas import (
+    BenchmarkResult,
+    Event,
+    FileTail,
+    InstanceFacts,
+    Lifecycle,
+    LogBatch,
+    ProcessExit,
+    Sealed,
+    Throughput,
+    encode,
+)
+
+BASE_US = 1_748_779_200_000_000  # 2025-06-01 12:00:00 UTC
+MIN = 60_000_000
+NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
+DAEMON_LOG = "/var/log/prover/daemon.log"
+STAGES = ("tunnel", "register", "fetch_params", "benchmark", "supervisor")
+
+class Boot:
+    """One boot of one instance as the agent numbers it (gap-free seq); each event at a time the test chooses."""
+
+    def __init__(self, instance: str, start_us: int = BASE_US) -> None:
+        self.instance, self.boot, self.t = instance, f"boot-{instance}", start_us
+        self.events: list[Event] = []
+
+    def add(self, cls: type, at_us: int | None = None, **fields: Any) -> Event:
+        """Append one event at ``at_us`` (default: 1 ms after the previous one)."""
+        self.t = self.t + 1000 if at_us is None else at_us
+        ev = cls(event_id=f"{self.instance}-{len(self.events)}", instance_id=self.instance, boot_id=self.boot,
+                 seq=len(self.events), ts_us=self.t, **fields)
+        self.events.append(ev)
+        return ev
+
+    def lines(self, stage: str, source: str, texts: list[str], at_us: int | None = None, step_us: int = 1_000_000,
+              first_line: int = 1) -> Event:
+        """A LogBatch whose lines are ``step_us`` apart, the first at ``at_us``."""
+        start = self.t + 1000 if at_us is None else at_us
+        n = len(texts)
+        ev = self.add(LogBatch, start + max(n - 1, 0) * step_us, stage=stage, source=source, pid=42,
+                      line_no=list(range(first_line, first_line + n)),
+                      line_ts_us=[start + i * step_us for i in range(n)], text=list(texts),
+                      truncated=[False] * n, invalid_utf8=[False] * n)
+        return ev
+
+    def seal(self) -> Event:
+        return self.add(Sealed, event_count=len(self.events) + 1, reason="entrypoint ended")
+
+
+def commit(path: Path, boots: list[Boot]) -> None:
+    """Encode every boot's events, fold them and commit them with the materializer's own Store."""
+    events = [e for b in boots for e in b.events]
+    msgs = [RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(events)]
+    delta = fold(msgs)
+    assert delta.dead.num_rows == 0, delta.dead.to_pylist()
+    store = Store(path, group="dashboard-tests")
+    try:
+        store.commit(delta)
+    finally:
+        store.close()
+
+
+def facts(b: Boot, gpu_model: str, cc: str, price: float) -> None:
+    b.add(InstanceFacts, gpu_model=gpu_model, gpu_count=1, gpu_memory_mib=81920, driver_version="570.86",
+          cuda_version="12.8", compute_capability=cc, host=f"host-{b.instance}", price_per_hour=price)
+
+
+def stages_ok(b: Boot, upto: str, at_us: int) -> int:
+    """Run STAGES before ``upto`` successfully, one lifecycle event a minute from ``at_us``; returns the next minute."""
+    t = at_us
+    for stage in STAGES:
+        if stage == upto:
+            break
+        b.add(Lifecycle, t, stage=stage, state="started")
+        if stage == "fetch_params":
+            b.lines(stage, "stdout", ["downloading params 100% done_ok"], t + 1000)
+        b.add(Lifecycle, t + MIN, stage=stage, state="succeeded")
+        t += 2 * MIN
+    return t
+
+
+def first_failure_id(path: Path, instance_id: str) -> str:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        row = con.execute("SELECT failure_id FROM failures WHERE instance_id = ? ORDER BY ts_us DESC LIMIT 1",
+                          [instance_id]).fetchone()
+    finally:
+        con.close()
+    assert row, f"the fold recorded no failure for {instance_id}"
+    return row[0]
+
+
+def build_arrow_db(path: Path) -> dict[str, Any]:
+    """Three instances: one proving (H100), the motivating no-kernel-image case (RTX 5090), one too slow (A100).
+
+    Built from events through the materializer's fold() and Store, so the derived tables
+    (instances, failures, boots) are exactly what the pipeline writes. Returns the ids the tests look for.
+    """
+    ok, nok, slow = "i-h100-ok", "i-5090-nokernel", "i-a100-slow"
+
+    a = Boot(ok)
+    facts(a, "NVIDIA H100 80GB HBM3", "9.0", 2.49)
+    t = stages_ok(a, "benchmark", BASE_US)
+    a.add(Lifecycle, t, stage="benchmark", state="started")
+    a.lines("benchmark", "stdout", ["starting prover daemon", "warm-up proof 1/3"], t + 1000)
+    for n in range(3):
+        a.add(Throughput, t + (n + 1) * 20_000_000, stage="benchmark", backend="cuda", device="H100", proofs=25,
+              seconds=60.0, proofs_per_hour=1400.0 + 50 * n, phase="measured")
+    a.add(BenchmarkResult, t + MIN - 1000, stage="benchmark", backend="cuda", device="H100", proofs=75,
+          proofs_per_hour=1500.0, min_rate=1000.0, verdict="pass")
+    a.add(Lifecycle, t + MIN, stage="benchmark", state="succeeded")
+    a.add(Lifecycle, t + 2 * MIN, stage="supervisor", state="started")
+    a.lines("supervisor", "stdout", [f"proof {n} done" for n in range(50)], t + 2 * MIN + 1000)
+
+    b = Boot(nok)
+    facts(b, "NVIDIA GeForce RTX 5090", "12.0", 0.89)
+    t = stages_ok(b, "benchmark", BASE_US)
+    b.add(Lifecycle, t, stage="benchmark", state="started")
+    b.lines("benchmark", "stdout", ["starting prover daemon", "warm-up proof 1/3"], t + 1000)
+    daemon = ["daemon: device 0 NVIDIA GeForce RTX 5090 sm_120", NO_KERNEL, "daemon: shutting down"]
+    b.lines("benchmark", DAEMON_LOG, daemon, t + 10_000_000)
+    b.lines("benchmark", "stderr", ["benchmark exited with error"], t + 30_000_000)
+    b.add(BenchmarkResult, t + 40_000_000, stage="benchmark", backend="cuda", device="gpu0", proofs=0,
+          proofs_per_hour=0.0, min_rate=1000.0, verdict="error", detail="0 proofs completed")
+    b.add(ProcessExit, t + 50_000_000, stage="benchmark", argv=["bench.sh", "--min-rate", "1000"], pid=42,
+          exit_code=1, started_us=t, ended_us=t + 50_000_000, duration_s=50.0,
+          stderr_tail=["benchmark exited with error"], stdout_tail=["starting prover daemon", "warm-up proof 1/3"],
+          file_tails=[FileTail(DAEMON_LOG, daemon)])
+    b.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail="benchmark exited with error")
+    b.seal()
+
+    c = Boot(slow)
+    facts(c, "NVIDIA A100-SXM4-40GB", "8.0", 1.2)
+    t = stages_ok(c, "benchmark", BASE_US)
+    c.add(Lifecycle, t, stage="benchmark", state="started")
+    c.lines("benchmark", "stdout", ["starting prover daemon", "warm-up proof 1/3", "measured 640.0 proofs/hour"],
+            t + 1000)
+    c.add(BenchmarkResult, t + 50_000_000, stage="benchmark", backend="cuda", device="gpu0", proofs=10,
+          proofs_per_hour=640.0, min_rate=1000.0, verdict="fail", detail="640.0 proofs/hour < MIN_RATE 1000")
+    c.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail="640.0 proofs/hour < MIN_RATE 1000")
+    c.seal()
+
+    commit(path, [a, b, c])
+    return {"ok": ok, "no_kernel": nok, "slow": slow, "no_kernel_failure": first_failure_id(path, nok),
+            "slow_failure": first_failure_id(path, slow)}
+
+
+SEGV = "rtxpro4000-0a1b2c3d4e5f60718293"  # a long id: the table must not cut it
+SEGV_GPU = "NVIDIA RTX PRO 4000 Blackwell Generation"
+SEGV_LINE = "fatal error: unexpected signal during runtime execution [signal SIGSEGV: segmentation violation]"
+SEGV_ARGV = ["python", "-m", "flightrec.fleet", "benchmark", "--fate", "daemon_signal", "--log",
+             "/tmp/flightrec-demo-4f2a/.flightrec/rtxpro4000-0/prover-daemon.log", "--k", "10", "--proofs", "2",
+             "--min-rate", "1.0", "--end-marker", "END-OF-COMMAND"]
+SEGV_LOG = "/tmp/flightrec-demo-4f2a/.flightrec/rtxpro4000-0/prover-daemon.log"
+
+
+def segv_boot(start_us: int = BASE_US + 40 * MIN) -> Boot:
+    """The daemon dies of SIGSEGV; its wrapper (the stage's command) exits 1 and says so on stderr.
+
+    The daemon's log tail is 90 lines, the fatal line in its middle.
+    """
+    b = Boot(SEGV, start_us)
+    facts(b, SEGV_GPU, "12.0", 0.35)
+    t = stages_ok(b, "benchmark", start_us)
+    b.add(Lifecycle, t, stage="benchmark", state="started")
+    daemon = ([f"proof {n} done in 0.8 s" for n in range(1, 60)] + [SEGV_LINE]
+              + [f"goroutine {n} [running]: runtime.sigpanic()" for n in range(30)])
+    b.lines("benchmark", SEGV_LOG, daemon, t + 1000, step_us=100_000)
+    stderr = ["prover daemon (pid 4242) was killed by signal SIGSEGV (core dumped)", "benchmark exited with error"]
+    b.lines("benchmark", "stderr", stderr, t + 20_000_000)
+    b.add(ProcessExit, t + 25_000_000, stage="benchmark", argv=SEGV_ARGV, pid=4241, exit_code=1, started_us=t,
+          ended_us=t + 25_000_000, duration_s=25.0, stderr_tail=stderr, file_tails=[FileTail(SEGV_LOG, daemon)])
+    b.add(Lifecycle, t + 26_000_000, stage="benchmark", state="failed", detail="benchmark exited with error")
+    b.seal()
+    return b
+
+
+def append_lines(path: Path, instance_id: str, stage: str, texts: list[str], ts_us: int, seq: int,
+                 boot_id: str | None = None) -> None:
+    """What the materializer does when more log lines of a running stage arrive: fold and commit one LogBatch."""
+    n = len(texts)
+    ev = LogBatch(event_id=f"{instance_id}-late-{seq}", instance_id=instance_id, boot_id=boot_id or f"boot-{instance_id}",
+                  seq=seq, ts_us=ts_us, stage=stage, source="stdout", pid=42, line_no=list(range(1000 + seq, 1000 + seq + n)),
+                  line_ts_us=[ts_us + i for i in range(n)], text=list(texts), truncated=[False] * n,
+                  invalid_utf8=[False] * n)
+    store = Store(path, group="dashboard-tests")
+    try:
+        store.commit(fold([RawMessage(ev.topic, 0, 10_000 + seq, instance_id.encode(), encode(ev))]))
+    finally:
+        store.close()
