@@ -101,15 +101,20 @@ async def produce_backlog(bootstrap: str, lines: int) -> tuple[int, float]:
 async def raw_consume_decode(bootstrap: str) -> tuple[int, float]:
     """The baseline: read the logs topic from the start with aiokafka and decode every message."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from flightrec.cluster import topic_partitions
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                          auto_offset_reset="earliest", max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20)
     await c.start()
     try:
-        parts = [TopicPartition(TOPIC_LOGS, p) for p in c.partitions_for_topic(TOPIC_LOGS) or ()]
-        if not parts:
-            await c._client.force_metadata_update()
-            parts = [TopicPartition(TOPIC_LOGS, p) for p in c.partitions_for_topic(TOPIC_LOGS)]
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            parts = [TopicPartition(t, p) for t, p in await topic_partitions(admin, [TOPIC_LOGS])]
+        finally:
+            await admin.close()
         c.assign(parts)
         await c.seek_to_beginning(*parts)
         end = await c.end_offsets(parts)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from flightrec.consumers.alerts import KINDS as ALERT_KINDS, AlertConfig, Alerter
@@ -28,6 +29,7 @@ from flightrec.consumers.fold import Delta, fold
 from flightrec.consumers.serve import QueryServer
 from flightrec.consumers.stats import Stats
 from flightrec.consumers.store import Store
+from flightrec.cluster import topic_partitions
 from flightrec.errors import ConfigError, MaterializeError
 from flightrec.settings import TOPICS
 
@@ -129,6 +131,7 @@ class Materializer:
         self._store: Store | None = None
         self._server: QueryServer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._admin: AIOKafkaAdminClient | None = None  # partitions of the topics (public metadata API)
         self._parts: list[TopicPartition] = []
         self._stop = asyncio.Event()
         self._alerts: Alerter | None = None
@@ -156,8 +159,10 @@ class Materializer:
             self._consumer = AIOKafkaConsumer(
                 **self.kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000)
+            self._admin = AIOKafkaAdminClient(**self.kafka_kwargs, request_timeout_ms=20000)
             try:
                 await self._consumer.start()
+                await self._admin.start()
             except (KafkaError, OSError) as exc:
                 from flightrec.cluster import connection_cause
 
@@ -175,6 +180,12 @@ class Materializer:
         await self._close()
 
     async def _close(self) -> None:
+        if self._admin is not None:
+            try:
+                await self._admin.close()
+            except (KafkaError, OSError) as exc:
+                log.warning("closing the admin client: %s", exc)
+            self._admin = None
         if self._consumer is not None:
             try:
                 await self._consumer.stop()
@@ -197,10 +208,8 @@ class Materializer:
         self._stop.set()
 
     async def _partitions(self) -> list[TopicPartition]:
-        assert self._consumer is not None
-        cluster = await self._consumer._client.fetch_all_metadata()
-        return sorted((TopicPartition(t, p) for t in self.opts.topics for p in (cluster.partitions_for_topic(t) or ())),
-                      key=lambda tp: (tp.topic, tp.partition))
+        assert self._admin is not None
+        return [TopicPartition(t, p) for t, p in await topic_partitions(self._admin, self.opts.topics)]
 
     async def _assign(self, initial: bool = False) -> bool:
         """(Re)assign every partition of the topics; positions come from DuckDB. True if it changed."""

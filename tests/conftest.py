@@ -62,13 +62,20 @@ class Kafka:
 
         async def go() -> list:
             from aiokafka import AIOKafkaConsumer, TopicPartition
+            from aiokafka.admin import AIOKafkaAdminClient
 
+            from flightrec.cluster import topic_partitions
+
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await admin.start()
+            try:
+                parts = [TopicPartition(t, p) for t, p in await topic_partitions(admin, topics)]
+            finally:
+                await admin.close()
             c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                  auto_offset_reset="earliest")
             await c.start()
             try:
-                cluster = await c._client.fetch_all_metadata()
-                parts = [TopicPartition(t, p) for t in topics for p in (cluster.partitions_for_topic(t) or ())]
                 assert parts, f"no partitions found for {topics}"
                 c.assign(parts)
                 await c.seek_to_beginning(*parts)
