@@ -17,6 +17,8 @@ from flightrec.errors import BrokerError
 from flightrec.settings import TOPICS, Settings
 
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+# Kafka's jars: the checkout's .cache (as `make` sets it), wherever pytest is started from.
+os.environ.setdefault("FLIGHTREC_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
 
 
 @dataclasses.dataclass
