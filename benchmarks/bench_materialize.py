@@ -101,20 +101,14 @@ async def produce_backlog(bootstrap: str, lines: int) -> tuple[int, float]:
 async def raw_consume_decode(bootstrap: str) -> tuple[int, float]:
     """The baseline: read the logs topic from the start with aiokafka and decode every message."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
 
-    from flightrec.cluster import topic_partitions
+    from flightrec.cluster import partitions_now
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                          auto_offset_reset="earliest", max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20)
     await c.start()
     try:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            parts = [TopicPartition(t, p) for t, p in await topic_partitions(admin, [TOPIC_LOGS])]
-        finally:
-            await admin.close()
+        parts = [TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": bootstrap}, [TOPIC_LOGS])]
         c.assign(parts)
         await c.seek_to_beginning(*parts)
         end = await c.end_offsets(parts)

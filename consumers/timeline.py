@@ -210,30 +210,19 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
     return sorted(entries_from_rows(life, exits, metrics, logs[left_out:], failures) + extra), left_out
 
 
-async def _partitions(kafka_kwargs: dict[str, Any], topics: Sequence[str]) -> list[tuple[str, int]]:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    from flightrec.cluster import topic_partitions
-
-    admin = AIOKafkaAdminClient(**kafka_kwargs)
-    await admin.start()
-    try:
-        return await topic_partitions(admin, topics)
-    finally:
-        await admin.close()
-
-
 async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, topics: Sequence[str],
                                 timeout: float = 120.0) -> list[tuple[str, dict[str, Any]]]:
     """Every decodable event of ``instance`` now in the topics (key = instance id), read to the end offsets."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from flightrec.cluster import partitions_now
 
     codec = default_codec()
     key = instance.encode()
     c = AIOKafkaConsumer(**kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
     await c.start()
     try:
-        parts = [TopicPartition(t, p) for t, p in await _partitions(kafka_kwargs, topics)]
+        parts = [TopicPartition(t, p) for t, p in await partitions_now(kafka_kwargs, topics)]
         out: list[tuple[str, dict[str, Any]]] = []
         if not parts:
             return out

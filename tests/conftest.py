@@ -64,16 +64,10 @@ class Kafka:
 
         async def go() -> list:
             from aiokafka import AIOKafkaConsumer, TopicPartition
-            from aiokafka.admin import AIOKafkaAdminClient
 
-            from flightrec.cluster import topic_partitions
+            from flightrec.cluster import partitions_now
 
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-            await admin.start()
-            try:
-                parts = [TopicPartition(t, p) for t, p in await topic_partitions(admin, topics)]
-            finally:
-                await admin.close()
+            parts = [TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": self.bootstrap}, topics)]
             c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                  auto_offset_reset="earliest")
             await c.start()

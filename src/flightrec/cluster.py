@@ -106,3 +106,13 @@ async def topic_partitions(admin: AIOKafkaAdminClient, topics: Iterable[str]) ->
     Asks for the metadata of every topic (as a consumer's own refresh does), so a topic
     not created yet is absent rather than auto-created by the question."""
     return partitions_of(await admin.describe_topics(), topics)
+
+
+async def partitions_now(kafka_kwargs: dict[str, Any], topics: Iterable[str]) -> list[tuple[str, int]]:
+    """:func:`topic_partitions` with an admin client of its own (for one-off readers)."""
+    admin = AIOKafkaAdminClient(**kafka_kwargs)
+    await admin.start()
+    try:
+        return await topic_partitions(admin, topics)
+    finally:
+        await admin.close()
