@@ -216,7 +216,7 @@ def main() -> int:
         # Grow to the query size with synthetic lines of other instances, then time the question.
         extra = max(0, args.query_lines - mat_lines)
         con.execute(f"""INSERT INTO log_lines SELECT 'synthetic-' || (i // 100000), 'b', 'e-' || (i // 500), i // 500,
-                        'supervisor', 'stdout', 1, i, i, 'proof ' || i || ' done in 41.7s gpu0 util 97%', false, false
+                        'supervisor', 'stdout', 1, i, i, 'proof ' || i || ' done in 41.7s gpu0 util 97%', false, false, false
                         FROM range({extra}) t(i)""")
         con.execute("CHECKPOINT")
         total = con.execute("SELECT count(*) FROM log_lines").fetchone()[0]
