@@ -115,8 +115,14 @@ def query_live(db: str | Path, sql: str, params: Params = None, prelude: Sequenc
         return None
     ticket = flight.Ticket(encode_request(sql, params, prelude))
     where = location(db)
+    options = flight.FlightCallOptions(timeout=timeout)
     try:
-        return _client(where).do_get(ticket, flight.FlightCallOptions(timeout=timeout)).read_all()
+        try:
+            return _client(where).do_get(ticket, options).read_all()
+        except flight.FlightUnavailableError:
+            # The kept channel may predate a restarted materializer: one more try on a fresh one.
+            _client.cache_clear()
+            return _client(where).do_get(ticket, options).read_all()
     except flight.FlightServerError as exc:
         info = exc.extra_info or b""
         if info.startswith(_REFUSED):
