@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONSAFEPATH := 1
+# Kafka's jars (and other downloads) stay in this checkout's .cache, not the user's cache folder.
+export FLIGHTREC_CACHE ?= $(CURDIR)/.cache
 
 .PHONY: setup demo test check bench docs clean system-packages device-wheels
 

@@ -102,14 +102,13 @@ async def raw_consume_decode(bootstrap: str) -> tuple[int, float]:
     """The baseline: read the logs topic from the start with aiokafka and decode every message."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from flightrec.cluster import partitions_now
+
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                          auto_offset_reset="earliest", max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20)
     await c.start()
     try:
-        parts = [TopicPartition(TOPIC_LOGS, p) for p in c.partitions_for_topic(TOPIC_LOGS) or ()]
-        if not parts:
-            await c._client.force_metadata_update()
-            parts = [TopicPartition(TOPIC_LOGS, p) for p in c.partitions_for_topic(TOPIC_LOGS)]
+        parts = [TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": bootstrap}, [TOPIC_LOGS])]
         c.assign(parts)
         await c.seek_to_beginning(*parts)
         end = await c.end_offsets(parts)
@@ -217,7 +216,7 @@ def main() -> int:
         # Grow to the query size with synthetic lines of other instances, then time the question.
         extra = max(0, args.query_lines - mat_lines)
         con.execute(f"""INSERT INTO log_lines SELECT 'synthetic-' || (i // 100000), 'b', 'e-' || (i // 500), i // 500,
-                        'supervisor', 'stdout', 1, i, i, 'proof ' || i || ' done in 41.7s gpu0 util 97%', false, false
+                        'supervisor', 'stdout', 1, i, i, 'proof ' || i || ' done in 41.7s gpu0 util 97%', false, false, false
                         FROM range({extra}) t(i)""")
         con.execute("CHECKPOINT")
         total = con.execute("SELECT count(*) FROM log_lines").fetchone()[0]

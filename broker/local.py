@@ -80,15 +80,14 @@ def check_java() -> str:
 
 
 def kafka_libs_dir(settings: Settings | None = None) -> Path:
-    """Where Kafka's jars live: FLIGHTREC_KAFKA_LIBS, else .cache/kafka/<version>/libs beside the pom's checkout."""
+    """Where Kafka's jars live: FLIGHTREC_KAFKA_LIBS, else <FLIGHTREC_CACHE>/kafka/<version>/libs.
+
+    Nothing here depends on where the package is installed; a checkout's make and tests
+    set FLIGHTREC_CACHE to its ``.cache``."""
     settings = settings or Settings.from_env()
     if settings.kafka_libs:
         return Path(settings.kafka_libs)
-    pom_dir = Path(str(_POM)).resolve().parent
-    repo = pom_dir.parent
-    if (repo / "pyproject.toml").exists():
-        return repo / ".cache" / "kafka" / KAFKA_VERSION / "libs"
-    return Path.home() / ".cache" / "flightrec" / "kafka" / KAFKA_VERSION / "libs"
+    return Path(settings.cache).expanduser() / "kafka" / KAFKA_VERSION / "libs"
 
 
 def _libs_complete(libs: Path) -> bool:

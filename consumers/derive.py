@@ -2,15 +2,17 @@
 
 Run inside the store's transaction after the new events' rows are in. Each
 derived row is a function of the stored event set only (never of arrival
-order or wall-clock time), so a replay reproduces it exactly. Expects temp
-relations ``_aff_boot(instance_id, boot_id)``, ``_aff_inst(instance_id)`` and
-``_aff_stage(instance_id, boot_id, stage)`` holding the keys the batch touched.
+order or wall-clock time), so a replay reproduces it exactly. The keys a batch
+touched come in as :class:`AffectedKeys` (:func:`affected_keys`); each step registers
+what it reads under its own names (:func:`arrow_views`) and drops them after.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -29,6 +31,51 @@ BOOTS = pa.schema([("instance_id", STR), ("boot_id", STR), ("events", I64), ("ma
                    ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR),
                   ("dropped_events", I64)])
 MAX_RANGES = 5  # missing-seq ranges spelled out in incomplete_reason
+
+
+@contextmanager
+def arrow_views(con: duckdb.DuckDBPyConnection, **tables: pa.Table) -> Iterator[None]:
+    """Register Arrow tables under the given names for the block; unregister them after, whatever happens."""
+    done = []
+    try:
+        for name, table in tables.items():
+            con.register(name, table)
+            done.append(name)
+        yield
+    finally:
+        for name in done:
+            con.unregister(name)
+
+
+@dataclass(frozen=True)
+class AffectedKeys:
+    """The keys one batch's new events touch: what the derived tables recompute."""
+
+    boots: pa.Table      # (instance_id, boot_id)
+    instances: pa.Table  # (instance_id)
+    stages: pa.Table     # (instance_id, boot_id, stage), failure rows' outside dependencies included
+
+
+def affected_keys(con: duckdb.DuckDBPyConnection, new: pa.Table) -> AffectedKeys:
+    """The keys touched by ``new`` (instance_id, boot_id, stage, event_id, kind of each newly stored event).
+
+    A failure row also depends on events outside its stage: new facts touch every failure
+    of their instance (a boot without facts of its own shows the instance's latest ones),
+    and a new lifecycle event of any stage touches every failure of its boot (it may
+    belong in preceding_events). Read before the failures are recomputed.
+    """
+    with arrow_views(con, _aff_new=new):
+        boots = con.sql("SELECT DISTINCT instance_id, boot_id FROM _aff_new").to_arrow_table()
+        instances = con.sql("SELECT DISTINCT instance_id FROM _aff_new").to_arrow_table()
+        stages = con.sql("""SELECT DISTINCT instance_id, boot_id, stage FROM _aff_new WHERE stage IS NOT NULL
+                            UNION
+                            SELECT instance_id, boot_id, stage FROM failures
+                            SEMI JOIN (SELECT instance_id FROM _aff_new WHERE kind = 'facts') USING (instance_id)
+                            UNION
+                            SELECT instance_id, boot_id, stage FROM failures
+                            SEMI JOIN (SELECT instance_id, boot_id FROM _aff_new WHERE kind = 'lifecycle')
+                            USING (instance_id, boot_id)""").to_arrow_table()
+    return AffectedKeys(boots=boots, instances=instances, stages=stages)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
@@ -100,8 +147,19 @@ def judge_boot(seq_counts: Sequence[tuple[int, int]], seal_seq: int | None, seal
     return incomplete_reason(sealed_count, gaps, seal_seq, dups, after)
 
 
-def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
-    """Events, seq coverage and completeness (:func:`judge_boot`) of every affected boot."""
+def recompute_boots(con: duckdb.DuckDBPyConnection, boots: pa.Table) -> None:
+    """Events, seq coverage and completeness (:func:`judge_boot`) of every boot in ``boots``."""
+    with arrow_views(con, _aff_boot=boots):
+        rows = _boot_rows(con)
+        con.execute("DELETE FROM boots USING _aff_boot a "
+                    "WHERE boots.instance_id = a.instance_id AND boots.boot_id = a.boot_id")
+    if rows:
+        with arrow_views(con, _new_boots=pa.Table.from_pylist(rows, schema=BOOTS)):
+            con.execute("INSERT INTO boots BY NAME SELECT * FROM _new_boots")
+
+
+def _boot_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """The boots rows of ``_aff_boot``: counted in SQL, judged here where the seqs are not exactly 0..n-1."""
     rows = _rows(con, """
         WITH s AS (
             SELECT instance_id, boot_id, arg_max(event_count, seq) AS sealed_count, max(seq) AS seal_seq
@@ -116,7 +174,7 @@ def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
         LEFT JOIN s USING (instance_id, boot_id)
         GROUP BY ALL ORDER BY e.instance_id, e.boot_id""")
     need_seqs = []
-    for r in rows:
+    for r in rows:  # the common cases, judged without reading every seq
         sealed, n = r["sealed_count"], r["events"]
         exact = r["min_seq"] == 0 and r["distinct_seq"] == n and r["max_seq"] == n - 1  # seqs 0..n-1, each once
         if sealed is None and exact:
@@ -126,109 +184,134 @@ def recompute_boots(con: duckdb.DuckDBPyConnection) -> None:
         else:
             need_seqs.append((r["instance_id"], r["boot_id"]))
     if need_seqs:
-        counts: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
-        con.register("_gap_boots", pa.table({"instance_id": [k[0] for k in need_seqs],
-                                             "boot_id": [k[1] for k in need_seqs]}))
-        try:
-            for g in _rows(con, """SELECT instance_id, boot_id, seq,
-                                          -- a LogBatch the deliverer split for the topic's limit: its parts share one
-                                          -- seq and carry the original event id before '/part-' (producer/deliver.py)
-                                          count(DISTINCT split_part(event_id, '/part-', 1)) AS n
-                                   FROM events_seen
-                                   SEMI JOIN _gap_boots USING (instance_id, boot_id) GROUP BY ALL ORDER BY ALL"""):
-                counts[(g["instance_id"], g["boot_id"])].append((g["seq"], g["n"]))
-        finally:
-            con.unregister("_gap_boots")
+        counts = _seq_counts(con, need_seqs)
         wanted = set(need_seqs)
         for r in rows:
             key = (r["instance_id"], r["boot_id"])
             if key in wanted:
                 reason = judge_boot(counts.get(key, []), r["seal_seq"], r["sealed_count"])
                 r["complete"], r["incomplete_reason"] = reason is None, reason
-    con.execute("DELETE FROM boots USING _aff_boot a WHERE boots.instance_id = a.instance_id AND boots.boot_id = a.boot_id")
-    if rows:
-        table = pa.Table.from_pylist(rows, schema=BOOTS)
-        con.register("_new_boots", table)
-        con.execute("INSERT INTO boots BY NAME SELECT * FROM _new_boots")
-        con.unregister("_new_boots")
+    return rows
 
 
-def recompute_failures(con: duckdb.DuckDBPyConnection, rules: RuleTable) -> int:
-    """One failures row per affected stage that shows a failure; returns rows written."""
-    keys = con.sql("""
-        SELECT DISTINCT instance_id, boot_id, stage FROM (
-            SELECT instance_id, boot_id, stage FROM lifecycle_events SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
-            WHERE kind = 'lifecycle' AND state = 'failed' AND NOT map_contains(attributes, 'failed_stage')
-            UNION ALL
-            SELECT instance_id, boot_id, stage FROM process_exits SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
-            WHERE coalesce(exit_code, 0) <> 0 OR signal IS NOT NULL OR coalesce(start_error, '') <> '' OR timed_out
-            UNION ALL
-            SELECT instance_id, boot_id, stage FROM throughput SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
-            WHERE kind = 'result' AND verdict IN ('fail', 'error'))
-        ORDER BY ALL""").to_arrow_table()
+def _seq_counts(con: duckdb.DuckDBPyConnection,
+                boots: list[tuple[str, str]]) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """(seq, distinct events with that seq) per boot, sorted by seq."""
+    counts: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    keys = pa.table({"instance_id": [k[0] for k in boots], "boot_id": [k[1] for k in boots]})
+    with arrow_views(con, _gap_boots=keys):
+        for g in _rows(con, """SELECT instance_id, boot_id, seq,
+                                      -- a LogBatch the deliverer split for the topic's limit: its parts share one
+                                      -- seq and carry the original event id before '/part-' (producer/deliver.py)
+                                      count(DISTINCT split_part(event_id, '/part-', 1)) AS n
+                               FROM events_seen
+                               SEMI JOIN _gap_boots USING (instance_id, boot_id) GROUP BY ALL ORDER BY ALL"""):
+            counts[(g["instance_id"], g["boot_id"])].append((g["seq"], g["n"]))
+    return counts
+
+
+FAILURE_KEYS_SQL = """
+SELECT DISTINCT instance_id, boot_id, stage FROM (
+    SELECT instance_id, boot_id, stage FROM lifecycle_events SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
+    WHERE kind = 'lifecycle' AND state = 'failed' AND NOT map_contains(attributes, 'failed_stage')
+    UNION ALL
+    SELECT instance_id, boot_id, stage FROM process_exits SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
+    WHERE coalesce(exit_code, 0) <> 0 OR signal IS NOT NULL OR coalesce(start_error, '') <> '' OR timed_out
+    UNION ALL
+    SELECT instance_id, boot_id, stage FROM throughput SEMI JOIN _aff_stage USING (instance_id, boot_id, stage)
+    WHERE kind = 'result' AND verdict IN ('fail', 'error'))
+ORDER BY ALL"""
+
+# The last TAIL_LINES lines per source of each failed stage in _fail_keys; {where} narrows the lines.
+_TAILS_SQL = """
+SELECT instance_id, boot_id, stage, source, text FROM (
+    SELECT l.*, row_number() OVER (PARTITION BY instance_id, boot_id, stage, source
+                                   ORDER BY seq DESC, line_no DESC) AS rn
+    FROM log_lines l SEMI JOIN {keys} USING (instance_id, boot_id, stage) {where})
+WHERE rn <= {n} ORDER BY instance_id, boot_id, stage, source, seq, line_no"""
+
+StageKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class FailureInputs:
+    """What :func:`build_failure` needs for every key of ``_fail_keys``, grouped by key."""
+
+    lifecycle: dict[tuple[str, str], list[dict[str, Any]]]   # per boot
+    exits: dict[StageKey, list[dict[str, Any]]]
+    results: dict[StageKey, list[dict[str, Any]]]
+    facts: dict[tuple[str, str | None], dict[str, Any]]      # per boot, and per instance (boot None): the latest
+    tails: dict[StageKey, dict[str, list[str]]]               # stages without a ProcessExit
+    late: dict[StageKey, dict[str, list[str]]]                # late lines of every stage
+
+
+def _group(rows: list[dict[str, Any]], *key: str) -> dict[Any, list[dict[str, Any]]]:
+    out: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        out[tuple(r[k] for k in key)].append(r)
+    return out
+
+
+def _tails_by_source(rows: list[dict[str, Any]]) -> dict[StageKey, dict[str, list[str]]]:
+    out: dict[StageKey, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for t in rows:
+        out[(t["instance_id"], t["boot_id"], t["stage"])][t["source"]].append(t["text"])
+    return out
+
+
+def _failure_inputs(con: duckdb.DuckDBPyConnection) -> FailureInputs:
+    """Read the stored events of the stages in ``_fail_keys`` (one query per table)."""
+    life = _rows(con, """SELECT instance_id, boot_id, event_id, seq, ts_us, kind, stage, state, detail, attributes
+                         FROM lifecycle_events SEMI JOIN (SELECT DISTINCT instance_id, boot_id FROM _fail_keys)
+                         USING (instance_id, boot_id) WHERE kind = 'lifecycle'""")
+    exits = _rows(con, "SELECT * FROM process_exits SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)")
+    results = _rows(con, """SELECT * FROM throughput SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)
+                            WHERE kind = 'result'""")
+    facts = _rows(con, """SELECT * FROM instance_facts SEMI JOIN (SELECT DISTINCT instance_id FROM _fail_keys)
+                          USING (instance_id) ORDER BY ts_us, seq, event_id""")
+    tails = _rows(con, _TAILS_SQL.format(
+        keys="(SELECT * FROM _fail_keys k ANTI JOIN process_exits x USING (instance_id, boot_id, stage))",
+        where="", n=TAIL_LINES))
+    late = _rows(con, _TAILS_SQL.format(keys="_fail_keys", where="WHERE l.late", n=TAIL_LINES))
+    facts_of: dict[tuple[str, str | None], dict[str, Any]] = {}
+    for f in facts:  # ascending: the latest wins, per boot and per instance
+        facts_of[(f["instance_id"], f["boot_id"])] = f
+        facts_of[(f["instance_id"], None)] = f
+    return FailureInputs(lifecycle=_group(life, "instance_id", "boot_id"),
+                         exits=_group(exits, "instance_id", "boot_id", "stage"),
+                         results=_group(results, "instance_id", "boot_id", "stage"),
+                         facts=facts_of, tails=_tails_by_source(tails), late=_tails_by_source(late))
+
+
+def _failure_rows(keys: pa.Table, inputs: FailureInputs, rules: RuleTable) -> list[dict[str, Any]]:
+    """The failures row of every key that shows a failure. Pure."""
+    out = []
+    for k in keys.to_pylist():
+        key = (k["instance_id"], k["boot_id"], k["stage"])
+        row = build_failure(
+            *key, lifecycle=inputs.lifecycle.get(key[:2], []), exits=inputs.exits.get(key, []),
+            results=inputs.results.get(key, []),
+            facts=inputs.facts.get(key[:2]) or inputs.facts.get((key[0], None)),
+            log_tails=inputs.tails.get(key, {}), rules=rules, late_tails=inputs.late.get(key))
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def recompute_failures(con: duckdb.DuckDBPyConnection, rules: RuleTable, stages: pa.Table) -> int:
+    """One failures row per stage in ``stages`` that shows a failure; returns rows written."""
+    with arrow_views(con, _aff_stage=stages):
+        keys = con.sql(FAILURE_KEYS_SQL).to_arrow_table()
     if keys.num_rows == 0:
         return 0
-    con.register("_fail_keys", keys)
-    try:
-        life = _rows(con, """SELECT instance_id, boot_id, event_id, seq, ts_us, kind, stage, state, detail, attributes
-                             FROM lifecycle_events SEMI JOIN (SELECT DISTINCT instance_id, boot_id FROM _fail_keys)
-                             USING (instance_id, boot_id) WHERE kind = 'lifecycle'""")
-        exits = _rows(con, "SELECT * FROM process_exits SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)")
-        results = _rows(con, """SELECT * FROM throughput SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)
-                                WHERE kind = 'result'""")
-        facts = _rows(con, """SELECT * FROM instance_facts SEMI JOIN (SELECT DISTINCT instance_id FROM _fail_keys)
-                              USING (instance_id) ORDER BY ts_us, seq, event_id""")
-        tails = _rows(con, f"""
-            SELECT instance_id, boot_id, stage, source, text FROM (
-                SELECT l.*, row_number() OVER (PARTITION BY instance_id, boot_id, stage, source
-                                               ORDER BY seq DESC, line_no DESC) AS rn
-                FROM log_lines l SEMI JOIN (SELECT * FROM _fail_keys k ANTI JOIN process_exits x
-                                            USING (instance_id, boot_id, stage)) USING (instance_id, boot_id, stage))
-            WHERE rn <= {TAIL_LINES} ORDER BY instance_id, boot_id, stage, source, seq, line_no""")
-        late = _rows(con, f"""
-            SELECT instance_id, boot_id, stage, source, text FROM (
-                SELECT l.*, row_number() OVER (PARTITION BY instance_id, boot_id, stage, source
-                                               ORDER BY seq DESC, line_no DESC) AS rn
-                FROM log_lines l SEMI JOIN _fail_keys USING (instance_id, boot_id, stage) WHERE l.late)
-            WHERE rn <= {TAIL_LINES} ORDER BY instance_id, boot_id, stage, source, seq, line_no""")
-        late_of: dict[tuple[str, str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-        for t in late:
-            late_of[(t["instance_id"], t["boot_id"], t["stage"])][t["source"]].append(t["text"])
-        by_boot: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for r in life:
-            by_boot[(r["instance_id"], r["boot_id"])].append(r)
-        by_stage_exit: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-        for r in exits:
-            by_stage_exit[(r["instance_id"], r["boot_id"], r["stage"])].append(r)
-        by_stage_result: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-        for r in results:
-            by_stage_result[(r["instance_id"], r["boot_id"], r["stage"])].append(r)
-        facts_of: dict[tuple[str, str | None], dict[str, Any]] = {}
-        for f in facts:  # ascending: the latest wins, per boot and per instance
-            facts_of[(f["instance_id"], f["boot_id"])] = f
-            facts_of[(f["instance_id"], None)] = f
-        tails_of: dict[tuple[str, str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-        for t in tails:
-            tails_of[(t["instance_id"], t["boot_id"], t["stage"])][t["source"]].append(t["text"])
-        out = []
-        for k in keys.to_pylist():
-            key = (k["instance_id"], k["boot_id"], k["stage"])
-            row = build_failure(
-                *key, lifecycle=by_boot.get(key[:2], []), exits=by_stage_exit.get(key, []),
-                results=by_stage_result.get(key, []),
-                facts=facts_of.get(key[:2]) or facts_of.get((key[0], None)),
-                log_tails=tails_of.get(key, {}), rules=rules, late_tails=late_of.get(key))
-            if row is not None:
-                out.append(row)
+    with arrow_views(con, _fail_keys=keys):
+        out = _failure_rows(keys, _failure_inputs(con), rules)
         con.execute("""DELETE FROM failures USING _fail_keys k WHERE failures.instance_id = k.instance_id
                        AND failures.boot_id = k.boot_id AND failures.stage = k.stage""")
-        if out:
-            con.register("_new_failures", pa.Table.from_pylist(out, schema=FAILURES))
+    if out:
+        with arrow_views(con, _new_failures=pa.Table.from_pylist(out, schema=FAILURES)):
             con.execute("INSERT INTO failures BY NAME SELECT * FROM _new_failures")
-            con.unregister("_new_failures")
-        return len(out)
-    finally:
-        con.unregister("_fail_keys")
+    return len(out)
 
 
 INSTANCES_SQL = """
@@ -284,15 +367,16 @@ LEFT JOIN rate USING (instance_id) LEFT JOIN fc USING (instance_id)
 """
 
 
-def recompute_instances(con: duckdb.DuckDBPyConnection) -> None:
-    """The instances row of every affected instance (after boots and failures)."""
-    con.execute("DELETE FROM instances WHERE instance_id IN (SELECT instance_id FROM _aff_inst)")
-    con.execute(INSTANCES_SQL)
+def recompute_instances(con: duckdb.DuckDBPyConnection, instances: pa.Table) -> None:
+    """The instances row of every instance in ``instances`` (after boots and failures)."""
+    with arrow_views(con, _aff_inst=instances):
+        con.execute("DELETE FROM instances WHERE instance_id IN (SELECT instance_id FROM _aff_inst)")
+        con.execute(INSTANCES_SQL)
 
 
-def recompute(con: duckdb.DuckDBPyConnection, rules: RuleTable) -> int:
+def recompute(con: duckdb.DuckDBPyConnection, rules: RuleTable, keys: AffectedKeys) -> int:
     """Boots, then failures, then instances, for the affected keys; returns failure rows written."""
-    recompute_boots(con)
-    n = recompute_failures(con, rules)
-    recompute_instances(con)
+    recompute_boots(con, keys.boots)
+    n = recompute_failures(con, rules, keys.stages)
+    recompute_instances(con, keys.instances)
     return n

@@ -42,40 +42,17 @@ def _order(r: Row) -> tuple[int, str]:
     return (int(r.get("seq") or 0), str(r.get("event_id") or ""))
 
 
-def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequence[Row], exits: Sequence[Row],
-                  results: Sequence[Row], facts: Row | None, log_tails: Mapping[str, Sequence[str]],
-                  rules: RuleTable, late_tails: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any] | None:
-    """The failures row for (instance, boot, stage), or None when nothing failed.
-
-    ``lifecycle`` holds the boot's lifecycle events (any stage), ``exits`` and
-    ``results`` those of this stage, ``facts`` the GPU facts, ``log_tails``
-    the last lines per source (used when no ProcessExit carries tails), ``late_tails``
-    the last late lines per source (written after the stage's command exited, by what it
-    left behind): they extend the exit's tails, so a daemon's decisive last words count.
-    """
-    lifecycle = sorted(lifecycle, key=_order)
-    stage_life = [r for r in lifecycle if r.get("stage") == stage and r.get("kind", "lifecycle") == "lifecycle"]
-    exits = sorted(exits, key=_order)
-    results = sorted(results, key=_order)
-    failed_life = [r for r in stage_life if is_failure_signal("lifecycle", r)]
-    failed_exits = [r for r in exits if exit_failed(r)]
-    failed_results = [r for r in results if is_failure_signal("result", r)]
-    revealing = sorted(failed_life + failed_exits + failed_results, key=_order)
-    if not revealing:
-        return None
-    first, last_seq = revealing[0], max(int(r["seq"]) for r in revealing)
-    exit_row = (failed_exits or exits or [None])[-1]
-    result = results[-1] if results else None
-    detail = failed_life[-1].get("detail") if failed_life else (result.get("detail") if result else None)
-    if exit_row is not None:
-        stderr, stdout = list(exit_row.get("stderr_tail") or ()), list(exit_row.get("stdout_tail") or ())
-        file_tails = [{"path": t["path"], "lines": list(t.get("lines") or ()), "exists": bool(t.get("exists"))}
-                      for t in (exit_row.get("file_tails") or ())]
-    else:
-        stderr, stdout = list(log_tails.get("stderr", ())), list(log_tails.get("stdout", ()))
+def _tails(exit_row: Row | None, log_tails: Mapping[str, Sequence[str]],
+           late_tails: Mapping[str, Sequence[str]] | None) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """stderr, stdout and file tails: the exit's (extended by late lines), else the stored log lines'."""
+    if exit_row is None:
         file_tails = [{"path": src, "lines": list(lines), "exists": True}
                       for src, lines in sorted(log_tails.items()) if src not in ("stderr", "stdout")]
-    if exit_row is not None and late_tails:
+        return list(log_tails.get("stderr", ())), list(log_tails.get("stdout", ())), file_tails
+    stderr, stdout = list(exit_row.get("stderr_tail") or ()), list(exit_row.get("stdout_tail") or ())
+    file_tails = [{"path": t["path"], "lines": list(t.get("lines") or ()), "exists": bool(t.get("exists"))}
+                  for t in (exit_row.get("file_tails") or ())]
+    if late_tails:
         stderr += list(late_tails.get("stderr", ()))
         stdout += list(late_tails.get("stdout", ()))
         by_path = {t["path"]: t for t in file_tails}
@@ -86,10 +63,20 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
                 by_path[src]["lines"] += list(lines)
             else:
                 file_tails.append({"path": src, "lines": list(lines), "exists": True})
+    return stderr, stdout, file_tails
+
+
+def _preceding(lifecycle: Sequence[Row], last_seq: int) -> list[str]:
+    """The last PRECEDING_EVENTS lifecycle events up to the last revealing one, as 'stage state detail'."""
     preceding = [" ".join(p for p in (r.get("stage") or "", r.get("state") or "", r.get("detail") or "") if p)
                  for r in lifecycle if int(r["seq"]) <= last_seq and r.get("kind", "lifecycle") == "lifecycle"]
-    preceding = preceding[-PRECEDING_EVENTS:]
-    evidence = FailureEvidence(
+    return preceding[-PRECEDING_EVENTS:]
+
+
+def _evidence(stage: str, exit_row: Row | None, result: Row | None, failed_life: Sequence[Row],
+              stderr: list[str], stdout: list[str], file_tails: list[dict[str, Any]]) -> FailureEvidence:
+    """What the rule table judges: the deciding exit, the last result, the failed lifecycle details, the tails."""
+    return FailureEvidence(
         stage=stage,
         exit_code=exit_row.get("exit_code") if exit_row else None,
         signal=exit_row.get("signal") if exit_row else None,
@@ -102,8 +89,34 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
         verdict=result.get("verdict") if result else None,
         proofs_per_hour=result.get("proofs_per_hour") if result else None,
     )
+
+
+def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequence[Row], exits: Sequence[Row],
+                  results: Sequence[Row], facts: Row | None, log_tails: Mapping[str, Sequence[str]],
+                  rules: RuleTable, late_tails: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any] | None:
+    """The failures row for (instance, boot, stage), or None when nothing failed.
+
+    ``lifecycle`` holds the boot's lifecycle events (any stage), ``exits`` and
+    ``results`` those of this stage, ``facts`` the GPU facts, ``log_tails``
+    the last lines per source (used when no ProcessExit carries tails), ``late_tails``
+    the last late lines per source (written after the stage's command exited, by what it
+    left behind): they extend the exit's tails, so a daemon's decisive last words count.
+    """
+    lifecycle = sorted(lifecycle, key=_order)
+    exits = sorted(exits, key=_order)
+    results = sorted(results, key=_order)
+    failed_life = [r for r in lifecycle if r.get("stage") == stage and r.get("kind", "lifecycle") == "lifecycle"
+                   and is_failure_signal("lifecycle", r)]
+    failed_exits = [r for r in exits if exit_failed(r)]
+    revealing = sorted(failed_life + failed_exits + [r for r in results if is_failure_signal("result", r)], key=_order)
+    if not revealing:
+        return None
+    exit_row = (failed_exits or exits or [None])[-1]
+    result = results[-1] if results else None
+    stderr, stdout, file_tails = _tails(exit_row, log_tails, late_tails)
+    evidence = _evidence(stage, exit_row, result, failed_life, stderr, stdout, file_tails)
     verdict = rules.classify(evidence)
-    facts = facts or {}
+    first, facts = revealing[0], facts or {}
     return {
         "failure_id": first["event_id"],
         "instance_id": instance_id,
@@ -114,11 +127,11 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
         "signal": evidence.signal,
         "signal_name": signal_name(evidence.signal, evidence.signal_name),
         "start_error": evidence.start_error,
-        "detail": detail,
+        "detail": failed_life[-1].get("detail") if failed_life else (result.get("detail") if result else None),
         "stderr_tail": stderr,
         "stdout_tail": stdout,
         "file_tails": file_tails,
-        "preceding_events": preceding,
+        "preceding_events": _preceding(lifecycle, max(int(r["seq"]) for r in revealing)),
         "gpu_model": facts.get("gpu_model"),
         "compute_capability": facts.get("compute_capability"),
         "driver_version": facts.get("driver_version"),

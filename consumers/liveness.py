@@ -7,19 +7,20 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import duckdb
+import pyarrow as pa
 
 from flightrec.schemas import LOST_AFTER_INTERVALS
 
 log = logging.getLogger(__name__)
 
-# Expects the registered Arrow batch ``_d_heartbeats`` and ``_new`` (the event ids stored
-# for the first time in this transaction). Each column merges order-independently (a sum,
+# Reads ``_hb`` (the batch's heartbeat rows) and ``_hb_new`` (the event ids stored for the
+# first time in this transaction), registered by merge_heartbeats. Each column merges order-independently (a sum,
 # a min, a max, the value of the highest seq), so any batching of the same events agrees.
 MERGE_SQL = """
 INSERT INTO heartbeats BY NAME
 SELECT instance_id, boot_id, count(*) AS beats, min(ts_us) AS first_us, max(ts_us) AS last_us,
        max(seq) AS last_seq, arg_max(interval_s, seq) AS interval_s, arg_max(stage, seq) AS stage
-FROM _d_heartbeats SEMI JOIN _new USING (event_id)
+FROM _hb SEMI JOIN _hb_new USING (event_id)
 GROUP BY instance_id, boot_id
 ON CONFLICT (instance_id, boot_id) DO UPDATE SET
     beats = heartbeats.beats + excluded.beats,
@@ -36,25 +37,36 @@ INSERT INTO running_stages BY NAME
 WITH ls AS (
     SELECT l.instance_id, l.stage, arg_max(l.state, l.seq) AS last_state
     FROM lifecycle_events l JOIN instances i ON l.instance_id = i.instance_id AND l.boot_id = i.boot_id
-    WHERE i.instance_id IN (SELECT instance_id FROM _aff_inst) AND l.kind = 'lifecycle' AND l.stage IS NOT NULL
+    WHERE i.instance_id IN (SELECT instance_id FROM _running_inst) AND l.kind = 'lifecycle' AND l.stage IS NOT NULL
       AND l.state IN ('started', 'succeeded', 'failed', 'skipped')
     GROUP BY ALL)
 SELECT i.instance_id, i.boot_id,
        (SELECT string_agg(stage, ', ' ORDER BY stage) FROM ls
         WHERE ls.instance_id = i.instance_id AND ls.last_state = 'started') AS stages
-FROM instances i WHERE i.instance_id IN (SELECT instance_id FROM _aff_inst)
+FROM instances i WHERE i.instance_id IN (SELECT instance_id FROM _running_inst)
 """
 
 
-def recompute_running(con: duckdb.DuckDBPyConnection) -> None:
-    """The stages in progress of every affected instance's latest boot (after the instances rows)."""
-    con.execute("DELETE FROM running_stages WHERE instance_id IN (SELECT instance_id FROM _aff_inst)")
-    con.execute(RUNNING_SQL)
+def recompute_running(con: duckdb.DuckDBPyConnection, instances: pa.Table) -> None:
+    """The stages in progress of the latest boot of each instance in ``instances`` (after the instances rows)."""
+    con.register("_running_inst", instances)
+    try:
+        con.execute("DELETE FROM running_stages WHERE instance_id IN (SELECT instance_id FROM _running_inst)")
+        con.execute(RUNNING_SQL)
+    finally:
+        con.unregister("_running_inst")
 
 
-def merge_heartbeats(con: duckdb.DuckDBPyConnection) -> None:
-    """Fold this transaction's new heartbeats into the per-boot summary (inside the store's transaction)."""
-    con.execute(MERGE_SQL)
+def merge_heartbeats(con: duckdb.DuckDBPyConnection, heartbeats: pa.Table, new: pa.Table) -> None:
+    """Fold the heartbeats among ``new`` (event ids stored for the first time) into the per-boot summary
+    (inside the store's transaction)."""
+    con.register("_hb", heartbeats)
+    con.register("_hb_new", new)
+    try:
+        con.execute(MERGE_SQL)
+    finally:
+        con.unregister("_hb")
+        con.unregister("_hb_new")
 
 
 @dataclass(frozen=True, order=True)

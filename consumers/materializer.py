@@ -14,19 +14,22 @@ import concurrent.futures
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from flightrec.consumers.alerts import KINDS as ALERT_KINDS, AlertConfig, Alerter
 from flightrec.consumers.classify import RuleTable
 from flightrec.consumers.fold import Delta, fold
 from flightrec.consumers.serve import QueryServer
+from flightrec.consumers.stats import Stats
 from flightrec.consumers.store import Store
+from flightrec.cluster import topic_partitions
 from flightrec.errors import ConfigError, MaterializeError
 from flightrec.settings import TOPICS
 
@@ -61,17 +64,30 @@ class Options:
     status_interval: float = 15.0       # seconds between evaluations of instance status (lost alerts)
 
 
-@dataclass
-class RunStats:
-    """Counters of one run."""
+class _Pending:
+    """The messages read and not yet folded: the next batch, bounded by bytes, count and age."""
 
-    events_received: int = 0
-    lines_written: int = 0
-    duplicates_dropped: int = 0
-    dead_letters: int = 0
-    commits: int = 0
-    errors_total: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.records: list[Any] = []
+        self.bytes = 0
+        self.since = 0.0
+
+    def add(self, records: list[Any], now: float) -> None:
+        if not self.records:
+            self.since = now
+        self.records.extend(records)
+        self.bytes += sum(len(r.value or b"") for r in records)
+
+    def full(self, now: float) -> bool:
+        """Whether the batch should be committed now."""
+        return bool(self.records) and (self.bytes >= self.opts.batch_bytes
+                                       or len(self.records) >= self.opts.batch_messages
+                                       or now - self.since >= self.opts.commit_interval)
+
+    def take(self) -> list[Any]:
+        records, self.records, self.bytes = self.records, [], 0
+        return records
 
 
 def parse_time(text: str, now: float | None = None) -> int:
@@ -111,15 +127,17 @@ class Materializer:
     def __init__(self, kafka_kwargs: dict[str, Any], options: Options) -> None:
         self.kafka_kwargs = kafka_kwargs
         self.opts = options
-        self.stats = RunStats()
+        self.stats = Stats()  # the run's commits, summed, and the errors it survived
         self._keep = event_filter(options.instance, options.since_us)
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
         self._store: Store | None = None
         self._server: QueryServer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._admin: AIOKafkaAdminClient | None = None  # partitions of the topics (public metadata API)
         self._parts: list[TopicPartition] = []
         self._stop = asyncio.Event()
         self._alerts: Alerter | None = None
+        self._inflight: asyncio.Future[None] | None = None  # the commit being written
 
     async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.wrap_future(self._writer.submit(fn, *args))
@@ -144,17 +162,17 @@ class Materializer:
             self._consumer = AIOKafkaConsumer(
                 **self.kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000)
+            self._admin = AIOKafkaAdminClient(**self.kafka_kwargs, request_timeout_ms=20000)
             try:
                 await self._consumer.start()
+                await self._admin.start()
             except (KafkaError, OSError) as exc:
                 from flightrec.cluster import connection_cause
 
                 cause = await connection_cause(self.kafka_kwargs)
-                err = MaterializeError(f"cannot read Kafka: {cause}" if cause else
+                raise MaterializeError(f"cannot read Kafka: {cause}" if cause else
                                        f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
-                                       f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP")
-                err.retriable = True
-                raise err from exc
+                                       f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP") from exc
             await self._assign(initial=True)
         except BaseException:
             await self._close()
@@ -165,6 +183,12 @@ class Materializer:
         await self._close()
 
     async def _close(self) -> None:
+        if self._admin is not None:
+            try:
+                await self._admin.close()
+            except (KafkaError, OSError) as exc:
+                log.warning("closing the admin client: %s", exc)
+            self._admin = None
         if self._consumer is not None:
             try:
                 await self._consumer.stop()
@@ -187,10 +211,8 @@ class Materializer:
         self._stop.set()
 
     async def _partitions(self) -> list[TopicPartition]:
-        assert self._consumer is not None
-        cluster = await self._consumer._client.fetch_all_metadata()
-        return sorted((TopicPartition(t, p) for t in self.opts.topics for p in (cluster.partitions_for_topic(t) or ())),
-                      key=lambda tp: (tp.topic, tp.partition))
+        assert self._admin is not None
+        return [TopicPartition(t, p) for t, p in await topic_partitions(self._admin, self.opts.topics)]
 
     async def _assign(self, initial: bool = False) -> bool:
         """(Re)assign every partition of the topics; positions come from DuckDB. True if it changed."""
@@ -227,11 +249,7 @@ class Materializer:
 
     async def _commit(self, delta: Delta) -> None:
         assert self._store is not None
-        s = await self._in_writer(self._store.commit, delta)
-        self.stats.commits += 1
-        self.stats.lines_written += s.lines
-        self.stats.duplicates_dropped += s.duplicates
-        self.stats.dead_letters += s.dead_letters
+        self.stats += await self._in_writer(self._store.commit, delta)
         await self._sync_alerts()
 
     async def _sync_alerts(self) -> None:
@@ -241,58 +259,79 @@ class Materializer:
             except Exception as exc:  # noqa: BLE001 - alerts never stop materialization
                 log.warning("alerts: could not update the outbox: %s", exc)
 
-    async def run(self) -> RunStats:
+    async def _flush(self, pending: _Pending) -> None:
+        """Fold what is pending and start committing it, once the previous commit is done (one at a time)."""
+        if not pending.records:
+            return
+        delta = fold(pending.take(), keep=self._keep)
+        if self._inflight is not None:
+            await self._inflight
+        self._inflight = asyncio.ensure_future(self._commit(delta))
+
+    async def _reap(self) -> None:
+        """Collect a finished commit (raising what it raised)."""
+        if self._inflight is not None and self._inflight.done():
+            inflight, self._inflight = self._inflight, None
+            await inflight
+
+    async def _read(self) -> dict[TopicPartition, list[Any]]:
+        """The next messages; none when the broker went away (counted, waited for: what is held is kept)."""
+        assert self._consumer is not None
+        try:
+            return await self._consumer.getmany(timeout_ms=100, max_records=self.opts.batch_messages)
+        except KafkaError as exc:
+            self.stats += Stats(errors_total=1)
+            log.warning("reading the topics failed (%s); retrying", exc)
+            await asyncio.sleep(1.0)
+            return {}
+
+    async def _idle_refresh(self) -> bool:
+        """While idle: alert outcomes and retries, new partitions. True when the broker answered."""
+        await self._sync_alerts()  # outcomes of posts made while idle; retries of queued ones
+        try:
+            await self._assign()
+            return True
+        except (KafkaError, OSError) as exc:
+            log.warning("refreshing partitions failed: %s", exc)
+            return False
+
+    async def _idle_done(self, now: float, kafka_ok: float) -> bool | None:
+        """Whether an idle run is caught up (True: stop); None when the broker did not answer.
+
+        Raises MaterializeError once the broker has not answered for long (what was read is committed)."""
+        assert self.opts.until_idle is not None
+        try:
+            return await self._caught_up()
+        except (KafkaError, OSError) as exc:
+            log.warning("cannot check the end offsets: %s", exc)
+            if now - kafka_ok > max(self.opts.until_idle, 30.0):
+                raise MaterializeError(
+                    f"the broker at {self.kafka_kwargs.get('bootstrap_servers')} has not answered for "
+                    f"{now - kafka_ok:.0f}s; committed what was read, start again when it is back") from exc
+            return None
+
+    async def run(self) -> Stats:
         """Consume until stopped, idle (``until_idle``) or, for a replay, the end offsets at start."""
         c = self._consumer
         assert c is not None
         loop = asyncio.get_running_loop()
         targets = await c.end_offsets(self._parts) if self.opts.replay else None
-        pending: list[Any] = []
-        pending_bytes = 0
-        first_pending = 0.0
-        inflight: asyncio.Future[None] | None = None
-        last_data = last_refresh = last_report = loop.time()
-        kafka_ok = loop.time()
-
-        async def flush() -> None:
-            nonlocal pending, pending_bytes, inflight
-            if not pending:
-                return
-            delta = fold(pending, keep=self._keep)
-            pending, pending_bytes = [], 0
-            if inflight is not None:
-                await inflight
-            inflight = asyncio.ensure_future(self._commit(delta))
-
+        pending = _Pending(self.opts)
+        last_data = last_refresh = last_report = kafka_ok = loop.time()
         try:
             while not self._stop.is_set():
-                try:
-                    data = await c.getmany(timeout_ms=100, max_records=self.opts.batch_messages)
-                except KafkaError as exc:  # the broker went away: wait for it, keep what we hold
-                    self.stats.errors_total += 1
-                    log.warning("reading the topics failed (%s); retrying", exc)
-                    await asyncio.sleep(1.0)
-                    data = {}
+                data = await self._read()
                 now = loop.time()
                 for records in data.values():
-                    if not pending:
-                        first_pending = now
-                    pending.extend(records)
-                    pending_bytes += sum(len(r.value or b"") for r in records)
-                    self.stats.events_received += len(records)
+                    pending.add(records, now)
                 if data:
                     last_data = kafka_ok = now
-                if pending and (pending_bytes >= self.opts.batch_bytes or len(pending) >= self.opts.batch_messages
-                                or now - first_pending >= self.opts.commit_interval):
-                    await flush()
-                if inflight is not None and inflight.done():
-                    await inflight
-                    inflight = None
+                if pending.full(now):
+                    await self._flush(pending)
+                await self._reap()
                 if now - last_report >= 10.0:
                     last_report = now
-                    log.info("events_received=%d lines_written=%d dead_letters=%d duplicates_dropped=%d commits=%d",
-                             self.stats.events_received, self.stats.lines_written, self.stats.dead_letters,
-                             self.stats.duplicates_dropped, self.stats.commits)
+                    log.info("%s", self.stats.summary())
                 if targets is not None:
                     if await self._caught_up(targets):
                         break
@@ -301,25 +340,17 @@ class Materializer:
                     continue
                 if now - last_refresh >= 5.0:
                     last_refresh = now
-                    await self._sync_alerts()  # outcomes of posts made while idle; retries of queued ones
-                    try:
-                        await self._assign()
+                    if await self._idle_refresh():
                         kafka_ok = now
-                    except (KafkaError, OSError) as exc:
-                        log.warning("refreshing partitions failed: %s", exc)
                 if self.opts.until_idle is not None and now - last_data >= self.opts.until_idle:
-                    try:
-                        if await self._caught_up():
-                            break
+                    done = await self._idle_done(now, kafka_ok)
+                    if done:
+                        break
+                    if done is False:
                         kafka_ok = now
-                    except (KafkaError, OSError) as exc:
-                        log.warning("cannot check the end offsets: %s", exc)
-                        if now - kafka_ok > max(self.opts.until_idle, 30.0):
-                            raise MaterializeError(
-                                f"the broker at {self.kafka_kwargs.get('bootstrap_servers')} has not answered for "
-                                f"{now - kafka_ok:.0f}s; committed what was read, start again when it is back") from exc
         finally:
-            await flush()
-            if inflight is not None:
+            await self._flush(pending)
+            if self._inflight is not None:
+                inflight, self._inflight = self._inflight, None
                 await inflight
         return self.stats

@@ -14,7 +14,6 @@ import os
 import re
 import time
 import uuid
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -22,9 +21,10 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.consumers.classify import RuleTable, load_rules
-from flightrec.consumers.derive import recompute
+from flightrec.consumers.derive import affected_keys, arrow_views, recompute
 from flightrec.consumers.liveness import merge_heartbeats, recompute_running
 from flightrec.consumers.fold import Delta
+from flightrec.consumers.stats import Stats
 from flightrec.errors import MaterializeError
 from flightrec.query import writer_notice_path
 
@@ -35,6 +35,9 @@ MATERIALIZED_TABLES: tuple[str, ...] = (
     "instances", "boots", "lifecycle_events", "instance_facts", "log_lines", "process_exits", "throughput",
     "failures", "dead_letters", "events_seen", "heartbeats", "manager_events", "running_stages",
 )
+# The Delta's row batches, registered as _d_<name> for the duration of a commit.
+DELTA_TABLES: tuple[str, ...] = ("events", "lifecycle", "facts", "exits", "throughput", "logs", "dead", "heartbeats",
+                                 "manager")
 OFFSETS = pa.schema([("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
                      ("next_offset", pa.int64())])
 
@@ -42,17 +45,6 @@ OFFSETS = pa.schema([("consumer_group", pa.string()), ("topic", pa.string()), ("
 def schema_sql() -> str:
     """The DDL of every table (consumers/schema.sql)."""
     return resources.files("flightrec.consumers").joinpath("schema.sql").read_text("utf-8")
-
-
-@dataclass
-class CommitStats:
-    """What one commit wrote."""
-
-    new_events: int = 0
-    lines: int = 0
-    dead_letters: int = 0
-    duplicates: int = 0
-    failures: int = 0
 
 
 def _ask_readers_to_leave(db: Path) -> Path | None:
@@ -93,7 +85,7 @@ class Store:
         self.rules = rules or load_rules()
         self.run_id = str(uuid.uuid4())
         self.mode = mode
-        self.counters = {"commits": 0, "messages": 0, "lines": 0, "duplicates": 0, "dead_letters": 0}
+        self.totals = Stats()  # this run's commits, summed
         self.started_us = time.time_ns() // 1000
         self.con = self._connect(lock_wait)
         try:
@@ -164,68 +156,15 @@ class Store:
             [self.group]).fetchall()
         return {(t, p): o for t, p, o in rows}
 
-    def commit(self, delta: Delta) -> CommitStats:
-        """Write one Delta and the offsets after it in one transaction."""
+    def commit(self, delta: Delta) -> Stats:
+        """Write one Delta and the offsets after it in one transaction; returns what it wrote."""
         con = self.con
-        stats = CommitStats(lines=0, duplicates=delta.duplicates)
-        names = []
         try:
             con.execute("BEGIN TRANSACTION")
-            for name in ("events", "lifecycle", "facts", "exits", "throughput", "logs", "dead", "heartbeats", "manager"):
-                con.register(f"_d_{name}", getattr(delta, name))
-                names.append(f"_d_{name}")
-            new = con.execute("""INSERT INTO events_seen BY NAME SELECT * FROM _d_events
-                                 ON CONFLICT DO NOTHING RETURNING instance_id, boot_id, stage, event_id, kind""").fetchall()
-            stats.new_events = len(new)
-            stats.duplicates += delta.events.num_rows - len(new)
-            if new:
-                con.register("_new", pa.table({
-                    "instance_id": [r[0] for r in new], "boot_id": [r[1] for r in new],
-                    "stage": [r[2] for r in new], "event_id": [r[3] for r in new], "kind": [r[4] for r in new]}))
-                names.append("_new")
-                for table, view in (("lifecycle_events", "_d_lifecycle"), ("instance_facts", "_d_facts"),
-                                    ("process_exits", "_d_exits"), ("throughput", "_d_throughput")):
-                    if getattr(delta, view[3:]).num_rows:
-                        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {view} SEMI JOIN _new USING (event_id)")
-                if delta.logs.num_rows:
-                    if stats.duplicates == 0 and len(new) == delta.events.num_rows:
-                        con.execute("INSERT INTO log_lines BY NAME SELECT * FROM _d_logs")
-                        stats.lines = delta.logs.num_rows
-                    else:
-                        stats.lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
-                                                     SEMI JOIN _new USING (event_id)""").fetchone()[0]
-                if delta.heartbeats.num_rows:
-                    merge_heartbeats(con)
-                con.execute("CREATE OR REPLACE TEMP VIEW _aff_boot AS SELECT DISTINCT instance_id, boot_id FROM _new")
-                con.execute("CREATE OR REPLACE TEMP VIEW _aff_inst AS SELECT DISTINCT instance_id FROM _new")
-                # A failure row also depends on events outside its stage: new facts touch every failure
-                # of their instance (a boot without facts of its own shows the instance's latest ones),
-                # and a new lifecycle event of any stage touches every failure of its boot (it may
-                # belong in preceding_events).
-                con.execute("""CREATE OR REPLACE TEMP VIEW _aff_stage AS
-                               SELECT DISTINCT instance_id, boot_id, stage FROM _new WHERE stage IS NOT NULL
-                               UNION
-                               SELECT instance_id, boot_id, stage FROM failures
-                               SEMI JOIN (SELECT instance_id FROM _new WHERE kind = 'facts') USING (instance_id)
-                               UNION
-                               SELECT instance_id, boot_id, stage FROM failures
-                               SEMI JOIN (SELECT instance_id, boot_id FROM _new WHERE kind = 'lifecycle')
-                               USING (instance_id, boot_id)""")
-                stats.failures = recompute(con, self.rules)
-                recompute_running(con)
-            if delta.manager.num_rows:
-                con.execute("INSERT INTO manager_events BY NAME SELECT * FROM _d_manager ON CONFLICT DO NOTHING")
-            if delta.dead.num_rows:
-                stats.dead_letters = con.execute(
-                    "INSERT INTO dead_letters BY NAME SELECT * FROM _d_dead ON CONFLICT DO NOTHING").fetchone()[0]
-            if delta.offsets:
-                offsets = pa.Table.from_pylist(
-                    [{"consumer_group": self.group, "topic": t, "partition": p, "next_offset": o}
-                     for (t, p), o in sorted(delta.offsets.items())], schema=OFFSETS)
-                con.register("_d_offsets", offsets)
-                names.append("_d_offsets")
-                con.execute("INSERT OR REPLACE INTO consumer_offsets BY NAME SELECT * FROM _d_offsets")
-            self._bookkeeping(delta, stats)
+            with arrow_views(con, **{f"_d_{name}": getattr(delta, name) for name in DELTA_TABLES}):
+                stats = self._write(delta)
+                self._store_offsets(delta)
+                self._bookkeeping(stats)
             con.execute("COMMIT")
         except duckdb.Error as exc:
             try:
@@ -233,22 +172,69 @@ class Store:
             except duckdb.Error:
                 pass
             raise MaterializeError(f"could not commit a batch to {self.path}: {exc}") from exc
-        finally:
-            for n in names:
-                con.unregister(n)
         return stats
 
-    def _bookkeeping(self, delta: Delta, stats: CommitStats) -> None:
-        c = self.counters
-        c["commits"] += 1
-        c["messages"] += delta.messages
-        c["lines"] += stats.lines
-        c["duplicates"] += stats.duplicates
-        c["dead_letters"] += stats.dead_letters
+    def _write(self, delta: Delta) -> Stats:
+        """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
+        new = self._insert_events()
+        lines = failures = 0
+        if new.num_rows:
+            first_sight = delta.duplicates == 0 and new.num_rows == delta.events.num_rows
+            lines = self._insert_rows(delta, new, first_sight)
+            affected = affected_keys(self.con, new)
+            failures = recompute(self.con, self.rules, affected)
+            recompute_running(self.con, affected.instances)
+        if delta.manager.num_rows:
+            self.con.execute("INSERT INTO manager_events BY NAME SELECT * FROM _d_manager ON CONFLICT DO NOTHING")
+        dead = 0
+        if delta.dead.num_rows:
+            dead = self.con.execute(
+                "INSERT INTO dead_letters BY NAME SELECT * FROM _d_dead ON CONFLICT DO NOTHING").fetchone()[0]
+        return Stats(events_received=delta.messages, events_written=new.num_rows, lines_written=lines,
+                     duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows,
+                     dead_letters=dead, failures_written=failures, commits=1)
+
+    def _insert_events(self) -> pa.Table:
+        """Store the batch's event ids; returns the keys of those stored for the first time."""
+        return self.con.execute("""INSERT INTO events_seen BY NAME SELECT * FROM _d_events ON CONFLICT DO NOTHING
+                                   RETURNING instance_id, boot_id, stage, event_id, kind""").to_arrow_table()
+
+    def _insert_rows(self, delta: Delta, new: pa.Table, first_sight: bool) -> int:
+        """The rows of the new events (a stored event's rows are not written again); returns log lines written."""
+        con = self.con
+        lines = 0
+        with arrow_views(con, _new=new):
+            for table, name in (("lifecycle_events", "lifecycle"), ("instance_facts", "facts"),
+                                ("process_exits", "exits"), ("throughput", "throughput")):
+                if getattr(delta, name).num_rows:
+                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _d_{name} SEMI JOIN _new USING (event_id)")
+            if delta.logs.num_rows:
+                if first_sight:  # every event of the batch is new: no join needed
+                    con.execute("INSERT INTO log_lines BY NAME SELECT * FROM _d_logs")
+                    lines = delta.logs.num_rows
+                else:
+                    lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
+                                           SEMI JOIN _new USING (event_id)""").fetchone()[0]
+        if delta.heartbeats.num_rows:
+            merge_heartbeats(con, delta.heartbeats, new)
+        return lines
+
+    def _store_offsets(self, delta: Delta) -> None:
+        """The next offset per partition after this Delta (same transaction as its rows)."""
+        if not delta.offsets:
+            return
+        offsets = pa.Table.from_pylist(
+            [{"consumer_group": self.group, "topic": t, "partition": p, "next_offset": o}
+             for (t, p), o in sorted(delta.offsets.items())], schema=OFFSETS)
+        with arrow_views(self.con, _d_offsets=offsets):
+            self.con.execute("INSERT OR REPLACE INTO consumer_offsets BY NAME SELECT * FROM _d_offsets")
+
+    def _bookkeeping(self, stats: Stats) -> None:
+        self.totals = t = self.totals + stats
         self.con.execute(
             "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [self.run_id, self.group, self.mode, self.started_us, time.time_ns() // 1000, c["commits"],
-             c["messages"], c["lines"], c["duplicates"], c["dead_letters"]])
+            [self.run_id, self.group, self.mode, self.started_us, time.time_ns() // 1000, t.commits,
+             t.events_received, t.lines_written, t.duplicates_dropped, t.dead_letters])
 
     def close(self) -> None:
         """Checkpoint and close the database."""

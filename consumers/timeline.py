@@ -182,13 +182,14 @@ async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, top
     """Every decodable event of ``instance`` now in the topics (key = instance id), read to the end offsets."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from flightrec.cluster import partitions_now
+
     codec = default_codec()
     key = instance.encode()
     c = AIOKafkaConsumer(**kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
     await c.start()
     try:
-        cluster = await c._client.fetch_all_metadata()
-        parts = [TopicPartition(t, p) for t in topics for p in (cluster.partitions_for_topic(t) or ())]
+        parts = [TopicPartition(t, p) for t, p in await partitions_now(kafka_kwargs, topics)]
         out: list[tuple[str, dict[str, Any]]] = []
         if not parts:
             return out

@@ -21,6 +21,8 @@ from flightrec.errors import BrokerError, CatalogError
 from flightrec.settings import TOPICS, Settings
 
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+# Kafka's jars: the checkout's .cache (as `make` sets it), wherever pytest is started from.
+os.environ.setdefault("FLIGHTREC_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
 
 
 @dataclasses.dataclass
@@ -67,12 +69,13 @@ class Kafka:
         async def go() -> list:
             from aiokafka import AIOKafkaConsumer, TopicPartition
 
+            from flightrec.cluster import partitions_now
+
+            parts = [TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": self.bootstrap}, topics)]
             c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                  auto_offset_reset="earliest")
             await c.start()
             try:
-                cluster = await c._client.fetch_all_metadata()
-                parts = [TopicPartition(t, p) for t in topics for p in (cluster.partitions_for_topic(t) or ())]
                 assert parts, f"no partitions found for {topics}"
                 c.assign(parts)
                 await c.seek_to_beginning(*parts)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -83,3 +85,48 @@ def test_every_module_says_what_it_holds_and_stays_small():
             src = path.read_text()
             assert ast.get_docstring(ast.parse(src)), f"{path.relative_to(ROOT)} opens with no one-line docstring"
             assert src.count("\n") < 600, f"{path.relative_to(ROOT)} has grown past 600 lines: split it"
+
+
+def test_wheel_ships_the_demo_entrypoint(wheel):
+    # src/flightrec/demo/entrypoint.sh links to examples/entrypoint.sh: one file, its content shipped.
+    assert wheel.read("flightrec/demo/entrypoint.sh") == (ROOT / "examples" / "entrypoint.sh").read_bytes()
+
+
+def _free_port() -> int:
+    from flightrec.broker.local import free_port
+
+    return free_port()
+
+
+@pytest.mark.integration
+def test_a_wheel_installed_elsewhere_fetches_kafka_and_runs_the_demo(wheel, tmp_path):
+    """Nothing in the installed package looks for the repository around it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # The dependencies come from this environment's site-packages (a plain path: its editable finder is not run).
+    Path(site, "flightrec-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", wheel.filename], check=True,
+                   capture_output=True)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_") and k != "PYTHONPATH"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONSAFEPATH="1")
+    where = subprocess.run([str(py), "-c", "import flightrec; print(flightrec.__file__)"], cwd=work, env=env,
+                           capture_output=True, text=True, check=True).stdout
+    assert where.startswith(site), where
+    flightrec = str(venv / "bin" / "flightrec")
+    fetched = subprocess.run([flightrec, "broker", "fetch"], cwd=work, env=env, capture_output=True, text=True,
+                             timeout=600)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    libs = tmp_path / "xdg" / "flightrec" / "kafka"
+    assert str(libs) in fetched.stdout and any(libs.glob("*/libs/kafka_2.13-*.jar")), fetched.stdout
+    demo = subprocess.run([flightrec, "demo", "--headless", "--instances", "2", "--port", str(_free_port()),
+                           "--home", str(work / "demo"), "--supervisor-seconds", "1"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=500)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "the whole fleet is materialized" in demo.stdout
+    assert "gpu_arch_unsupported" in demo.stdout  # the second instance's fate, explained
+    assert (work / "demo" / "flightrec.duckdb").exists()

@@ -60,3 +60,31 @@ def test_the_file_path_reads_with_views_and_refuses_files(tmp_path):
         con.close()
     with pytest.raises(QueryError, match="no database"):
         run_query(tmp_path / "missing.duckdb", "SELECT 1")
+
+
+def test_live_reads_survive_a_materializer_restart_and_keep_parameter_types(tmp_path):
+    """A reader process keeps one Flight channel per database: a restarted server on the same socket
+    answers it; dates, timestamps and decimals arrive as themselves (no encoding of our own)."""
+    import datetime as dt
+    import decimal
+
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+    from flightrec.live import socket_path
+
+    db = tmp_path / "fr.duckdb"
+    when = dt.datetime(2026, 12, 2, 23, 0, tzinfo=dt.timezone.utc)
+    sql = "SELECT typeof(?) AS a, typeof(?) AS b, typeof(?) AS c, ?::VARCHAR AS d"
+    params = [dt.date(2026, 12, 2), when, decimal.Decimal("1.25"), when]
+    for _ in range(2):
+        store = Store(db, "g")
+        try:
+            with QueryServer(store.con.cursor(), db) as server:
+                row = run_query(db, sql, params).to_pylist()[0]
+                assert server.counters["queries_served"] == 1
+        finally:
+            store.close()
+        assert row["a"] == "DATE" and row["b"].startswith("TIMESTAMP") and row["c"].startswith("DECIMAL")
+        assert not socket_path(db).exists()
+    # With no server, the same read is answered from the file.
+    assert run_query(db, "SELECT ? + 1 AS n", [41]).to_pylist() == [{"n": 42}]

@@ -89,3 +89,30 @@ async def connection_cause(kafka_kwargs: dict[str, Any], timeout: float = 10.0) 
             conn.close()
             return None
     return causes[0] if causes else None
+
+
+def partitions_of(described: Iterable[dict[str, Any]], topics: Iterable[str]) -> list[tuple[str, int]]:
+    """(topic, partition) of every partition of ``topics`` in a describe_topics answer, sorted. Pure.
+
+    A topic the answer does not hold (not created yet) has no partitions."""
+    wanted = set(topics)
+    return sorted((t["topic"], int(p["partition"])) for t in described
+                  if t.get("topic") in wanted and not t.get("error_code") for p in t.get("partitions") or ())
+
+
+async def topic_partitions(admin: AIOKafkaAdminClient, topics: Iterable[str]) -> list[tuple[str, int]]:
+    """Every partition of ``topics`` now on the cluster, sorted, through the public admin client.
+
+    Asks for the metadata of every topic (as a consumer's own refresh does), so a topic
+    not created yet is absent rather than auto-created by the question."""
+    return partitions_of(await admin.describe_topics(), topics)
+
+
+async def partitions_now(kafka_kwargs: dict[str, Any], topics: Iterable[str]) -> list[tuple[str, int]]:
+    """:func:`topic_partitions` with an admin client of its own (for one-off readers)."""
+    admin = AIOKafkaAdminClient(**kafka_kwargs)
+    await admin.start()
+    try:
+        return await topic_partitions(admin, topics)
+    finally:
+        await admin.close()

@@ -1,17 +1,15 @@
-"""One exception root for flightrec; each class says whether retrying can help."""
+"""One exception root for flightrec; every message says what to do."""
 
 from __future__ import annotations
 
 
 class FlightrecError(Exception):
-    """Root of every error flightrec raises on purpose.
+    """Root of every error flightrec raises on purpose; the message always says what to do.
 
-    ``retriable`` is True where the same call may succeed later (a broker that
-    is still starting, a file that is not written yet); the message always says
-    what to do.
+    Whether to retry is decided where the failure is met (the materializer's read
+    loop waits for a broker that went away; the agent's deliverer keeps events in
+    its spool), not by a flag on the error.
     """
-
-    retriable: bool = False
 
 
 class ConfigError(FlightrecError):
@@ -37,10 +35,9 @@ class BrokerError(FlightrecError):
     ``log_tail`` holds the last lines of the broker's own log where there is one.
     """
 
-    def __init__(self, message: str, log_tail: str = "", retriable: bool = False) -> None:
+    def __init__(self, message: str, log_tail: str = "") -> None:
         super().__init__(message)
         self.log_tail = log_tail
-        self.retriable = retriable
 
     def __str__(self) -> str:
         msg = super().__str__()
@@ -51,8 +48,6 @@ class BrokerError(FlightrecError):
 
 class DeliveryError(FlightrecError):
     """Events could not be handed to Kafka in time; they stay in the spool."""
-
-    retriable = True
 
 
 class SpoolError(FlightrecError):

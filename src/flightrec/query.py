@@ -9,8 +9,9 @@ never pasted into SQL text. ``prelude`` holds temp views (checked: one
 
 While a materializer runs it holds DuckDB's write lock and no other process can
 open the file; it then serves queries on a Unix socket next to the database
-(:func:`socket_path`, see ``flightrec.consumers.serve``), answering with Arrow
-IPC from a snapshot of its last commit. ``run_query`` asks that socket first
+(Arrow Flight, see ``flightrec.live`` for the protocol both sides share and
+``flightrec.consumers.serve`` for the server), answering from a snapshot of its
+last commit. ``run_query`` asks that socket first
 and opens the file read-only when nobody answers. A read on the file gives
 way: a materializer that cannot get the file writes ``<db>.writer-waiting``
 (:func:`writer_notice_path`) and every flightrec read on the file is
@@ -19,33 +20,24 @@ interrupted within ``GIVE_WAY_POLL_S`` and asked again live.
 
 from __future__ import annotations
 
-import datetime as _dt
-import decimal
-import hashlib
-import io
-import json
 import logging
 import os
-import socket
-import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
 from flightrec.lake import LakeLocation, forget_reader, is_lake, mask_password, parse_db, reader_cursor
+from flightrec.live import Params, query_live, socket_path  # noqa: F401 - re-exported
 from flightrec.readonly import READ_PRAGMAS, check_prelude, check_read_only  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
-_FRAME = struct.Struct(">Q")
 GIVE_WAY_POLL_S = 0.2   # how often a file-path read looks for a materializer waiting for the file
 WRITER_START_S = 30.0   # how long a reader that gave way waits for that materializer's socket
-MAX_REQUEST = 16 * 1024 * 1024
-Params = Sequence[Any] | dict[str, Any] | None
 # The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked
 # (after the time zone: the views' TIMESTAMPTZ columns come out in UTC whatever the machine's zone,
 # as the dashboard says; DuckDB takes TimeZone only as a SET, not in the connect config).
@@ -53,17 +45,6 @@ READER_CONFIG = {"enable_external_access": False, "autoload_known_extensions": F
                  "autoinstall_known_extensions": False, "python_enable_replacements": False,
                  "lock_configuration": True}
 READER_TIME_ZONE = "UTC"
-
-
-def socket_path(db: str | Path) -> Path:
-    """Where a materializer writing ``db`` serves queries: ``<db>.sock``, or a short path in /tmp
-    when that would be too long for a Unix socket address."""
-    path = Path(db).absolute()
-    sock = path.with_name(path.name + ".sock")
-    if len(str(sock).encode()) < 100:
-        return sock
-    digest = hashlib.sha256(str(path).encode()).hexdigest()[:20]
-    return Path("/tmp") / f"flightrec-{digest}.sock"
 
 
 def writer_notice_path(db: str | Path) -> Path:
@@ -157,101 +138,6 @@ def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params =
         return rel.to_arrow_table()
     except duckdb.Error as exc:
         raise QueryError(f"{type(exc).__name__}: {exc}") from exc
-
-
-# -- the live path: a tiny framed protocol over a Unix socket ---------------------
-
-def send_frame(sock: socket.socket, payload: bytes) -> None:
-    """Send one length-prefixed frame."""
-    sock.sendall(_FRAME.pack(len(payload)) + payload)
-
-
-def recv_frame(sock: socket.socket, limit: int | None = None) -> bytes:
-    """Receive one length-prefixed frame; ConnectionError when the peer goes away."""
-    head = _recv_exact(sock, _FRAME.size)
-    (n,) = _FRAME.unpack(head)
-    if limit is not None and n > limit:
-        raise ConnectionError(f"frame of {n} bytes is over the limit of {limit}")
-    return _recv_exact(sock, n)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise ConnectionError("the peer closed the connection")
-        buf += chunk
-    return bytes(buf)
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, _dt.datetime):
-        return {"$datetime": value.isoformat()}
-    if isinstance(value, _dt.date):
-        return {"$date": value.isoformat()}
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return [_to_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_json(v) for k, v in value.items()}
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    return value
-
-
-def params_from_json(value: Any) -> Any:
-    """The inverse of the client's parameter encoding (datetimes and dates are tagged)."""
-    if isinstance(value, dict):
-        if set(value) == {"$datetime"}:
-            return _dt.datetime.fromisoformat(value["$datetime"])
-        if set(value) == {"$date"}:
-            return _dt.date.fromisoformat(value["$date"])
-        return {k: params_from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [params_from_json(v) for v in value]
-    return value
-
-
-def encode_request(sql: str, params: Params, prelude: Sequence[str]) -> bytes:
-    """The request frame's payload."""
-    try:
-        return json.dumps({"sql": sql, "params": _to_json(params), "prelude": list(prelude)}).encode()
-    except (TypeError, ValueError) as exc:
-        raise QueryError(f"query parameters must be plain values (str, numbers, dates): {exc}") from exc
-
-
-def table_to_ipc(table: pa.Table) -> bytes:
-    """A table as one Arrow IPC stream."""
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
-
-def query_live(db: str | Path, sql: str, params: Params = None, prelude: Sequence[str] = (),
-               timeout: float = 120.0) -> pa.Table | None:
-    """Ask the materializer serving ``db``; None when none answers (no socket, or a stale one)."""
-    path = socket_path(db)
-    if not path.exists():
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        try:
-            sock.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return None  # a materializer that died left its socket file behind
-        send_frame(sock, encode_request(sql, params, prelude))
-        reply = recv_frame(sock)
-    except (OSError, ConnectionError) as exc:
-        raise QueryError(f"the materializer serving {db} stopped answering: {exc}; retry") from exc
-    finally:
-        sock.close()
-    if reply[:1] == b"A":
-        return pa.ipc.open_stream(reply[1:]).read_all()
-    raise QueryError(reply[1:].decode("utf-8", "replace"))
 
 
 def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence[str] = ()) -> pa.Table:

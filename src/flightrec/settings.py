@@ -17,6 +17,11 @@ _TOPIC_NAMES = ("TOPIC_LIFECYCLE", "TOPIC_LOGS", "TOPIC_EXITS", "TOPIC_METRICS",
 STOCK_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's default message.max.bytes (and so each topic's max.message.bytes)
 
 
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "flightrec")
+
+
 def _default_state_dir() -> str:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return str(Path(base) / "flightrec")
@@ -40,7 +45,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_INSTANCE", "<hostname>", "This instance's id, used by the agent when --instance is not given."),
     Setting("FLIGHTREC_SPOOL", "$XDG_STATE_HOME/flightrec/spool", "The agent's durable spool folder (boot id, seq counter, unsent events)."),
     Setting("FLIGHTREC_HOME", ".flightrec", "Folder for local state of `flightrec broker` and `flightrec demo` (broker data, demo databases)."),
-    Setting("FLIGHTREC_KAFKA_LIBS", "<repo>/.cache/kafka/<version>/libs", "Where Kafka's jars are cached once fetched with Maven."),
+    Setting("FLIGHTREC_CACHE", "$XDG_CACHE_HOME/flightrec", "Folder for what flightrec downloads once (Kafka's jars); `make` and the tests set it to the checkout's `.cache`."),
+    Setting("FLIGHTREC_KAFKA_LIBS", "$FLIGHTREC_CACHE/kafka/<version>/libs", "Where Kafka's jars are cached once fetched with Maven."),
     Setting("FLIGHTREC_PARTITIONS", "6", "Partitions per topic when flightrec creates its topics."),
     Setting("FLIGHTREC_REPLICATION", "1", "Replication factor when flightrec creates its topics."),
     Setting("FLIGHTREC_RETENTION_MS", "-1", "Topic retention in milliseconds when flightrec creates its topics; -1 keeps everything so replay always works."),
@@ -102,6 +108,7 @@ class Settings:
     spool: str = field(default_factory=lambda: str(Path(_default_state_dir()) / "spool"))
     home: str = ".flightrec"
     kafka_libs: str | None = None
+    cache: str = field(default_factory=_default_cache_dir)
     partitions: int = 6
     replication: int = 1
     retention_ms: int = -1
@@ -146,6 +153,7 @@ class Settings:
             spool=_env(env, "FLIGHTREC_SPOOL") or base.spool,
             home=_env(env, "FLIGHTREC_HOME") or base.home,
             kafka_libs=_env(env, "FLIGHTREC_KAFKA_LIBS"),
+            cache=_env(env, "FLIGHTREC_CACHE") or base.cache,
             partitions=_int(env, "FLIGHTREC_PARTITIONS", base.partitions),
             replication=_int(env, "FLIGHTREC_REPLICATION", base.replication),
             retention_ms=_int(env, "FLIGHTREC_RETENTION_MS", base.retention_ms),

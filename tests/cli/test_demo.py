@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from flightrec.broker.local import free_port
-from flightrec.demo import plan_fleet
+from flightrec.demo.system import plan_fleet
 from flightrec.query import run_query
 
 pytestmark = pytest.mark.integration
@@ -146,7 +146,7 @@ def test_a_second_run_reuses_the_broker_data_and_adds_a_boot(demo):
 def test_the_demo_has_a_broker_of_its_own():
     """Producers left at the default bootstrap (localhost:9092) never reach the demo's broker or database."""
     from flightrec.cli.demo import DEMO_PORT as CLI_PORT
-    from flightrec.demo import DEMO_PORT, Demo
+    from flightrec.demo.system import DEMO_PORT, Demo
     from flightrec.settings import Settings
 
     default_port = int(Settings().bootstrap.rsplit(":", 1)[1])

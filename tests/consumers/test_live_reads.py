@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pyarrow.flight as flight
 import pytest
 from materializer_helpers import Boot, flightrec, materialize, publish
 
 from flightrec.errors import QueryError
-from flightrec.query import recv_frame, run_query, send_frame, socket_path
+from flightrec.live import encode_request, location
+from flightrec.query import run_query, socket_path
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +39,15 @@ def _count(db: Path, instance: str) -> int:
 
 
 def _raw_request(db: Path, request: dict) -> bytes:
-    """Talk to the socket directly, skipping the client's own checks."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(str(socket_path(db)))
+    """Talk to the Flight endpoint directly, skipping the reader's own checks: b"A" answered, b"E..." refused."""
+    client = flight.FlightClient(location(db))
     try:
-        send_frame(s, json.dumps(request).encode())
-        return recv_frame(s)
+        client.do_get(flight.Ticket(encode_request(request["sql"], request["params"], request["prelude"]))).read_all()
+        return b"A"
+    except flight.FlightServerError as exc:
+        return b"E" + (exc.extra_info or b"")
     finally:
-        s.close()
+        client.close()
 
 
 def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for):

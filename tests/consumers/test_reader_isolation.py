@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import socket
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.flight as flight
 import pytest
 
 from flightrec.analytics import queries
 from flightrec.errors import QueryError
-from flightrec.query import recv_frame, run_query, send_frame, socket_path
+from flightrec.live import encode_request, location
+from flightrec.query import run_query, socket_path
 
 LEAK = Path("/tmp/flightrec-a-isolation-leak")
 
@@ -112,16 +113,14 @@ def test_the_samples_cover_every_statement_type():
 
 
 def _raw(db: Path, sql: str) -> None:
-    """The live server's answer, skipping the client's own checks; QueryError when refused."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(str(socket_path(db)))
+    """The Flight endpoint's answer to a ticket of our own, skipping the client's checks; QueryError when refused."""
+    client = flight.FlightClient(location(db))
     try:
-        send_frame(s, json.dumps({"sql": sql, "params": None, "prelude": []}).encode())
-        reply = recv_frame(s)
+        client.do_get(flight.Ticket(encode_request(sql, None, []))).read_all()
+    except flight.FlightServerError as exc:
+        raise QueryError((exc.extra_info or b"").decode() or str(exc)) from None
     finally:
-        s.close()
-    if reply[:1] != b"A":
-        raise QueryError(reply[1:].decode())
+        client.close()
 
 
 PATHS = {"client": lambda db, sql: run_query(db, sql), "dashboard": lambda db, sql: queries.console(db, sql)}
@@ -176,8 +175,8 @@ def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
     try:
         reference = _state(store.con)
         with QueryServer(store.con.cursor(), db):
-            answered = _attack(db, {**PATHS, "socket": _raw})
-            assert "EXPLAIN SELECT count(*) FROM instances" in answered["socket"]
+            answered = _attack(db, {**PATHS, "flight": _raw})
+            assert "EXPLAIN SELECT count(*) FROM instances" in answered["flight"]
         assert _state(store.con) == reference
         store.con.execute("BEGIN TRANSACTION")
         store.con.execute("INSERT INTO instances (instance_id) VALUES ('i-2')")
@@ -204,5 +203,46 @@ def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_misse
             with pytest.raises(duckdb.Error, match="disabled"):
                 cur.execute(sql)
         cur.close()
+    finally:
+        store.close()
+
+
+def test_the_flight_endpoint_answers_checked_reads_and_nothing_else(db):
+    """Every other Flight call, a ticket that is no request and a file read are refused; the socket is owner-only."""
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+
+    store = Store(db, "g")
+    try:
+        with QueryServer(store.con.cursor(), db) as server:
+            assert socket_path(db).stat().st_mode & 0o777 == 0o600
+            client = flight.FlightClient(location(db))
+            try:
+                calls = {
+                    "list_flights": lambda: list(client.list_flights()),
+                    "list_actions": lambda: client.list_actions(),
+                    "do_action": lambda: list(client.do_action(flight.Action("shutdown", b""))),
+                    "get_flight_info": lambda: client.get_flight_info(flight.FlightDescriptor.for_command(b"x")),
+                    "get_schema": lambda: client.get_schema(flight.FlightDescriptor.for_command(b"x")),
+                    "do_put": lambda: client.do_put(flight.FlightDescriptor.for_path("instances"),
+                                                    pa.schema([("instance_id", pa.string())]))[0].close(),
+                    "do_exchange": lambda: client.do_exchange(flight.FlightDescriptor.for_command(b"x"))[0].close(),
+                }
+                for name, call in calls.items():
+                    with pytest.raises((flight.FlightError, pa.ArrowException), match="read-only queries only"):
+                        call()
+                        raise AssertionError(f"{name} was answered")
+                for garbage in (b"", b"not arrow", b"\xff" * 64):
+                    with pytest.raises(flight.FlightServerError, match="bad request"):
+                        client.do_get(flight.Ticket(garbage)).read_all()
+                with pytest.raises(flight.FlightServerError, match="read_text"):
+                    client.do_get(flight.Ticket(encode_request(f"SELECT * FROM read_text('{LEAK}')", None, []))).read_all()
+                ok = client.do_get(flight.Ticket(encode_request("SELECT ? + 1 AS n", [41], []))).read_all()
+                assert ok.to_pylist() == [{"n": 42}]
+            finally:
+                client.close()
+            assert server.counters["queries_served"] == 1 and server.counters["errors_total"] == 4
+        # Nothing was written: the writer commits as before.
+        assert store.con.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
     finally:
         store.close()

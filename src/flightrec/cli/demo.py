@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flightrec.settings import Settings
 
-DEMO_PORT = 9192  # = flightrec.demo.DEMO_PORT (not imported here: `flightrec --help` stays quick)
+DEMO_PORT = 9192  # = flightrec.demo.system.DEMO_PORT (not imported here: `flightrec --help` stays quick)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.demo import Demo
+    from flightrec.demo.system import Demo
 
     home = Path(args.home) if args.home else Path(settings.home) / "demo"
     return Demo(settings=settings, instances=args.instances, fresh=args.fresh, headless=args.headless,

@@ -1,8 +1,9 @@
 """`flightrec demo`: broker, materializer, dashboard and a simulated fleet on one machine.
 
-Each simulated instance is a real process tree: `examples/entrypoint.sh` run by
+Each simulated instance is a real process tree: `examples/entrypoint.sh` (shipped
+in this package as ``entrypoint.sh``) run by
 bash, every stage wrapped by `flightrec agent run`, the stage commands played by
-`flightrec.fleet` (which runs the real proving core for the benchmark). The
+`flightrec.demo.fleet` (which runs the real proving core for the benchmark). The
 instances meet the fates real ones meet (see FLEET_PLAN); one is destroyed
 mid-supervisor with its agent killed, while its broker connection is cut, and its
 spooled events are delivered afterwards by `flightrec agent flush`. The demo plays
@@ -27,12 +28,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import IO, Callable
 
 from flightrec.broker import LocalBroker
 from flightrec.errors import ConfigError, FlightrecError, QueryError
-from flightrec.fleet import FATE_GPU, GPUS
+from flightrec.demo.fleet import FATE_GPU, GPUS
 from flightrec.query import run_query
 from flightrec.settings import Settings
 
@@ -95,13 +97,14 @@ def plan_fleet(n: int) -> list[Instance]:
     return out
 
 
-def repo_root() -> Path:
-    """The source checkout the demo runs from (it needs examples/entrypoint.sh)."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "examples" / "entrypoint.sh").exists():
-        raise FlightrecError("flightrec demo runs from a source checkout (examples/entrypoint.sh not found); "
-                             "clone the repository and run `make demo`")
-    return root
+def entrypoint() -> Path:
+    """The example entrypoint each simulated instance runs, as shipped in this package
+    (in a checkout, a link to examples/entrypoint.sh)."""
+    path = Path(str(resources.files("flightrec.demo") / "entrypoint.sh"))
+    if not path.is_file():
+        raise FlightrecError(f"the demo's entrypoint {path} is missing from the installed package; "
+                             "reinstall flightrec (pip install --force-reinstall flightrec)")
+    return path
 
 
 @dataclass
@@ -187,7 +190,7 @@ class Demo:
         self.say(f"dashboard:    http://localhost:{self.dashboard_port}  (starting)")
 
     def start_fleet(self, run_dir: Path) -> list[Instance]:
-        root = repo_root()
+        script = entrypoint()
         fleet = plan_fleet(self.instances)
         for n, inst in enumerate(fleet):
             gpu = GPUS[inst.gpu]
@@ -200,7 +203,7 @@ class Demo:
                 "price_per_hour": gpu.price_per_hour, "image": "prover:2026.11.3",
                 "attributes": {"fate": inst.fate, "simulated": "true"},
             }))
-            fleet_cmd = f"{self.py} -m flightrec.fleet"
+            fleet_cmd = f"{self.py} -m flightrec.demo.fleet"
             daemon_log = work / "prover-daemon.log"
             k = PROOF_K.get(inst.fate, DEFAULT_PROOF_K)
             destroyed = inst.fate == "destroyed"
@@ -222,7 +225,7 @@ class Demo:
             self.manager_event(inst.instance_id, "rented", f"{gpu.model} at ${gpu.price_per_hour:.2f}/hour",
                                {"gpu": inst.gpu, "price_per_hour": f"{gpu.price_per_hour:.2f}",  # the Cost page
                                 "host_id": str(DEMO_HOST_ID + n)})
-            self._spawn(inst.instance_id, ["bash", str(root / "examples" / "entrypoint.sh")], env, inst,
+            self._spawn(inst.instance_id, ["bash", str(script)], env, inst,
                         new_session=True, log_path=work / "console.log")
             time.sleep(0.3)  # a staggered start, as a real fleet comes up
         self.say(f"fleet:        {len(fleet)} instances started ({', '.join(sorted({i.fate for i in fleet}))})")

@@ -1,6 +1,6 @@
 """Stand-ins for an instance's real stage commands, used by the demo's simulated fleet.
 
-`python -m flightrec.fleet STAGE --fate FATE ...` behaves like the real tunnel,
+`python -m flightrec.demo.fleet STAGE --fate FATE ...` behaves like the real tunnel,
 registration, parameter download, proving daemon, benchmark and supervisor of a
 GPU proving container — including the ways real ones fail. The benchmark runs the
 real proving core (`flightrec prove bench --backend cpu`) at a small size.
@@ -131,7 +131,7 @@ def benchmark(args: argparse.Namespace) -> int:
     """Start the daemon, check it is up, then measure proofs/hour with the real proving core."""
     _say(f"starting prover daemon (log {args.log})")
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "flightrec.fleet", "daemon", "--fate", args.fate, "--log", args.log],
+    proc = subprocess.Popen([sys.executable, "-m", "flightrec.demo.fleet", "daemon", "--fate", args.fate, "--log", args.log],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     log = Path(args.log)
@@ -164,7 +164,7 @@ def supervisor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flightrec.fleet", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m flightrec.demo.fleet", description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["tunnel", "register", "params", "daemon", "benchmark", "supervisor"])
     p.add_argument("--fate", choices=FATES, default="healthy")
     p.add_argument("--manager", default="http://manager.internal:8080")
