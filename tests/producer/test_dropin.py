@@ -435,3 +435,19 @@ def test_stages_leaving_daemons_share_one_bounded_late_output_process(agent_env,
     assert set(got) == want
     assert all(count == 1 for count, _ in got.values())
     assert all(got[(f"s{n}", f"d{n} line {N_LINES}")][1] for n in range(1, N_STAGES + 1))
+
+
+def test_a_seal_waits_for_the_late_output_of_every_stage(agent_env, tmp_path: Path) -> None:
+    from flightrec.schemas import Sealed
+
+    with open(tmp_path / "out", "ab") as out:
+        for n in (1, 2):  # two stages of the boot whose daemons write for ~2 s after their stage ended
+            stage = '(for i in $(seq 1 20); do echo "$NAME line $i"; sleep 0.1; done) & exit 0'
+            r = agent_env.run("run", "--stage", f"s{n}", "--", "sh", "-c", stage, env=agent_env.env(NAME=f"d{n}"),
+                              capture_output=False, stdout=out, stderr=out)
+            assert r.returncode == 0
+    assert agent_env.run("seal").returncode == 0
+    evs = agent_env.events()
+    (sealed,) = [e for e in evs if isinstance(e, Sealed)]
+    got = Counter((b.stage, t) for b in evs if isinstance(b, LogBatch) and b.seq < sealed.seq for t in b.text)
+    assert got == Counter({(f"s{n}", f"d{n} line {i}"): 1 for n in (1, 2) for i in range(1, 21)})
