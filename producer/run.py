@@ -235,6 +235,7 @@ class _Pump(threading.Thread):
         self.read_total = 0
         self.late_at: int | None = None  # bytes read past this were written after CMD exited
         self._read_lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ: room for bursts while a batch is spooled
         except OSError:
@@ -249,6 +250,14 @@ class _Pump(threading.Thread):
                 waiting = 0
             self.late_at = self.read_total + waiting
 
+    def stop(self, *, handing_off: bool = False) -> None:
+        """Stop reading at once (``handing_off``: keep the fd open for the late-output process)."""
+        self.handing_off = handing_off
+        self.stop_flag = True
+        with self._read_lock:  # the wake pipe is open until run() ends
+            if self._wake_w >= 0:
+                os.write(self._wake_w, b"x")
+
     def _capture(self, call: str, *args: object) -> None:
         if self.error is not None:
             return
@@ -261,11 +270,13 @@ class _Pump(threading.Thread):
     def run(self) -> None:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        poller.register(self._wake_r, select.POLLIN)  # stop() wakes the pump at once
         try:
             while True:
                 left = self.batcher.time_left() if self.error is None else None
                 timeout_ms = 100 if left is None else int(left * 1000) + 1
-                if not poller.poll(timeout_ms):
+                ready = [fd for fd, _ev in poller.poll(timeout_ms)]
+                if self.fd not in ready:
                     self._capture("tick")
                     if self.stop_flag:
                         break
@@ -300,6 +311,10 @@ class _Pump(threading.Thread):
                 if self.stop_flag:
                     break
         finally:
+            with self._read_lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
             if not (self.handing_off and not self.eof):
                 os.close(self.fd)
                 self._capture("close")
@@ -314,6 +329,7 @@ class _Followers(threading.Thread):
         self.stop_at: float | None = None  # monotonic deadline after CMD's exit
         self.handing_off = False
         self.last_data = time.monotonic()
+        self._wake = threading.Event()
 
     def _poll_all(self) -> bool:
         got = False
@@ -336,7 +352,7 @@ class _Followers(threading.Thread):
                 quiet = now - self.last_data >= FOLLOW_QUIET_S and all(f.exists for f, _ in self.followers)
                 if self.stop_at is not None and (now >= self.stop_at or quiet):
                     break
-                time.sleep(FOLLOW_POLL_S)
+                self._wake.wait(FOLLOW_POLL_S)
             self._poll_all()
         finally:
             if not self.handing_off:
@@ -357,6 +373,7 @@ class _Followers(threading.Thread):
         """Stop now, leaving files open and lines unfinished for the late-output process."""
         self.handing_off = True
         self.stop_at = 0.0
+        self._wake.set()
         self.join()
 
 
@@ -525,8 +542,7 @@ def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], foll
               follows: list[tuple[FileFollower, SourceBatcher]]) -> int | None:
     """CMD exited but what it started still holds its outputs (or followed files): a late-output process goes on."""
     for t in pumps:
-        t.handing_off = True
-        t.stop_flag = True
+        t.stop(handing_off=True)
     for t in pumps:
         t.join()
     if follower:

@@ -88,8 +88,9 @@ def test_a_daemon_outlives_its_stage_and_is_recorded_late(agent_env, tmp_path: P
                                           env, tmp_path, "agent")
     assert code == 1
     script_ended = float((tmp_path / "a.end").read_text())
-    # about 0.3 s on an idle machine; the bound leaves room for a loaded test machine
-    assert ended - script_ended < 1.5, f"the agent exited {ended - script_ended:.2f}s after its command"
+    # the agent's own exit latency, from the timestamp the script wrote as it exited (~0.2-0.6 s on a loaded
+    # 2-core machine: the pipes' 0.1 s grace, the hand-off, Kafka's acknowledgement of the exit events)
+    assert ended - script_ended < 1.0, f"the agent exited {ended - script_ended:.2f}s after its command"
     daemon = int((tmp_path / "a.pid").read_text())
     time.sleep(3)
     assert alive(daemon), "the daemon was killed after its stage ended"
