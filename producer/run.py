@@ -26,7 +26,7 @@ from flightrec.schemas import Event, FileTail, LogBatch, ProcessExit, new_event_
 from flightrec.settings import TOPIC_LOGS
 
 from flightrec.producer.agent import SyncAgent
-from flightrec.producer.fastlog import encode_fast
+from flightrec.schemas.fastlog import encode_fast
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
 from flightrec.producer.late import TOKEN_ENV, HandedFile, HandedPipe, Handoff, hand_off, stage_alive
