@@ -214,7 +214,7 @@ class _Stage:
 
     def __init__(self, h: Handoff, agent: Any, spool_dir: Path) -> None:
         from flightrec.producer.follow import FileFollower
-        from flightrec.producer.run import SourceBatcher
+        from flightrec.producer.batcher import SourceBatcher
 
         self.h = h
         s = h.settings

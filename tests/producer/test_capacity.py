@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flightrec.producer import open_agent
 from flightrec.producer.deliver import message_size
-from flightrec.producer.run import SourceBatcher
+from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.spool import SYNC_WINDOW_S, Position, Spool
 from flightrec.schemas import LogBatch, Lifecycle, decode, new_event_id, now_us
 from flightrec.settings import TOPIC_LOGS, Settings
