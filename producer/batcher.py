@@ -6,7 +6,7 @@ import threading
 import time
 from bisect import bisect_right
 from itertools import accumulate
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from flightrec.schemas import Event, LogBatch, new_event_id, now_us
 from flightrec.schemas.fastlog import encode_fast
@@ -55,7 +55,7 @@ class SourceBatcher:
         self.lines_read = 0
         self.batches = 0
         self._next_no = 1
-        self._texts: list[str] = []
+        self._texts: list[str] | None = None  # None: every pending line is plain ASCII, its text is its bytes
         self._raw: list[bytes] = []  # each text's UTF-8
         self._ts: list[int] = []
         self._trunc: list[bool] = []
@@ -71,20 +71,32 @@ class SourceBatcher:
                       agent.redactor)
         self._stage, self._source = clean.stage, clean.source  # type: ignore[attr-defined]
 
-    def _add(self, lines: list[bytes], trunc: list[bool] | None, ts: int) -> None:
+    def _add(self, lines: list[bytes], trunc: list[bool] | None, ts: int, plain: bool = False) -> None:
+        """Add lines to the pending batch. ``plain``: they are ASCII and hold nothing to mask, so they are
+        kept as the bytes read (decoded only for the exit tail): no Python string per line."""
         if not lines:
             return
-        decoded, invalid = decode_lines(lines)
-        texts = self.agent.redactor.lines(decoded, trunc)
-        n, have = len(texts), len(self._texts)
-        self._texts.extend(texts)
-        # the UTF-8 of each text for the encoder: the bytes read, unless decoding or masking changed a line
-        self._raw.extend(lines if invalid is None and texts is decoded else [t.encode("utf-8") for t in texts])
+        n, have = len(lines), len(self._raw)
+        invalid = None
+        if plain and trunc is None:
+            if self._texts is not None:
+                self._texts.extend(AsciiTexts(lines))
+            self._raw.extend(lines)
+            if self.tail.limit > 0:
+                self.tail.extend(AsciiTexts(lines[-self.tail.limit:]))
+        else:
+            decoded, invalid = decode_lines(lines)
+            texts = self.agent.redactor.lines(decoded, trunc)
+            if self._texts is None:
+                self._texts = list(AsciiTexts(self._raw))
+            self._texts.extend(texts)
+            # the UTF-8 of each text for the encoder: the bytes read, unless decoding or masking changed a line
+            self._raw.extend(lines if invalid is None and texts is decoded else [t.encode("utf-8") for t in texts])
+            self.tail.extend(texts)
         self._ts.extend([ts] * n)
         _flags(self._trunc, have, trunc, n)
         _flags(self._invalid, have, invalid, n)
         _flags(self._late, have, [True] * n if self.late else None, n)
-        self.tail.extend(texts)
         self.lines_read += n
         if self._since is None:
             self._since = time.monotonic()
@@ -93,6 +105,8 @@ class SourceBatcher:
         """Bytes read from the source: lines join the pending batch, which is spooled before it would grow
         over ``max_bytes`` (text plus LINE_OVERHEAD per line) or BATCH_MAX_LINES lines."""
         with self._lock:
+            pending = self.splitter._buf
+            plain = data.isascii() and pending.isascii() and not self.agent.redactor.may_need(pending, data)
             lines, trunc = self.splitter.feed(data)
             ts = ts or now_us()
             cum = list(accumulate(map(len, lines)))  # C speed: no Python code per line
@@ -104,15 +118,15 @@ class SourceBatcher:
             every = range(n)
             while start < n:
                 base = size(start - 1) if start else 0
-                room_lines = BATCH_MAX_LINES - len(self._texts)
+                room_lines = BATCH_MAX_LINES - len(self._raw)
                 end = min(n, start + room_lines,
                           bisect_right(every, base + self.max_bytes - self._bytes, lo=start, key=size))
                 if end == start:
-                    if self._texts:  # the pending batch is full: spool it, then go on
+                    if self._raw:  # the pending batch is full: spool it, then go on
                         self._flush()
                         continue
                     end = start + 1  # one line alone always makes a batch (lines are cut to max_line)
-                self._add(lines[start:end], trunc[start:end] if trunc else None, ts)
+                self._add(lines[start:end], trunc[start:end] if trunc else None, ts, plain)
                 self._bytes += size(end - 1) - base
                 start = end
                 if start < n:
@@ -160,12 +174,13 @@ class SourceBatcher:
     def _flush(self) -> None:
         self._bytes = 0
         self._since = None
-        if not self._texts:
+        if not self._raw:
             return
-        texts, raw, ts, n = self._texts, self._raw, self._ts, len(self._texts)
+        raw, ts, n = self._raw, self._ts, len(self._raw)
+        texts = self._texts if self._texts is not None else AsciiTexts(raw)
         trunc, invalid = self._trunc or (False,) * n, self._invalid or (False,) * n  # no flag set: no list kept
         late = self._late or ()
-        self._texts, self._raw, self._ts, self._trunc, self._invalid, self._late = [], [], [], [], [], []
+        self._texts, self._raw, self._ts, self._trunc, self._invalid, self._late = None, [], [], [], [], []
         first = self._next_no
         self._next_no += len(texts)
         eid, iid, stage, source, pid, now = new_event_id(), self.agent.instance_id, self._stage, self._source, self.pid, now_us()
@@ -178,6 +193,32 @@ class SourceBatcher:
         self.agent.emit_makers([make], encode=lambda ev: encode_fast(ev, raw), sync=False,
                                scrubbed=True)  # group commit (see Spool)
         self.batches += 1
+
+
+class AsciiTexts(Sequence[str]):
+    """The texts of lines that are plain ASCII, decoded only where looked at (the encoder takes the bytes)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Sequence[bytes]) -> None:
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [r.decode("ascii") for r in self._raw[i]]
+        return self._raw[i].decode("ascii")
+
+    def __iter__(self) -> Iterator[str]:
+        return (r.decode("ascii") for r in self._raw)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"AsciiTexts({list(self)!r})"
 
 
 def _flags(flags: list[bool], have: int, values: Sequence[bool] | None, n: int) -> None:
