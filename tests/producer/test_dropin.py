@@ -256,7 +256,8 @@ def test_ctrl_c_to_the_terminal_s_process_group_reaches_cmd_once(agent_env, tmp_
                           agent_env.env(), send=b"\x03", ready=ready)
     text = seen.decode(errors="replace")
     assert re.findall(r"SIG[A-Z]+", text) == ["SIGINT"], text  # from the terminal; the agent did not add one
-    assert code == 0 and re.search(r"tty (\^C)?True", text), text
+    # the terminal's echo of ^C lands wherever the command's output is at that moment
+    assert code == 0 and "tty True" in text.replace("^C", ""), text
 
 
 COLOURS = r"""
