@@ -28,7 +28,7 @@ CHUNK = 1 << 20
 POLL_S = 0.05
 HOLDER_SCAN_S = 1.0  # how often /proc is scanned for processes the stages started
 QUIET_S = 1.0  # a seal waits until a stage's late output was quiet this long (or FLIGHTREC_LATE_WAIT passed)
-MAX_FDS = 1024  # fds one hand-off may carry (two pipes, two outputs and the followed files of a stage)
+MAX_FDS = 253  # fds one hand-off may carry (Linux SCM_MAX_FD): two pipes, two outputs, the followed files
 LOCK = "late.lock"  # flock: taken to hand a stage off, and by the late-output process to end
 LOG = "late.log"  # where the late-output process says what went wrong (it holds no terminal)
 
