@@ -198,7 +198,8 @@ class Deliverer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._cond.wait(min(left, 0.1))
+                # someone else delivers (a late-output process): its cursor is watched every 20 ms
+                self._cond.wait(min(left, 0.1 if self._lock_fd is not None else 0.02))
                 if self._lock_fd is None:  # someone else delivers: watch its cursor
                     self._acked = max(self._acked, self.spool.load_cursor())
             return True

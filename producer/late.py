@@ -1,18 +1,23 @@
-"""Late output: after CMD exits, a small process of its own keeps passing on and recording what its leftovers write."""
+"""Late output: after CMD exits, one shared process per instance keeps passing on and recording what leftovers write."""
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import hashlib
 import logging
+import logging.handlers
 import os
 import pickle
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from flightrec.settings import Settings
 
@@ -21,8 +26,11 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "FLIGHTREC_STAGE_TOKEN"  # set in CMD's environment: marks the processes the stage started
 CHUNK = 1 << 20
 POLL_S = 0.05
-HOLDER_SCAN_S = 1.0  # how often /proc is scanned for processes the stage started
-QUIET_S = 1.0  # a seal waits until late output was quiet this long (or FLIGHTREC_LATE_WAIT passed)
+HOLDER_SCAN_S = 1.0  # how often /proc is scanned for processes the stages started
+QUIET_S = 1.0  # a seal waits until a stage's late output was quiet this long (or FLIGHTREC_LATE_WAIT passed)
+MAX_FDS = 253  # fds one hand-off may carry (Linux SCM_MAX_FD): two pipes, two outputs, the followed files
+LOCK = "late.lock"  # flock: taken to hand a stage off, and by the late-output process to end
+LOG = "late.log"  # where the late-output process says what went wrong (it holds no terminal)
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,7 @@ class HandedPipe:
     """One of CMD's outputs (a pipe or a pty master) that a leftover process still holds open."""
 
     fd: int
-    out_fd: int | None  # where the bytes go on (1, 2) or None
+    out_fd: int | None  # where the bytes go on (the agent's stdout or stderr) or None
     source: str
     pid: int
     next_no: int
@@ -56,7 +64,7 @@ class HandedFile:
 
 @dataclass(frozen=True)
 class Handoff:
-    """Everything the late-output process needs: where to spool, which stage, what to read."""
+    """Everything the late-output process needs about one stage: where to spool, which stage, what to read."""
 
     settings: Settings
     stage: str
@@ -66,47 +74,115 @@ class Handoff:
     files: Sequence[HandedFile] = field(default_factory=tuple)
 
     def fds(self) -> list[int]:
-        return [p.fd for p in self.pipes] + [f.fd for f in self.files if f.fd is not None]
+        """The fds that travel with the hand-off, in the order :meth:`with_fds` takes them back."""
+        return ([p.fd for p in self.pipes] + [p.out_fd for p in self.pipes if p.out_fd is not None]
+                + [f.fd for f in self.files if f.fd is not None])
+
+    def with_fds(self, fds: Sequence[int]) -> "Handoff":
+        """The same hand-off with the fds as received (in :meth:`fds` order) in place of the sender's numbers."""
+        it = iter(fds)
+        pipes = [dataclasses.replace(p, fd=next(it)) for p in self.pipes]
+        pipes = [dataclasses.replace(p, out_fd=next(it)) if p.out_fd is not None else p for p in pipes]
+        files = [dataclasses.replace(f, fd=next(it)) if f.fd is not None else f for f in self.files]
+        return dataclasses.replace(self, pipes=pipes, files=files)
+
+
+def _address(spool_dir: Path) -> bytes:
+    """The late-output process's socket: abstract (no file to go stale, no path length limit), one per spool folder."""
+    return b"\0flightrec-late-" + hashlib.sha256(os.fsencode(os.path.realpath(spool_dir))).hexdigest()[:32].encode()
+
+
+class _Locked:
+    """``with _Locked(spool_dir):`` - hold the spool folder's hand-off lock."""
+
+    def __init__(self, spool_dir: Path) -> None:
+        self.fd = os.open(spool_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def __enter__(self) -> "_Locked":
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        os.close(self.fd)  # drops the lock
 
 
 def hand_off(h: Handoff, spool_dir: Path) -> int:
-    """Start the late-output process with ``h``'s fds; return its pid (the caller then closes its own copies).
+    """Give ``h``'s fds to the instance's late-output process (started now if none runs); return its pid.
 
-    It is registered in the spool folder at once, so a seal that follows waits for it.
+    The caller then closes its own copies. Never waits for the late-output process to
+    start: the hand-off waits in its socket. The stage is registered in the spool folder
+    at once (``late-TOKEN``), so a seal that follows waits for its late output.
     """
-    proc = subprocess.Popen([sys.executable, "-m", "flightrec.producer.late"], stdin=subprocess.PIPE,
-                            pass_fds=h.fds(), start_new_session=True, close_fds=True)
-    (spool_dir / f"late-{proc.pid}").write_text(h.boot_id)
-    assert proc.stdin is not None
-    proc.stdin.write(pickle.dumps(h))
-    proc.stdin.close()
+    addr = _address(spool_dir)
+    with _Locked(spool_dir):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(addr)
+        except OSError:  # none runs (it ends under this lock, so it cannot be ending now)
+            sock.close()
+            _start(spool_dir, addr)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            sock.connect(addr)  # waits in the listener's backlog until the new process takes it
+        try:
+            pid = int((spool_dir / "late.pid").read_text())
+        except (OSError, ValueError):
+            pid = 0
+        with sock:
+            (spool_dir / f"late-{h.token}").write_text(f"{h.boot_id} {pid}")
+            data = pickle.dumps(h)
+            sent = socket.send_fds(sock, [data[:4096]], h.fds())
+            sock.sendall(data[sent:])
+    return pid
+
+
+def _start(spool_dir: Path, addr: bytes) -> int:
+    """Bind the late-output process's socket here (so hand-offs can queue at once) and start it on it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(addr)
+        listener.listen(64)
+        proc = subprocess.Popen([sys.executable, "-m", "flightrec.producer.late", str(spool_dir), str(listener.fileno())],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                pass_fds=[listener.fileno()], start_new_session=True)
+    finally:
+        listener.close()
+    (spool_dir / "late.pid").write_text(str(proc.pid))
     return proc.pid
+
+
+def alive_tokens(tokens: set[str]) -> set[str]:
+    """Those of ``tokens`` that a running process carries (one a stage started, or its descendants)."""
+    needles = {f"{TOKEN_ENV}={t}\0".encode(): t for t in tokens}
+    found: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or len(found) == len(tokens):
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read() + b"\0"
+            hits = {t for n, t in needles.items() if n in env and t not in found}
+            if hits:
+                with open(f"/proc/{pid}/stat", "rb") as st:
+                    if st.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                        found |= hits
+        except OSError:
+            continue
+    return found
 
 
 def stage_alive(token: str) -> bool:
     """Whether a process carrying the stage's token (one the stage started, or its descendants) still runs."""
-    needle = f"{TOKEN_ENV}={token}\0".encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read() + b"\0":
-                    with open(f"/proc/{pid}/stat", "rb") as st:
-                        if st.read().rsplit(b")", 1)[1].split()[0] != b"Z":
-                            return True
-        except OSError:
-            continue
-    return False
+    return bool(alive_tokens({token}))
 
 
 def _registered(spool_dir: Path, boot_id: str) -> list[Path]:
     out = []
     for p in spool_dir.glob("late-*"):
         try:
-            if p.read_text() != boot_id:
+            boot, pid = p.read_text().split()
+            if boot != boot_id:
                 continue
-            os.kill(int(p.name[5:]), 0)
+            os.kill(int(pid), 0)
             out.append(p)
         except (OSError, ValueError):
             p.unlink(missing_ok=True)  # its process is gone
@@ -114,11 +190,11 @@ def _registered(spool_dir: Path, boot_id: str) -> list[Path]:
 
 
 def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> int:
-    """Before a seal: ask this boot's late-output processes to spool what they have and stop recording.
+    """Before a seal: ask the late-output process to spool what this boot's stages have and stop recording them.
 
-    Each one goes on recording until its output was quiet for 1 s or ``wait`` s passed,
-    then spools its last lines and stops recording (it still passes bytes on). Returns
-    how many were still recording when this gave up (0: the boot's late output is all spooled).
+    Each stage records on until its output was quiet for 1 s or ``wait`` s passed, then
+    spools its last lines and stops recording (its bytes are still passed on). Returns
+    how many stages were still recording when this gave up (0: the boot's late output is all spooled).
     """
     late = _registered(spool_dir, boot_id)
     if not late:
@@ -129,36 +205,33 @@ def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> int:
         time.sleep(POLL_S)
         late = _registered(spool_dir, boot_id)
     if late:
-        log.warning("%d late-output processes of boot %s did not stop recording in time", len(late), boot_id)
+        log.warning("%d stages of boot %s did not stop recording late output in time", len(late), boot_id)
     return len(late)
 
 
-class _Late:
-    """The late-output loop (in its own process)."""
+class _Stage:
+    """One handed-off stage in the late-output process: its pipes, followed files and batchers."""
 
-    def __init__(self, h: Handoff) -> None:
-        from flightrec.producer.agent import SyncAgent
+    def __init__(self, h: Handoff, agent: Any, spool_dir: Path) -> None:
         from flightrec.producer.follow import FileFollower
-        from flightrec.producer.run import SourceBatcher
+        from flightrec.producer.batcher import SourceBatcher
 
         self.h = h
+        self.spool_dir = spool_dir
         s = h.settings
-        self.agent: SyncAgent | None = SyncAgent(instance_id=s.instance, settings=s)
-        self.agent.__enter__()
-        self.reg = self.agent.spool.dir / f"late-{os.getpid()}"
-        self.reg.write_text(h.boot_id)
-        self.request = self.agent.spool.dir / f"seal-request-{h.boot_id}"
+        self.reg = spool_dir / f"late-{h.token}"
+        self.request = spool_dir / f"seal-request-{h.boot_id}"
         kw = dict(max_line=s.max_line, tail_lines=0)
-        self.pipes = {}
+        self.pipes: dict[int, tuple[HandedPipe, Any]] = {}
         for p in h.pipes:
-            b = SourceBatcher(self.agent, h.stage, p.source, p.pid, **kw)
+            b = SourceBatcher(agent, h.stage, p.source, p.pid, **kw)
             b.resume(p.next_no, p.pending, p.overflow, late=not p.early)
             self.pipes[p.fd] = (p, b)
-        self.files = []
+        self.files: list[tuple[Any, Any]] = []
         for f in h.files:
             follower = FileFollower(f.path)
             follower.resume(f.fd, f.offset, f.ino, f.exists)
-            b = SourceBatcher(self.agent, h.stage, f.path, 0, **kw)
+            b = SourceBatcher(agent, h.stage, f.path, 0, **kw)
             b.resume(f.next_no, f.pending, f.overflow, late=True)
             self.files.append((follower, b))
         self.recording = True
@@ -166,22 +239,28 @@ class _Late:
         self.holders_seen = time.monotonic()
         self.request_seen: float | None = None
 
-    def _stop_recording(self) -> None:
+    @property
+    def done(self) -> bool:
+        return not self.pipes and not (self.recording and self.files)
+
+    def stop_recording(self) -> None:
+        """Spool every line of the stage and stop recording it (its pipes are still passed on)."""
         if not self.recording:
             return
         self.recording = False
         for _p, b in self.pipes.values():
             b.close()
+        self.close_files()
+        self.reg.unlink(missing_ok=True)  # every line of the stage is spooled: a seal may go on
+
+    def close_files(self) -> None:
         for follower, b in self.files:
             follower.close()
             b.close()
         self.files = []
-        self.reg.unlink(missing_ok=True)  # every line is spooled: a seal may go on
-        if self.agent is not None:
-            self.agent.close()
-            self.agent = None
 
-    def _read_pipe(self, fd: int) -> None:
+    def read_pipe(self, fd: int) -> bool:
+        """Pass on and record what the pipe holds; False once every holder closed it (then it is closed here)."""
         p, b = self.pipes[fd]
         try:
             data = os.read(fd, CHUNK)
@@ -189,24 +268,27 @@ class _Late:
             data = b""  # a pty master reads EIO once every holder closed it
         if not data:
             del self.pipes[fd]
-            self.poller.unregister(fd)
             os.close(fd)
+            if p.out_fd is not None:
+                os.close(p.out_fd)
             if self.recording:
                 b.close()
-            return
+            return False
         self.last_data = time.monotonic()
         if p.out_fd is not None:
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(p.out_fd, view):]
-            except OSError:
-                self.pipes[fd] = (HandedPipe(**{**p.__dict__, "out_fd": None}), b)
+            except OSError:  # its reader went away: it is no longer passed on (the leftover never gets SIGPIPE)
+                os.close(p.out_fd)
+                p = dataclasses.replace(p, out_fd=None)
+                self.pipes[fd] = (p, b)
         if self.recording:
             parts = [data]
             if p.early:  # written before CMD exited, read only now
                 parts = [data[:p.early], data[p.early:]]
-                self.pipes[fd] = (HandedPipe(**{**p.__dict__, "early": max(0, p.early - len(data))}), b)
+                self.pipes[fd] = (dataclasses.replace(p, early=max(0, p.early - len(data))), b)
             for i, part in enumerate(parts):
                 b.late = i == len(parts) - 1
                 if p.strip:
@@ -214,6 +296,7 @@ class _Late:
                     part = strip_control(part)
                 if part:
                     b.feed(part)
+        return True
 
     def _yield_claimed(self) -> None:
         """Stop following a file that a later stage of the boot follows now (flightrec.producer.claims).
@@ -221,84 +304,146 @@ class _Late:
         Looked at right before every read, so this process reads past the later stage's starting
         offset only if that stage starts in the microseconds between this look and the read.
         """
-        if self.agent is None:
-            return
         from flightrec.producer.claims import read_claim
 
         for follower, _b in self.files:
-            claim = read_claim(self.agent.spool.dir, self.h.boot_id, follower.path)
+            claim = read_claim(self.spool_dir, self.h.boot_id, follower.path)
             if claim is not None and claim.token != self.h.token:
                 follower.stop_at(claim.ino, claim.offset)
 
-    def _files_still_written(self, now: float) -> bool:
-        if self.pipes:
-            return True
-        if now - self.holders_seen >= HOLDER_SCAN_S:
-            if stage_alive(self.h.token):
+    def step(self, now: float, alive: set[str] | None) -> None:
+        """Follow the files, spool due batches, end following and recording when their time came."""
+        if not self.recording:
+            return
+        if self.files:
+            self._yield_claimed()
+        for follower, b in self.files:
+            for chunk in follower.poll():
+                if chunk is None:
+                    b.end_of_file()
+                else:
+                    self.last_data = now
+                    b.feed(chunk)
+        if any(f.done for f, _b in self.files):  # taken over by a later stage: it ships the rest
+            for follower, b in [x for x in self.files if x[0].done]:
+                follower.close()
+                b.close()
+            self.files = [x for x in self.files if not x[0].done]
+        for _p, b in self.pipes.values():
+            b.tick()
+        for _f, b in self.files:
+            b.tick()
+        if self.files and not self.pipes and alive is not None:
+            if self.h.token in alive:
                 self.holders_seen = now
-            elif now - self.last_data < self.h.settings.follow_grace:
-                pass
-            else:
+            elif now - self.last_data >= self.h.settings.follow_grace and now - self.holders_seen >= HOLDER_SCAN_S:
+                self.close_files()  # nothing the stage started runs any more, and the files are quiet
+        if self.request_seen is None and self.request.exists():
+            self.request_seen = now
+        if self.request_seen is not None and (now - self.last_data >= QUIET_S
+                                              or now - self.request_seen >= self.h.settings.late_wait):
+            self.stop_recording()
+
+
+class _Late:
+    """The late-output loop: takes hand-offs on its socket and serves every handed-off stage until none is left."""
+
+    def __init__(self, spool_dir: Path, listener: socket.socket) -> None:
+        self.spool_dir = spool_dir
+        self.listener = listener
+        self.listener.setblocking(False)
+        self.stages: list[_Stage] = []
+        self.by_fd: dict[int, _Stage] = {}
+        self.agent: Any = None
+        self.poller = select.poll()
+        self.poller.register(listener.fileno(), select.POLLIN)
+        self.scanned = 0.0
+
+    def _take(self, conn: socket.socket) -> None:
+        """One hand-off: the pickled Handoff and its fds."""
+        conn.settimeout(10)
+        data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, MAX_FDS)
+        while chunk := conn.recv(1 << 16):
+            data += chunk
+        h: Handoff = pickle.loads(data).with_fds(fds)
+        if self.agent is None:
+            from flightrec.producer.agent import SyncAgent
+            self.agent = SyncAgent(instance_id=h.settings.instance, settings=h.settings)
+            self.agent.__enter__()
+        st = _Stage(h, self.agent, self.spool_dir)
+        self.stages.append(st)
+        for fd in st.pipes:
+            self.by_fd[fd] = st
+            self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        log.info("stage %s (boot %s) handed off: %d pipes, %d files", h.stage, h.boot_id, len(h.pipes), len(h.files))
+
+    def _accept_all(self) -> int:
+        n = 0
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return n
+            n += 1
+            with conn:
+                try:
+                    self._take(conn)
+                except Exception:  # one broken hand-off must not end the others' recording
+                    log.exception("a hand-off could not be taken")
+
+    def _may_end(self) -> bool:
+        """No stage left: end, unless a hand-off came meanwhile (checked under the lock hand-offs take)."""
+        with _Locked(self.spool_dir):
+            if self._accept_all():
                 return False
+            self.listener.close()  # from here on a hand-off starts a new process
+            (self.spool_dir / "late.pid").unlink(missing_ok=True)
         return True
 
     def run(self) -> None:
-        self.poller = select.poll()
-        for fd in self.pipes:
-            self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        self.holders_seen = time.monotonic()
-        while self.pipes or (self.recording and self.files):
-            for fd, _ev in self.poller.poll(POLL_S * 1000):
-                if fd in self.pipes:
-                    self._read_pipe(fd)
-            now = time.monotonic()
-            if not self.recording:
-                continue
-            self._yield_claimed()
-            for follower, b in self.files:
-                for chunk in follower.poll():
-                    if chunk is None:
-                        b.end_of_file()
-                    else:
-                        self.last_data = now
-                        b.feed(chunk)
-            if any(f.done for f, _b in self.files):  # taken over by a later stage: it ships the rest
-                for follower, b in [x for x in self.files if x[0].done]:
-                    follower.close()
-                    b.close()
-                self.files = [x for x in self.files if not x[0].done]
-            for _p, b in self.pipes.values():
-                b.tick()
-            for _f, b in self.files:
-                b.tick()
-            if self.files and not self._files_still_written(now):
-                for follower, b in self.files:
-                    follower.close()
-                    b.close()
-                self.files = []
-            if self.request_seen is None and self.request.exists():
-                self.request_seen = now
-            if self.request_seen is not None and (now - self.last_data >= QUIET_S
-                                                  or now - self.request_seen >= self.h.settings.late_wait):
-                self._stop_recording()
-        self._stop_recording()
+        try:
+            while True:
+                for fd, _ev in self.poller.poll(POLL_S * 1000):
+                    if fd == self.listener.fileno():
+                        self._accept_all()
+                    elif fd in self.by_fd and not self.by_fd[fd].read_pipe(fd):
+                        self.poller.unregister(fd)
+                        del self.by_fd[fd]
+                now = time.monotonic()
+                alive = None
+                if now - self.scanned >= HOLDER_SCAN_S:  # one /proc scan for every stage that follows files
+                    want = {st.h.token for st in self.stages if st.recording and st.files and not st.pipes}
+                    if want:
+                        alive, self.scanned = alive_tokens(want), now
+                for st in self.stages:
+                    st.step(now, alive)
+                for st in [st for st in self.stages if st.done]:
+                    st.stop_recording()
+                    self.stages.remove(st)
+                if not self.stages and self._may_end():
+                    break
+        finally:
+            for st in self.stages:
+                st.stop_recording()
+            if self.agent is not None:
+                self.agent.close()
 
 
 def main() -> None:
-    """Entry point of the late-output process: the hand-off comes pickled on stdin."""
-    h: Handoff = pickle.loads(sys.stdin.buffer.read())
-    os.close(0)
-    os.open(os.devnull, os.O_RDONLY)
+    """Entry point of the late-output process: ``python -m flightrec.producer.late SPOOL_DIR LISTENER_FD``."""
+    spool_dir, fd = Path(sys.argv[1]), int(sys.argv[2])
     try:
         from setproctitle import setproctitle
-        setproctitle(f"flightrec-agent stage={h.stage} late-output")
+        setproctitle("flightrec-agent late-output")
     except ImportError:
         pass
     for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(s, signal.SIG_IGN)  # a leftover's output must not be cut off by its stage's signals
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    logging.basicConfig(level=h.settings.log_level, format="flightrec late-output: %(message)s")
-    _Late(h).run()
+    handler = logging.handlers.RotatingFileHandler(spool_dir / LOG, maxBytes=1 << 20, backupCount=1)
+    logging.basicConfig(level=os.environ.get("FLIGHTREC_LOG_LEVEL", "INFO").upper(), handlers=[handler],
+                        format="%(asctime)s flightrec late-output %(process)d: %(message)s")
+    _Late(spool_dir, socket.socket(fileno=fd)).run()
 
 
 if __name__ == "__main__":

@@ -75,6 +75,22 @@ class Redactor:
                 continue
             values.update(_forms(value))
         self.values: tuple[str, ...] = tuple(sorted(values, key=len, reverse=True))
+        needles = [b"://"]  # what, found in ASCII bytes, means a line may need masking
+        for v in self.values:
+            try:
+                needles.append(v.encode("utf-8"))
+            except UnicodeEncodeError:  # holds undecodable bytes: never in text decoded from ASCII
+                pass
+        self._needles = tuple(needles)
+
+    def may_need(self, pending: bytes, data: bytes) -> bool:
+        """Whether ASCII text made of ``pending`` followed by ``data`` may hold a secret or URL credentials
+        (False: :meth:`lines` would return every line of it unchanged). A few C scans of the bytes."""
+        for n in self._needles:
+            k = len(n) - 1
+            if n in data or (pending and (n in pending or n in pending[-k:] + data[:k])):
+                return True
+        return False
 
     def text(self, line: str) -> str:
         """One string with its secrets masked."""

@@ -14,25 +14,21 @@ import subprocess
 import termios
 import threading
 import time
-from bisect import bisect_right
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import accumulate
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from setproctitle import setproctitle
 
-from flightrec.schemas import Event, FileTail, LogBatch, ProcessExit, new_event_id, now_us
-from flightrec.settings import TOPIC_LOGS
+from flightrec.schemas import FileTail, ProcessExit, now_us
 
 from flightrec.producer.agent import SyncAgent
+from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.claims import Claim, write_claim
-from flightrec.producer.fastlog import encode_fast
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
 from flightrec.producer.late import TOKEN_ENV, HandedFile, HandedPipe, Handoff, hand_off, stage_alive
-from flightrec.producer.lines import LineSplitter, Tail, decode_lines
-from flightrec.producer.scrub import scrub
 from flightrec.producer.term import (FORWARDED, PtyPair, SignalWatcher, StageSignals, read_eof, strip_control,
                                      unblock_in_child)
 from flightrec.producer.term import block as block_signals
@@ -41,180 +37,9 @@ log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
-BATCH_WINDOW_S = 0.1  # a line is spooled (and handed to the sender) at most this long after it was read
-# a LogBatch holds at most this much text (plus LINE_OVERHEAD per line), less where the topic's message
-# limit is smaller (BATCH_SLACK under it): few, big messages are what makes the pipeline fast
-BATCH_MAX_BYTES = 1024 * 1024 - 64 * 1024
-BATCH_SLACK = 64 * 1024  # room under the topic's limit for the batch's other fields and Kafka's framing
-# and at most this many lines (a burst of empty lines costs LINE_OVERHEAD each, never a message over the limit)
-BATCH_MAX_LINES = 65536
-LINE_OVERHEAD = 16  # bytes a line costs in a LogBatch besides its text (number, time, flags, length)
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 1.0  # after CMD exits, stop following once every followed file exists and was quiet this long
 PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them
-
-
-def batch_bytes(limit: int) -> int:
-    """The most text (plus LINE_OVERHEAD per line) one LogBatch holds for a topic whose message limit is ``limit``."""
-    return max(16 * 1024, min(BATCH_MAX_BYTES, limit - BATCH_SLACK))
-
-
-class SourceBatcher:
-    """Lines of one source (stdout, stderr, a followed file) become LogBatch events.
-
-    Guarantees: every line fed is spooled exactly once, in order, with a 1-based
-    line number gap-free within the source; a line waits at most ``window`` s
-    (given :meth:`tick` is called) before its batch is spooled, and is fdatasync'd
-    within the spool's group-commit window (at the latest when the source closes); a
-    batch fits the topic's message limit; secrets are masked
-    before anything is kept; the last ``tail_lines`` lines are kept for the exit event.
-    """
-
-    def __init__(self, agent: SyncAgent, stage: str, source: str, pid: int, *, max_line: int,
-                 tail_lines: int, window: float = BATCH_WINDOW_S, max_bytes: int | None = None) -> None:
-        self.agent = agent
-        self.stage = stage
-        self.source = source
-        self.pid = pid
-        self.window = window
-        self.max_bytes = max_bytes or batch_bytes(agent.message_limit(TOPIC_LOGS))
-        self.splitter = LineSplitter(max_line)
-        self.tail = Tail(tail_lines)
-        self.lines_read = 0
-        self.batches = 0
-        self._next_no = 1
-        self._texts: list[str] = []
-        self._raw: list[bytes] = []  # each text's UTF-8
-        self._ts: list[int] = []
-        self._trunc: list[bool] = []
-        self._invalid: list[bool] = []
-        self._late: list[bool] = []
-        self.late = False  # lines added from now on were written after CMD exited
-        self._bytes = 0
-        self._since: float | None = None
-        self._lock = threading.Lock()
-        # stage and source scrubbed once here, lines as they are added: the batches need no scrub of their own
-        clean = scrub(LogBatch(event_id="", instance_id="", boot_id="", seq=0, ts_us=0, stage=stage, source=source,
-                               pid=pid, line_no=(), line_ts_us=(), text=[], truncated=(), invalid_utf8=(), late=()),
-                      agent.redactor)
-        self._stage, self._source = clean.stage, clean.source  # type: ignore[attr-defined]
-
-    def _add(self, lines: list[bytes], trunc: list[bool] | None, ts: int) -> None:
-        if not lines:
-            return
-        decoded, invalid = decode_lines(lines)
-        texts = self.agent.redactor.lines(decoded, trunc)
-        n, have = len(texts), len(self._texts)
-        self._texts.extend(texts)
-        # the UTF-8 of each text for the encoder: the bytes read, unless decoding or masking changed a line
-        self._raw.extend(lines if invalid is None and texts is decoded else [t.encode("utf-8") for t in texts])
-        self._ts.extend([ts] * n)
-        _flags(self._trunc, have, trunc, n)
-        _flags(self._invalid, have, invalid, n)
-        _flags(self._late, have, [True] * n if self.late else None, n)
-        self.tail.extend(texts)
-        self.lines_read += n
-        if self._since is None:
-            self._since = time.monotonic()
-
-    def feed(self, data: bytes, ts: int | None = None) -> None:
-        """Bytes read from the source: lines join the pending batch, which is spooled before it would grow
-        over ``max_bytes`` (text plus LINE_OVERHEAD per line) or BATCH_MAX_LINES lines."""
-        with self._lock:
-            lines, trunc = self.splitter.feed(data)
-            ts = ts or now_us()
-            cum = list(accumulate(map(len, lines)))  # C speed: no Python code per line
-
-            def size(i: int) -> int:  # what lines[0..i] cost in a batch: text plus LINE_OVERHEAD each
-                return cum[i] + LINE_OVERHEAD * (i + 1)
-
-            start, n = 0, len(lines)
-            every = range(n)
-            while start < n:
-                base = size(start - 1) if start else 0
-                room_lines = BATCH_MAX_LINES - len(self._texts)
-                end = min(n, start + room_lines,
-                          bisect_right(every, base + self.max_bytes - self._bytes, lo=start, key=size))
-                if end == start:
-                    if self._texts:  # the pending batch is full: spool it, then go on
-                        self._flush()
-                        continue
-                    end = start + 1  # one line alone always makes a batch (lines are cut to max_line)
-                self._add(lines[start:end], trunc[start:end] if trunc else None, ts)
-                self._bytes += size(end - 1) - base
-                start = end
-                if start < n:
-                    self._flush()
-            if self._bytes >= self.max_bytes or (self._since is not None and time.monotonic() - self._since >= self.window):
-                self._flush()
-
-    def end_of_file(self) -> None:
-        """The source's file ended or was replaced: its unfinished last line is a line."""
-        with self._lock:
-            lines, trunc = self.splitter.finish()
-            self._add(lines, trunc, now_us())
-
-    def time_left(self) -> float | None:
-        """Seconds until the pending batch is due (None: nothing pending)."""
-        since = self._since
-        return None if since is None else max(0.0, self.window - (time.monotonic() - since))
-
-    def tick(self) -> None:
-        """Spool the pending batch if it is due; fdatasync the spooled ones once the window passed."""
-        with self._lock:
-            if self._since is not None and time.monotonic() - self._since >= self.window:
-                self._flush()
-        self.agent.spool.sync_due()
-
-    def close(self) -> None:
-        """End of the source: spool everything left, durably."""
-        self.end_of_file()
-        with self._lock:
-            self._flush()
-        self.agent.spool.sync()
-
-    def resume(self, next_no: int, pending: bytes, overflow: bool, *, late: bool) -> None:
-        """Go on from another batcher's :meth:`handoff_state` (in the late-output process)."""
-        self._next_no = next_no
-        self.splitter._buf, self.splitter._overflow = pending, overflow
-        self.late = late
-
-    def handoff_state(self) -> tuple[int, bytes, bool]:
-        """Spool every complete line; return (next line number, unfinished line, its overflow flag)."""
-        with self._lock:
-            self._flush()
-            return self._next_no, self.splitter._buf, self.splitter._overflow
-
-    def _flush(self) -> None:
-        self._bytes = 0
-        self._since = None
-        if not self._texts:
-            return
-        texts, raw, ts, n = self._texts, self._raw, self._ts, len(self._texts)
-        trunc, invalid = self._trunc or (False,) * n, self._invalid or (False,) * n  # no flag set: no list kept
-        late = self._late or ()
-        self._texts, self._raw, self._ts, self._trunc, self._invalid, self._late = [], [], [], [], [], []
-        first = self._next_no
-        self._next_no += len(texts)
-        eid, iid, stage, source, pid, now = new_event_id(), self.agent.instance_id, self._stage, self._source, self.pid, now_us()
-
-        def make(boot: str, seq: int) -> Event:
-            return LogBatch(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=now, stage=stage,
-                            source=source, pid=pid, line_no=range(first, first + len(texts)), line_ts_us=ts,
-                            text=texts, truncated=trunc, invalid_utf8=invalid, late=late)
-
-        self.agent.emit_makers([make], encode=lambda ev: encode_fast(ev, raw), sync=False,
-                               scrubbed=True)  # group commit (see Spool)
-        self.batches += 1
-
-
-def _flags(flags: list[bool], have: int, values: Sequence[bool] | None, n: int) -> None:
-    """Add ``n`` lines' flags to ``flags``, kept empty (all False) until one is set: no list per batch."""
-    if values is not None and any(values):
-        flags.extend([False] * (have - len(flags)))
-        flags.extend(values)
-    elif flags:
-        flags.extend([False] * n)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -236,6 +61,7 @@ class _Pump(threading.Thread):
         self.read_total = 0
         self.late_at: int | None = None  # bytes read past this were written after CMD exited
         self._read_lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ: room for bursts while a batch is spooled
         except OSError:
@@ -250,6 +76,14 @@ class _Pump(threading.Thread):
                 waiting = 0
             self.late_at = self.read_total + waiting
 
+    def stop(self, *, handing_off: bool = False) -> None:
+        """Stop reading at once (``handing_off``: keep the fd open for the late-output process)."""
+        self.handing_off = handing_off
+        self.stop_flag = True
+        with self._read_lock:  # the wake pipe is open until run() ends
+            if self._wake_w >= 0:
+                os.write(self._wake_w, b"x")
+
     def _capture(self, call: str, *args: object) -> None:
         if self.error is not None:
             return
@@ -262,11 +96,13 @@ class _Pump(threading.Thread):
     def run(self) -> None:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        poller.register(self._wake_r, select.POLLIN)  # stop() wakes the pump at once
         try:
             while True:
                 left = self.batcher.time_left() if self.error is None else None
                 timeout_ms = 100 if left is None else int(left * 1000) + 1
-                if not poller.poll(timeout_ms):
+                ready = [fd for fd, _ev in poller.poll(timeout_ms)]
+                if self.fd not in ready:
                     self._capture("tick")
                     if self.stop_flag:
                         break
@@ -301,6 +137,10 @@ class _Pump(threading.Thread):
                 if self.stop_flag:
                     break
         finally:
+            with self._read_lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
             if not (self.handing_off and not self.eof):
                 os.close(self.fd)
                 self._capture("close")
@@ -315,6 +155,7 @@ class _Followers(threading.Thread):
         self.stop_at: float | None = None  # monotonic deadline after CMD's exit
         self.handing_off = False
         self.last_data = time.monotonic()
+        self._wake = threading.Event()
 
     def _poll_all(self) -> bool:
         got = False
@@ -337,7 +178,7 @@ class _Followers(threading.Thread):
                 quiet = now - self.last_data >= FOLLOW_QUIET_S and all(f.exists for f, _ in self.followers)
                 if self.stop_at is not None and (now >= self.stop_at or quiet):
                     break
-                time.sleep(FOLLOW_POLL_S)
+                self._wake.wait(FOLLOW_POLL_S)
             self._poll_all()
         finally:
             if not self.handing_off:
@@ -358,6 +199,7 @@ class _Followers(threading.Thread):
         """Stop now, leaving files open and lines unfinished for the late-output process."""
         self.handing_off = True
         self.stop_at = 0.0
+        self._wake.set()
         self.join()
 
 
@@ -399,6 +241,34 @@ def set_title(stage: str) -> None:
     setproctitle(f"flightrec-agent stage={stage}")
 
 
+@dataclass
+class _Run:
+    """What the steps of one :func:`run_stage` share."""
+
+    agent: SyncAgent
+    stage: str
+    argv: list[str]
+    tails: Sequence[str]
+    passthrough: bool
+    token: str
+    env: dict[str, str]
+    kw: dict
+    follows: list[tuple[FileFollower, SourceBatcher]]
+    ptys: dict[int, PtyPair]
+    sigs: StageSignals
+    started_us: int = 0
+    t0: float = 0.0
+    proc: subprocess.Popen[bytes] | None = None
+    out_b: SourceBatcher | None = None
+    err_b: SourceBatcher | None = None
+    pumps: list[_Pump] = field(default_factory=list)
+    follower: _Followers | None = None
+    rc: int = 0
+    ended_us: int = 0
+    duration: float = 0.0
+    late_pid: int | None = None
+
+
 def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence[str] = (), *,
               seal_on_success: bool = False, passthrough: bool = True) -> StageResult:
     """Run ``argv`` as stage ``stage``; return the status to exit with (CMD's code, or 128+N for signal N).
@@ -412,10 +282,23 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
     stage ends with a ProcessExit and a Lifecycle succeeded/failed event; a CMD that
     cannot start gives 127/126 and says why.
     """
+    r = _prepare(agent, stage, list(argv), tails, passthrough)
+    with _signals_to(r.sigs):
+        r.started_us = now_us()
+        r.t0 = time.monotonic()
+        try:
+            r.proc = _spawn(r.argv, r.env, r.ptys)
+        except OSError as exc:
+            return _report_start_error(r, exc)
+        _pump(r)
+        _wait(r)
+    return _report(r, seal_on_success)
+
+
+def _prepare(agent: SyncAgent, stage: str, argv: list[str], tails: Sequence[str], passthrough: bool) -> _Run:
+    """The stage starts: its event, its token, followed files' starting points, ptys where ours are terminals."""
     settings = agent.settings
-    argv = list(argv)
-    shown = agent.redactor.argv(argv)
-    agent.event(stage, "started", attributes={"argv": shown, "cwd": os.getcwd()})
+    agent.event(stage, "started", attributes={"argv": agent.redactor.argv(argv), "cwd": os.getcwd()})
     token = uuid.uuid4().hex
     env = dict(os.environ, **{TOKEN_ENV: token})
     kw = dict(max_line=settings.max_line, tail_lines=settings.tail_lines)
@@ -426,6 +309,12 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
         write_claim(agent.spool.dir, agent.boot_id, f.path, Claim(token, ino, offset))
     ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
     sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
+    return _Run(agent, stage, argv, tails, passthrough, token, env, kw, follows, ptys, sigs)
+
+
+@contextmanager
+def _signals_to(sigs: StageSignals) -> Iterator[None]:
+    """In the main thread: the stage's signals are taken by one thread (and passed to CMD) while this lasts."""
     watcher: SignalWatcher | None = None
     old_handlers = {}
     old_mask: set[int] | None = None
@@ -435,65 +324,8 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
         watcher.start()
         for s in FORWARDED:  # only reached by threads that do not block them (a library caller's)
             old_handlers[s] = signal.signal(s, lambda n, _f: sigs(n, 0))
-    started_us = now_us()
-    t0 = time.monotonic()
-    late_pid = None
     try:
-        try:
-            proc = _spawn(argv, env, ptys)
-        except OSError as exc:
-            for p in ptys.values():
-                os.close(p.master)
-                os.close(p.slave)
-            for f, _b in follows:
-                f.close()
-            status, why = _start_error(exc, argv[0] if argv else "")
-            os.write(2, f"flightrec agent run: {why}\n".encode())
-            ended = now_us()
-            exit_ev = agent.emit(ProcessExit, stage=stage, argv=[agent.redactor.text(a) for a in argv], exit_code=status,
-                                 start_error=why, started_us=started_us, ended_us=ended,
-                                 duration_s=time.monotonic() - t0,
-                                 file_tails=[FileTail(path=p, lines=(), exists=os.path.exists(p)) for p in tails])
-            agent.event(stage, "failed", detail=f"could not start: {why} (exit {status})")
-            return StageResult(status, exit_ev)  # type: ignore[arg-type]
-        sigs.started(proc)
-        out_b = SourceBatcher(agent, stage, "stdout", proc.pid, **kw)
-        err_b = SourceBatcher(agent, stage, "stderr", proc.pid, **kw)
-        fds = []
-        for n, pipe in ((1, proc.stdout), (2, proc.stderr)):
-            if n in ptys:
-                os.close(ptys[n].slave)
-                fds.append(ptys[n].master)
-            else:
-                assert pipe is not None
-                fds.append(os.dup(pipe.fileno()))  # the pumps own duplicates of the read ends
-                pipe.close()
-        pumps = [_Pump(fds[0], 1 if passthrough else None, out_b, strip=1 in ptys),
-                 _Pump(fds[1], 2 if passthrough else None, err_b, strip=2 in ptys)]
-        follower = _Followers(follows) if follows else None
-        for t in pumps:
-            t.start()
-        if follower:
-            follower.start()
-        with heartbeat(agent, stage, proc.pid):  # liveness while CMD runs
-            rc = proc.wait()
-        sigs.exited = True
-        ended_us = now_us()
-        duration = time.monotonic() - t0
-        for t in pumps:
-            t.mark_exit()
-        for _f, b in follows:
-            b.late = True  # lines a followed file gets from here on
-        deadline = time.monotonic() + PIPE_GRACE_S
-        for t in pumps:
-            while t.is_alive() and time.monotonic() < deadline and not sigs.after_exit.is_set():
-                t.join(0.02)
-        held = [t for t in pumps if t.is_alive()]
-        # followed files go on being followed while a process the stage started still runs
-        if held or (follows and not sigs.after_exit.is_set() and stage_alive(token)):
-            late_pid = _hand_off(agent, stage, token, pumps, follower, follows)
-        elif follower:
-            follower.finish(settings.follow_grace, sigs.after_exit)
+        yield
     finally:
         if watcher is not None:
             watcher.stop()
@@ -501,36 +333,111 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
             signal.signal(s, h)
         if old_mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _report_start_error(r: _Run, exc: OSError) -> StageResult:
+    """CMD could not start: 127/126 like a shell, said on stderr, in a ProcessExit and a failed stage."""
+    agent = r.agent
+    for p in r.ptys.values():
+        os.close(p.master)
+        os.close(p.slave)
+    for f, _b in r.follows:
+        f.close()
+    status, why = _start_error(exc, r.argv[0] if r.argv else "")
+    os.write(2, f"flightrec agent run: {why}\n".encode())
+    ended = now_us()
+    exit_ev = agent.emit(ProcessExit, stage=r.stage, argv=[agent.redactor.text(a) for a in r.argv], exit_code=status,
+                         start_error=why, started_us=r.started_us, ended_us=ended,
+                         duration_s=time.monotonic() - r.t0,
+                         file_tails=[FileTail(path=p, lines=(), exists=os.path.exists(p)) for p in r.tails])
+    agent.event(r.stage, "failed", detail=f"could not start: {why} (exit {status})")
+    return StageResult(status, exit_ev)  # type: ignore[arg-type]
+
+
+def _pump(r: _Run) -> None:
+    """CMD runs: a thread per output copies it on and feeds its batcher; a thread follows the files."""
+    proc = r.proc
+    assert proc is not None
+    r.sigs.started(proc)
+    r.out_b = SourceBatcher(r.agent, r.stage, "stdout", proc.pid, **r.kw)
+    r.err_b = SourceBatcher(r.agent, r.stage, "stderr", proc.pid, **r.kw)
+    fds = []
+    for n, pipe in ((1, proc.stdout), (2, proc.stderr)):
+        if n in r.ptys:
+            os.close(r.ptys[n].slave)
+            fds.append(r.ptys[n].master)
+        else:
+            assert pipe is not None
+            fds.append(os.dup(pipe.fileno()))  # the pumps own duplicates of the read ends
+            pipe.close()
+    out = 1 if r.passthrough else None, 2 if r.passthrough else None
+    r.pumps = [_Pump(fds[0], out[0], r.out_b, strip=1 in r.ptys), _Pump(fds[1], out[1], r.err_b, strip=2 in r.ptys)]
+    r.follower = _Followers(r.follows) if r.follows else None
+    for t in r.pumps:
+        t.start()
+    if r.follower:
+        r.follower.start()
+
+
+def _wait(r: _Run) -> None:
+    """Wait for CMD; then for its outputs to close, or hand what it left behind to the late-output process."""
+    proc, sigs = r.proc, r.sigs
+    assert proc is not None
+    with heartbeat(r.agent, r.stage, proc.pid):  # liveness while CMD runs
+        r.rc = proc.wait()
+    sigs.exited = True
+    r.ended_us = now_us()
+    r.duration = time.monotonic() - r.t0
+    for t in r.pumps:
+        t.mark_exit()
+    for _f, b in r.follows:
+        b.late = True  # lines a followed file gets from here on
+    deadline = time.monotonic() + PIPE_GRACE_S
+    for t in r.pumps:
+        while t.is_alive() and time.monotonic() < deadline and not sigs.after_exit.is_set():
+            t.join(0.02)
+    held = [t for t in r.pumps if t.is_alive()]
+    # followed files go on being followed while a process the stage started still runs
+    if held or (r.follows and not sigs.after_exit.is_set() and stage_alive(r.token)):
+        r.late_pid = _hand_off(r.agent, r.stage, r.token, r.pumps, r.follower, r.follows)
+    elif r.follower:
+        r.follower.finish(r.agent.settings.follow_grace, sigs.after_exit)
+
+
+def _report(r: _Run, seal_on_success: bool) -> StageResult:
+    """The stage's end: a ProcessExit with the tails, then succeeded (and a seal if asked) or failed."""
+    agent, stage, rc, proc, out_b, err_b = r.agent, r.stage, r.rc, r.proc, r.out_b, r.err_b
+    assert proc is not None and out_b is not None and err_b is not None
     signum = -rc if rc < 0 else None
     status = 128 + signum if signum else rc
     sig_name = signal.Signals(signum).name if signum and signum in signal.Signals._value2member_map_ else None
     exit_ev = agent.emit(
-        ProcessExit, stage=stage, argv=[agent.redactor.text(a) for a in argv], pid=proc.pid,
+        ProcessExit, stage=stage, argv=[agent.redactor.text(a) for a in r.argv], pid=proc.pid,
         exit_code=None if signum else rc, signal=signum, signal_name=sig_name,
-        started_us=started_us, ended_us=ended_us, duration_s=duration,
+        started_us=r.started_us, ended_us=r.ended_us, duration_s=r.duration,
         stdout_tail=out_b.tail.snapshot(), stderr_tail=err_b.tail.snapshot(),
-        file_tails=[FileTail(path=f.path, lines=b.tail.snapshot(), exists=f.exists) for f, b in follows],
+        file_tails=[FileTail(path=f.path, lines=b.tail.snapshot(), exists=f.exists) for f, b in r.follows],
     )
+    duration = {"duration_s": f"{r.duration:.3f}"}
     if status == 0:
-        agent.event(stage, "succeeded", detail="exit code 0", attributes={"duration_s": f"{duration:.3f}"})
+        agent.event(stage, "succeeded", detail="exit code 0", attributes=duration)
         if seal_on_success:
             agent.seal(f"stage {stage} ended normally")
     else:
         how = f"killed by signal {signum} ({sig_name})" if signum else f"exit code {rc}"
         last = next((line for line in reversed(err_b.tail.snapshot()) if line.strip()), "")
         detail = how + (f"; last stderr line: {last[:500]}" if last else "")
-        agent.event(stage, "failed", detail=detail, attributes={"duration_s": f"{duration:.3f}"})
+        agent.event(stage, "failed", detail=detail, attributes=duration)
     lines = {"stdout": out_b.lines_read, "stderr": err_b.lines_read}
-    lines.update({f.path: b.lines_read for f, b in follows})
-    return StageResult(status, exit_ev, lines, late_pid)  # type: ignore[arg-type]
+    lines.update({f.path: b.lines_read for f, b in r.follows})
+    return StageResult(status, exit_ev, lines, r.late_pid)  # type: ignore[arg-type]
 
 
 def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], follower: _Followers | None,
               follows: list[tuple[FileFollower, SourceBatcher]]) -> int | None:
     """CMD exited but what it started still holds its outputs (or followed files): a late-output process goes on."""
     for t in pumps:
-        t.handing_off = True
-        t.stop_flag = True
+        t.stop(handing_off=True)
     for t in pumps:
         t.join()
     if follower:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
+
 from flightrec.producer import open_agent
 from flightrec.producer.deliver import message_size
-from flightrec.producer.run import SourceBatcher
+from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.spool import SYNC_WINDOW_S, Position, Spool
 from flightrec.schemas import LogBatch, Lifecycle, decode, new_event_id, now_us
 from flightrec.settings import TOPIC_LOGS, Settings
@@ -116,3 +120,43 @@ def test_the_syncer_thread_ends_when_idle(tmp_path: Path) -> None:
     s.hand(fd)  # a new one starts for new work
     s.drain()
     assert s.syncs == 2
+
+
+SECRET = "s3cr3t-Value-42"
+PIECES = [b"plain text ", b"0000123 worker 3: batch done ", SECRET.encode(), SECRET[:6].encode(), SECRET[6:].encode(),
+          b"\n", b"\n", b"caf\xc3\xa9 ", b"\xff", b"see http://user:pw@host/x ", b"x" * 300, b"\t", b""]
+
+
+@hyp_settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=80), st.lists(st.integers(min_value=1, max_value=400), max_size=12))
+def test_ascii_chunks_take_the_fast_path_with_the_same_lines(pieces: list[bytes], cuts: list[int]) -> None:
+    # ASCII reads with nothing to mask skip decoding and masking per line: each line, however the stream was
+    # cut into reads (a secret across two reads, a read of only ASCII after one that was not), is what the
+    # line-by-line path gives: decoded (\xNN where not UTF-8), masked, numbered, in order
+    import tempfile
+
+    from flightrec.producer.lines import Tail, decode_lines
+
+    data = b"".join(pieces)
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    with tempfile.TemporaryDirectory() as tmp, \
+            open_agent("fast-1", Settings.from_env({"FLIGHTREC_REDACT": "MY_SECRET"}), spool_dir=tmp, deliver=False,
+                       env={"MY_SECRET": SECRET}) as agent:
+        b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=5, max_bytes=64 * 1024)
+        for lo, hi in zip(bounds, bounds[1:]):
+            b.feed(data[lo:hi])
+        b.close()
+        recs, _ = agent.spool.read(Position(0, 0), agent.spool.committed_end(), max_bytes=1 << 40)
+        redactor = agent.redactor
+    batches = [decode(r.value) for r in recs]
+    raw = data.split(b"\n")
+    if raw[-1] == b"":
+        raw.pop()
+    want = [redactor.text(decode_lines([line])[0][0]) for line in raw]
+    got = [t for x in batches for t in x.text]
+    assert got == want
+    assert [n for x in batches for n in x.line_no] == list(range(1, len(want) + 1))
+    assert [f for x in batches for f in x.invalid_utf8] == [decode_lines([line])[1] is not None for line in raw]
+    tail = Tail(5)
+    tail.extend(want)
+    assert b.tail.snapshot() == tail.snapshot()

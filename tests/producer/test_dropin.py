@@ -88,8 +88,9 @@ def test_a_daemon_outlives_its_stage_and_is_recorded_late(agent_env, tmp_path: P
                                           env, tmp_path, "agent")
     assert code == 1
     script_ended = float((tmp_path / "a.end").read_text())
-    # about 0.3 s on an idle machine; the bound leaves room for a loaded test machine
-    assert ended - script_ended < 1.5, f"the agent exited {ended - script_ended:.2f}s after its command"
+    # the agent's own exit latency, from the timestamp the script wrote as it exited (~0.2-0.6 s on a loaded
+    # 2-core machine: the pipes' 0.1 s grace, the hand-off, Kafka's acknowledgement of the exit events)
+    assert ended - script_ended < 1.0, f"the agent exited {ended - script_ended:.2f}s after its command"
     daemon = int((tmp_path / "a.pid").read_text())
     time.sleep(3)
     assert alive(daemon), "the daemon was killed after its stage ended"
@@ -255,7 +256,8 @@ def test_ctrl_c_to_the_terminal_s_process_group_reaches_cmd_once(agent_env, tmp_
                           agent_env.env(), send=b"\x03", ready=ready)
     text = seen.decode(errors="replace")
     assert re.findall(r"SIG[A-Z]+", text) == ["SIGINT"], text  # from the terminal; the agent did not add one
-    assert code == 0 and re.search(r"tty (\^C)?True", text), text
+    # the terminal's echo of ^C lands wherever the command's output is at that moment
+    assert code == 0 and "tty True" in text.replace("^C", ""), text
 
 
 COLOURS = r"""
@@ -369,3 +371,85 @@ def test_the_delayed_decisive_line_is_classified(agent_env, tmp_path: Path) -> N
     (n,) = query(db, "SELECT count(*) FROM log_lines WHERE instance_id = ? AND text LIKE '%no kernel image%'",
                  agent_env.instance)[0]
     assert n == 1
+
+
+# many stages leaving daemons behind
+N_STAGES = 6
+N_LINES = 40
+# a daemon (a subshell: it carries the stage's token) printing a numbered line every 0.1 s on the inherited stdout
+MANY_STAGE = '(for i in $(seq 1 %d); do echo "$NAME line $i"; sleep 0.1; done) & echo "$NAME: started"; exit 0' % N_LINES
+
+
+def late_processes(spool: Path) -> dict[int, tuple[int, int]]:
+    """pid -> (RSS in KiB, open fds) of every late-output process spooling under ``spool`` running now."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"late-output" not in cmd:
+                continue
+            fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            if not any(fd.startswith(str(spool)) for fd in fds):
+                continue
+            rss = next(int(x.split()[1]) for x in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if x.startswith("VmRSS:"))
+            out[int(pid)] = (rss, len(fds))
+        except (OSError, StopIteration):
+            continue
+    return out
+
+
+def test_stages_leaving_daemons_share_one_bounded_late_output_process(agent_env, tmp_path: Path) -> None:
+    seen: list[dict[int, tuple[int, int]]] = []
+    for n in range(1, N_STAGES + 1):
+        env = agent_env.env(NAME=f"d{n}")
+        with open(tmp_path / "out", "ab") as out:  # a file, as a container's log: the run does not wait for it
+            r = agent_env.run("run", "--stage", f"s{n}", "--", "sh", "-c", MANY_STAGE, env=env, capture_output=False,
+                              stdout=out, stderr=out)
+        assert r.returncode == 0, (tmp_path / "out").read_text()[-2000:]
+        seen.append(late_processes(agent_env.spool))
+    deadline = time.monotonic() + 60
+    while seen[-1] and time.monotonic() < deadline:  # until the last daemon ended
+        time.sleep(0.2)
+        seen.append(late_processes(agent_env.spool))
+    assert max(len(s) for s in seen) == 1, f"late-output processes at once: {seen}"
+    assert max(rss for s in seen for rss, _ in s.values()) < 150 * 1024
+    assert max(fds for s in seen for _, fds in s.values()) < 2 * N_STAGES + 40
+    pids = {pid for s in seen for pid in s}
+    for pid in pids:
+        deadline = time.monotonic() + 60
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pid), "the late-output process did not end after the last holder closed"
+
+    out = (tmp_path / "out").read_text().splitlines()
+    assert all(out.count(f"d{n} line {i}") == 1 for n in range(1, N_STAGES + 1) for i in range(1, N_LINES + 1))
+    agent_env.wait_for_line("stdout", f"d{N_STAGES} line {N_LINES}")
+    db = tmp_path / "fr.duckdb"
+    materialize(agent_env.kafka, db)
+    rows = query(db, """SELECT stage, text, count(*), bool_or(late) FROM log_lines
+                        WHERE instance_id = ? AND source = 'stdout' GROUP BY stage, text""", agent_env.instance)
+    got = {(stage, text): (count, late) for stage, text, count, late in rows}
+    want = {(f"s{n}", f"d{n} line {i}") for n in range(1, N_STAGES + 1) for i in range(1, N_LINES + 1)}
+    want |= {(f"s{n}", f"d{n}: started") for n in range(1, N_STAGES + 1)}
+    assert set(got) == want
+    assert all(count == 1 for count, _ in got.values())
+    assert all(got[(f"s{n}", f"d{n} line {N_LINES}")][1] for n in range(1, N_STAGES + 1))
+
+
+def test_a_seal_waits_for_the_late_output_of_every_stage(agent_env, tmp_path: Path) -> None:
+    from flightrec.schemas import Sealed
+
+    with open(tmp_path / "out", "ab") as out:
+        for n in (1, 2):  # two stages of the boot whose daemons write for ~2 s after their stage ended
+            stage = '(for i in $(seq 1 20); do echo "$NAME line $i"; sleep 0.1; done) & exit 0'
+            r = agent_env.run("run", "--stage", f"s{n}", "--", "sh", "-c", stage, env=agent_env.env(NAME=f"d{n}"),
+                              capture_output=False, stdout=out, stderr=out)
+            assert r.returncode == 0
+    assert agent_env.run("seal").returncode == 0
+    evs = agent_env.events()
+    (sealed,) = [e for e in evs if isinstance(e, Sealed)]
+    got = Counter((b.stage, t) for b in evs if isinstance(b, LogBatch) and b.seq < sealed.seq for t in b.text)
+    assert got == Counter({(f"s{n}", f"d{n} line {i}"): 1 for n in (1, 2) for i in range(1, 21)})

@@ -9,7 +9,7 @@ from flightrec.producer import open_agent
 from flightrec.producer.deliver import marker_for, message_size, split_log_batch
 from flightrec.producer.fit import fit_exit
 from flightrec.producer.lines import Tail, cut_text, fit_tails
-from flightrec.producer.run import BATCH_MAX_BYTES, SourceBatcher
+from flightrec.producer.batcher import BATCH_MAX_BYTES, SourceBatcher
 from flightrec.producer.spool import Position, Record
 from flightrec.schemas import Dropped, FileTail, LogBatch, ProcessExit, decode, encode
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.redact import Redactor
-from flightrec.producer.run import SourceBatcher, run_stage
+from flightrec.producer.batcher import SourceBatcher
+from flightrec.producer.run import run_stage
 from flightrec.schemas import FileTail, Lifecycle, ProcessExit
 from flightrec.settings import Settings
 

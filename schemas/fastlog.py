@@ -1,4 +1,4 @@
-"""A vectorized Avro encoder for LogBatch, byte-identical to the codec's, for the agent's hot path."""
+"""A vectorized Avro encoder for LogBatch (wire knowledge of its field order), byte-identical to fastavro's."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The vectorized LogBatch encoder gives exactly the codec's bytes."""
+"""schemas.fastlog, the agent's LogBatch encoder, gives exactly the bytes of the generic fastavro codec."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flightrec.producer.fastlog import _long, encode_fast, varints
+from flightrec.schemas.fastlog import _long, encode_fast, varints
 from flightrec.schemas import Lifecycle, LogBatch, decode, encode
 
 longs = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -49,7 +49,7 @@ def test_other_events_go_through_the_codec() -> None:
 
 
 def test_varints_edges() -> None:
-    from flightrec.producer.fastlog import _long
+    from flightrec.schemas.fastlog import _long
 
     vals = [0, -1, 1, 63, 64, -64, -65, 2**62, -(2**63), 2**63 - 1]
     assert varints(vals) == b"".join(_long(v) for v in vals)
@@ -77,13 +77,13 @@ def test_a_batch_of_several_reads_and_one_varint_width() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.integers(min_value=0, max_value=2**62), st.integers(min_value=0, max_value=600))
 def test_consecutive_line_numbers_without_numpy(start: int, n: int) -> None:
-    from flightrec.producer.fastlog import consecutive
+    from flightrec.schemas.fastlog import consecutive
 
     assert consecutive(start, start + n) == b"".join(_long(v) for v in range(start, start + n))
 
 
 def test_width_boundaries_of_consecutive_numbers() -> None:
-    from flightrec.producer.fastlog import consecutive
+    from flightrec.schemas.fastlog import consecutive
 
     for edge in (0, 64, 8192, 2**20, 2**27, 2**34, 2**62 - 64):
         lo = max(0, edge - 130)
