@@ -206,6 +206,7 @@ def open_reader(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConnec
         data = data_path_of(con, alias)
         con.execute("SET allowed_directories = ?", [[data]])
         con.execute("SET enable_external_access = false")
+        con.execute("SET TimeZone = 'UTC'")  # TIMESTAMPTZ columns in UTC whatever the machine's zone, as on a file
         con.execute("SET lock_configuration = true")
     except BaseException:
         con.close()

@@ -163,7 +163,7 @@ def build_arrow_db(path: Path) -> dict[str, Any]:
 SEGV = "rtxpro4000-0a1b2c3d4e5f60718293"  # a long id: the table must not cut it
 SEGV_GPU = "NVIDIA RTX PRO 4000 Blackwell Generation"
 SEGV_LINE = "fatal error: unexpected signal during runtime execution [signal SIGSEGV: segmentation violation]"
-SEGV_ARGV = ["python", "-m", "flightrec.fleet", "benchmark", "--fate", "daemon_signal", "--log",
+SEGV_ARGV = ["python", "-m", "flightrec.demo.fleet", "benchmark", "--fate", "daemon_signal", "--log",
              "/tmp/flightrec-demo-4f2a/.flightrec/rtxpro4000-0/prover-daemon.log", "--k", "10", "--proofs", "2",
              "--min-rate", "1.0", "--end-marker", "END-OF-COMMAND"]
 SEGV_LOG = "/tmp/flightrec-demo-4f2a/.flightrec/rtxpro4000-0/prover-daemon.log"

@@ -36,7 +36,7 @@ def test_the_demo_healthy_instance_ships_the_daemon_log_once(kafka, db, tmp_path
     """The demo's stand-ins: the daemon runs through the benchmark, the supervisor follows the same file."""
     instance, work = f"healthy-{uuid.uuid4().hex[:8]}", tmp_path / "work"
     log = work / "prover-daemon.log"
-    fleet = f"{sys.executable} -m flightrec.fleet"
+    fleet = f"{sys.executable} -m flightrec.demo.fleet"
     _run_entrypoint(kafka, work, instance, DAEMON_LOG=str(log), MIN_RATE="1",
                     TUNNEL_CMD=f"{fleet} tunnel", REGISTER_CMD=f"{fleet} register", PARAMS_CMD=f"{fleet} params",
                     BENCHMARK_CMD=f"{fleet} benchmark --log {log} --k 6 --proofs 1 --min-rate 1",
