@@ -22,7 +22,7 @@ def test_cost_page_shows_paid_lost_and_what_to_avoid(money_db, open_page):
                                           "host_id!=456"}
     by_class = next(f for f in frames if list(f.columns[:2]) == ["failure_class", "instances"])
     assert dict(zip(by_class["failure_class"], by_class["dollars_lost"].round(2))) == {
-        "gpu_arch_unsupported": 0.40, "cuda_oom": 0.25}
+        "gpu_arch_unsupported": 0.40, "cuda_out_of_memory": 0.25}
     per_failure = next(f for f in frames if "dollars_before_failure" in f.columns)
     assert len(per_failure) == 3 and per_failure["open"].str.contains("failure=fb2").any()
     by_gpu = next(f for f in frames if "gpu_model" in f.columns and "failure_rate" in f.columns)

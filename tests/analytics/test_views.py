@@ -94,9 +94,9 @@ def test_what_each_instance_and_failure_cost(money_db):
 
 def test_dollars_by_class_gpu_and_host_count_each_instance_once(money_db):
     by_class = {r["failure_class"]: r for r in _rows(money_db, "FROM cost_by_class")}
-    assert set(by_class) == {"gpu_arch_unsupported", "cuda_oom"}  # b's later below_min_rate is not counted again
+    assert set(by_class) == {"gpu_arch_unsupported", "cuda_out_of_memory"}  # not b's later below_min_rate
     assert by_class["gpu_arch_unsupported"]["dollars_lost"] == pytest.approx(0.40)
-    assert by_class["cuda_oom"]["dollars_lost"] == pytest.approx(0.25)
+    assert by_class["cuda_out_of_memory"]["dollars_lost"] == pytest.approx(0.25)
     by_gpu = {r["gpu_model"]: r for r in _rows(money_db, "FROM cost_by_gpu")}
     rtx = by_gpu["NVIDIA GeForce RTX 4090"]
     assert (rtx["instances"], rtx["failed_instances"], rtx["failure_rate"]) == (2, 2, 1.0)
