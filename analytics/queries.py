@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flightrec.analytics.views import VIEWS, ts
+from flightrec.analytics.views import ALL_VIEWS, VIEWS, prelude_for, ts
 from flightrec.query import run_query
 
 log = logging.getLogger(__name__)
@@ -389,20 +389,21 @@ def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Tabl
     import duckdb
 
     kind = duckdb.extract_statements(text)[0].type.name
+    prelude = prelude_for(text)  # every shared view it names, the money ones too
     if kind == "SELECT":
-        t = q(db, f"SELECT * FROM (\n{text}\n) LIMIT {int(max_rows) + 1}")
+        t = run_query(db, f"SELECT * FROM (\n{text}\n) LIMIT {int(max_rows) + 1}", prelude=prelude)
     else:
-        t = q(db, text)
+        t = run_query(db, text, prelude=prelude)
     cut = t.num_rows > max_rows
     return (t.slice(0, max_rows) if cut else t), cut
 
 
 def catalog(db: Db) -> pa.Table:
-    """Tables and views with their columns, for the console's help."""
-    return q(db, """
-        SELECT table_name AS name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END AS kind,
+    """Tables and views with their columns (every shared view), for the console's help."""
+    return run_query(db, """
+        SELECT DISTINCT table_name AS name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END AS kind,
                (SELECT string_agg(column_name, ', ' ORDER BY ordinal_position)
                 FROM information_schema.columns c
                 WHERE c.table_name = t.table_name AND c.table_schema = t.table_schema) AS columns
         FROM information_schema.tables t
-        WHERE table_schema IN ('main', 'temp') ORDER BY kind, name""")
+        WHERE table_schema IN ('main', 'temp') ORDER BY kind, name""", prelude=ALL_VIEWS)

@@ -40,3 +40,18 @@ def test_cost_page_without_instances_says_so(open_page, tmp_path):
     src.close()
     at = open_page(db, "cost")
     assert [i.value for i in at.info] == ["No instances yet."]
+
+
+def test_sql_console_sees_the_money_views_too(money_db, open_page):
+    """The console runs every shared view, not only the pages' ones, and lists them all in its help."""
+    at = open_page(money_db, "sql")
+    next(t for t in at.text_area).input("SELECT offer_filter FROM avoid_filter").run()
+    assert not at.error, at.error[0].value
+    assert list(at.dataframe[0].value["offer_filter"]) == [
+        "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"]
+    next(t for t in at.text_area).input("SELECT failure_id FROM failure_cost ORDER BY failure_id").run()
+    assert list(at.dataframe[0].value["failure_id"]) == ["fa", "fb1", "fb2"]
+    from flightrec.analytics.views import ALL_VIEW_NAMES
+
+    listed = set(at.dataframe[-1].value["name"])
+    assert set(ALL_VIEW_NAMES) <= listed, set(ALL_VIEW_NAMES) - listed
