@@ -33,7 +33,7 @@ def pick_instance() -> str | None:
     """The instance to show: from ?instance=ID, else the selectbox (newest activity first, within the time range)."""
     ids = fetch(queries.instance_ids, since_us=since_us())
     wanted = query_param("instance")
-    if wanted and wanted not in ids and fetch(queries.instance_facts, wanted).num_rows:
+    if wanted and wanted not in ids and fetch(queries.fleet_row, wanted).num_rows:
         ids = [wanted, *ids]  # linked to one outside the time range: still show it
     if not ids:
         st.info("No instances heard from in this time range (sidebar). Widen it, or start `flightrec materialize` "
@@ -46,7 +46,7 @@ def pick_instance() -> str | None:
 
 def facts(instance_id: str) -> dict | None:
     """Headline facts of the instance."""
-    rows = fetch(queries.instance_facts, instance_id).to_pylist()
+    rows = fetch(queries.fleet_row, instance_id).to_pylist()
     if not rows:
         st.warning(f"No instance {instance_id!r} in the database.")
         return None

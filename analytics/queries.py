@@ -134,9 +134,6 @@ def fleet_row(db: Db, instance_id: str) -> pa.Table:
     return q(db, "SELECT * FROM fleet WHERE instance_id = $id", {"id": instance_id})
 
 
-instance_facts = fleet_row  # the old name (it never returned the instance_facts table)
-
-
 def instance_stages(db: Db, instance_id: str) -> pa.Table:
     """Its stage runs for the timeline; an unfinished run ends at the instance's last event."""
     return q(db, f"""

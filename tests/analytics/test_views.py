@@ -34,9 +34,9 @@ def test_stage_runs_pair_starts_with_outcomes(arrow_db):
 
 def test_cost_per_proof_is_price_over_rate(arrow_db):
     db, ids = arrow_db
-    row = queries.instance_facts(db, ids["ok"]).to_pylist()[0]
+    row = queries.fleet_row(db, ids["ok"]).to_pylist()[0]
     assert row["cost_per_proof"] == pytest.approx(2.49 / 1500)
-    zero = queries.instance_facts(db, ids["no_kernel"]).to_pylist()[0]
+    zero = queries.fleet_row(db, ids["no_kernel"]).to_pylist()[0]
     assert zero["cost_per_proof"] is None  # 0 proofs/hour: no cost per proof rather than a division error
 
 
