@@ -158,6 +158,17 @@ def instance_manager_events(db: Db, instance_id: str) -> pa.Table:
         FROM manager_events WHERE instance_id = $id ORDER BY ts_us, seq""", {"id": instance_id})
 
 
+def manager_only_instances(db: Db, since_us: int | None = None) -> pa.Table:
+    """Instances the manager rented (and did not give back) whose agent never sent an event: paid for, silent."""
+    return q(db, """
+        SELECT instance_id, make_timestamp(min(ts_us)) AS first_manager_event
+        FROM manager_events m
+        WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = m.instance_id)
+        GROUP BY instance_id
+        HAVING NOT bool_or(kind IN ('destroyed', 'released')) AND ($since IS NULL OR max(ts_us) >= $since)
+        ORDER BY min(ts_us) DESC, instance_id""", {"since": since_us})
+
+
 def instance_exits(db: Db, instance_id: str) -> pa.Table:
     """Its subprocess exits, oldest first."""
     return q(db, f"""

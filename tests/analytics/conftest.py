@@ -14,7 +14,19 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/analytics only, for dashdata
 
-from dashdata import NO_KERNEL, SEGV, build_arrow_db, commit, first_failure_id, money_boots, segv_boot  # noqa: E402
+from dashdata import (  # noqa: E402
+    BASE_US,
+    HOSTILE,
+    NO_KERNEL,
+    SEGV,
+    build_arrow_db,
+    commit,
+    first_failure_id,
+    hostile_boot,
+    manager_events,
+    money_boots,
+    segv_boot,
+)
 
 
 @pytest.fixture(scope="session")
@@ -148,4 +160,30 @@ def money_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     path = tmp_path_factory.mktemp("money") / "fleet.duckdb"
     commit(path, money_boots())
+    return path
+
+
+@pytest.fixture(scope="session")
+def hostile_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One instance whose id and lines carry quotes, %, markdown, LaTeX, unicode and 10,000-character lines."""
+    path = tmp_path_factory.mktemp("hostile") / "fleet.duckdb"
+    commit(path, [hostile_boot()])
+    return path, {"id": HOSTILE, "failure": first_failure_id(path, HOSTILE)}
+
+
+@pytest.fixture(scope="session")
+def manager_only_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database holding only manager events: instance m-1 was rented, its agent never spoke."""
+    path = tmp_path_factory.mktemp("manageronly") / "fleet.duckdb"
+    commit(path, [manager_events("m-1", ("rented", BASE_US, {"price_per_hour": "0.50", "host_id": "9"}))])
+    return path
+
+
+@pytest.fixture(scope="session")
+def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database the materializer created and never wrote a row into."""
+    from flightrec.consumers.store import Store
+
+    path = tmp_path_factory.mktemp("empty") / "fleet.duckdb"
+    Store(path, group="dashboard-tests").close()
     return path

@@ -266,3 +266,21 @@ def money_boots() -> list[Boot]:
     return [a, b1, b2, c,
             manager_events("a", ("rented", BASE_US, {"price_per_hour": "0.40", "host_id": "123"})),
             manager_events("b", ("rented", BASE_US, {"host_id": "456"}), ("destroyed", BASE_US + 3 * HOUR, {}))]
+
+
+# An id a hostile or careless operator might use: quotes, %, markdown and LaTeX marks, unicode, a URL's own signs.
+HOSTILE = "i-'q\"-100%_$5-$6-*x*-`t`-[l](u)-日本🚀-a&b=c#d?e/f"
+LONG_LINE = "CUDA error: no kernel image is available for execution on the device " + "x" * 10_000
+PRICED_DETAIL = "paid $1.20/h then $0.50/h <b>not bold</b> **not bold**"
+
+
+def hostile_boot() -> Boot:
+    """One instance whose id, stage detail and log lines would break markup, SQL or URLs if taken raw."""
+    b = Boot(HOSTILE)
+    facts(b, "NVIDIA 'GPU' $9 *9*", "9.0", 1.25)
+    t = stages_ok(b, "benchmark", BASE_US)
+    b.add(Lifecycle, t, stage="benchmark", state="started")
+    b.lines("benchmark", "stderr", ["ünïcødé ✓ \x1b[31mred\x1b[0m", LONG_LINE], t + 1000)
+    b.lines("benchmark", "/tmp/it's 100%/dæmon $1.log", ["y" * 10_000], t + 5_000_000)
+    b.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail=PRICED_DETAIL + " " + "z" * 10_000)
+    return b
