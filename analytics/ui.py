@@ -115,7 +115,7 @@ MAX_PROSE = 300  # characters of one database value in a banner or caption (the 
 # Signs that change Markdown inline (`$…$` is LaTeX in Streamlit; `[` also starts `:red[…]`);
 # `_` only where it can start or end an emphasis (not inside gpu_arch_unsupported).
 _MD_SIGNS = re.compile(r"([\\`*\[\]$<>~|])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
-_MD_LEAD = re.compile(r"^([#+\-=>]|\d+(?=[.)]))")
+_MD_LEAD = re.compile(r"^([#+\-=](?=\s|$)|>|\d+(?=[.)](?:\s|$)))")  # a heading, list or quote
 
 
 def md(text: Any, limit: int = MAX_PROSE) -> str:

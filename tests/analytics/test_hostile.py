@@ -94,3 +94,13 @@ def test_a_time_range_with_no_rows_says_so_on_every_page(arrow_db, open_page, mo
         assert "time range" in said or "match" in said, (page, said)
     at.switch_page("page_cost.py").run()
     assert any("all time" in c.value.lower() for c in at.caption), "the Cost page says it ignores the range"
+
+
+def test_md_escapes_markup_and_keeps_plain_text():
+    from flightrec.analytics.ui import md
+
+    assert md("gpu_arch_unsupported 12.0 i-h100-ok") == "gpu_arch_unsupported 12.0 i-h100-ok"
+    assert md("$5 and $6 *x* `t` [l](u) _e_") == r"\$5 and \$6 \*x\* \`t\` \[l\](u) \_e\_"
+    assert md("- a list?") == r"\- a list?" and md("1. item") == r"1\. item"
+    assert md("two\nlines") == "two lines" and md(None) == ""
+    assert md("x" * 400, limit=300) == "x" * 300 + "… (100 more characters)"
