@@ -104,3 +104,13 @@ def test_md_escapes_markup_and_keeps_plain_text():
     assert md("- a list?") == r"\- a list?" and md("1. item") == r"1\. item"
     assert md("two\nlines") == "two lines" and md(None) == ""
     assert md("x" * 400, limit=300) == "x" * 300 + "… (100 more characters)"
+
+
+@pytest.mark.parametrize("sql", ["PRAGMA show_tables", "-- the tables\nPRAGMA show_tables", "pragma table_info('fleet')"])
+def test_sql_console_runs_a_describing_pragma(arrow_db, open_page, sql):
+    """A PRAGMA that describes is allowed (docs/dashboard.md): it must not be wrapped into a SELECT that cannot parse."""
+    db, _ = arrow_db
+    at = open_page(db, "sql")
+    next(t for t in at.text_area).input(sql).run()
+    assert not at.error, at.error[0].value
+    assert len(at.dataframe[0].value) > 0
