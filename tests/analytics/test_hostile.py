@@ -114,3 +114,17 @@ def test_sql_console_runs_a_describing_pragma(arrow_db, open_page, sql):
     next(t for t in at.text_area).input(sql).run()
     assert not at.error, at.error[0].value
     assert len(at.dataframe[0].value) > 0
+
+
+@pytest.mark.parametrize("make", ["text", "empty", "directory"])
+def test_a_path_that_is_no_database_says_so(tmp_path, open_page, make):
+    """Not "held by another process": the file is no DuckDB database (a typo in --db, a half-copied file)."""
+    db = tmp_path / "fleet.duckdb"
+    if make == "directory":
+        db.mkdir()
+    else:
+        db.write_text("not a database\n" * 100 if make == "text" else "")
+    at = open_page(db)
+    assert at.error, "the page says it cannot read the file"
+    msg = at.error[0].value
+    assert "held by another process" not in msg and "not a DuckDB database" in msg, msg
