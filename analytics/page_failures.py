@@ -102,7 +102,7 @@ def drill_down(failure_id: str) -> None:
     """Everything that explains one failure."""
     f = fetch(queries.failure_detail, failure_id)
     if f is None:
-        st.warning(f"No failure {failure_id!r} in the database.")
+        st.warning(f"No failure {md(failure_id)} in the database.")
         return
     st.header(f"{md(f['instance_id'])} · {md(f['stage'])} · {md(f['outcome'])}")
     st.code(f["instance_id"], language=None)  # the id, with a copy button

@@ -59,10 +59,14 @@ def test_ten_thousand_character_lines_are_cut_in_prose(hostile_db, open_page, pa
     assert any("more characters" in t for t in texts)
 
 
-def test_a_link_to_an_unknown_instance_says_so(arrow_db, open_page):
+@pytest.mark.parametrize("page,param", [("instance", "instance"), ("failures", "failure")])
+def test_a_link_to_an_unknown_id_says_so_literally(arrow_db, open_page, page, param):
+    """A link typed or pasted wrong: the page names the id it did not find, its signs not taken as Markdown."""
     db, _ = arrow_db
-    at = open_page(db, "instance", instance="i-nope'%")
-    assert [w.value for w in at.warning if "i-nope'%" in w.value], "the unknown id is named"
+    at = open_page(db, page, **{param: "i-nope'%-$a$-*b*"})
+    named = [w.value for w in at.warning if "i-nope'%" in w.value]
+    assert named, [w.value for w in at.warning]
+    assert _unescaped(named, r"\$") == [] and _unescaped(named, r"\*b\*") == [], named
 
 
 def test_an_instance_known_only_from_the_manager(manager_only_db, open_page):
