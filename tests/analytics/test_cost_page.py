@@ -29,16 +29,8 @@ def test_cost_page_shows_paid_lost_and_what_to_avoid(money_db, open_page):
     assert by_gpu.set_index("gpu_model").loc["NVIDIA GeForce RTX 4090", "failed_instances"] == 2
 
 
-def test_cost_page_without_instances_says_so(open_page, tmp_path):
-    import duckdb
-
-    db = tmp_path / "empty.duckdb"
-    src = duckdb.connect(str(db))
-    from flightrec.consumers.store import schema_sql
-
-    src.execute(schema_sql())
-    src.close()
-    at = open_page(db, "cost")
+def test_cost_page_without_instances_says_so(open_page, empty_db):
+    at = open_page(empty_db, "cost")
     assert [i.value for i in at.info] == ["No instances yet."]
 
 
