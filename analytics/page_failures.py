@@ -11,6 +11,7 @@ from flightrec.analytics.ui import (
     REFRESH_S,
     bucket_unit,
     collapse,
+    cut_line,
     fetch,
     fmt_num,
     md,
@@ -92,8 +93,9 @@ def tail_block(title: str, lines: list[str] | None, matched: str | None) -> None
     shown, cut = collapse(list(lines), matched)
     if shown != list(lines):
         st.caption("▶ the matched line" + (f"; {len(shown)} of {len(lines)} lines around it" if cut else ""))
-    st.code("\n".join(shown), language=None, wrap_lines=True)
-    if cut:
+    short = [cut_line(line) for line in shown]
+    st.code("\n".join(short), language=None, wrap_lines=True)
+    if cut or short != shown:
         with st.expander(f"All {len(lines)} lines"):
             st.code("\n".join(lines), language=None, wrap_lines=True)
 

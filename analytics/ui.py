@@ -219,6 +219,15 @@ CONTEXT_LINES = 10  # lines kept on each side of the matched line when a tail is
 MARK = "▶ "
 
 
+TAIL_LINE_CHARS = 1000  # a tail's block cuts each line here (its "All N lines" expander shows it whole)
+
+
+def cut_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
+    """One log line as a tail block shows it: cut at ``limit`` characters, saying how many more there are."""
+    more = len(line) - limit
+    return line if more <= 0 else f"{line[:limit]}… ({more:,} more characters)"
+
+
 def collapse(lines: list[str], matched: str | None, context: int = CONTEXT_LINES) -> tuple[list[str], bool]:
     """A tail as shown: the matched line marked with ▶, and only ``context`` lines around it when longer.
 

@@ -132,3 +132,12 @@ def test_a_path_that_is_no_database_says_so(tmp_path, open_page, make):
     assert at.error, "the page says it cannot read the file"
     msg = at.error[0].value
     assert "held by another process" not in msg and "not a DuckDB database" in msg, msg
+
+
+def test_a_ten_thousand_character_line_in_a_tail_is_cut_with_the_whole_below(hostile_db, open_page):
+    """A tail's block stays readable (each line cut, saying so); the "All N lines" expander holds it whole."""
+    db, ids = hostile_db
+    at = open_page(db, "failures", failure=ids["failure"])
+    stderr = next(c.value for c in at.code if "ünïcødé" in c.value and "more characters" in c.value)
+    assert max(len(line) for line in stderr.splitlines()) < 1_200
+    assert any(len(c.value) > 10_000 and "ünïcødé" in c.value for c in at.code), "the whole tail is there too"
