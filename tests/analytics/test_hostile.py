@@ -85,7 +85,7 @@ def test_fleet_of_an_empty_database_says_what_to_do(empty_db, open_page):
     assert any("flightrec materialize" in i.value for i in at.info), [i.value for i in at.info]
 
 
-def test_a_time_range_with_no_rows_says_so_on_every_page(arrow_db, open_page, monkeypatch):
+def test_a_time_range_with_no_rows_says_so_on_every_page(arrow_db, open_page):
     """The test data is from 2025: in the last 15 minutes nothing happened."""
     db, _ = arrow_db
     at = open_page(db)
