@@ -110,6 +110,8 @@ def per_failure() -> None:
 def render() -> None:
     """The Cost page."""
     st.title("Cost")
+    st.caption("All time: the sidebar's time range does not apply here (an instance's cost runs over its whole "
+               "rental). See docs/cost.md for how each figure is computed.")
     headline()
     avoid_these()
     breakdowns()

@@ -7,11 +7,14 @@ import streamlit as st
 
 from flightrec.analytics import queries
 from flightrec.analytics.ui import (
+    HINT_CHARS,
     REFRESH_S,
     bucket_unit,
     collapse,
+    cut_line,
     fetch,
     fmt_num,
+    md,
     rows_height,
     page_link_url,
     query_param,
@@ -83,15 +86,16 @@ def listing(classes: list[str], gpus: list[str], since: int | None) -> str | Non
 
 def tail_block(title: str, lines: list[str] | None, matched: str | None) -> None:
     """One tail as a code block: the matched line marked ▶, a long tail collapsed around it (all of it below)."""
-    st.markdown(f"**{title}**")
+    st.markdown(f"**{md(title)}**")
     if not lines:
         st.caption("(empty)")
         return
     shown, cut = collapse(list(lines), matched)
     if shown != list(lines):
         st.caption("▶ the matched line" + (f"; {len(shown)} of {len(lines)} lines around it" if cut else ""))
-    st.code("\n".join(shown), language=None, wrap_lines=True)
-    if cut:
+    short = [cut_line(line) for line in shown]
+    st.code("\n".join(short), language=None, wrap_lines=True)
+    if cut or short != shown:
         with st.expander(f"All {len(lines)} lines"):
             st.code("\n".join(lines), language=None, wrap_lines=True)
 
@@ -100,13 +104,13 @@ def drill_down(failure_id: str) -> None:
     """Everything that explains one failure."""
     f = fetch(queries.failure_detail, failure_id)
     if f is None:
-        st.warning(f"No failure {failure_id!r} in the database.")
+        st.warning(f"No failure {md(failure_id)} in the database.")
         return
-    st.header(f"{f['instance_id']} · {f['stage']} · {f['outcome']}")
+    st.header(f"{md(f['instance_id'])} · {md(f['stage'])} · {md(f['outcome'])}")
     st.code(f["instance_id"], language=None)  # the id, with a copy button
     st.page_link("page_instance.py", label="open the instance", icon=":material/memory:",
                  query_params={"instance": f["instance_id"]})
-    st.caption(f"failed at {f['failed_at']} UTC · failure id `{failure_id}`")
+    st.caption(f"failed at {f['failed_at']} UTC · failure id {md(failure_id)}")
     tails_text = list(f["stderr_tail"] or []) + [line for ft in f["file_tails"] or [] for line in ft.get("lines") or []]
     name, where = signal_of(f["signal"], f["signal_name"], f["exit_code"],
                             ([f["matched_line"]] if f["matched_line"] else []) + tails_text)
@@ -115,21 +119,21 @@ def drill_down(failure_id: str) -> None:
     cols[1].metric("Exit code", "—" if f["exit_code"] is None else str(f["exit_code"]))
     cols[2].metric("Signal", name or "—", help=where or "no signal: the command exited by itself")
     # The GPU's full name (a metric would cut it).
-    st.markdown(f"**GPU** {f['gpu_model'] or 'unknown'} · compute capability {f['compute_capability'] or '?'}")
+    st.markdown(f"**GPU** {md(f['gpu_model'] or 'unknown')} · compute capability {md(f['compute_capability'] or '?')}")
     if f["hint"]:
-        st.info(f"**Hint:** {f['hint']}")
+        st.info(f"**Hint:** {md(f['hint'], HINT_CHARS)}")
     if f["matched_line"]:
         st.markdown("**Matched line**")
         st.code(f["matched_line"], language=None, wrap_lines=True)
-    facts = (f"driver {f['driver_version'] or '?'} · CUDA {f['cuda_version'] or '?'} · "
-             f"compute capability {f['compute_capability'] or '?'} · host {f['host'] or '?'}")
+    facts = (f"driver {md(f['driver_version'] or '?')} · CUDA {md(f['cuda_version'] or '?')} · "
+             f"compute capability {md(f['compute_capability'] or '?')} · host {md(f['host'] or '?')}")
     if f["proofs_per_hour"] is not None:
         facts += f" · {fmt_num(f['proofs_per_hour'])} proofs/hour against a minimum of {fmt_num(f['min_rate'])}"
     st.caption(facts)
     if f["start_error"]:
-        st.error(f"The command did not start: {f['start_error']}")
+        st.error(f"The command did not start: {md(f['start_error'])}")
     if f["detail"]:
-        st.caption(f"Detail: {f['detail']}")
+        st.caption(f"Detail: {md(f['detail'])}")
 
     tails: list[tuple[str, list[str] | None]] = [("stderr", f["stderr_tail"])]
     for ft in f["file_tails"] or []:
@@ -139,7 +143,7 @@ def drill_down(failure_id: str) -> None:
         tails.append(("stdout", f["stdout_tail"]))
     files = [ft["path"] for ft in f["file_tails"] or [] if short_source(ft["path"]) != ft["path"]]
     if files:
-        st.caption("Files: " + " · ".join(f"{short_source(p)} = {p}" for p in files))
+        st.caption("Files: " + " · ".join(f"{md(short_source(p))} = {md(p)}" for p in files))
     for col, (title, lines) in zip(st.columns(len(tails)), tails):
         with col:
             tail_block(title, lines, f["matched_line"])

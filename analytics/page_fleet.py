@@ -6,8 +6,9 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.ui import REFRESH_S, fetch, rows_height, since_us, table_height
+from flightrec.analytics.ui import REFRESH_S, fetch, md, rows_height, since_us, table_height
 
+SILENT_SHOWN = 10  # ids named in the "known only from the manager" note
 COUNT_AXIS = {"tickMinStep": 1, "format": "d"}  # counts of instances: whole numbers on the axis
 
 
@@ -29,12 +30,23 @@ def attention(since: int | None) -> None:
     st.markdown("**Needs attention** (most recent first)")
     for r in rows:
         c1, c2, c3 = st.columns([5, 1, 1])
-        c1.markdown(f"`{r['status']}` **{r['instance_id']}** · {r['failure_class'] or ''} · {r['status_detail'] or ''}")
+        c1.markdown(f"`{r['status']}` **{md(r['instance_id'])}** · {md(r['failure_class'])} · "
+                    f"{md(r['status_detail'])}")
         if r["failure_id"]:
             c2.page_link("page_failures.py", label="failure", icon=":material/error:",
                          query_params={"failure": r["failure_id"]})
         c3.page_link("page_instance.py", label="instance", icon=":material/memory:",
                      query_params={"instance": r["instance_id"]})
+
+
+def silent(since: int | None) -> None:
+    """Instances the manager rented whose agent never spoke: paid for, and in no other table."""
+    rows = fetch(queries.manager_only_instances, since_us=since).to_pylist()
+    if rows:
+        shown = ", ".join(md(r["instance_id"]) for r in rows[:SILENT_SHOWN])
+        more = f" and {len(rows) - SILENT_SHOWN:,} more" if len(rows) > SILENT_SHOWN else ""
+        st.info(f"{len(rows):,} instance(s) known only from the manager's events (rented, no event from their "
+                f"agent yet): {shown}{more}. Open one on the Instance page with its id.")
 
 
 def overview() -> None:
@@ -48,6 +60,14 @@ def overview() -> None:
     cols[3].metric("Evidence incomplete", f"{counts['incomplete']:,}")
     cols[4].metric("Benchmark passed", f"{counts['passed']:,}")
     cols[5].metric("Lost or destroyed", f"{counts['gone']:,}")
+    silent(since)
+    if not counts["instances"]:
+        if since is not None and fetch(queries.instance_ids):
+            st.info("No instances heard from in this time range (sidebar): widen it to see older ones.")
+        else:
+            st.info("No instances yet: run `flightrec materialize` against the broker the agents publish to "
+                    "(`flightrec agent run …` on each instance), or try `flightrec demo`.")
+        return
 
     left, right = st.columns(2)
     by_state = fetch(queries.fleet_by, "status", since_us=since)

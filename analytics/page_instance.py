@@ -7,11 +7,14 @@ import streamlit as st
 
 from flightrec.analytics import queries
 from flightrec.analytics.ui import (
+    HINT_CHARS,
     REFRESH_S,
     fetch,
     rows_height,
-    fmt_money,
     fmt_num,
+    md,
+    md_code_block,
+    md_money,
     query_param,
     remember_in_url,
     short_source,
@@ -33,8 +36,16 @@ def pick_instance() -> str | None:
     """The instance to show: from ?instance=ID, else the selectbox (newest activity first, within the time range)."""
     ids = fetch(queries.instance_ids, since_us=since_us())
     wanted = query_param("instance")
-    if wanted and wanted not in ids and fetch(queries.instance_facts, wanted).num_rows:
-        ids = [wanted, *ids]  # linked to one outside the time range: still show it
+    if wanted and wanted not in ids:
+        if fetch(queries.fleet_row, wanted).num_rows:
+            ids = [wanted, *ids]  # linked to one outside the time range: still show it
+        elif fetch(queries.instance_manager_events, wanted).num_rows:
+            st.info(f"{md(wanted)} is known only from the manager's events: its agent has sent nothing yet "
+                    "(still booting, or the agent never started: look at the machine).")
+            manager_events(wanted)
+            return None
+        else:
+            st.warning(f"No instance {md(wanted)} in the database" + ("; showing the newest one." if ids else "."))
     if not ids:
         st.info("No instances heard from in this time range (sidebar). Widen it, or start `flightrec materialize` "
                 "and an agent.")
@@ -46,28 +57,29 @@ def pick_instance() -> str | None:
 
 def facts(instance_id: str) -> dict | None:
     """Headline facts of the instance."""
-    rows = fetch(queries.instance_facts, instance_id).to_pylist()
+    rows = fetch(queries.fleet_row, instance_id).to_pylist()
     if not rows:
         st.warning(f"No instance {instance_id!r} in the database.")
         return None
     f = rows[0]
     st.code(instance_id, language=None)  # the id, with a copy button
     cols = st.columns(5)
-    cols[0].metric("Status", f"{f['status'] or '—'}", help=f"{f['status_detail'] or ''} (state: {f['state']})")
+    cols[0].metric("Status", f"{f['status'] or '—'}", help=f"{md(f['status_detail'])} (state: {md(f['state'])})")
     cols[1].metric("Stage", f["stage"] or "—", help=f"its last lifecycle state: {f['state']}")
     cols[2].metric("Proofs/hour", fmt_num(f["proofs_per_hour"]), help=f"minimum rate {fmt_num(f['min_rate'])}")
     cols[3].metric("Verdict", f["verdict"] or "—")
     cols[4].metric("Failures", f"{f['failures']}")
     evidence = "complete" if f["complete"] else f"incomplete ({f['incomplete_reason'] or 'not sealed'})"
     st.caption(
-        f"GPU **{f['gpu_model'] or 'unknown'}** ×{f['gpu_count'] or '?'} · compute {f['compute_capability'] or '?'} · "
-        f"driver {f['driver_version'] or '?'} · CUDA {f['cuda_version'] or '?'} · host {f['host'] or '?'} · "
-        f"{fmt_money(f['price_per_hour'], 2)}/hour · cost/proof {fmt_money(f['cost_per_proof'])} · "
+        f"GPU **{md(f['gpu_model'] or 'unknown')}** ×{f['gpu_count'] or '?'} · "
+        f"compute {md(f['compute_capability'] or '?')} · driver {md(f['driver_version'] or '?')} · "
+        f"CUDA {md(f['cuda_version'] or '?')} · host {md(f['host'] or '?')} · "
+        f"{md_money(f['price_per_hour'], 2)}/hour · cost/proof {md_money(f['cost_per_proof'])} · "
         f"first seen {f['first_seen']} · last seen {f['last_seen']} · evidence {evidence}")
     if f["detail"]:
-        st.caption(f"Latest detail: {f['detail']}")
+        st.caption(f"Latest detail: {md(f['detail'])}")
     if f.get("status"):
-        STATUS_BANNER.get(f["status"], st.info)(f"Status **{f['status']}**: {f['status_detail'] or ''}")
+        STATUS_BANNER.get(f["status"], st.info)(f"Status **{md(f['status'])}**: {md(f['status_detail'])}")
     return f
 
 
@@ -132,13 +144,13 @@ def failures(instance_id: str) -> list[dict]:
     rows = fetch(queries.instance_failures, instance_id).to_pylist()
     if rows:
         latest = rows[0]  # the decisive line, above the fold
-        st.error(f"**{latest['stage']}** failed: `{latest['failure_class']}`"
-                 + (f"\n\n```\n{latest['matched_line']}\n```" if latest["matched_line"] else ""))
+        st.error(f"**{md(latest['stage'])}** failed: {md(latest['failure_class'])}"
+                 + (f"\n\n{md_code_block(latest['matched_line'])}" if latest["matched_line"] else ""))
         st.subheader("Failures")
         for r in rows:
-            st.markdown(f"- **{r['stage']}** {r['outcome']} at {r['failed_at']} — `{r['failure_class']}`: "
-                        f"{r['hint'] or ''}")
-            st.page_link("page_failures.py", label=f"drill down: {r['stage']} {r['failure_class']}",
+            st.markdown(f"- **{md(r['stage'])}** {md(r['outcome'])} at {r['failed_at']} — "
+                        f"{md(r['failure_class'])}: {md(r['hint'], HINT_CHARS)}")
+            st.page_link("page_failures.py", label=f"drill down: {md(r['stage'])} {md(r['failure_class'])}",
                          icon=":material/search:", query_params={"failure": r["failure_id"]})
     return rows
 
@@ -182,7 +194,7 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     st.caption(f"{total:,} matching lines; showing the last {lines.num_rows:,}{where} ({order}).")
     files = [s for s in all_sources if short_source(s) != s]
     if files:
-        st.caption("Sources: " + " · ".join(f"{short_source(s)} = {s}" for s in files))
+        st.caption("Sources: " + " · ".join(f"{md(short_source(s))} = {md(s)}" for s in files))
     frame = lines.select(["ts", "stage", "source", "line_no", "late", "text"]).to_pandas()
     frame["source"] = [short_source(s) for s in frame["source"]]
     st.dataframe(frame, hide_index=True, width="stretch", height=table_height(len(frame), 420),

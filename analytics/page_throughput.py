@@ -25,6 +25,9 @@ def by_gpu(gpus: list[str], since: int | None) -> pd.DataFrame:
     })
     rates = fetch(queries.instance_rates, gpu_models=gpus, since_us=since)
     frame = rates.to_pandas()
+    if frame.empty:
+        st.info("No instance measured in this time range (sidebar) for these GPU models: widen it.")
+        return frame
     points = frame.sample(MAX_POINTS, random_state=0) if len(frame) > MAX_POINTS else frame
     dots = alt.Chart(points).mark_tick(thickness=2).encode(
         x=alt.X("proofs_per_hour:Q", title="proofs/hour (latest per instance)"),
@@ -62,7 +65,7 @@ def over_time(gpus: list[str], since: int | None) -> None:
     unit = bucket_unit(span["first_us"], span["last_us"])
     series = fetch(queries.throughput_over_time, gpu_models=gpus, since_us=since, unit=unit)
     if not series.num_rows:
-        st.caption("No measured samples.")
+        st.caption("No measured samples in this time range.")
         return
     fmt = "%H:%M" if unit == "minute" else "%m-%d %H:%M" if unit == "hour" else "%Y-%m-%d"
     st.altair_chart(alt.Chart(series.to_pandas(), title=f"Median proofs/hour per {unit}").mark_line(point=True).encode(
@@ -78,7 +81,8 @@ def render() -> None:
     gpus = st.multiselect("GPU model", options["gpu_models"] or [], key="throughput_gpus")
     since = since_us()
     frame = by_gpu(gpus, since)
-    per_instance(frame)
+    if not frame.empty:
+        per_instance(frame)
     over_time(gpus, since)
 
 

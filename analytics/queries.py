@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flightrec.analytics.views import VIEWS, ts
+from flightrec.analytics.views import ALL_VIEWS, VIEWS, prelude_for, ts
 from flightrec.query import run_query
 
 log = logging.getLogger(__name__)
@@ -134,9 +135,6 @@ def fleet_row(db: Db, instance_id: str) -> pa.Table:
     return q(db, "SELECT * FROM fleet WHERE instance_id = $id", {"id": instance_id})
 
 
-instance_facts = fleet_row  # the old name (it never returned the instance_facts table)
-
-
 def instance_stages(db: Db, instance_id: str) -> pa.Table:
     """Its stage runs for the timeline; an unfinished run ends at the instance's last event."""
     return q(db, f"""
@@ -159,6 +157,17 @@ def instance_manager_events(db: Db, instance_id: str) -> pa.Table:
         SELECT make_timestamp(ts_us) AS at, kind, source_id AS source, detail,
                CAST(attributes AS VARCHAR) AS attributes
         FROM manager_events WHERE instance_id = $id ORDER BY ts_us, seq""", {"id": instance_id})
+
+
+def manager_only_instances(db: Db, since_us: int | None = None) -> pa.Table:
+    """Instances the manager rented (and did not give back) whose agent never sent an event: paid for, silent."""
+    return q(db, """
+        SELECT instance_id, make_timestamp(min(ts_us)) AS first_manager_event
+        FROM manager_events m
+        WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = m.instance_id)
+        GROUP BY instance_id
+        HAVING NOT bool_or(kind IN ('destroyed', 'released')) AND ($since IS NULL OR max(ts_us) >= $since)
+        ORDER BY min(ts_us) DESC, instance_id""", {"since": since_us})
 
 
 def instance_exits(db: Db, instance_id: str) -> pa.Table:
@@ -376,6 +385,9 @@ EXAMPLES: dict[str, str] = {
 }
 
 
+_PRAGMA = re.compile(r"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*pragma\b", re.IGNORECASE | re.DOTALL)
+
+
 def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Table, bool]:
     """Run the console's read-only SQL; return at most ``max_rows`` rows and whether it was cut.
 
@@ -389,20 +401,22 @@ def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Tabl
     import duckdb
 
     kind = duckdb.extract_statements(text)[0].type.name
-    if kind == "SELECT":
-        t = q(db, f"SELECT * FROM (\n{text}\n) LIMIT {int(max_rows) + 1}")
+    prelude = prelude_for(text)  # every shared view it names, the money ones too
+    pragma = _PRAGMA.match(text) is not None  # DuckDB parses `PRAGMA show_tables` as a SELECT: no subquery
+    if kind == "SELECT" and not pragma:
+        t = run_query(db, f"SELECT * FROM (\n{text}\n) LIMIT {int(max_rows) + 1}", prelude=prelude)
     else:
-        t = q(db, text)
+        t = run_query(db, text, prelude=prelude)
     cut = t.num_rows > max_rows
     return (t.slice(0, max_rows) if cut else t), cut
 
 
 def catalog(db: Db) -> pa.Table:
-    """Tables and views with their columns, for the console's help."""
-    return q(db, """
-        SELECT table_name AS name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END AS kind,
+    """Tables and views with their columns (every shared view), for the console's help."""
+    return run_query(db, """
+        SELECT DISTINCT table_name AS name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END AS kind,
                (SELECT string_agg(column_name, ', ' ORDER BY ordinal_position)
                 FROM information_schema.columns c
                 WHERE c.table_name = t.table_name AND c.table_schema = t.table_schema) AS columns
         FROM information_schema.tables t
-        WHERE table_schema IN ('main', 'temp') ORDER BY kind, name""")
+        WHERE table_schema IN ('main', 'temp') ORDER BY kind, name""", prelude=ALL_VIEWS)

@@ -108,6 +108,43 @@ def fmt_num(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
+# ---- text from the database inside Markdown ------------------------------------------
+
+HINT_CHARS = 1000  # a failure class's hint (from the rule table) is prose of its own: longer
+MAX_PROSE = 300  # characters of one database value in a banner or caption (the log viewers show it whole)
+# Signs that change Markdown inline (`$…$` is LaTeX in Streamlit; `[` also starts `:red[…]`);
+# `_` only where it can start or end an emphasis (not inside gpu_arch_unsupported).
+_MD_SIGNS = re.compile(r"([\\`*\[\]$<>~|])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_MD_LEAD = re.compile(r"^([#+\-=](?=\s|$)|>|\d+(?=[.)](?:\s|$)))")  # a heading, list or quote
+
+
+def md(text: Any, limit: int = MAX_PROSE) -> str:
+    """A database value shown literally in Markdown: one line, signs escaped, cut to ``limit`` characters."""
+    if text is None:
+        return ""
+    one = " ".join(str(text).split())
+    more = len(one) - limit
+    if more > 0:
+        one = one[:limit]
+    out = _MD_SIGNS.sub(lambda m: "\\" + m.group(0), one)
+    out = _MD_LEAD.sub(lambda m: m.group(0) + "\\" if m.group(0)[0].isdigit() else "\\" + m.group(0), out)
+    return out + (f"… ({more:,} more characters)" if more > 0 else "")
+
+
+def md_code_block(text: str | None, limit: int = MAX_PROSE) -> str:
+    """A database value as a fenced code block inside Markdown (a banner): cut to ``limit`` characters."""
+    one = " ".join(str(text or "").split())
+    more = len(one) - limit
+    fence = "~~~" if "```" in one else "```"
+    cut = f"{one[:limit]}" if more > 0 else one
+    return f"{fence}\n{cut}\n{fence}" + (f"\n\n… ({more:,} more characters)" if more > 0 else "")
+
+
+def md_money(value: float | None, digits: int = 4) -> str:
+    """fmt_money for Markdown: the dollar sign escaped (two of them would make a formula)."""
+    return fmt_money(value, digits).replace("$", "\\$")
+
+
 # ---- the time range every page shares -------------------------------------------------
 
 TIME_RANGE_KEY = "time_range"
@@ -180,6 +217,15 @@ def signal_of(signal: int | None, signal_name: str | None, exit_code: int | None
 
 CONTEXT_LINES = 10  # lines kept on each side of the matched line when a tail is collapsed
 MARK = "▶ "
+
+
+TAIL_LINE_CHARS = 1000  # a tail's block cuts each line here (its "All N lines" expander shows it whole)
+
+
+def cut_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
+    """One log line as a tail block shows it: cut at ``limit`` characters, saying how many more there are."""
+    more = len(line) - limit
+    return line if more <= 0 else f"{line[:limit]}… ({more:,} more characters)"
 
 
 def collapse(lines: list[str], matched: str | None, context: int = CONTEXT_LINES) -> tuple[list[str], bool]:

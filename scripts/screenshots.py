@@ -59,7 +59,7 @@ def main() -> int:
             page.set_default_timeout(60_000)
             for name, path in (("fleet", "/"), ("instance", f"/instance?instance={failure['instance_id']}"),
                                ("failures", f"/failures?failure={failure['failure_id']}"),
-                               ("throughput", "/throughput"), ("sql", "/sql")):
+                               ("throughput", "/throughput"), ("cost", "/cost"), ("sql", "/sql")):
                 page.goto(url + path)
                 page.wait_for_selector("[data-testid='stAppViewContainer']")
                 page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")

@@ -109,7 +109,8 @@ def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
                              config={k: v for k, v in READER_CONFIG.items() if k != "lock_configuration"})
     except duckdb.IOException as exc:
         raise QueryError(
-            f"{path} is held by another process and it serves no queries: {exc}", ) from exc
+            f"{path} is held by another process and it serves no queries: {exc}" if "lock" in str(exc).lower()
+            else f"{path} is not a DuckDB database flightrec can read (check --db): {exc}") from exc
     try:  # another open connection of this process to the file shares its instance, already set and locked
         locked, zone = con.execute("SELECT current_setting('lock_configuration'), "
                                    "current_setting('TimeZone')").fetchone()  # type: ignore[misc]

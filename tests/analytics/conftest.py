@@ -14,7 +14,19 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/analytics only, for dashdata
 
-from dashdata import NO_KERNEL, SEGV, build_arrow_db, commit, first_failure_id, segv_boot  # noqa: E402
+from dashdata import (  # noqa: E402
+    BASE_US,
+    HOSTILE,
+    NO_KERNEL,
+    SEGV,
+    build_arrow_db,
+    commit,
+    first_failure_id,
+    hostile_boot,
+    manager_events,
+    money_boots,
+    segv_boot,
+)
 
 
 @pytest.fixture(scope="session")
@@ -139,66 +151,39 @@ def open_page(monkeypatch: pytest.MonkeyPatch):
 
 
 
-# The money fixture below still writes its rows as Arrow batches straight into the tables.
-import importlib.resources  # noqa: E402
-
-import pyarrow as pa  # noqa: E402
-
-from dashdata import BASE_US  # noqa: E402
-
-
-def schema_sql() -> str:
-    """The materialized tables' DDL, as shipped in the package."""
-    return importlib.resources.files("flightrec.consumers").joinpath("schema.sql").read_text()
-
-
-def insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]],
-           schema: pa.Schema | None = None) -> None:
-    """Insert rows into a schema.sql table as one Arrow batch (columns by name)."""
-    data = pa.Table.from_pylist(rows, schema=schema)
-    con.register("arrow_rows", data)
-    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM arrow_rows")
-    con.unregister("arrow_rows")
-
-
-HOUR = 3_600_000_000
-
 
 @pytest.fixture(scope="session")
 def money_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three instances with known prices, paid time and failures (the money views' and Cost page's tests)."""
+    """Three instances with known prices, paid time and failures (the money views' and Cost page's tests).
+
+    Folded from events like every other test database; the failures' ids are fa, fb1 and fb2.
+    """
     path = tmp_path_factory.mktemp("money") / "fleet.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute(schema_sql())
-    inst = dict(gpu_count=1, cuda_version="12.8", first_event_us=BASE_US, events=5, complete=True)
-    insert(con, "instances", [
-        # a: the manager rented it at $0.40/h (the facts say 0.50), failed after 1 h, sealed at 2 h
-        dict(inst, instance_id="a", boot_id="ba", gpu_model="NVIDIA GeForce RTX 4090", host="h-a",
-             driver_version="570.86", price_per_hour=0.50, last_event_us=BASE_US + 2 * HOUR, sealed=True, failures=1),
-        # b: facts price $0.50/h, cuda_oom at 0.5 h then below_min_rate at 1 h, destroyed at 3 h (not sealed)
-        dict(inst, instance_id="b", boot_id="bb", gpu_model="NVIDIA GeForce RTX 4090", host="h-b",
-             driver_version="570.86", price_per_hour=0.50, last_event_us=BASE_US + HOUR, sealed=False, failures=2),
-        # c: healthy H100 at $2/h, sealed at 4 h
-        dict(inst, instance_id="c", boot_id="bc", gpu_model="NVIDIA H100 80GB HBM3", host="h-c",
-             driver_version="550.54", price_per_hour=2.0, last_event_us=BASE_US + 4 * HOUR, sealed=True, failures=0),
-    ])
-    insert(con, "manager_events", [
-        dict(event_id="m1", instance_id="a", boot_id="mgr", seq=0, ts_us=BASE_US, source_id="manager@ctl",
-             kind="rented", detail="", attributes=[("price_per_hour", "0.40"), ("host_id", "123")]),
-        dict(event_id="m2", instance_id="b", boot_id="mgr", seq=1, ts_us=BASE_US, source_id="manager@ctl",
-             kind="rented", detail="", attributes=[("host_id", "456")]),
-        dict(event_id="m3", instance_id="b", boot_id="mgr", seq=2, ts_us=BASE_US + 3 * HOUR, source_id="manager@ctl",
-             kind="destroyed", detail="", attributes=[]),
-    ], schema=pa.schema([("event_id", pa.string()), ("instance_id", pa.string()), ("boot_id", pa.string()),
-                         ("seq", pa.int64()), ("ts_us", pa.int64()), ("source_id", pa.string()), ("kind", pa.string()),
-                         ("detail", pa.string()), ("attributes", pa.map_(pa.string(), pa.string()))]))
-    fail = dict(stage="benchmark", stderr_tail=[], stdout_tail=[], file_tails=[], preceding_events=[])
-    insert(con, "failures", [
-        dict(fail, failure_id="fa", instance_id="a", boot_id="ba", ts_us=BASE_US + HOUR,
-             failure_class="gpu_arch_unsupported"),
-        dict(fail, failure_id="fb1", instance_id="b", boot_id="bb", ts_us=BASE_US + HOUR // 2, failure_class="cuda_oom"),
-        dict(fail, failure_id="fb2", instance_id="b", boot_id="bb", ts_us=BASE_US + HOUR,
-             failure_class="below_min_rate"),
-    ])
-    con.close()
+    commit(path, money_boots())
+    return path
+
+
+@pytest.fixture(scope="session")
+def hostile_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One instance whose id and lines carry quotes, %, markdown, LaTeX, unicode and 10,000-character lines."""
+    path = tmp_path_factory.mktemp("hostile") / "fleet.duckdb"
+    commit(path, [hostile_boot()])
+    return path, {"id": HOSTILE, "failure": first_failure_id(path, HOSTILE)}
+
+
+@pytest.fixture(scope="session")
+def manager_only_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database holding only manager events: instance m-1 was rented, its agent never spoke."""
+    path = tmp_path_factory.mktemp("manageronly") / "fleet.duckdb"
+    commit(path, [manager_events("m-1", ("rented", BASE_US, {"price_per_hour": "0.50", "host_id": "9"}))])
+    return path
+
+
+@pytest.fixture(scope="session")
+def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database the materializer created and never wrote a row into."""
+    from flightrec.consumers.store import Store
+
+    path = tmp_path_factory.mktemp("empty") / "fleet.duckdb"
+    Store(path, group="dashboard-tests").close()
     return path

@@ -20,6 +20,7 @@ from flightrec.schemas import (
     InstanceFacts,
     Lifecycle,
     LogBatch,
+    ManagerEvent,
     ProcessExit,
     Sealed,
     Throughput,
@@ -35,15 +36,16 @@ STAGES = ("tunnel", "register", "fetch_params", "benchmark", "supervisor")
 class Boot:
     """One boot of one instance as the agent numbers it (gap-free seq); each event at a time the test chooses."""
 
-    def __init__(self, instance: str, start_us: int = BASE_US) -> None:
-        self.instance, self.boot, self.t = instance, f"boot-{instance}", start_us
+    def __init__(self, instance: str, start_us: int = BASE_US, boot: str | None = None) -> None:
+        self.instance, self.boot, self.t = instance, boot or f"boot-{instance}", start_us
+        self.prefix = boot or instance  # event ids stay unique across the boots of one instance
         self.events: list[Event] = []
 
-    def add(self, cls: type, at_us: int | None = None, **fields: Any) -> Event:
-        """Append one event at ``at_us`` (default: 1 ms after the previous one)."""
+    def add(self, cls: type, at_us: int | None = None, event_id: str | None = None, **fields: Any) -> Event:
+        """Append one event at ``at_us`` (default: 1 ms after the previous one), its id ``event_id`` if given."""
         self.t = self.t + 1000 if at_us is None else at_us
-        ev = cls(event_id=f"{self.instance}-{len(self.events)}", instance_id=self.instance, boot_id=self.boot,
-                 seq=len(self.events), ts_us=self.t, **fields)
+        ev = cls(event_id=event_id or f"{self.prefix}-{len(self.events)}", instance_id=self.instance,
+                 boot_id=self.boot, seq=len(self.events), ts_us=self.t, **fields)
         self.events.append(ev)
         return ev
 
@@ -58,8 +60,8 @@ class Boot:
                       truncated=[False] * n, invalid_utf8=[False] * n)
         return ev
 
-    def seal(self) -> Event:
-        return self.add(Sealed, event_count=len(self.events) + 1, reason="entrypoint ended")
+    def seal(self, at_us: int | None = None) -> Event:
+        return self.add(Sealed, at_us, event_count=len(self.events) + 1, reason="entrypoint ended")
 
 
 def commit(path: Path, boots: list[Boot]) -> None:
@@ -203,3 +205,82 @@ def append_lines(path: Path, instance_id: str, stage: str, texts: list[str], ts_
         store.commit(fold([RawMessage(ev.topic, 0, 10_000 + seq, instance_id.encode(), encode(ev))]))
     finally:
         store.close()
+
+
+HOUR = 60 * MIN
+RTX4090 = "NVIDIA GeForce RTX 4090"
+
+
+def manager_events(instance: str, *events: tuple[str, int, dict[str, str]]) -> Boot:
+    """(kind, at_us, attributes) about ``instance`` as `flightrec manager event` sends them: the manager's own
+    source, boot and seq, never the instance's."""
+    m = Boot(instance, boot=f"manager@ctl/{instance}")
+    for kind, at_us, attributes in events:
+        m.add(ManagerEvent, at_us, source_id="manager@ctl", kind=kind, attributes=attributes)
+    return m
+
+
+def _money_facts(b: Boot, gpu_model: str, host: str, driver: str, price: float) -> None:
+    b.add(InstanceFacts, BASE_US, gpu_model=gpu_model, gpu_count=1, gpu_memory_mib=24564, driver_version=driver,
+          cuda_version="12.8", compute_capability="8.9", host=host, price_per_hour=price)
+
+
+def money_boots() -> list[Boot]:
+    """Three instances with known prices, paid time and failures, from BASE_US on.
+
+    a: rented by the manager at $0.40/h (its facts say $0.50), host id 123; its benchmark fails with
+       no kernel image after 1 h (failure ``fa``); sealed at 2 h.
+    b: rented with host id 456 and no price (the facts' $0.50/h counts); its benchmark runs out of GPU
+       memory at 0.5 h (``fb1``); after a reboot the benchmark is too slow at 1 h (``fb2``); the boot is
+       never sealed, the manager destroys it at 3 h.
+    c: a healthy H100 at $2/h (no manager events), sealed at 4 h.
+    """
+    a = Boot("a", BASE_US)
+    _money_facts(a, RTX4090, "h-a", "570.86", 0.50)
+    a.add(Lifecycle, BASE_US + MIN, stage="benchmark", state="started")
+    a.lines("benchmark", "stderr", [NO_KERNEL], BASE_US + HOUR - MIN)
+    a.add(Lifecycle, BASE_US + HOUR, event_id="fa", stage="benchmark", state="failed",
+          detail="benchmark exited with error")
+    a.seal(BASE_US + 2 * HOUR)
+
+    b1 = Boot("b", BASE_US, boot="boot-b-1")
+    _money_facts(b1, RTX4090, "h-b", "570.86", 0.50)
+    b1.add(Lifecycle, BASE_US + MIN, stage="benchmark", state="started")
+    b1.lines("benchmark", "stderr", ["RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"],
+             BASE_US + HOUR // 2 - MIN)
+    b1.add(Lifecycle, BASE_US + HOUR // 2, event_id="fb1", stage="benchmark", state="failed",
+           detail="benchmark exited with error")
+    b1.seal(BASE_US + HOUR // 2 + MIN)
+    b2 = Boot("b", BASE_US + 40 * MIN, boot="boot-b-2")
+    b2.add(Lifecycle, BASE_US + 40 * MIN, stage="benchmark", state="started")
+    b2.add(BenchmarkResult, BASE_US + HOUR, event_id="fb2", stage="benchmark", backend="cuda", device="gpu0",
+           proofs=10, proofs_per_hour=400.0, min_rate=1000.0, verdict="fail",
+           detail="400.0 proofs/hour < MIN_RATE 1000")
+
+    c = Boot("c", BASE_US)
+    _money_facts(c, "NVIDIA H100 80GB HBM3", "h-c", "550.54", 2.0)
+    t = stages_ok(c, "supervisor", BASE_US + MIN)
+    c.add(Lifecycle, t, stage="supervisor", state="started")
+    c.seal(BASE_US + 4 * HOUR)
+
+    return [a, b1, b2, c,
+            manager_events("a", ("rented", BASE_US, {"price_per_hour": "0.40", "host_id": "123"})),
+            manager_events("b", ("rented", BASE_US, {"host_id": "456"}), ("destroyed", BASE_US + 3 * HOUR, {}))]
+
+
+# An id a hostile or careless operator might use: quotes, %, markdown and LaTeX marks, unicode, a URL's own signs.
+HOSTILE = "i-'q\"-100%_$5-$6-*x*-`t`-[l](u)-日本🚀-a&b=c#d?e/f"
+LONG_LINE = "CUDA error: no kernel image is available for execution on the device " + "x" * 10_000
+PRICED_DETAIL = "paid $1.20/h then $0.50/h <b>not bold</b> **not bold**"
+
+
+def hostile_boot() -> Boot:
+    """One instance whose id, stage detail and log lines would break markup, SQL or URLs if taken raw."""
+    b = Boot(HOSTILE)
+    facts(b, "NVIDIA 'GPU' $9 *9*", "9.0", 1.25)
+    t = stages_ok(b, "benchmark", BASE_US)
+    b.add(Lifecycle, t, stage="benchmark", state="started")
+    b.lines("benchmark", "stderr", ["ünïcødé ✓ \x1b[31mred\x1b[0m", LONG_LINE], t + 1000)
+    b.lines("benchmark", "/tmp/it's 100%/dæmon $1.log", ["y" * 10_000], t + 5_000_000)
+    b.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail=PRICED_DETAIL + " " + "z" * 10_000)
+    return b

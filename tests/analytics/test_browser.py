@@ -174,7 +174,8 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
             assert ids["no_kernel"] in page.url
             shoot(page, "instance", shots)
 
-            for path, heading, name in (("throughput", "Throughput", "throughput"), ("sql", "SQL", "sql")):
+            for path, heading, name in (("throughput", "Throughput", "throughput"), ("cost", "Cost", "cost"),
+                                        ("sql", "SQL", "sql")):
                 page.goto(f"{dashboard}/{path}")
                 settle(page)
                 expect(page.get_by_role("heading", name=heading, exact=True)).to_be_visible()
@@ -183,5 +184,5 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
         finally:
             browser.close()
     assert sorted(p.name for p in shots.glob("*.png")) == [
-        "failures.png", "fleet.png", "instance.png", "sql.png", "throughput.png"]
+        "cost.png", "failures.png", "fleet.png", "instance.png", "sql.png", "throughput.png"]
     # docs/screenshots/ are made from the demo's richer database by scripts/screenshots.py.

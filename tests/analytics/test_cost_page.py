@@ -22,21 +22,28 @@ def test_cost_page_shows_paid_lost_and_what_to_avoid(money_db, open_page):
                                           "host_id!=456"}
     by_class = next(f for f in frames if list(f.columns[:2]) == ["failure_class", "instances"])
     assert dict(zip(by_class["failure_class"], by_class["dollars_lost"].round(2))) == {
-        "gpu_arch_unsupported": 0.40, "cuda_oom": 0.25}
+        "gpu_arch_unsupported": 0.40, "cuda_out_of_memory": 0.25}
     per_failure = next(f for f in frames if "dollars_before_failure" in f.columns)
     assert len(per_failure) == 3 and per_failure["open"].str.contains("failure=fb2").any()
     by_gpu = next(f for f in frames if "gpu_model" in f.columns and "failure_rate" in f.columns)
     assert by_gpu.set_index("gpu_model").loc["NVIDIA GeForce RTX 4090", "failed_instances"] == 2
 
 
-def test_cost_page_without_instances_says_so(open_page, tmp_path):
-    import duckdb
-
-    db = tmp_path / "empty.duckdb"
-    src = duckdb.connect(str(db))
-    from flightrec.consumers.store import schema_sql
-
-    src.execute(schema_sql())
-    src.close()
-    at = open_page(db, "cost")
+def test_cost_page_without_instances_says_so(open_page, empty_db):
+    at = open_page(empty_db, "cost")
     assert [i.value for i in at.info] == ["No instances yet."]
+
+
+def test_sql_console_sees_the_money_views_too(money_db, open_page):
+    """The console runs every shared view, not only the pages' ones, and lists them all in its help."""
+    at = open_page(money_db, "sql")
+    next(t for t in at.text_area).input("SELECT offer_filter FROM avoid_filter").run()
+    assert not at.error, at.error[0].value
+    assert list(at.dataframe[0].value["offer_filter"]) == [
+        "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"]
+    next(t for t in at.text_area).input("SELECT failure_id FROM failure_cost ORDER BY failure_id").run()
+    assert list(at.dataframe[0].value["failure_id"]) == ["fa", "fb1", "fb2"]
+    from flightrec.analytics.views import ALL_VIEW_NAMES
+
+    listed = set(at.dataframe[-1].value["name"])
+    assert set(ALL_VIEW_NAMES) <= listed, set(ALL_VIEW_NAMES) - listed

@@ -34,9 +34,9 @@ def test_stage_runs_pair_starts_with_outcomes(arrow_db):
 
 def test_cost_per_proof_is_price_over_rate(arrow_db):
     db, ids = arrow_db
-    row = queries.instance_facts(db, ids["ok"]).to_pylist()[0]
+    row = queries.fleet_row(db, ids["ok"]).to_pylist()[0]
     assert row["cost_per_proof"] == pytest.approx(2.49 / 1500)
-    zero = queries.instance_facts(db, ids["no_kernel"]).to_pylist()[0]
+    zero = queries.fleet_row(db, ids["no_kernel"]).to_pylist()[0]
     assert zero["cost_per_proof"] is None  # 0 proofs/hour: no cost per proof rather than a division error
 
 
@@ -94,9 +94,9 @@ def test_what_each_instance_and_failure_cost(money_db):
 
 def test_dollars_by_class_gpu_and_host_count_each_instance_once(money_db):
     by_class = {r["failure_class"]: r for r in _rows(money_db, "FROM cost_by_class")}
-    assert set(by_class) == {"gpu_arch_unsupported", "cuda_oom"}  # b's later below_min_rate is not counted again
+    assert set(by_class) == {"gpu_arch_unsupported", "cuda_out_of_memory"}  # not b's later below_min_rate
     assert by_class["gpu_arch_unsupported"]["dollars_lost"] == pytest.approx(0.40)
-    assert by_class["cuda_oom"]["dollars_lost"] == pytest.approx(0.25)
+    assert by_class["cuda_out_of_memory"]["dollars_lost"] == pytest.approx(0.25)
     by_gpu = {r["gpu_model"]: r for r in _rows(money_db, "FROM cost_by_gpu")}
     rtx = by_gpu["NVIDIA GeForce RTX 4090"]
     assert (rtx["instances"], rtx["failed_instances"], rtx["failure_rate"]) == (2, 2, 1.0)
