@@ -30,7 +30,7 @@ class Claim:
 
 def claim_path(spool_dir: Path, boot_id: str, path: str) -> Path:
     """The claim file of one followed path in one boot."""
-    key = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:20]
+    key = hashlib.sha256(os.fsencode(os.path.abspath(path))).hexdigest()[:20]
     return Path(spool_dir) / f"follow-claim-{boot_id}-{key}"
 
 
