@@ -52,4 +52,4 @@ def test_the_instance_row_of_the_fleet_view_is_named_for_what_it_is(tmp_path: Pa
     b, db = _db(tmp_path)
     row = queries.fleet_row(db, b.instance).to_pylist()
     assert row[0]["instance_id"] == b.instance and "status" in row[0]
-    assert queries.instance_facts is queries.fleet_row  # the old name, kept for callers not yet moved
+    assert not hasattr(queries, "instance_facts")  # every caller moved; the misleading name is gone
