@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -20,23 +19,12 @@ from pathlib import Path
 from flightrec.broker.secure import SECURITIES, Secure
 from flightrec.broker.topics import answers_metadata, ensure_topics
 from flightrec.errors import BrokerError
+from flightrec.localservice import LOG_TAIL_LINES, free_port, log_tail, pid_alive, port_free  # noqa: F401 - free_port: tests import it from here
 from flightrec.settings import Settings
 
 _POM = resources.files("flightrec.broker") / "pom.xml"
 KAFKA_VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
 SLF4J_VERSION = re.search(r"<slf4j.version>([^<]+)</slf4j.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
-LOG_TAIL_LINES = 40
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 _START_MARK = "=== flightrec starting Kafka"
@@ -116,32 +104,6 @@ def fetch_kafka(settings: Settings | None = None, quiet: bool = True) -> Path:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:])
         raise BrokerError(f"Maven could not fetch Kafka {KAFKA_VERSION} (exit {proc.returncode}); is Maven Central reachable?", tail)
     return libs
-
-
-def _port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def _cmdline(pid: int) -> str:
@@ -227,7 +189,7 @@ class LocalBroker:
             pid = int(self._pid_path.read_text().strip())
         except (OSError, ValueError):
             return None
-        if _alive(pid) and str(self.data) in _cmdline(pid):
+        if pid_alive(pid) and str(self.data) in _cmdline(pid):
             return pid
         return None
 
@@ -245,7 +207,7 @@ class LocalBroker:
         path = self.data / "controller.port"
         try:
             port = int(path.read_text())
-            if _port_free(port):
+            if port_free(port):
                 return port
         except (OSError, ValueError):
             pass
@@ -331,7 +293,7 @@ class LocalBroker:
                 self._ensure_topics()
                 return self._started(f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})")
         java = check_java()
-        if not _port_free(self.port):
+        if not port_free(self.port):
             raise BrokerError(f"port {self.port} is in use by another process; choose another with --port")
         libs = fetch_kafka(self.settings)
         config = self._write_config()
@@ -347,7 +309,7 @@ class LocalBroker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                tail = _tail(self.log_path, 400)
+                tail = log_tail(self.log_path, 400)
                 cause = log_cause(tail)
                 raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting"
                                   + (f": {cause}" if cause else " (its log names no cause)"),
@@ -358,7 +320,7 @@ class LocalBroker:
                                      f"data {self.data})")
             time.sleep(0.3)
         self.stop()
-        tail = _tail(self.log_path, 400)
+        tail = log_tail(self.log_path, 400)
         cause = log_cause(tail)
         raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s"
                           + (f"; its log says: {cause}" if cause else ""), "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
@@ -388,4 +350,4 @@ class LocalBroker:
     def _still_running(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
             return self._proc.poll() is None
-        return _alive(pid)
+        return pid_alive(pid)

@@ -9,7 +9,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.errors import CatalogError
+from flightrec.localservice import LOG_TAIL_LINES, log_tail, pid_alive, port_free
 from flightrec.settings import Settings
 
 DEFAULT_PORT = 5432
@@ -25,21 +25,9 @@ READER = "flightrec_reader"  # a role that can only read (pg_read_all_data): the
 DATABASE = "flightrec"       # the database `start` creates and names in its --db string
 SERVICE_USER = "postgres"    # PostgreSQL refuses to run as root: when root, it runs as this user
 MAX_CONNECTIONS = 200        # every materializer and reader holds a few catalog connections
-LOG_TAIL_LINES = 40
 DEBIAN_GLOB = "/usr/lib/postgresql/*/bin"
 _START_MARK = "=== flightrec starting PostgreSQL"
 _INSTALL_HINT = "install it: apt-get install postgresql (Debian/Ubuntu; it provides /usr/lib/postgresql/*/bin)"
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 _LOG_CAUSE = re.compile(r"\b(FATAL|PANIC|ERROR):\s+(.*)$")
@@ -80,26 +68,6 @@ def find_bin_dir(path: str | None = None, debian_glob: str = DEBIAN_GLOB) -> Pat
             return folder
     raise CatalogError(f"PostgreSQL not found (no initdb/pg_ctl/postgres/psql on PATH or in "
                        f"/usr/lib/postgresql/*/bin): {_INSTALL_HINT}")
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Nothing listens on ``host:port`` (a bind succeeds)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def db_string(port: int, database: str = DATABASE, host: str = "127.0.0.1", user: str = SUPERUSER) -> str:
@@ -197,7 +165,7 @@ class LocalCatalog:
             pid = int((self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0].strip())
         except (OSError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if pid_alive(pid) else None
 
     def _answers(self, bin_dir: Path | None = None) -> bool:
         try:
@@ -281,7 +249,7 @@ class LocalCatalog:
                                "start"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
                               start_new_session=True, **run_as)
         if proc.returncode != 0 or not self._answers(bin_dir):
-            tail = _tail(self.log_path, 400)
+            tail = log_tail(self.log_path, 400)
             cause = log_cause(tail) or (proc.stderr.strip().splitlines() or ["its log names no cause"])[-1]
             if self._pid() is not None:
                 self.stop()
@@ -308,10 +276,10 @@ class LocalCatalog:
         proc = subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(self.pgdata), "-m", "fast", "-w",
                                "-t", str(int(timeout)), "stop"], capture_output=True, text=True, **self._run_as())
         how = "stopped"
-        if proc.returncode != 0 and _alive(pid):
+        if proc.returncode != 0 and pid_alive(pid):
             os.kill(pid, signal.SIGQUIT)  # immediate shutdown; the next start recovers from the WAL
             deadline = time.monotonic() + 10
-            while _alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             how = f"killed (did not stop within {timeout:.0f}s)"
         return f"PostgreSQL on 127.0.0.1:{self.port} {how}"

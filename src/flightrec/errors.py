@@ -29,11 +29,13 @@ class CodecError(FlightrecError):
         self.reason = reason
 
 
-class BrokerError(FlightrecError):
-    """The local Kafka broker could not be fetched, started, reached or stopped.
+class ServiceError(FlightrecError):
+    """A local service flightrec runs (Kafka, PostgreSQL) could not be fetched, started, reached or stopped.
 
-    ``log_tail`` holds the last lines of the broker's own log where there is one.
+    ``log_tail`` holds the last lines of the service's own log where there is one; ``log_name`` names it.
     """
+
+    log_name = "service"
 
     def __init__(self, message: str, log_tail: str = "") -> None:
         super().__init__(message)
@@ -42,8 +44,14 @@ class BrokerError(FlightrecError):
     def __str__(self) -> str:
         msg = super().__str__()
         if self.log_tail:
-            return f"{msg}\n--- last lines of the broker log ---\n{self.log_tail}"
+            return f"{msg}\n--- last lines of the {self.log_name} log ---\n{self.log_tail}"
         return msg
+
+
+class BrokerError(ServiceError):
+    """The local Kafka broker could not be fetched, started, reached or stopped."""
+
+    log_name = "broker"
 
 
 class DeliveryError(FlightrecError):
@@ -66,21 +74,10 @@ class ProveError(FlightrecError):
     """The proving core could not run on the asked-for backend; the message says why."""
 
 
-class CatalogError(FlightrecError):
-    """The local PostgreSQL for a DuckLake catalog could not be found, started, reached or stopped.
+class CatalogError(ServiceError):
+    """The local PostgreSQL for a DuckLake catalog could not be found, started, reached or stopped."""
 
-    ``log_tail`` holds the last lines of PostgreSQL's own log where there is one.
-    """
-
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        super().__init__(message)
-        self.log_tail = log_tail
-
-    def __str__(self) -> str:
-        msg = super().__str__()
-        if self.log_tail:
-            return f"{msg}\n--- last lines of the PostgreSQL log ---\n{self.log_tail}"
-        return msg
+    log_name = "PostgreSQL"
 
 
 class LakeError(FlightrecError):
