@@ -229,3 +229,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def open_page(monkeypatch: pytest.MonkeyPatch):
+    """``open_page(db, page=None, **params)``: the dashboard rendered on ``db`` (a file or a lake string), no exception."""
+    from streamlit.testing.v1 import AppTest
+
+    from flightrec.analytics import ENTRY_SCRIPT
+
+    def open_(db: "str | os.PathLike[str]", page: str | None = None, **params: str) -> AppTest:
+        monkeypatch.setenv("FLIGHTREC_DB", str(db))
+        at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=120)  # a cap for a loaded machine, not a speed test
+        at.run()
+        assert not at.exception, at.exception
+        if page:
+            for k, v in params.items():
+                at.query_params[k] = v
+            at.switch_page(f"page_{page}.py").run()
+            assert not at.exception, at.exception
+        return at
+
+    return open_

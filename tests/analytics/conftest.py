@@ -127,31 +127,6 @@ def acceptance_db(pipeline_db: tuple[Path, dict[str, Any]]) -> tuple[Path, dict[
     return pipeline_db
 
 
-@pytest.fixture
-def open_page(monkeypatch: pytest.MonkeyPatch):
-    """``open_page(db, page=None, **params)``: run the app on ``db``, switch to ``page_<page>.py`` with
-    query parameters, and return it rendered (no exception allowed on the way)."""
-    from streamlit.testing.v1 import AppTest
-
-    from flightrec.analytics import ENTRY_SCRIPT
-
-    def open_(db: Path, page: str | None = None, **params: str) -> AppTest:
-        monkeypatch.setenv("FLIGHTREC_DB", str(db))
-        at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=120)  # a cap for a loaded machine, not a speed test
-        at.run()
-        assert not at.exception, at.exception
-        if page:
-            for k, v in params.items():
-                at.query_params[k] = v
-            at.switch_page(f"page_{page}.py").run()
-            assert not at.exception, at.exception
-        return at
-
-    return open_
-
-
-
-
 @pytest.fixture(scope="session")
 def money_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three instances with known prices, paid time and failures (the money views' and Cost page's tests).

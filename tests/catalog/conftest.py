@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -56,25 +56,3 @@ def lake_file_pair(lake: tuple[str, str], tmp_path: Path) -> tuple[str, Path]:
     _analytics_fixtures().build_arrow_db(file)
     copy_into_lake(file, db, data_path)
     return db, file
-
-
-@pytest.fixture
-def open_page(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
-    """``open_page(db, page=None, **params)``: the app rendered on ``db`` (a lake string too), no exception."""
-    from streamlit.testing.v1 import AppTest
-
-    from flightrec.analytics import ENTRY_SCRIPT
-
-    def open_(db: str, page: str | None = None, **params: str) -> AppTest:
-        monkeypatch.setenv("FLIGHTREC_DB", db)
-        at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=120)
-        at.run()
-        assert not at.exception, at.exception
-        if page:
-            for k, v in params.items():
-                at.query_params[k] = v
-            at.switch_page(f"page_{page}.py").run()
-            assert not at.exception, at.exception
-        return at
-
-    return open_
