@@ -10,15 +10,17 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 
 from flightrec.broker import LocalBroker
-from flightrec.broker.local import free_port
+from flightrec.localservice import free_port
 from flightrec.catalog import LocalCatalog
-from flightrec.errors import BrokerError, CatalogError
+from flightrec.errors import ServiceError
 from flightrec.settings import TOPICS, Settings
+
+S = TypeVar("S", LocalBroker, LocalCatalog)
 
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 # Kafka's jars: the checkout's .cache (as `make` sets it), wherever pytest is started from.
@@ -99,19 +101,25 @@ class Kafka:
         return asyncio.run(go())
 
 
-def _start_broker(data: Path) -> LocalBroker:
-    """Start a broker on a free port; one retry on another port (a busy machine can lose the port race)."""
+def _start_service(data: Path, make: Callable[[int, Path], S], what: str) -> S:
+    """Start a local service (Kafka, PostgreSQL) on a free port; one retry on another port (a busy machine can lose
+    the port race)."""
     for attempt in (1, 2):
-        broker = LocalBroker(port=free_port(), data=data / f"try{attempt}", settings=Settings.from_env({}))
+        service = make(free_port(), data / f"try{attempt}")
         try:
-            broker.start(timeout=120)
-            return broker
-        except BrokerError as exc:
-            broker.stop()
+            service.start(timeout=120)
+            return service
+        except ServiceError as exc:
+            service.stop()
             if attempt == 2:
                 raise
-            logging.getLogger(__name__).warning("broker fixture: retrying on another port after: %s", exc)
+            logging.getLogger(__name__).warning("%s fixture: retrying on another port after: %s", what, exc)
     raise AssertionError("unreachable")
+
+
+def _start_broker(data: Path, security: str | None = None) -> LocalBroker:
+    return _start_service(data, lambda port, d: LocalBroker(port=port, data=d, settings=Settings.from_env({}),
+                                                            security=security), f"{security or 'plain'} broker")
 
 
 @pytest.fixture(scope="session")
@@ -127,20 +135,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kafka]:
 @pytest.fixture(scope="session")
 def sasl_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     """One broker requiring SASL_SSL (SCRAM-SHA-512 over TLS) for the session; its client settings in client.env."""
-    data = tmp_path_factory.mktemp("kafka-sasl")
-    broker = None
-    for attempt in (1, 2):
-        broker = LocalBroker(port=free_port(), data=data / f"try{attempt}", settings=Settings.from_env({}),
-                             security="sasl_ssl")
-        try:
-            broker.start(timeout=120)
-            break
-        except BrokerError as exc:
-            broker.stop()
-            if attempt == 2:
-                raise
-            logging.getLogger(__name__).warning("SASL_SSL broker fixture: retrying after: %s", exc)
-    assert broker is not None
+    broker = _start_broker(tmp_path_factory.mktemp("kafka-sasl"), security="sasl_ssl")
     try:
         yield broker
     finally:
@@ -166,18 +161,8 @@ def catalog_dir(prefix: str = "flightrec-catalog-") -> Path:
 
 
 def _start_catalog(data: Path) -> LocalCatalog:
-    """Start a PostgreSQL on a free port; one retry on another port (a busy machine can lose the port race)."""
-    for attempt in (1, 2):
-        catalog = LocalCatalog(port=free_port(), data=data / f"try{attempt}", settings=Settings.from_env({}))
-        try:
-            catalog.start(timeout=120)
-            return catalog
-        except CatalogError as exc:
-            catalog.stop()
-            if attempt == 2:
-                raise
-            logging.getLogger(__name__).warning("catalog fixture: retrying on another port after: %s", exc)
-    raise AssertionError("unreachable")
+    return _start_service(data, lambda port, d: LocalCatalog(port=port, data=d, settings=Settings.from_env({})),
+                          "catalog")
 
 
 @pytest.fixture(scope="session")
