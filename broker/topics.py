@@ -11,8 +11,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from flightrec.errors import BrokerError
-from flightrec.cluster import connection_cause, topic_limits  # noqa: F401 - re-exported
-from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPICS  # noqa: F401 - re-exported
+from flightrec.cluster import connection_cause
+from flightrec.settings import TOPICS
 
 log = logging.getLogger(__name__)
 

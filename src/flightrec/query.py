@@ -32,8 +32,8 @@ import pyarrow as pa
 
 from flightrec.errors import QueryError
 from flightrec.lake import LakeLocation, forget_reader, is_lake, mask_password, parse_db, reader_cursor
-from flightrec.live import Params, query_live, socket_path  # noqa: F401 - re-exported
-from flightrec.readonly import READ_PRAGMAS, check_prelude, check_read_only  # noqa: F401 - re-exported
+from flightrec.live import Params, query_live
+from flightrec.readonly import check_prelude, check_read_only
 
 log = logging.getLogger(__name__)
 GIVE_WAY_POLL_S = 0.2   # how often a file-path read looks for a materializer waiting for the file

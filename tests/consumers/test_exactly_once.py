@@ -13,7 +13,8 @@ import pytest
 from materializer_helpers import Boot, flightrec, publish
 
 from flightrec.errors import QueryError
-from flightrec.query import run_query, socket_path
+from flightrec.live import socket_path
+from flightrec.query import run_query
 
 pytestmark = pytest.mark.integration
 

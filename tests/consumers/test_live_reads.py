@@ -15,7 +15,8 @@ from materializer_helpers import Boot, flightrec, materialize, publish
 
 from flightrec.errors import QueryError
 from flightrec.live import encode_request, location
-from flightrec.query import run_query, socket_path
+from flightrec.live import socket_path
+from flightrec.query import run_query
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ import pytest
 from flightrec.analytics import queries
 from flightrec.errors import QueryError
 from flightrec.live import encode_request, location
-from flightrec.query import run_query, socket_path
+from flightrec.live import socket_path
+from flightrec.query import run_query
 
 LEAK = Path("/tmp/flightrec-a-isolation-leak")
 
