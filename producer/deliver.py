@@ -263,6 +263,13 @@ class Deliverer:
             pass
         self._wake.clear()
 
+    async def _backoff(self, seconds: float) -> None:
+        """Wait ``seconds`` after a failed attempt: new records do not cut it short (no retry storm), a stop does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not self._stopping and (left := deadline - loop.time()) > 0:
+            await self._sleep(left)
+
     async def _learn_limits(self) -> bool:
         """Ask the cluster for each topic's max.message.bytes; keep what is known when it cannot tell."""
         from flightrec.cluster import topic_limits
@@ -399,7 +406,7 @@ class Deliverer:
                     if producer is not None:
                         p, producer = producer, None
                         await _close(p)
-                    await self._sleep(BACKOFF_S[min(failures, len(BACKOFF_S)) - 1])
+                    await self._backoff(BACKOFF_S[min(failures, len(BACKOFF_S)) - 1])
                     continue
                 if failures:
                     log.info("delivery to Kafka resumed after %d failed attempts", failures)

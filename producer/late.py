@@ -348,9 +348,10 @@ class _Stage:
 class _Late:
     """The late-output loop: takes hand-offs on its socket and serves every handed-off stage until none is left."""
 
-    def __init__(self, spool_dir: Path, listener: socket.socket) -> None:
+    def __init__(self, spool_dir: Path, listener: socket.socket, keeper: Any = None) -> None:
         self.spool_dir = spool_dir
         self.listener = listener
+        self.keeper = keeper  # a Keeper (flightrec.producer.keeper): it holds copies of the pipes
         self.listener.setblocking(False)
         self.stages: list[_Stage] = []
         self.by_fd: dict[int, _Stage] = {}
@@ -372,8 +373,10 @@ class _Late:
             self.agent.__enter__()
         st = _Stage(h, self.agent, self.spool_dir)
         self.stages.append(st)
-        for fd in st.pipes:
+        for fd, (p, _b) in st.pipes.items():
             self.by_fd[fd] = st
+            if self.keeper is not None:
+                self.keeper.keep(fd, p.out_fd)
             self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         log.info("stage %s (boot %s) handed off: %d pipes, %d files", h.stage, h.boot_id, len(h.pipes), len(h.files))
 
@@ -409,6 +412,8 @@ class _Late:
                     elif fd in self.by_fd and not self.by_fd[fd].read_pipe(fd):
                         self.poller.unregister(fd)
                         del self.by_fd[fd]
+                        if self.keeper is not None:
+                            self.keeper.release(fd)
                 now = time.monotonic()
                 alive = None
                 if now - self.scanned >= HOLDER_SCAN_S:  # one /proc scan for every stage that follows files
@@ -421,8 +426,10 @@ class _Late:
                     st.stop_recording()
                     self.stages.remove(st)
                 if not self.stages and self._may_end():
+                    if self.keeper is not None:
+                        self.keeper.end()
                     break
-        finally:
+        finally:  # ended with stages left (a crash): the keeper passes their pipes on once this process is gone
             for st in self.stages:
                 st.stop_recording()
             if self.agent is not None:
@@ -443,7 +450,10 @@ def main() -> None:
     handler = logging.handlers.RotatingFileHandler(spool_dir / LOG, maxBytes=1 << 20, backupCount=1)
     logging.basicConfig(level=os.environ.get("FLIGHTREC_LOG_LEVEL", "INFO").upper(), handlers=[handler],
                         format="%(asctime)s flightrec late-output %(process)d: %(message)s")
-    _Late(spool_dir, socket.socket(fileno=fd)).run()
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the deliverer names a broker that is away, once
+    from flightrec.producer.keeper import Keeper
+    keeper = Keeper(spool_dir / LOG)  # forked now, before any thread starts
+    _Late(spool_dir, socket.socket(fileno=fd), keeper).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""A late-output process that dies (OOM killer, `kill -9`) never takes the stage's daemons with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
+N_LINES = 200  # 10 s: it still runs when the late-output process is killed
+# a daemon (a subshell) writing a numbered line every 0.05 s on the stage's stdout, then leaving a mark
+DAEMON = ('(for i in $(seq 1 %d); do echo "daemon line $i"; sleep 0.05; done; echo finished > "$MARK") & '
+          'echo started; exit 0') % N_LINES
+
+
+def _env(tmp: Path, instance: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, FLIGHTREC_SPOOL=str(tmp / "spool"), FLIGHTREC_INSTANCE=instance,
+               FLIGHTREC_BOOTSTRAP="127.0.0.1:1", FLIGHTREC_FLUSH_TIMEOUT="1", FLIGHTREC_FACTS="")
+    env.update(extra)
+    return env
+
+
+def _wait(cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _run_daemon(tmp_path: Path, lines: int) -> tuple[Path, Path, Path, int]:
+    """Run a stage leaving a daemon of ``lines`` lines; (spool, out, mark, the late-output process's pid)."""
+    instance = f"test-{uuid.uuid4()}"
+    spool = tmp_path / "spool" / instance
+    mark, out, err = tmp_path / "mark", tmp_path / "out", tmp_path / "err"
+    script = DAEMON.replace(str(N_LINES), str(lines), 1)
+    with open(out, "wb") as f, open(err, "wb") as e:  # files, as a container's log: the run does not wait for them
+        r = subprocess.run([FLIGHTREC, "agent", "run", "--stage", "benchmark", "--", "sh", "-c", script],
+                           env=_env(tmp_path, instance, MARK=str(mark)), stdout=f, stderr=e, timeout=60)
+    assert r.returncode == 0, err.read_text()[-2000:]
+    pid_file = spool / "late.pid"
+    assert _wait(pid_file.exists, 10), "no late-output process took the daemon's output"
+    return spool, out, mark, int(pid_file.read_text())
+
+
+def test_the_keeper_ends_with_the_late_output_process(tmp_path: Path) -> None:
+    spool, out, mark, late = _run_daemon(tmp_path, 80)
+    assert _wait(lambda: bool(_children(late)), 10)
+    (keeper,) = _children(late)
+    assert b"keeper" in Path(f"/proc/{keeper}/cmdline").read_bytes()
+    assert not any(str(spool) in os.readlink(f"/proc/{keeper}/fd/{fd}") for fd in os.listdir(f"/proc/{keeper}/fd"))
+    assert _wait(mark.exists, 30)
+    assert _wait(lambda: not _alive(late) and not _alive(keeper), 30), "the keeper outlived the late-output process"
+    assert out.read_text().splitlines().count("daemon line 80") == 1
+    assert "flightrec keeper" not in (spool / "late.log").read_text()  # it never took over
+
+
+def test_sigkill_of_the_late_output_process_leaves_the_daemon_running_and_passed_on(tmp_path: Path) -> None:
+    spool, out, mark, late = _run_daemon(tmp_path, N_LINES)
+    assert _wait(lambda: b"daemon line 3\n" in out.read_bytes(), 10)
+    assert not mark.exists(), "the daemon ended before the test could kill the late-output process"
+    os.kill(late, signal.SIGKILL)  # as the OOM killer would
+    assert _wait(mark.exists, 30), (
+        "the daemon died with the late-output process (SIGPIPE on its stdout); it wrote:\n" + out.read_text()[-500:])
+    text = out.read_text().splitlines()
+    assert all(text.count(f"daemon line {i}") == 1 for i in range(1, N_LINES + 1)), text
+    log = (spool / "late.log").read_text()
+    assert "died" in log and "no longer recorded" in log, log
+    assert _wait(lambda: "bytes were passed on unrecorded" in (spool / "late.log").read_text(), 10)
