@@ -54,7 +54,10 @@ def run_lake(kafka: Any, db: str, data_path: str, idle: float = 2.0, **opts: Any
     from flightrec.consumers.group import GroupMaterializer
     from flightrec.consumers.materializer import Options
 
+    from flightrec.analytics.views import stored_views
+
     opts.setdefault("group", f"test-{uuid.uuid4().hex[:8]}")
+    opts.setdefault("views", stored_views())
 
     async def go() -> Any:
         async with GroupMaterializer(kafka.settings.kafka_kwargs(),
