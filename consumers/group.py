@@ -104,11 +104,9 @@ class GroupMaterializer(Materializer):
             return True
         stored = await self._in_writer(self._store.claim, range(shards))
         c.assign(parts)
-        await c.seek_to_beginning(*parts)
         for tp in parts:
             self._next[tp] = stored.get((tp.topic, tp.partition))
-            if self._next[tp] is not None:
-                c.seek(tp, self._next[tp])
+        await self._seek(parts, {tp: self._next[tp] for tp in parts})
         self._parts = parts
         self._assigned_once = True
         return True
@@ -121,16 +119,9 @@ class GroupMaterializer(Materializer):
         assert c is not None and self._store is not None
         shards = sorted({tp.partition for tp in assigned})
         stored = await self._in_writer(self._store.claim, shards) if shards else {}
-        fresh = []
         for tp in assigned:
-            offset = stored.get((tp.topic, tp.partition))
-            self._next[tp] = offset
-            if offset is None:
-                fresh.append(tp)
-            else:
-                c.seek(tp, offset)
-        if fresh:
-            await c.seek_to_beginning(*fresh)
+            self._next[tp] = stored.get((tp.topic, tp.partition))
+        await self._seek(assigned, {tp: self._next[tp] for tp in assigned})
         self._assigned_once = True
         log.info("member %s owns shards %s", self._store.owner, shards)
 

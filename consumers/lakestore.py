@@ -94,6 +94,7 @@ class LakeStore(RowWriter):
         self.retries = retries
         self.totals = Stats()
         self.started_us = time.time_ns() // 1000
+        self.last_commit_us = self.started_us
         self.epochs: dict[int, int] = {}   # shard -> the epoch this member claimed it at
         self._shards: set[int] = set()     # shard schemas known to exist
         self._views = views
@@ -290,6 +291,7 @@ class LakeStore(RowWriter):
             raise
         stats += Stats(conflicts_retried=retries)
         self.totals += stats
+        self.last_commit_us = time.time_ns() // 1000
         return stats
 
     def _insert_events(self) -> pa.Table:
@@ -324,7 +326,7 @@ class LakeStore(RowWriter):
     def record_run(self) -> None:
         """This run's row of materializer_runs (its own short transaction: the table is shared by members)."""
         t = self.totals
-        row = [self.run_id, self.group, self.mode, self.started_us, time.time_ns() // 1000, t.commits,
+        row = [self.run_id, self.group, self.mode, self.started_us, self.last_commit_us, t.commits,
                t.events_received, t.lines_written, t.duplicates_dropped, t.dead_letters]
 
         def write() -> None:

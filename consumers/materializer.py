@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -236,19 +236,25 @@ class Materializer:
         current = {tp: await c.position(tp) for tp in self._parts} if self._parts else {}
         stored = await self._in_writer(self._store.offsets)
         c.assign(parts)
+        await self._seek(parts, {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts})
+        self._parts = parts
+        if not initial:
+            log.info("now reading %d partitions", len(parts))
+        return True
+
+    async def _seek(self, parts: Iterable[TopicPartition], offsets: dict[TopicPartition, int | None]) -> None:
+        """Position each partition at its offset, or at its beginning where the offset is None."""
+        c = self._consumer
+        assert c is not None
         fresh = []
         for tp in parts:
-            offset = current.get(tp, stored.get((tp.topic, tp.partition)))
+            offset = offsets.get(tp)
             if offset is None:
                 fresh.append(tp)
             else:
                 c.seek(tp, offset)
         if fresh:
             await c.seek_to_beginning(*fresh)
-        self._parts = parts
-        if not initial:
-            log.info("now reading %d partitions", len(parts))
-        return True
 
     async def _caught_up(self, targets: dict[TopicPartition, int] | None = None) -> bool:
         c = self._consumer
