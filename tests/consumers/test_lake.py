@@ -101,6 +101,32 @@ def test_a_stale_member_is_fenced_and_writes_nothing(lake, check):
         b.close()
 
 
+def test_an_event_sent_again_later_is_stored_once(lake):
+    """A producer's re-send (the same event at a later offset, after other commits) is dropped: the duplicate check
+    looks only at files whose ts_us range can hold it, and still finds it."""
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    store = LakeStore(loc, "g", shards=[0])
+    try:
+        store.claim([0])
+        first = _boot(10)
+        store.commit({0: _delta(first, first_offset=0)})
+        offset = len(first.events)
+        later = []
+        for _ in range(3):  # newer events in files of their own
+            time.sleep(0.01)
+            b = _boot(5)
+            later.append(b)
+            store.commit({0: _delta(b, first_offset=offset)})
+            offset += len(b.events)
+        again = store.commit({0: _delta(first, first_offset=offset)})  # the first boot's events, sent again
+        assert again.duplicates_dropped == len(first.events) and again.lines_written == 0
+        assert _count(store, "SELECT count(*) FROM log_lines") == 10 + 3 * 5
+        assert _count(store, "SELECT count(*) FROM events_seen") == len(first.events) + sum(len(b.events) for b in later)
+    finally:
+        store.close()
+
+
 def test_concurrent_commits_are_retried_and_counted(lake):
     """Another transaction writing the shard's claim table meanwhile makes commits lose DuckLake's race; each is
     retried whole and lands once."""
