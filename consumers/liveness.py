@@ -31,6 +31,24 @@ ON CONFLICT (instance_id, boot_id) DO UPDATE SET
     last_seq = greatest(heartbeats.last_seq, excluded.last_seq)
 """
 
+# The same merge for a store without keys or ON CONFLICT (a DuckLake): MERGE INTO on the boot's key.
+MERGE_INTO_SQL = """
+MERGE INTO heartbeats h USING (
+    SELECT instance_id, boot_id, count(*) AS beats, min(ts_us) AS first_us, max(ts_us) AS last_us,
+           max(seq) AS last_seq, arg_max(interval_s, seq) AS interval_s, arg_max(stage, seq) AS stage
+    FROM _hb SEMI JOIN _hb_new USING (event_id)
+    GROUP BY instance_id, boot_id) s
+ON h.instance_id = s.instance_id AND h.boot_id = s.boot_id
+WHEN MATCHED THEN UPDATE SET
+    beats = h.beats + s.beats,
+    first_us = least(h.first_us, s.first_us),
+    last_us = greatest(h.last_us, s.last_us),
+    interval_s = CASE WHEN s.last_seq > h.last_seq THEN s.interval_s ELSE h.interval_s END,
+    stage = CASE WHEN s.last_seq > h.last_seq THEN s.stage ELSE h.stage END,
+    last_seq = greatest(h.last_seq, s.last_seq)
+WHEN NOT MATCHED THEN INSERT BY NAME
+"""
+
 
 RUNNING_SQL = """
 INSERT INTO running_stages BY NAME
@@ -57,13 +75,14 @@ def recompute_running(con: duckdb.DuckDBPyConnection, instances: pa.Table) -> No
         con.unregister("_running_inst")
 
 
-def merge_heartbeats(con: duckdb.DuckDBPyConnection, heartbeats: pa.Table, new: pa.Table) -> None:
+def merge_heartbeats(con: duckdb.DuckDBPyConnection, heartbeats: pa.Table, new: pa.Table, *,
+                     keyless: bool = False) -> None:
     """Fold the heartbeats among ``new`` (event ids stored for the first time) into the per-boot summary
-    (inside the store's transaction)."""
+    (inside the store's transaction); ``keyless`` for a store without keys (a DuckLake: MERGE INTO)."""
     con.register("_hb", heartbeats)
     con.register("_hb_new", new)
     try:
-        con.execute(MERGE_SQL)
+        con.execute(MERGE_INTO_SQL if keyless else MERGE_SQL)
     finally:
         con.unregister("_hb")
         con.unregister("_hb_new")

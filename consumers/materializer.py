@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -61,6 +61,8 @@ class Options:
     alert_backoff: float = 1.0          # first retry delay of a failed post
     alert_drain: float = 10.0           # seconds a stopping materializer lets queued alerts go out
     views: tuple[str, ...] = ()         # CREATE OR REPLACE VIEW statements stored in the file at start
+    data_path: str | None = None        # a lake's data folder (--data-path); None for a file
+    session_timeout: float = 10.0       # a lake's group: seconds before a silent member's partitions move
     status_interval: float = 15.0       # seconds between evaluations of instance status (lost alerts)
 
 
@@ -130,7 +132,7 @@ class Materializer:
         self.stats = Stats()  # the run's commits, summed, and the errors it survived
         self._keep = event_filter(options.instance, options.since_us)
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
-        self._store: Store | None = None
+        self._store: Any = None  # Store (a file) or LakeStore (group.py)
         self._server: QueryServer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None  # partitions of the topics (public metadata API)
@@ -138,18 +140,15 @@ class Materializer:
         self._stop = asyncio.Event()
         self._alerts: Alerter | None = None
         self._inflight: asyncio.Future[None] | None = None  # the commit being written
+        self._pending = _Pending(options)  # read, not yet folded (run() starts it afresh)
 
     async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.wrap_future(self._writer.submit(fn, *args))
 
     async def __aenter__(self) -> "Materializer":
         opts = self.opts
-        if opts.replay and Path(opts.db).exists():
-            raise MaterializeError(f"{opts.db} exists; replay builds a new database: remove it or pick another path")
         try:
-            self._store = await self._in_writer(lambda: Store(opts.db, opts.group, opts.rules,
-                                                              "replay" if opts.replay else "materialize",
-                                                              opts.memory_limit, opts.lock_wait, opts.views))
+            self._store = await self._in_writer(self._open_store)
             if opts.webhook and not opts.replay:
                 self._alerts = Alerter(AlertConfig(opts.webhook, opts.alert_on, opts.dashboard_url,
                                                    backoff=opts.alert_backoff, drain=opts.alert_drain,
@@ -160,8 +159,9 @@ class Materializer:
                 self._server = QueryServer(reader_root, opts.db)
                 self._server.start()
             self._consumer = AIOKafkaConsumer(
-                **self.kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-                max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000)
+                **self.kafka_kwargs, enable_auto_commit=False, auto_offset_reset="earliest",
+                max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000,
+                **self._consumer_options())
             self._admin = AIOKafkaAdminClient(**self.kafka_kwargs, request_timeout_ms=20000)
             try:
                 await self._consumer.start()
@@ -178,6 +178,18 @@ class Materializer:
             await self._close()
             raise
         return self
+
+    def _open_store(self) -> Any:
+        """The store this run writes (in the writer thread): a DuckDB file here."""
+        opts = self.opts
+        if opts.replay and Path(opts.db).exists():
+            raise MaterializeError(f"{opts.db} exists; replay builds a new database: remove it or pick another path")
+        return Store(opts.db, opts.group, opts.rules, "replay" if opts.replay else "materialize",
+                     opts.memory_limit, opts.lock_wait, opts.views)
+
+    def _consumer_options(self) -> dict[str, Any]:
+        """Consumer arguments beyond the common ones: no group here (partitions assigned by hand)."""
+        return {"group_id": None}
 
     async def __aexit__(self, *exc: object) -> None:
         await self._close()
@@ -224,19 +236,25 @@ class Materializer:
         current = {tp: await c.position(tp) for tp in self._parts} if self._parts else {}
         stored = await self._in_writer(self._store.offsets)
         c.assign(parts)
+        await self._seek(parts, {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts})
+        self._parts = parts
+        if not initial:
+            log.info("now reading %d partitions", len(parts))
+        return True
+
+    async def _seek(self, parts: Iterable[TopicPartition], offsets: dict[TopicPartition, int | None]) -> None:
+        """Position each partition at its offset, or at its beginning where the offset is None."""
+        c = self._consumer
+        assert c is not None
         fresh = []
         for tp in parts:
-            offset = current.get(tp, stored.get((tp.topic, tp.partition)))
+            offset = offsets.get(tp)
             if offset is None:
                 fresh.append(tp)
             else:
                 c.seek(tp, offset)
         if fresh:
             await c.seek_to_beginning(*fresh)
-        self._parts = parts
-        if not initial:
-            log.info("now reading %d partitions", len(parts))
-        return True
 
     async def _caught_up(self, targets: dict[TopicPartition, int] | None = None) -> bool:
         c = self._consumer
@@ -316,7 +334,7 @@ class Materializer:
         assert c is not None
         loop = asyncio.get_running_loop()
         targets = await c.end_offsets(self._parts) if self.opts.replay else None
-        pending = _Pending(self.opts)
+        pending = self._pending = _Pending(self.opts)
         last_data = last_refresh = last_report = kafka_ok = loop.time()
         try:
             while not self._stop.is_set():

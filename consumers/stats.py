@@ -17,6 +17,8 @@ class Stats:
     failures_written: int = 0     # failures rows (re)computed
     commits: int = 0              # transactions committed
     errors_total: int = 0         # errors met and survived (a broker away, a failed read)
+    conflicts_retried: int = 0    # lake transactions retried after a DuckLake "Transaction conflict"
+    fenced: int = 0               # lake commits refused because another member had claimed the partition
 
     def __add__(self, other: "Stats") -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})

@@ -47,6 +47,17 @@ def schema_sql() -> str:
     return resources.files("flightrec.consumers").joinpath("schema.sql").read_text("utf-8")
 
 
+def delta_views(delta: Delta) -> dict[str, pa.Table]:
+    """The Delta's row batches by the names a commit's statements read them under (``_d_<name>``)."""
+    return {f"_d_{name}": getattr(delta, name) for name in DELTA_TABLES}
+
+
+def offsets_table(group: str, offsets: dict[tuple[str, int], int]) -> pa.Table:
+    """The next offset per (topic, partition) as rows of consumer_offsets."""
+    return pa.Table.from_pylist([{"consumer_group": group, "topic": t, "partition": p, "next_offset": o}
+                                 for (t, p), o in sorted(offsets.items())], schema=OFFSETS)
+
+
 def _ask_readers_to_leave(db: Path) -> Path | None:
     """Write the notice that makes flightrec's file-path readers give the file up."""
     notice = writer_notice_path(db)
@@ -75,7 +86,70 @@ def lock_holder(message: str) -> str:
     return f"pid {pid} ({command})" if command else f"pid {pid}"
 
 
-class Store:
+class RowWriter:
+    """The steps of one commit shared by the file (Store) and the lake (LakeStore); each store supplies the
+    statements its engine takes for the few steps that differ (DuckLake has no keys, ON CONFLICT or RETURNING).
+
+    Runs on ``self.con`` inside a transaction the store opened, with the Delta's tables registered as ``_d_<name>``.
+    """
+
+    con: duckdb.DuckDBPyConnection
+    rules: RuleTable
+
+    def _write(self, delta: Delta) -> Stats:
+        """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
+        new = self._insert_events()
+        lines = failures = 0
+        if new.num_rows:
+            first_sight = delta.duplicates == 0 and new.num_rows == delta.events.num_rows
+            lines = self._insert_rows(delta, new, first_sight)
+            affected = affected_keys(self.con, new)
+            failures = recompute(self.con, self.rules, affected)
+            recompute_running(self.con, affected.instances)
+        if delta.manager.num_rows:
+            self._insert_new("manager_events", "_d_manager", ("event_id",))
+        dead = 0
+        if delta.dead.num_rows:
+            dead = self._insert_new("dead_letters", "_d_dead", ("topic", "partition", "offset"))
+        return Stats(events_received=delta.messages, events_written=new.num_rows, lines_written=lines,
+                     duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows,
+                     dead_letters=dead, failures_written=failures, commits=1)
+
+    def _insert_events(self) -> pa.Table:
+        """Store the batch's event ids (``_d_events``); returns the keys of those stored for the first time:
+        instance_id, boot_id, stage, event_id, kind."""
+        raise NotImplementedError
+
+    def _insert_new(self, table: str, view: str, key: tuple[str, ...]) -> int:
+        """Insert the rows of ``view`` whose ``key`` is not in ``table`` yet; returns how many."""
+        raise NotImplementedError
+
+    def _merge_heartbeats(self, heartbeats: pa.Table, new: pa.Table) -> None:
+        """Fold the heartbeats among ``new`` into the per-boot summary."""
+        raise NotImplementedError
+
+    def _insert_rows(self, delta: Delta, new: pa.Table, first_sight: bool) -> int:
+        """The rows of the new events (a stored event's rows are not written again); returns log lines written."""
+        con = self.con
+        lines = 0
+        with arrow_views(con, _new=new):
+            for table, name in (("lifecycle_events", "lifecycle"), ("instance_facts", "facts"),
+                                ("process_exits", "exits"), ("throughput", "throughput")):
+                if getattr(delta, name).num_rows:
+                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _d_{name} SEMI JOIN _new USING (event_id)")
+            if delta.logs.num_rows:
+                if first_sight:  # every event of the batch is new: no join needed
+                    con.execute("INSERT INTO log_lines BY NAME SELECT * FROM _d_logs")
+                    lines = delta.logs.num_rows
+                else:
+                    lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
+                                           SEMI JOIN _new USING (event_id)""").fetchone()[0]
+        if delta.heartbeats.num_rows:
+            self._merge_heartbeats(delta.heartbeats, new)
+        return lines
+
+
+class Store(RowWriter):
     """One writable DuckDB database holding the materialized tables and the consumer offsets."""
 
     def __init__(self, path: str | Path, group: str, rules: RuleTable | None = None, mode: str = "materialize",
@@ -161,7 +235,7 @@ class Store:
         con = self.con
         try:
             con.execute("BEGIN TRANSACTION")
-            with arrow_views(con, **{f"_d_{name}": getattr(delta, name) for name in DELTA_TABLES}):
+            with arrow_views(con, **delta_views(delta)):
                 stats = self._write(delta)
                 self._store_offsets(delta)
                 self._bookkeeping(stats)
@@ -174,59 +248,21 @@ class Store:
             raise MaterializeError(f"could not commit a batch to {self.path}: {exc}") from exc
         return stats
 
-    def _write(self, delta: Delta) -> Stats:
-        """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
-        new = self._insert_events()
-        lines = failures = 0
-        if new.num_rows:
-            first_sight = delta.duplicates == 0 and new.num_rows == delta.events.num_rows
-            lines = self._insert_rows(delta, new, first_sight)
-            affected = affected_keys(self.con, new)
-            failures = recompute(self.con, self.rules, affected)
-            recompute_running(self.con, affected.instances)
-        if delta.manager.num_rows:
-            self.con.execute("INSERT INTO manager_events BY NAME SELECT * FROM _d_manager ON CONFLICT DO NOTHING")
-        dead = 0
-        if delta.dead.num_rows:
-            dead = self.con.execute(
-                "INSERT INTO dead_letters BY NAME SELECT * FROM _d_dead ON CONFLICT DO NOTHING").fetchone()[0]
-        return Stats(events_received=delta.messages, events_written=new.num_rows, lines_written=lines,
-                     duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows,
-                     dead_letters=dead, failures_written=failures, commits=1)
-
     def _insert_events(self) -> pa.Table:
-        """Store the batch's event ids; returns the keys of those stored for the first time."""
         return self.con.execute("""INSERT INTO events_seen BY NAME SELECT * FROM _d_events ON CONFLICT DO NOTHING
                                    RETURNING instance_id, boot_id, stage, event_id, kind""").to_arrow_table()
 
-    def _insert_rows(self, delta: Delta, new: pa.Table, first_sight: bool) -> int:
-        """The rows of the new events (a stored event's rows are not written again); returns log lines written."""
-        con = self.con
-        lines = 0
-        with arrow_views(con, _new=new):
-            for table, name in (("lifecycle_events", "lifecycle"), ("instance_facts", "facts"),
-                                ("process_exits", "exits"), ("throughput", "throughput")):
-                if getattr(delta, name).num_rows:
-                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _d_{name} SEMI JOIN _new USING (event_id)")
-            if delta.logs.num_rows:
-                if first_sight:  # every event of the batch is new: no join needed
-                    con.execute("INSERT INTO log_lines BY NAME SELECT * FROM _d_logs")
-                    lines = delta.logs.num_rows
-                else:
-                    lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
-                                           SEMI JOIN _new USING (event_id)""").fetchone()[0]
-        if delta.heartbeats.num_rows:
-            merge_heartbeats(con, delta.heartbeats, new)
-        return lines
+    def _insert_new(self, table: str, view: str, key: tuple[str, ...]) -> int:
+        return self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {view} ON CONFLICT DO NOTHING").fetchone()[0]
+
+    def _merge_heartbeats(self, heartbeats: pa.Table, new: pa.Table) -> None:
+        merge_heartbeats(self.con, heartbeats, new)
 
     def _store_offsets(self, delta: Delta) -> None:
         """The next offset per partition after this Delta (same transaction as its rows)."""
         if not delta.offsets:
             return
-        offsets = pa.Table.from_pylist(
-            [{"consumer_group": self.group, "topic": t, "partition": p, "next_offset": o}
-             for (t, p), o in sorted(delta.offsets.items())], schema=OFFSETS)
-        with arrow_views(self.con, _d_offsets=offsets):
+        with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
             self.con.execute("INSERT OR REPLACE INTO consumer_offsets BY NAME SELECT * FROM _d_offsets")
 
     def _bookkeeping(self, stats: Stats) -> None:

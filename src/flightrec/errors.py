@@ -66,6 +66,18 @@ class MaterializeError(FlightrecError):
     """The materializer cannot consume or write its database."""
 
 
+class Fenced(MaterializeError):
+    """A lake commit was refused: another group member has claimed one of its partitions since (a higher epoch).
+
+    Nothing of the batch was written; the member drops those partitions and reads on with what it still owns.
+    ``shards`` names the partitions lost.
+    """
+
+    def __init__(self, message: str, shards: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.shards = shards
+
+
 class QueryError(FlightrecError):
     """A reader query was refused (it writes, reads files) or failed."""
 

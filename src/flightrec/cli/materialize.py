@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from flightrec.errors import ConfigError
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -17,10 +18,15 @@ log = logging.getLogger(__name__)
 
 def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("materialize", help="consume all topics into DuckDB")
-    m.add_argument("--db", default=None, help="database file (default $FLIGHTREC_DB)")
+    m.add_argument("--db", default=None, help="database file, or a DuckLake written by a consumer group: "
+                   "'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
+    m.add_argument("--data-path", default=None, metavar="DIR",
+                   help="a DuckLake --db's data folder for its Parquet files (default $FLIGHTREC_DATA_PATH); "
+                        "every writer of the lake must reach it")
     m.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
                    help="exit once caught up and no message came for SECONDS")
-    m.add_argument("--group", default=None, help="name of the offsets kept in the database")
+    m.add_argument("--group", default=None, help="name of the offsets kept in the database; on a lake also the "
+                   "Kafka consumer group whose members share the partitions")
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: consumers/rules.toml)")
     m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
     m.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
@@ -35,7 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default $FLIGHTREC_ALERT_ON, else all)")
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
-    r.add_argument("--db", default=None, help="the NEW database file to build")
+    r.add_argument("--db", default=None, help="the NEW database file to build, or a DuckLake holding no events yet "
+                   "('ducklake:postgres:dbname=… host=… port=… user=…')")
+    r.add_argument("--data-path", default=None, metavar="DIR",
+                   help="a DuckLake --db's data folder for its Parquet files (default $FLIGHTREC_DATA_PATH); "
+                        "every writer of the lake must reach it")
     r.add_argument("--since", default=None, help="only events at/after TIME (ISO-8601, epoch s, or an age: 2h)")
     r.add_argument("--instance", default=None, help="only this instance's events")
     r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
@@ -77,16 +87,24 @@ def _ensure_topics(settings: Settings) -> None:
 
 def _run(opts: "object", settings: Settings) -> int:
     from flightrec.consumers.materializer import Materializer
+    from flightrec.lake import is_lake
 
     async def go() -> int:
         loop = asyncio.get_running_loop()
-        async with Materializer(settings.kafka_kwargs(), opts) as m:  # type: ignore[arg-type]
+        kind: type[Materializer] = Materializer
+        if is_lake(opts.db):  # type: ignore[attr-defined]
+            from flightrec.consumers.group import GroupMaterializer
+
+            kind = GroupMaterializer
+        async with kind(settings.kafka_kwargs(), opts) as m:  # type: ignore[arg-type]
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, m.stop)
             stats = await m.run()
         print(f"events_received={stats.events_received} lines_written={stats.lines_written} "
               f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
-              f"commits={stats.commits}", file=sys.stderr)
+              f"commits={stats.commits}"
+              + (f" conflicts_retried={stats.conflicts_retried} fenced={stats.fenced}" if is_lake(opts.db) else ""),  # type: ignore[attr-defined]
+              file=sys.stderr)
         return 0
 
     return asyncio.run(go())
@@ -97,14 +115,22 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.classify import load_rules
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
 
+    from flightrec.lake import is_lake, parse_db
+
     settings = settings.with_overrides(db=args.db, webhook=args.webhook, alert_on=args.alert_on)
     kinds = parse_kinds(settings.alert_on)
+    lake = is_lake(settings.db)
+    loc = parse_db(settings.db, args.data_path, writing=True)
+    if lake and settings.webhook:
+        raise ConfigError("--webhook/FLIGHTREC_WEBHOOK: alerts are sent by a materializer on a database file only "
+                          "(on a lake no single member sees every instance's changes); unset it for the lake, or run "
+                          "a materializer on a file for alerts")
     _ensure_topics(settings)
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, until_idle=args.until_idle,
-                   rules=load_rules(args.rules), serve=not args.no_serve, memory_limit=args.memory_limit,
+                   rules=load_rules(args.rules), serve=not args.no_serve and not lake, memory_limit=args.memory_limit,
                    lock_wait=args.lock_wait,
                    webhook=settings.webhook, alert_on=kinds, dashboard_url=settings.dashboard_url,
-                   views=_stored_views())
+                   views=_stored_views(), data_path=getattr(loc, "data_path", None))
     return _run(opts, settings)
 
 
@@ -112,10 +138,14 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.classify import load_rules
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options, parse_time
 
+    from flightrec.lake import is_lake, parse_db
+
     settings = settings.with_overrides(db=args.db)
+    loc = parse_db(settings.db, args.data_path, writing=True)
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, replay=True, instance=args.instance,
                    since_us=parse_time(args.since) if args.since else None, rules=load_rules(args.rules),
-                   memory_limit=args.memory_limit, views=_stored_views())
+                   memory_limit=args.memory_limit, views=_stored_views(), serve=not is_lake(settings.db),
+                   data_path=getattr(loc, "data_path", None))
     return _run(opts, settings)
 
 

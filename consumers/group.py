@@ -1,0 +1,236 @@
+"""Materializers in a Kafka consumer group writing one DuckLake: ownership, claims, fencing, maintenance.
+
+The group's coordinator hands out partitions with the range assignor: the four topics are keyed by instance id
+with equal partition counts, so each member gets the same partition numbers of every topic (a *shard*, see
+lakestore.py) and so every event of an instance. Offsets are never committed to Kafka: they live in the lake
+and commit in the same transaction as the rows. On assignment the member claims its shards in the lake (epoch +
+1) and seeks each partition to the offset stored there; on revocation it first commits what it holds. Records
+fetched for a partition before its seek took effect, or after it was revoked, are dropped by offset, never
+folded twice. A member whose claim was taken (Fenced) writes nothing for those shards and drops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import defaultdict
+from typing import Any
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from flightrec import lake as lakes
+from flightrec.consumers.fold import Delta, fold
+from flightrec.consumers.lakestore import LakeStore
+from flightrec.consumers.materializer import Materializer, Options, _Pending
+from flightrec.consumers.stats import Stats
+from flightrec.errors import Fenced, MaterializeError
+
+log = logging.getLogger(__name__)
+RUN_RECORD_S = 30.0  # how often a member updates its row of materializer_runs
+
+
+class _Listener(ConsumerRebalanceListener):
+    """Forwards the group's rebalance callbacks to the materializer (aiokafka awaits them)."""
+
+    def __init__(self, owner: "GroupMaterializer") -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.owner._revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.owner._assigned(set(assigned))
+
+
+class GroupMaterializer(Materializer):
+    """One member of a consumer group writing a DuckLake (``Options.db`` is the lake's ``ducklake:`` string).
+
+    With ``replay`` it is no group member: it takes every partition, claims every shard of a lake that must hold
+    no events yet, and stops at the end offsets seen at start, like a replay into a file.
+    """
+
+    def __init__(self, kafka_kwargs: dict[str, Any], options: Options) -> None:
+        if options.webhook:
+            raise MaterializeError("webhook alerts are not sent from a lake (their outbox is a table only one "
+                                   "writer may own): run the materializer on a file for alerts, or drop --webhook")
+        options = dataclasses.replace(options, serve=False)  # readers read the lake itself, not a socket
+        super().__init__(kafka_kwargs, options)
+        self.loc = lakes.lake_location(options.db, options.data_path, writing=True)
+        self._next: dict[TopicPartition, int | None] = {}  # owned partitions -> next offset to fold (None: any)
+        self._lock = asyncio.Lock()   # one flush/drain at a time (the loop and the rebalance callbacks)
+        self._assigned_once = False
+        self._last_maintenance = 0.0
+        self._last_record = 0.0
+
+    # -- opening ----------------------------------------------------------------------------------------
+
+    def _open_store(self) -> LakeStore:
+        opts = self.opts
+        store = LakeStore(self.loc, opts.group, opts.rules, "replay" if opts.replay else "materialize",
+                          opts.memory_limit, opts.views)
+        if opts.replay and store.holds_events():
+            store.close()
+            raise MaterializeError(f"the lake {self.loc.describe()} already holds events; replay builds a new lake: "
+                                   "give a new catalog database (`flightrec catalog` makes one per --db string)")
+        return store
+
+    def _consumer_options(self) -> dict[str, Any]:
+        if self.opts.replay:
+            return {"group_id": None}
+        ms = int(self.opts.session_timeout * 1000)
+        return {"group_id": self.opts.group, "partition_assignment_strategy": (RangePartitionAssignor,),
+                "session_timeout_ms": ms, "heartbeat_interval_ms": max(500, ms // 4)}
+
+    async def _shard_count(self) -> tuple[list[TopicPartition], int]:
+        parts = await self._partitions()
+        counts = {t: sum(1 for tp in parts if tp.topic == t) for t in self.opts.topics}
+        if len(set(counts.values())) != 1 or not parts:
+            raise MaterializeError(f"the topics have different partition counts ({counts}); a lake's group needs "
+                                   "equal counts (partition p of every topic holds the same instances): "
+                                   "add partitions to match (kafka-topics --alter --partitions N)")
+        return parts, next(iter(counts.values()))
+
+    async def _assign(self, initial: bool = False) -> bool:
+        c = self._consumer
+        assert c is not None and self._store is not None
+        if not initial:
+            return False  # the group's coordinator follows new partitions by itself
+        parts, shards = await self._shard_count()
+        await self._in_writer(self._store.add_shards, range(shards))
+        if not self.opts.replay:
+            c.subscribe(list(self.opts.topics), listener=_Listener(self))
+            return True
+        stored = await self._in_writer(self._store.claim, range(shards))
+        c.assign(parts)
+        for tp in parts:
+            self._next[tp] = stored.get((tp.topic, tp.partition))
+        await self._seek(parts, {tp: self._next[tp] for tp in parts})
+        self._parts = parts
+        self._assigned_once = True
+        return True
+
+    # -- the group's callbacks ---------------------------------------------------------------------------
+
+    async def _assigned(self, assigned: set[TopicPartition]) -> None:
+        """Claim the shards of ``assigned`` in the lake and seek each partition to its stored offset."""
+        c = self._consumer
+        assert c is not None and self._store is not None
+        shards = sorted({tp.partition for tp in assigned})
+        stored = await self._in_writer(self._store.claim, shards) if shards else {}
+        for tp in assigned:
+            self._next[tp] = stored.get((tp.topic, tp.partition))
+        await self._seek(assigned, {tp: self._next[tp] for tp in assigned})
+        self._assigned_once = True
+        log.info("member %s owns shards %s", self._store.owner, shards)
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        """Commit what is held (this member still owns the shards until the group moves on), then let them go."""
+        await self._drain()
+        for tp in revoked:
+            self._next.pop(tp, None)
+        shards = {tp.partition for tp in revoked} - {tp.partition for tp in self._next}
+        if shards and self._store is not None:
+            await self._in_writer(self._store.release, shards)
+
+    # -- reading and committing --------------------------------------------------------------------------
+
+    async def _read(self) -> dict[TopicPartition, list[Any]]:
+        """Only records of owned partitions, each offset once: older ones (fetched before a seek) are dropped."""
+        data = await super()._read()
+        out: dict[TopicPartition, list[Any]] = {}
+        for tp, records in data.items():
+            if tp not in self._next:
+                continue
+            expect = self._next[tp]
+            if expect is not None:
+                records = [r for r in records if r.offset >= expect]
+            if records:
+                self._next[tp] = records[-1].offset + 1
+                out[tp] = records
+        return out
+
+    async def _flush(self, pending: _Pending) -> None:
+        async with self._lock:
+            await self._flush_locked(pending)
+
+    async def _flush_locked(self, pending: _Pending) -> None:
+        if not pending.records:
+            return
+        by_shard: dict[int, list[Any]] = defaultdict(list)
+        for r in pending.take():
+            by_shard[r.partition].append(r)
+        deltas = {s: fold(records, keep=self._keep) for s, records in by_shard.items()}
+        if self._inflight is not None:
+            await self._inflight
+        self._inflight = asyncio.ensure_future(self._commit_shards(deltas))
+
+    async def _commit_shards(self, deltas: dict[int, Delta]) -> None:
+        """Commit the shards' Deltas in one transaction; a fenced shard is dropped and the rest committed."""
+        assert self._store is not None
+        while deltas:
+            try:
+                self.stats += await self._in_writer(self._store.commit, deltas)
+                return
+            except Fenced as exc:
+                self.stats += Stats(fenced=1)
+                log.warning("%s", exc)
+                lost = set(exc.shards)
+                for tp in [tp for tp in self._next if tp.partition in lost]:
+                    del self._next[tp]
+                await self._in_writer(self._store.release, lost)
+                deltas = {s: d for s, d in deltas.items() if s not in lost}
+
+    async def _drain(self) -> None:
+        """Commit everything read so far and wait for it."""
+        async with self._lock:
+            await self._flush_locked(self._pending)
+            if self._inflight is not None:
+                inflight, self._inflight = self._inflight, None
+                await inflight
+
+    async def _reap(self) -> None:
+        await super()._reap()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._store is None:
+            return
+        if now - self._last_record >= RUN_RECORD_S:
+            self._last_record = now
+            await self._in_writer(self._store.record_run)
+        interval = lakes.MAINTENANCE_INTERVAL.total_seconds()
+        if self._last_maintenance == 0.0:
+            self._last_maintenance = now  # the first pass one interval after start
+        elif now - self._last_maintenance >= interval and self._owns_shard_zero():
+            self._last_maintenance = now
+            async with self._lock:
+                if self._inflight is not None:
+                    inflight, self._inflight = self._inflight, None
+                    await inflight
+                await self._in_writer(self._store.maintain)
+
+    def _owns_shard_zero(self) -> bool:
+        """One member runs maintenance: the owner of partition 0 (a replay owns every partition)."""
+        return any(tp.partition == 0 for tp in self._next)
+
+    async def _caught_up(self, targets: dict[TopicPartition, int] | None = None) -> bool:
+        c = self._consumer
+        assert c is not None
+        if not self._assigned_once:
+            return False
+        owned = list(self._next)
+        if not owned:
+            return True  # more members than partitions: nothing to read here
+        ends = targets if targets is not None else await c.end_offsets(owned)
+        for tp in owned:
+            if tp in ends and await c.position(tp) < ends[tp]:
+                return False
+        return True
+
+    async def run(self) -> Stats:
+        """Consume until stopped or idle (``until_idle``); a replay stops at the end offsets seen at start."""
+        stats = await super().run()
+        if self.opts.replay and self._store is not None:
+            await self._in_writer(self._store.maintain)
+        return stats

@@ -1,0 +1,214 @@
+"""The writer side of a lake: the same tables as a file, replay into a lake, fencing, conflicts retried."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import duckdb
+import pytest
+from lake_helpers import assert_lake_equals_file, lake_con, run_lake, varied_fleet
+from materializer_helpers import Boot, flightrec, materialize, publish
+
+from flightrec import lake as lakes
+from flightrec.consumers.fold import RawMessage, fold
+from flightrec.consumers.lakestore import LakeStore
+from flightrec.errors import Fenced, MaterializeError
+from flightrec.schemas import encode
+
+
+def test_the_lake_equals_a_file_of_the_same_topics(kafka, lake, tmp_path):
+    db, data_path = lake
+    events, raw = varied_fleet()
+    publish(kafka.bootstrap, events, raw)
+    file = tmp_path / "file.duckdb"
+    materialize(kafka, file)
+    stats = run_lake(kafka, db, data_path)
+    assert stats.commits >= 1 and stats.fenced == 0
+    counts = assert_lake_equals_file(db, file)
+    for table in ("instances", "boots", "failures", "heartbeats", "running_stages", "manager_events", "dead_letters",
+                  "log_lines", "throughput", "process_exits"):
+        assert counts[table] > 0, table
+    con = lake_con(db)
+    try:  # the readers' views are stored in the lake, as in a file
+        assert con.execute("SELECT count(*) FROM fleet").fetchone()[0] == counts["instances"]
+        assert con.execute("SELECT count(DISTINCT owner) FROM claims").fetchone()[0] == 1
+    finally:
+        con.close()
+    again = run_lake(kafka, db, data_path, idle=1.0)  # offsets stored with the rows: nothing new to write
+    assert again.lines_written == 0 and again.events_written == 0
+    assert_lake_equals_file(db, file, ("log_lines", "events_seen"))
+
+
+def test_replay_into_a_lake(kafka, lake, tmp_path, env_for):
+    db, data_path = lake
+    events, raw = varied_fleet(2)
+    publish(kafka.bootstrap, events, raw)
+    file = tmp_path / "file.duckdb"
+    flightrec("replay", "--db", str(file), env=env_for())
+    out = flightrec("replay", "--db", db, "--data-path", data_path, env=env_for())
+    assert "conflicts_retried=" in out.stderr
+    assert_lake_equals_file(db, file)
+    again = flightrec("replay", "--db", db, "--data-path", data_path, env=env_for(), check=False)
+    assert again.returncode == 1 and "already holds events" in again.stderr
+    no_path = flightrec("replay", "--db", db, env=env_for(), check=False)
+    assert no_path.returncode == 1 and "--data-path" in no_path.stderr
+
+
+def _delta(boot: Boot, partition: int = 0, first_offset: int = 0):
+    return fold([RawMessage(e.topic, partition, first_offset + i,
+                            e.instance_id.encode(), encode(e)) for i, e in enumerate(boot.events)])
+
+
+def _boot(lines: int = 10) -> Boot:
+    b = Boot()
+    b.lines("supervisor", "stdout", [f"line {i}" for i in range(lines)])
+    return b
+
+
+def _count(store: LakeStore, sql: str) -> int:
+    return store.con.execute(sql).fetchone()[0]
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["owner-check", "owner-check-disabled"])
+def test_a_stale_member_is_fenced_and_writes_nothing(lake, check):
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    a = LakeStore(loc, "g", shards=[0], owner="member-a")
+    b = LakeStore(loc, "g", shards=[0], owner="member-b")
+    try:
+        a.claim([0])
+        a.commit({0: _delta(_boot(), first_offset=0)})
+        assert _count(a, "SELECT count(*) FROM log_lines") == 10
+        b.claim([0])  # the group moved shard 0 to b; a has not noticed yet
+        assert a.epochs[0] < b.epochs[0]
+        stale = {0: _delta(_boot(7), first_offset=1)}
+        if check:
+            with pytest.raises(Fenced) as info:
+                a.commit(stale)
+            assert info.value.shards == (0,)
+            assert a.totals.fenced == 1
+            assert _count(b, "SELECT count(*) FROM log_lines") == 10  # nothing of the stale batch
+            assert b.offsets() == {("flightrec.logs", 0): 1}
+        else:  # without the check the stale member's rows and offsets land: what fencing prevents
+            a.commit(stale, check_claims=False)
+            assert _count(b, "SELECT count(*) FROM log_lines") == 17
+            assert b.offsets() == {("flightrec.logs", 0): 2}
+        b.commit({0: _delta(_boot(3), first_offset=1)})  # the owner commits on
+        assert _count(b, "SELECT count(*) FROM log_lines") == (13 if check else 20)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_event_sent_again_later_is_stored_once(lake):
+    """A producer's re-send (the same event at a later offset, after other commits) is dropped: the duplicate check
+    looks only at files whose ts_us range can hold it, and still finds it."""
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    store = LakeStore(loc, "g", shards=[0])
+    try:
+        store.claim([0])
+        first = _boot(10)
+        store.commit({0: _delta(first, first_offset=0)})
+        offset = len(first.events)
+        later = []
+        for _ in range(3):  # newer events in files of their own
+            time.sleep(0.01)
+            b = _boot(5)
+            later.append(b)
+            store.commit({0: _delta(b, first_offset=offset)})
+            offset += len(b.events)
+        again = store.commit({0: _delta(first, first_offset=offset)})  # the first boot's events, sent again
+        assert again.duplicates_dropped == len(first.events) and again.lines_written == 0
+        assert _count(store, "SELECT count(*) FROM log_lines") == 10 + 3 * 5
+        assert _count(store, "SELECT count(*) FROM events_seen") == len(first.events) + sum(len(b.events) for b in later)
+    finally:
+        store.close()
+
+
+def test_concurrent_commits_are_retried_and_counted(lake):
+    """Another transaction writing the shard's claim table meanwhile makes commits lose DuckLake's race; each is
+    retried whole and lands once."""
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    store = LakeStore(loc, "g", shards=[0], owner="member-a")
+    store.claim([0])
+    rival = lakes.connect(loc)
+    stop = threading.Event()
+    pause = 1.0
+
+    def touch() -> None:  # a commit of the same table, as a claim or another writer would make
+        while not stop.is_set():
+            try:
+                rival.execute("UPDATE part_0.claim SET claimed_us = claimed_us")
+            except duckdb.Error:
+                pass
+            time.sleep(pause)
+
+    t = threading.Thread(target=touch, daemon=True)
+    t.start()
+    boots = [_boot(20) for _ in range(6)]
+    try:
+        for k, b in enumerate(boots):
+            store.commit({0: _delta(b, first_offset=len(b.events) * k)})
+    finally:
+        stop.set()
+        t.join()
+        rival.close()
+    try:
+        assert store.totals.conflicts_retried > 0, "no commit met a conflict: the rival did not race"
+        assert _count(store, "SELECT count(*) FROM log_lines") == 6 * 20
+        assert _count(store, "SELECT count(DISTINCT event_id) FROM log_lines") == 6
+        # with no retries allowed, the same race is an error, not a silent loss
+        store.retries = 0
+        pause = 0.0
+        rival = lakes.connect(loc)
+        stop.clear()
+        t = threading.Thread(target=touch, daemon=True)
+        t.start()
+        with pytest.raises(MaterializeError, match="conflict"):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                b = _boot(1)
+                store.commit({0: _delta(b, first_offset=1000 + int(time.monotonic() * 1000))})
+        stop.set()
+        t.join()
+        rival.close()
+    finally:
+        store.close()
+
+
+def test_two_members_creating_a_new_lake_at_once(lake):
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    errors: list[BaseException] = []
+    stores: list[LakeStore] = []
+
+    def open_() -> None:
+        try:
+            stores.append(LakeStore(loc, "g", shards=range(6), views=("CREATE OR REPLACE VIEW v AS SELECT 1 AS x",)))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert not errors, errors
+    con = lake_con(db)
+    try:
+        assert con.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
+        assert con.execute("SELECT x FROM v").fetchone()[0] == 1
+    finally:
+        con.close()
+
+
+def test_webhook_alerts_are_refused_on_a_lake(kafka, lake, env_for):
+    db, data_path = lake
+    r = flightrec("materialize", "--db", db, "--data-path", data_path, "--webhook", "http://127.0.0.1:9/x",
+                  "--until-idle", "1", env=env_for(), check=False)
+    assert r.returncode == 1 and "webhook" in r.stderr.lower() and "lake" in r.stderr

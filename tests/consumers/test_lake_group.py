@@ -1,0 +1,149 @@
+"""Two `flightrec materialize` processes in one consumer group write one lake while a reader process reads it; one
+member is SIGKILLed twice mid-run and restarted. Every line lands exactly once and the lake equals a file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import duckdb
+from lake_helpers import assert_lake_equals_file, lake_con
+from materializer_helpers import Boot, materialize, publish
+
+INSTANCES = 20
+BATCHES = 20
+LINES = 500   # 20 * 20 * 500 = 200,000 lines
+PRODUCE_S = 30.0  # the lines arrive over this long, so the kills fall mid-run
+
+READER = r"""
+import json, sys, time
+from flightrec.query import run_query
+db, prefix, until = sys.argv[1], sys.argv[2], float(sys.argv[3])
+seen, errors = [], []
+while time.time() < until:
+    try:
+        n = run_query(db, "SELECT count(*) AS n FROM log_lines WHERE starts_with(instance_id, ?)", [prefix]).to_pylist()[0]["n"]
+        seen.append(n)
+    except Exception as exc:
+        errors.append(str(exc)[:200])
+    time.sleep(0.5)
+print(json.dumps({"seen": seen, "errors": errors}))
+"""
+
+
+def _boots(prefix: str) -> list[Boot]:
+    boots = []
+    for k in range(INSTANCES):
+        b = Boot(instance=f"{prefix}{k:02d}")
+        b.facts()
+        for n in range(BATCHES):
+            b.lines("supervisor", "stdout", [f"instance {k} batch {n} line {i}" for i in range(LINES)],
+                    first_line=n * LINES + 1)
+        b.seal()
+        boots.append(b)
+    return boots
+
+
+def _produce(bootstrap: str, boots: list[Boot]) -> None:
+    """Publish the boots' events in rounds over PRODUCE_S seconds (each instance's events in order)."""
+    rounds = BATCHES + 2
+    for r in range(rounds):
+        publish(bootstrap, [b.events[r] for b in boots])
+        time.sleep(PRODUCE_S / rounds)
+
+
+def _member(db: str, data_path: str, group: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+    exe = Path(sys.executable).with_name("flightrec")
+    return subprocess.Popen([str(exe), "materialize", "--db", db, "--data-path", data_path, "--group", group,
+                             "--until-idle", "15"], env={**env, "PYTHONSAFEPATH": "1", "FLIGHTREC_LOG_LEVEL": "INFO"},
+                            stdout=subprocess.DEVNULL, stderr=log.open("ab"))
+
+
+def _lines(db: str, data_path: str, prefix: str) -> int:
+    con = lake_con(db, data_path)
+    try:
+        return con.execute("SELECT count(*) FROM log_lines WHERE starts_with(instance_id, ?)", [prefix]).fetchone()[0]
+    except duckdb.CatalogException:  # the members have not made the tables yet
+        return 0
+    finally:
+        con.close()
+
+
+def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page):
+    db, data_path = lake
+    prefix = f"grp-{uuid.uuid4().hex[:6]}-"
+    boots = _boots(prefix)
+    total = INSTANCES * BATCHES * LINES
+    group = f"lake-{uuid.uuid4().hex[:8]}"
+    env = kafka.env()
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    producer = threading.Thread(target=_produce, args=(kafka.bootstrap, boots))
+    procs: list[subprocess.Popen] = []
+    reader = subprocess.Popen([sys.executable, "-c", READER, db, prefix, str(time.time() + PRODUCE_S + 40)],
+                              env={**env, "PYTHONSAFEPATH": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        a = _member(db, data_path, group, env, logs[0])
+        b = _member(db, data_path, group, env, logs[1])
+        procs += [a, b]
+        producer.start()
+        kills = []
+        for _ in range(2):  # SIGKILL member a once it has committed something more, then start it again
+            before = _lines(db, data_path, prefix) if kills else 0
+            deadline = time.monotonic() + 60
+            while _lines(db, data_path, prefix) <= before:
+                assert time.monotonic() < deadline, "no progress in 60 s"
+                assert a.poll() is None, logs[0].read_text()[-3000:]
+                time.sleep(1.0)
+            time.sleep(2.0)
+            os.kill(a.pid, signal.SIGKILL)
+            a.wait(30)
+            kills.append(_lines(db, data_path, prefix))
+            a = _member(db, data_path, group, env, logs[0])
+            procs.append(a)
+        assert kills[-1] < total, "the run was over before the second kill: produce more slowly"
+        producer.join()
+        for p in (a, b):
+            assert p.wait(180) == 0, "\n".join(log.read_text()[-3000:] for log in logs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(30)
+        if producer.is_alive():
+            producer.join()
+    out, err = reader.communicate(timeout=120)
+    read = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"seen": [], "errors": [err[-2000:]]}
+
+    con = lake_con(db)
+    try:
+        n, distinct, batches = con.execute(
+            """SELECT count(*), count(DISTINCT (event_id, line_no)), count(DISTINCT event_id) FROM log_lines
+               WHERE starts_with(instance_id, ?)""", [prefix]).fetchone()
+        assert (n, distinct, batches) == (total, total, INSTANCES * BATCHES)
+        complete = con.execute("SELECT count(*) FROM instances WHERE starts_with(instance_id, ?) AND complete",
+                               [prefix]).fetchone()[0]
+        assert complete == INSTANCES
+        epochs = con.execute("SELECT max(epoch), count(DISTINCT owner) FROM claims").fetchone()
+        assert epochs[0] >= 2, "no shard changed hands"
+    finally:
+        con.close()
+    # the reader process read concurrently: never an error, never a count going back
+    assert read["errors"] == [] and read["seen"], read
+    assert read["seen"] == sorted(read["seen"]) and max(read["seen"]) <= total, read["seen"][-5:]
+    assert any(0 < s < total for s in read["seen"]), "the reader saw no commit in progress"
+
+    file = tmp_path / "file.duckdb"
+    materialize(kafka, file)
+    assert_lake_equals_file(db, file)
+
+    at = open_page(db)  # the dashboard renders from the lake the group wrote
+    shown = {str(i) for i in at.dataframe[0].value["instance_id"]}
+    assert {b.instance for b in boots} <= shown
