@@ -168,6 +168,9 @@ def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "l
         cause = " ".join(mask_password(str(exc)).split())
         hint = ("; is its PostgreSQL running and reachable (`flightrec catalog status`)?"
                 if "connect" in cause.lower() else "")
+        if "explicitly disabled" in cause:  # a reader on a catalog no writer has made a lake in
+            hint = (f"; no lake was written there yet: run `flightrec materialize --db '{loc.describe()}' "
+                    "--data-path DIR` first")
         raise LakeError(f"cannot attach the lake {loc.describe()}: {cause}{hint}") from None
     con.execute(f"USE {_ident(alias)}")
 

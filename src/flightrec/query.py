@@ -188,6 +188,18 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
     except QueryError as exc:
         if "connect" in str(exc).lower():  # the catalog went away: the next read attaches afresh
             forget_reader(loc)
-        raise QueryError(mask_password(str(exc))) from None
+        hint = ""
+        if "does not exist" in str(exc) and not _lake_has_tables(cur):
+            hint = (f"; the lake holds no tables yet: a materializer makes them when it starts "
+                    f"(`flightrec materialize --db '{loc.describe()}' --data-path DIR`)")
+        raise QueryError(mask_password(str(exc)) + hint) from None
     finally:
         cur.close()
+
+
+def _lake_has_tables(cur: duckdb.DuckDBPyConnection) -> bool:
+    try:
+        return bool(cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()")
+                    .fetchone()[0])
+    except duckdb.Error:
+        return True  # cannot tell: no hint

@@ -280,3 +280,13 @@ def test_the_lake_s_own_listings_are_readable(fleet_lake):
     r = flightrec("sql", "--db", db, "--json",
                   "SELECT sum(file_count) AS files FROM ducklake_table_info('lake') WHERE table_name = 'log_lines'")
     assert r.returncode == 0 and int(json.loads(r.stdout)["files"]) == 1, r.stderr
+
+
+def test_a_lake_not_written_yet_says_what_to_run(lake):
+    db, data_path = lake
+    before = flightrec("sql", "--db", db, "SELECT * FROM fleet")
+    assert before.returncode == 1 and "no lake was written there yet" in before.stderr
+    assert "flightrec materialize --db" in before.stderr and "Traceback" not in before.stderr
+    lakes.connect(lakes.parse_db(db, data_path, writing=True)).close()  # a writer attached, made no tables yet
+    empty = flightrec("sql", "--db", db, "SELECT count(*) FROM log_lines")
+    assert empty.returncode == 1 and "the lake holds no tables yet" in empty.stderr, empty.stderr
