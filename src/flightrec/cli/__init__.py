@@ -35,7 +35,6 @@ def _configure_logging(level: str) -> None:
         level=getattr(logging, level, logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # aiokafka logs every failed connection attempt at ERROR; flightrec reports outages itself.
     # aiokafka logs every failed connection attempt at ERROR: each distinct message is shown once (an
     # authentication or TLS error stays visible; a broker that is away does not flood stderr).
     if getattr(logging, level, logging.INFO) > logging.DEBUG:  # its INFO is chatter (CA loaded, authenticated)

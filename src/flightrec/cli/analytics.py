@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from flightrec.cli.options import LAKE_FORM, add_read_db
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -17,11 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("dashboard", help="start the Streamlit app",
                        description="Start the Streamlit dashboard (Fleet, Instance, Failures, Throughput, SQL) "
                                    "on a flightrec database; it reads it live while a materializer runs.")
-    d.add_argument("--db", default=None, help="the database (default: $FLIGHTREC_DB, else flightrec.duckdb), or a "
-                   "DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…', read read-only")
-    d.add_argument("--data-path", default=None, metavar="DIR",
-                   help="a DuckLake's data folder where it differs on this host (default $FLIGHTREC_DATA_PATH, "
-                        "else the one the lake's catalog recorded)")
+    add_read_db(d, f"the database (default: $FLIGHTREC_DB, else flightrec.duckdb), or a DuckLake: {LAKE_FORM}, "
+                   "read read-only")
     d.add_argument("--port", type=int, default=8501, help="HTTP port (default 8501)")
     d.add_argument("--address", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 serves every interface)")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from flightrec.errors import ConfigError
+from flightrec.cli.options import add_read_db
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_replay)
     t = sub.add_parser("timeline", help="print one instance's life")
     t.add_argument("instance", help="the instance id")
-    t.add_argument("--db", default=None, help="database file, or a DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
-    t.add_argument("--data-path", default=None, metavar="DIR",
-                   help="a DuckLake's data folder where it differs on this host (default $FLIGHTREC_DATA_PATH, "
-                        "else the one the lake's catalog recorded)")
+    add_read_db(t)
     t.add_argument("--from-topics", action="store_true", help="read the topics even if the database exists")
     t.add_argument("--max-lines", type=int, default=2000, help="log lines shown, the latest (0: all)")
     t.add_argument("--rules", default=None, metavar="FILE",
@@ -65,10 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=_timeline)
     w = sub.add_parser("wait-sealed", help="wait until an instance's evidence is complete")
     w.add_argument("instance", help="the instance id")
-    w.add_argument("--db", default=None, help="database file, or a DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
-    w.add_argument("--data-path", default=None, metavar="DIR",
-                   help="a DuckLake's data folder where it differs on this host (default $FLIGHTREC_DATA_PATH, "
-                        "else the one the lake's catalog recorded)")
+    add_read_db(w)
     w.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up after SECONDS (exit 3; default 60)")
     w.set_defaults(func=_wait_sealed)

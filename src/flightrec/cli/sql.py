@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # imported where used: every `flightrec` command (the agent's too) would pay for it at start
     import pyarrow as pa
 
+from flightrec.cli.options import add_read_db
 from flightrec.settings import Settings
 
 MAX_CELL = 200  # characters shown per cell in the text table
@@ -19,10 +20,7 @@ MAX_CELL = 200  # characters shown per cell in the text table
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sql", help="run read-only SQL and print the result")
     s.add_argument("query", help="one read-only SQL statement; the shared views (fleet, log_view, ...) are there")
-    s.add_argument("--db", default=None, help="database file, or a DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
-    s.add_argument("--data-path", default=None, metavar="DIR",
-                   help="a DuckLake's data folder where it differs on this host (default $FLIGHTREC_DATA_PATH, "
-                        "else the one the lake's catalog recorded)")
+    add_read_db(s)
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="print CSV")
     fmt.add_argument("--json", action="store_true", help="print one JSON object per line")
