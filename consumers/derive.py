@@ -94,8 +94,8 @@ def affected_keys(con: duckdb.DuckDBPyConnection, new: pa.Table) -> AffectedKeys
                       """SELECT instance_id, boot_id, stage FROM _aff_fail
                          SEMI JOIN (SELECT instance_id, boot_id FROM _aff_new WHERE kind = 'lifecycle')
                          USING (instance_id, boot_id)"""]
-            stored = con.sql("SELECT instance_id, boot_id, stage FROM failures "
-                             "SEMI JOIN (SELECT DISTINCT instance_id FROM _aff_new) USING (instance_id)").to_arrow_table()
+            stored = con.sql("SELECT instance_id, boot_id, stage FROM failures SEMI JOIN "
+                             "(SELECT DISTINCT instance_id FROM _aff_new) USING (instance_id)").to_arrow_table()
         else:
             stored = pa.table({"instance_id": pa.array([], STR), "boot_id": pa.array([], STR),
                                "stage": pa.array([], STR)})
