@@ -16,10 +16,12 @@ from typing import Any, Iterator, Sequence
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flightrec.consumers.classify import RuleTable
 from flightrec.consumers.failures import TAIL_LINES, build_failure
 from flightrec.consumers.fold import BOOL, FILE_TAILS, F64, I32, I64, STR, STRLIST
+from flightrec.consumers.liveness import recompute_running
 
 FAILURES = pa.schema([
     ("failure_id", STR), ("instance_id", STR), ("boot_id", STR), ("stage", STR), ("ts_us", I64),
@@ -47,6 +49,12 @@ def arrow_views(con: duckdb.DuckDBPyConnection, **tables: pa.Table) -> Iterator[
             con.unregister(name)
 
 
+# Kinds of event whose only effect on the derived tables is through their boot's counts (boots, and the
+# instances columns taken from the latest boot) and, for log lines, the tails of a failure already shown:
+# they never make a stage show a failure, nor change a state, a stage, facts or throughput.
+BOOT_ONLY_KINDS: tuple[str, ...] = ("log", "heartbeat", "dropped")
+
+
 @dataclass(frozen=True)
 class AffectedKeys:
     """The keys one batch's new events touch: what the derived tables recompute."""
@@ -54,6 +62,7 @@ class AffectedKeys:
     boots: pa.Table      # (instance_id, boot_id)
     instances: pa.Table  # (instance_id)
     stages: pa.Table     # (instance_id, boot_id, stage), failure rows' outside dependencies included
+    boot_only: pa.Table  # (instance_id) of the instances whose new events are all of BOOT_ONLY_KINDS
 
 
 def affected_keys(con: duckdb.DuckDBPyConnection, new: pa.Table) -> AffectedKeys:
@@ -62,20 +71,37 @@ def affected_keys(con: duckdb.DuckDBPyConnection, new: pa.Table) -> AffectedKeys
     A failure row also depends on events outside its stage: new facts touch every failure
     of their instance (a boot without facts of its own shows the instance's latest ones),
     and a new lifecycle event of any stage touches every failure of its boot (it may
-    belong in preceding_events). Read before the failures are recomputed.
+    belong in preceding_events). A stage touched only by events of BOOT_ONLY_KINDS is
+    recomputed only when it already shows a failure (new lines may change its tails; they
+    never make or unmake a failure). Read before the failures are recomputed; the stored
+    failures are read once, and only when the batch has events that need them.
     """
+    light = ", ".join(f"'{k}'" for k in BOOT_ONLY_KINDS)
+    kinds = set(new.column("kind").to_pylist())
     with arrow_views(con, _aff_new=new):
         boots = con.sql("SELECT DISTINCT instance_id, boot_id FROM _aff_new").to_arrow_table()
         instances = con.sql("SELECT DISTINCT instance_id FROM _aff_new").to_arrow_table()
-        stages = con.sql("""SELECT DISTINCT instance_id, boot_id, stage FROM _aff_new WHERE stage IS NOT NULL
-                            UNION
-                            SELECT instance_id, boot_id, stage FROM failures
-                            SEMI JOIN (SELECT instance_id FROM _aff_new WHERE kind = 'facts') USING (instance_id)
-                            UNION
-                            SELECT instance_id, boot_id, stage FROM failures
-                            SEMI JOIN (SELECT instance_id, boot_id FROM _aff_new WHERE kind = 'lifecycle')
-                            USING (instance_id, boot_id)""").to_arrow_table()
-    return AffectedKeys(boots=boots, instances=instances, stages=stages)
+        boot_only = con.sql(f"""SELECT instance_id FROM _aff_new GROUP BY instance_id
+                                HAVING bool_and(kind IN ({light}))""").to_arrow_table()
+        parts = [f"SELECT DISTINCT instance_id, boot_id, stage FROM _aff_new WHERE stage IS NOT NULL "
+                 f"AND kind NOT IN ({light})"]
+        if kinds & {"facts", "lifecycle", *BOOT_ONLY_KINDS}:
+            parts += [f"""SELECT instance_id, boot_id, stage FROM _aff_fail
+                          SEMI JOIN (SELECT instance_id, boot_id, stage FROM _aff_new WHERE kind IN ({light}))
+                          USING (instance_id, boot_id, stage)""",
+                      """SELECT instance_id, boot_id, stage FROM _aff_fail
+                         SEMI JOIN (SELECT instance_id FROM _aff_new WHERE kind = 'facts') USING (instance_id)""",
+                      """SELECT instance_id, boot_id, stage FROM _aff_fail
+                         SEMI JOIN (SELECT instance_id, boot_id FROM _aff_new WHERE kind = 'lifecycle')
+                         USING (instance_id, boot_id)"""]
+            stored = con.sql("SELECT instance_id, boot_id, stage FROM failures SEMI JOIN "
+                             "(SELECT DISTINCT instance_id FROM _aff_new) USING (instance_id)").to_arrow_table()
+        else:
+            stored = pa.table({"instance_id": pa.array([], STR), "boot_id": pa.array([], STR),
+                               "stage": pa.array([], STR)})
+        with arrow_views(con, _aff_fail=stored):
+            stages = con.sql(" UNION ".join(parts)).to_arrow_table()
+    return AffectedKeys(boots=boots, instances=instances, stages=stages, boot_only=boot_only)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
@@ -367,16 +393,52 @@ LEFT JOIN rate USING (instance_id) LEFT JOIN fc USING (instance_id)
 """
 
 
-def recompute_instances(con: duckdb.DuckDBPyConnection, instances: pa.Table) -> None:
-    """The instances row of every instance in ``instances`` (after boots and failures)."""
+# The instances row of an instance whose new events are all of BOOT_ONLY_KINDS and whose latest boot is still the
+# one its stored row names: only the columns taken from the boots change (the same expressions as INSTANCES_SQL);
+# state, stage, facts, throughput and the failure count cannot. Reads the boots and the stored rows only.
+BOOT_ONLY_INSTANCES_SQL = """
+WITH b AS (
+    SELECT instance_id, arg_max(b, (first_event_us, boot_id)) AS lb,
+           min(first_event_us) AS first_event_us, max(last_event_us) AS last_event_us
+    FROM boots b SEMI JOIN _boot_only USING (instance_id) GROUP BY instance_id)
+SELECT i.* REPLACE (b.first_event_us AS first_event_us, b.last_event_us AS last_event_us,
+                    coalesce(b.lb.events, 0) AS events, b.lb.sealed_count IS NOT NULL AS sealed,
+                    coalesce(b.lb.complete, false) AS complete, b.lb.incomplete_reason AS incomplete_reason,
+                    coalesce(b.lb.dropped_events, 0) AS dropped_events)
+FROM instances i JOIN b ON i.instance_id = b.instance_id AND i.boot_id = b.lb.boot_id
+"""
+
+
+def recompute_instances(con: duckdb.DuckDBPyConnection, instances: pa.Table,
+                        boot_only: pa.Table | None = None) -> pa.Table:
+    """The instances row of every instance in ``instances`` (after boots and failures); returns the instances
+    recomputed in full. Those of ``boot_only`` (see AffectedKeys) whose latest boot did not change take their
+    stored row with the boots' columns updated (BOOT_ONLY_INSTANCES_SQL): the same row, fewer tables read."""
+    fast = None
+    if boot_only is not None and boot_only.num_rows:
+        with arrow_views(con, _boot_only=boot_only):
+            fast = con.sql(BOOT_ONLY_INSTANCES_SQL).to_arrow_table()
+    full = instances
+    if fast is not None and fast.num_rows:
+        full = instances.filter(pc.invert(pc.is_in(instances.column("instance_id"), fast.column("instance_id"))))
     with arrow_views(con, _aff_inst=instances):
         con.execute("DELETE FROM instances WHERE instance_id IN (SELECT instance_id FROM _aff_inst)")
-        con.execute(INSTANCES_SQL)
+    if fast is not None and fast.num_rows:
+        with arrow_views(con, _fast_inst=fast):
+            con.execute("INSERT INTO instances BY NAME SELECT * FROM _fast_inst")
+    if full.num_rows:
+        with arrow_views(con, _aff_inst=full):
+            con.execute(INSTANCES_SQL)
+    return full
 
 
 def recompute(con: duckdb.DuckDBPyConnection, rules: RuleTable, keys: AffectedKeys) -> int:
-    """Boots, then failures, then instances, for the affected keys; returns failure rows written."""
+    """Boots, then failures, then instances, then running stages, for the affected keys; returns failure rows
+    written. Running stages depend on the latest boot and its lifecycle events only, so an instance whose row
+    kept its boot and got only BOOT_ONLY_KINDS events keeps them."""
     recompute_boots(con, keys.boots)
-    n = recompute_failures(con, rules, keys.stages)
-    recompute_instances(con, keys.instances)
+    n = recompute_failures(con, rules, keys.stages) if keys.stages.num_rows else 0
+    full = recompute_instances(con, keys.instances, keys.boot_only)
+    if full.num_rows:
+        recompute_running(con, full)
     return n

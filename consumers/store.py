@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from flightrec.consumers.classify import RuleTable, load_rules
 from flightrec.consumers.derive import affected_keys, arrow_views, recompute
-from flightrec.consumers.liveness import merge_heartbeats, recompute_running
+from flightrec.consumers.liveness import merge_heartbeats
 from flightrec.consumers.fold import Delta
 from flightrec.consumers.stats import Stats
 from flightrec.errors import MaterializeError
@@ -105,7 +105,6 @@ class RowWriter:
             lines = self._insert_rows(delta, new, first_sight)
             affected = affected_keys(self.con, new)
             failures = recompute(self.con, self.rules, affected)
-            recompute_running(self.con, affected.instances)
         if delta.manager.num_rows:
             self._insert_new("manager_events", "_d_manager", ("event_id",))
         dead = 0
