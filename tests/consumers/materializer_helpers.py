@@ -134,9 +134,12 @@ def flightrec(*args: str, env: dict[str, str], timeout: float = 240, check: bool
 
 
 def materialize(kafka: Any, db: Path, idle: float = 1.5, **opts: Any) -> Any:
-    """Run the materializer in-process until it is caught up and idle."""
+    """Run the materializer in-process until it is caught up and idle; a new database starts at the test's
+    mark of the topics (``Kafka.seed_at_mark``; a replay reads them from the beginning)."""
     from flightrec.consumers.materializer import Materializer, Options
 
+    if not opts.get("replay"):
+        kafka.seed_at_mark(db, opts.get("group"))
     async def go() -> Any:
         async with Materializer(kafka.settings.kafka_kwargs(), Options(db=str(db), until_idle=idle, **opts)) as m:
             return await m.run()

@@ -48,6 +48,7 @@ def test_sigkilled_agent_is_lost_at_once_while_a_live_one_stays_running(kafka, t
     env = env_for(FLIGHTREC_HEARTBEAT_S="1", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS="",
                   PYTHONSAFEPATH="1")
     dead, alive = f"lost-{uuid.uuid4().hex[:8]}", f"alive-{uuid.uuid4().hex[:8]}"
+    kafka.seed_at_mark(db)
     mat = subprocess.Popen([EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     agents = {i: subprocess.Popen([EXE, "agent", "run", "--instance", i, "--stage", "benchmark", "--", "sleep", "120"],
