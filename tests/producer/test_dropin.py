@@ -276,8 +276,11 @@ sys.stdout.flush()
 
 def test_a_terminal_stays_a_terminal(agent_env, tmp_path: Path) -> None:
     argv = ["-c", COLOURS]
-    _, direct = _pty_run([PY, *argv], agent_env.env(), cols=97)
-    code, seen = _pty_run(agent_env.argv("run", "--stage", "tty", "--", PY, *argv), agent_env.env(), cols=97)
+    # the size comes from the terminal, as in a terminal window: not from a COLUMNS/LINES the test runner has
+    # (pytest-xdist's workers have COLUMNS=80), which shutil.get_terminal_size() would take first
+    env = {k: v for k, v in agent_env.env().items() if k not in ("COLUMNS", "LINES")}
+    _, direct = _pty_run([PY, *argv], env, cols=97)
+    code, seen = _pty_run(agent_env.argv("run", "--stage", "tty", "--", PY, *argv), env, cols=97)
     assert code == 0
     assert b"isatty=True cols=97" in seen
     assert seen == direct  # byte for byte what the command wrote (the terminal's own \r\n included)
