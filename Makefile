@@ -33,15 +33,16 @@ demo: setup
 test: setup system-packages
 	$(VENV)/bin/pytest
 
-# The edit-test loop: every test that needs no broker or PostgreSQL (tests using their fixtures are marked integration).
+# The edit-test loop: every test that needs no broker or PostgreSQL (tests using their fixtures are marked integration),
+# one worker per core, each test file on one worker (its module fixtures built once).
 check: setup
-	$(VENV)/bin/pytest -q -m "not integration"
+	$(VENV)/bin/pytest -q -m "not integration" -n auto --dist loadfile
 
 bench: setup system-packages
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 docs: setup
-	COLUMNS=100 $(PY) -m flightrec.cli.reference > docs/cli.md
+	$(PY) -m flightrec.cli.reference > docs/cli.md
 
 # Wheels and pycuda's sdist for scripts/device_run.sh on a GPU machine without PyPI (.cache/device-wheels).
 device-wheels: setup

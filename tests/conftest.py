@@ -27,11 +27,21 @@ logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 os.environ.setdefault("FLIGHTREC_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
 
 
+Mark = dict[tuple[str, int], int]  # (topic, partition) -> offset
+
+
 @dataclasses.dataclass
 class Kafka:
-    """A running local broker and helpers to read and write its topics in tests."""
+    """A running local broker and helpers to read and write its topics in tests.
+
+    The session broker's topics hold every earlier test's events. ``mark`` (set by the autouse
+    ``topics_mark`` fixture before each test that uses ``kafka``: the end offsets then) is where
+    :meth:`consume` and the materializer helpers start, so a test reads only what it produced
+    and never an earlier test's leftovers. A partition with no mark is read from its beginning.
+    """
 
     broker: LocalBroker
+    mark: Mark | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -65,8 +75,48 @@ class Kafka:
 
         asyncio.run(go())
 
+    def end_offsets(self, topics: tuple[str, ...] = TOPICS) -> Mark:
+        """The end offset of every partition of the topics now (partitions from the admin client)."""
+
+        async def go() -> Mark:
+            from aiokafka import AIOKafkaConsumer, TopicPartition
+
+            from flightrec.cluster import partitions_now
+
+            parts = [TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": self.bootstrap}, topics)]
+            if not parts:
+                return {}
+            c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+            await c.start()
+            try:
+                return {(tp.topic, tp.partition): o for tp, o in (await c.end_offsets(parts)).items()}
+            finally:
+                await c.stop()
+
+        return asyncio.run(go())
+
+    def start_at_mark(self) -> None:
+        """From now on, read the topics from their current end offsets (what this test produces next)."""
+        self.mark = self.end_offsets()
+
+    def seed_at_mark(self, db: "str | os.PathLike[str]", group: str | None = None) -> None:
+        """Give a new database the mark as its stored offsets, through the materializer's own Store, so a
+        materializer (in-process or `flightrec materialize`) starts there, as after a run that read up to it.
+        Nothing happens without a mark or when ``db`` exists (a restart goes on from its own offsets)."""
+        if not self.mark or Path(db).exists():
+            return
+        from flightrec.consumers.fold import fold
+        from flightrec.consumers.materializer import DEFAULT_GROUP
+        from flightrec.consumers.store import Store
+
+        store = Store(db, group or DEFAULT_GROUP)
+        try:
+            store.commit(dataclasses.replace(fold([]), offsets=dict(self.mark)))
+        finally:
+            store.close()
+
     def consume(self, topics: tuple[str, ...] = TOPICS, timeout: float = 30.0) -> list:
-        """Every message now in the topics, read from the beginning to the current end offsets."""
+        """Every message now in the topics from the mark (the beginning without one) to the current end offsets."""
 
         async def go() -> list:
             from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -80,7 +130,13 @@ class Kafka:
             try:
                 assert parts, f"no partitions found for {topics}"
                 c.assign(parts)
-                await c.seek_to_beginning(*parts)
+                mark = self.mark or {}
+                unmarked = [tp for tp in parts if (tp.topic, tp.partition) not in mark]
+                for tp in parts:
+                    if tp not in unmarked:
+                        c.seek(tp, mark[(tp.topic, tp.partition)])
+                if unmarked:
+                    await c.seek_to_beginning(*unmarked)
                 end = await c.end_offsets(parts)
                 out: list = []
                 loop = asyncio.get_running_loop()
@@ -140,6 +196,21 @@ def sasl_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def topics_mark(request: pytest.FixtureRequest) -> Iterator[Mark | None]:
+    """Before each test that uses the session broker: mark the topics' end offsets (``Kafka.mark``), so what
+    the test reads is what it produced. Tests without ``kafka`` get nothing (and start no broker)."""
+    if "kafka" not in request.fixturenames:
+        yield None
+        return
+    kafka: Kafka = request.getfixturevalue("kafka")
+    kafka.start_at_mark()
+    try:
+        yield kafka.mark
+    finally:
+        kafka.mark = None
 
 
 @pytest.fixture

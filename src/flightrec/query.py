@@ -38,6 +38,7 @@ from flightrec.readonly import check_prelude, check_read_only
 log = logging.getLogger(__name__)
 GIVE_WAY_POLL_S = 0.2   # how often a file-path read looks for a materializer waiting for the file
 WRITER_START_S = 30.0   # how long a reader that gave way waits for that materializer's socket
+STARTING_S = 5.0        # how long a read retries a file it cannot open yet (a materializer may be starting)
 # The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked
 # (after the time zone: the views' TIMESTAMPTZ columns come out in UTC whatever the machine's zone,
 # as the dashboard says; DuckDB takes TimeZone only as a SET, not in the connect config).
@@ -151,7 +152,7 @@ def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence
     check_read_only(sql)
     if is_lake(db):
         return _read_lake(parse_db(db), sql, params, prelude)  # type: ignore[arg-type]
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + STARTING_S
     while True:
         live = query_live(db, sql, params, prelude)
         if live is not None:

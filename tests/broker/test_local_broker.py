@@ -69,6 +69,27 @@ def test_every_event_type_travels_through_the_real_broker(kafka):
     assert set(topics.values()) == set(TOPICS)
 
 
+def test_a_test_reads_only_what_came_after_its_mark(kafka, topics_mark, tmp_path):
+    """The session's topics hold earlier tests' events: consume() and a new database seeded by seed_at_mark()
+    start at the end offsets marked before the test (tests/conftest.py), not at offset 0."""
+    from flightrec.consumers.store import Store
+
+    assert topics_mark == kafka.mark and kafka.mark, "the autouse fixture marked the topics"
+    kafka.produce("flightrec.lifecycle", [b"before the mark"], key=b"mark-test")
+    kafka.start_at_mark()  # as the fixture did before the test
+    kafka.produce("flightrec.lifecycle", [b"after the mark"], key=b"mark-test")
+    got = kafka.consume(("flightrec.lifecycle",))
+    assert [m.value for m in got if m.key == b"mark-test"] == [b"after the mark"]
+    assert all(m.offset >= kafka.mark[(m.topic, m.partition)] for m in got)  # nothing the topic held before
+    db = tmp_path / "seeded.duckdb"
+    kafka.seed_at_mark(db)
+    store = Store(db, "flightrec-materializer")
+    try:
+        assert store.offsets() == kafka.mark
+    finally:
+        store.close()
+
+
 def test_keys_keep_one_instances_events_on_one_partition_in_order(kafka):
     instances = [f"key-{uuid.uuid4().hex[:6]}" for _ in range(8)]
     events = []

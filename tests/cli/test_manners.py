@@ -9,11 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from flightrec.cli import build_parser
+from flightrec.consumers.fold import RawMessage, fold
 from flightrec.consumers.store import Store
+from flightrec.schemas import Lifecycle, LogBatch, encode
 
 DAEMON = "/tmp/pytest-of-someone/run-42/.flightrec/demo/runs/20261202-101010/h100-01/prover-daemon.log"
 T0 = 1_750_000_000_000_000
@@ -38,21 +39,30 @@ def test_every_option_and_argument_of_every_command_has_help():
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:
-    """A database with one instance's life: a few lifecycle events and many lines of three sources."""
+    """A database with one instance's life: a few lifecycle events and many lines of three sources, folded and
+    committed by the materializer's own fold() and Store (the derived tables come out of derive.py)."""
     path = tmp_path_factory.mktemp("manners") / "fleet.duckdb"
-    Store(path, "test").close()
-    con = duckdb.connect(str(path))
-    con.execute("INSERT INTO instances (instance_id, boot_id, stage, state) VALUES ('h100-01', 'b1', 'benchmark', "
-                "'failed')")
-    for seq, (stage, state) in enumerate([("tunnel", "started"), ("tunnel", "succeeded"), ("benchmark", "started"),
-                                                    ("benchmark", "failed")]):
-        con.execute("INSERT INTO lifecycle_events (event_id, instance_id, boot_id, seq, ts_us, kind, stage, state) "
-                    "VALUES (?, 'h100-01', 'b1', ?, ?, 'lifecycle', ?, ?)", [f"e{seq}", seq, T0 + seq, stage, state])
-    con.execute(f"""INSERT INTO log_lines (instance_id, boot_id, event_id, seq, stage, source, line_no, ts_us, text)
-                    SELECT 'h100-01', 'b1', 'l', 10 + i // 100, 'benchmark',
-                           CASE i % 3 WHEN 0 THEN 'stdout' WHEN 1 THEN 'stderr' ELSE '{DAEMON}' END,
-                           i, {T0} + 1000 + i, 'proof ' || i || ' done' FROM range(3000) t(i)""")
-    con.close()
+    events: list = []
+
+    def add(cls: type, ts_us: int, **fields: object) -> None:
+        events.append(cls(event_id=f"e{len(events)}", instance_id="h100-01", boot_id="b1", seq=len(events),
+                          ts_us=ts_us, **fields))
+
+    for stage, state in [("tunnel", "started"), ("tunnel", "succeeded"), ("benchmark", "started")]:
+        add(Lifecycle, T0 + len(events), stage=stage, state=state)
+    for k, source in enumerate(("stdout", "stderr", DAEMON)):  # line i of 3000 goes to source i % 3
+        nos = list(range(k, 3000, 3))
+        add(LogBatch, T0 + 1000 + nos[-1], stage="benchmark", source=source, pid=100, line_no=nos,
+            line_ts_us=[T0 + 1000 + i for i in nos], text=[f"proof {i} done" for i in nos],
+            truncated=[False] * len(nos), invalid_utf8=[False] * len(nos))
+    add(Lifecycle, T0 + 5000, stage="benchmark", state="failed")
+    delta = fold([RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(events)])
+    assert delta.dead.num_rows == 0, delta.dead.to_pylist()
+    store = Store(path, "test")
+    try:
+        store.commit(delta)
+    finally:
+        store.close()
     return path
 
 

@@ -133,10 +133,14 @@ def flightrec(*args: str, env: dict[str, str], timeout: float = 240, check: bool
     return proc
 
 
-def materialize(kafka: Any, db: Path, idle: float = 1.5, **opts: Any) -> Any:
-    """Run the materializer in-process until it is caught up and idle."""
+def materialize(kafka: Any, db: Path, idle: float = 1.5, from_mark: bool = True, **opts: Any) -> Any:
+    """Run the materializer in-process until it is caught up and idle; a new database starts at the test's
+    mark of the topics (``Kafka.seed_at_mark``). ``from_mark=False`` (or a replay) reads them from the
+    beginning, as a test that compares the live tables with a `flightrec replay` of the whole topics must."""
     from flightrec.consumers.materializer import Materializer, Options
 
+    if from_mark and not opts.get("replay"):
+        kafka.seed_at_mark(db, opts.get("group"))
     async def go() -> Any:
         async with Materializer(kafka.settings.kafka_kwargs(), Options(db=str(db), until_idle=idle, **opts)) as m:
             return await m.run()

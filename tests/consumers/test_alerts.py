@@ -134,6 +134,7 @@ def test_an_incomplete_boot_alerts_and_alert_on_chooses(kafka, db, hook):
 def test_the_materialize_command_takes_the_webhook_from_the_environment(kafka, db, hook, env_for):
     b = _failed_boot()
     publish(kafka.bootstrap, b.events)
+    kafka.seed_at_mark(db)
     flightrec("materialize", "--db", str(db), "--until-idle", "1", "--no-serve", "--alert-on", "failed",
               env=env_for(FLIGHTREC_WEBHOOK=hook.url))
     assert [m["flightrec"]["instance_id"] for m in hook.delivered].count(b.instance) == 1

@@ -56,6 +56,7 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
     b = Boot()
     b.facts()
     exe = Path(sys.executable).with_name("flightrec")
+    kafka.seed_at_mark(db)
     proc = subprocess.Popen([str(exe), "materialize", "--db", str(db)], env={**env, "PYTHONSAFEPATH": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -48,6 +48,7 @@ def test_sigkilled_agent_is_lost_at_once_while_a_live_one_stays_running(kafka, t
     env = env_for(FLIGHTREC_HEARTBEAT_S="1", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS="",
                   PYTHONSAFEPATH="1")
     dead, alive = f"lost-{uuid.uuid4().hex[:8]}", f"alive-{uuid.uuid4().hex[:8]}"
+    kafka.seed_at_mark(db)
     mat = subprocess.Popen([EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     agents = {i: subprocess.Popen([EXE, "agent", "run", "--instance", i, "--stage", "benchmark", "--", "sleep", "120"],
@@ -168,7 +169,8 @@ def test_every_status_and_replay_gives_identical_tables(kafka, tmp_path, db, env
     gone.add(Heartbeat, stage="benchmark", interval_s=1.0)
     gone.add(Heartbeat, stage="benchmark", interval_s=1.0)
     publish(kafka.bootstrap, [e for b in [*boots.values(), gone] for e in b.events])
-    materialize(kafka, db, idle=0.5, batch_messages=2)  # tiny transactions: the heartbeat summary merges
+    # tiny transactions: the heartbeat summary merges; from the beginning, as the replay below reads everything
+    materialize(kafka, db, idle=0.5, batch_messages=2, from_mark=False)
     flightrec("manager", "event", "--instance", gone.instance, "--kind", "note", "--detail", "slow to answer",
               "--source", "manager@t", env=env_for(FLIGHTREC_SPOOL=str(tmp_path / "spool")))
     materialize(kafka, db, idle=0.5, batch_messages=2)

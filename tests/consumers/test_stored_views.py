@@ -40,6 +40,7 @@ def _boots() -> tuple[Boot, Boot, Boot]:
 def test_views_are_in_the_file_with_timestamptz_and_null_facts(kafka, db, env_for, tmp_path):
     failed, probe_failed, no_facts = _boots()
     publish(kafka.bootstrap, failed.events + probe_failed.events + no_facts.events)
+    kafka.seed_at_mark(db)
     flightrec("materialize", "--db", str(db), "--until-idle", "1", "--no-serve", env=env_for())
 
     # `duckdb fleet.duckdb -c "from fleet"` works: every view the readers share is stored in the file
@@ -95,6 +96,7 @@ def test_the_price_the_manager_sends_is_what_the_cost_views_count(kafka, db, env
     publish(kafka.bootstrap, b.events)
     flightrec("manager", "event", "--instance", b.instance, "--kind", "rented", "--attr", "price_per_hour=1.85",
               "--attr", "host_id=41007", "--spool", str(tmp_path / "spool"), env=env_for())
+    kafka.seed_at_mark(db)
     flightrec("materialize", "--db", str(db), "--until-idle", "1", "--no-serve", env=env_for())
     (row,) = _cli(db, f"SELECT price_per_hour, price_source, host_id, failure_class, "
                       f"round(dollars_lost / hours_before_failure, 2) AS per_hour, "

@@ -70,6 +70,7 @@ def test_materializer_turns_the_benchmark_into_throughput_rows(kafka, tmp_path: 
     proc = _bench(kafka, tmp_path, instance, "--backend", "cpu", "--k", "9", "--warmup", "0", "--proofs", "2")
     assert proc.returncode == 0, proc.stderr
     db = tmp_path / "fr.duckdb"
+    kafka.seed_at_mark(db)
     mat = subprocess.run([FLIGHTREC, "materialize", "--db", str(db), "--until-idle", "3", "--no-serve"],
                          env=kafka.env(PYTHONSAFEPATH="1"), capture_output=True, text=True, timeout=240)
     assert mat.returncode == 0, mat.stderr

@@ -1,4 +1,7 @@
-"""The library API (sync and async), `agent event/seal/facts`, instance facts, and seq shared by concurrent agents."""
+"""The library API (sync and async), `agent event/seal/facts`, instance facts, and seq shared by concurrent agents.
+
+The library API delivers through the real broker (``agent_env``); the `agent` commands' events are checked
+at the spool (``spool_env``: no broker, Kafka adds nothing to them)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ from flightrec.producer import Agent, open_agent
 from flightrec.producer.facts import parse_cuda_version, parse_gpu_query
 from flightrec.schemas import Heartbeat, InstanceFacts, Lifecycle, Sealed, Throughput
 
-pytestmark = pytest.mark.integration
 
 
 def _settings(agent_env, **kw):
@@ -80,26 +82,26 @@ def test_after_a_seal_a_new_boot_begins(agent_env) -> None:
     assert first.boot_id != second.boot_id and second.seq == 0
 
 
-def test_event_cli_with_attributes(agent_env) -> None:
-    r = agent_env.run("event", "--stage", "register", "--state", "succeeded", "--detail", "id 42",
+def test_event_cli_with_attributes(spool_env) -> None:
+    r = spool_env.run("event", "--stage", "register", "--state", "succeeded", "--detail", "id 42",
                       "--attr", "manager=m1", "--attr", "slot=3", "--no-facts")
     assert r.returncode == 0, r.stderr
-    (ev,) = agent_env.of(Lifecycle)
+    (ev,) = spool_env.of(Lifecycle)
     assert (ev.stage, ev.state, ev.detail, dict(ev.attributes)) == ("register", "succeeded", "id 42",
                                                                      {"manager": "m1", "slot": "3"})
-    bad = agent_env.run("event", "--stage", "x", "--state", "exploded")
+    bad = spool_env.run("event", "--stage", "x", "--state", "exploded")
     assert bad.returncode == 1 and b"not one of" in bad.stderr
 
 
-def test_concurrent_agents_share_boot_and_gap_free_seq_then_seal(agent_env) -> None:
-    procs = [subprocess.Popen(agent_env.argv("event", "--stage", f"s{i}", "--state", "info"), env=agent_env.env(),
+def test_concurrent_agents_share_boot_and_gap_free_seq_then_seal(spool_env) -> None:
+    procs = [subprocess.Popen(spool_env.argv("event", "--stage", f"s{i}", "--state", "info"), env=spool_env.env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(6)]
-    procs.append(subprocess.Popen(agent_env.argv("run", "--stage", "r", "--", "sh", "-c", "seq 1 2000"),
-                                  env=agent_env.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    procs.append(subprocess.Popen(spool_env.argv("run", "--stage", "r", "--", "sh", "-c", "seq 1 2000"),
+                                  env=spool_env.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     assert [p.wait(120) for p in procs] == [0] * 7
-    r = agent_env.run("seal")
+    r = spool_env.run("seal")
     assert r.returncode == 0, r.stderr
-    evs = agent_env.events()
+    evs = spool_env.events()
     assert len({e.boot_id for e in evs}) == 1
     assert [e.seq for e in evs] == list(range(len(evs)))
     assert len([e for e in evs if isinstance(e, InstanceFacts)]) == 1  # once per boot, whoever sends it
@@ -107,10 +109,10 @@ def test_concurrent_agents_share_boot_and_gap_free_seq_then_seal(agent_env) -> N
     assert isinstance(seal, Sealed) and seal.event_count == len(evs)
 
 
-def test_supervisor_stage_seals_on_normal_end(agent_env) -> None:
-    r = agent_env.run("run", "--stage", "supervisor", "--no-facts", "--", "true")
+def test_supervisor_stage_seals_on_normal_end(spool_env) -> None:
+    r = spool_env.run("run", "--stage", "supervisor", "--no-facts", "--", "true")
     assert r.returncode == 0
-    evs = agent_env.events()
+    evs = spool_env.events()
     assert isinstance(evs[-1], Sealed) and evs[-1].event_count == len(evs)
 
 
@@ -124,45 +126,45 @@ def _fake_smi(tmp_path: Path, body: str) -> dict[str, str]:
     return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
 
 
-def test_facts_without_nvidia_smi_say_so(agent_env, tmp_path: Path) -> None:
-    r = agent_env.run("facts", env=agent_env.env(PATH=str(tmp_path)))  # an empty PATH: no nvidia-smi
+def test_facts_without_nvidia_smi_say_so(spool_env, tmp_path: Path) -> None:
+    r = spool_env.run("facts", env=spool_env.env(PATH=str(tmp_path)))  # an empty PATH: no nvidia-smi
     assert r.returncode == 0, r.stderr
-    (f,) = agent_env.of(InstanceFacts)
+    (f,) = spool_env.of(InstanceFacts)
     assert "nvidia-smi not found" in f.gpu_probe_error
     assert f.host and f.cpu_count > 0 and f.ram_mib > 0 and f.gpu_count == 0
 
 
-def test_facts_when_nvidia_smi_fails(agent_env, tmp_path: Path) -> None:
-    env = agent_env.env(**_fake_smi(tmp_path, "echo 'NVIDIA-SMI has failed because it could not communicate "
+def test_facts_when_nvidia_smi_fails(spool_env, tmp_path: Path) -> None:
+    env = spool_env.env(**_fake_smi(tmp_path, "echo 'NVIDIA-SMI has failed because it could not communicate "
                                               "with the NVIDIA driver.' >&2\nexit 9\n"))
-    assert agent_env.run("facts", env=env).returncode == 0
-    (f,) = agent_env.of(InstanceFacts)
+    assert spool_env.run("facts", env=env).returncode == 0
+    (f,) = spool_env.of(InstanceFacts)
     assert "exited with code 9" in f.gpu_probe_error and "NVIDIA driver" in f.gpu_probe_error
 
 
-def test_facts_from_nvidia_smi(agent_env, tmp_path: Path) -> None:
+def test_facts_from_nvidia_smi(spool_env, tmp_path: Path) -> None:
     body = ('case "$1" in --query-gpu*) echo "NVIDIA H100 80GB HBM3, 81559, 550.54.15, 9.0";'
             ' echo "NVIDIA H100 80GB HBM3, 81559, 550.54.15, 9.0";;\n'
             '*) echo "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |";; esac\n')
-    assert agent_env.run("facts", env=agent_env.env(**_fake_smi(tmp_path, body))).returncode == 0
-    (f,) = agent_env.of(InstanceFacts)
+    assert spool_env.run("facts", env=spool_env.env(**_fake_smi(tmp_path, body))).returncode == 0
+    (f,) = spool_env.of(InstanceFacts)
     assert (f.gpu_model, f.gpu_count, f.gpu_memory_mib, f.driver_version, f.cuda_version, f.compute_capability,
             f.gpu_probe_error) == ("NVIDIA H100 80GB HBM3", 2, 81559, "550.54.15", "12.4", "9.0", None)
-    again = agent_env.run("facts", env=agent_env.env(**_fake_smi(tmp_path, body)))
-    assert b"already has" in again.stdout and len(agent_env.of(InstanceFacts)) == 1
+    again = spool_env.run("facts", env=spool_env.env(**_fake_smi(tmp_path, body)))
+    assert b"already has" in again.stdout and len(spool_env.of(InstanceFacts)) == 1
 
 
-def test_facts_override_file(agent_env, tmp_path: Path) -> None:
+def test_facts_override_file(spool_env, tmp_path: Path) -> None:
     path = tmp_path / "facts.json"
     path.write_text(json.dumps({"gpu_model": "NVIDIA GeForce RTX 4090", "gpu_count": 1, "gpu_memory_mib": 24564,
                                 "price_per_hour": 0.35, "attributes": {"region": "eu"}}))
-    r = agent_env.run("run", "--stage", "tunnel", "--", "true", env=agent_env.env(FLIGHTREC_FACTS=str(path)))
+    r = spool_env.run("run", "--stage", "tunnel", "--", "true", env=spool_env.env(FLIGHTREC_FACTS=str(path)))
     assert r.returncode == 0
-    (f,) = agent_env.of(InstanceFacts)
+    (f,) = spool_env.of(InstanceFacts)
     assert (f.gpu_model, f.gpu_memory_mib, f.price_per_hour, f.gpu_probe_error, dict(f.attributes)) == (
         "NVIDIA GeForce RTX 4090", 24564, 0.35, None, {"region": "eu"})
     path.write_text(json.dumps({"gpu_modle": "typo"}))
-    bad = agent_env.run("facts", "--force", env=agent_env.env(FLIGHTREC_FACTS=str(path)))
+    bad = spool_env.run("facts", "--force", env=spool_env.env(FLIGHTREC_FACTS=str(path)))
     assert bad.returncode == 1 and b"unknown fields" in bad.stderr
 
 

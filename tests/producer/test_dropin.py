@@ -1,4 +1,8 @@
-"""`agent run` as a true drop-in: daemons that outlive their stage, signals once, terminals, pkill -f, exec like sh."""
+"""`agent run` as a true drop-in: daemons that outlive their stage, signals once, terminals, pkill -f, exec like sh.
+
+Checks of the agent alone read its spool (``spool_env``); daemons, late lines and what the materializer makes
+of them go through the real broker (``agent_env``), and so do the terminal tests (the terminal shows
+everything the agent writes, its lines about a broker that is away included)."""
 
 from __future__ import annotations
 
@@ -19,7 +23,6 @@ import pytest
 from flightrec.schemas import LogBatch, ProcessExit
 
 PY = sys.executable
-pytestmark = pytest.mark.integration
 
 # a daemon that prints a numbered line every 50 ms for 5 s, on the stdout it inherited
 DAEMON = r"""
@@ -39,8 +42,10 @@ exit 1
 
 
 def materialize(kafka: Any, db: Path) -> None:
+    """The materializer in-process until idle, from the test's mark of the topics (``Kafka.seed_at_mark``)."""
     from flightrec.consumers.materializer import Materializer, Options
 
+    kafka.seed_at_mark(db)
     async def go() -> Any:
         async with Materializer(kafka.settings.kafka_kwargs(), Options(db=str(db), until_idle=1.5)) as m:
             return await m.run()
@@ -199,8 +204,8 @@ def _start_signals(agent_env, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return p, ready
 
 
-def test_sigterm_to_the_agent_alone_reaches_cmd_once(agent_env, tmp_path: Path) -> None:
-    p, _ = _start_signals(agent_env, tmp_path)
+def test_sigterm_to_the_agent_alone_reaches_cmd_once(spool_env, tmp_path: Path) -> None:
+    p, _ = _start_signals(spool_env, tmp_path)
     os.kill(p.pid, signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert out.decode().split() == ["SIGTERM"], err.decode()[-2000:]
@@ -271,8 +276,11 @@ sys.stdout.flush()
 
 def test_a_terminal_stays_a_terminal(agent_env, tmp_path: Path) -> None:
     argv = ["-c", COLOURS]
-    _, direct = _pty_run([PY, *argv], agent_env.env(), cols=97)
-    code, seen = _pty_run(agent_env.argv("run", "--stage", "tty", "--", PY, *argv), agent_env.env(), cols=97)
+    # the size comes from the terminal, as in a terminal window: not from a COLUMNS/LINES the test runner has
+    # (pytest-xdist's workers have COLUMNS=80), which shutil.get_terminal_size() would take first
+    env = {k: v for k, v in agent_env.env().items() if k not in ("COLUMNS", "LINES")}
+    _, direct = _pty_run([PY, *argv], env, cols=97)
+    code, seen = _pty_run(agent_env.argv("run", "--stage", "tty", "--", PY, *argv), env, cols=97)
     assert code == 0
     assert b"isatty=True cols=97" in seen
     assert seen == direct  # byte for byte what the command wrote (the terminal's own \r\n included)
@@ -280,17 +288,17 @@ def test_a_terminal_stays_a_terminal(agent_env, tmp_path: Path) -> None:
     assert texts == ["isatty=True cols=97", "red plain", "progress 100%"]  # colours kept out of the record
 
 
-def test_piped_output_stays_a_pipe(agent_env) -> None:
-    r = agent_env.run("run", "--stage", "p", "--", PY, "-c", "import os; print(os.isatty(1), os.isatty(2))")
+def test_piped_output_stays_a_pipe(spool_env) -> None:
+    r = spool_env.run("run", "--stage", "p", "--", PY, "-c", "import os; print(os.isatty(1), os.isatty(2))")
     assert r.stdout == b"False False\n"
 
 
-def test_pkill_f_does_not_match_the_agent(agent_env, tmp_path: Path) -> None:
+def test_pkill_f_does_not_match_the_agent(spool_env, tmp_path: Path) -> None:
     name = f"cuzk-daemon-{os.getpid()}"
     ready = tmp_path / "ready"
-    p = subprocess.Popen(agent_env.argv("run", "--stage", "bench", "--", PY, "-c",
+    p = subprocess.Popen(spool_env.argv("run", "--stage", "bench", "--", PY, "-c",
                                         "import sys, time; open(sys.argv[1], 'w'); time.sleep(30)", str(ready), name),
-                         env=agent_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         env=spool_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -298,41 +306,41 @@ def test_pkill_f_does_not_match_the_agent(agent_env, tmp_path: Path) -> None:
     subprocess.run(["pkill", "-9", "-f", name], check=False)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + 9, err.decode()[-2000:]  # the command was killed, the agent reported it
-    (ex,) = agent_env.of(ProcessExit)
+    (ex,) = spool_env.of(ProcessExit)
     assert (ex.stage, ex.signal) == ("bench", 9)
 
 
-def test_a_script_without_shebang_runs_under_sh(agent_env, tmp_path: Path) -> None:
+def test_a_script_without_shebang_runs_under_sh(spool_env, tmp_path: Path) -> None:
     script = tmp_path / "noshebang"
     script.write_text('echo "no shebang $1"\nexit 5\n')
     script.chmod(0o755)
     direct = subprocess.run(["sh", "-c", f'"{script}" x'], capture_output=True)
-    r = agent_env.run("run", "--stage", "s", "--", str(script), "x")
+    r = spool_env.run("run", "--stage", "s", "--", str(script), "x")
     assert (direct.returncode, r.returncode) == (5, 5), r.stderr
     assert r.stdout == direct.stdout == b"no shebang x\n"
-    missing = agent_env.run("run", "--stage", "s", "--", str(tmp_path / "nope"))
+    missing = spool_env.run("run", "--stage", "s", "--", str(tmp_path / "nope"))
     script.chmod(0o644)
-    not_exec = agent_env.run("run", "--stage", "s", "--", str(script))
+    not_exec = spool_env.run("run", "--stage", "s", "--", str(script))
     assert (missing.returncode, not_exec.returncode) == (127, 126)
 
 
-def test_a_followed_fifo_never_blocks_the_agent(agent_env, tmp_path: Path) -> None:
+def test_a_followed_fifo_never_blocks_the_agent(spool_env, tmp_path: Path) -> None:
     fifo = tmp_path / "daemon.fifo"
     os.mkfifo(fifo)
-    r = agent_env.run("run", "--stage", "s", "--tail", str(fifo), "--", "sh", "-c", "exit 7", timeout=60)
+    r = spool_env.run("run", "--stage", "s", "--tail", str(fifo), "--", "sh", "-c", "exit 7", timeout=60)
     assert r.returncode == 7
 
 
-def test_a_big_existing_followed_file_ships_only_new_lines(agent_env, tmp_path: Path) -> None:
+def test_a_big_existing_followed_file_ships_only_new_lines(spool_env, tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"
     with open(log, "wb") as f:
         line = b"old line from an earlier boot " + b"x" * 70 + b"\n"
         f.write(line * (100 * 1024 * 1024 // len(line)))
-    r = agent_env.run("run", "--stage", "s", "--tail", str(log), "--", "sh", "-c",
+    r = spool_env.run("run", "--stage", "s", "--tail", str(log), "--", "sh", "-c",
                       f'echo "new line 1" >> "{log}"; echo "new line 2" >> "{log}"')
     assert r.returncode == 0
-    assert [(n, t) for n, t, *_ in agent_env.lines(str(log))] == [(1, "new line 1"), (2, "new line 2")]
-    (ex,) = agent_env.of(ProcessExit)
+    assert [(n, t) for n, t, *_ in spool_env.lines(str(log))] == [(1, "new line 1"), (2, "new line 2")]
+    (ex,) = spool_env.of(ProcessExit)
     assert ex.file_tails[0].lines == ("new line 1", "new line 2")
 
 

@@ -1,4 +1,7 @@
-"""Faults never stop a stage: a spool that cannot be created or fills up mid-run (real read-only and tiny tmpfs mounts)."""
+"""Faults never stop a stage: a spool that cannot be created or fills up mid-run (real read-only and tiny tmpfs mounts).
+
+A spool that cannot be written needs no broker (``spool_env``); the disk that fills mid-run and the delivery
+thread that outlives a damaged spool go through the real broker (``agent_env``)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import pytest
 
 from flightrec.schemas import Lifecycle, LogBatch, ProcessExit
 
-pytestmark = pytest.mark.integration
 PY = sys.executable
 
 
@@ -44,27 +46,27 @@ def _loud(stderr: bytes) -> str:
     return text
 
 
-def test_a_read_only_spool_does_not_stop_the_command(agent_env, read_only_dir: Path) -> None:
-    env = agent_env.env(FLIGHTREC_SPOOL=str(read_only_dir / "spool"))
-    r = agent_env.run("run", "--stage", "s", "--", "sh", "-c", "echo out; echo err >&2; exit 7", env=env)
+def test_a_read_only_spool_does_not_stop_the_command(spool_env, read_only_dir: Path) -> None:
+    env = spool_env.env(FLIGHTREC_SPOOL=str(read_only_dir / "spool"))
+    r = spool_env.run("run", "--stage", "s", "--", "sh", "-c", "echo out; echo err >&2; exit 7", env=env)
     assert r.returncode == 7
     assert r.stdout == b"out\n"
     text = _loud(r.stderr)
     assert "Read-only file system" in text and "err\n" in text
 
 
-def test_a_spool_under_dev_null_does_not_stop_the_command(agent_env) -> None:
-    env = agent_env.env(FLIGHTREC_SPOOL="/dev/null/spool")
-    r = agent_env.run("run", "--stage", "s", "--", "sh", "-c", "echo out; exit 5", env=env)
+def test_a_spool_under_dev_null_does_not_stop_the_command(spool_env) -> None:
+    env = spool_env.env(FLIGHTREC_SPOOL="/dev/null/spool")
+    r = spool_env.run("run", "--stage", "s", "--", "sh", "-c", "echo out; exit 5", env=env)
     assert r.returncode == 5
     assert r.stdout == b"out\n"
     assert "Not a directory" in _loud(r.stderr)
-    r = agent_env.run("event", "--stage", "s", "--state", "info", "--detail", "x", env=env)
+    r = spool_env.run("event", "--stage", "s", "--state", "info", "--detail", "x", env=env)
     assert r.returncode == 0
     _loud(r.stderr)
 
 
-def test_a_spool_on_a_disk_already_full_does_not_stop_the_command(agent_env, tiny_disk: Path) -> None:
+def test_a_spool_on_a_disk_already_full_does_not_stop_the_command(spool_env, tiny_disk: Path) -> None:
     with open(tiny_disk / "filler", "wb") as f:  # fill the disk before the agent comes
         try:
             while True:
@@ -72,8 +74,8 @@ def test_a_spool_on_a_disk_already_full_does_not_stop_the_command(agent_env, tin
                 f.flush()
         except OSError:
             pass
-    env = agent_env.env(FLIGHTREC_SPOOL=str(tiny_disk / "spool"))
-    r = agent_env.run("run", "--stage", "s", "--", "sh", "-c", "echo out; exit 9", env=env)
+    env = spool_env.env(FLIGHTREC_SPOOL=str(tiny_disk / "spool"))
+    r = spool_env.run("run", "--stage", "s", "--", "sh", "-c", "echo out; exit 9", env=env)
     assert r.returncode == 9
     assert r.stdout == b"out\n"
     assert "No space left on device" in _loud(r.stderr)

@@ -21,6 +21,7 @@ STOCK_TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
 def _materialize(agent_env, db: Path) -> None:
+    agent_env.kafka.seed_at_mark(db)
     r = subprocess.run([FLIGHTREC, "materialize", "--db", str(db), "--until-idle", "2", "--no-serve"],
                        env=agent_env.env(), capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,4 +1,7 @@
-"""What `agent run` ships: followed files (daemon log, rotation, truncation), huge lines, bad UTF-8, secrets."""
+"""What `agent run` ships: followed files (daemon log, rotation, truncation), huge lines, bad UTF-8, secrets.
+
+What the agent makes of lines is checked at its spool (``spool_env``); the late daemon lines, the masking
+of what leaves for Kafka and a burst that must stay deliverable go through the real broker (``agent_env``)."""
 
 from __future__ import annotations
 
@@ -6,12 +9,9 @@ import hashlib
 import sys
 from pathlib import Path
 
-import pytest
-
 from flightrec.schemas import Lifecycle, LogBatch, ProcessExit
 
 PY = sys.executable
-pytestmark = pytest.mark.integration
 
 BENCHMARK = r"""
 import subprocess, sys, time
@@ -69,42 +69,42 @@ print("done")
 """
 
 
-def test_followed_file_rotation_and_truncation(agent_env, tmp_path: Path) -> None:
+def test_followed_file_rotation_and_truncation(spool_env, tmp_path: Path) -> None:
     log = tmp_path / "app.log"
-    r = agent_env.run("run", "--stage", "s", "--tail", str(log), "--", PY, "-c", ROTATE, str(log))
+    r = spool_env.run("run", "--stage", "s", "--tail", str(log), "--", PY, "-c", ROTATE, str(log))
     assert r.returncode == 0, r.stderr
-    texts = [t for _, t, *_ in agent_env.lines(str(log))]
+    texts = [t for _, t, *_ in spool_env.lines(str(log))]
     assert texts == [f"line {i}" for i in range(1, 6)] + ["line 6 (late write to the old file)"] + \
         [f"line {i}" for i in range(7, 13)]
-    nos = [n for n, *_ in agent_env.lines(str(log))]
+    nos = [n for n, *_ in spool_env.lines(str(log))]
     assert nos == list(range(1, len(nos) + 1))
 
 
-def test_a_10_mb_line_is_cut_and_flagged(agent_env) -> None:
+def test_a_10_mb_line_is_cut_and_flagged(spool_env) -> None:
     code = "import sys; w=sys.stdout.buffer.write; w(b'before\\n'); w(b'x' * 10_000_000 + b'\\n'); w(b'after\\n')"
-    r = agent_env.run("run", "--stage", "s", "--", PY, "-c", code)
+    r = spool_env.run("run", "--stage", "s", "--", PY, "-c", code)
     assert r.returncode == 0
     assert hashlib.sha256(r.stdout).hexdigest() == hashlib.sha256(b"before\n" + b"x" * 10_000_000 + b"\nafter\n").hexdigest()
-    out = agent_env.lines("stdout")
+    out = spool_env.lines("stdout")
     assert [(n, len(t), cut) for n, t, cut, _ in out] == [(1, 6, False), (2, 65536, True), (3, 5, False)]
     assert out[1][1] == "x" * 65536
-    ex = agent_env.of(ProcessExit)[0]
+    ex = spool_env.of(ProcessExit)[0]
     assert ex.stdout_tail[-1] == "after" and ex.stdout_tail[1].endswith("[cut]")  # tails stay small
 
 
-def test_invalid_utf8_is_kept_visibly_and_flagged(agent_env) -> None:
+def test_invalid_utf8_is_kept_visibly_and_flagged(spool_env) -> None:
     code = r"import sys; sys.stdout.buffer.write(b'ok \xc3\xa9\nbad \xff\xfe end\nlatin1 caf\xe9\n')"
-    r = agent_env.run("run", "--stage", "s", "--", PY, "-c", code)
+    r = spool_env.run("run", "--stage", "s", "--", PY, "-c", code)
     assert r.returncode == 0
-    assert [(t, inv) for _, t, _, inv in agent_env.lines("stdout")] == [
+    assert [(t, inv) for _, t, _, inv in spool_env.lines("stdout")] == [
         ("ok é", False), ("bad \\xff\\xfe end", True), ("latin1 caf\\xe9", True)]
 
 
-def test_progress_bar_does_not_flood(agent_env) -> None:
+def test_progress_bar_does_not_flood(spool_env) -> None:
     code = "import sys\nfor i in range(1001):\n    sys.stdout.write(f'\\rfetching params {i/10:.1f}%')\nprint()\nprint('fetched')"
-    r = agent_env.run("run", "--stage", "params", "--", PY, "-c", code)
+    r = spool_env.run("run", "--stage", "params", "--", PY, "-c", code)
     assert r.returncode == 0 and r.stdout.count(b"\r") == 1001
-    assert [t for _, t, *_ in agent_env.lines("stdout")] == ["fetching params 100.0%", "fetched"]
+    assert [t for _, t, *_ in spool_env.lines("stdout")] == ["fetching params 100.0%", "fetched"]
 
 
 def test_secrets_in_env_and_urls_are_masked(agent_env) -> None:
@@ -125,10 +125,10 @@ def test_secrets_in_env_and_urls_are_masked(agent_env) -> None:
     assert secret not in started.attributes["argv"]
 
 
-def test_many_lines_come_in_few_batches_in_order(agent_env) -> None:
-    r = agent_env.run("run", "--stage", "s", "--", PY, "-c", "for i in range(50000): print(f'line {i}')")
+def test_many_lines_come_in_few_batches_in_order(spool_env) -> None:
+    r = spool_env.run("run", "--stage", "s", "--", PY, "-c", "for i in range(50000): print(f'line {i}')")
     assert r.returncode == 0
-    batches = [b for b in agent_env.of(LogBatch) if b.source == "stdout"]
+    batches = [b for b in spool_env.of(LogBatch) if b.source == "stdout"]
     texts = [t for b in batches for t in b.text]
     assert texts == [f"line {i}" for i in range(50000)]
     assert len(batches) < 100  # thousands of lines per message, not one message per line

@@ -1,4 +1,7 @@
-"""`flightrec agent run` against the real broker: exit codes, signals, stdin, byte-identical output."""
+"""`flightrec agent run`: exit codes, signals, stdin, byte-identical output.
+
+The agent's behaviour is checked at its spool (``spool_env``: no broker, Kafka adds nothing to it);
+one test per family also goes through the real broker (``agent_env``), so the delivery path is covered."""
 
 from __future__ import annotations
 
@@ -15,11 +18,9 @@ import pytest
 from flightrec.schemas import Lifecycle, ProcessExit
 
 PY = sys.executable
-pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("code", [0, 1, 3])
-def test_exit_codes_pass_through(agent_env, code: int) -> None:
+def _check_exit_code(agent_env, code: int) -> None:
     r = agent_env.run("run", "--stage", "bench", "--", "sh", "-c", f"echo out; echo err >&2; exit {code}")
     assert r.returncode == code, r.stderr
     assert r.stdout == b"out\n"
@@ -35,8 +36,16 @@ def test_exit_codes_pass_through(agent_env, code: int) -> None:
         assert "err" in agent_env.of(Lifecycle)[-1].detail
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
-def test_death_by_signal_gives_128_plus_n(agent_env, sig: signal.Signals) -> None:
+@pytest.mark.parametrize("code", [0, 1, 3])
+def test_exit_codes_pass_through(spool_env, code: int) -> None:
+    _check_exit_code(spool_env, code)
+
+
+def test_exit_code_tails_and_states_reach_kafka(agent_env) -> None:
+    _check_exit_code(agent_env, 3)
+
+
+def _check_death_by_signal(agent_env, sig: signal.Signals) -> None:
     r = agent_env.run("run", "--stage", "daemon", "--", PY, "-c",
                       f"import os,sys; print('dying', flush=True); os.kill(os.getpid(), {int(sig)})")
     assert r.returncode == 128 + sig
@@ -44,6 +53,15 @@ def test_death_by_signal_gives_128_plus_n(agent_env, sig: signal.Signals) -> Non
     assert (ex.exit_code, ex.signal, ex.signal_name) == (None, int(sig), sig.name)
     assert ex.stdout_tail == ("dying",)
     assert sig.name in agent_env.of(Lifecycle)[-1].detail
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_death_by_signal_gives_128_plus_n(spool_env, sig: signal.Signals) -> None:
+    _check_death_by_signal(spool_env, sig)
+
+
+def test_death_by_signal_reaches_kafka(agent_env) -> None:
+    _check_death_by_signal(agent_env, signal.SIGSEGV)
 
 
 TRAP = """
@@ -60,8 +78,8 @@ sys.exit(99)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_signal_to_the_agent_reaches_cmd(agent_env, sig: signal.Signals) -> None:
-    p = subprocess.Popen(agent_env.argv("run", "--stage", "sup", "--", PY, "-c", TRAP), env=agent_env.env(),
+def test_signal_to_the_agent_reaches_cmd(spool_env, sig: signal.Signals) -> None:
+    p = subprocess.Popen(spool_env.argv("run", "--stage", "sup", "--", PY, "-c", TRAP), env=spool_env.env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None
     assert p.stdout.readline() == b"ready\n"
@@ -69,21 +87,21 @@ def test_signal_to_the_agent_reaches_cmd(agent_env, sig: signal.Signals) -> None
     out, _ = p.communicate(timeout=60)
     assert out == f"got {int(sig)}\n".encode()
     assert p.returncode == 40 + sig
-    assert agent_env.of(ProcessExit)[0].exit_code == 40 + sig
+    assert spool_env.of(ProcessExit)[0].exit_code == 40 + sig
 
 
-def test_stdin_passes_through(agent_env) -> None:
+def test_stdin_passes_through(spool_env) -> None:
     data = os.urandom(300_000) + b"\nlast line\n"
-    r = agent_env.run("run", "--stage", "s", "--", PY, "-c",
+    r = spool_env.run("run", "--stage", "s", "--", PY, "-c",
                       "import sys,hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
                       input=data)
     assert r.returncode == 0
     assert r.stdout.decode().strip() == hashlib.sha256(data).hexdigest()
 
 
-def test_environment_and_working_folder_pass_through(agent_env, tmp_path: Path) -> None:
-    r = agent_env.run("run", "--stage", "s", "--", "sh", "-c", 'echo "$MY_VAR"; pwd',
-                      env=agent_env.env(MY_VAR="hello env"), cwd=tmp_path)
+def test_environment_and_working_folder_pass_through(spool_env, tmp_path: Path) -> None:
+    r = spool_env.run("run", "--stage", "s", "--", "sh", "-c", 'echo "$MY_VAR"; pwd',
+                      env=spool_env.env(MY_VAR="hello env"), cwd=tmp_path)
     assert r.stdout.decode().splitlines() == ["hello env", str(tmp_path)]
 
 
@@ -113,23 +131,23 @@ def test_output_is_byte_identical_to_running_cmd_directly(agent_env) -> None:
     assert out[-1][1] == "no newline at the end \\xff" and out[-1][3]
 
 
-def test_command_not_found_gives_127(agent_env) -> None:
-    r = agent_env.run("run", "--stage", "tunnel", "--", "no-such-command-flightrec")
+def test_command_not_found_gives_127(spool_env) -> None:
+    r = spool_env.run("run", "--stage", "tunnel", "--", "no-such-command-flightrec")
     assert r.returncode == 127
     assert b"command not found" in r.stderr
-    ex = agent_env.of(ProcessExit)[0]
+    ex = spool_env.of(ProcessExit)[0]
     assert ex.exit_code == 127 and "command not found" in ex.start_error
-    assert agent_env.of(Lifecycle)[-1].state == "failed"
-    assert "command not found" in agent_env.of(Lifecycle)[-1].detail
+    assert spool_env.of(Lifecycle)[-1].state == "failed"
+    assert "command not found" in spool_env.of(Lifecycle)[-1].detail
 
 
-def test_command_not_executable_gives_126(agent_env, tmp_path: Path) -> None:
+def test_command_not_executable_gives_126(spool_env, tmp_path: Path) -> None:
     script = tmp_path / "script.sh"
     script.write_text("#!/bin/sh\necho hi\n")
     script.chmod(0o644)
-    r = agent_env.run("run", "--stage", "register", "--", str(script))
+    r = spool_env.run("run", "--stage", "register", "--", str(script))
     assert r.returncode == 126
-    ex = agent_env.of(ProcessExit)[0]
+    ex = spool_env.of(ProcessExit)[0]
     assert ex.exit_code == 126 and "permission denied" in ex.start_error
 
 
@@ -150,25 +168,25 @@ def test_lines_are_shipped_while_cmd_runs(agent_env) -> None:
         p.wait(30)
 
 
-def test_heartbeats_while_a_stage_runs_counted_in_seq(agent_env) -> None:
+def test_heartbeats_while_a_stage_runs_counted_in_seq(spool_env) -> None:
     from flightrec.schemas import Heartbeat
 
-    r = agent_env.run("run", "--stage", "bench", "--seal", "--", "sleep", "1.2",
-                      env=agent_env.env(FLIGHTREC_HEARTBEAT_S="0.25"))
+    r = spool_env.run("run", "--stage", "bench", "--seal", "--", "sleep", "1.2",
+                      env=spool_env.env(FLIGHTREC_HEARTBEAT_S="0.25"))
     assert r.returncode == 0, r.stderr
-    beats = agent_env.of(Heartbeat)
+    beats = spool_env.of(Heartbeat)
     assert 3 <= len(beats) <= 8, len(beats)
     assert {(b.stage, b.interval_s) for b in beats} == {("bench", 0.25)}
     assert all(b.pid > 0 for b in beats)
-    events = agent_env.events()
+    events = spool_env.events()
     seqs = sorted(e.seq for e in events)
     assert seqs == list(range(len(seqs)))  # gap-free with the heartbeats in it
     assert max(e.event_count for e in events if hasattr(e, "event_count")) == len(seqs)
 
 
-def test_no_heartbeats_when_the_interval_is_zero(agent_env) -> None:
+def test_no_heartbeats_when_the_interval_is_zero(spool_env) -> None:
     from flightrec.schemas import Heartbeat
 
-    r = agent_env.run("run", "--stage", "bench", "--", "sleep", "0.5", env=agent_env.env(FLIGHTREC_HEARTBEAT_S="0"))
+    r = spool_env.run("run", "--stage", "bench", "--", "sleep", "0.5", env=spool_env.env(FLIGHTREC_HEARTBEAT_S="0"))
     assert r.returncode == 0
-    assert agent_env.of(Heartbeat) == []
+    assert spool_env.of(Heartbeat) == []

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
+import functools
+
+WIDTH = 100  # the terminal width docs/cli.md is written for, whatever the terminal (or none) renders it
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
@@ -21,14 +23,24 @@ def _walk(parser: argparse.ArgumentParser, prefix: str) -> list[tuple[str, argpa
     return found
 
 
+def _help(parser: argparse.ArgumentParser) -> str:
+    """The parser's --help wrapped at WIDTH (argparse would take the width from $COLUMNS or the terminal; it
+    keeps two columns free, as on a terminal of WIDTH columns)."""
+    kept = parser.formatter_class
+    parser.formatter_class = functools.partial(kept, width=WIDTH - 2)  # type: ignore[assignment]
+    try:
+        return parser.format_help().rstrip()
+    finally:
+        parser.formatter_class = kept
+
+
 def render(parser: argparse.ArgumentParser) -> str:
     """Markdown with every command's --help, in the parser's order."""
-    os.environ.setdefault("COLUMNS", "100")  # argparse wraps help text to the terminal width
     parts = ["# Command reference", "",
              "Generated from the parser by `make docs` (`python -m flightrec.cli.reference`);",
              "a test checks it is current.", ""]
     for prefix, sub in _walk(parser, "flightrec"):
-        parts += [f"## `{prefix}`", "", "```", sub.format_help().rstrip(), "```", ""]
+        parts += [f"## `{prefix}`", "", "```", _help(sub), "```", ""]
     return "\n".join(parts)
 
 
