@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -164,14 +165,60 @@ def compile_cubin_nvcc(arch: str, nvcc: str | None = None) -> tuple[bytes, str]:
         return out.read_bytes(), text
 
 
+def _cache_file(arch: str) -> Path:
+    """Where a compiled cubin is kept: $FLIGHTREC_CACHE/cubin/<arch>-<hash of the sources, arch and compiler>."""
+    from flightrec.settings import Settings
+
+    nvrtc = load_nvrtc()
+    compiler = f"nvrtc {nvrtc.version}" if nvrtc is not None else f"nvcc {nvcc_path()}"
+    h = hashlib.sha256(f"{arch}\0{compiler}\0".encode())
+    for name in (SOURCE, *HEADERS):
+        h.update(name.encode() + b"\0" + (source_dir() / name).read_bytes() + b"\0")
+    h.update(Path(__file__).read_bytes())  # the compiler options are written here
+    return Path(Settings.from_env().cache).expanduser() / "cubin" / f"{arch}-{h.hexdigest()[:32]}.cubin"
+
+
+def _read_cached(path: Path) -> tuple[bytes, str] | None:
+    try:
+        cubin = path.read_bytes()
+        text = path.with_suffix(".log").read_text()
+    except OSError:
+        return None
+    return (cubin, text) if cubin.startswith(b"\x7fELF") else None  # a damaged file is compiled again
+
+
+def _write_cached(path: Path, cubin: bytes, text: str) -> None:
+    """Keep the cubin for the next process (atomically; a cache that cannot be written is only not kept)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for target, data in ((path.with_suffix(".log"), text.encode()), (path, cubin)):
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+    except OSError as exc:
+        log.info("compiled kernels not kept in %s: %s", path.parent, exc)
+
+
 @functools.lru_cache(maxsize=None)
 def compile_cubin_any(arch: str) -> tuple[bytes, str]:
     """The kernels as a cubin for ``arch``: NVRTC where it is found, else (or where NVRTC fails) nvcc;
-    compiled once per process.
+    compiled once per process, and kept on disk ($FLIGHTREC_CACHE/cubin, keyed by the sources' bytes, the
+    arch and the compiler) so the next process loads it instead of compiling (~3 s).
 
     CompileError when neither is there (its message names what to install) or the
     compiler rejects the source (with its log).
     """
+    path = _cache_file(arch)
+    cached = _read_cached(path)
+    if cached is not None:
+        return cached
+    cubin, text = _compile_any(arch)
+    _write_cached(path, cubin, text)
+    return cubin, text
+
+
+def _compile_any(arch: str) -> tuple[bytes, str]:
     nvrtc_error: CompileError | None = None
     if load_nvrtc() is not None:
         try:

@@ -45,7 +45,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_INSTANCE", "<hostname>", "This instance's id, used by the agent when --instance is not given."),
     Setting("FLIGHTREC_SPOOL", "$XDG_STATE_HOME/flightrec/spool", "The agent's durable spool folder (boot id, seq counter, unsent events)."),
     Setting("FLIGHTREC_HOME", ".flightrec", "Folder for local state of `flightrec broker` and `flightrec demo` (broker data, demo databases)."),
-    Setting("FLIGHTREC_CACHE", "$XDG_CACHE_HOME/flightrec", "Folder for what flightrec downloads once (Kafka's jars); `make` and the tests set it to the checkout's `.cache`."),
+    Setting("FLIGHTREC_CACHE", "$XDG_CACHE_HOME/flightrec", "Folder for what flightrec downloads or builds once (Kafka's jars, the compiled CUDA kernels); `make` and the tests set it to the checkout's `.cache`."),
     Setting("FLIGHTREC_KAFKA_LIBS", "$FLIGHTREC_CACHE/kafka/<version>/libs", "Where Kafka's jars are cached once fetched with Maven."),
     Setting("FLIGHTREC_PARTITIONS", "6", "Partitions per topic when flightrec creates its topics."),
     Setting("FLIGHTREC_REPLICATION", "1", "Replication factor when flightrec creates its topics."),

@@ -46,3 +46,43 @@ def test_sources_ship_with_the_package() -> None:
         assert f'extern "C" __global__ void {name}(' in src
     for header in cc.HEADERS:
         assert (cc.source_dir() / header).is_file()
+
+
+@needs_nvrtc
+def test_a_compiled_cubin_is_kept_on_disk_for_the_next_process(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FLIGHTREC_CACHE", str(tmp_path))
+    calls: list[str] = []
+    real = cc._compile_any
+    monkeypatch.setattr(cc, "_compile_any", lambda arch: calls.append(arch) or real(arch))
+    cc.compile_cubin_any.cache_clear()
+    first = cc.compile_cubin_any("sm_90")
+    (kept,) = (tmp_path / "cubin").glob("sm_90-*.cubin")
+    assert kept.read_bytes() == first[0] and calls == ["sm_90"]
+    cc.compile_cubin_any.cache_clear()  # as a new process
+    assert cc.compile_cubin_any("sm_90") == first and calls == ["sm_90"], "compiled again despite the kept cubin"
+    kept.write_bytes(b"half a file")  # damaged: compiled again and replaced
+    cc.compile_cubin_any.cache_clear()
+    assert cc.compile_cubin_any("sm_90")[0] == first[0] and calls == ["sm_90", "sm_90"]
+    assert kept.read_bytes() == first[0]
+    cc.compile_cubin_any.cache_clear()
+
+
+@needs_nvrtc
+def test_the_kept_cubin_follows_the_sources_and_an_unwritable_cache_only_costs_time(tmp_path, monkeypatch) -> None:
+    import shutil
+
+    monkeypatch.setenv("FLIGHTREC_CACHE", str(tmp_path))
+    before = cc._cache_file("sm_90")
+    assert cc._cache_file("sm_80") != before
+    src = tmp_path / "src"
+    shutil.copytree(cc.source_dir(), src, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    (src / "goldilocks.cuh").write_text((src / "goldilocks.cuh").read_text() + "\n// changed\n")
+    monkeypatch.setattr(cc, "source_dir", lambda: src)
+    assert cc._cache_file("sm_90") != before, "a changed header must not load the old cubin"
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("FLIGHTREC_CACHE", str(blocker))
+    cc.compile_cubin_any.cache_clear()
+    cubin, _log = cc.compile_cubin_any("sm_80")
+    assert cubin[:4] == b"\x7fELF"
+    cc.compile_cubin_any.cache_clear()
