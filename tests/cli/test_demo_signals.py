@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import select
 import signal
 import subprocess
 import sys
@@ -70,3 +72,74 @@ def test_the_demo_stops_everything_it_started_on(sig, tmp_path):
         except ProcessLookupError:
             pass
     assert left == [], f"left running after {sig.name}:\n" + "\n".join(left)
+
+
+# A materializer's live endpoint in a process of its own, as in the demo.
+SERVER = """
+import sys, time
+from flightrec.consumers.serve import QueryServer
+from flightrec.consumers.store import Store
+store = Store(sys.argv[1], "g")
+with QueryServer(store.con.cursor(), sys.argv[1]):
+    print("serving", flush=True)
+    time.sleep(600)
+"""
+# The demo's main thread polling the materializer (progress, wait_materialized), with the demo's stop
+# handling; every stop signal that reaches it says so on a line of its own.
+READER = """
+import sys
+from flightrec.demo.system import StopSignals
+from flightrec.query import run_query
+run_query(sys.argv[1], "SELECT 1")  # imports done (a signal in a lazy import breaks the module, not the demo's point)
+with StopSignals() as stops:
+    print("reading", flush=True)
+    stopped = None
+    while True:
+        try:  # the line is written inside the try: the next signal, sent once it is read, lands in here too
+            while True:
+                if stopped is not None:
+                    print("stopped", stopped, flush=True)
+                    stopped = stops.received = None
+                run_query(sys.argv[1], "SELECT count(*) AS n FROM instances")
+        except KeyboardInterrupt as exc:
+            stopped = exc
+"""
+
+
+def test_no_stop_signal_is_lost_while_the_demo_reads_live(tmp_path):
+    """SIGINT/SIGTERM arriving during a live read (Arrow Flight) always reach the demo's handler.
+
+    pyarrow swaps its own handler in for SIGINT and SIGTERM during a Flight read and hands the
+    signal to a thread of its own; one that lands as the read ends was dropped (the demo then
+    never stopped). Each signal here waits for its "stopped" line before the next is sent.
+    """
+    db = tmp_path / "flightrec.duckdb"
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(db)], stdout=subprocess.PIPE, env=env)
+    reader = None
+    try:
+        assert server.stdout.readline() == b"serving\n"
+        reader = subprocess.Popen([sys.executable, "-c", READER, str(db)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env)
+        assert reader.stdout.readline() == b"reading\n"
+        rng = random.Random(7)
+        lost, sent = [], 0
+        for n in range(500):
+            time.sleep(rng.uniform(0.0, 0.02))
+            sig = (signal.SIGINT, signal.SIGTERM)[n % 2]
+            reader.send_signal(sig)
+            sent += 1
+            ready, _, _ = select.select([reader.stdout], [], [], 5.0)
+            if not ready:
+                lost.append(sig.name)
+                continue
+            line = reader.stdout.readline()
+            assert line.startswith(b"stopped"), \
+                f"the reader ended after {sent} signals: {reader.stderr.read()!r}"
+        assert reader.poll() is None
+        assert lost == [], f"{len(lost)} of {sent} stop signals never reached the handler: {lost}"
+    finally:
+        for proc in (reader, server):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
