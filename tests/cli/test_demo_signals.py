@@ -35,43 +35,75 @@ def _started_by(home: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
-def test_the_demo_stops_everything_it_started_on(sig, tmp_path):
-    home = tmp_path / "demo"
-    out = tmp_path / "demo.out"
-    with open(out, "wb") as f:
-        demo = subprocess.Popen([sys.executable, "-m", "flightrec", "demo", "--instances", "2",
-                                 "--port", str(free_port()), "--dashboard-port", str(free_port()), "--home", str(home), "--supervisor-seconds", "60"],
-                                stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONSAFEPATH": "1"})
-    try:
-        deadline = time.monotonic() + 240
-        while "fleet:" not in out.read_text(errors="replace"):  # broker, materializer and fleet are up
-            assert demo.poll() is None and time.monotonic() < deadline, out.read_text(errors="replace")[-3000:]
-            time.sleep(0.5)
-        time.sleep(2.0)
-        started = _started_by(home)
-        assert len(started) >= 5, "expected the broker, the materializer, the dashboard and the instances"
-        assert any("dashboard" in p for p in started), started
-        demo.send_signal(sig)
-        demo.wait(timeout=150)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-    text = out.read_text(errors="replace")
-    assert "Traceback" not in text, text[-3000:]
-    left = []
+def _kill_all(home: Path) -> list[str]:
+    """SIGKILL every process started for ``home`` (the demo's own and its children); what was running."""
+    left: list[str] = []
     for _ in range(20):  # the last children may take a moment to be reaped by init
         left = _started_by(home)
         if not left:
             break
         time.sleep(0.5)
-    for line in left:  # never leave strays behind, even when the assertion below fails
+    for line in left:
         try:
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
         except ProcessLookupError:
             pass
+    return left
+
+
+def _signal_the_demo(tmp_path: Path, sig: signal.Signals, when: str, after: float) -> tuple[str, list[str]]:
+    """Start the demo, send ``sig`` ``after`` seconds after it prints ``when``; its output and what it left running.
+
+    Whatever happens (the demo ignoring the signal, an assertion), nothing it started outlives the test.
+    """
+    home = tmp_path / "demo"
+    out = tmp_path / "demo.out"
+    with open(out, "wb") as f:
+        demo = subprocess.Popen([sys.executable, "-m", "flightrec", "demo", "--instances", "2",
+                                 "--port", str(free_port()), "--dashboard-port", str(free_port()), "--home", str(home),
+                                 "--supervisor-seconds", "60"],
+                                stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        while when not in out.read_text(errors="replace"):
+            assert demo.poll() is None and time.monotonic() < deadline, out.read_text(errors="replace")[-3000:]
+            time.sleep(0.05)
+        time.sleep(after)
+        if when == "fleet:":  # broker, materializer, dashboard and fleet are up
+            started = _started_by(home)
+            assert len(started) >= 5, "expected the broker, the materializer, the dashboard and the instances"
+            assert any("dashboard" in p for p in started), started
+        demo.send_signal(sig)
+        try:
+            demo.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the demo did not stop within 150 s of {sig.name}:\n{out.read_text(errors='replace')[-3000:]}")
+        left = _kill_all(home)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        _kill_all(home)  # never leave strays behind, whatever failed above
+    return out.read_text(errors="replace"), left
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_the_demo_stops_everything_it_started_on(sig, tmp_path):
+    text, left = _signal_the_demo(tmp_path, sig, "fleet:", 2.0)
+    assert "Traceback" not in text, text[-3000:]
+    assert f"stopping ({sig.name})" in text, text[-3000:]
     assert left == [], f"left running after {sig.name}:\n" + "\n".join(left)
+
+
+@pytest.mark.parametrize(("when", "after"), [("broker:", 0.0), ("broker:", 1.0), ("materializer:", 0.0)],
+                         ids=["broker-up", "materializer-starting", "materializer-up"])
+def test_ctrl_c_while_the_demo_starts_stops_what_it_started(when, after, tmp_path):
+    """SIGINT as soon as the broker is up, while the materializer starts (reads on the file: DuckDB's
+    own interrupt handling) and as soon as it is up stops the demo and everything it started too."""
+    text, left = _signal_the_demo(tmp_path, signal.SIGINT, when, after)
+    assert "Traceback" not in text, text[-3000:]
+    assert "stopping (SIGINT)" in text, text[-3000:]
+    assert left == [], "left running after SIGINT:\n" + "\n".join(left)
 
 
 # A materializer's live endpoint in a process of its own, as in the demo.
