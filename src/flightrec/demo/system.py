@@ -73,10 +73,10 @@ class StopSignals:
 
     While installed, pyarrow's own signal handling is off: during every Arrow Flight read (each
     live query to the materializer) it put its own handler in for SIGINT and SIGTERM and passed
-    the signal on from a thread of its own, which dropped one that landed as the read ended, or
-    delivered it late, on a loaded machine most of all. And SIGINT has this handler rather than
-    Python's default one, so ``asyncio.run`` does not put in its own (that one cancels the task,
-    and a coroutine that swallows the cancellation loses the Ctrl-C).
+    the signal on from a thread of its own, which dropped one that landed as the read ended (3 to 6
+    of 500 in tests/cli/test_demo_signals.py). And SIGINT has this handler rather than Python's
+    default one, so ``asyncio.run`` does not put in its own (that one only cancels the task: a
+    coroutine that catches the cancellation, as ``except BaseException`` blocks do, would lose it).
     """
 
     def __init__(self) -> None:
