@@ -332,6 +332,8 @@ class LocalBroker:
     def stop(self, timeout: float = 60.0) -> str:
         """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout``) and wait until it is gone."""
         pid = self._pid()
+        if pid is None and self._proc is not None and self._proc.poll() is None:
+            pid = self._proc.pid  # started here, its pid file not written yet (a signal came in between)
         if pid is None:
             return f"no broker running for data {self.data}"
         os.kill(pid, signal.SIGTERM)

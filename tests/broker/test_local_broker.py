@@ -226,3 +226,20 @@ def test_a_failed_start_quotes_its_real_cause(tmp_path):
     assert "exited with code" in first
     # the cause, quoted from Kafka's own log, is on the first line
     assert "node.id" in first or "meta.properties" in first, first
+
+
+def test_stop_stops_the_broker_it_started_before_its_pid_file_was_written(fresh_kafka):
+    """A signal between the broker's start and its pid file (Ctrl-C in the demo) leaves no broker running."""
+    broker = fresh_kafka.broker
+    assert "stopped" in broker.stop()
+    assert "started" in broker.start()
+    proc = broker._proc
+    assert proc is not None and proc.poll() is None
+    try:
+        (broker.data / "broker.pid").unlink()  # as if the signal came before it was written
+        assert "stopped" in broker.stop()
+        assert proc.poll() is not None, "the broker this object started is still running"
+    finally:
+        if proc.poll() is None:  # no stray broker for the rest of the suite when this fails
+            proc.kill()
+            proc.wait()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import select
 import signal
 import subprocess
 import sys
@@ -33,40 +35,143 @@ def _started_by(home: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
-def test_the_demo_stops_everything_it_started_on(sig, tmp_path):
-    home = tmp_path / "demo"
-    out = tmp_path / "demo.out"
-    with open(out, "wb") as f:
-        demo = subprocess.Popen([sys.executable, "-m", "flightrec", "demo", "--instances", "2",
-                                 "--port", str(free_port()), "--dashboard-port", str(free_port()), "--home", str(home), "--supervisor-seconds", "60"],
-                                stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONSAFEPATH": "1"})
-    try:
-        deadline = time.monotonic() + 240
-        while "fleet:" not in out.read_text(errors="replace"):  # broker, materializer and fleet are up
-            assert demo.poll() is None and time.monotonic() < deadline, out.read_text(errors="replace")[-3000:]
-            time.sleep(0.5)
-        time.sleep(2.0)
-        started = _started_by(home)
-        assert len(started) >= 5, "expected the broker, the materializer, the dashboard and the instances"
-        assert any("dashboard" in p for p in started), started
-        demo.send_signal(sig)
-        demo.wait(timeout=150)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-    text = out.read_text(errors="replace")
-    assert "Traceback" not in text, text[-3000:]
-    left = []
+def _kill_all(home: Path) -> list[str]:
+    """SIGKILL every process started for ``home`` (the demo's own and its children); what was running."""
+    left: list[str] = []
     for _ in range(20):  # the last children may take a moment to be reaped by init
         left = _started_by(home)
         if not left:
             break
         time.sleep(0.5)
-    for line in left:  # never leave strays behind, even when the assertion below fails
+    for line in left:
         try:
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
         except ProcessLookupError:
             pass
+    return left
+
+
+def _signal_the_demo(tmp_path: Path, sig: signal.Signals, when: str, after: float) -> tuple[str, list[str]]:
+    """Start the demo, send ``sig`` ``after`` seconds after it prints ``when``; its output and what it left running.
+
+    Whatever happens (the demo ignoring the signal, an assertion), nothing it started outlives the test.
+    """
+    home = tmp_path / "demo"
+    out = tmp_path / "demo.out"
+    with open(out, "wb") as f:
+        demo = subprocess.Popen([sys.executable, "-m", "flightrec", "demo", "--instances", "2",
+                                 "--port", str(free_port()), "--dashboard-port", str(free_port()), "--home", str(home),
+                                 "--supervisor-seconds", "60"],
+                                stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        while when not in out.read_text(errors="replace"):
+            assert demo.poll() is None and time.monotonic() < deadline, out.read_text(errors="replace")[-3000:]
+            time.sleep(0.05)
+        time.sleep(after)
+        if when == "fleet:":  # broker, materializer, dashboard and fleet are up
+            started = _started_by(home)
+            assert len(started) >= 5, "expected the broker, the materializer, the dashboard and the instances"
+            assert any("dashboard" in p for p in started), started
+        demo.send_signal(sig)
+        try:
+            demo.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the demo did not stop within 150 s of {sig.name}:\n{out.read_text(errors='replace')[-3000:]}")
+        left = _kill_all(home)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        _kill_all(home)  # never leave strays behind, whatever failed above
+    return out.read_text(errors="replace"), left
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_the_demo_stops_everything_it_started_on(sig, tmp_path):
+    text, left = _signal_the_demo(tmp_path, sig, "fleet:", 2.0)
+    assert "Traceback" not in text, text[-3000:]
+    assert f"stopping ({sig.name})" in text, text[-3000:]
     assert left == [], f"left running after {sig.name}:\n" + "\n".join(left)
+
+
+@pytest.mark.parametrize(("when", "after"), [("broker:", 0.0), ("broker:", 1.0), ("materializer:", 0.0)],
+                         ids=["broker-up", "materializer-starting", "materializer-up"])
+def test_ctrl_c_while_the_demo_starts_stops_what_it_started(when, after, tmp_path):
+    """SIGINT as soon as the broker is up, while the materializer starts (reads on the file: DuckDB's
+    own interrupt handling) and as soon as it is up stops the demo and everything it started too."""
+    text, left = _signal_the_demo(tmp_path, signal.SIGINT, when, after)
+    assert "Traceback" not in text, text[-3000:]
+    assert "stopping (SIGINT)" in text, text[-3000:]
+    assert left == [], "left running after SIGINT:\n" + "\n".join(left)
+
+
+# A materializer's live endpoint in a process of its own, as in the demo.
+SERVER = """
+import sys, time
+from flightrec.consumers.serve import QueryServer
+from flightrec.consumers.store import Store
+store = Store(sys.argv[1], "g")
+with QueryServer(store.con.cursor(), sys.argv[1]):
+    print("serving", flush=True)
+    time.sleep(600)
+"""
+# The demo's main thread polling the materializer (progress, wait_materialized), with the demo's stop
+# handling; every stop signal that reaches it says so on a line of its own.
+READER = """
+import sys
+from flightrec.demo.system import StopSignals
+from flightrec.query import run_query
+run_query(sys.argv[1], "SELECT 1")  # imports done (a signal in a lazy import breaks the module, not the demo's point)
+with StopSignals() as stops:
+    print("reading", flush=True)
+    stopped = None
+    while True:
+        try:  # the line is written inside the try: the next signal, sent once it is read, lands in here too
+            while True:
+                if stopped is not None:
+                    print("stopped", stopped, flush=True)
+                    stopped = stops.received = None
+                run_query(sys.argv[1], "SELECT count(*) AS n FROM instances")
+        except KeyboardInterrupt as exc:
+            stopped = exc
+"""
+
+
+def test_no_stop_signal_is_lost_while_the_demo_reads_live(tmp_path):
+    """SIGINT/SIGTERM arriving during a live read (Arrow Flight) always reach the demo's handler.
+
+    pyarrow swaps its own handler in for SIGINT and SIGTERM during a Flight read and hands the
+    signal to a thread of its own; one that lands as the read ends was dropped (the demo then
+    never stopped). Each signal here waits for its "stopped" line before the next is sent.
+    """
+    db = tmp_path / "flightrec.duckdb"
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(db)], stdout=subprocess.PIPE, env=env)
+    reader = None
+    try:
+        assert server.stdout.readline() == b"serving\n"
+        reader = subprocess.Popen([sys.executable, "-c", READER, str(db)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env)
+        assert reader.stdout.readline() == b"reading\n"
+        rng = random.Random(7)
+        lost, sent = [], 0
+        for n in range(500):
+            time.sleep(rng.uniform(0.0, 0.02))
+            sig = (signal.SIGINT, signal.SIGTERM)[n % 2]
+            reader.send_signal(sig)
+            sent += 1
+            ready, _, _ = select.select([reader.stdout], [], [], 5.0)
+            if not ready:
+                lost.append(sig.name)
+                continue
+            line = reader.stdout.readline()
+            assert line.startswith(b"stopped"), \
+                f"the reader ended after {sent} signals: {reader.stderr.read()!r}"
+        assert reader.poll() is None
+        assert lost == [], f"{len(lost)} of {sent} stop signals never reached the handler: {lost}"
+    finally:
+        for proc in (reader, server):
+            if proc is not None:
+                proc.kill()
+                proc.wait()

@@ -18,6 +18,7 @@ the demo's database. Progress counts this run's fleet only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -30,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Iterator
 
 from flightrec.broker import LocalBroker
 from flightrec.errors import ConfigError, FlightrecError, QueryError
@@ -58,11 +59,70 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Stopped(KeyboardInterrupt):
-    """Raised in the demo's main thread by SIGTERM or SIGHUP, handled like Ctrl-C."""
+    """Raised in the demo's main thread by SIGINT (Ctrl-C), SIGTERM or SIGHUP."""
 
 
-def _raise_stopped(signum: int, frame: object) -> None:
-    raise Stopped(signal.Signals(signum).name)
+class StopSignals:
+    """SIGINT, SIGTERM and SIGHUP stop the demo whenever they come, and none is lost (a context manager).
+
+    The handler notes the signal and raises :class:`Stopped` in the main thread. The note stays:
+    where library code turns the exception into another one or swallows it (DuckDB turns it into
+    ``RuntimeError: Query interrupted``; ``except BaseException`` blocks), the demo's loops
+    :meth:`check` the note and stop all the same. Inside :meth:`held` the exception waits for
+    the block's end (a child started but not yet recorded would be left running).
+
+    While installed, pyarrow's own signal handling is off: during every Arrow Flight read (each
+    live query to the materializer) it put its own handler in for SIGINT and SIGTERM and passed
+    the signal on from a thread of its own, which dropped one that landed as the read ended (3 to 6
+    of 500 in tests/cli/test_demo_signals.py). And SIGINT has this handler rather than Python's
+    default one, so ``asyncio.run`` does not put in its own (that one only cancels the task: a
+    coroutine that catches the cancellation, as ``except BaseException`` blocks do, would lose it).
+    """
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._held = 0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        import pyarrow
+
+        pyarrow.enable_signal_handlers(False)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import pyarrow
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        pyarrow.enable_signal_handlers(True)  # pyarrow's default
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+        if not self._held:
+            raise Stopped(self.received)
+
+    def check(self) -> None:
+        """Raise :class:`Stopped` if a stop signal came (even one whose exception was swallowed)."""
+        if self.received is not None and not self._held:
+            raise Stopped(self.received)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A block a stop signal does not interrupt: it stops the demo as soon as the block ends."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+        self.check()
+
+    def ignore(self) -> None:
+        """From now on stop signals are ignored (the demo is stopping: a second one must not cut that short)."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
@@ -122,6 +182,7 @@ class Demo:
     security: str = "plaintext"  # or sasl_ssl: every process of the demo talks SCRAM-SHA-512 over TLS
     say: Callable[[str], None] = lambda line: print(line, flush=True)
     procs: list[Running] = field(default_factory=list)
+    stops: StopSignals = field(default_factory=StopSignals)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
@@ -147,12 +208,19 @@ class Demo:
                new_session: bool = False, log_path: Path | None = None) -> Running:
         log_path = log_path or self.home / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = open(log_path, "ab")
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=self.home, start_new_session=new_session)
-        running = Running(name, proc, log_path, out, instance)
-        self.procs.append(running)
+        with self.stops.held():  # started and recorded, or neither: stop() stops what is recorded
+            out = open(log_path, "ab")
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    cwd=self.home, start_new_session=new_session)
+            running = Running(name, proc, log_path, out, instance)
+            self.procs.append(running)
         return running
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, then stop if a stop signal came meanwhile (or earlier, its exception swallowed)."""
+        self.stops.check()
+        time.sleep(seconds)
+        self.stops.check()
 
     def start_broker(self) -> None:
         if self.fresh:
@@ -181,7 +249,7 @@ class Demo:
                 self.say(f"materializer: running, writing {self.db}")
                 return
             except QueryError:
-                time.sleep(0.3)
+                self._pause(0.3)
         raise FlightrecError("the materializer did not come up within 90 s")
 
     def start_dashboard(self) -> None:
@@ -227,7 +295,7 @@ class Demo:
                                 "host_id": str(DEMO_HOST_ID + n)})
             self._spawn(inst.instance_id, ["bash", str(script)], env, inst,
                         new_session=True, log_path=work / "console.log")
-            time.sleep(0.3)  # a staggered start, as a real fleet comes up
+            self._pause(0.3)  # a staggered start, as a real fleet comes up
         self.say(f"fleet:        {len(fleet)} instances started ({', '.join(sorted({i.fate for i in fleet}))})")
         return fleet
 
@@ -253,7 +321,7 @@ class Demo:
         """SIGKILL the destroyed instance's whole process tree once it is in its supervisor stage."""
         if running.ended or "supervisor: production proving" not in running.log_path.read_text(errors="replace"):
             return False
-        time.sleep(1.0)
+        self._pause(1.0)
         os.killpg(running.proc.pid, signal.SIGKILL)
         running.proc.wait()
         running.ended = True
@@ -295,7 +363,7 @@ class Demo:
                     return
             except QueryError:
                 pass
-            time.sleep(0.5)
+            self._pause(0.5)
         raise FlightrecError(f"the fleet's events were not all materialized within {timeout:.0f} s; "
                              f"see {self.home / 'logs'} and each instance's console.log")
 
@@ -318,50 +386,55 @@ class Demo:
     # -- the whole run --------------------------------------------------------------
 
     def run(self) -> int:
+        """Run the demo; every process it started is stopped when it ends, however it ends."""
+        with self.stops:
+            try:
+                return self._run()
+            except KeyboardInterrupt as exc:
+                self.stops.ignore()  # a second signal must not cut the stopping short
+                self.say(f"\nstopping ({exc or 'SIGINT'}) ...")
+                return 0
+            except Exception:
+                if self.stops.received is None:
+                    raise
+                # a stop signal that library code turned into another exception (DuckDB: "Query interrupted")
+                self.stops.ignore()
+                self.say(f"\nstopping ({self.stops.received}) ...")
+                return 0
+            finally:
+                self.stops.ignore()
+                self.stop()
+
+    def _run(self) -> int:
         t0, since_us = time.monotonic(), time.time_ns() // 1000
         run_dir = self.home / "runs" / time.strftime("%Y%m%d-%H%M%S")
-        previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS[1:]}
-        try:
-            self.start_broker()
-            self.start_materializer()
-            if not self.headless:
-                self.start_dashboard()
-            fleet = self.start_fleet(run_dir)
-            last = 0.0
-            destroyed = [r for r in self.procs if r.instance and r.instance.fate == "destroyed"]
-            while any(r.instance and r.proc.poll() is None for r in self.procs):
-                for r in destroyed:
-                    self._destroy_when_supervising(r)
-                if time.monotonic() - last >= 3:
-                    self.say(self.progress(t0, fleet, since_us))
-                    last = time.monotonic()
-                time.sleep(0.3)
+        self.start_broker()
+        self.stops.check()
+        self.start_materializer()
+        if not self.headless:
+            self.start_dashboard()
+        fleet = self.start_fleet(run_dir)
+        last = 0.0
+        destroyed = [r for r in self.procs if r.instance and r.instance.fate == "destroyed"]
+        while any(r.instance and r.proc.poll() is None for r in self.procs):
             for r in destroyed:
-                time.sleep(2.0)  # the evidence arrives later, as it would from a recovered disk
-                self._flush_spool(r.instance, run_dir)  # type: ignore[arg-type]
-            self.wait_materialized(fleet, since_us)
-            self.say(self.progress(t0, fleet, since_us))
-            self.summary(fleet)
-            self.say(f"\nthe whole fleet is materialized in {self.db}  ({time.monotonic() - t0:.0f} s)")
-            if self.headless:
-                return 0
-            self.say(f"dashboard:    http://localhost:{self.dashboard_port}   (Ctrl-C stops everything the demo started)")
-            while True:
-                time.sleep(1.0)
-        except KeyboardInterrupt as exc:
-            for sig in STOP_SIGNALS:  # a second signal must not cut the stopping short
-                signal.signal(sig, signal.SIG_IGN)
-            self.say(f"\nstopping ({exc or 'SIGINT'}) ...")
+                self._destroy_when_supervising(r)
+            if time.monotonic() - last >= 3:
+                self.say(self.progress(t0, fleet, since_us))
+                last = time.monotonic()
+            self._pause(0.3)
+        for r in destroyed:
+            self._pause(2.0)  # the evidence arrives later, as it would from a recovered disk
+            self._flush_spool(r.instance, run_dir)  # type: ignore[arg-type]
+        self.wait_materialized(fleet, since_us)
+        self.say(self.progress(t0, fleet, since_us))
+        self.summary(fleet)
+        self.say(f"\nthe whole fleet is materialized in {self.db}  ({time.monotonic() - t0:.0f} s)")
+        if self.headless:
             return 0
-        finally:
-            for sig in STOP_SIGNALS:
-                signal.signal(sig, signal.SIG_IGN)
-            try:
-                self.stop()
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.say(f"dashboard:    http://localhost:{self.dashboard_port}   (Ctrl-C stops everything the demo started)")
+        while True:
+            self._pause(1.0)
 
     def stop(self) -> None:
         """Stop every process the demo started (instances, dashboard, materializer), then its broker."""
