@@ -168,7 +168,7 @@ class Store(RowWriter):
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
             self.con.execute(schema_sql())
-            if crashed:
+            if crashed or self._lines_unaccounted():
                 self._drop_rows_without_event()
             self._store_views(views)
             # Nothing the writer does needs files; readers share this database
@@ -184,6 +184,14 @@ class Store(RowWriter):
         except duckdb.Error as exc:
             self.con.close()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
+
+    def _lines_unaccounted(self) -> bool:
+        """Whether log_lines holds another number of rows than the runs' commits wrote (materializer_runs.lines):
+        a cut commit's rows kept even though the WAL is gone (e.g. DuckDB checkpointed it at an open that was
+        itself killed before its clean-up committed). Two counts, no scan of the rows."""
+        stored, written = self.con.execute("SELECT (SELECT count(*) FROM log_lines), "
+                                           "(SELECT coalesce(sum(lines), 0) FROM materializer_runs)").fetchone()
+        return bool(stored != written)
 
     def _drop_rows_without_event(self) -> int:
         """Delete the rows whose event is not in events_seen, after a writer that did not close; returns how many.

@@ -68,6 +68,32 @@ def test_log_lines_left_by_a_cut_commit_are_dropped_when_the_writer_starts_again
     assert stats.lines_written == 2 * LINES
 
 
+def test_lines_left_without_their_events_are_dropped_even_once_the_wal_is_gone(tmp_path):
+    # An open after the crash that DuckDB checkpointed (WAL gone) and that was killed before its clean-up:
+    # the rows are in the file, and the count of lines the runs wrote says some are not theirs.
+    boot = Boot()
+    for n in range(2):
+        boot.lines("supervisor", "stdout", [f"batch {n} line {i}" for i in range(LINES)], first_line=n * LINES + 1)
+    msgs = _messages(boot)
+    db = tmp_path / "live.duckdb"
+    store = Store(db, "g")
+    store.commit(fold(msgs[:1]))
+    store.close()
+    rest = fold(msgs[1:])
+    con = duckdb.connect(str(db))
+    con.register("lines", rest.logs)
+    con.execute("INSERT INTO log_lines BY NAME SELECT * FROM lines")
+    con.close()  # a clean close: checkpointed, no WAL
+    assert not Path(f"{db}.wal").exists()
+    store = Store(db, "g")
+    try:
+        store.commit(rest)
+        n = store.con.execute("SELECT count(*) FROM log_lines").fetchone()[0]
+    finally:
+        store.close()
+    assert n == 2 * LINES
+
+
 def test_a_clean_restart_keeps_every_row(tmp_path):
     boot = Boot()
     boot.lines("supervisor", "stdout", [f"line {i}" for i in range(LINES)])
