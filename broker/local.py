@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from flightrec.broker.secure import SECURITIES, Secure
-from flightrec.broker.topics import answers_metadata, ensure_topics
+from flightrec.broker.topics import answering_cluster, answers_metadata, ensure_topics
 from flightrec.errors import BrokerError
 from flightrec.localservice import LOG_TAIL_LINES, free_port, log_tail, pid_alive, port_free  # noqa: F401 - free_port: tests import it from here
 from flightrec.settings import Settings
@@ -314,7 +314,7 @@ class LocalBroker:
                 raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting"
                                   + (f": {cause}" if cause else " (its log names no cause)"),
                                   "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
-            if asyncio.run(answers_metadata(self._kafka_kwargs(), timeout=2.0)):
+            if asyncio.run(answers_metadata(self._kafka_kwargs(), timeout=2.0)) and self._answering_is_ours():
                 self._ensure_topics()
                 return self._started(f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, "
                                      f"data {self.data})")
@@ -324,6 +324,29 @@ class LocalBroker:
         cause = log_cause(tail)
         raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s"
                           + (f"; its log says: {cause}" if cause else ""), "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
+
+    def _cluster_id(self) -> str | None:
+        """The cluster id this broker's storage was formatted with (logs/meta.properties); None before formatting."""
+        try:
+            text = (self.data / "logs" / "meta.properties").read_text()
+        except OSError:
+            return None
+        m = re.search(r"^cluster\.id=(\S+)", text, re.MULTILINE)
+        return m.group(1) if m else None
+
+    def _answering_is_ours(self) -> bool:
+        """Whether the broker answering on the port is this one (same cluster id); False when that cannot be told
+        yet. Raises BrokerError (this broker stopped) when another cluster answers: the port was free when checked
+        and another broker took it before this one could listen (a busy machine starting brokers at once)."""
+        theirs = asyncio.run(answering_cluster(self._kafka_kwargs(), timeout=2.0))
+        ours = self._cluster_id()
+        if theirs is None or ours is None:
+            return False
+        if theirs != ours:
+            self.stop()
+            raise BrokerError(f"another Kafka (cluster {theirs}, not this broker's {ours}) took port {self.port} "
+                              "while this broker was starting; start it again, on another port (--port)")
+        return True
 
     def _ensure_topics(self) -> list[str]:
         return asyncio.run(ensure_topics(self._kafka_kwargs(), partitions=self.settings.partitions,

@@ -31,6 +31,21 @@ async def answers_metadata(kafka_kwargs: dict[str, Any], timeout: float = 3.0) -
         await client.close()
 
 
+async def answering_cluster(kafka_kwargs: dict[str, Any], timeout: float = 3.0) -> str | None:
+    """The cluster id of the broker answering at the bootstrap address; None when none answers (or it names none)."""
+    if not await _any_port_open(kafka_kwargs.get("bootstrap_servers", ""), timeout):
+        return None
+    admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout * 1000), **kafka_kwargs)
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+        info = await asyncio.wait_for(admin.describe_cluster(), timeout)
+        return str(info.get("cluster_id") or "") or None
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return None
+    finally:
+        await admin.close()
+
+
 async def _any_port_open(bootstrap: str, timeout: float) -> bool:
     for hostport in str(bootstrap).split(","):
         host, _, port = hostport.strip().rpartition(":")

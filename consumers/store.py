@@ -35,6 +35,8 @@ MATERIALIZED_TABLES: tuple[str, ...] = (
     "instances", "boots", "lifecycle_events", "instance_facts", "log_lines", "process_exits", "throughput",
     "failures", "dead_letters", "events_seen", "heartbeats", "manager_events", "running_stages",
 )
+# The tables whose rows are written with their event (same transaction as its events_seen row), keyed by event_id.
+ROWS_BY_EVENT: tuple[str, ...] = ("log_lines", "lifecycle_events", "instance_facts", "process_exits", "throughput")
 # The Delta's row batches, registered as _d_<name> for the duration of a commit.
 DELTA_TABLES: tuple[str, ...] = ("events", "lifecycle", "facts", "exits", "throughput", "logs", "dead", "heartbeats",
                                  "manager")
@@ -160,11 +162,14 @@ class Store(RowWriter):
         self.mode = mode
         self.totals = Stats()  # this run's commits, summed
         self.started_us = time.time_ns() // 1000
+        crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
         self.con = self._connect(lock_wait)
         try:
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
             self.con.execute(schema_sql())
+            if crashed or self._lines_unaccounted():
+                self._drop_rows_without_event()
             self._store_views(views)
             # Nothing the writer does needs files; readers share this database
             # instance through cursors, so this also closes file access to them.
@@ -179,6 +184,39 @@ class Store(RowWriter):
         except duckdb.Error as exc:
             self.con.close()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
+
+    def _lines_unaccounted(self) -> bool:
+        """Whether log_lines holds another number of rows than the runs' commits wrote (materializer_runs.lines):
+        a cut commit's rows kept even though the WAL is gone (e.g. DuckDB checkpointed it at an open that was
+        itself killed before its clean-up committed). Two counts, no scan of the rows."""
+        stored, written = self.con.execute("SELECT (SELECT count(*) FROM log_lines), "
+                                           "(SELECT coalesce(sum(lines), 0) FROM materializer_runs)").fetchone()
+        return bool(stored != written)
+
+    def _drop_rows_without_event(self) -> int:
+        """Delete the rows whose event is not in events_seen, after a writer that did not close; returns how many.
+
+        Every row of these tables is written in the transaction that stores its event in events_seen, so such
+        a row belongs to a commit a crash cut short. DuckDB 1.5.5 was seen to keep one (SIGKILL just after a large
+        commit: its log_lines row groups, written to the file ahead of the commit, survived without the rest of
+        the transaction); the restart resumes at the offsets stored before it and writes that batch again, so
+        without this its lines would be counted twice. The delete is one anti-join per table, on restarts only.
+        """
+        con = self.con
+        removed = 0
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for table in ROWS_BY_EVENT:
+                removed += con.execute(f"""DELETE FROM {table} t WHERE NOT EXISTS
+                                           (SELECT 1 FROM events_seen e WHERE e.event_id = t.event_id)""").fetchone()[0]
+            con.execute("COMMIT")
+        except duckdb.Error:
+            con.execute("ROLLBACK")
+            raise
+        if removed:
+            log.warning("%s: removed %d rows of a commit cut short by the last writer's crash (their events were not "
+                        "stored); they are written again from the stored offsets", self.path, removed)
+        return removed
 
     def _store_views(self, views: tuple[str, ...]) -> None:
         """Create or replace the readers' shared views in the file, so any DuckDB client has them.

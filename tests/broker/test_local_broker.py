@@ -157,6 +157,21 @@ def test_port_in_use_is_a_one_line_cause(tmp_path):
             LocalBroker(port=port, data=tmp_path / "b", settings=Settings.from_env({})).start()
 
 
+def test_a_port_taken_by_another_broker_after_the_check_is_not_taken_for_ours(kafka, monkeypatch, tmp_path):
+    # The race on a busy machine: the port was free when checked, then another broker (another test
+    # session's) took it before ours bound it. Ours cannot listen; the other one answers metadata on the
+    # port. Taking that for ours made a test read another session's topics (an exactly-once test then
+    # counted 873,200 lines for its 600,000).
+    monkeypatch.setattr("flightrec.broker.local.port_free", lambda port, host="127.0.0.1": True)
+    broker = LocalBroker(port=kafka.broker.port, data=tmp_path / "b", settings=Settings.from_env({}))
+    try:
+        with pytest.raises(BrokerError, match=f"another Kafka .*port {kafka.broker.port}"):
+            broker.start(timeout=60)
+    finally:
+        broker.stop()
+    assert kafka.broker.status().answering  # the other broker is left alone
+
+
 def test_a_broker_that_dies_on_start_reports_the_tail_of_its_log(tmp_path):
     broker = LocalBroker(port=free_port(), data=tmp_path / "b", settings=Settings.from_env({}))
     broker._write_config()
