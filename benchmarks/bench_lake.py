@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,15 +23,13 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
 
-from bench_materialize import BATCH, batch, env_for, flightrec_cmd, pct, produce_backlog  # noqa: E402
+from bench_materialize import BATCH, env_for, flightrec_cmd, pct, probe_latency, produce_backlog  # noqa: E402
 
 from flightrec import lake as lakes  # noqa: E402
 from flightrec.broker import LocalBroker  # noqa: E402
 from flightrec.catalog import LocalCatalog  # noqa: E402
 from flightrec.localservice import free_port  # noqa: E402
-from flightrec.query import run_query  # noqa: E402
-from flightrec.schemas import encode  # noqa: E402
-from flightrec.settings import TOPIC_LOGS, Settings  # noqa: E402
+from flightrec.settings import Settings  # noqa: E402
 
 
 def file_run(bootstrap: str, work: Path, n: int) -> float:
@@ -87,55 +84,7 @@ def latency(bootstrap: str, catalog: LocalCatalog, work: Path, seconds: float = 
     proc = subprocess.Popen(flightrec_cmd("materialize", "--db", db, "--data-path", str(data), "--group",
                                           f"latency-{uuid.uuid4().hex[:6]}"),
                             env=env_for(bootstrap), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    acked: dict[int, float] = {}
-    seen: dict[int, float] = {}
-    done = threading.Event()
-
-    def poll() -> None:
-        while not done.is_set():
-            try:
-                n = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = 'probe'").to_pylist()[0]["n"]
-            except Exception:  # noqa: BLE001 - the lake's tables appear with the first member
-                n = None
-            now = time.perf_counter()
-            for k in range(1, (n or 0) + 1):
-                seen.setdefault(k, now)
-            time.sleep(0.05)
-
-    async def produce() -> None:
-        from aiokafka import AIOKafkaProducer
-
-        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
-        await p.start()
-        try:
-            end = time.perf_counter() + seconds
-            k = 0
-            while time.perf_counter() < end:
-                k += 1
-                await (await p.send(TOPIC_LOGS, encode(batch("probe", "b", k - 1, 1, k)), key=b"probe"))
-                acked[k] = time.perf_counter()
-                for j in range(2):
-                    await p.send(TOPIC_LOGS, encode(batch(f"load-{j}", "b", k, BATCH, k * BATCH)),
-                                 key=f"load-{j}".encode())
-                await asyncio.sleep(0.1)
-            await p.flush()
-        finally:
-            await p.stop()
-
-    try:
-        time.sleep(8)  # let it join the group and make the tables
-        t = threading.Thread(target=poll, daemon=True)
-        t.start()
-        asyncio.run(produce())
-        deadline = time.perf_counter() + 30
-        while len(seen) < len(acked) and time.perf_counter() < deadline:
-            time.sleep(0.1)
-        done.set()
-        t.join()
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    return [seen[k] - acked[k] if k in seen else float("inf") for k in acked]
+    return probe_latency(bootstrap, db, proc, seconds, start_wait=8.0, poll_s=0.05)
 
 
 def main() -> int:

@@ -22,7 +22,7 @@ import duckdb
 
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
-from flightrec.errors import QueryError
+from flightrec.errors import FlightrecError
 from flightrec.query import run_query
 from flightrec.schemas import FileTail, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, decode_record, encode
 from flightrec.settings import TOPIC_LOGS, Settings
@@ -129,6 +129,13 @@ def latency_phase(bootstrap: str, work: Path, seconds: float = 20.0) -> list[flo
     db = work / "latency.duckdb"
     proc = subprocess.Popen(flightrec_cmd("materialize", "--db", str(db)), env=env_for(bootstrap),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return probe_latency(bootstrap, str(db), proc, seconds, start_wait=4.0, poll_s=0.01)
+
+
+def probe_latency(bootstrap: str, db: str, proc: subprocess.Popen, seconds: float, start_wait: float,
+                  poll_s: float) -> list[float]:
+    """Seconds from each probe line's ack by Kafka to its visibility through run_query on ``db`` (inf: never seen)
+    while ``proc`` (a materializer, stopped at the end) runs, under ~10,000 lines/s of other instances."""
     acked: dict[int, float] = {}
     seen: dict[int, float] = {}
     done = threading.Event()
@@ -136,15 +143,13 @@ def latency_phase(bootstrap: str, work: Path, seconds: float = 20.0) -> list[flo
     def poll() -> None:
         while not done.is_set():
             try:
-                rows = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = 'probe'").to_pylist()
-                n = rows[0]["n"]
-            except QueryError:
+                n = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = 'probe'").to_pylist()[0]["n"]
+            except FlightrecError:  # not serving yet; a lake's tables appear with its first member
                 n = None
             now = time.perf_counter()
-            if n is not None:
-                for k in range(1, n + 1):
-                    seen.setdefault(k, now)
-            time.sleep(0.01)
+            for k in range(1, (n or 0) + 1):
+                seen.setdefault(k, now)
+            time.sleep(poll_s)
 
     async def produce() -> None:
         from aiokafka import AIOKafkaProducer
@@ -158,16 +163,16 @@ def latency_phase(bootstrap: str, work: Path, seconds: float = 20.0) -> list[flo
                 k += 1
                 await (await p.send(TOPIC_LOGS, encode(batch("probe", "b", k - 1, 1, k)), key=b"probe"))
                 acked[k] = time.perf_counter()
-                # background load: ~10,000 lines/s of other instances
-                for j in range(2):
-                    await p.send(TOPIC_LOGS, encode(batch(f"load-{j}", "b", k, BATCH, k * BATCH)), key=f"load-{j}".encode())
+                for j in range(2):  # the background load
+                    await p.send(TOPIC_LOGS, encode(batch(f"load-{j}", "b", k, BATCH, k * BATCH)),
+                                 key=f"load-{j}".encode())
                 await asyncio.sleep(0.1)
             await p.flush()
         finally:
             await p.stop()
 
     try:
-        time.sleep(4)  # let it start and serve
+        time.sleep(start_wait)  # let it start (and serve, or join its group and make the tables)
         t = threading.Thread(target=poll, daemon=True)
         t.start()
         asyncio.run(produce())
@@ -179,7 +184,7 @@ def latency_phase(bootstrap: str, work: Path, seconds: float = 20.0) -> list[flo
     finally:
         proc.terminate()
         proc.wait(60)
-    return [seen[k] - acked[k] for k in acked if k in seen] + [float("inf")] * (len(acked) - len([k for k in acked if k in seen]))
+    return [seen[k] - acked[k] if k in seen else float("inf") for k in acked]
 
 
 def pct(values: list[float], q: float) -> float:

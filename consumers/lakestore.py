@@ -31,9 +31,8 @@ from flightrec import lake as lakes
 from flightrec.consumers.classify import RuleTable, load_rules
 from flightrec.consumers.derive import arrow_views
 from flightrec.consumers.fold import Delta
-from flightrec.consumers.liveness import merge_heartbeats
 from flightrec.consumers.stats import Stats
-from flightrec.consumers.store import RowWriter, delta_views, offsets_table, schema_sql
+from flightrec.consumers.store import RowWriter, delta_views, schema_sql
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
 log = logging.getLogger(__name__)
@@ -307,24 +306,6 @@ class LakeStore(RowWriter):
                 self.con.execute("INSERT INTO main.events_seen BY NAME SELECT * FROM _d_events "
                                  "SEMI JOIN _new_events USING (event_id)")
         return new
-
-    def _insert_new(self, table: str, view: str, key: tuple[str, ...]) -> int:
-        on = " AND ".join(f't."{k}" = v."{k}"' for k in key)
-        return int(self.con.execute(f"""INSERT INTO main.{table} BY NAME SELECT * FROM {view} v
-                                        WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchone()[0])
-
-    def _merge_heartbeats(self, heartbeats: pa.Table, new: pa.Table) -> None:
-        merge_heartbeats(self.con, heartbeats, new, keyless=True)
-
-    def _store_offsets(self, delta: Delta) -> None:
-        if not delta.offsets:
-            return
-        with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
-            self.con.execute("""MERGE INTO consumer_offsets o USING _d_offsets d
-                                ON o.consumer_group = d.consumer_group AND o.topic = d.topic
-                                   AND o."partition" = d."partition"
-                                WHEN MATCHED THEN UPDATE SET next_offset = d.next_offset
-                                WHEN NOT MATCHED THEN INSERT BY NAME""")
 
     # -- bookkeeping, maintenance, close -----------------------------------------------------------------
 

@@ -16,23 +16,8 @@ log = logging.getLogger(__name__)
 # Reads ``_hb`` (the batch's heartbeat rows) and ``_hb_new`` (the event ids stored for the
 # first time in this transaction), registered by merge_heartbeats. Each column merges order-independently (a sum,
 # a min, a max, the value of the highest seq), so any batching of the same events agrees.
+# MERGE INTO on the boot's key, not INSERT ... ON CONFLICT: a DuckLake has no keys, and one statement serves both.
 MERGE_SQL = """
-INSERT INTO heartbeats BY NAME
-SELECT instance_id, boot_id, count(*) AS beats, min(ts_us) AS first_us, max(ts_us) AS last_us,
-       max(seq) AS last_seq, arg_max(interval_s, seq) AS interval_s, arg_max(stage, seq) AS stage
-FROM _hb SEMI JOIN _hb_new USING (event_id)
-GROUP BY instance_id, boot_id
-ON CONFLICT (instance_id, boot_id) DO UPDATE SET
-    beats = heartbeats.beats + excluded.beats,
-    first_us = least(heartbeats.first_us, excluded.first_us),
-    last_us = greatest(heartbeats.last_us, excluded.last_us),
-    interval_s = CASE WHEN excluded.last_seq > heartbeats.last_seq THEN excluded.interval_s ELSE heartbeats.interval_s END,
-    stage = CASE WHEN excluded.last_seq > heartbeats.last_seq THEN excluded.stage ELSE heartbeats.stage END,
-    last_seq = greatest(heartbeats.last_seq, excluded.last_seq)
-"""
-
-# The same merge for a store without keys or ON CONFLICT (a DuckLake): MERGE INTO on the boot's key.
-MERGE_INTO_SQL = """
 MERGE INTO heartbeats h USING (
     SELECT instance_id, boot_id, count(*) AS beats, min(ts_us) AS first_us, max(ts_us) AS last_us,
            max(seq) AS last_seq, arg_max(interval_s, seq) AS interval_s, arg_max(stage, seq) AS stage
@@ -75,14 +60,13 @@ def recompute_running(con: duckdb.DuckDBPyConnection, instances: pa.Table) -> No
         con.unregister("_running_inst")
 
 
-def merge_heartbeats(con: duckdb.DuckDBPyConnection, heartbeats: pa.Table, new: pa.Table, *,
-                     keyless: bool = False) -> None:
+def merge_heartbeats(con: duckdb.DuckDBPyConnection, heartbeats: pa.Table, new: pa.Table) -> None:
     """Fold the heartbeats among ``new`` (event ids stored for the first time) into the per-boot summary
-    (inside the store's transaction); ``keyless`` for a store without keys (a DuckLake: MERGE INTO)."""
+    (inside the store's transaction; a DuckDB file or a DuckLake)."""
     con.register("_hb", heartbeats)
     con.register("_hb_new", new)
     try:
-        con.execute(MERGE_INTO_SQL if keyless else MERGE_SQL)
+        con.execute(MERGE_SQL)
     finally:
         con.unregister("_hb")
         con.unregister("_hb_new")

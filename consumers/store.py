@@ -89,14 +89,16 @@ def lock_holder(message: str) -> str:
 
 
 class RowWriter:
-    """The steps of one commit shared by the file (Store) and the lake (LakeStore); each store supplies the
-    statements its engine takes for the few steps that differ (DuckLake has no keys, ON CONFLICT or RETURNING).
+    """The steps of one commit shared by the file (Store) and the lake (LakeStore), in statements both engines take
+    (DuckLake has no keys, ON CONFLICT or RETURNING: MERGE INTO and NOT EXISTS instead); each store supplies only
+    how it stores the batch's event ids (``_insert_events``).
 
     Runs on ``self.con`` inside a transaction the store opened, with the Delta's tables registered as ``_d_<name>``.
     """
 
     con: duckdb.DuckDBPyConnection
     rules: RuleTable
+    group: str
 
     def _write(self, delta: Delta) -> Stats:
         """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
@@ -122,12 +124,22 @@ class RowWriter:
         raise NotImplementedError
 
     def _insert_new(self, table: str, view: str, key: tuple[str, ...]) -> int:
-        """Insert the rows of ``view`` whose ``key`` is not in ``table`` yet; returns how many."""
-        raise NotImplementedError
+        """Insert the rows of ``view`` whose ``key`` is not in ``table`` yet (a lake has no keys, so no ON CONFLICT;
+        the fold already dropped a batch's own repeats); returns how many."""
+        on = " AND ".join(f't."{k}" = v."{k}"' for k in key)
+        return int(self.con.execute(f"""INSERT INTO main.{table} BY NAME SELECT * FROM {view} v
+                                        WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchone()[0])
 
-    def _merge_heartbeats(self, heartbeats: pa.Table, new: pa.Table) -> None:
-        """Fold the heartbeats among ``new`` into the per-boot summary."""
-        raise NotImplementedError
+    def _store_offsets(self, delta: Delta) -> None:
+        """The next offset per partition after this Delta (same transaction as its rows; MERGE: a lake has no keys)."""
+        if not delta.offsets:
+            return
+        with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
+            self.con.execute("""MERGE INTO consumer_offsets o USING _d_offsets d
+                                ON o.consumer_group = d.consumer_group AND o.topic = d.topic
+                                   AND o."partition" = d."partition"
+                                WHEN MATCHED THEN UPDATE SET next_offset = d.next_offset
+                                WHEN NOT MATCHED THEN INSERT BY NAME""")
 
     def _insert_rows(self, delta: Delta, new: pa.Table, first_sight: bool) -> int:
         """The rows of the new events (a stored event's rows are not written again); returns log lines written."""
@@ -146,7 +158,7 @@ class RowWriter:
                     lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
                                            SEMI JOIN _new USING (event_id)""").fetchone()[0]
         if delta.heartbeats.num_rows:
-            self._merge_heartbeats(delta.heartbeats, new)
+            merge_heartbeats(self.con, delta.heartbeats, new)
         return lines
 
 
@@ -288,19 +300,6 @@ class Store(RowWriter):
     def _insert_events(self) -> pa.Table:
         return self.con.execute("""INSERT INTO events_seen BY NAME SELECT * FROM _d_events ON CONFLICT DO NOTHING
                                    RETURNING instance_id, boot_id, stage, event_id, kind""").to_arrow_table()
-
-    def _insert_new(self, table: str, view: str, key: tuple[str, ...]) -> int:
-        return self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {view} ON CONFLICT DO NOTHING").fetchone()[0]
-
-    def _merge_heartbeats(self, heartbeats: pa.Table, new: pa.Table) -> None:
-        merge_heartbeats(self.con, heartbeats, new)
-
-    def _store_offsets(self, delta: Delta) -> None:
-        """The next offset per partition after this Delta (same transaction as its rows)."""
-        if not delta.offsets:
-            return
-        with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
-            self.con.execute("INSERT OR REPLACE INTO consumer_offsets BY NAME SELECT * FROM _d_offsets")
 
     def _bookkeeping(self, stats: Stats) -> None:
         self.totals = t = self.totals + stats
