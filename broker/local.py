@@ -314,7 +314,7 @@ class LocalBroker:
                 raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting"
                                   + (f": {cause}" if cause else " (its log names no cause)"),
                                   "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
-            if asyncio.run(answers_metadata(self._kafka_kwargs(), timeout=2.0)) and self._answering_is_ours():
+            if self._answering_is_ours():  # answers, and is this broker (not one that took the port)
                 self._ensure_topics()
                 return self._started(f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, "
                                      f"data {self.data})")
