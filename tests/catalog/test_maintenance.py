@@ -68,11 +68,15 @@ def test_maintenance_while_a_writer_appends(lake):
           f"most_files={most_files} final={final}")
     assert len(passes) >= 2, "maintenance ran while the writer wrote"
     assert sum(p.files_merged for p in passes) > 0
+    # every file the writer made (one per larger commit) and every flush's file was merged away at some pass
+    merged = sum(p.files_merged for p in [*passes, final])
+    assert merged >= commits * 3 // 4 - final.files_after, (merged, final)
     # nothing lost, nothing doubled
     n, total = expected(commits)
     assert con.execute("SELECT count(*), count(DISTINCT id), sum(id) FROM events").fetchone() == (n, n, total)
-    # fewer files: all small files merged; the folder holds only live files
-    assert final.files_after < most_files and final.files_after <= 2, (final, most_files)
+    # fewer files: all small files merged (how many were live at once depends on how the passes fell between the
+    # writer's commits, so only the end is asserted); the folder holds only live files
+    assert final.files_after <= 2, (final, most_files)
     on_disk = sorted(Path(data_path).rglob("*.parquet"))
     assert len(on_disk) == final.files_after, on_disk
     con.close()
