@@ -66,6 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_read_db(w)
     w.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up after SECONDS (exit 3; default 60)")
+    w.add_argument("--poll", type=float, default=0.5, metavar="SECONDS",
+                   help="read the database again every SECONDS (default 0.5)")
     w.set_defaults(func=_wait_sealed)
 
 
@@ -188,10 +190,13 @@ def _status_of(db: str | Path, instance: str) -> tuple[str, str] | None:
 def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.gate import wait_sealed
     from flightrec.lake import reader_data_path
+    from flightrec.live import python_signals
 
     settings = settings.with_overrides(db=args.db)
     reader_data_path(settings.db, args.data_path)
-    result = wait_sealed(settings.db, args.instance, args.timeout, status_of=_status_of)
+    with python_signals():  # Ctrl-C stops the wait whenever it comes
+        result = wait_sealed(settings.db, args.instance, args.timeout, poll=max(0.0, args.poll),
+                             status_of=_status_of)
     if result.complete:
         print(f"{args.instance}: complete: {result.reason}")
         return 0

@@ -71,10 +71,9 @@ class StopSignals:
     :meth:`check` the note and stop all the same. Inside :meth:`held` the exception waits for
     the block's end (a child started but not yet recorded would be left running).
 
-    While installed, pyarrow's own signal handling is off: during every Arrow Flight read (each
-    live query to the materializer) it put its own handler in for SIGINT and SIGTERM and passed
-    the signal on from a thread of its own, which dropped one that landed as the read ended (3 to 6
-    of 500 in tests/cli/test_demo_signals.py). And SIGINT has this handler rather than Python's
+    While installed, pyarrow's own signal handling is off (:func:`flightrec.live.python_signals`:
+    it dropped a signal that landed as a live read to the materializer ended, 3 to 6 of 500 in
+    tests/cli/test_demo_signals.py). And SIGINT has this handler rather than Python's
     default one, so ``asyncio.run`` does not put in its own (that one only cancels the task: a
     coroutine that catches the cancellation, as ``except BaseException`` blocks do, would lose it).
     """
@@ -83,20 +82,19 @@ class StopSignals:
         self.received: str | None = None
         self._held = 0
         self._previous: dict[int, object] = {}
+        self._reads = contextlib.ExitStack()
 
     def __enter__(self) -> "StopSignals":
-        import pyarrow
+        from flightrec.live import python_signals
 
-        pyarrow.enable_signal_handlers(False)
+        self._reads.enter_context(python_signals())
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import pyarrow
-
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
-        pyarrow.enable_signal_handlers(True)  # pyarrow's default
+        self._reads.close()
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.received is None:
