@@ -9,6 +9,10 @@ running_stages, the consumer offsets and the shard's claim) lives in a schema of
 table (the union of the shards), so readers see one ``instances`` as on a file.
 
 Guarantees: a commit writes its rows, the offsets after them and the check of its claims in one transaction.
+When the catalog (PostgreSQL) does not answer, the transaction waits for it (attaching again, up to
+``CATALOG_WAIT_S``) and runs again; running a commit again is harmless (events already stored are dropped by
+event id, offsets are upserted), so one whose COMMIT reached the catalog before the connection broke is not
+doubled.
 The check updates the shard's claim row where this member's epoch still stands: a member that claimed the
 shard since (epoch + 1) makes the check match nothing (Fenced, nothing written) or, if the two transactions
 overlap, DuckLake's conflict check fails one of them (both wrote the claim table). A "Transaction conflict" is
@@ -49,6 +53,9 @@ CLAIM_SQL = """CREATE TABLE IF NOT EXISTS {schema}.claim (
 )"""
 RETRIES = 12          # attempts of one transaction that lost a DuckLake commit race
 RETRY_BASE_S = 0.05   # first back-off; doubles, capped at 1 s, times a random factor in [0.5, 1.5)
+CATALOG_WAIT_S = 120.0  # how long a transaction waits for a catalog that does not answer (under Kafka's 300 s
+                        # max.poll.interval: the member keeps its partitions while it waits)
+CATALOG_POLL_S = (0.5, 5.0)  # first and longest pause between attempts to reach the catalog again
 
 
 def shard_schema(shard: int) -> str:
@@ -97,10 +104,10 @@ class LakeStore(RowWriter):
         self.epochs: dict[int, int] = {}   # shard -> the epoch this member claimed it at
         self._shards: set[int] = set()     # shard schemas known to exist
         self._views = views
+        self._memory_limit = memory_limit
+        self.catalog_wait = CATALOG_WAIT_S
         self.con = self._attach()
         try:
-            self.con.execute(f"SET memory_limit = '{memory_limit}'")
-            self.con.execute("SET TimeZone = 'UTC'")
             ddl = _ddl()
             self._retrying("prepare the tables", lambda: self._in_transaction(lambda: [
                 self.con.execute(stmt.format(schema="main"))
@@ -119,7 +126,10 @@ class LakeStore(RowWriter):
         """Attach read-write; two members creating a new lake at once may race: the loser retries."""
         for attempt in range(self.retries + 1):
             try:
-                return lakes.connect(self.loc, alias=ALIAS)
+                con = lakes.connect(self.loc, alias=ALIAS)
+                con.execute(f"SET memory_limit = '{self._memory_limit}'")
+                con.execute("SET TimeZone = 'UTC'")
+                return con
             except LakeError as exc:
                 text = str(exc).lower()
                 if attempt == self.retries or not any(w in text for w in ("conflict", "duplicate", "already exists",
@@ -139,29 +149,67 @@ class LakeStore(RowWriter):
         try:
             out = fn()
             con.execute("COMMIT")
-            return out
         except BaseException:
-            try:
+            try:  # on a connection the catalog dropped these fail too; the error to report is the first one
                 con.execute("ROLLBACK")
+                con.execute(f"SET search_path = '{ALIAS}.main'")
             except duckdb.Error:
                 pass
             raise
-        finally:
-            con.execute(f"SET search_path = '{ALIAS}.main'")
+        con.execute(f"SET search_path = '{ALIAS}.main'")
+        return out
 
-    def _retrying(self, what: str, fn: Callable[[], T]) -> tuple[T, int]:
-        """Run ``fn`` (a whole transaction) until it does not lose a commit race; (its result, retries)."""
-        for attempt in range(self.retries + 1):
+    def _retrying(self, what: str, fn: Callable[[], T], wait: bool = True) -> tuple[T, Stats]:
+        """Run ``fn`` (a whole transaction) until it does not lose a commit race; (its result, the retries counted
+        as ``conflicts_retried`` and ``catalog_waits``).
+
+        With ``wait``, a catalog that does not answer is waited for (:meth:`_reattach`) and ``fn`` run again."""
+        attempt = waits = 0
+        away_since: float | None = None
+        while True:
             try:
-                return fn(), attempt
+                return fn(), Stats(conflicts_retried=attempt, catalog_waits=waits)
             except duckdb.Error as exc:
+                text = " ".join(lakes.mask_password(str(exc)).split())
+                if wait and lakes.is_catalog_away(exc):
+                    away_since = time.monotonic() if away_since is None else away_since
+                    waits += 1
+                    self._reattach(what, text, away_since)
+                    continue
                 if not is_conflict(exc) or attempt == self.retries:
-                    raise MaterializeError(f"could not {what} in the lake {self.path}: {' '.join(str(exc).split())}"
+                    raise MaterializeError(f"could not {what} in the lake {self.path}: {text}"
                                            + (f" (after {attempt} retries of a transaction conflict)"
                                               if attempt else "")) from exc
                 log.debug("transaction conflict (%s), retry %d: %s", what, attempt + 1, exc)
                 self._back_off(attempt)
-        raise AssertionError("unreachable")
+                attempt += 1
+
+    def _reattach(self, what: str, cause: str, away_since: float) -> None:
+        """Wait for the catalog to answer again and attach afresh; MaterializeError after ``catalog_wait`` s."""
+        log.warning("the lake's catalog does not answer (%s; trying to %s): waiting up to %.0f s for it to come back",
+                    cause, what, self.catalog_wait)
+        try:
+            self.con.close()
+        except duckdb.Error:
+            pass
+        pause = CATALOG_POLL_S[0]
+        while True:
+            waited = time.monotonic() - away_since
+            if waited >= self.catalog_wait:
+                raise MaterializeError(
+                    f"could not {what} in the lake {self.path}: its catalog has not answered for {waited:.0f} s "
+                    f"({cause}); start it again (`flightrec catalog status`) and restart this materializer: "
+                    "nothing is lost, it goes on from the offsets stored with the rows")
+            time.sleep(min(pause, max(0.0, self.catalog_wait - waited)))
+            pause = min(CATALOG_POLL_S[1], pause * 2)
+            try:
+                self.con = self._attach()
+            except MaterializeError as exc:
+                log.debug("the lake's catalog still does not answer: %s", exc)
+                continue
+            log.warning("the lake's catalog answers again after %.1f s: %s again", time.monotonic() - away_since,
+                        what)
+            return
 
     # -- shards, views, claims ---------------------------------------------------------------------------
 
@@ -218,9 +266,9 @@ class LakeStore(RowWriter):
                 epochs[s] = epoch
             return epochs, self._offsets(shards)
 
-        (epochs, offsets), retries = self._retrying("claim partitions", lambda: self._in_transaction(take))
+        (epochs, offsets), retried = self._retrying("claim partitions", lambda: self._in_transaction(take))
         self.epochs.update(epochs)
-        self.totals += Stats(conflicts_retried=retries)
+        self.totals += retried
         log.info("claimed shards %s at epochs %s", shards, [epochs[s] for s in shards])
         return offsets
 
@@ -284,11 +332,11 @@ class LakeStore(RowWriter):
             return total
 
         try:
-            stats, retries = self._retrying("commit a batch", lambda: self._in_transaction(write))
+            stats, retried = self._retrying("commit a batch", lambda: self._in_transaction(write))
         except Fenced:
             self.totals += Stats(fenced=1)
             raise
-        stats += Stats(conflicts_retried=retries)
+        stats += retried
         self.totals += stats
         self.last_commit_us = time.time_ns() // 1000
         return stats
@@ -319,8 +367,8 @@ class LakeStore(RowWriter):
             self.con.execute("DELETE FROM main.materializer_runs WHERE run_id = ?", [self.run_id])
             self.con.execute("INSERT INTO main.materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
-        try:
-            self._retrying("record the run", lambda: self._in_transaction(write))
+        try:  # not waited for: a run's row is bookkeeping, and close() must not hang on a catalog that is away
+            self._retrying("record the run", lambda: self._in_transaction(write), wait=False)
         except MaterializeError as exc:
             log.warning("%s", exc)
 

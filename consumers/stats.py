@@ -19,6 +19,7 @@ class Stats:
     errors_total: int = 0         # errors met and survived (a broker away, a failed read)
     conflicts_retried: int = 0    # lake transactions retried after a DuckLake "Transaction conflict"
     fenced: int = 0               # lake commits refused because another member had claimed the partition
+    catalog_waits: int = 0        # lake transactions retried after the catalog (PostgreSQL) did not answer
 
     def __add__(self, other: "Stats") -> "Stats":
         return Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})

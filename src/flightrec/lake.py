@@ -148,6 +148,18 @@ def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
                             f"reinstall it: pip install --force-reinstall '{dist}=={duckdb.__version__}'") from exc
 
 
+_CATALOG_AWAY = re.compile(r"unable to connect|connection refused|could not connect|connection to server|"
+                           r"server closed the connection|terminating connection|no connection to the server|"
+                           r"connection (?:is )?(?:closed|lost|reset)|broken pipe|the database system is "
+                           r"(?:starting up|shutting down|in recovery mode)")
+
+
+def is_catalog_away(exc: BaseException) -> bool:
+    """Whether an error says the lake's catalog (PostgreSQL) did not answer: down, restarting, unreachable, or it
+    dropped the connection. Such an error is retriable: attach again once the catalog is back."""
+    return bool(_CATALOG_AWAY.search(str(exc).lower()))
+
+
 def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "lake",
            read_only: bool = False) -> None:
     """ATTACH the lake as ``alias`` (READ_ONLY for readers) and USE it, so unqualified table names are the lake's."""
@@ -167,7 +179,7 @@ def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "l
     except duckdb.Error as exc:
         cause = " ".join(mask_password(str(exc)).split())
         hint = ("; is its PostgreSQL running and reachable (`flightrec catalog status`)?"
-                if "connect" in cause.lower() else "")
+                if is_catalog_away(exc) else "")
         if "explicitly disabled" in cause:  # a reader on a catalog no writer has made a lake in
             hint = (f"; no lake was written there yet: run `flightrec materialize --db '{loc.describe()}' "
                     "--data-path DIR` first")
@@ -252,6 +264,8 @@ def forget_reader(loc: LakeLocation) -> None:
 MAINTENANCE_INTERVAL = timedelta(minutes=10)  # how often a materializer runs maintain() (docs/lake.md)
 KEEP_SNAPSHOTS = timedelta(hours=1)           # snapshots younger than this stay (time travel, slow readers)
 FILE_GRACE = timedelta(minutes=10)            # retired files stay this long after their snapshot expired
+ORPHAN_GRACE = timedelta(hours=1)             # a file no snapshot names is deleted once it is this old (younger:
+                                              # it may belong to a transaction another writer has not committed)
 
 
 @dataclass(frozen=True)
@@ -264,6 +278,7 @@ class Maintenance:
     files_merged: int
     snapshots_expired: int
     files_deleted: int
+    orphans_deleted: int
     conflicts_retried: int
 
 
@@ -277,13 +292,16 @@ def _seconds(delta: timedelta) -> int:
 
 
 def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapshots: timedelta = KEEP_SNAPSHOTS,
-             file_grace: timedelta = FILE_GRACE, retries: int = 8) -> Maintenance:
+             file_grace: timedelta = FILE_GRACE, orphan_grace: timedelta = ORPHAN_GRACE,
+             retries: int = 8) -> Maintenance:
     """Compact and tidy the lake while writers keep writing; each step is its own short transaction.
 
     1. flush rows DuckLake inlined into the catalog (small commits) out to Parquet;
     2. merge adjacent small Parquet files of each table into larger ones;
     3. expire snapshots older than ``keep_snapshots`` (their files become unreferenced);
-    4. delete the files retired more than ``file_grace`` ago (a reader still on an old snapshot keeps them).
+    4. delete the files retired more than ``file_grace`` ago (a reader still on an old snapshot keeps them);
+    5. delete orphans older than ``orphan_grace``: Parquet files no snapshot names, left by a transaction that
+       never committed (a writer killed mid-commit, a commit that failed when the catalog went away).
 
     A step that loses a commit race with a writer (DuckLake's per-table conflict check) is retried; the
     writers are never blocked or asked to stop. ``con`` must have the lake attached read-write as ``alias``.
@@ -309,10 +327,13 @@ def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapsh
                    f"'{_seconds(keep_snapshots)} seconds')")
     deleted = step(f"FROM ducklake_cleanup_old_files(?, older_than => now() - INTERVAL "
                    f"'{_seconds(file_grace)} seconds')")
+    orphans = step(f"FROM ducklake_delete_orphaned_files(?, older_than => now() - INTERVAL "
+                   f"'{_seconds(orphan_grace)} seconds')")
     result = Maintenance(files_before=before, files_after=live_files(con, alias),
                          rows_flushed=sum(int(r["rows_flushed"] or 0) for r in flushed),  # type: ignore[call-overload]
                          files_merged=sum(int(r["files_processed"] or 0) for r in merged),  # type: ignore[call-overload]
-                         snapshots_expired=len(expired), files_deleted=len(deleted), conflicts_retried=conflicts)
+                         snapshots_expired=len(expired), files_deleted=len(deleted), orphans_deleted=len(orphans),
+                         conflicts_retried=conflicts)
     log.info("lake maintenance: %s", result)
     return result
 

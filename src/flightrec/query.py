@@ -31,7 +31,8 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
-from flightrec.lake import LakeLocation, forget_reader, is_lake, mask_password, parse_db, reader_cursor
+from flightrec.lake import (LakeLocation, forget_reader, is_catalog_away, is_lake, mask_password, parse_db,
+                           reader_cursor)
 from flightrec.live import Params, query_live
 from flightrec.readonly import check_prelude, check_read_only
 
@@ -187,7 +188,7 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
     try:
         return execute_read_only(cur, sql, params, prelude)
     except QueryError as exc:
-        if "connect" in str(exc).lower():  # the catalog went away: the next read attaches afresh
+        if is_catalog_away(exc):  # the next read attaches afresh
             forget_reader(loc)
         hint = ""
         if "does not exist" in str(exc) and not _lake_has_tables(cur):

@@ -90,3 +90,18 @@ def test_attach_write_then_read_only(lake):
     with pytest.raises(duckdb.Error, match="read-only"):
         r.execute("INSERT INTO events VALUES (1, 'x')")
     r.close()
+
+
+def test_is_catalog_away_reads_postgresql_s_words():
+    away = ['IO Error: Failed to query most recent snapshot for DuckLake: Unable to connect to Postgres at "dbname=x": '
+            'connection to server at "127.0.0.1", port 5432 failed: Connection refused',
+            "IO Error: server closed the connection unexpectedly\n\tThis probably means the server terminated",
+            "FATAL: terminating connection due to administrator command",
+            "FATAL: the database system is shutting down",
+            "FATAL: the database system is starting up"]
+    other = ["TransactionContext Error: Transaction conflict: cannot update a table deleted by another transaction",
+             "Catalog Error: Table with name nope does not exist!",
+             "Permission Error: permission denied for table ducklake_snapshot",
+             "Invalid Input Error: data_path is not set"]
+    assert all(lakes.is_catalog_away(RuntimeError(t)) for t in away)
+    assert not any(lakes.is_catalog_away(RuntimeError(t)) for t in other)

@@ -154,3 +154,23 @@ def test_a_reader_process_reads_throughout_writes_and_maintenance(lake, tmp_path
     assert len(seen) >= 5 and seen == sorted(seen), seen  # counts only grow: no snapshot lost rows
     assert seen[-1] == n
     con.close()
+
+
+def test_orphaned_files_are_deleted_once_old(lake):
+    """A Parquet file no snapshot names (a transaction that never committed) goes once older than the orphan
+    grace; a young one stays (it may be another writer's uncommitted transaction)."""
+    db, data_path = lake
+    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    con.execute("CREATE TABLE t AS SELECT range AS i FROM range(1000)")
+    live = sorted(Path(data_path).rglob("*.parquet"))
+    assert len(live) == 1
+    old, young = live[0].with_name("ducklake-orphan-old.parquet"), live[0].with_name("ducklake-orphan-young.parquet")
+    old.write_bytes(live[0].read_bytes())
+    young.write_bytes(live[0].read_bytes())
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    result = lakes.maintain(con)  # the default orphan grace: an hour
+    assert result.orphans_deleted == 1
+    assert sorted(Path(data_path).rglob("*.parquet")) == sorted([live[0], young])
+    assert con.execute("SELECT count(*), sum(i) FROM t").fetchone() == (1000, 499500)
+    con.close()

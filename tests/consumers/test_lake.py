@@ -13,7 +13,7 @@ from materializer_helpers import Boot, flightrec, materialize, publish
 from flightrec import lake as lakes
 from flightrec.consumers.fold import RawMessage, fold
 from flightrec.consumers.lakestore import LakeStore
-from flightrec.errors import Fenced, MaterializeError
+from flightrec.errors import Fenced, LakeError, MaterializeError
 from flightrec.schemas import encode
 
 
@@ -212,3 +212,99 @@ def test_webhook_alerts_are_refused_on_a_lake(kafka, lake, env_for):
     r = flightrec("materialize", "--db", db, "--data-path", data_path, "--webhook", "http://127.0.0.1:9/x",
                   "--until-idle", "1", env=env_for(), check=False)
     assert r.returncode == 1 and "webhook" in r.stderr.lower() and "lake" in r.stderr
+
+
+def test_a_member_rides_out_a_catalog_restart(kafka, pg_dir, tmp_path):
+    """The catalog (PostgreSQL) goes away mid-run and comes back: the member waits, reattaches and goes on;
+    every line written exactly once, none lost with the commits that failed while it was away."""
+    from flightrec.broker.local import free_port
+    from flightrec.catalog import LocalCatalog
+
+    catalog = LocalCatalog(port=free_port(), data=pg_dir / "c")
+    catalog.start()
+    data_path = tmp_path / "files"
+    data_path.mkdir()
+    before, during = _boot(40), _boot(40)
+    publish(kafka.bootstrap, before.events)
+    out: dict[str, object] = {}
+
+    def member() -> None:
+        try:
+            out["stats"] = run_lake(kafka, catalog.db, str(data_path), idle=6.0)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out["error"] = exc
+
+    def lines(instance: str) -> int:
+        try:
+            con = lake_con(catalog.db)
+        except LakeError:  # the member has not made the lake yet
+            return 0
+        try:
+            return con.execute("SELECT count(*) FROM log_lines WHERE instance_id = ?", [instance]).fetchone()[0]
+        except duckdb.CatalogException:  # the member has not made the tables yet
+            return 0
+        finally:
+            con.close()
+
+    thread = threading.Thread(target=member)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while lines(before.instance) < 40:
+            assert thread.is_alive(), out
+            assert time.monotonic() < deadline, "the member wrote nothing in 120 s"
+            time.sleep(0.3)
+        catalog.stop()
+        publish(kafka.bootstrap, during.events)  # read and folded while the catalog is away: its commits fail
+        time.sleep(4.0)
+        assert thread.is_alive(), f"the member ended while the catalog was away: {out}"
+        catalog.start()
+        thread.join(120)
+        assert not thread.is_alive(), "the member did not finish within 120 s of the catalog's return"
+        assert "error" not in out, out["error"]
+        con = lake_con(catalog.db)
+        try:
+            for boot in (before, during):
+                n, distinct = con.execute("""SELECT count(*), count(DISTINCT line_no) FROM log_lines
+                                             WHERE instance_id = ?""", [boot.instance]).fetchone()
+                assert (n, distinct) == (40, 40), boot.instance
+                assert con.execute("SELECT count(*) FROM events_seen WHERE instance_id = ?",
+                                   [boot.instance]).fetchone()[0] == len(boot.events)
+            assert con.execute("SELECT complete FROM instances WHERE instance_id = ?",
+                               [during.instance]).fetchone() is not None
+        finally:
+            con.close()
+        assert out["stats"].catalog_waits >= 1  # type: ignore[attr-defined]
+    finally:
+        catalog.start()  # a no-op when it runs: the member's thread must be able to end
+        thread.join(60)
+        catalog.stop()
+
+
+def test_a_catalog_that_stays_away_stops_the_member_saying_so(pg_dir, tmp_path):
+    from flightrec.broker.local import free_port
+    from flightrec.catalog import LocalCatalog
+
+    catalog = LocalCatalog(port=free_port(), data=pg_dir / "c")
+    catalog.start()
+    try:
+        loc = lakes.lake_location(catalog.db, str(tmp_path / "files"), writing=True)
+        store = LakeStore(loc, "g", shards=[0], owner="member-a")
+        store.claim([0])
+        store.catalog_wait = 3.0
+        catalog.stop()
+        started = time.monotonic()
+        with pytest.raises(MaterializeError, match="has not answered for") as err:
+            store.commit({0: _delta(_boot())})
+        assert 3.0 <= time.monotonic() - started < 30
+        assert "restart this materializer" in str(err.value) and "password" not in str(err.value)
+        store.close()  # does not wait for the catalog (its run's row is bookkeeping)
+        assert time.monotonic() - started < 40
+        catalog.start()
+        con = lake_con(catalog.db)
+        try:
+            assert con.execute("SELECT count(*) FROM log_lines").fetchone()[0] == 0
+        finally:
+            con.close()
+    finally:
+        catalog.stop()
