@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
-import select
 import signal
 import subprocess
 import sys
@@ -12,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from signal_helpers import signals_lost
 
 from flightrec.broker.local import free_port
 
@@ -106,16 +105,6 @@ def test_ctrl_c_while_the_demo_starts_stops_what_it_started(when, after, tmp_pat
     assert left == [], "left running after SIGINT:\n" + "\n".join(left)
 
 
-# A materializer's live endpoint in a process of its own, as in the demo.
-SERVER = """
-import sys, time
-from flightrec.consumers.serve import QueryServer
-from flightrec.consumers.store import Store
-store = Store(sys.argv[1], "g")
-with QueryServer(store.con.cursor(), sys.argv[1]):
-    print("serving", flush=True)
-    time.sleep(600)
-"""
 # The demo's main thread polling the materializer (progress, wait_materialized), with the demo's stop
 # handling; every stop signal that reaches it says so on a line of its own.
 READER = """
@@ -145,33 +134,5 @@ def test_no_stop_signal_is_lost_while_the_demo_reads_live(tmp_path):
     signal to a thread of its own; one that lands as the read ends was dropped (the demo then
     never stopped). Each signal here waits for its "stopped" line before the next is sent.
     """
-    db = tmp_path / "flightrec.duckdb"
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(db)], stdout=subprocess.PIPE, env=env)
-    reader = None
-    try:
-        assert server.stdout.readline() == b"serving\n"
-        reader = subprocess.Popen([sys.executable, "-c", READER, str(db)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=env)
-        assert reader.stdout.readline() == b"reading\n"
-        rng = random.Random(7)
-        lost, sent = [], 0
-        for n in range(500):
-            time.sleep(rng.uniform(0.0, 0.02))
-            sig = (signal.SIGINT, signal.SIGTERM)[n % 2]
-            reader.send_signal(sig)
-            sent += 1
-            ready, _, _ = select.select([reader.stdout], [], [], 5.0)
-            if not ready:
-                lost.append(sig.name)
-                continue
-            line = reader.stdout.readline()
-            assert line.startswith(b"stopped"), \
-                f"the reader ended after {sent} signals: {reader.stderr.read()!r}"
-        assert reader.poll() is None
-        assert lost == [], f"{len(lost)} of {sent} stop signals never reached the handler: {lost}"
-    finally:
-        for proc in (reader, server):
-            if proc is not None:
-                proc.kill()
-                proc.wait()
+    lost = signals_lost(tmp_path / "flightrec.duckdb", READER, 500, 7, (b"stopped",))
+    assert lost == [], f"{len(lost)} of 500 stop signals never reached the handler: {lost}"

@@ -71,6 +71,22 @@ def lake_con(db: str, data_path: str | None = None) -> duckdb.DuckDBPyConnection
     return lakes.connect(lakes.parse_db(db, data_path))  # type: ignore[arg-type]
 
 
+def lake_count(db: str, sql: str, params: list[Any] | None = None, data_path: str | None = None) -> int:
+    """A count read from the lake; 0 while the members have not made the lake or its tables yet."""
+    from flightrec.errors import LakeError
+
+    try:
+        con = lake_con(db, data_path)
+    except LakeError:
+        return 0
+    try:
+        return int(con.execute(sql, params or []).fetchone()[0])
+    except duckdb.CatalogException:
+        return 0
+    finally:
+        con.close()
+
+
 def table_rows(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     """Every row of ``table`` as sorted text (a value's text is the same on a file and on a lake)."""
     rows = con.execute(f"SELECT * FROM {table}").fetchall()

@@ -7,13 +7,13 @@ import time
 
 import duckdb
 import pytest
-from lake_helpers import assert_lake_equals_file, lake_con, run_lake, varied_fleet
+from lake_helpers import assert_lake_equals_file, lake_con, lake_count, run_lake, varied_fleet
 from materializer_helpers import Boot, flightrec, materialize, publish
 
 from flightrec import lake as lakes
 from flightrec.consumers.fold import RawMessage, fold
 from flightrec.consumers.lakestore import LakeStore
-from flightrec.errors import Fenced, LakeError, MaterializeError
+from flightrec.errors import Fenced, MaterializeError
 from flightrec.schemas import encode
 
 
@@ -235,16 +235,7 @@ def test_a_member_rides_out_a_catalog_restart(kafka, pg_dir, tmp_path):
             out["error"] = exc
 
     def lines(instance: str) -> int:
-        try:
-            con = lake_con(catalog.db)
-        except LakeError:  # the member has not made the lake yet
-            return 0
-        try:
-            return con.execute("SELECT count(*) FROM log_lines WHERE instance_id = ?", [instance]).fetchone()[0]
-        except duckdb.CatalogException:  # the member has not made the tables yet
-            return 0
-        finally:
-            con.close()
+        return lake_count(catalog.db, "SELECT count(*) FROM log_lines WHERE instance_id = ?", [instance])
 
     thread = threading.Thread(target=member)
     thread.start()

@@ -13,8 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-import duckdb
-from lake_helpers import assert_lake_equals_file, lake_con
+from lake_helpers import assert_lake_equals_file, lake_con, lake_count
 from materializer_helpers import Boot, materialize, publish
 
 INSTANCES = 20
@@ -68,13 +67,7 @@ def _member(db: str, data_path: str, group: str, env: dict[str, str], log: Path)
 
 
 def _lines(db: str, data_path: str, prefix: str) -> int:
-    con = lake_con(db, data_path)
-    try:
-        return con.execute("SELECT count(*) FROM log_lines WHERE starts_with(instance_id, ?)", [prefix]).fetchone()[0]
-    except duckdb.CatalogException:  # the members have not made the tables yet
-        return 0
-    finally:
-        con.close()
+    return lake_count(db, "SELECT count(*) FROM log_lines WHERE starts_with(instance_id, ?)", [prefix], data_path)
 
 
 def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page):

@@ -1,0 +1,57 @@
+"""Helpers for the stop-signal tests: a live endpoint in a process of its own, and a reader pelted with signals."""
+
+from __future__ import annotations
+
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+# A materializer's live endpoint (Arrow Flight) in a process of its own, as in the demo.
+SERVER = """
+import sys, time
+from flightrec.consumers.serve import QueryServer
+from flightrec.consumers.store import Store
+store = Store(sys.argv[1], "g")
+with QueryServer(store.con.cursor(), sys.argv[1]):
+    print("serving", flush=True)
+    time.sleep(600)
+"""
+
+
+def signals_lost(db: Path, reader_code: str, count: int, seed: int, stopped: tuple[bytes, ...]) -> list[str]:
+    """Serve ``db`` live, start ``reader_code`` (it prints "reading", then a line for each stop signal that
+    reached it), send it ``count`` SIGINTs and SIGTERMs at random moments, each after the previous one's line.
+    The names of the signals that brought no line within 5 s. A line not starting with one of ``stopped`` fails at
+    once."""
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(db)], stdout=subprocess.PIPE, env=env)
+    reader = None
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"serving\n"
+        reader = subprocess.Popen([sys.executable, "-c", reader_code, str(db)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env)
+        assert reader.stdout is not None and reader.stdout.readline() == b"reading\n"
+        rng = random.Random(seed)
+        lost = []
+        for n in range(count):
+            select.select([], [], [], rng.uniform(0.0, 0.02))
+            sig = (signal.SIGINT, signal.SIGTERM)[n % 2]
+            reader.send_signal(sig)
+            ready, _, _ = select.select([reader.stdout], [], [], 5.0)
+            if not ready:
+                lost.append(sig.name)
+                continue
+            line = reader.stdout.readline()
+            assert line.startswith(stopped), \
+                f"after {n + 1} signals: {line!r} {reader.stderr.read() if reader.poll() is not None else b''!r}"
+        assert reader.poll() is None
+        return lost
+    finally:
+        for proc in (reader, server):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
