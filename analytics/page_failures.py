@@ -20,7 +20,6 @@ from flightrec.analytics.ui import (
     query_param,
     remember_in_url,
     short_source,
-    signal_of,
     since_us,
     table_height,
 )
@@ -111,9 +110,7 @@ def drill_down(failure_id: str) -> None:
     st.page_link("page_instance.py", label="open the instance", icon=":material/memory:",
                  query_params={"instance": f["instance_id"]})
     st.caption(f"failed at {f['failed_at']} UTC · failure id {md(failure_id)}")
-    tails_text = list(f["stderr_tail"] or []) + [line for ft in f["file_tails"] or [] for line in ft.get("lines") or []]
-    name, where = signal_of(f["signal"], f["signal_name"], f["exit_code"],
-                            ([f["matched_line"]] if f["matched_line"] else []) + tails_text)
+    name, where = f.get("killed_by"), f.get("killed_by_evidence")  # read by the materializer (consumers/classify.py)
     cols = st.columns([3, 1, 1])
     cols[0].metric("Class", f["failure_class"] or "unknown")
     cols[1].metric("Exit code", "—" if f["exit_code"] is None else str(f["exit_code"]))

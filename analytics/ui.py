@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal as _signal
 import sys
 import time
 from pathlib import Path, PurePosixPath
@@ -185,34 +184,6 @@ def short_source(source: str | None) -> str | None:
     if not source or source in ("stdout", "stderr"):
         return source
     return PurePosixPath(source).name or source
-
-
-_SIGNAL_WORD = re.compile(r"\b(SIG[A-Z]{2,6})\b")
-_SIGNAL_TEXT = {"segmentation fault": "SIGSEGV", "aborted": "SIGABRT", "bus error": "SIGBUS",
-                "illegal instruction": "SIGILL", "floating point exception": "SIGFPE"}
-
-
-def signal_of(signal: int | None, signal_name: str | None, exit_code: int | None,
-              lines: list[str]) -> tuple[str | None, str]:
-    """The signal behind a failure and where it was read: the stage's own exit, a shell's 128+n exit
-    code, or a wrapper's words about a process it started (a daemon's SIGSEGV reported on stderr)."""
-    if signal:
-        return signal_name or f"signal {signal}", "the stage's command was killed by it"
-    if exit_code is not None and 128 < exit_code < 128 + 65:
-        try:
-            return _signal.Signals(exit_code - 128).name, f"exit code {exit_code} = 128 + signal number"
-        except ValueError:
-            pass
-    for line in lines:
-        found = _SIGNAL_WORD.search(line)
-        if found and found.group(1) in _signal.Signals.__members__:
-            return found.group(1), f"a process the stage started: {line.strip()[:160]}"
-    for line in lines:
-        low = line.lower()
-        for text, name in _SIGNAL_TEXT.items():
-            if text in low:
-                return name, f"a process the stage started: {line.strip()[:160]}"
-    return None, ""
 
 
 CONTEXT_LINES = 10  # lines kept on each side of the matched line when a tail is collapsed

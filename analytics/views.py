@@ -88,7 +88,7 @@ SELECT
         WHEN f.exit_code IS NOT NULL THEN 'exit ' || CAST(f.exit_code AS VARCHAR)
         ELSE 'no exit'
     END AS outcome,
-    f.exit_code, f.signal, f.signal_name, f.start_error, f.detail,
+    f.exit_code, f.signal, f.signal_name, f.killed_by, f.killed_by_evidence, f.start_error, f.detail,
     f.stderr_tail, f.stdout_tail, f.file_tails, f.preceding_events,
     coalesce(f.gpu_model, i.gpu_model) AS gpu_model,
     f.compute_capability, f.driver_version, f.cuda_version,

@@ -95,6 +95,35 @@ def signal_name(number: int | None, name: str | None = None) -> str | None:
         return f"SIG{number}"
 
 
+_SIGNAL_WORD = re.compile(r"\b(SIG[A-Z]{2,6})\b")
+_SIGNAL_TEXT = {"segmentation fault": "SIGSEGV", "aborted": "SIGABRT", "bus error": "SIGBUS",
+                "illegal instruction": "SIGILL", "floating point exception": "SIGFPE"}
+
+
+def killed_by(signal: int | None, name: str | None, exit_code: int | None,
+              lines: Sequence[str]) -> tuple[str | None, str | None]:
+    """The signal behind a failure and where it was read, or (None, None): the stage's own command killed by it,
+    a shell's 128+n exit code, or a wrapper's words about a process it started in ``lines`` (the matched line
+    first, then the tails: a daemon's SIGSEGV reported on stderr). Pure."""
+    if signal:
+        return signal_name(signal, name), "the stage's command was killed by it"
+    if exit_code is not None and 128 < exit_code < 128 + 65:
+        try:
+            return _signal.Signals(exit_code - 128).name, f"exit code {exit_code} = 128 + signal number"
+        except ValueError:
+            pass
+    for line in lines:
+        found = _SIGNAL_WORD.search(line)
+        if found and found.group(1) in _signal.Signals.__members__:
+            return found.group(1), f"a process the stage started: {line.strip()[:160]}"
+    for line in lines:
+        low = line.lower()
+        for text, sig in _SIGNAL_TEXT.items():
+            if text in low:
+                return sig, f"a process the stage started: {line.strip()[:160]}"
+    return None, None
+
+
 def _match(rule: Rule, ev: FailureEvidence) -> str | None:
     """'' or the matched line when the rule holds, None when it does not."""
     found = ""

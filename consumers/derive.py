@@ -28,7 +28,8 @@ FAILURES = pa.schema([
     ("exit_code", I32), ("signal", I32), ("signal_name", STR), ("start_error", STR), ("detail", STR),
     ("stderr_tail", STRLIST), ("stdout_tail", STRLIST), ("file_tails", FILE_TAILS), ("preceding_events", STRLIST),
     ("gpu_model", STR), ("compute_capability", STR), ("driver_version", STR), ("cuda_version", STR),
-    ("proofs_per_hour", F64), ("min_rate", F64), ("failure_class", STR), ("hint", STR), ("matched_line", STR)])
+    ("proofs_per_hour", F64), ("min_rate", F64), ("failure_class", STR), ("hint", STR), ("matched_line", STR),
+    ("killed_by", STR), ("killed_by_evidence", STR)])
 BOOTS = pa.schema([("instance_id", STR), ("boot_id", STR), ("events", I64), ("max_seq", I64), ("sealed_count", I64),
                    ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR),
                   ("dropped_events", I64)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from flightrec.consumers.classify import FailureEvidence, RuleTable, signal_name
+from flightrec.consumers.classify import FailureEvidence, RuleTable, killed_by, signal_name
 
 PRECEDING_EVENTS = 20  # lifecycle events kept in preceding_events
 TAIL_LINES = 20        # lines per source when tails come from log_lines (no ProcessExit)
@@ -116,6 +116,9 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
     stderr, stdout, file_tails = _tails(exit_row, log_tails, late_tails)
     evidence = _evidence(stage, exit_row, result, failed_life, stderr, stdout, file_tails)
     verdict = rules.classify(evidence)
+    signal, read_from = killed_by(evidence.signal, evidence.signal_name, evidence.exit_code,
+                                  ([verdict.matched_line] if verdict.matched_line else []) + stderr
+                                  + [line for t in file_tails for line in t["lines"]])
     first, facts = revealing[0], facts or {}
     return {
         "failure_id": first["event_id"],
@@ -141,4 +144,6 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
         "failure_class": verdict.failure_class,
         "hint": verdict.hint,
         "matched_line": verdict.matched_line,
+        "killed_by": signal,
+        "killed_by_evidence": read_from,
     }

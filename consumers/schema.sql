@@ -146,7 +146,10 @@ CREATE TABLE IF NOT EXISTS failures (
     min_rate           DOUBLE,
     failure_class      VARCHAR,
     hint               VARCHAR,
-    matched_line       VARCHAR               -- the line (or field) the class rule matched
+    matched_line       VARCHAR,              -- the line (or field) the class rule matched
+    killed_by          VARCHAR,              -- the signal behind the failure (SIGSEGV), also one a process the stage
+                                             -- started died of, as its wrapper reported; NULL: none
+    killed_by_evidence VARCHAR               -- where killed_by was read (the exit, 128+n, the line)
 );
 
 -- Heartbeats, summarised per boot (not one row each: events_seen already proves their seq).
@@ -259,3 +262,5 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
 ALTER TABLE boots ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
 ALTER TABLE log_lines ADD COLUMN IF NOT EXISTS late BOOLEAN; -- NULL for lines from before `late`: not late
+ALTER TABLE failures ADD COLUMN IF NOT EXISTS killed_by VARCHAR;  -- filled at the first open (Store)
+ALTER TABLE failures ADD COLUMN IF NOT EXISTS killed_by_evidence VARCHAR;

@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.consumers.classify import RuleTable, load_rules
-from flightrec.consumers.derive import affected_keys, arrow_views, recompute
+from flightrec.consumers.derive import affected_keys, arrow_views, recompute, recompute_failures
 from flightrec.consumers.liveness import merge_heartbeats
 from flightrec.consumers.fold import Delta
 from flightrec.consumers.stats import Stats
@@ -179,9 +179,12 @@ class Store(RowWriter):
         try:
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
+            older = self._columns("failures")
             self.con.execute(schema_sql())
             if crashed or self._lines_unaccounted():
                 self._drop_rows_without_event()
+            if older and "killed_by" not in older:
+                self._fill_new_failure_columns()
             self._store_views(views)
             # Nothing the writer does needs files; readers share this database
             # instance through cursors, so this also closes file access to them.
@@ -196,6 +199,25 @@ class Store(RowWriter):
         except duckdb.Error as exc:
             self.con.close()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
+
+    def _columns(self, table: str) -> set[str]:
+        """The columns of ``table`` in the file (empty: a new database)."""
+        return {r[0] for r in self.con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = "
+                                               "current_database() AND schema_name = 'main' AND table_name = ?",
+                                               [table]).fetchall()}
+
+    def _fill_new_failure_columns(self) -> None:
+        """A database made before failures.killed_by: its failures rows are built again from their events (the
+        failed stages only), so the new columns hold what new rows would."""
+        stages = self.con.execute("SELECT DISTINCT instance_id, boot_id, stage FROM failures").to_arrow_table()
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            n = recompute_failures(self.con, self.rules, stages)
+            self.con.execute("COMMIT")
+        except duckdb.Error:
+            self.con.execute("ROLLBACK")
+            raise
+        log.info("%s: %d failures rows built again for their new columns (killed_by)", self.path, n)
 
     def _lines_unaccounted(self) -> bool:
         """Whether log_lines holds another number of rows than the runs' commits wrote (materializer_runs.lines):

@@ -72,7 +72,8 @@ def _throughput_text(r: Row) -> str:
 
 def _failure_text(r: Row) -> str:
     why = f" [{r['matched_line']}]" if r.get("matched_line") else ""
-    return f"{r.get('failure_class')}: {r.get('hint')}{why}"
+    killed = f" (killed by {r['killed_by']})" if r.get("killed_by") else ""
+    return f"{r.get('failure_class')}{killed}: {r.get('hint')}{why}"
 
 
 def _manager_text(r: Row) -> str:

@@ -242,17 +242,6 @@ def test_fleet_lists_what_needs_attention_with_links(glance_db, open_page):
 
 # ---- the pure helpers behind those points ----------------------------------------------
 
-def test_signal_of_reads_the_stage_a_shell_code_or_a_wrapper_report():
-    from flightrec.analytics.ui import signal_of
-
-    assert signal_of(9, "SIGKILL", None, [])[0] == "SIGKILL"
-    assert signal_of(None, None, 139, [])[0] == "SIGSEGV"  # a shell's 128 + 11
-    name, where = signal_of(None, None, 1, ["prover daemon (pid 7) was killed by signal SIGSEGV (core dumped)"])
-    assert name == "SIGSEGV" and "pid 7" in where
-    assert signal_of(None, None, 1, ["Segmentation fault (core dumped)"])[0] == "SIGSEGV"
-    assert signal_of(None, None, 1, ["exit status 1", "SIGNALS are fine"]) == (None, "")
-    assert signal_of(None, None, 0, []) == (None, "")
-
 
 def test_collapse_keeps_context_around_the_marked_line():
     from flightrec.analytics.ui import collapse

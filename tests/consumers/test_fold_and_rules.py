@@ -165,3 +165,72 @@ def test_parse_time():
     assert parse_time("2h", now=10_000.0) == (10_000 - 7200) * 1_000_000
     with pytest.raises(ConfigError):
         parse_time("yesterday-ish")
+
+
+def test_killed_by_reads_the_stage_a_shell_code_or_a_wrapper_report():
+    from flightrec.consumers.classify import killed_by
+
+    assert killed_by(9, "SIGKILL", None, []) == ("SIGKILL", "the stage's command was killed by it")
+    assert killed_by(11, None, None, [])[0] == "SIGSEGV"  # the name from the number
+    assert killed_by(None, None, 139, [])[0] == "SIGSEGV"  # a shell's 128 + 11
+    name, where = killed_by(None, None, 1, ["prover daemon (pid 7) was killed by signal SIGSEGV (core dumped)"])
+    assert name == "SIGSEGV" and "pid 7" in where
+    assert killed_by(None, None, 1, ["Segmentation fault (core dumped)"])[0] == "SIGSEGV"
+    assert killed_by(None, None, 1, ["exit status 1", "SIGNALS are fine"]) == (None, None)
+    assert killed_by(None, None, 0, []) == (None, None)
+
+
+def _segv_wrapper_boot() -> Boot:
+    b = Boot()
+    b.add(Lifecycle, stage="benchmark", state="started")
+    b.lines("benchmark", "stderr", ["prover daemon (pid 7) was killed by signal SIGSEGV (core dumped)"])
+    b.exit("benchmark", 1, stderr=["prover daemon (pid 7) was killed by signal SIGSEGV (core dumped)"])
+    b.add(Lifecycle, stage="benchmark", state="failed", detail="benchmark exited 1")
+    return b
+
+
+def _store(path, boots) -> None:
+    from flightrec.consumers.store import Store
+
+    events = [e for b in boots for e in b.events]
+    store = Store(path, group="t")
+    try:
+        store.commit(fold([RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(events)]))
+    finally:
+        store.close()
+
+
+def test_a_daemon_s_signal_is_stored_with_its_failure(tmp_path):
+    """The signal a wrapper reports for a process it started is in the failures row, for SQL and every page."""
+    import duckdb
+
+    db = tmp_path / "f.duckdb"
+    b = _segv_wrapper_boot()
+    _store(db, [b])
+    con = duckdb.connect(str(db), read_only=True)
+    row = con.execute("SELECT exit_code, signal, killed_by, killed_by_evidence FROM failures").fetchone()
+    con.close()
+    assert row[:3] == (1, None, "SIGSEGV") and "pid 7" in row[3]
+    from flightrec.consumers.timeline import from_db, render
+
+    text = render(from_db(db, b.instance)[0])
+    assert "killed by SIGSEGV" in next(line for line in text.splitlines() if "FAILURE" in line)
+
+
+def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_path):
+    import duckdb
+
+    from flightrec.consumers.store import Store
+
+    db = tmp_path / "old.duckdb"
+    _store(db, [_segv_wrapper_boot()])
+    con = duckdb.connect(str(db))
+    con.execute("ALTER TABLE failures DROP COLUMN killed_by_evidence")
+    con.execute("ALTER TABLE failures DROP COLUMN killed_by")  # as the release before it made them
+    before = con.execute("SELECT * FROM failures").fetchall()
+    con.close()
+    Store(db, group="t").close()
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT killed_by FROM failures").fetchall() == [("SIGSEGV",)]
+    assert con.execute("SELECT * EXCLUDE (killed_by, killed_by_evidence) FROM failures").fetchall() == before
+    con.close()
