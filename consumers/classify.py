@@ -96,6 +96,9 @@ def signal_name(number: int | None, name: str | None = None) -> str | None:
 
 
 _SIGNAL_WORD = re.compile(r"\b(SIG[A-Z]{2,6})\b")
+# A signal's name counts only on a line that says a process died of it or got it ("sending SIGTERM to the
+# workers" is not a death).
+_DEATH_WORDS = re.compile(r"killed|signal|terminated|received|caught|died|dumped|fatal|crash", re.IGNORECASE)
 _SIGNAL_TEXT = {"segmentation fault": "SIGSEGV", "aborted": "SIGABRT", "bus error": "SIGBUS",
                 "illegal instruction": "SIGILL", "floating point exception": "SIGFPE"}
 
@@ -114,7 +117,7 @@ def killed_by(signal: int | None, name: str | None, exit_code: int | None,
             pass
     for line in lines:
         found = _SIGNAL_WORD.search(line)
-        if found and found.group(1) in _signal.Signals.__members__:
+        if found and found.group(1) in _signal.Signals.__members__ and _DEATH_WORDS.search(line):
             return found.group(1), f"a process the stage started: {line.strip()[:160]}"
     for line in lines:
         low = line.lower()

@@ -177,6 +177,10 @@ def test_killed_by_reads_the_stage_a_shell_code_or_a_wrapper_report():
     assert name == "SIGSEGV" and "pid 7" in where
     assert killed_by(None, None, 1, ["Segmentation fault (core dumped)"])[0] == "SIGSEGV"
     assert killed_by(None, None, 1, ["exit status 1", "SIGNALS are fine"]) == (None, None)
+    assert killed_by(None, None, 1, ["sending SIGTERM to the workers", "exit status 1"]) == (None, None)
+    assert killed_by(None, None, 1, ["received SIGTERM, shutting down"])[0] == "SIGTERM"
+    assert killed_by(None, None, 1, ["fatal error: unexpected signal [signal SIGSEGV: segmentation violation]"])[0] \
+        == "SIGSEGV"
     assert killed_by(None, None, 0, []) == (None, None)
 
 

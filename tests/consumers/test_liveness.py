@@ -169,8 +169,8 @@ def test_every_status_and_replay_gives_identical_tables(kafka, tmp_path, db, env
     gone.add(Heartbeat, stage="benchmark", interval_s=1.0)
     gone.add(Heartbeat, stage="benchmark", interval_s=1.0)
     publish(kafka.bootstrap, [e for b in [*boots.values(), gone] for e in b.events])
-    # tiny transactions: the heartbeat summary merges; from the beginning, as the replay below reads everything
-    materialize(kafka, db, idle=0.5, batch_messages=2, from_mark=False)
+    # tiny transactions: the heartbeat summary merges (this test's events only: the replay below is compared on them)
+    materialize(kafka, db, idle=0.5, batch_messages=2)
     flightrec("manager", "event", "--instance", gone.instance, "--kind", "note", "--detail", "slow to answer",
               "--source", "manager@t", env=env_for(FLIGHTREC_SPOOL=str(tmp_path / "spool")))
     materialize(kafka, db, idle=0.5, batch_messages=2)
@@ -186,11 +186,14 @@ def test_every_status_and_replay_gives_identical_tables(kafka, tmp_path, db, env
                     env=env_for()).stdout
     assert "healthy" in out
 
-    replayed = tmp_path / "replayed.duckdb"
+    replayed = tmp_path / "replayed.duckdb"  # the whole topics (the session's every test), in big transactions
     flightrec("replay", "--db", str(replayed), env=env_for())
+    ours = [b.instance for b in [*boots.values(), gone]]
     for name in MATERIALIZED_TABLES:
-        a = run_query(db, f"SELECT * FROM {name} ORDER BY ALL")
-        r = run_query(replayed, f"SELECT * FROM {name} ORDER BY ALL")
+        if name == "dead_letters":  # no instance: the shared topics' garbage (tests/consumers/test_replay_timeline_gate.py)
+            continue
+        a = run_query(db, f"SELECT * FROM {name} WHERE list_contains(?, instance_id) ORDER BY ALL", [ours])
+        r = run_query(replayed, f"SELECT * FROM {name} WHERE list_contains(?, instance_id) ORDER BY ALL", [ours])
         if name in ("heartbeats", "manager_events", "instances", "boots"):
             assert a.num_rows > 0, name
         assert a.equals(r), f"{name} differs between live and replay"
