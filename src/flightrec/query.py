@@ -135,6 +135,13 @@ def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params =
     try:
         for stmt in prelude:
             con.execute(stmt)
+    except duckdb.BinderException as exc:  # a view names a column the file's tables do not have (yet)
+        raise QueryError(f"the readers' views do not fit the tables of this database ({' '.join(str(exc).split())}): "
+                         "it was probably written by an older flightrec; a materializer adds the new columns when it "
+                         "opens it (`flightrec materialize --db FILE`, stopped once it is up to date)") from exc
+    except duckdb.Error as exc:
+        raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+    try:
         rel = con.sql(sql, params=params) if params else con.sql(sql)
         if rel is None:
             return pa.table({})

@@ -233,7 +233,14 @@ def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_p
     con.execute("ALTER TABLE failures DROP COLUMN killed_by")  # as the release before it made them
     before = con.execute("SELECT * FROM failures").fetchall()
     con.close()
+    from flightrec.analytics.views import VIEWS
+    from flightrec.errors import QueryError
+    from flightrec.query import run_query
+
+    with pytest.raises(QueryError, match="older flightrec.*flightrec materialize"):  # a reader before any writer
+        run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS)
     Store(db, group="t").close()
+    assert run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS).to_pylist() == [{"killed_by": "SIGSEGV"}]
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT killed_by FROM failures").fetchall() == [("SIGSEGV",)]
     assert con.execute("SELECT * EXCLUDE (killed_by, killed_by_evidence) FROM failures").fetchall() == before
