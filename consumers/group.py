@@ -111,6 +111,12 @@ class GroupMaterializer(Materializer):
         self._assigned_once = True
         return True
 
+    def stop(self) -> None:
+        """Ask the run loop to commit what it holds and return; a commit waiting for the lake's catalog gives up."""
+        super().stop()
+        if self._store is not None:
+            self._store.stop_waiting.set()
+
     # -- the group's callbacks ---------------------------------------------------------------------------
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:

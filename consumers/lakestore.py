@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import threading
 import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping, TypeVar
@@ -106,6 +107,7 @@ class LakeStore(RowWriter):
         self._views = views
         self._memory_limit = memory_limit
         self.catalog_wait = CATALOG_WAIT_S
+        self.stop_waiting = threading.Event()  # set by a stopping materializer: a wait for the catalog ends
         self.con = self._attach()
         try:
             ddl = _ddl()
@@ -200,7 +202,10 @@ class LakeStore(RowWriter):
                     f"could not {what} in the lake {self.path}: its catalog has not answered for {waited:.0f} s "
                     f"({cause}); start it again (`flightrec catalog status`) and restart this materializer: "
                     "nothing is lost, it goes on from the offsets stored with the rows")
-            time.sleep(min(pause, max(0.0, self.catalog_wait - waited)))
+            if self.stop_waiting.wait(min(pause, max(0.0, self.catalog_wait - waited))):
+                raise MaterializeError(
+                    f"stopped while waiting for the catalog of the lake {self.path} ({cause}): nothing of the batch "
+                    "in hand was committed; the next start reads it again from the offsets stored with the rows")
             pause = min(CATALOG_POLL_S[1], pause * 2)
             try:
                 self.con = self._attach()

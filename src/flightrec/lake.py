@@ -150,13 +150,14 @@ def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
 
 _CATALOG_AWAY = re.compile(r"unable to connect|connection refused|could not connect|connection to server|"
                            r"server closed the connection|terminating connection|no connection to the server|"
-                           r"connection (?:is )?(?:closed|lost|reset)|broken pipe|the database system is "
+                           r"connection (?:is |already )?(?:closed|lost|reset)|broken pipe|the database system is "
                            r"(?:starting up|shutting down|in recovery mode)")
 
 
 def is_catalog_away(exc: BaseException) -> bool:
     """Whether an error says the lake's catalog (PostgreSQL) did not answer: down, restarting, unreachable, or it
-    dropped the connection. Such an error is retriable: attach again once the catalog is back."""
+    dropped the connection (or ours to it was closed after such an error). Such an error is retriable: attach
+    again once the catalog is back."""
     return bool(_CATALOG_AWAY.search(str(exc).lower()))
 
 

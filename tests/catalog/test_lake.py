@@ -98,7 +98,8 @@ def test_is_catalog_away_reads_postgresql_s_words():
             "IO Error: server closed the connection unexpectedly\n\tThis probably means the server terminated",
             "FATAL: terminating connection due to administrator command",
             "FATAL: the database system is shutting down",
-            "FATAL: the database system is starting up"]
+            "FATAL: the database system is starting up",
+            "Connection Error: Connection already closed!"]
     other = ["TransactionContext Error: Transaction conflict: cannot update a table deleted by another transaction",
              "Catalog Error: Table with name nope does not exist!",
              "Permission Error: permission denied for table ducklake_snapshot",

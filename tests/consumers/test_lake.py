@@ -282,8 +282,16 @@ def test_a_catalog_that_stays_away_stops_the_member_saying_so(pg_dir, tmp_path):
         loc = lakes.lake_location(catalog.db, str(tmp_path / "files"), writing=True)
         store = LakeStore(loc, "g", shards=[0], owner="member-a")
         store.claim([0])
-        store.catalog_wait = 3.0
         catalog.stop()
+        # a stopping materializer (SIGTERM) does not wait out the catalog
+        store.catalog_wait = 120.0
+        threading.Timer(1.0, store.stop_waiting.set).start()
+        started = time.monotonic()
+        with pytest.raises(MaterializeError, match="stopped while waiting for the catalog"):
+            store.commit({0: _delta(_boot())})
+        assert time.monotonic() - started < 10
+        store.stop_waiting.clear()
+        store.catalog_wait = 3.0
         started = time.monotonic()
         with pytest.raises(MaterializeError, match="has not answered for") as err:
             store.commit({0: _delta(_boot())})
@@ -298,4 +306,44 @@ def test_a_catalog_that_stays_away_stops_the_member_saying_so(pg_dir, tmp_path):
         finally:
             con.close()
     finally:
+        catalog.stop()
+
+
+def test_sigterm_while_the_catalog_is_away_stops_the_member_at_once(kafka, pg_dir, tmp_path, env_for):
+    """`flightrec materialize` on a lake whose catalog went away: SIGTERM ends its wait for the catalog (no
+    two-minute hang), with one line saying nothing of the batch was committed."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from flightrec.broker.local import free_port
+    from flightrec.catalog import LocalCatalog
+
+    catalog = LocalCatalog(port=free_port(), data=pg_dir / "c")
+    catalog.start()
+    before, during = _boot(5), _boot(5)
+    publish(kafka.bootstrap, before.events)
+    exe = Path(sys.executable).with_name("flightrec")
+    member = subprocess.Popen([str(exe), "materialize", "--db", catalog.db, "--data-path", str(tmp_path / "files")],
+                              env={**env_for(), "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while lake_count(catalog.db, "SELECT count(*) FROM log_lines WHERE instance_id = ?", [before.instance]) < 5:
+            assert member.poll() is None, member.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the member wrote nothing in 120 s"
+            time.sleep(0.3)
+        catalog.stop()
+        publish(kafka.bootstrap, during.events)
+        time.sleep(3.0)  # read, folded, its commit waiting for the catalog
+        assert member.poll() is None
+        member.send_signal(signal.SIGTERM)
+        _, err = member.communicate(timeout=20)
+        assert member.returncode == 1, err[-2000:]
+        assert "stopped while waiting for the catalog" in err and "Traceback" not in err, err[-2000:]
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait()
         catalog.stop()

@@ -100,7 +100,8 @@ def _run(opts: "object", settings: Settings) -> int:
         print(f"events_received={stats.events_received} lines_written={stats.lines_written} "
               f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
               f"commits={stats.commits}"
-              + (f" conflicts_retried={stats.conflicts_retried} fenced={stats.fenced}" if is_lake(opts.db) else ""),  # type: ignore[attr-defined]
+              + (f" conflicts_retried={stats.conflicts_retried} fenced={stats.fenced} "
+                 f"catalog_waits={stats.catalog_waits}" if is_lake(opts.db) else ""),  # type: ignore[attr-defined]
               file=sys.stderr)
         return 0
 
