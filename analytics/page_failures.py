@@ -114,7 +114,7 @@ def drill_down(failure_id: str) -> None:
     cols = st.columns([3, 1, 1])
     cols[0].metric("Class", f["failure_class"] or "unknown")
     cols[1].metric("Exit code", "—" if f["exit_code"] is None else str(f["exit_code"]))
-    cols[2].metric("Signal", name or "—", help=where or "no signal: the command exited by itself")
+    cols[2].metric("Signal", name or "—", help=md(where) or "no signal: the command exited by itself")
     # The GPU's full name (a metric would cut it).
     st.markdown(f"**GPU** {md(f['gpu_model'] or 'unknown')} · compute capability {md(f['compute_capability'] or '?')}")
     if f["hint"]:

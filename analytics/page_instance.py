@@ -65,7 +65,7 @@ def facts(instance_id: str) -> dict | None:
     st.code(instance_id, language=None)  # the id, with a copy button
     cols = st.columns(5)
     cols[0].metric("Status", f"{f['status'] or '—'}", help=f"{md(f['status_detail'])} (state: {md(f['state'])})")
-    cols[1].metric("Stage", f["stage"] or "—", help=f"its last lifecycle state: {f['state']}")
+    cols[1].metric("Stage", f["stage"] or "—", help=f"its last lifecycle state: {md(f['state'])}")
     cols[2].metric("Proofs/hour", fmt_num(f["proofs_per_hour"]), help=f"minimum rate {fmt_num(f['min_rate'])}")
     cols[3].metric("Verdict", f["verdict"] or "—")
     cols[4].metric("Failures", f"{f['failures']}")

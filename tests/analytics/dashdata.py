@@ -280,7 +280,8 @@ def hostile_boot() -> Boot:
     facts(b, "NVIDIA 'GPU' $9 *9*", "9.0", 1.25)
     t = stages_ok(b, "benchmark", BASE_US)
     b.add(Lifecycle, t, stage="benchmark", state="started")
-    b.lines("benchmark", "stderr", ["ünïcødé ✓ \x1b[31mred\x1b[0m", LONG_LINE], t + 1000)
+    b.lines("benchmark", "stderr", ["ünïcødé ✓ \x1b[31mred\x1b[0m", LONG_LINE,
+                                    "worker $5 *x* [l](u) was killed by signal SIGSEGV $6"], t + 1000)
     b.lines("benchmark", "/tmp/it's 100%/dæmon $1.log", ["y" * 10_000], t + 5_000_000)
     b.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail=PRICED_DETAIL + " " + "z" * 10_000)
     return b

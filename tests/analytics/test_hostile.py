@@ -14,7 +14,8 @@ MARKDOWN_KINDS = ("title", "header", "subheader", "markdown", "caption", "error"
 
 
 def _markdown(at: AppTest) -> list[str]:
-    return [e.value for kind in MARKDOWN_KINDS for e in getattr(at, kind)]
+    """Every text Streamlit renders as Markdown, the metrics' help (their tooltips) included."""
+    return [e.value for kind in MARKDOWN_KINDS for e in getattr(at, kind)] + [m.help for m in at.metric if m.help]
 
 
 def _unescaped(texts: list[str], pattern: str) -> list[str]:
