@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 from collections import defaultdict
-from typing import Any
+from typing import Any, Awaitable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -38,10 +38,10 @@ class _Listener(ConsumerRebalanceListener):
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.owner._revoked(set(revoked))
+        await self.owner._in_callback("let partitions go", self.owner._revoked(set(revoked)))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.owner._assigned(set(assigned))
+        await self.owner._in_callback("take partitions", self.owner._assigned(set(assigned)))
 
 
 class GroupMaterializer(Materializer):
@@ -63,6 +63,7 @@ class GroupMaterializer(Materializer):
         self._assigned_once = False
         self._last_maintenance = 0.0
         self._last_record = 0.0
+        self._failed: BaseException | None = None  # what a rebalance callback raised: the member stops with it
 
     # -- opening ----------------------------------------------------------------------------------------
 
@@ -119,6 +120,19 @@ class GroupMaterializer(Materializer):
 
     # -- the group's callbacks ---------------------------------------------------------------------------
 
+    async def _in_callback(self, what: str, step: Awaitable[None]) -> None:
+        """Run a rebalance step. aiokafka logs and swallows what a listener raises, and reading on would skip
+        what the step was to commit (a drain) or read partitions never claimed; so a failure is kept, nothing more
+        is committed, and the member stops: run() raises it. A restart goes on from the offsets in the lake."""
+        try:
+            await step
+        except Exception as exc:  # noqa: BLE001 - kept and raised by run()
+            if self._failed is None:
+                self._failed = exc
+            log.error("could not %s in the rebalance (%s); stopping, nothing more is committed", what, exc)
+            self._next.clear()
+            self.stop()
+
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         """Claim the shards of ``assigned`` in the lake and seek each partition to its stored offset."""
         c = self._consumer
@@ -163,6 +177,9 @@ class GroupMaterializer(Materializer):
 
     async def _flush_locked(self, pending: _Pending) -> None:
         if not pending.records:
+            return
+        if self._failed is not None:  # a rebalance step failed: what is held is read again after a restart
+            pending.take()
             return
         by_shard: dict[int, list[Any]] = defaultdict(list)
         for r in pending.take():
@@ -237,6 +254,8 @@ class GroupMaterializer(Materializer):
     async def run(self) -> Stats:
         """Consume until stopped or idle (``until_idle``); a replay stops at the end offsets seen at start."""
         stats = await super().run()
+        if self._failed is not None:
+            raise self._failed
         if self.opts.replay and self._store is not None:
             await self._in_writer(self._store.maintain)
         return stats

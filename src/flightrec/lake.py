@@ -265,8 +265,8 @@ def forget_reader(loc: LakeLocation) -> None:
 MAINTENANCE_INTERVAL = timedelta(minutes=10)  # how often a materializer runs maintain() (docs/lake.md)
 KEEP_SNAPSHOTS = timedelta(hours=1)           # snapshots younger than this stay (time travel, slow readers)
 FILE_GRACE = timedelta(minutes=10)            # retired files stay this long after their snapshot expired
-ORPHAN_GRACE = timedelta(hours=1)             # a file no snapshot names is deleted once it is this old (younger:
-                                              # it may belong to a transaction another writer has not committed)
+ORPHAN_GRACE = timedelta(hours=1)             # with orphans=True: a file no snapshot names goes once this old
+                                              # (younger: it may be another writer's uncommitted transaction's)
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,7 @@ def _seconds(delta: timedelta) -> int:
 
 
 def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapshots: timedelta = KEEP_SNAPSHOTS,
-             file_grace: timedelta = FILE_GRACE, orphan_grace: timedelta = ORPHAN_GRACE,
+             file_grace: timedelta = FILE_GRACE, orphans: bool = False, orphan_grace: timedelta = ORPHAN_GRACE,
              retries: int = 8) -> Maintenance:
     """Compact and tidy the lake while writers keep writing; each step is its own short transaction.
 
@@ -301,8 +301,10 @@ def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapsh
     2. merge adjacent small Parquet files of each table into larger ones;
     3. expire snapshots older than ``keep_snapshots`` (their files become unreferenced);
     4. delete the files retired more than ``file_grace`` ago (a reader still on an old snapshot keeps them);
-    5. delete orphans older than ``orphan_grace``: Parquet files no snapshot names, left by a transaction that
-       never committed (a writer killed mid-commit, a commit that failed when the catalog went away).
+    5. with ``orphans``, delete orphans older than ``orphan_grace``: files under the data path no snapshot
+       names, left by a transaction that never committed (a writer killed mid-commit, a commit that failed when
+       the catalog went away). Off by default: DuckLake takes every file under the data path that this catalog
+       does not list for an orphan, so on a folder shared by two lakes it would delete the other lake's files.
 
     A step that loses a commit race with a writer (DuckLake's per-table conflict check) is retried; the
     writers are never blocked or asked to stop. ``con`` must have the lake attached read-write as ``alias``.
@@ -328,12 +330,12 @@ def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapsh
                    f"'{_seconds(keep_snapshots)} seconds')")
     deleted = step(f"FROM ducklake_cleanup_old_files(?, older_than => now() - INTERVAL "
                    f"'{_seconds(file_grace)} seconds')")
-    orphans = step(f"FROM ducklake_delete_orphaned_files(?, older_than => now() - INTERVAL "
-                   f"'{_seconds(orphan_grace)} seconds')")
+    deleted_orphans = step(f"FROM ducklake_delete_orphaned_files(?, older_than => now() - INTERVAL "
+                           f"'{_seconds(orphan_grace)} seconds')") if orphans else []
     result = Maintenance(files_before=before, files_after=live_files(con, alias),
                          rows_flushed=sum(int(r["rows_flushed"] or 0) for r in flushed),  # type: ignore[call-overload]
                          files_merged=sum(int(r["files_processed"] or 0) for r in merged),  # type: ignore[call-overload]
-                         snapshots_expired=len(expired), files_deleted=len(deleted), orphans_deleted=len(orphans),
+                         snapshots_expired=len(expired), files_deleted=len(deleted), orphans_deleted=len(deleted_orphans),
                          conflicts_retried=conflicts)
     log.info("lake maintenance: %s", result)
     return result

@@ -169,7 +169,9 @@ def test_orphaned_files_are_deleted_once_old(lake):
     young.write_bytes(live[0].read_bytes())
     hours_ago = time.time() - 2 * 3600
     os.utime(old, (hours_ago, hours_ago))
-    result = lakes.maintain(con)  # the default orphan grace: an hour
+    assert lakes.maintain(con).orphans_deleted == 0  # off by default: a data path may be shared by two lakes
+    assert len(list(Path(data_path).rglob("*.parquet"))) == 3
+    result = lakes.maintain(con, orphans=True)  # the default orphan grace: an hour
     assert result.orphans_deleted == 1
     assert sorted(Path(data_path).rglob("*.parquet")) == sorted([live[0], young])
     assert con.execute("SELECT count(*), sum(i) FROM t").fetchone() == (1000, 499500)

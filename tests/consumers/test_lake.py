@@ -347,3 +347,27 @@ def test_sigterm_while_the_catalog_is_away_stops_the_member_at_once(kafka, pg_di
             member.kill()
             member.wait()
         catalog.stop()
+
+
+def test_a_claim_that_fails_in_the_rebalance_stops_the_member(kafka, lake, monkeypatch):
+    """aiokafka swallows what a rebalance listener raises: a member whose claim failed would read on with no
+    partition (or, after a failed drain, past a batch it never committed). It stops with the error instead."""
+    db, data_path = lake
+
+    def refuse(self, shards):  # the catalog away past CATALOG_WAIT_S, say
+        raise MaterializeError("could not claim partitions in the lake: test")
+
+    monkeypatch.setattr(LakeStore, "claim", refuse)
+    out: dict[str, BaseException] = {}
+
+    def member() -> None:
+        try:
+            run_lake(kafka, db, data_path, idle=2.0)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            out["error"] = exc
+
+    thread = threading.Thread(target=member, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the member went on after its claim failed"
+    assert isinstance(out.get("error"), MaterializeError) and "could not claim" in str(out["error"])
