@@ -95,19 +95,48 @@ def signal_name(number: int | None, name: str | None = None) -> str | None:
         return f"SIG{number}"
 
 
-_SIGNAL_WORD = re.compile(r"\b(SIG[A-Z]{2,6})\b")
-# A signal's name counts only on a line that says a process died of it or got it ("sending SIGTERM to the
-# workers" is not a death).
-_DEATH_WORDS = re.compile(r"killed|signal|terminated|received|caught|died|dumped|fatal|crash", re.IGNORECASE)
-_SIGNAL_TEXT = {"segmentation fault": "SIGSEGV", "aborted": "SIGABRT", "bus error": "SIGBUS",
-                "illegal instruction": "SIGILL", "floating point exception": "SIGFPE"}
+_SIGNAL_WORD = re.compile(r"\b(SIG[A-Z]{2,7}[12]?)\b")
+_SIGNAL_NUMBER = re.compile(r"\b(?:killed|terminated|died|stopped) (?:by|of|with|on) signal (\d{1,2})\b", re.I)
+# A signal's name counts on a line that says a process died of it or got it, and not on one that says a process
+# sends, ignores or handles it ("sending SIGTERM to the workers", "received SIGHUP, reloading configuration").
+_DEATH_WORDS = re.compile(r"killed|signal|terminated|received|caught|died|dumped|fatal|crash|core", re.I)
+_NOT_A_DEATH = re.compile(r"\bsend(?:s|ing)?\b|\bsent\b|ignor|reload|forward|block|handl|install|\btrap|\bmask", re.I)
+_HARMLESS = frozenset({"SIGCHLD", "SIGCLD", "SIGWINCH", "SIGURG", "SIGCONT"})  # ignored unless handled
+# What a shell or libc prints when a process dies of a signal: anywhere in a line, or (the shell's job report
+# "line 3:  4242 Killed  prover") a capitalized word at the start of a line or after a pid.
+_SIGNAL_TEXT = [(re.compile(r"segmentation fault", re.I), "SIGSEGV"), (re.compile(r"\bbus error\b", re.I), "SIGBUS"),
+                (re.compile(r"illegal instruction", re.I), "SIGILL"),
+                (re.compile(r"floating point exception", re.I), "SIGFPE"),
+                (re.compile(r"(?:^|\s\d+\s+)Aborted\b"), "SIGABRT"), (re.compile(r"(?:^|\s\d+\s+)Killed\b"), "SIGKILL"),
+                (re.compile(r"(?:^|\s\d+\s+)Terminated\b"), "SIGTERM")]
+
+
+def _signal_in(line: str) -> str | None:
+    """The signal a line says a process died of, or None."""
+    if _NOT_A_DEATH.search(line):
+        return None
+    number = _SIGNAL_NUMBER.search(line)
+    if number:
+        try:
+            return _signal.Signals(int(number.group(1))).name
+        except ValueError:
+            pass
+    for found in _SIGNAL_WORD.finditer(line):
+        name = found.group(1)
+        if name in _signal.Signals.__members__ and name not in _HARMLESS and _DEATH_WORDS.search(line):
+            return name
+    for pattern, name in _SIGNAL_TEXT:
+        if pattern.search(line.strip()):
+            return name
+    return None
 
 
 def killed_by(signal: int | None, name: str | None, exit_code: int | None,
               lines: Sequence[str]) -> tuple[str | None, str | None]:
     """The signal behind a failure and where it was read, or (None, None): the stage's own command killed by it,
-    a shell's 128+n exit code, or a wrapper's words about a process it started in ``lines`` (the matched line
-    first, then the tails: a daemon's SIGSEGV reported on stderr). Pure."""
+    a shell's 128+n exit code, or a wrapper's, shell's or libc's words about a process the stage started in
+    ``lines`` (give the matched line first, then the tails newest first: the first line that names one wins).
+    Pure."""
     if signal:
         return signal_name(signal, name), "the stage's command was killed by it"
     if exit_code is not None and 128 < exit_code < 128 + 65:
@@ -116,14 +145,9 @@ def killed_by(signal: int | None, name: str | None, exit_code: int | None,
         except ValueError:
             pass
     for line in lines:
-        found = _SIGNAL_WORD.search(line)
-        if found and found.group(1) in _signal.Signals.__members__ and _DEATH_WORDS.search(line):
-            return found.group(1), f"a process the stage started: {line.strip()[:160]}"
-    for line in lines:
-        low = line.lower()
-        for text, sig in _SIGNAL_TEXT.items():
-            if text in low:
-                return sig, f"a process the stage started: {line.strip()[:160]}"
+        found = _signal_in(line)
+        if found:
+            return found, f"a process the stage started: {line.strip()[:160]}"
     return None, None
 
 

@@ -117,8 +117,8 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
     evidence = _evidence(stage, exit_row, result, failed_life, stderr, stdout, file_tails)
     verdict = rules.classify(evidence)
     signal, read_from = killed_by(evidence.signal, evidence.signal_name, evidence.exit_code,
-                                  ([verdict.matched_line] if verdict.matched_line else []) + stderr
-                                  + [line for t in file_tails for line in t["lines"]])
+                                  ([verdict.matched_line] if verdict.matched_line else []) + stderr[::-1]
+                                  + [line for t in file_tails for line in t["lines"][::-1]])
     first, facts = revealing[0], facts or {}
     return {
         "failure_id": first["event_id"],

@@ -129,9 +129,15 @@ class LakeStore(RowWriter):
         for attempt in range(self.retries + 1):
             try:
                 con = lakes.connect(self.loc, alias=ALIAS)
-                con.execute(f"SET memory_limit = '{self._memory_limit}'")
-                con.execute("SET TimeZone = 'UTC'")
+                try:
+                    con.execute(f"SET memory_limit = '{self._memory_limit}'")
+                    con.execute("SET TimeZone = 'UTC'")
+                except BaseException:
+                    con.close()
+                    raise
                 return con
+            except OSError as exc:  # the data path's folder cannot be made (a mount gone, no permission)
+                raise MaterializeError(f"cannot open the lake for writing: its data path: {exc}") from exc
             except LakeError as exc:
                 text = str(exc).lower()
                 if attempt == self.retries or not any(w in text for w in ("conflict", "duplicate", "already exists",

@@ -180,11 +180,12 @@ class Store(RowWriter):
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
             older = self._columns("failures")
-            self.con.execute(schema_sql())
+            if older and "killed_by" not in older:
+                self._fill_new_failure_columns()  # with the schema, in one transaction
+            else:
+                self.con.execute(schema_sql())
             if crashed or self._lines_unaccounted():
                 self._drop_rows_without_event()
-            if older and "killed_by" not in older:
-                self._fill_new_failure_columns()
             self._store_views(views)
             # Nothing the writer does needs files; readers share this database
             # instance through cursors, so this also closes file access to them.
@@ -199,6 +200,9 @@ class Store(RowWriter):
         except duckdb.Error as exc:
             self.con.close()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
+        except BaseException:
+            self.con.close()
+            raise
 
     def _columns(self, table: str) -> set[str]:
         """The columns of ``table`` in the file (empty: a new database)."""
@@ -207,16 +211,19 @@ class Store(RowWriter):
                                                [table]).fetchall()}
 
     def _fill_new_failure_columns(self) -> None:
-        """A database made before failures.killed_by: its failures rows are built again from their events (the
-        failed stages only), so the new columns hold what new rows would."""
-        stages = self.con.execute("SELECT DISTINCT instance_id, boot_id, stage FROM failures").to_arrow_table()
+        """A database made before failures.killed_by: the schema's new columns and its failures rows built again
+        from their events (the failed stages only, classified by today's rules), in one transaction, so a crash
+        or an error in between leaves the file as it was and the next open does it all again."""
         self.con.execute("BEGIN TRANSACTION")
         try:
+            self.con.execute(schema_sql())
+            stages = self.con.execute("SELECT DISTINCT instance_id, boot_id, stage FROM failures").to_arrow_table()
             n = recompute_failures(self.con, self.rules, stages)
             self.con.execute("COMMIT")
-        except duckdb.Error:
+        except Exception as exc:
             self.con.execute("ROLLBACK")
-            raise
+            raise MaterializeError(f"cannot add the failures' new columns (killed_by) to {self.path}: {exc}; the "
+                                   "file is as it was (a flightrec from before them still reads it)") from exc
         log.info("%s: %d failures rows built again for their new columns (killed_by)", self.path, n)
 
     def _lines_unaccounted(self) -> bool:

@@ -148,17 +148,25 @@ def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
                             f"reinstall it: pip install --force-reinstall '{dist}=={duckdb.__version__}'") from exc
 
 
+CONNECT_TIMEOUT_S = 10  # how long a connection to a PostgreSQL catalog may take, unless the --db string says
 _CATALOG_AWAY = re.compile(r"unable to connect|connection refused|could not connect|connection to server|"
                            r"server closed the connection|terminating connection|no connection to the server|"
-                           r"connection (?:is |already )?(?:closed|lost|reset)|broken pipe|the database system is "
-                           r"(?:starting up|shutting down|in recovery mode)")
+                           r"connection (?:is |already |has been )?(?:closed|lost|reset)|broken pipe|"
+                           r"ssl syscall error|ssl connection has been closed|timed out|timeout expired|"
+                           r"no connection available|connection pool|"
+                           r"the database system is (?:starting up|shutting down|in recovery mode)")
+# Answers of a catalog that is there but refuses: waiting does not help, the operator must act.
+_CATALOG_REFUSES = re.compile(r"password authentication failed|no pg_hba\.conf entry|database \S+ does not exist|"
+                              r"role \S+ does not exist|permission denied|certificate verify failed")
 
 
 def is_catalog_away(exc: BaseException) -> bool:
     """Whether an error says the lake's catalog (PostgreSQL) did not answer: down, restarting, unreachable, or it
     dropped the connection (or ours to it was closed after such an error). Such an error is retriable: attach
-    again once the catalog is back."""
-    return bool(_CATALOG_AWAY.search(str(exc).lower()))
+    again once the catalog is back. A catalog that answers with a refusal (a wrong password, no such database)
+    is not away."""
+    text = str(exc).lower()
+    return bool(_CATALOG_AWAY.search(text)) and not _CATALOG_REFUSES.search(text)
 
 
 def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "lake",
@@ -174,7 +182,10 @@ def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "l
         options.append("READ_ONLY")
         if loc.data_path:  # a reader on another host may reach the same files under another path
             options.append("OVERRIDE_DATA_PATH TRUE")
-    sql = f"ATTACH {_quote(loc.attach)} AS {_ident(alias)}" + (f" ({', '.join(options)})" if options else "")
+    target = loc.attach
+    if target.startswith(PREFIX + "postgres:") and "connect_timeout" not in target:
+        target += f" connect_timeout={CONNECT_TIMEOUT_S}"  # libpq waits for TCP's own timeout (minutes) without it
+    sql = f"ATTACH {_quote(target)} AS {_ident(alias)}" + (f" ({', '.join(options)})" if options else "")
     try:
         con.execute(sql)
     except duckdb.Error as exc:

@@ -138,7 +138,7 @@ def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params =
     except duckdb.BinderException as exc:  # a view names a column the file's tables do not have (yet)
         raise QueryError(f"the readers' views do not fit the tables of this database ({' '.join(str(exc).split())}): "
                          "it was probably written by an older flightrec; a materializer adds the new columns when it "
-                         "opens it (`flightrec materialize --db FILE`, stopped once it is up to date)") from exc
+                         "opens it (`flightrec materialize --db …`)") from exc
     except duckdb.Error as exc:
         raise QueryError(f"{type(exc).__name__}: {exc}") from exc
     try:

@@ -99,10 +99,16 @@ def test_is_catalog_away_reads_postgresql_s_words():
             "FATAL: terminating connection due to administrator command",
             "FATAL: the database system is shutting down",
             "FATAL: the database system is starting up",
-            "Connection Error: Connection already closed!"]
+            "Connection Error: Connection already closed!",
+            "IO Error: SSL connection has been closed unexpectedly",
+            "IO Error: SSL SYSCALL error: EOF detected",
+            'connection to server at "10.0.0.7", port 5432 failed: Connection timed out']
     other = ["TransactionContext Error: Transaction conflict: cannot update a table deleted by another transaction",
              "Catalog Error: Table with name nope does not exist!",
              "Permission Error: permission denied for table ducklake_snapshot",
-             "Invalid Input Error: data_path is not set"]
+             "Invalid Input Error: data_path is not set",
+             'IO Error: Unable to connect to Postgres at "x": connection to server at "127.0.0.1", port 5432 failed: '
+             'FATAL:  password authentication failed for user "flightrec"',
+             'connection to server at "127.0.0.1", port 5432 failed: FATAL:  database "nope" does not exist']
     assert all(lakes.is_catalog_away(RuntimeError(t)) for t in away)
     assert not any(lakes.is_catalog_away(RuntimeError(t)) for t in other)

@@ -179,6 +179,16 @@ def test_killed_by_reads_the_stage_a_shell_code_or_a_wrapper_report():
     assert killed_by(None, None, 1, ["exit status 1", "SIGNALS are fine"]) == (None, None)
     assert killed_by(None, None, 1, ["sending SIGTERM to the workers", "exit status 1"]) == (None, None)
     assert killed_by(None, None, 1, ["received SIGTERM, shutting down"])[0] == "SIGTERM"
+    for calm in ("ignoring SIGPIPE signal", "received SIGHUP, reloading configuration",
+                 "SIGCHLD received from child 7 (exit 0)", "Sending signal SIGTERM to pid 42", "transaction aborted",
+                 "connection aborted by peer", "installed a handler for SIGSEGV"):
+        assert killed_by(None, None, 1, [calm]) == (None, None), calm
+    for line, sig in (("the prover was killed by signal 11", "SIGSEGV"), ("Killed", "SIGKILL"),
+                      ("run.sh: line 3:  4242 Killed                  prover --daemon", "SIGKILL"),
+                      ("Terminated", "SIGTERM"), ("Aborted (core dumped)", "SIGABRT"),
+                      ("worker died of SIGUSR1", "SIGUSR1"), ("Bus error (core dumped)", "SIGBUS")):
+        assert killed_by(None, None, 1, [line])[0] == sig, line
+    assert killed_by(None, None, 1, ["child died of SIGTERM", "prover killed by signal SIGSEGV"])[0] == "SIGTERM"
     assert killed_by(None, None, 1, ["fatal error: unexpected signal [signal SIGSEGV: segmentation violation]"])[0] \
         == "SIGSEGV"
     assert killed_by(None, None, 0, []) == (None, None)
@@ -234,11 +244,22 @@ def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_p
     before = con.execute("SELECT * FROM failures").fetchall()
     con.close()
     from flightrec.analytics.views import VIEWS
-    from flightrec.errors import QueryError
+    from flightrec.errors import MaterializeError, QueryError
     from flightrec.query import run_query
 
     with pytest.raises(QueryError, match="older flightrec.*flightrec materialize"):  # a reader before any writer
         run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS)
+    import flightrec.consumers.store as store_mod
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("killed mid-way")
+
+    real, store_mod.recompute_failures = store_mod.recompute_failures, broken
+    try:  # an error (or a crash) while the rows are built again leaves the file as it was: the next open does it all
+        with pytest.raises(MaterializeError, match="as it was"):
+            Store(db, group="t")
+    finally:
+        store_mod.recompute_failures = real
     Store(db, group="t").close()
     assert run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS).to_pylist() == [{"killed_by": "SIGSEGV"}]
     con = duckdb.connect(str(db), read_only=True)
