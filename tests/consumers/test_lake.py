@@ -214,7 +214,15 @@ def test_webhook_alerts_are_refused_on_a_lake(kafka, lake, env_for):
     assert r.returncode == 1 and "webhook" in r.stderr.lower() and "lake" in r.stderr
 
 
-def test_a_member_rides_out_a_catalog_restart(kafka, pg_dir, tmp_path):
+def _waited(records, deadline_s: float = 60.0) -> None:
+    """Until the member says it waits for the catalog (its warning), or fail after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while not any("catalog does not answer" in r.getMessage() for r in list(records)):
+        assert time.monotonic() < deadline, "the member never waited for the catalog"
+        time.sleep(0.2)
+
+
+def test_a_member_rides_out_a_catalog_restart(kafka, pg_dir, tmp_path, caplog):
     """The catalog (PostgreSQL) goes away mid-run and comes back: the member waits, reattaches and goes on;
     every line written exactly once, none lost with the commits that failed while it was away."""
     from flightrec.broker.local import free_port
@@ -230,7 +238,7 @@ def test_a_member_rides_out_a_catalog_restart(kafka, pg_dir, tmp_path):
 
     def member() -> None:
         try:
-            out["stats"] = run_lake(kafka, catalog.db, str(data_path), idle=6.0)
+            out["stats"] = run_lake(kafka, catalog.db, str(data_path), idle=15.0)
         except BaseException as exc:  # noqa: BLE001 - reported below
             out["error"] = exc
 
@@ -247,7 +255,8 @@ def test_a_member_rides_out_a_catalog_restart(kafka, pg_dir, tmp_path):
             time.sleep(0.3)
         catalog.stop()
         publish(kafka.bootstrap, during.events)  # read and folded while the catalog is away: its commits fail
-        time.sleep(4.0)
+        _waited(caplog.records)
+        time.sleep(1.0)
         assert thread.is_alive(), f"the member ended while the catalog was away: {out}"
         catalog.start()
         thread.join(120)
@@ -325,21 +334,25 @@ def test_sigterm_while_the_catalog_is_away_stops_the_member_at_once(kafka, pg_di
     before, during = _boot(5), _boot(5)
     publish(kafka.bootstrap, before.events)
     exe = Path(sys.executable).with_name("flightrec")
+    log = tmp_path / "member.log"
     member = subprocess.Popen([str(exe), "materialize", "--db", catalog.db, "--data-path", str(tmp_path / "files")],
                               env={**env_for(), "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=log.open("w"), text=True)
     try:
         deadline = time.monotonic() + 120
         while lake_count(catalog.db, "SELECT count(*) FROM log_lines WHERE instance_id = ?", [before.instance]) < 5:
-            assert member.poll() is None, member.communicate()[1][-2000:]
+            assert member.poll() is None, log.read_text()[-2000:]
             assert time.monotonic() < deadline, "the member wrote nothing in 120 s"
             time.sleep(0.3)
         catalog.stop()
         publish(kafka.bootstrap, during.events)
-        time.sleep(3.0)  # read, folded, its commit waiting for the catalog
-        assert member.poll() is None
+        deadline = time.monotonic() + 60
+        while "catalog does not answer" not in log.read_text():  # read, folded, its commit waiting for the catalog
+            assert member.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
         member.send_signal(signal.SIGTERM)
-        _, err = member.communicate(timeout=20)
+        member.wait(20)
+        err = log.read_text()
         assert member.returncode == 1, err[-2000:]
         assert "stopped while waiting for the catalog" in err and "Traceback" not in err, err[-2000:]
     finally:
