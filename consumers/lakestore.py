@@ -55,7 +55,7 @@ CLAIM_SQL = """CREATE TABLE IF NOT EXISTS {schema}.claim (
 RETRIES = 12          # attempts of one transaction that lost a DuckLake commit race
 RETRY_BASE_S = 0.05   # first back-off; doubles, capped at 1 s, times a random factor in [0.5, 1.5)
 CATALOG_WAIT_S = 120.0  # how long a transaction waits for a catalog that does not answer (under Kafka's 300 s
-                        # max.poll.interval: the member keeps its partitions while it waits)
+                        # max.poll.interval; a rebalance meanwhile stops the member, see docs/lake.md)
 CATALOG_POLL_S = (0.5, 5.0)  # first and longest pause between attempts to reach the catalog again
 
 
@@ -210,8 +210,9 @@ class LakeStore(RowWriter):
                     "nothing is lost, it goes on from the offsets stored with the rows")
             if self.stop_waiting.wait(min(pause, max(0.0, self.catalog_wait - waited))):
                 raise MaterializeError(
-                    f"stopped while waiting for the catalog of the lake {self.path} ({cause}): nothing of the batch "
-                    "in hand was committed; the next start reads it again from the offsets stored with the rows")
+                    f"stopped while waiting for the catalog of the lake {self.path} ({cause}): the batch in hand is "
+                    "read again at the next start from the offsets stored with the rows (what of it the catalog "
+                    "had already committed is dropped then by event id)")
             pause = min(CATALOG_POLL_S[1], pause * 2)
             try:
                 self.con = self._attach()
