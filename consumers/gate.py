@@ -36,8 +36,9 @@ def check_sealed(db: str | Path, instance: str, status_of: StatusOf | None = Non
         return GateResult(False, f"instance {instance} has no events in {db}")
     r = rows[0]
     if r["complete"]:
-        return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events" + _dropped(db, r["boot_id"]))
-    missing = f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)"
+        return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events" + _dropped(db, r["boot_id"])
+                          + _left_running(db, r["boot_id"]))
+    missing = f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)" + _sealing(db, r["boot_id"])
     status = status_of(db, instance) if status_of is not None else None
     if status is not None and status[0] in HOPELESS:
         return GateResult(False, f"{status[0]} ({status[1]}); missing: {missing}", status[0])
@@ -52,6 +53,27 @@ def _dropped(db: str | Path, boot_id: str) -> str:
         return ""
     what = "; ".join(f"seq {d['seq']} {d['detail']}" for d in rows)
     return f"; {len(rows)} event{'s' if len(rows) > 1 else ''} dropped: {what}"
+
+
+def _left_running(db: str | Path, boot_id: str) -> str:
+    """'; the seal says: still running when sealed ...' when the seal named what it could not wait for, else ''."""
+    rows = run_query(db, """SELECT detail FROM lifecycle_events WHERE boot_id = ? AND kind = 'sealed'
+                            AND detail LIKE '%still running when sealed%' ORDER BY seq""", [boot_id]).to_pylist()
+    return "".join(f"; the seal says: {r['detail']}" for r in rows)
+
+
+def _sealing(db: str | Path, boot_id: str) -> str:
+    """'; the seal waits ... for the late output of stage X (...) since HH:MM:SS' while a seal waits, else ''.
+
+    A seal that waits for a stage's late output says so first (a Lifecycle ``info`` event with the attribute
+    ``seal_waits_for``); the boot is not sealed until that output is all in, so the gate tells what it waits for.
+    """
+    rows = run_query(db, """SELECT detail, strftime(make_timestamp(ts_us), '%H:%M:%S') AS since FROM lifecycle_events
+                            WHERE boot_id = ? AND kind = 'lifecycle' AND state = 'info'
+                              AND map_contains(attributes, 'seal_waits_for')
+                              AND NOT EXISTS (SELECT 1 FROM lifecycle_events s WHERE s.boot_id = ? AND s.kind = 'sealed')
+                            ORDER BY seq""", [boot_id, boot_id]).to_pylist()
+    return "".join(f"; {r['detail']} (since {r['since']} UTC)" for r in rows)
 
 
 def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5,

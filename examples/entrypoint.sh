@@ -51,6 +51,8 @@ on_exit() {
         else
             "$FLIGHTREC" agent event --stage entrypoint --state failed --detail "entrypoint exited with $rc outside any stage" || true
         fi
+        # the seal waits until what the failed stage left running can no longer write (the daemon that prints
+        # the decisive CUDA error seconds after the benchmark script exited), FLIGHTREC_LATE_WAIT (60 s) at most
         "$FLIGHTREC" agent seal --reason "entrypoint exited with $rc" || true
     fi
     stop_tunnel
@@ -62,7 +64,7 @@ trap on_exit EXIT
 
 # 1. reverse tunnel: runs for the instance's whole life, as a stage of its own in the background
 # (the agent itself goes to the background, not a subshell, so $! is the agent: killing it
-# passes SIGTERM on to the tunnel, and the agent reports the tunnel's end)
+# passes SIGTERM on to the tunnel's process group once, and the agent reports the tunnel's end)
 "$FLIGHTREC" agent run --stage tunnel -- $TUNNEL_CMD &
 tunnel_pid=$!
 
@@ -73,7 +75,8 @@ stage register -- $REGISTER_CMD
 stage params -- $PARAMS_CMD
 
 # 4. benchmark: the GPU daemon writes its errors to its own log, so the agent follows that file;
-#    a failure here carries the daemon's last lines in the exit event.
+#    a failure here carries the daemon's last lines in the exit event, and the lines the daemon
+#    writes after the script exited are recorded too (marked late).
 stage benchmark --tail "$DAEMON_LOG" -- $BENCHMARK_CMD
 
 # 5. production proving. A supervisor stage seals the boot when it ends normally; here the

@@ -189,28 +189,35 @@ class _AgentBase:
             say(f"NOT RECORDED in total: {self.losses.lines} log lines in {self.losses.events} events of "
                 f"instance {self.instance_id}")
         if self.deliverer is not None:
+            # at the default exit, a Kafka that does not answer is not waited for (the events are safe in the spool)
+            unless_away = timeout is None
             timeout = self.settings.flush_timeout if timeout is None else timeout
-            ok = self._flush_blocking(timeout)
+            t0 = time.monotonic()
+            ok = self._flush_blocking(timeout, unless_away)
+            away = not ok and self.deliverer.away(t0)
             if not ok:
                 why = f" (last error: {self.deliverer.last_error})" if self.deliverer.last_error else ""
-                log.warning("%d events of %s not yet acknowledged after %gs%s; they stay in %s for "
-                            "`flightrec agent flush` or the next agent", self.spool.pending(), self.instance_id,
-                            timeout, why, self.spool.dir)
+                after = (f"Kafka at {self.settings.bootstrap} does not answer{why}: not waited for after "
+                         f"{time.monotonic() - t0:.1f}s" if away else f"not yet acknowledged after {timeout:g}s{why}")
+                log.warning("%d events of %s %s; they stay in %s for `flightrec agent flush` or the next agent",
+                            self.spool.pending(), self.instance_id, after, self.spool.dir)
+            if away:
+                self.deliverer.say_away()
             if self.deliverer.dropped:
                 log.warning("%d events of %s were refused by Kafka for good and dropped (a Dropped marker keeps "
                             "each one's seq): %s", len(self.deliverer.dropped), self.instance_id,
                             "; ".join(self.deliverer.dropped))
-            self.deliverer.stop()
+            self.deliverer.stop(0.2 if away else 5.0)
         self.spool.close()
         self._closed = ok
         return ok
 
-    def _flush_blocking(self, timeout: float) -> bool:
+    def _flush_blocking(self, timeout: float, unless_away: bool = False) -> bool:
         if self.deliverer is None:
             return False
         target = self.spool.committed_end()
         self.deliverer.notify()
-        return self.deliverer.wait_delivered(target, timeout)
+        return self.deliverer.wait_delivered(target, timeout, unless_away)
 
     # -- events -----------------------------------------------------------------
 
@@ -345,19 +352,27 @@ class _AgentBase:
         It first waits up to ``wait`` seconds (FLIGHTREC_SEAL_WAIT) for the boot's other running
         stages and facts probes (any process) to end, so that their events belong to the boot; what
         still runs then is named in the seal's reason, and its later events are not recorded.
-        Then late output of the boot (lines that processes left behind by a stage still write) is
-        spooled, waiting up to FLIGHTREC_LATE_WAIT; from then on it is passed on but no longer recorded.
+        Then it waits for the boot's late output (what processes left behind by a stage still write)
+        until nothing that can write it is left, up to FLIGHTREC_LATE_WAIT: a Lifecycle ``info``
+        event of each such stage says so first (the destroy gate shows it). What still writes after
+        that is named in the seal's reason; its later lines are passed on but no longer recorded.
         """
-        from flightrec.producer.late import settle_late_output
+        from flightrec.producer.late import late_stages, settle_late_output, still_writing
 
         wait = self.settings.seal_wait if wait is None else wait
         own = self._stage_member
+        left_late: list[str] = []
         if isinstance(self.spool, Spool):
             boot_id = own.boot_id if own is not None else self.spool.boot()[0]
             deadline = time.monotonic() + wait
             while running(self.spool, boot_id, own) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            settle_late_output(self.spool.dir, boot_id, self.settings.late_wait)
+            late_wait = self.settings.late_wait
+            for st in late_stages(self.spool.dir, boot_id):
+                self.event(st.stage, "info", detail=f"the seal waits up to {late_wait:g}s for the late output of "
+                                                    f"{still_writing(st)}",
+                           attributes={"seal_waits_for": "late_output", "late_wait_s": f"{late_wait:g}"})
+            left_late = settle_late_output(self.spool.dir, boot_id, late_wait)
         spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
 
         def make(boot: str, seq: int) -> Event:
@@ -366,6 +381,10 @@ class _AgentBase:
             if left:
                 why += (f"{'; ' if why else ''}still running when sealed after waiting {wait:g}s, their later "
                         f"events are not recorded: {', '.join(left)}")
+            if left_late:
+                why += (f"{'; ' if why else ''}late output still running when sealed, its later lines are not "
+                        f"recorded: {'; '.join(left_late)}")
+            if left or left_late:
                 log.warning("sealing boot %s of %s: %s", boot, iid, why)
             return Sealed(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, event_count=seq + 1,
                           reason=why)

@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
@@ -24,6 +25,22 @@ POLL_S = 0.05  # how often appends by other processes are looked for
 LOCK_RETRY_S = 0.2
 ROUND_BYTES = 16 * 1024 * 1024  # records read and sent per round (acknowledgements awaited once per round)
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 3.0)
+AWAY = "delivery-away"  # in the spool folder while Kafka does not answer its sender (written by it, removed on success)
+AWAY_AFTER_S = 2.0  # an attempt that has not come back after this long may mean Kafka does not answer
+PROBE_EVERY_S = 1.0  # then a TCP connection to the bootstrap addresses decides, at most this often
+PROBE_TIMEOUT_S = 0.5
+
+
+def bootstrap_answers(bootstrap: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether any of the bootstrap addresses ('host:port,host:port') accepts a TCP connection now."""
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 MIN_LIMIT = 1024
 # errors after which sending the same record again can never succeed
 PERMANENT = ("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordException",
@@ -160,6 +177,11 @@ class Deliverer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._cond = threading.Condition()
+        self._failed_attempt: float | None = None  # monotonic start of the last attempt, while attempts fail
+        self._attempt_since: float | None = None  # monotonic: an attempt (connect, send) outstanding since then
+        self._retry_now = False  # cut the current backoff short once (an exiting agent's last try)
+        self._lock_busy = False  # another process held deliver.lock when this one last tried it
+        self._probed: tuple[float, bool] | None = None  # (when, away) of the last connection probe
 
     def limit(self, topic: str) -> int:
         """The largest message this agent may build for ``topic`` (learned, else the setting, else stock)."""
@@ -190,11 +212,63 @@ class Deliverer:
         """How far this process has seen Kafka acknowledge (its own sends, or the cursor file)."""
         return self._acked
 
-    def wait_delivered(self, target: Position, timeout: float) -> bool:
-        """Block until everything before ``target`` is acknowledged, or ``timeout`` s passed."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._acked < target:
+    def failing(self, since: float = 0.0) -> bool:
+        """Whether delivery seems to fail: as the instance's sender, an attempt begun at or after ``since``
+        (monotonic) failed, or one has not come back within AWAY_AFTER_S (counted from ``since`` at the
+        earliest); otherwise, the sender (another process) says so in the spool."""
+        if self._lock_fd is not None:
+            failed, attempt = self._failed_attempt, self._attempt_since
+            return ((failed is not None and failed >= since)
+                    or (attempt is not None and time.monotonic() - max(attempt, since) >= AWAY_AFTER_S))
+        return self._lock_busy and (self.spool.dir / AWAY).exists()  # a note without a live sender is stale
+
+    def away(self, since: float = 0.0) -> bool:
+        """Whether Kafka does not answer: delivery fails (:meth:`failing`) and no bootstrap address accepts a
+        connection now. A broker that answers but refuses (credentials, a leader moving) is not away."""
+        if not self.failing(since):
+            return False
+        now = time.monotonic()
+        if self._probed is None or now - self._probed[0] >= PROBE_EVERY_S:
+            self._probed = (now, not bootstrap_answers(self.settings.bootstrap))
+        return self._probed[1]
+
+    def retry_now(self) -> None:
+        """Try again at once, cutting a backoff short (once): an exiting agent's last word on whether Kafka answers."""
+        self._retry_now = True
+        self.notify()
+
+    def say_away(self) -> None:
+        """As the instance's sender, note in the spool that Kafka does not answer (the next agents read it at exit)."""
+        path = self.spool.dir / AWAY
+        if self._lock_fd is None or path.exists():
+            return
+        try:
+            path.write_text(f"{time.time():.3f} {self.last_error or 'no answer'}\n")
+        except OSError:
+            pass
+
+    def _answer(self) -> None:
+        """Kafka acknowledged a round of sends: delivery works (the spool's note, if any, is removed)."""
+        self._failed_attempt = None
+        try:
+            (self.spool.dir / AWAY).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+    def wait_delivered(self, target: Position, timeout: float, unless_away: bool = False) -> bool:
+        """Block until everything before ``target`` is acknowledged, or ``timeout`` s passed.
+
+        ``unless_away``: try once more at once, and stop waiting as soon as that try (or the instance's
+        sender, when another process sends) says Kafka does not answer (:meth:`away`).
+        """
+        since = time.monotonic()
+        deadline = since + timeout
+        if unless_away:
+            self.retry_now()
+        while True:
+            with self._cond:
+                if self._acked >= target:
+                    return True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -202,7 +276,10 @@ class Deliverer:
                 self._cond.wait(min(left, 0.1 if self._lock_fd is not None else 0.02))
                 if self._lock_fd is None:  # someone else delivers: watch its cursor
                     self._acked = max(self._acked, self.spool.load_cursor())
-            return True
+                if self._acked >= target:
+                    return True
+            if unless_away and self.away(since):  # the probe runs without the lock the sender needs
+                return False
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop sending (what is not acknowledged stays in the spool) and release the lock."""
@@ -239,7 +316,9 @@ class Deliverer:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
+            self._lock_busy = True
             return False
+        self._lock_busy = False
         self._lock_fd = fd
         self._acked = max(self._acked, self.spool.load_cursor())
         return True
@@ -267,8 +346,9 @@ class Deliverer:
         """Wait ``seconds`` after a failed attempt: new records do not cut it short (no retry storm), a stop does."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        while not self._stopping and (left := deadline - loop.time()) > 0:
+        while not self._stopping and not self._retry_now and (left := deadline - loop.time()) > 0:
             await self._sleep(left)
+        self._retry_now = False
 
     async def _learn_limits(self) -> bool:
         """Ask the cluster for each topic's max.message.bytes; keep what is known when it cannot tell."""
@@ -376,6 +456,7 @@ class Deliverer:
                     continue
                 transient: BaseException | None = None
                 refused = False
+                self._attempt_since = time.monotonic()
                 try:
                     if producer is None:
                         if learned < 3:  # until the cluster told us (or three tries: then the setting/stock limit)
@@ -390,6 +471,11 @@ class Deliverer:
                     transient, refused = await self._send_all(producer, records)
                 except Exception as exc:  # KafkaError, OSError, timeouts: the records stay spooled
                     transient = exc
+                if transient is not None:  # said before the cause is probed: an exiting agent need not wait
+                    self._failed_attempt = self._attempt_since
+                    with self._cond:
+                        self._cond.notify_all()
+                self._attempt_since = None
                 self._advance(records)
                 if refused and producer is not None:  # a fresh producer: new batch sizes, clean sequence numbers
                     p, producer = producer, None
@@ -400,6 +486,7 @@ class Deliverer:
                     if failures == 1 or (failures % 20 == 0):  # name the cause: credentials, TLS, nothing there...
                         self._cause_line = await self._cause()
                     self.last_error = self._cause_line or f"{type(transient).__name__}: {transient}"
+                    self.say_away()
                     if failures == 1:
                         log.warning("cannot deliver to Kafka at %s (%s); events wait in the spool %s",
                                     self.settings.bootstrap, self.last_error, self.spool.dir)
@@ -410,6 +497,7 @@ class Deliverer:
                     continue
                 if failures:
                     log.info("delivery to Kafka resumed after %d failed attempts", failures)
+                self._answer()
                 failures = 0
                 self._cause_line = None
         finally:

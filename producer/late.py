@@ -21,13 +21,14 @@ from typing import Any, Sequence
 
 from flightrec.settings import Settings
 
+from flightrec.producer.tokens import TOKEN_ENV, alive_tokens, carriers, describe
+
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "FLIGHTREC_STAGE_TOKEN"  # set in CMD's environment: marks the processes the stage started
 CHUNK = 1 << 20
 POLL_S = 0.05
 HOLDER_SCAN_S = 1.0  # how often /proc is scanned for processes the stages started
-QUIET_S = 1.0  # a seal waits until a stage's late output was quiet this long (or FLIGHTREC_LATE_WAIT passed)
+SEAL_SCAN_S = 0.2  # the same while a seal waits for a stage's late output
 MAX_FDS = 253  # fds one hand-off may carry (Linux SCM_MAX_FD): two pipes, two outputs, the followed files
 LOCK = "late.lock"  # flock: taken to hand a stage off, and by the late-output process to end
 LOG = "late.log"  # where the late-output process says what went wrong (it holds no terminal)
@@ -128,7 +129,7 @@ def hand_off(h: Handoff, spool_dir: Path) -> int:
         except (OSError, ValueError):
             pid = 0
         with sock:
-            (spool_dir / f"late-{h.token}").write_text(f"{h.boot_id} {pid}")
+            (spool_dir / f"late-{h.token}").write_text(f"{h.boot_id} {pid} {h.stage}")
             data = pickle.dumps(h)
             sent = socket.send_fds(sock, [data[:4096]], h.fds())
             sock.sendall(data[sent:])
@@ -150,63 +151,97 @@ def _start(spool_dir: Path, addr: bytes) -> int:
     return proc.pid
 
 
-def alive_tokens(tokens: set[str]) -> set[str]:
-    """Those of ``tokens`` that a running process carries (one a stage started, or its descendants)."""
-    needles = {f"{TOKEN_ENV}={t}\0".encode(): t for t in tokens}
-    found: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or len(found) == len(tokens):
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read() + b"\0"
-            hits = {t for n, t in needles.items() if n in env and t not in found}
-            if hits:
-                with open(f"/proc/{pid}/stat", "rb") as st:
-                    if st.read().rsplit(b")", 1)[1].split()[0] != b"Z":
-                        found |= hits
-        except OSError:
-            continue
-    return found
+@dataclass(frozen=True)
+class LateStage:
+    """A handed-off stage of a boot that the late-output process still records (registered as ``late-TOKEN``)."""
+
+    token: str
+    stage: str
+    late_pid: int  # the late-output process recording it
 
 
-def stage_alive(token: str) -> bool:
-    """Whether a process carrying the stage's token (one the stage started, or its descendants) still runs."""
-    return bool(alive_tokens({token}))
+def late_stages(spool_dir: Path, boot_id: str, gone: list[LateStage] | None = None) -> list[LateStage]:
+    """The boot's stages whose late output is still recorded.
 
-
-def _registered(spool_dir: Path, boot_id: str) -> list[Path]:
+    Registrations whose late-output process is gone (killed) are removed, and added to ``gone``.
+    """
     out = []
-    for p in spool_dir.glob("late-*"):
+    for p in sorted(spool_dir.glob("late-*")):
+        if p.name.startswith(LEFT):
+            continue
         try:
-            boot, pid = p.read_text().split()
-            if boot != boot_id:
-                continue
-            os.kill(int(pid), 0)
-            out.append(p)
+            boot, pid, *stage = p.read_text().split(" ", 2)
         except (OSError, ValueError):
+            continue
+        if boot != boot_id:
+            continue
+        st = LateStage(p.name[len("late-"):], stage[0] if stage else "?", int(pid) if pid.isdigit() else 0)
+        try:
+            os.kill(st.late_pid, 0) if st.late_pid > 0 else None
+        except OSError:
             p.unlink(missing_ok=True)  # its process is gone
+            if gone is not None:
+                gone.append(st)
+            continue
+        out.append(st)
     return out
 
 
-def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> int:
-    """Before a seal: ask the late-output process to spool what this boot's stages have and stop recording them.
+def still_writing(stage: LateStage) -> str:
+    """'stage benchmark (pid 12 (sh daemon.sh /var/log/d.log))': what still writes a stage's late output."""
+    pids = carriers({stage.token}).get(stage.token, [])
+    return f"stage {stage.stage}" + (f" ({describe(pids)})" if pids else "")
 
-    Each stage records on until its output was quiet for 1 s or ``wait`` s passed, then
-    spools its last lines and stops recording (its bytes are still passed on). Returns
-    how many stages were still recording when this gave up (0: the boot's late output is all spooled).
+
+LEFT = "late-left-"  # late-left-BOOT-TOKEN: what still wrote a stage's late output when a seal stopped recording it
+REQUEST = "seal-request-"  # seal-request-BOOT: a seal of the boot waits (holds the sealing process's pid)
+
+
+def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> list[str]:
+    """Before a seal: wait until the boot's late output is all spooled; say what still wrote it after ``wait``.
+
+    Each handed-off stage of the boot is recorded until nothing that can still write its
+    late output is left: every holder of its pipes closed them, and every process the
+    stage started that could write its followed files exited (quiet is not an end: a daemon
+    loading its parameters is quiet for seconds, then fails). After ``wait`` seconds the
+    late-output process spools what it has and stops recording; what still ran then is
+    returned ('stage benchmark (pid 12 (...))'), and what it writes later is passed on but
+    not recorded. Returns [] when the boot's late output is complete.
     """
-    late = _registered(spool_dir, boot_id)
-    if not late:
-        return 0
-    (spool_dir / f"seal-request-{boot_id}").touch()
+    gone: list[LateStage] = []
+    late = late_stages(spool_dir, boot_id, gone)
+    if not late and not gone:
+        return []
+    request = spool_dir / f"{REQUEST}{boot_id}"
+    request.write_text(str(os.getpid()))  # a seal that is killed while it waits asks for nothing any more
     deadline = time.monotonic() + wait + 5.0
     while late and time.monotonic() < deadline:
         time.sleep(POLL_S)
-        late = _registered(spool_dir, boot_id)
-    if late:
+        late = late_stages(spool_dir, boot_id, gone)
+    request.unlink(missing_ok=True)
+    left = [f"stage {st.stage} (its late-output process, pid {st.late_pid}, is gone: what the stage's leftovers "
+            "write is passed on by the keeper, unrecorded)" for st in gone]
+    for p in sorted(spool_dir.glob(f"{LEFT}{boot_id}-*")):
+        try:
+            left.append(p.read_text())
+        except OSError:
+            continue
+        p.unlink(missing_ok=True)
+    if late:  # the late-output process did not answer in time: name what it still records
         log.warning("%d stages of boot %s did not stop recording late output in time", len(late), boot_id)
-    return len(late)
+        left += [f"{still_writing(st)}, after waiting {wait:g}s" for st in late]
+    return left
+
+
+def _requester_alive(request: Path) -> bool:
+    """Whether the seal that wrote ``request`` still waits (a killed seal must not stop the recording)."""
+    try:
+        os.kill(int(request.read_text()), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError):  # being written, or a pid we may not signal: assume it waits
+        return True
+    return True
 
 
 class _Stage:
@@ -220,7 +255,7 @@ class _Stage:
         self.spool_dir = spool_dir
         s = h.settings
         self.reg = spool_dir / f"late-{h.token}"
-        self.request = spool_dir / f"seal-request-{h.boot_id}"
+        self.request = spool_dir / f"{REQUEST}{h.boot_id}"
         kw = dict(max_line=s.max_line, tail_lines=0)
         self.pipes: dict[int, tuple[HandedPipe, Any]] = {}
         for p in h.pipes:
@@ -238,16 +273,25 @@ class _Stage:
         self.last_data = time.monotonic()
         self.holders_seen = time.monotonic()
         self.request_seen: float | None = None
+        self.unrecorded_lines = 0  # lines passed on after a seal stopped recording the stage
 
     @property
     def done(self) -> bool:
         return not self.pipes and not (self.recording and self.files)
 
-    def stop_recording(self) -> None:
-        """Spool every line of the stage and stop recording it (its pipes are still passed on)."""
+    def stop_recording(self, left: str | None = None) -> None:
+        """Spool every line of the stage and stop recording it (its pipes are still passed on).
+
+        ``left``: what still writes the stage's output (a seal stopped waiting for it); noted for the seal.
+        """
         if not self.recording:
             return
         self.recording = False
+        if left is not None:
+            try:
+                (self.spool_dir / f"{LEFT}{self.h.boot_id}-{self.h.token}").write_text(left)
+            except OSError as exc:
+                log.warning("cannot note what still writes stage %s for the seal: %s", self.h.stage, exc)
         for _p, b in self.pipes.values():
             b.close()
         self.close_files()
@@ -284,7 +328,9 @@ class _Stage:
                 os.close(p.out_fd)
                 p = dataclasses.replace(p, out_fd=None)
                 self.pipes[fd] = (p, b)
-        if self.recording:
+        if not self.recording:
+            self.unrecorded_lines += data.count(b"\n")
+        else:
             parts = [data]
             if p.early:  # written before CMD exited, read only now
                 parts = [data[:p.early], data[p.early:]]
@@ -333,16 +379,20 @@ class _Stage:
             b.tick()
         for _f, b in self.files:
             b.tick()
+        if self.request_seen is None and self.request.exists():
+            self.request_seen = now
+        if self.request_seen is not None and not _requester_alive(self.request):
+            self.request_seen = None  # the seal was killed while it waited: record on as before
         if self.files and not self.pipes and alive is not None:
             if self.h.token in alive:
                 self.holders_seen = now
+            elif self.request_seen is not None:  # a seal waits: nothing that could write the files is left
+                self.close_files()  # (the scan came before this step's read: the writers' last bytes are in)
             elif now - self.last_data >= self.h.settings.follow_grace and now - self.holders_seen >= HOLDER_SCAN_S:
                 self.close_files()  # nothing the stage started runs any more, and the files are quiet
-        if self.request_seen is None and self.request.exists():
-            self.request_seen = now
-        if self.request_seen is not None and (now - self.last_data >= QUIET_S
-                                              or now - self.request_seen >= self.h.settings.late_wait):
-            self.stop_recording()
+        if self.request_seen is not None and now - self.request_seen >= self.h.settings.late_wait:
+            left = still_writing(LateStage(self.h.token, self.h.stage, os.getpid()))
+            self.stop_recording(f"{left}, after waiting {self.h.settings.late_wait:g}s")
 
 
 class _Late:
@@ -416,7 +466,8 @@ class _Late:
                             self.keeper.release(fd)
                 now = time.monotonic()
                 alive = None
-                if now - self.scanned >= HOLDER_SCAN_S:  # one /proc scan for every stage that follows files
+                sealing = any(st.request_seen is not None for st in self.stages)
+                if now - self.scanned >= (SEAL_SCAN_S if sealing else HOLDER_SCAN_S):  # one /proc scan for all
                     want = {st.h.token for st in self.stages if st.recording and st.files and not st.pipes}
                     if want:
                         alive, self.scanned = alive_tokens(want), now
@@ -425,6 +476,9 @@ class _Late:
                 for st in [st for st in self.stages if st.done]:
                     st.stop_recording()
                     self.stages.remove(st)
+                    if st.unrecorded_lines:
+                        log.warning("stage %s (boot %s): %d lines passed on after the seal were not recorded",
+                                    st.h.stage, st.h.boot_id, st.unrecorded_lines)
                 if not self.stages and self._may_end():
                     if self.keeper is not None:
                         self.keeper.end()

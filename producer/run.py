@@ -28,9 +28,10 @@ from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
-from flightrec.producer.late import TOKEN_ENV, HandedFile, HandedPipe, Handoff, hand_off, stage_alive
-from flightrec.producer.term import (FORWARDED, PtyPair, SignalWatcher, StageSignals, read_eof, strip_control,
-                                     unblock_in_child)
+from flightrec.producer.late import HandedFile, HandedPipe, Handoff, hand_off
+from flightrec.producer.tokens import TOKEN_ENV, stage_alive
+from flightrec.producer.term import (FORWARDED, GroupGuard, PtyPair, SignalWatcher, StageSignals,
+                                     foreground_at_terminal, read_eof, strip_control, unblock_in_child)
 from flightrec.producer.term import block as block_signals
 
 log = logging.getLogger(__name__)
@@ -221,9 +222,12 @@ def _start_error(exc: OSError, cmd: str) -> tuple[int, str]:
     return 126, f"{cmd}: cannot execute: {exc.strerror or exc}"
 
 
-def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair]) -> subprocess.Popen[bytes]:
-    """Start CMD like a shell would: an executable without ``#!`` (ENOEXEC) runs under /bin/sh."""
-    kw: dict = dict(env=env, bufsize=0, preexec_fn=unblock_in_child,
+def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair], own_group: bool) -> subprocess.Popen[bytes]:
+    """Start CMD like a shell would: an executable without ``#!`` (ENOEXEC) runs under /bin/sh.
+
+    ``own_group``: CMD leads a process group of its own (set before it runs, so no signal can miss it).
+    """
+    kw: dict = dict(env=env, bufsize=0, preexec_fn=unblock_in_child, process_group=0 if own_group else None,
                     stdout=ptys[1].slave if 1 in ptys else subprocess.PIPE,
                     stderr=ptys[2].slave if 2 in ptys else subprocess.PIPE)
     try:
@@ -256,6 +260,7 @@ class _Run:
     follows: list[tuple[FileFollower, SourceBatcher]]
     ptys: dict[int, PtyPair]
     sigs: StageSignals
+    guard: GroupGuard | None = None
     started_us: int = 0
     t0: float = 0.0
     proc: subprocess.Popen[bytes] | None = None
@@ -286,10 +291,15 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
     with _signals_to(r.sigs):
         r.started_us = now_us()
         r.t0 = time.monotonic()
+        r.guard = GroupGuard() if r.sigs.own_group else None
         try:
-            r.proc = _spawn(r.argv, r.env, r.ptys)
+            r.proc = _spawn(r.argv, r.env, r.ptys, r.sigs.own_group)
         except OSError as exc:
+            if r.guard is not None:
+                r.guard.release()
             return _report_start_error(r, exc)
+        if r.guard is not None:
+            r.guard.watch(r.proc.pid)
         _pump(r)
         _wait(r)
     return _report(r, seal_on_success)
@@ -308,7 +318,10 @@ def _prepare(agent: SyncAgent, stage: str, argv: list[str], tails: Sequence[str]
         _fd, offset, ino = f.state()
         write_claim(agent.spool.dir, agent.boot_id, f.path, Claim(token, ino, offset))
     ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
-    sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
+    # A job at a terminal's prompt keeps CMD in its process group (job control, the terminal's signals and stdin
+    # as without the agent); anywhere else CMD gets a group of its own and every signal through the agent, once.
+    own_group = threading.current_thread() is threading.main_thread() and not foreground_at_terminal()
+    sigs = StageSignals(ptys, own_group)
     return _Run(agent, stage, argv, tails, passthrough, token, env, kw, follows, ptys, sigs)
 
 
@@ -319,8 +332,8 @@ def _signals_to(sigs: StageSignals) -> Iterator[None]:
     old_handlers = {}
     old_mask: set[int] | None = None
     if threading.current_thread() is threading.main_thread():
-        old_mask = block_signals()
-        watcher = SignalWatcher(sigs)
+        old_mask = block_signals(sigs.handled)
+        watcher = SignalWatcher(sigs, sigs.handled)
         watcher.start()
         for s in FORWARDED:  # only reached by threads that do not block them (a library caller's)
             old_handlers[s] = signal.signal(s, lambda n, _f: sigs(n, 0))
@@ -383,8 +396,12 @@ def _wait(r: _Run) -> None:
     """Wait for CMD; then for its outputs to close, or hand what it left behind to the late-output process."""
     proc, sigs = r.proc, r.sigs
     assert proc is not None
-    with heartbeat(r.agent, r.stage, proc.pid):  # liveness while CMD runs
-        r.rc = proc.wait()
+    try:
+        with heartbeat(r.agent, r.stage, proc.pid):  # liveness while CMD runs
+            r.rc = proc.wait()
+    finally:
+        if r.guard is not None:
+            r.guard.release()  # CMD ended: what it left running on purpose is not the guard's
     sigs.exited = True
     r.ended_us = now_us()
     r.duration = time.monotonic() - r.t0

@@ -60,14 +60,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_SSL_CERTFILE", "", "Client certificate for TLS client authentication."),
     Setting("FLIGHTREC_SSL_KEYFILE", "", "Client key for TLS client authentication."),
     Setting("FLIGHTREC_FACTS", "", "JSON file of InstanceFacts fields that override the agent's probe (e.g. a simulated RTX 4090 on a CPU machine); GPU fields there skip nvidia-smi."),
-    Setting("FLIGHTREC_FLUSH_TIMEOUT", "10", "Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool."),
+    Setting("FLIGHTREC_FLUSH_TIMEOUT", "10", "Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool. Not waited for when Kafka does not answer (an attempt made at exit fails, or one has not come back for 2 s, and no bootstrap address accepts a TCP connection): the stage ends as fast as without the agent."),
     Setting("FLIGHTREC_MAX_MESSAGE_BYTES", "", "Largest Kafka message the agent builds, in bytes. Unset: each topic's max.message.bytes as the cluster describes it, else Kafka's stock 1048588. Set it where the agent may not describe topic configs, or to stay below them."),
     Setting("FLIGHTREC_MAX_LINE", "65536", "Longest log line shipped, in bytes; longer lines are cut and flagged truncated."),
     Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
     Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds `agent run` keeps reading followed files after CMD exits when no process the stage started still holds them (it stops earlier once every followed file exists and was quiet for 1 s)."),
     Setting("FLIGHTREC_SEAL_WAIT", "10", "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded."),
     Setting("FLIGHTREC_HEARTBEAT_S", "30", "Seconds between the agent's heartbeats while a stage runs (0: none); an unsealed instance silent for 3 intervals has status `lost`."),
-    Setting("FLIGHTREC_LATE_WAIT", "10", "Seconds a seal waits for late output (lines that processes left behind by a stage are still writing) before it closes the boot; late output is then passed on but no longer recorded."),
+    Setting("FLIGHTREC_LATE_WAIT", "60", "Seconds a seal waits at most for late output: until every process a stage left behind that can still write it (holds its pipes, or carries its token while its files are followed) has ended. Quiet is not an end: a proving daemon loads tens of GB of parameters for seconds before a GPU error. What still writes then is named in the seal; its later lines are passed on but not recorded."),
     Setting("FLIGHTREC_WEBHOOK", "", "The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL (same as `materialize --webhook`)."),
     Setting("FLIGHTREC_ALERT_ON", "failed,lost,below_min_rate,incomplete", "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`)."),
     Setting("FLIGHTREC_DASHBOARD_URL", "http://localhost:8501", "The dashboard's address, for the links in alerts."),
@@ -130,7 +130,7 @@ class Settings:
     seal_wait: float = 10.0
     max_message_bytes: int | None = None
     heartbeat_s: float = 30.0
-    late_wait: float = 10.0
+    late_wait: float = 60.0
     webhook: str | None = None
     alert_on: str | None = None
     dashboard_url: str = "http://localhost:8501"

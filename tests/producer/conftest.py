@@ -98,7 +98,8 @@ def spool_events(root: Path, instance: str) -> list[Event]:
 # What an agent with no broker says on its own stderr about that (and only that): aiokafka's refused
 # connection, the deliverer's "cannot deliver", the agent's "not yet acknowledged ... they stay in".
 _AWAY_LOG = re.compile(rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ (aiokafka[\w.]*|flightrec\.producer\.deliver"
-                       rb"|flightrec\.producer\.agent(?=: \d+ events of .* not yet acknowledged)): [^\n]*\n", re.M)
+                       rb"|flightrec\.producer\.agent(?=: \d+ events of .* (?:not yet acknowledged|Kafka at .* does not answer))): [^\n]*\n",
+                       re.M)
 
 
 def without_away_log(stderr: bytes) -> bytes:

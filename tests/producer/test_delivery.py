@@ -71,9 +71,8 @@ def test_agent_sigkilled_then_flush_delivers_everything_spooled(agent_env, tmp_p
     assert p.stdout is not None
     _wait_for_line(p.stdout, b"tick 2000\n")
     time.sleep(0.3)  # let a batch or two reach the spool
-    os.kill(p.pid, signal.SIGKILL)
+    os.kill(p.pid, signal.SIGKILL)  # the agent's guard ends CMD's process group then
     p.wait(30)
-    os.killpg(p.pid, signal.SIGKILL)  # CMD too (it would die of SIGPIPE at its next line anyway)
     sp = Spool(agent_env.spool, agent_env.instance)
     recs, _ = sp.read(Position(0, 0), sp.committed_end(), max_bytes=1 << 40)
     spooled = [decode(r.value) for r in recs]

@@ -56,3 +56,51 @@ def test_entrypoint_gpu_failure_is_explained(agent_env, tmp_path: Path) -> None:
     assert not any(isinstance(e, Lifecycle) and e.stage == "supervisor" for e in evs)
     assert isinstance(evs[-1], Sealed) and evs[-1].event_count == len(evs)  # sealed before it may be destroyed
     assert [e.seq for e in evs] == list(range(len(evs)))
+
+
+# flightrec without flightrec: `agent run [FLAGS] -- CMD` runs CMD itself; every other command does nothing
+NO_AGENT = """#!/bin/sh
+[ "$1 $2" = "agent run" ] || exit 0
+while [ "$1" != "--" ]; do shift; done
+shift
+exec "$@"
+"""
+
+
+def test_broker_away_costs_the_entrypoint_nothing_and_flush_delivers_everything_once(agent_env, tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import time
+
+    from flightrec.producer.spool import instance_dir
+    from flightrec.schemas import Event, decode
+
+    stub = tmp_path / "no-agent"
+    stub.write_text(NO_AGENT)
+    stub.chmod(0o755)
+
+    def timed(env: dict[str, str]) -> float:
+        t0 = time.monotonic()
+        p = subprocess.run(["bash", str(ENTRYPOINT)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        return time.monotonic() - t0
+
+    with socket.socket() as held:  # bound, never listening: every connection to it is refused
+        held.bind(("127.0.0.1", 0))
+        away = f"127.0.0.1:{held.getsockname()[1]}"
+        env = _env(agent_env, tmp_path, FLIGHTREC_BOOTSTRAP=away, FLIGHTREC_FLUSH_TIMEOUT="10")
+        without = timed({**env, "FLIGHTREC": str(stub), "WORK": str(tmp_path / "work0")})
+        took = timed(env)
+    assert took < without + 5, f"the 5-stage entrypoint took {took:.1f}s under the agent, {without:.1f}s without"
+    spooled = len(list(instance_dir(agent_env.spool, agent_env.instance).glob("*.seg")))
+    assert spooled and not agent_env.events(), "nothing may have reached Kafka while it was away"
+
+    r = agent_env.run("flush", "--timeout", "60")
+    assert r.returncode == 0, r.stderr
+    evs: list[Event] = agent_env.events()
+    assert evs and isinstance(evs[-1], Sealed)
+    assert [e.seq for e in evs] == list(range(len(evs))) == list(range(evs[-1].event_count))  # each once, none lost
+    assert len({e.event_id for e in evs}) == len(evs)
+    assert {decode(m.value).event_id for m in agent_env.kafka.consume() if m.key == agent_env.instance.encode()} \
+        == {e.event_id for e in evs}

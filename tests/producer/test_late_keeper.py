@@ -81,6 +81,9 @@ def test_the_keeper_ends_with_the_late_output_process(tmp_path: Path) -> None:
 def test_sigkill_of_the_late_output_process_leaves_the_daemon_running_and_passed_on(tmp_path: Path) -> None:
     spool, out, mark, late = _run_daemon(tmp_path, N_LINES)
     assert _wait(lambda: b"daemon line 3\n" in out.read_bytes(), 10)
+    # the keeper holds copies from the moment the late-output process took the hand-off (docs/agent.md)
+    log_file = spool / "late.log"
+    assert _wait(lambda: log_file.exists() and "handed off" in log_file.read_text(errors="replace"), 30)
     assert not mark.exists(), "the daemon ended before the test could kill the late-output process"
     os.kill(late, signal.SIGKILL)  # as the OOM killer would
     assert _wait(mark.exists, 30), (

@@ -4,8 +4,11 @@ Checked at the agent's spool (``spool_env``); one case goes through the real bro
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from flightrec.schemas import InstanceFacts, Lifecycle, ProcessExit, Sealed
@@ -72,3 +75,73 @@ def test_the_seal_waits_for_a_slow_nvidia_smi(spool_env, tmp_path: Path) -> None
     _one_sealed_boot(evs)
     (facts,) = [e for e in evs if isinstance(e, InstanceFacts)]
     assert facts.gpu_model == "NVIDIA H200" and facts.cuda_version == "12.4"
+
+
+def test_a_daemon_meant_to_live_on_holds_a_healthy_seal_at_most_the_late_wait(spool_env, tmp_path: Path) -> None:
+    # the supervisor leaves its prover running (holding the stage's stdout, quiet), then ends normally
+    env = spool_env.env(FLIGHTREC_LATE_WAIT="1.5")
+    pidfile = tmp_path / "prover.pid"
+    script = f'sleep 30 & echo $! > {pidfile}; echo "supervisor: prover started"; exit 0'
+    with open(tmp_path / "out", "wb") as out:  # a file, as a container's log (a pipe would wait for the prover)
+        t0 = time.monotonic()
+        r = spool_env.run("run", "--stage", "supervisor", "--no-facts", "--", "sh", "-c", script, env=env,
+                          capture_output=False, stdout=out, stderr=out)
+        took = time.monotonic() - t0
+    prover = int(pidfile.read_text())
+    try:
+        assert r.returncode == 0, (tmp_path / "out").read_text()
+        assert took < 1.5 + 3.0, f"the healthy seal took {took:.1f}s with FLIGHTREC_LATE_WAIT=1.5"
+        seal = _one_sealed_boot(spool_env.events())
+        assert "late output still running when sealed" in seal.reason, seal.reason
+        assert f"stage supervisor (pid {prover} (sleep 30)), after waiting 1.5s" in seal.reason, seal.reason
+        assert Path(f"/proc/{prover}").exists()  # the prover is untouched
+    finally:
+        os.kill(prover, signal.SIGKILL)
+
+
+LATE_STAGE = 'sh -c \'sleep {delay}; echo "daemon: the decisive line"\' & echo "stage: started the daemon"; exit 1'
+
+
+def _late_lines(evs: list, sealed: Sealed) -> list[str]:
+    from flightrec.schemas import LogBatch
+
+    return [t for b in evs if isinstance(b, LogBatch) and b.seq < sealed.seq for t in b.text]
+
+
+def test_a_seal_killed_while_it_waits_does_not_stop_the_recording(spool_env, tmp_path: Path) -> None:
+    env = spool_env.env(FLIGHTREC_LATE_WAIT="1")
+    with open(tmp_path / "out", "wb") as out:
+        r = spool_env.run("run", "--stage", "benchmark", "--", "sh", "-c", LATE_STAGE.format(delay=3), env=env,
+                          capture_output=False, stdout=out, stderr=out)
+    assert r.returncode == 1
+    seal = subprocess.Popen(spool_env.argv("seal"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.6)  # it asked the late-output process to finish the stage, and waits
+    seal.kill()
+    seal.wait()
+    time.sleep(1.5)  # longer than FLIGHTREC_LATE_WAIT: a seal still waiting would have stopped the recording
+    assert spool_env.run("seal", env=env).returncode == 0
+    evs = spool_env.events()
+    sealed = _one_sealed_boot(evs)
+    assert "daemon: the decisive line" in _late_lines(evs, sealed), sealed.reason
+
+
+def test_a_late_output_process_killed_while_the_seal_waits_is_named(spool_env, tmp_path: Path) -> None:
+    env = spool_env.env(FLIGHTREC_LATE_WAIT="30")
+    with open(tmp_path / "out", "wb") as out:
+        r = spool_env.run("run", "--stage", "benchmark", "--", "sh", "-c", LATE_STAGE.format(delay=5), env=env,
+                          capture_output=False, stdout=out, stderr=out)
+    assert r.returncode == 1
+    inst = spool_env.spool / spool_env.instance
+    deadline = time.monotonic() + 30
+    while not ((inst / "late.log").exists() and "handed off" in (inst / "late.log").read_text()):
+        assert time.monotonic() < deadline, "the late-output process never took the stage"
+        time.sleep(0.05)
+    late = int((inst / "late.pid").read_text())
+    seal = subprocess.Popen(spool_env.argv("seal"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    os.kill(late, signal.SIGKILL)  # the OOM killer, mid-wait
+    _out, err = seal.communicate(timeout=60)
+    assert seal.returncode == 0
+    sealed = _one_sealed_boot(spool_env.events())
+    assert "stage benchmark (its late-output process" in sealed.reason and "is gone" in sealed.reason, sealed.reason
+    assert b"is gone" in err

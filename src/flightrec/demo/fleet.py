@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Sequence
 
 FATES = ("healthy", "no_kernel_image", "cuda_oom", "params_download", "too_slow", "daemon_signal", "destroyed")
+READY_S = 2.0  # the benchmark gives up on a daemon not ready this long after it began loading
+LOADING_S = 3.0  # the no_kernel_image daemon loads this long, silent, before its CUDA error (after the script gave up)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ def daemon(args: argparse.Namespace) -> int:
     w(f"prover daemon starting, pid {os.getpid()}")
     w("loading parameters from /params/groth16-k22.params")
     time.sleep(0.3)
-    if args.fate == "no_kernel_image":
+    if args.fate == "no_kernel_image":  # as in the field: seconds of loading, silent, after the benchmark gave up
+        time.sleep(LOADING_S)
         w("initialising CUDA device 0")
         w("CUDA error: no kernel image is available for execution on the device (cudaErrorNoKernelImageForDevice)")
         w("fatal: GPU self-test failed, exiting")
@@ -135,10 +138,20 @@ def benchmark(args: argparse.Namespace) -> int:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     log = Path(args.log)
+    ready = False
     while proc.poll() is None and time.monotonic() < deadline:  # wait for "ready", or for the daemon's death
-        if log.exists() and "ready: listening" in log.read_text(errors="replace"):
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "ready: listening" in text:
+            ready = True
             break
+        if "loading parameters" in text:  # started: now it has READY_S to be ready
+            deadline = min(deadline, time.monotonic() + READY_S)
         time.sleep(0.1)
+    if not ready and proc.poll() is None:  # the seed's failure: the script gives up, the daemon loads on and
+        # writes why it failed to its own log seconds after the script exited (the seal waits for that line)
+        _say(f"benchmark: prover daemon (pid {proc.pid}) not ready after {READY_S:g} s", err=True)
+        _say("benchmark: 0 proofs (0 proofs/hour)", "benchmark exited with error", err=True)
+        return 1
     if proc.poll() is not None:
         if proc.returncode < 0:
             name = signal.Signals(-proc.returncode).name

@@ -1,0 +1,188 @@
+"""A signal reaches the wrapped command exactly once, whoever sends it, and a killed agent leaves nothing behind.
+
+The senders of docs/agent.md's table: a process that signals the agent alone, one that signals the agent's whole
+process group (``kill -- -PGID``, ``tini -g``), GNU ``timeout`` (the agent, then its group), ``timeout -k`` for a
+command that ignores SIGTERM, and at a terminal (a real pseudo-terminal): job control. The terminal's own Ctrl-C
+is tested in test_dropin.py. Checked at the agent's spool (``spool_env``): Kafka adds nothing here."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PY = sys.executable
+
+# counts every SIGINT and SIGTERM it gets (Python's C-level handler writes one byte per signal to the wakeup fd),
+# busy so that two deliveries are taken apart rather than merged; prints them 1.5 s after the first one came
+COUNTER = r"""
+import os, signal, sys, time
+r, w = os.pipe()
+os.set_blocking(w, False)
+os.set_blocking(r, False)
+signal.set_wakeup_fd(w)
+for s in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(s, lambda n, f: None)
+open(sys.argv[1], "w").write("ready")
+got, first, deadline = b"", None, time.time() + float(sys.argv[2])
+while time.time() < deadline and (first is None or time.time() < first + 1.5):
+    try:
+        got += os.read(r, 100)
+        first = first or time.time()
+    except BlockingIOError:
+        pass
+print(" ".join(signal.Signals(n).name for n in got) or "none", flush=True)
+"""
+
+
+def _wait_ready(ready: Path, p: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert ready.exists(), p.communicate(timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_whole_process_group_reaches_cmd_once(spool_env, tmp_path: Path, signum: int) -> None:
+    # `setsid flightrec agent run -- CMD`, then another process sends `kill -INT -- -PGID` (tini -g, a script)
+    ready = tmp_path / "ready"
+    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
+                         env=spool_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    _wait_ready(ready, p)
+    os.killpg(p.pid, signum)
+    out, err = p.communicate(timeout=60)
+    assert out.decode().split() == [signal.Signals(signum).name], err.decode()[-2000:]
+    assert p.returncode == 0
+
+
+def test_gnu_timeout_gives_cmd_one_sigterm(spool_env, tmp_path: Path) -> None:
+    # timeout signals the agent, then its whole process group, then sends SIGCONT to both
+    ready = tmp_path / "ready"
+    r = subprocess.run(["timeout", "3", *spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready),
+                                                       "30")],
+                       env=spool_env.env(), capture_output=True, timeout=120, start_new_session=True)
+    assert r.stdout.decode().split() == ["SIGTERM"], r.stderr.decode()[-2000:]
+    assert r.returncode == 124  # timed out
+
+
+def test_timeout_k_ends_a_stage_that_ignores_sigterm(spool_env, tmp_path: Path) -> None:
+    # the command and its child ignore SIGTERM; timeout's SIGKILL (to the agent and its group) must still end both
+    pids = tmp_path / "pids"
+    script = f'trap "" TERM; sleep 60 & echo "$$ $!" > {pids}; wait'
+    t0 = time.monotonic()
+    r = subprocess.run(["timeout", "-k", "1", "2", *spool_env.argv("run", "--stage", "s", "--", "sh", "-c", script)],
+                       env=spool_env.env(), capture_output=True, timeout=120, start_new_session=True)
+    assert r.returncode in (137, -signal.SIGKILL), r.stderr  # timeout killed the group, itself included
+    assert time.monotonic() - t0 < 20
+    left = [int(x) for x in pids.read_text().split()]
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in left if _alive(pid)], "the stage's processes outlived the agent's SIGKILL"
+
+
+def test_sigkill_of_the_agent_alone_leaves_no_orphan(spool_env, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    ready = tmp_path / "ready"
+    script = f'sleep 60 & echo "$$ $!" > {pids}; touch {ready}; wait'
+    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", "sh", "-c", script), env=spool_env.env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _wait_ready(ready, p)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    left = [int(x) for x in pids.read_text().split()]
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in left if _alive(pid)], "the stage's processes outlived the agent"
+
+
+def test_a_daemon_the_stage_leaves_behind_outlives_a_normal_end(spool_env, tmp_path: Path) -> None:
+    # the guard that ends a SIGKILLed agent's stage must not end what a stage that ended normally left running
+    pidfile = tmp_path / "pid"
+    with open(tmp_path / "out", "wb") as out:
+        r = subprocess.run(spool_env.argv("run", "--stage", "s", "--", "sh", "-c",
+                                          f"sleep 60 > /dev/null 2>&1 & echo $! > {pidfile}"),
+                           env=spool_env.env(FLIGHTREC_FOLLOW_GRACE="0"), stdout=out, stderr=out, timeout=60,
+                           start_new_session=True)
+    pid = int(pidfile.read_text())
+    try:
+        assert r.returncode == 0
+        time.sleep(1)
+        assert _alive(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _pty_shell(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """An interactive bash with job control on a new pseudo-terminal (a terminal window)."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+
+    def ctty() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    p = subprocess.Popen(["bash", "--norc", "--noprofile", "-i"], env={**env, "PS1": "$ ", "TERM": "dumb"},
+                         stdin=slave, stdout=slave, stderr=slave, start_new_session=True, preexec_fn=ctty)
+    os.close(slave)
+    return p, master
+
+
+def _read_until(master: int, pattern: str, timeout: float = 30.0) -> str:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            try:
+                seen += os.read(master, 65536)
+            except OSError:
+                break
+            if re.search(pattern, seen.decode(errors="replace")):
+                return seen.decode(errors="replace")
+    raise AssertionError(f"{pattern!r} not seen on the terminal: {seen.decode(errors='replace')!r}")
+
+
+def test_job_control_at_a_terminal_still_works(spool_env, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    p, master = _pty_shell(spool_env.env())
+    try:
+        _read_until(master, r"\$ $")
+        cmd = shlex.join(spool_env.argv("run", "--stage", "s", "--", "sh", "-c", f"touch {ready}; sleep 3; echo slept"))
+        os.write(master, f"{cmd}\n".encode())
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.write(master, b"\x1a")  # Ctrl-Z
+        _read_until(master, r"Stopped")
+        time.sleep(1)
+        os.write(master, b"jobs -l\n")
+        _read_until(master, r"Stopped")
+        os.write(master, b"fg\n")
+        _read_until(master, r"slept")
+        os.write(master, b"echo rc=$?\n")
+        _read_until(master, r"rc=0")
+        os.write(master, b"exit\n")
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
