@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -385,9 +384,6 @@ EXAMPLES: dict[str, str] = {
 }
 
 
-_PRAGMA = re.compile(r"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*pragma\b", re.IGNORECASE | re.DOTALL)
-
-
 def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Table, bool]:
     """Run the console's read-only SQL; return at most ``max_rows`` rows and whether it was cut.
 
@@ -400,11 +396,11 @@ def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Tabl
     check_read_only(text)
     import duckdb
 
-    kind = duckdb.extract_statements(text)[0].type.name
+    statement = duckdb.extract_statements(text)[0]
     prelude = prelude_for(text)  # every shared view it names, the money ones too
-    pragma = _PRAGMA.match(text) is not None  # DuckDB parses `PRAGMA show_tables` as a SELECT: no subquery
-    if kind == "SELECT" and not pragma:
-        t = run_query(db, f"SELECT * FROM (\n{text}\n) LIMIT {int(max_rows) + 1}", prelude=prelude)
+    if statement.type.name == "SELECT":  # the query DuckDB made of it (a describing PRAGMA: its SELECT)
+        query = statement.query.strip().rstrip(";")
+        t = run_query(db, f"SELECT * FROM (\n{query}\n) LIMIT {int(max_rows) + 1}", prelude=prelude)
     else:
         t = run_query(db, text, prelude=prelude)
     cut = t.num_rows > max_rows

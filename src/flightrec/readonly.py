@@ -1,28 +1,31 @@
 """Which SQL a reader may run: decided by DuckDB's own parser, from an allow-list of what statements do.
 
 A statement passes when DuckDB parses it as exactly one statement of an allowed
-type and, for queries, its syntax tree (``json_serialize_sql``) calls only
-table functions that read and no scalar function that changes state:
+type and the syntax tree (``json_serialize_sql``) of the query DuckDB made of it
+calls only table functions that read and no scalar function that changes state:
 
-- ``SELECT`` (also ``SHOW``, ``DESCRIBE``, ``SUMMARIZE``, ``FROM t``, ``VALUES``, which
-  DuckDB parses as SELECT), with every table function on :data:`READ_TABLE_FUNCTIONS`
-  and no function on :data:`WRITING_FUNCTIONS`;
-- ``EXPLAIN`` / ``EXPLAIN ANALYZE`` of such a SELECT, and of nothing else;
-- ``PRAGMA`` of one that only describes (:data:`READ_PRAGMAS`).
+- ``SELECT`` (also ``SHOW``, ``DESCRIBE``, ``SUMMARIZE``, ``FROM t``, ``VALUES``, and a
+  PRAGMA that describes, which DuckDB itself turns into a SELECT of ``pragma_*()``),
+  with every table function on :data:`READ_TABLE_FUNCTIONS` and no function on
+  :data:`WRITING_FUNCTIONS`;
+- ``EXPLAIN`` / ``EXPLAIN ANALYZE`` of such a SELECT, and of nothing else: the explained
+  statement is cut where DuckDB's lexer says it begins (``duckdb.tokenize``).
 
+No text pattern decides anything: DuckDB nests ``/* */`` comments, and its lexer and
+parser read comments, casing and whitespace as DuckDB will when it runs the text
+(``tests/test_readonly_parse.py`` wraps refused statements in generated comments).
 Everything else is refused with the reason: SET/RESET/USE, CALL and CHECKPOINT,
 ATTACH/DETACH, COPY, EXPORT/IMPORT, LOAD/INSTALL, transactions, CREATE/ALTER/DROP,
-DML, PREPARE/EXECUTE, VACUUM/ANALYZE, statement types this DuckDB adds later, and a
-query whose tree cannot be checked. This is the first of several walls: the live
-path also runs reads in a read-only transaction on a database whose configuration
-is locked and whose file access is off (see flightrec.consumers.serve).
+DML, PREPARE/EXECUTE, VACUUM/ANALYZE, PRAGMAs that change something, statement types
+this DuckDB adds later, and a query whose tree cannot be checked. This is the first of
+several walls: the live path also runs reads in a read-only transaction on a database
+whose configuration is locked and whose file access is off (see flightrec.consumers.serve).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 import threading
 from typing import Any, Callable
 
@@ -34,7 +37,7 @@ from flightrec.errors import QueryError
 ALLOWED_TYPES = frozenset({"SELECT", "EXPLAIN", "PRAGMA"})
 
 # PRAGMAs that only describe the database; the others change settings or state.
-READ_PRAGMAS = frozenset({"table_info", "show", "show_tables", "show_tables_expanded", "database_list",
+READ_PRAGMAS = frozenset({"table_info", "show_tables", "show_tables_expanded", "database_list",
                           "database_size", "storage_info", "metadata_info", "version", "platform", "functions",
                           "collations", "user_agent"})
 
@@ -55,37 +58,95 @@ READ_TABLE_FUNCTIONS = frozenset({
 })
 
 # Scalar functions that change state (sequences, the random seed, the log) or run SQL text.
-WRITING_FUNCTIONS = frozenset({"nextval", "setval", "setseed", "write_log", "query", "query_table",
+WRITING_FUNCTIONS = frozenset({"nextval", "setval", "setseed", "write_log", "query", "query_table", "enable_logging",
+                               "disable_logging", "truncate_duckdb_logs",
                                "json_execute_serialized_sql", "checkpoint", "force_checkpoint"})
-
-_COMMENT = r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
-_PRAGMA = re.compile(_COMMENT + r"PRAGMA\s+(\w+)", re.IGNORECASE | re.DOTALL)
-_PRAGMA_ARGS = re.compile(r"\s*(?:\(\s*(?:'[^']*'|\"[^\"]*\"|\w+)?\s*\))?\s*;?\s*\Z")
-_EXPLAIN = re.compile(_COMMENT + r"EXPLAIN" + _COMMENT + r"(?:ANALY[SZ]E\b)?" + _COMMENT
-                      + r"(?:\((?:[^()'\"]|'[^']*'|\"[^\"]*\")*\))?", re.IGNORECASE | re.DOTALL)
-_VIEW = re.compile(_COMMENT + r"CREATE\s+(?:OR\s+REPLACE\s+)?TEMP(?:ORARY)?\s+VIEW\s+"
-                   r"(?:\"[^\"]*\"|\w+)(?:\s*\.\s*(?:\"[^\"]*\"|\w+))*\s*(?:\([^()]*\))?\s*AS\b(.*)\Z",
-                   re.IGNORECASE | re.DOTALL)
 
 _parser_lock = threading.Lock()
 _parser: duckdb.DuckDBPyConnection | None = None
 
 
-def statement_types(sql: str) -> list[str]:
-    """DuckDB's statement type names for ``sql`` ('UNKNOWN' for a type this package does not know)."""
+def _parse(sql: str) -> list[Any]:
+    """DuckDB's own statements for ``sql`` (its parser: nested comments, casing, whitespace as DuckDB reads them)."""
     try:
-        statements = duckdb.extract_statements(sql)
+        return list(duckdb.extract_statements(sql))
     except duckdb.Error as exc:
         raise QueryError(f"the query does not parse: {exc}") from exc
     except ValueError:  # a statement type the Python enum lacks (e.g. UPDATE EXTENSIONS)
-        return ["UNKNOWN"]
-    out = []
-    for s in statements:
-        try:
-            out.append(s.type.name)
-        except ValueError:
-            out.append("UNKNOWN")
-    return out
+        return [None]
+
+
+def _type(statement: Any) -> str:
+    try:
+        return str(statement.type.name)
+    except (AttributeError, ValueError):
+        return "UNKNOWN"
+
+
+def statement_types(sql: str) -> list[str]:
+    """DuckDB's statement type names for ``sql`` ('UNKNOWN' for a type this package does not know)."""
+    return [_type(s) for s in _parse(sql)]
+
+
+def _words(sql: str) -> list[tuple[int, Any, str]]:
+    """DuckDB's lexer's tokens of ``sql``: (position, kind, text up to the next token, blanks and comments included).
+
+    Comments are not tokens, so however they nest they can neither hide a word nor make one.
+    """
+    tokens = duckdb.tokenize(sql)
+    return [(pos, kind, sql[pos:tokens[i + 1][0] if i + 1 < len(tokens) else len(sql)])
+            for i, (pos, kind) in enumerate(tokens)]
+
+
+def _keyword(word: tuple[int, Any, str], *names: str) -> bool:
+    """Whether the token is one of the keywords ``names`` (its text up to the first non-word character)."""
+    text = word[2]
+    n = 0
+    while n < len(text) and (text[n].isalnum() or text[n] == "_"):
+        n += 1
+    return word[1] == duckdb.token_type.keyword and text[:n].upper() in names
+
+
+def _after_parens(words: list[tuple[int, Any, str]], i: int) -> int:
+    """The index after the parenthesised group starting at ``words[i]`` (len(words) when it never closes)."""
+    depth = 0
+    for j in range(i, len(words)):
+        if words[j][1] == duckdb.token_type.operator:
+            depth += words[j][2].count("(") - words[j][2].count(")")
+        if depth <= 0:
+            return j + 1
+    return len(words)
+
+
+def _explained(sql: str) -> str:
+    """The statement an EXPLAIN [ANALYZE] [(options)] wraps, cut where DuckDB's lexer says it begins."""
+    words = _words(sql)
+    i = 1  # words[0] is EXPLAIN (the statement's type says so)
+    if i < len(words) and _keyword(words[i], "ANALYZE", "ANALYSE"):
+        i += 1
+    if i < len(words) and words[i][1] == duckdb.token_type.operator and words[i][2].startswith("("):
+        i = _after_parens(words, i)
+    return sql[words[i][0]:] if i < len(words) else ""
+
+
+def _view_body(stmt: str) -> str | None:
+    """The query of ``CREATE [OR REPLACE] TEMP|TEMPORARY VIEW name [(columns)] AS query``, by DuckDB's lexer; else None."""
+    words = _words(stmt)
+    i = 0
+    if not (words and _keyword(words[0], "CREATE")):
+        return None
+    i = 1
+    if i + 1 < len(words) and _keyword(words[i], "OR") and _keyword(words[i + 1], "REPLACE"):
+        i += 2
+    if not (i + 1 < len(words) and _keyword(words[i], "TEMP", "TEMPORARY") and _keyword(words[i + 1], "VIEW")):
+        return None
+    i += 2
+    while i < len(words) and not _keyword(words[i], "AS"):  # the name (dotted, quoted), then (columns)
+        if words[i][1] == duckdb.token_type.operator and words[i][2].startswith("("):
+            i = _after_parens(words, i)
+        else:
+            i += 1
+    return stmt[words[i + 1][0]:] if i + 1 < len(words) else None
 
 
 def _syntax_tree(sql: str) -> dict[str, Any]:
@@ -149,37 +210,31 @@ def _cached(check: Callable[[str], None]) -> Callable[[str], None]:
 
 @_cached
 def check_read_only(sql: str) -> None:
-    """Raise QueryError unless ``sql`` is exactly one statement a reader may run (see the module doc)."""
-    kinds = statement_types(sql)
-    if len(kinds) != 1:
-        raise QueryError(f"one statement at a time, please (got {len(kinds)})")
-    kind = kinds[0]
-    pragma = _PRAGMA.match(sql)
-    if pragma and kind in ("SELECT", "PRAGMA"):  # DuckDB 1.5 parses a describing PRAGMA as a SELECT of pragma_*()
-        _check_pragma(sql, pragma)
-        return
-    if kind not in ALLOWED_TYPES:
-        raise QueryError(f"only read-only queries are allowed here, not {kind}: "
-                         "use SELECT, EXPLAIN SELECT, or a PRAGMA that describes the database")
+    """Raise QueryError unless ``sql`` is exactly one statement a reader may run (see the module doc).
+
+    Judged only from DuckDB's parse: the statement's type, and the syntax tree of the query DuckDB
+    made of it (a describing PRAGMA comes back as its SELECT of ``pragma_*()``); for EXPLAIN, the
+    statement DuckDB's lexer finds after EXPLAIN [ANALYZE] [(options)], judged the same way.
+    """
+    statements = _parse(sql)
+    if len(statements) != 1:
+        raise QueryError(f"one statement at a time, please (got {len(statements)})")
+    statement, kind = statements[0], _type(statements[0])
     if kind == "SELECT":
-        check_query(sql)
+        check_query(statement.query)
     elif kind == "EXPLAIN":
-        m = _EXPLAIN.match(sql)
-        inner = sql[m.end():] if m else ""
-        inner_kinds = statement_types(inner) if inner.strip() else ["nothing"]
+        inner = _explained(sql)
+        inner_statements = _parse(inner) if inner.strip() else []
+        inner_kinds = [_type(s) for s in inner_statements] or ["nothing"]
         if inner_kinds != ["SELECT"]:
             raise QueryError(f"only read-only queries are allowed here: EXPLAIN of a SELECT, not of "
                              f"{' and '.join(inner_kinds)} (EXPLAIN ANALYZE runs its statement)")
-        check_query(inner, "the explained query")
-    else:  # a PRAGMA statement that does not start with the word (the regex above takes those)
+        check_query(inner_statements[0].query, "the explained query")
+    elif kind == "PRAGMA":  # a describing PRAGMA parses as a SELECT: this one changes something
         raise QueryError("only PRAGMAs that read are allowed here: " + ", ".join(sorted(READ_PRAGMAS)))
-
-
-def _check_pragma(sql: str, m: re.Match[str]) -> None:
-    """A describing PRAGMA from the allow-list, whose one argument (if any) is a plain name or literal."""
-    if m.group(1).lower() not in READ_PRAGMAS or not _PRAGMA_ARGS.match(sql, m.end()):
-        raise QueryError("only PRAGMAs that read are allowed here, with at most one name or quoted "
-                         "argument: " + ", ".join(sorted(READ_PRAGMAS)))
+    else:
+        raise QueryError(f"only read-only queries are allowed here, not {kind}: "
+                         "use SELECT, EXPLAIN SELECT, or a PRAGMA that describes the database")
 
 
 @_cached
@@ -187,7 +242,7 @@ def check_prelude(stmt: str) -> None:
     """Raise QueryError unless ``stmt`` is exactly one ``CREATE [OR REPLACE] TEMP VIEW ... AS <query>``
     whose query passes :func:`check_query` (a view's body runs whenever a later query names it)."""
     kinds = statement_types(stmt)
-    m = _VIEW.match(stmt)
-    if kinds != ["CREATE"] or not m:
+    body = _view_body(stmt) if kinds == ["CREATE"] else None
+    if body is None:
         raise QueryError(f"a prelude may only hold single CREATE TEMP VIEW statements, not {stmt[:80]!r}")
-    check_query(m.group(1), "a prelude view")
+    check_query(body, "a prelude view")

@@ -121,6 +121,19 @@ def test_sql_console_runs_a_describing_pragma(arrow_db, open_page, sql):
     assert len(at.dataframe[0].value) > 0
 
 
+@pytest.mark.parametrize("sql", ["/* /* */ PRAGMA version(' */ SELECT * FROM query($$SELECT 7$$) --')",
+                                 "EXPLAIN ANALYZE /* /* */ SELECT 1 --*/ CHECKPOINT",
+                                 "/* /* */ pragma version(' */ SELECT * FROM enable_logging() --')"])
+def test_sql_console_refuses_what_nested_comments_hide(arrow_db, open_page, sql):
+    """DuckDB nests /* */ comments: the console's check is DuckDB's parse, so the hidden statement is refused."""
+    db, _ = arrow_db
+    at = open_page(db, "sql")
+    next(t for t in at.text_area).input(sql).run()
+    assert at.error, "the console ran it"
+    said = at.error[0].value
+    assert "refused" in said and ("read-only" in said or "may not" in said), said
+
+
 @pytest.mark.parametrize("make", ["text", "empty", "directory"])
 def test_a_path_that_is_no_database_says_so(tmp_path, open_page, make, monkeypatch):
     """Not "held by another process": the file is no DuckDB database (a typo in --db, a half-copied file)."""

@@ -1,0 +1,117 @@
+"""The statement check is DuckDB's parse, not a pattern: comments, nesting, casing and whitespace change no verdict."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flightrec.errors import QueryError
+from flightrec.query import check_read_only
+
+# What the check must refuse: statements that change state, and reads that call what changes state or runs SQL text.
+REFUSED = [
+    "CHECKPOINT", "SELECT * FROM checkpoint()", "SELECT * FROM force_checkpoint()", "SELECT * FROM enable_logging()",
+    "SELECT * FROM disable_logging()", "SELECT * FROM truncate_duckdb_logs()", "CALL enable_logging()",
+    "SELECT * FROM query('SELECT 7')", "SELECT * FROM query($$SELECT 7$$)", "SELECT * FROM query_table('instances')",
+    "SELECT nextval('s')", "SELECT setseed(0.5)", "SET threads = 1", "PRAGMA enable_profiling",
+    "DELETE FROM instances", "EXPLAIN ANALYZE CHECKPOINT", "EXPLAIN ANALYZE SELECT * FROM enable_logging()",
+    "EXPLAIN ANALYZE DELETE FROM instances", "INSERT INTO t VALUES (1)", "ATTACH ':memory:' AS x",
+]
+ALLOWED = ["SELECT 1", "PRAGMA version", "PRAGMA show_tables", "PRAGMA table_info('t')", "EXPLAIN SELECT 1",
+           "EXPLAIN ANALYZE SELECT 1", "SELECT * FROM range(3)"]
+
+# The attacks that fooled the text patterns (DuckDB nests /* */ comments; a regex did not).
+TRICKS = [
+    "/* /* */ PRAGMA version(' */ SELECT * FROM query($$SELECT 7$$) --')",
+    "EXPLAIN ANALYZE /* /* */ SELECT 1 --*/ CHECKPOINT",
+    "EXPLAIN ANALYZE /* /* */ SELECT 1 --*/ SELECT * FROM enable_logging()",
+    "/* /* */ PRAGMA version(' */ SELECT * FROM enable_logging() --')",
+    "EXPLAIN /* /* */ SELECT 1 --*/ ANALYZE SELECT * FROM checkpoint()",
+    "/**/PRAGMA/**/version/* /* */ */; CHECKPOINT",
+]
+
+
+@pytest.mark.parametrize("sql", TRICKS)
+def test_nested_comment_tricks_are_refused(sql: str) -> None:
+    with pytest.raises(QueryError):
+        check_read_only(sql)
+
+
+@pytest.mark.parametrize("sql", ALLOWED)
+def test_reads_still_pass(sql: str) -> None:
+    check_read_only(sql)
+
+
+# Wrappers DuckDB's lexer takes as blanks: comments (nested too), whitespace; and keyword casing.
+_blank = st.one_of(
+    st.sampled_from([" ", "\n", "\t", "  \n "]),
+    st.builds(lambda t: f"-- {t}\n", st.text(alphabet="abc */'$-;()", max_size=8)),
+    st.builds(lambda t: f"/* {t} */", st.text(alphabet="abc'$-;()", max_size=8)),
+    st.builds(lambda t: f"/* /* {t} */ */", st.text(alphabet="abc'$-;()", max_size=8)),
+    st.just("/* PRAGMA version */"),
+    st.just("/* /* */ PRAGMA version ' */"),
+)
+_blanks = st.lists(_blank, min_size=1, max_size=4).map("".join)
+
+
+def _recase(sql: str, flips: list[bool]) -> str:
+    out = []
+    quoted = False
+    for i, ch in enumerate(sql):
+        quoted ^= ch == "'"
+        out.append(ch.swapcase() if not quoted and flips[i % len(flips)] and ch.isalpha() and i < 12 else ch)
+    return "".join(out)
+
+
+def _wrap(sql: str, before: str, after: str, flips: list[bool]) -> str:
+    words = _recase(sql, flips).split(" ")
+    return before + words[0] + after + " " + " ".join(words[1:])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sql=st.sampled_from(REFUSED), before=_blanks, after=_blanks, flips=st.lists(st.booleans(), min_size=1))
+def test_no_wrapping_of_a_refused_statement_passes(sql: str, before: str, after: str, flips: list[bool]) -> None:
+    text = _wrap(sql, before, after, flips)
+    try:
+        duckdb.extract_statements(text)
+    except duckdb.Error:
+        return  # not SQL any more: DuckDB would not run it either
+    with pytest.raises(QueryError):
+        check_read_only(text)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sql=st.sampled_from(ALLOWED), before=_blanks, after=_blanks, flips=st.lists(st.booleans(), min_size=1))
+def test_no_wrapping_changes_the_verdict_on_a_read(sql: str, before: str, after: str, flips: list[bool]) -> None:
+    text = _wrap(sql, before, after, flips)
+    try:
+        duckdb.extract_statements(text)
+    except duckdb.Error:
+        return
+    check_read_only(text)
+
+
+def test_tricks_change_nothing_on_the_live_path(tmp_path) -> None:
+    """Through the materializer's live endpoint: every trick refused, no logging switched on, no checkpoint run."""
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+    from flightrec.live import query_live
+
+    db = tmp_path / "fr.duckdb"
+    store = Store(db, "g")
+    try:
+        def state() -> tuple:
+            return (store.con.execute("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall(),
+                    store.con.execute("SELECT count(*) FROM duckdb_logs").fetchall())
+
+        before = state()
+        with QueryServer(store.con.cursor(), db):
+            for sql in TRICKS:
+                with pytest.raises(QueryError):
+                    query_live(db, sql)
+            assert query_live(db, "PRAGMA version").num_rows == 1
+        assert state() == before
+    finally:
+        store.close()
