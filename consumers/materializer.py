@@ -158,6 +158,7 @@ class Materializer:
                 reader_root = await self._in_writer(self._store.con.cursor)
                 self._server = QueryServer(reader_root, opts.db)
                 self._server.start()
+                self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
             self._consumer = AIOKafkaConsumer(
                 **self.kafka_kwargs, enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000,

@@ -11,7 +11,17 @@ settings are made, so even a statement the check missed cannot change a setting
 of the writer (memory_limit, threads, default_order ...), and turns file access,
 extension autoloading and Python replacement scans off for the whole database.
 Queries run past ``query_timeout`` are interrupted. The socket is made owner-only
-(0600). The protocol (Arrow Flight DoGet, the ticket's layout, refusals) is
+(0600).
+
+The writer always wins: a cursor shares the writer's memory, so a read that grows
+(a huge aggregate, a sort of everything) could leave the writer's next commit
+without memory. While reads run, a watchdog samples DuckDB's memory every
+``WATCH_S``; when the query operators' memory (hash tables, sorts, windows) passes
+``READER_SHARE`` of the memory limit, or what reads spilled to disk passes
+``READER_SPILL_BYTES``, it interrupts the running reads, which are told in one line
+that the query is too large for a live read and what to do instead. And should a
+commit still meet "Out of Memory", the store interrupts the reads and commits again
+(:meth:`QueryServer.make_room`, given to ``Store.make_room``). The protocol (Arrow Flight DoGet, the ticket's layout, refusals) is
 ``flightrec.live``, which readers import too.
 
 Why cursors of the writer and not a separate read-only instance: DuckDB lets no
@@ -27,6 +37,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +51,22 @@ from flightrec.query import check_read_only, execute_read_only
 
 log = logging.getLogger(__name__)
 ONLY_READS = "this endpoint answers read-only queries only (Flight DoGet with a flightrec.live ticket)"
+WATCH_S = 0.05  # how often the memory of running reads is looked at
+READER_SHARE = 0.5  # of the memory limit that the operators of running reads may hold, the rest is the writer's
+READER_SPILL_BYTES = 1 << 30  # what running reads may spill to disk next to the database
+OPERATOR_TAGS = ("HASH_TABLE", "ORDER_BY", "WINDOW")  # duckdb_memory() tags of query operators' memory
+TOO_LARGE = ("the query is too large for a live read ({why}): it was stopped so that the materializer keeps "
+             "committing. Narrow it (a WHERE on instance_id or ts_us, a LIMIT, fewer DISTINCT keys), or run it on a "
+             "copy of the database (`cp {db} /tmp/copy.duckdb` while no commit runs, or `flightrec replay --db "
+             "/tmp/copy.duckdb`), where it competes with nothing")
+_UNITS = {"B": 1, "BYTES": 1, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4, "KIB": 1024,
+          "MIB": 1024 ** 2, "GIB": 1024 ** 3, "TIB": 1024 ** 4}
+
+
+def memory_bytes(setting: str) -> int:
+    """DuckDB's memory_limit as it shows it ('488.2 MiB') in bytes."""
+    number, _, unit = setting.strip().partition(" ")
+    return int(float(number) * _UNITS.get(unit.strip().upper() or "B", 1))
 
 
 class _FlightServer(flight.FlightServerBase):
@@ -93,9 +120,17 @@ class QueryServer:
         self.db = db
         self.path = socket_path(db)
         self.query_timeout = query_timeout
-        self.counters = {"queries_served": 0, "errors_total": 0}
+        self.counters = {"queries_served": 0, "errors_total": 0, "reads_stopped": 0}
         self._server: _FlightServer | None = None
         self._lock = threading.Lock()
+        self._running: dict[int, Any] = {}  # id -> cursor of each read running now
+        self._stopped: dict[int, str] = {}  # id -> why the watchdog (or a commit) stopped it
+        self._watcher: threading.Thread | None = None
+        self._wake = threading.Condition(self._lock)
+        self._closing = False
+        limit = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchone()
+        self.memory_limit = memory_bytes(limit[0]) if limit else 0
+        self._probe = con.cursor()  # the watchdog's own cursor (a cursor is used by one thread at a time)
 
     def count(self, name: str) -> None:
         """Add one to a counter (from any serving thread)."""
@@ -109,6 +144,9 @@ class QueryServer:
         check_read_only(sql)
         with self._lock:  # cursors are created from the writer connection one at a time
             cur = self.con.cursor()
+            key = id(cur)
+            self._running[key] = cur
+            self._start_watching()
         timer = threading.Timer(self.query_timeout, cur.interrupt)
         try:
             timer.start()
@@ -117,6 +155,11 @@ class QueryServer:
             cur.execute("BEGIN TRANSACTION READ ONLY")
             try:
                 table = execute_read_only(cur, sql, params, prelude)
+            except QueryError:
+                why = self._stopped.get(key)
+                if why is not None:
+                    raise QueryError(TOO_LARGE.format(why=why, db=self.db)) from None
+                raise
             finally:
                 try:
                     cur.execute("ROLLBACK")
@@ -126,7 +169,61 @@ class QueryServer:
             return table
         finally:
             timer.cancel()
+            with self._lock:
+                self._running.pop(key, None)
+                self._stopped.pop(key, None)
             cur.close()
+
+    def make_room(self, why: str) -> int:
+        """Interrupt every running read (the writer needs the memory); returns how many were running."""
+        with self._lock:
+            running = list(self._running.items())
+            for key, _cur in running:
+                self._stopped.setdefault(key, why)
+        for _key, cur in running:
+            try:
+                cur.interrupt()
+            except duckdb.Error:
+                pass
+        if running:
+            with self._lock:
+                self.counters["reads_stopped"] += len(running)
+            log.warning("stopped %d live reads: %s", len(running), why)
+        return len(running)
+
+    def _start_watching(self) -> None:
+        """(under the lock) The watchdog runs while reads run."""
+        if self._watcher is None or not self._watcher.is_alive():
+            self._watcher = threading.Thread(target=self._watch, name="flightrec-read-watch", daemon=True)
+            self._watcher.start()
+        self._wake.notify()
+
+    def _usage(self) -> tuple[int, int]:
+        """(bytes the query operators hold, bytes spilled to disk) in the whole database now."""
+        rows = self._probe.execute("SELECT tag, memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory()"
+                                   ).fetchall()
+        return (sum(m for tag, m, _t in rows if tag in OPERATOR_TAGS), sum(t for _tag, _m, t in rows))
+
+    def _watch(self) -> None:
+        """Sample the memory while reads run; stop them when they take what the writer needs."""
+        budget = int(self.memory_limit * READER_SHARE)
+        while True:
+            with self._lock:
+                while not self._running and not self._closing:
+                    self._wake.wait()
+                if self._closing:
+                    return
+            try:
+                held, spilled = self._usage()
+            except duckdb.Error as exc:  # the database is closing
+                log.debug("read watchdog: %s", exc)
+                return
+            if budget and held > budget:
+                self.make_room(f"its hash tables and sorts passed {budget >> 20} MiB, half of the "
+                               f"materializer's memory limit")
+            elif spilled > READER_SPILL_BYTES:
+                self.make_room(f"it spilled over {READER_SPILL_BYTES >> 20} MiB to disk next to the database")
+            time.sleep(WATCH_S)
 
     def __enter__(self) -> "QueryServer":
         self.start()
@@ -162,4 +259,9 @@ class QueryServer:
         if self._server is not None:
             self._server.shutdown()
             self._server = None
+        with self._lock:
+            self._closing = True
+            self._wake.notify_all()
+        if self._watcher is not None:
+            self._watcher.join(5.0)
         self.path.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ import time
 import uuid
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 import pyarrow as pa
@@ -29,6 +30,7 @@ from flightrec.errors import MaterializeError
 from flightrec.query import writer_notice_path
 
 log = logging.getLogger(__name__)
+OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in all, live reads stopped in between
 
 # The materialized tables (what replay must reproduce), in comparison order.
 MATERIALIZED_TABLES: tuple[str, ...] = (
@@ -173,6 +175,8 @@ class Store(RowWriter):
         self.run_id = str(uuid.uuid4())
         self.mode = mode
         self.totals = Stats()  # this run's commits, summed
+        self._totals_before = self.totals
+        self.make_room: Callable[[str], int] | None = None  # stops live reads when a commit runs out of memory
         self.started_us = time.time_ns() // 1000
         crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
         self.con = self._connect(lock_wait)
@@ -309,7 +313,26 @@ class Store(RowWriter):
         return {(t, p): o for t, p, o in rows}
 
     def commit(self, delta: Delta) -> Stats:
-        """Write one Delta and the offsets after it in one transaction; returns what it wrote."""
+        """Write one Delta and the offsets after it in one transaction; returns what it wrote.
+
+        The writer always wins: a commit that meets "Out of Memory" (live reads share the database's
+        memory) is rolled back, the running reads are stopped (``make_room``) and it runs again, up to
+        OOM_TRIES times; nothing of a failed try stays.
+        """
+        for attempt in range(1, OOM_TRIES + 1):
+            try:
+                return self._commit_once(delta) + Stats(oom_retried=attempt - 1)
+            except duckdb.OutOfMemoryException as exc:
+                stopped = self.make_room("a commit ran out of memory") if self.make_room is not None else 0
+                if attempt == OOM_TRIES:
+                    raise MaterializeError(f"could not commit a batch to {self.path}: {exc} (tried {attempt} times, "
+                                           f"stopping live reads in between); raise --memory-limit") from exc
+                log.warning("a commit ran out of memory (try %d of %d); %d live reads stopped, committing again",
+                            attempt, OOM_TRIES, stopped)
+                time.sleep(0.1 * attempt)
+        raise AssertionError("unreachable")
+
+    def _commit_once(self, delta: Delta) -> Stats:
         con = self.con
         try:
             con.execute("BEGIN TRANSACTION")
@@ -323,6 +346,9 @@ class Store(RowWriter):
                 con.execute("ROLLBACK")
             except duckdb.Error:
                 pass
+            if isinstance(exc, duckdb.OutOfMemoryException):
+                self.totals = self._totals_before  # the bookkeeping of the rolled-back try is undone
+                raise
             raise MaterializeError(f"could not commit a batch to {self.path}: {exc}") from exc
         return stats
 
@@ -331,6 +357,7 @@ class Store(RowWriter):
                                    RETURNING instance_id, boot_id, stage, event_id, kind""").to_arrow_table()
 
     def _bookkeeping(self, stats: Stats) -> None:
+        self._totals_before = self.totals
         self.totals = t = self.totals + stats
         self.con.execute(
             "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -101,7 +101,8 @@ def _run(opts: "object", settings: Settings) -> int:
               f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
               f"commits={stats.commits}"
               + (f" conflicts_retried={stats.conflicts_retried} fenced={stats.fenced} "
-                 f"catalog_waits={stats.catalog_waits}" if is_lake(opts.db) else ""),  # type: ignore[attr-defined]
+                 f"catalog_waits={stats.catalog_waits}" if is_lake(opts.db) else "")  # type: ignore[attr-defined]
+              + (f" oom_retried={stats.oom_retried}" if stats.oom_retried else ""),  # type: ignore[attr-defined]
               file=sys.stderr)
         return 0
 
