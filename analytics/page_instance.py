@@ -83,6 +83,18 @@ def facts(instance_id: str) -> dict | None:
     return f
 
 
+def rejected(instance_id: str) -> None:
+    """Messages of the instance kept as dead letters (an event id reused with other content first among them)."""
+    rows = fetch(queries.instance_rejected, instance_id)
+    if not rows.num_rows:
+        return
+    reused = sum("reused" in r for r in rows.column("reason").to_pylist())
+    st.warning(f"**{rows.num_rows} message{'s' if rows.num_rows > 1 else ''} of this instance kept as dead letters"
+               f"**{f' ({reused} an event id reused with other content: not stored, the first stays)' if reused else ''}"
+               ": a forger or a broken producer; see below.")
+    st.dataframe(rows.to_pandas(), hide_index=True, width="stretch", height=table_height(rows.num_rows, 200))
+
+
 def manager_events(instance_id: str) -> None:
     """What the manager said about the instance, in place."""
     events = fetch(queries.instance_manager_events, instance_id)
@@ -210,6 +222,7 @@ def body(instance_id: str) -> None:
     if facts(instance_id) is None:
         return
     failure_rows = failures(instance_id)
+    rejected(instance_id)
     manager_events(instance_id)
     timeline(instance_id)
     exits_and_throughput(instance_id)

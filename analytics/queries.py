@@ -158,6 +158,15 @@ def instance_manager_events(db: Db, instance_id: str) -> pa.Table:
         FROM manager_events WHERE instance_id = $id ORDER BY ts_us, seq""", {"id": instance_id})
 
 
+def instance_rejected(db: Db, instance_id: str) -> pa.Table:
+    """The instance's messages kept as dead letters (its key), newest first: an event id reused with other content,
+    a message that does not decode ... (reason, where it is in Kafka)."""
+    return q(db, """
+        SELECT reason, topic, "partition", "offset"
+        FROM dead_letters WHERE key = encode($id) ORDER BY topic, "partition", "offset" DESC LIMIT 50""",
+             {"id": instance_id})
+
+
 def manager_only_instances(db: Db, since_us: int | None = None) -> pa.Table:
     """Instances the manager rented (and did not give back) whose agent never sent an event: paid for, silent."""
     return q(db, """

@@ -2,13 +2,15 @@
 
 Guarantees: no I/O; the same messages give the same Delta; every message ends
 up either as rows or as exactly one dead letter with a reason; an event_id seen
-twice in one batch yields rows once (the store drops ids seen in earlier batches);
+twice in one batch yields rows once (the store drops ids seen in earlier batches), but
+an event_id that comes again with other bytes is a dead letter saying so (``reused``);
 no stored timestamp lies outside 1970-01-01..2200-01-01 and no seq beyond 2^40
 (such events are dead letters), so no reader's arithmetic can overflow.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
@@ -36,7 +38,7 @@ FILE_TAILS = event_fields("ProcessExit", "file_tails")[0].type
 _ENVELOPE = event_fields("Lifecycle", *ENVELOPE)
 _KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND below)
 
-EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR)])
+EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64)])
 LIFECYCLE = pa.schema(_ENVELOPE + [_KIND] + event_fields("Lifecycle", "stage", "state", "detail", "attributes")
                       + event_fields("Sealed", "event_count"))
 FACTS = event_schema("InstanceFacts")
@@ -128,6 +130,9 @@ class Delta:
     logs: pa.Table
     dead: pa.Table
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    # event id -> the Kafka record it came in (topic, partition, offset, key, value): for the store's dead letter
+    # when the id turns out to be stored already with other content (references to the fetched bytes, no copies)
+    origins: dict[str, tuple[str, int, int, bytes | None, bytes | None]] = field(default_factory=dict)
     messages: int = 0
     duplicates: int = 0
     skipped: int = 0
@@ -237,7 +242,18 @@ def _validate(kind: str, rec: dict[str, Any]) -> None:
         raise FoldError(f"event_count {rec['event_count']} beyond 0..{MAX_SEQ + 1}")
 
 
-def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
+def fingerprint(value: bytes) -> int:
+    """A 64-bit summary of a message's bytes (CRC-32 and length): a redelivery has the same, other content not."""
+    return (zlib.crc32(value) << 31) ^ len(value)
+
+
+def reused(event_id: str, stored: tuple[int, str], seq: int, kind: str) -> str:
+    """The dead letter's reason for an event id that came again with other content."""
+    return (f"conflict: event id {event_id} reused with other content: stored as seq {stored[0]} ({stored[1]}), "
+            f"this one is seq {seq} ({kind}); this one is kept here and not stored")
+
+
+def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int) -> None:
     """Append one decoded record's rows; raises FoldError (nothing appended) when it cannot."""
     env = _envelope(rec)
     kind = KIND[name]
@@ -280,7 +296,7 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
                              "params": _items(rec.get("params")), "seconds": rec.get("seconds"),
                              "min_rate": rec.get("min_rate"), "verdict": rec.get("verdict"),
                              "detail": rec.get("detail")})
-    b.add("events", {**env, "kind": kind, "stage": stage})
+    b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp})
 
 
 def fold(messages: Iterable[Message], codec: Codec | None = None,
@@ -294,7 +310,8 @@ def fold(messages: Iterable[Message], codec: Codec | None = None,
     codec = codec or default_codec()
     b = _Builder()
     offsets: dict[tuple[str, int], int] = {}
-    seen: set[str] = set()
+    seen: dict[str, tuple[int, int, str]] = {}  # event id -> (fingerprint, seq, kind) of its first message
+    origins: dict[str, tuple[str, int, int, bytes | None, bytes | None]] = {}
     n = dups = skipped = 0
     for msg in messages:
         n += 1
@@ -309,11 +326,17 @@ def fold(messages: Iterable[Message], codec: Codec | None = None,
             if keep is not None and not keep(rec.get("instance_id", ""), rec.get("ts_us", 0)):
                 skipped += 1
                 continue
-            if rec.get("event_id") in seen:
-                dups += 1
+            fp = fingerprint(msg.value or b"")
+            first = seen.get(rec.get("event_id"))  # type: ignore[arg-type]
+            if first is not None:
+                if first[0] == fp:
+                    dups += 1
+                else:
+                    _dead(b, msg, reused(rec["event_id"], first[1:], rec.get("seq", -1), KIND.get(name, name)), keep)
                 continue
-            _fold_one(b, name, rec)
-            seen.add(rec["event_id"])
+            _fold_one(b, name, rec, fp)
+            seen[rec["event_id"]] = (fp, rec["seq"], KIND[name])
+            origins[rec["event_id"]] = (msg.topic, msg.partition, msg.offset, msg.key, msg.value)
         except CodecError as exc:
             _dead(b, msg, f"decode: {exc.reason}", keep)
         except (FoldError, KeyError, TypeError, ValueError) as exc:
@@ -321,7 +344,7 @@ def fold(messages: Iterable[Message], codec: Codec | None = None,
     return Delta(
         events=b.table("events", EVENTS), lifecycle=b.table("lifecycle", LIFECYCLE), facts=b.table("facts", FACTS),
         exits=b.table("exits", EXITS), throughput=b.table("throughput", THROUGHPUT), logs=b.logs(),
-        dead=b.table("dead", DEAD), offsets=offsets, messages=n, duplicates=dups, skipped=skipped,
+        dead=b.table("dead", DEAD), offsets=offsets, origins=origins, messages=n, duplicates=dups, skipped=skipped,
         heartbeats=b.table("heartbeats", HEARTBEATS), manager=b.table("manager", MANAGER),
     )
 

@@ -353,6 +353,12 @@ class LakeStore(RowWriter):
         self.last_commit_us = time.time_ns() // 1000
         return stats
 
+    def _stored_events(self) -> str:
+        # as _insert_events: an id of this batch stored with the same ts_us sits in the files of its ts_us range (an
+        # id reused with another ts_us is not found here: the lake stores it as a new event)
+        return ("(SELECT * FROM main.events_seen WHERE ts_us BETWEEN (SELECT min(ts_us) FROM _d_events) "
+                "AND (SELECT max(ts_us) FROM _d_events))")
+
     def _insert_events(self) -> pa.Table:
         # A duplicate is the same event (same bytes, same ts_us), so only files whose ts_us range overlaps the
         # batch's can hold one: DuckLake prunes the others by the catalog's column statistics (2M events seen:

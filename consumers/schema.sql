@@ -216,7 +216,8 @@ CREATE TABLE IF NOT EXISTS events_seen (
     seq         BIGINT,
     ts_us       BIGINT,
     kind        VARCHAR,      -- lifecycle / facts / sealed / dropped / log / exit / sample / result / heartbeat
-    stage       VARCHAR
+    stage       VARCHAR,
+    fingerprint BIGINT        -- CRC-32 and length of the message: the same id with other bytes is a dead letter
 );
 
 -- Every InstanceFacts event, whole (instances holds the latest GPU facts).
@@ -261,6 +262,7 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
 -- Columns added after the first release: databases made before them gain them here.
 ALTER TABLE instances ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
 ALTER TABLE boots ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
+ALTER TABLE events_seen ADD COLUMN IF NOT EXISTS fingerprint BIGINT;  -- NULL for events stored before it
 ALTER TABLE log_lines ADD COLUMN IF NOT EXISTS late BOOLEAN; -- NULL for lines from before `late`: not late
 ALTER TABLE failures ADD COLUMN IF NOT EXISTS killed_by VARCHAR;  -- filled at the first open (Store)
 ALTER TABLE failures ADD COLUMN IF NOT EXISTS killed_by_evidence VARCHAR;

@@ -24,7 +24,7 @@ import pyarrow as pa
 from flightrec.consumers.classify import RuleTable, load_rules
 from flightrec.consumers.derive import affected_keys, arrow_views, recompute, recompute_failures
 from flightrec.consumers.liveness import merge_heartbeats
-from flightrec.consumers.fold import Delta
+from flightrec.consumers.fold import DEAD, Delta, reused
 from flightrec.consumers.stats import Stats
 from flightrec.errors import MaterializeError
 from flightrec.query import writer_notice_path
@@ -105,6 +105,7 @@ class RowWriter:
     def _write(self, delta: Delta) -> Stats:
         """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
         new = self._insert_events()
+        conflicts = self._conflicts(delta, new) if new.num_rows < delta.events.num_rows else 0
         lines = failures = 0
         if new.num_rows:
             first_sight = delta.duplicates == 0 and new.num_rows == delta.events.num_rows
@@ -117,8 +118,33 @@ class RowWriter:
         if delta.dead.num_rows:
             dead = self._insert_new("dead_letters", "_d_dead", ("topic", "partition", "offset"))
         return Stats(events_received=delta.messages, events_written=new.num_rows, lines_written=lines,
-                     duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows,
-                     dead_letters=dead, failures_written=failures, commits=1)
+                     duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows - conflicts,
+                     dead_letters=dead + conflicts, failures_written=failures, commits=1)
+
+    def _stored_events(self) -> str:
+        """The relation of stored events_seen rows an id of this batch can be found in (the lake narrows it)."""
+        return "main.events_seen"
+
+    def _conflicts(self, delta: Delta, new: pa.Table) -> int:
+        """The batch's events whose id is stored already with other bytes (fingerprint): each becomes a dead letter
+        with the reason (it is not stored; the first stays). A true redelivery (same bytes) is a duplicate."""
+        with arrow_views(self.con, _new_ids=new.select(["event_id"])):
+            rows = self.con.execute(f"""SELECT d.event_id, s.seq, s.kind, d.seq, d.kind
+                                        FROM (SELECT * FROM _d_events ANTI JOIN _new_ids USING (event_id)) d
+                                        JOIN {self._stored_events()} s USING (event_id)
+                                        WHERE s.fingerprint IS NOT NULL AND d.fingerprint <> s.fingerprint
+                                        """).fetchall()
+        if not rows:
+            return 0
+        dead = []
+        for event_id, stored_seq, stored_kind, seq, kind in rows:
+            topic, partition, offset, key, value = delta.origins[event_id]
+            dead.append({"topic": topic, "partition": partition, "offset": offset, "key": key, "value": value,
+                         "reason": reused(event_id, (stored_seq, stored_kind), seq, kind)})
+        with arrow_views(self.con, _d_conflicts=pa.Table.from_pylist(dead, schema=DEAD)):
+            n = self._insert_new("dead_letters", "_d_conflicts", ("topic", "partition", "offset"))
+        log.warning("%d events came again with an event id already stored with other content: dead letters", n)
+        return n
 
     def _insert_events(self) -> pa.Table:
         """Store the batch's event ids (``_d_events``); returns the keys of those stored for the first time:

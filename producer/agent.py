@@ -346,6 +346,31 @@ class _AgentBase:
             self._stage_member = before
             self.leave(member)
 
+    def note_late_losses(self) -> int:
+        """Lifecycle ``info`` events of the lines that stages' leftovers wrote while no late-output process recorded
+        them (it died; its keeper passed them on and left notes, flightrec.producer.keeper): one per stage, in the
+        current boot, with ``lost_lines`` and ``lost_bytes``; returns how many lines. Notes of older boots are
+        dropped (said in the log): their boot was sealed, and the seal named what still ran."""
+        from flightrec.producer.keeper import LOST, take_late_losses
+
+        if not isinstance(self.spool, Spool) or not any(self.spool.dir.glob(f"{LOST}*")):
+            return 0
+        boot_id = self.spool.boot()[0]
+        losses, files = take_late_losses(self.spool.dir, boot_id)
+        total = 0
+        for stage, (lines, size) in sorted(losses.items()):
+            self.event(stage, "info", detail=f"not recorded: {lines} lines ({size} bytes) that the stage's leftovers "
+                                             "wrote after its late-output process died (its keeper passed them on)",
+                       attributes={"lost_lines": str(lines), "lost_bytes": str(size), "late_output": "lost"})
+            total += lines
+        for p in files:
+            p.unlink(missing_ok=True)
+        for p in self.spool.dir.glob(f"{LOST}*"):
+            if not p.name.startswith(f"{LOST}{boot_id}-"):
+                log.warning("dropping %s: its boot is sealed (its late output was named by the seal)", p.name)
+                p.unlink(missing_ok=True)
+        return total
+
     def seal(self, reason: str = "", wait: float | None = None) -> Sealed:
         """The Sealed event closing this boot: it counts every event of the boot (itself included).
 
@@ -373,6 +398,7 @@ class _AgentBase:
                                                     f"{still_writing(st)}",
                            attributes={"seal_waits_for": "late_output", "late_wait_s": f"{late_wait:g}"})
             left_late = settle_late_output(self.spool.dir, boot_id, late_wait)
+            self.note_late_losses()  # what a dead late-output process's keeper passed on unrecorded, in this boot
         spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
 
         def make(boot: str, seq: int) -> Event:

@@ -6,7 +6,10 @@ the keeper only holds copies of each pipe's read end and of the output it is pas
 to, and never reads. When the late-output process ends normally it says so and the
 keeper exits; when it is gone without saying so, the keeper passes every pipe on to its
 output until the pipe's last writer closes it. Those bytes are no longer recorded: the
-keeper says so in ``late.log`` (with how many bytes it passed on) and does nothing else.
+keeper says so in ``late.log`` (with how many bytes it passed on) and leaves, every few seconds
+and at its end, a note per stage of the lines and bytes it passed on unrecorded
+(``late-lost-BOOT-...`` in the spool folder), which the instance's next agent turns into an event
+of the boot (:func:`take_late_losses`).
 
 It is forked by the late-output process before that starts any thread, and holds only its
 socket to it until it takes over.
@@ -14,6 +17,7 @@ socket to it until it takes over.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
@@ -21,13 +25,14 @@ import struct
 import time
 from pathlib import Path
 
-__all__ = ["Keeper"]
+__all__ = ["Keeper", "take_late_losses"]
 
 _KEEP, _RELEASE, _END = b"K", b"R", b"E"
-_MSG = struct.Struct("=ci")  # kind, the late-output process's number of the pipe
+_MSG = struct.Struct("=ci")  # kind, the late-output process's number of the pipe; a KEEP is followed by boot\tstage
 CHUNK = 1 << 16
 TITLE = "flightrec-agent keeper"
-
+LOST = "late-lost-"  # late-lost-BOOT-N: lines and bytes of a stage passed on unrecorded after the late-output process died
+NOTE_EVERY_S = 5.0
 
 class Keeper:
     """The late-output process's side: fork the keeper, hand it copies, release them, end it."""
@@ -47,18 +52,19 @@ class Keeper:
         self.pid = pid
         self.sock = ours
 
-    def _send(self, kind: bytes, key: int, fds: list[int] | None = None) -> None:
+    def _send(self, kind: bytes, key: int, fds: list[int] | None = None, extra: bytes = b"") -> None:
         try:
             if fds:
-                socket.send_fds(self.sock, [_MSG.pack(kind, key)], fds)
+                socket.send_fds(self.sock, [_MSG.pack(kind, key) + extra], fds)
             else:
-                self.sock.send(_MSG.pack(kind, key))
+                self.sock.send(_MSG.pack(kind, key) + extra)
         except OSError:  # the keeper is gone: the pipes are simply not kept
             pass
 
-    def keep(self, fd: int, out_fd: int | None) -> None:
-        """Give the keeper copies of pipe ``fd`` and of the output it is passed on to (if any)."""
-        self._send(_KEEP, fd, [fd] + ([out_fd] if out_fd is not None else []))
+    def keep(self, fd: int, out_fd: int | None, boot_id: str = "", stage: str = "") -> None:
+        """Give the keeper copies of pipe ``fd`` and of the output it is passed on to (if any), and whose they are."""
+        meta = f"{boot_id}\t{stage}".encode("utf-8", "backslashreplace")[:2048]
+        self._send(_KEEP, fd, [fd] + ([out_fd] if out_fd is not None else []), meta)
 
     def release(self, fd: int) -> None:
         """Pipe ``fd`` was read to its end: the keeper drops its copies."""
@@ -92,26 +98,29 @@ def _serve(sock: socket.socket, log_path: Path) -> None:
         pass
     _close_all_but(sock.fileno())
     held: dict[int, tuple[int, int | None]] = {}
+    owners: dict[int, tuple[str, str]] = {}  # pipe -> (boot, stage)
     while True:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, _MSG.size, 2)
+            msg, fds, _flags, _addr = socket.recv_fds(sock, _MSG.size + 2048, 2)
         except InterruptedError:
             continue
         except OSError:
             msg, fds = b"", []
         if not msg:
             break  # the late-output process is gone without ending
-        kind, key = _MSG.unpack(msg)
+        kind, key = _MSG.unpack(msg[:_MSG.size])
         if kind == _KEEP and fds:
             _drop(held.pop(key, None))
             held[key] = (fds[0], fds[1] if len(fds) > 1 else None)
+            boot, _, stage = msg[_MSG.size:].decode("utf-8", "replace").partition("\t")
+            owners[held[key][0]] = (boot, stage)
         elif kind == _RELEASE:
             _drop(held.pop(key, None))
         elif kind == _END:
             return
     sock.close()
     if held:
-        _take_over(list(held.values()), log_path)
+        _take_over(list(held.values()), log_path, owners)
 
 
 def _drop(pair: tuple[int, int | None] | None) -> None:
@@ -130,17 +139,58 @@ def _say(log_path: Path, text: str) -> None:
         pass
 
 
-def _take_over(pairs: list[tuple[int, int | None]], log_path: Path) -> None:
-    """Pass every pipe on to its output until its last writer closes it; record nothing."""
+def _note(spool_dir: Path, counts: dict[tuple[str, str], list[int]], noted: dict[tuple[str, str], list[int]]) -> None:
+    """Leave a note per stage of what was passed on unrecorded since the last note (read by the next agent)."""
+    for (boot, stage), (lines, size) in counts.items():
+        before = noted.setdefault((boot, stage), [0, 0])
+        if (lines, size) == tuple(before) or not boot:
+            continue
+        name = f"{LOST}{boot}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            tmp = spool_dir / f".{name}"
+            tmp.write_text(json.dumps({"boot_id": boot, "stage": stage, "lines": lines - before[0],
+                                       "bytes": size - before[1]}))
+            tmp.rename(spool_dir / name)  # whole or not at all
+            noted[(boot, stage)] = [lines, size]
+        except OSError:
+            pass
+
+
+def take_late_losses(spool_dir: Path, boot_id: str) -> tuple[dict[str, tuple[int, int]], list[Path]]:
+    """The keepers' notes of the boot: stage -> (lines, bytes) passed on unrecorded, and the note files (to remove
+    once an event says so). Notes of other boots are left alone."""
+    out: dict[str, tuple[int, int]] = {}
+    files = []
+    for p in sorted(spool_dir.glob(f"{LOST}{boot_id}-*")):
+        try:
+            note = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        lines, size = out.get(note.get("stage", "?"), (0, 0))
+        out[note.get("stage", "?")] = (lines + int(note.get("lines", 0)), size + int(note.get("bytes", 0)))
+        files.append(p)
+    return out, files
+
+
+def _take_over(pairs: list[tuple[int, int | None]], log_path: Path,
+               owners: dict[int, tuple[str, str]] | None = None) -> None:
+    """Pass every pipe on to its output until its last writer closes it; record nothing, but count it per stage."""
     _say(log_path, f"the late-output process died: {len(pairs)} pipes of the stages' leftovers are passed on "
                    "but no longer recorded")
+    owners = owners or {}
     outs = dict(pairs)
     poller = select.poll()
     for fd in outs:
         poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     passed = 0
+    counts: dict[tuple[str, str], list[int]] = {owners.get(fd, ("", "")): [0, 0] for fd in outs}
+    noted: dict[tuple[str, str], list[int]] = {}
+    last_note = time.monotonic()
     while outs:
-        for fd, _ev in poller.poll():
+        if time.monotonic() - last_note >= NOTE_EVERY_S:
+            _note(log_path.parent, counts, noted)
+            last_note = time.monotonic()
+        for fd, _ev in poller.poll(int(NOTE_EVERY_S * 1000)):
             try:
                 data = os.read(fd, CHUNK)
             except OSError:
@@ -151,6 +201,9 @@ def _take_over(pairs: list[tuple[int, int | None]], log_path: Path) -> None:
                 _drop((fd, outs.pop(fd)))
                 continue
             passed += len(data)
+            c = counts.setdefault(owners.get(fd, ("", "")), [0, 0])
+            c[0] += data.count(b"\n")
+            c[1] += len(data)
             if out is None:
                 continue
             try:
@@ -160,4 +213,5 @@ def _take_over(pairs: list[tuple[int, int | None]], log_path: Path) -> None:
             except OSError:  # its reader went away: read on (the writer never gets SIGPIPE), pass on nothing
                 os.close(out)
                 outs[fd] = None
+    _note(log_path.parent, counts, noted)
     _say(log_path, f"every leftover closed its pipes; {passed:,} bytes were passed on unrecorded")

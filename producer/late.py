@@ -426,7 +426,7 @@ class _Late:
         for fd, (p, _b) in st.pipes.items():
             self.by_fd[fd] = st
             if self.keeper is not None:
-                self.keeper.keep(fd, p.out_fd)
+                self.keeper.keep(fd, p.out_fd, h.boot_id, h.stage)
             self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         log.info("stage %s (boot %s) handed off: %d pipes, %d files", h.stage, h.boot_id, len(h.pipes), len(h.files))
 

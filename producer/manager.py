@@ -6,13 +6,13 @@ import logging
 import socket
 from pathlib import Path
 from typing import Mapping
-from urllib.parse import quote
 
 from flightrec.errors import ConfigError
 from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, now_us
 from flightrec.settings import Settings
 
 from flightrec.producer.agent import SyncAgent
+from flightrec.producer.spool import safe_name
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def default_source() -> str:
 
 def manager_spool(settings: Settings, source: str) -> Path:
     """The manager source's own spool root: <spool>/manager/<quoted source id>, apart from every agent's."""
-    return Path(settings.spool) / "manager" / quote(source, safe="-_.@")
+    return Path(settings.spool) / "manager" / safe_name(source)
 
 
 def send_manager_event(settings: Settings, instance: str, kind: str, detail: str = "",

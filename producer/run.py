@@ -308,6 +308,7 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
 def _prepare(agent: SyncAgent, stage: str, argv: list[str], tails: Sequence[str], passthrough: bool) -> _Run:
     """The stage starts: its event, its token, followed files' starting points, ptys where ours are terminals."""
     settings = agent.settings
+    agent.note_late_losses()  # what an earlier stage's leftovers wrote while nothing recorded them
     agent.event(stage, "started", attributes={"argv": agent.redactor.argv(argv), "cwd": os.getcwd()})
     token = uuid.uuid4().hex
     env = dict(os.environ, **{TOKEN_ENV: token})

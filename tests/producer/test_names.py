@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from flightrec.schemas import Lifecycle, ProcessExit
 
 
@@ -65,3 +67,55 @@ def test_a_non_utf8_instance_id(agent_env) -> None:
     r = agent_env.run("run", "--stage", "s", "--", "sh", "-c", "exit 6", env=envb)
     assert r.returncode == 6, r.stderr
     assert [e.exit_code for e in agent_env.of(ProcessExit, instance=agent_env.instance + "\\xff")] == [6]
+
+
+@pytest.mark.parametrize("instance", ["..", ".", "../escape", "a/../../b", "%2E%2E", "x" * 300])
+def test_no_instance_id_leaves_the_spool_folder(spool_env, tmp_path: Path, instance: str) -> None:
+    root = tmp_path / "box" / "spool"
+    root.mkdir(parents=True)
+    env = spool_env.env(FLIGHTREC_SPOOL=str(root), FLIGHTREC_INSTANCE=instance)
+    r = spool_env.run("event", "--stage", "s", "--state", "info", "--detail", "named", env=env)
+    assert r.returncode == 0, r.stderr
+    segments = list((tmp_path / "box").rglob("*.seg"))
+    assert segments, "nothing was spooled"
+    for seg in segments:  # every segment in a folder of its own directly under the spool root
+        assert seg.parent.parent == root and seg.parent.name not in (".", ".."), seg
+    assert not (tmp_path / "box" / "lock").exists() and not (root / "lock").exists()
+    listed = spool_env.run("flush", "--all", env=env)  # the flush of every instance finds it (and cannot send it)
+    assert listed.returncode == 1 and b"left" in listed.stdout + listed.stderr, listed
+
+
+@pytest.mark.parametrize("source", ["..", "."])
+def test_no_manager_source_leaves_the_spool_folder(spool_env, tmp_path: Path, source: str) -> None:
+    import subprocess
+
+    root = tmp_path / "box" / "spool"
+    root.mkdir(parents=True)
+    env = spool_env.env(FLIGHTREC_SPOOL=str(root))
+    r = subprocess.run([spool_env.argv("event")[0], "manager", "event", "--instance", "i-1", "--kind", "note",
+                        "--source", source], env=env, capture_output=True, timeout=60)
+    segments = list((tmp_path / "box").rglob("*.seg"))
+    assert segments, r.stderr
+    for seg in segments:  # <spool>/manager/<source>/<instance>/NNN.seg
+        source_dir = seg.parent.parent
+        assert source_dir.parent == root / "manager" and source_dir.name not in (".", ".."), seg
+
+
+def test_flush_all_finds_the_manager_s_undelivered_events(spool_env, tmp_path: Path) -> None:
+    """`agent flush --all --spool $SPOOL/manager` (and `--spool $SPOOL`) sees every manager source's spool."""
+    import subprocess
+
+    root = tmp_path / "spool"
+    env = spool_env.env(FLIGHTREC_SPOOL=str(root))
+    exe = spool_env.argv("event")[0]
+    r = subprocess.run([exe, "manager", "event", "--instance", "i-1", "--kind", "destroyed", "--source", "mgr-a"],
+                       env=env, capture_output=True, timeout=60)
+    assert b"not yet delivered" in r.stdout + r.stderr  # nothing listens: it waits in the manager's spool
+    for where in (root / "manager", root):
+        f = subprocess.run([exe, "agent", "flush", "--all", "--timeout", "1", "--spool", str(where)], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert f.returncode == 1, (where, f.stdout, f.stderr)
+        assert "i-1: 0 events delivered, 1 left in" in f.stdout and "mgr-a" in f.stdout, (where, f.stdout)
+    empty = subprocess.run([exe, "agent", "flush", "--all", "--spool", str(tmp_path / "nothing")], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 0 and "no spooled instances" in empty.stdout + empty.stderr

@@ -145,6 +145,7 @@ def _event(args: argparse.Namespace, settings: Settings) -> int:
     with open_agent(settings=_settings(args, settings)) as agent:
         if not args.no_facts:
             _facts_quietly(agent)
+        agent.note_late_losses()
         agent.event(args.stage, args.state, detail=args.detail, attributes=attrs)
     return 0
 
@@ -162,21 +163,36 @@ def _facts(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _flush(args: argparse.Namespace, settings: Settings) -> int:
+def _spooled(root: Path, depth: int = 2) -> list[tuple[Path, str]]:
+    """(spool root, instance id) of every instance folder under ``root``: its own, and a manager's sources'
+    (``<spool>/manager/<source>/<instance>``), however far down ``--spool`` points."""
     from urllib.parse import unquote
 
+    if not root.is_dir():
+        return []
+    out: list[tuple[Path, str]] = []
+    for p in sorted(root.iterdir()):
+        if (p / "lock").exists():
+            out.append((root, unquote(p.name)))
+        elif depth > 0 and p.is_dir() and not p.is_symlink():
+            out.extend(_spooled(p, depth - 1))
+    return out
+
+
+def _flush(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.producer import open_agent
 
     s = _settings(args, settings)
     timeout = args.timeout if args.timeout is not None else max(30.0, s.flush_timeout)
     if args.all:
-        root = Path(s.spool)
-        instances = sorted(unquote(p.name) for p in root.iterdir() if (p / "lock").exists()) if root.is_dir() else []
+        instances = _spooled(Path(s.spool))
+        if not instances:
+            print(f"no spooled instances under {s.spool}")
     else:
-        instances = [s.instance]
+        instances = [(Path(s.spool), s.instance)]
     left = 0
-    for iid in instances:
-        with open_agent(instance_id=iid, settings=s) as agent:
+    for root, iid in instances:
+        with open_agent(instance_id=iid, settings=s, spool_dir=str(root)) as agent:
             before = agent.pending()
             ok = agent.flush(timeout)
             after = agent.pending()

@@ -1,0 +1,75 @@
+"""An event id seen again with other content is a dead letter with the reason, not a silent redelivery."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from materializer_helpers import Boot
+
+from flightrec.consumers.fold import RawMessage, fold
+from flightrec.consumers.store import Store
+from flightrec.schemas import Lifecycle, encode
+
+
+def _msgs(events: list, first_offset: int = 0) -> list[RawMessage]:
+    return [RawMessage(e.topic, 0, first_offset + i, e.instance_id.encode(), encode(e)) for i, e in enumerate(events)]
+
+
+@pytest.fixture
+def store(tmp_path: Path):  # noqa: ANN201
+    s = Store(tmp_path / "fr.duckdb", "g")
+    yield s
+    s.close()
+
+
+def _forged(boot: Boot) -> tuple[Lifecycle, Lifecycle]:
+    real = boot.add(Lifecycle, stage="benchmark", state="started")
+    boot.add(Lifecycle, stage="benchmark", state="succeeded")
+    # the same event id with another seq and state (a forger, or a buggy producer reusing ids)
+    return real, dataclasses.replace(real, seq=real.seq + 7, state="failed", detail="exit code 1")
+
+
+def test_a_reused_id_in_a_later_batch_is_a_dead_letter(store: Store) -> None:
+    boot = Boot()
+    real, forged = _forged(boot)
+    store.commit(fold(_msgs(boot.events)))
+    stats = store.commit(fold(_msgs([forged], first_offset=10)))
+    assert stats.dead_letters == 1 and stats.duplicates_dropped == 0 and stats.events_written == 0
+    (reason,) = store.con.execute("SELECT reason FROM dead_letters").fetchone()
+    assert "reused" in reason and real.event_id in reason and "seq 0" in reason and "seq 7" in reason, reason
+    (value,) = store.con.execute("SELECT value FROM dead_letters").fetchone()
+    assert bytes(value) == encode(forged)  # the rejected message is kept whole
+    states = store.con.execute("SELECT state FROM lifecycle_events ORDER BY seq").fetchall()
+    assert states == [("started",), ("succeeded",)]
+
+
+def test_a_reused_id_in_the_same_batch_is_a_dead_letter(store: Store) -> None:
+    boot = Boot()
+    _real, forged = _forged(boot)
+    stats = store.commit(fold(_msgs(boot.events + [forged])))
+    assert stats.dead_letters == 1 and stats.duplicates_dropped == 0
+    assert store.con.execute("SELECT count(*) FROM dead_letters WHERE reason LIKE '%reused%'").fetchone()[0] == 1
+
+
+def test_a_true_redelivery_is_still_a_duplicate(store: Store) -> None:
+    boot = Boot()
+    boot.add(Lifecycle, stage="benchmark", state="started")
+    store.commit(fold(_msgs(boot.events)))
+    again = store.commit(fold(_msgs(boot.events, first_offset=5) + _msgs(boot.events, first_offset=6)))
+    assert again.duplicates_dropped == 2 and again.dead_letters == 0
+    assert store.con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
+
+
+def test_the_instance_page_says_an_id_was_reused(tmp_path: Path, open_page) -> None:
+    db = tmp_path / "fr.duckdb"
+    s = Store(db, "g")
+    boot = Boot()
+    _real, forged = _forged(boot)
+    s.commit(fold(_msgs(boot.events)))
+    s.commit(fold(_msgs([forged], first_offset=10)))
+    s.close()
+    at = open_page(db, "instance", instance=boot.instance)
+    shown = " ".join(str(w.value) for w in at.warning)
+    assert "reused" in shown and "dead letter" in shown, shown
