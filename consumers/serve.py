@@ -213,6 +213,10 @@ class QueryServer:
                     self._wake.wait()
                 if self._closing:
                     return
+            time.sleep(WATCH_S)  # a read shorter than this is never sampled
+            with self._lock:
+                if not self._running:
+                    continue
             try:
                 held, spilled = self._usage()
             except duckdb.Error as exc:  # the database is closing
@@ -223,7 +227,6 @@ class QueryServer:
                                f"materializer's memory limit")
             elif spilled > READER_SPILL_BYTES:
                 self.make_room(f"it spilled over {READER_SPILL_BYTES >> 20} MiB to disk next to the database")
-            time.sleep(WATCH_S)
 
     def __enter__(self) -> "QueryServer":
         self.start()
