@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
 FOLLOW_POLL_S = 0.05
-FOLLOW_QUIET_S = 1.0  # after CMD exits, stop following once every followed file exists and was quiet this long
+FOLLOW_QUIET_S = 0.2  # after CMD exits with nothing of the stage left running, the files were read to their end
 PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them
 
 
@@ -176,7 +176,7 @@ class _Followers(threading.Thread):
                 if self._poll_all():
                     self.last_data = time.monotonic()
                 now = time.monotonic()
-                quiet = now - self.last_data >= FOLLOW_QUIET_S and all(f.exists for f, _ in self.followers)
+                quiet = now - self.last_data >= FOLLOW_QUIET_S  # no writer of the stage is left (see _wait)
                 if self.stop_at is not None and (now >= self.stop_at or quiet):
                     break
                 self._wake.wait(FOLLOW_POLL_S)
@@ -188,7 +188,8 @@ class _Followers(threading.Thread):
                     batcher.close()
 
     def finish(self, grace: float, abort: threading.Event) -> None:
-        """CMD exited: keep reading up to ``grace`` s (less once every file exists and is quiet, or on a signal)."""
+        """CMD exited and nothing the stage started runs: read on until the files are read to their end (quiet for
+        FOLLOW_QUIET_S), ``grace`` s at most (less on a signal)."""
         self.last_data = max(self.last_data, time.monotonic())
         self.stop_at = time.monotonic() + grace
         while self.is_alive():
