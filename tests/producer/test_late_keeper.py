@@ -70,7 +70,8 @@ def test_the_keeper_ends_with_the_late_output_process(tmp_path: Path) -> None:
     spool, out, mark, late = _run_daemon(tmp_path, 80)
     assert _wait(lambda: bool(_children(late)), 10)
     (keeper,) = _children(late)
-    assert b"keeper" in Path(f"/proc/{keeper}/cmdline").read_bytes()
+    # just forked, it may not have set its title yet
+    assert _wait(lambda: b"keeper" in Path(f"/proc/{keeper}/cmdline").read_bytes(), 10)
     assert not any(str(spool) in os.readlink(f"/proc/{keeper}/fd/{fd}") for fd in os.listdir(f"/proc/{keeper}/fd"))
     assert _wait(mark.exists, 30)
     assert _wait(lambda: not _alive(late) and not _alive(keeper), 30), "the keeper outlived the late-output process"
@@ -110,8 +111,13 @@ def test_what_the_keeper_passed_on_unrecorded_becomes_an_event_of_the_boot(tmp_p
     lines = 100  # 5 s of daemon lines
     spool, out, mark, late = _run_daemon(tmp_path, lines)
     log_file = spool / "late.log"
-    # the late-output process records: a late line of the daemon is in the spool
-    assert _wait(lambda: any(isinstance(b, LogBatch) and any(b.late) for b in spooled()), 30)
+    def daemon_lines() -> int:
+        return sum(1 for b in spooled() if isinstance(b, LogBatch) for t in b.text if t.startswith("daemon line"))
+
+    # the late-output process took the hand-off (its keeper holds the copies), then spooled lines of its own
+    assert _wait(lambda: log_file.exists() and "handed off" in log_file.read_text(errors="replace"), 30)
+    before = daemon_lines()
+    assert _wait(lambda: daemon_lines() > before, 30)
     time.sleep(0.3)
     os.kill(late, signal.SIGKILL)
     assert _wait(mark.exists, 30)
