@@ -4,7 +4,10 @@ Guarantees: no I/O; the same messages give the same Delta; every message ends
 up either as rows or as exactly one dead letter with a reason; an event_id seen
 twice in one batch yields rows once (the store drops ids seen in earlier batches);
 no stored timestamp lies outside 1970-01-01..2200-01-01 and no seq beyond 2^40
-(such events are dead letters), so no reader's arithmetic can overflow.
+(such events are dead letters), so no reader's arithmetic can overflow. An event's
+``recv_us`` is when Kafka appended it (the record's LogAppendTime timestamp, the broker's
+clock), stored as the record carries it so a replay agrees; NULL where the record has no
+broker time (a CreateTime topic: its timestamp is the sender's clock, no better than ``ts_us``).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ STRLIST = pa.list_(pa.string())
 FILE_TAILS = event_fields("ProcessExit", "file_tails")[0].type
 _ENVELOPE = event_fields("Lifecycle", *ENVELOPE)
 _KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND below)
+_RECV = pa.field("recv_us", I64)  # when Kafka appended the record (its LogAppendTime), NULL when unknown
 
-EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR)])
+EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), _RECV])
 LIFECYCLE = pa.schema(_ENVELOPE + [_KIND] + event_fields("Lifecycle", "stage", "state", "detail", "attributes")
                       + event_fields("Sealed", "event_count"))
 FACTS = event_schema("InstanceFacts")
@@ -48,8 +52,8 @@ THROUGHPUT = pa.schema(_ENVELOPE + [_KIND]
 LOGS = pa.schema(event_fields("LogBatch", "instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
                  + [element_field("LogBatch", "line_no"), element_field("LogBatch", "line_ts_us", "ts_us")]
                  + [element_field("LogBatch", n) for n in ("text", "truncated", "invalid_utf8", "late")])
-HEARTBEATS = event_schema("Heartbeat")
-MANAGER = event_schema("ManagerEvent")
+HEARTBEATS = pa.schema(list(event_schema("Heartbeat")) + [_RECV])
+MANAGER = pa.schema(list(event_schema("ManagerEvent")) + [_RECV])
 DEAD = pa.schema([("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()),
                   ("value", pa.binary()), ("reason", STR)])
 
@@ -91,6 +95,12 @@ def missing_facts_as_null(rec: dict[str, Any]) -> dict[str, Any]:
     return {**rec, **{k: None for k in UNKNOWN_WHEN_EMPTY if rec.get(k) in ("", 0)}}
 
 
+# Kafka's record timestamp types (aiokafka's ConsumerRecord.timestamp_type): CreateTime is the sender's clock,
+# LogAppendTime the broker's at append (a topic with message.timestamp.type=LogAppendTime).
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+
 class Message(Protocol):
     """What the fold reads from a Kafka record (aiokafka's ConsumerRecord fits)."""
 
@@ -99,17 +109,31 @@ class Message(Protocol):
     offset: int
     key: bytes | None
     value: bytes | None
+    timestamp: int | None        # ms since the epoch
+    timestamp_type: int | None   # CREATE_TIME / LOG_APPEND_TIME
 
 
 @dataclass(frozen=True)
 class RawMessage:
-    """A Kafka record held in memory (tests and replays build these)."""
+    """A Kafka record held in memory (tests and replays build these); no timestamp: no receive time."""
 
     topic: str
     partition: int
     offset: int
     key: bytes | None
     value: bytes | None
+    timestamp: int | None = None
+    timestamp_type: int | None = None
+
+
+def received_us(msg: Message) -> int | None:
+    """When the pipeline received the record: the broker's LogAppendTime in µs; None for a CreateTime record (the
+    sender's clock), a record without a timestamp, or one outside the sane window. Pure: a replay reads the same."""
+    ts = getattr(msg, "timestamp", None)
+    if getattr(msg, "timestamp_type", None) != LOG_APPEND_TIME or ts is None:
+        return None
+    us = int(ts) * 1000
+    return us if TS_MIN_US <= us < TS_MAX_US else None
 
 
 class FoldError(ValueError):
@@ -237,9 +261,9 @@ def _validate(kind: str, rec: dict[str, Any]) -> None:
         raise FoldError(f"event_count {rec['event_count']} beyond 0..{MAX_SEQ + 1}")
 
 
-def _fold_one(b: _Builder, name: str, rec: dict[str, Any]) -> None:
+def _fold_one(b: _Builder, name: str, rec: dict[str, Any], recv_us: int | None = None) -> None:
     """Append one decoded record's rows; raises FoldError (nothing appended) when it cannot."""
-    env = _envelope(rec)
+    env = {**_envelope(rec), "recv_us": recv_us}
     kind = KIND[name]
     _validate(kind, rec)
     if kind == "manager":  # its own source's seq: kept in manager_events only, outside the instance's boots
@@ -312,7 +336,7 @@ def fold(messages: Iterable[Message], codec: Codec | None = None,
             if rec.get("event_id") in seen:
                 dups += 1
                 continue
-            _fold_one(b, name, rec)
+            _fold_one(b, name, rec, received_us(msg))
             seen.add(rec["event_id"])
         except CodecError as exc:
             _dead(b, msg, f"decode: {exc.reason}", keep)
