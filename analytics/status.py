@@ -29,10 +29,13 @@ CLOCK_SKEW_BOUND_S = 60
 # latest boot's last event (boots.last_recv_us, the broker's LogAppendTime), never from the
 # instance's own timestamps, which a wrong clock moves. Only where no event carries a
 # receive time (topics stamped CreateTime, rows folded before) does it fall back to them
-# (`liveness_clock` = 'instance'). The destroy rule compares receive times the same way.
+# (`liveness_clock` = 'instance'). The destroy rule takes the manager's word when it came after
+# the latest boot began by either clock: Kafka received the destroy after the boot's first event
+# (an instance whose clock is ahead), or the destroy's time is after the boot's first time (an
+# instance whose events Kafka received late, from its spool, after its network was cut).
 STATUS_RULES: tuple[StatusRule, ...] = (
-    StatusRule("destroyed", "manager_kind = 'destroyed' AND coalesce(boot_first_recv_us, boot_first_us, 0) "
-                            "<= coalesce(manager_recv_us, manager_ts_us)",
+    StatusRule("destroyed", "manager_kind = 'destroyed' AND (coalesce(boot_first_us, 0) <= manager_ts_us "
+                            "OR boot_first_recv_us <= manager_recv_us)",
                "the manager said it destroyed the instance (after its latest boot began), complete or not"),
     StatusRule("failed", "failure_class IS NOT NULL AND failure_class <> 'below_min_rate'",
                "a stage of the latest boot failed; `failure_class` says how"),
@@ -111,7 +114,7 @@ SELECT instance_id, status,
        failure_class, failed_stage, running_stages, last_heartbeat_us, make_timestamptz(last_heartbeat_us) AS last_heartbeat_at,
        interval_s AS heartbeat_interval_s, round(silent_s, 1) AS silent_s,
        last_sign_us, make_timestamptz(last_sign_us) AS last_sign_at, liveness_clock,
-       clock_offset_us, round(clock_offset_us / 1e6, 1) AS clock_offset_s,
+       round(clock_offset_us / 1e6, 1) AS clock_offset_s,  -- a duration: no *_us, which the views pair with *_at
        coalesce(abs(clock_offset_us) > {CLOCK_SKEW_BOUND_S} * 1000000, false) AS clock_skewed,
        manager_kind, manager_ts_us, make_timestamptz(manager_ts_us) AS manager_ts_at, manager_detail, manager_source
 FROM _ss

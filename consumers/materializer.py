@@ -29,7 +29,8 @@ from flightrec.consumers.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.consumers.serve import QueryServer
 from flightrec.consumers.stats import Stats
 from flightrec.consumers.store import Store
-from flightrec.cluster import TIMESTAMP_TYPE, create_time_warning, describe_topic_configs, topic_partitions
+from flightrec.cluster import LOG_APPEND_TIME as APPEND_TIME_CONFIG, TIMESTAMP_TYPE, create_time_warning, \
+    describe_topic_configs, topic_partitions
 from flightrec.errors import ConfigError, MaterializeError
 from flightrec.settings import TOPICS
 
@@ -104,13 +105,13 @@ class _ClockWatch:
         for tp, records in data.items():
             if tp.topic in self.said:
                 continue
-            stale = [r for r in records if getattr(r, "timestamp_type", None) != LOG_APPEND_TIME]
-            if stale:
+            stale = next((r for r in records if getattr(r, "timestamp_type", None) != LOG_APPEND_TIME), None)
+            if stale is not None:
                 self.said.add(tp.topic)
                 log.warning("records of %s (partition %d, offset %d and others) carry the sender's clock (CreateTime), "
                             "not the broker's: for their events `lost` and the clock offset follow the instances' own "
                             "clocks. New topics are made with %s=LogAppendTime; records appended before a topic was "
-                            "switched keep CreateTime", tp.topic, tp.partition, stale[0].offset, TIMESTAMP_TYPE)
+                            "switched keep CreateTime", tp.topic, tp.partition, stale.offset, TIMESTAMP_TYPE)
 
 
 def parse_time(text: str, now: float | None = None) -> int:
@@ -212,11 +213,11 @@ class Materializer:
             log.info("cannot describe the topics' configs (%s): whether they stamp the broker's clock is judged by "
                      "the records as they come", exc)
             return
-        types = {t: c.get(TIMESTAMP_TYPE, "CreateTime") for t, c in configs.items()}
+        types = {t: c.get(TIMESTAMP_TYPE, "CreateTime") for t, c in configs.items()}  # Kafka's default: CreateTime
         warning = create_time_warning(types, str(self.kafka_kwargs.get("bootstrap_servers", "BOOTSTRAP")))
         if warning:
             log.warning("%s", warning)
-            self._clocks.said.update(t for t, kind in types.items() if kind != "LogAppendTime")
+            self._clocks.said.update(t for t, kind in types.items() if kind != APPEND_TIME_CONFIG)
 
     def _open_store(self) -> Any:
         """The store this run writes (in the writer thread): a DuckDB file here."""

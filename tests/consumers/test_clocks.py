@@ -145,6 +145,7 @@ def test_the_offset_is_the_median_of_the_latest_events_robust_to_late_ones_and_f
 
 
 def test_the_latest_boot_and_the_destroy_rule_follow_the_receive_time(tmp_path):
+    """The boot received last is the latest; a destroy counts when it came after the boot began by either clock."""
     db = tmp_path / "f.duckdb"
     now = _now()
     inst = f"i-{uuid.uuid4().hex[:8]}"
@@ -165,6 +166,12 @@ def test_the_latest_boot_and_the_destroy_rule_follow_the_receive_time(tmp_path):
                         source_id="manager@test", kind="destroyed")
     _commit(db, _msgs(ahead.events, now - 30 * S, first_offset=20), _msgs([gone], now, first_offset=40))
     assert _status(db, ahead.instance)["status"] == "destroyed"
+    # its network cut, its events reach Kafka from its spool only after the manager destroyed it: still destroyed
+    cut = _running(now - 600 * S, interval=3600.0)
+    gone = ManagerEvent(event_id=str(uuid.uuid4()), instance_id=cut.instance, boot_id="mgr", seq=1, ts_us=now - 60 * S,
+                        source_id="manager@test", kind="destroyed")
+    _commit(db, _msgs([gone], now - 60 * S, first_offset=50), _msgs(cut.events, now, first_offset=60))
+    assert _status(db, cut.instance)["status"] == "destroyed"
 
 
 def test_a_database_made_before_receive_times_gains_them_at_the_first_open(tmp_path):

@@ -131,12 +131,13 @@ def test_an_hour_behind_stays_running_an_hour_ahead_is_lost_once_and_the_offset_
         while hook.count(ahead, "lost") == 0 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert hook.count(ahead, "lost") == 1, hook.posts
-        seen_running = 0
+        statuses: list[str] = []
         until = time.monotonic() + 35  # two more status reads: the silence is alerted once, the heartbeats never
         while time.monotonic() < until:
-            seen_running += _fleet(db, behind)["status"] == "running"
+            statuses.append(_fleet(db, behind)["status"])
             time.sleep(1)
-        assert seen_running >= 25, "the instance whose clock is behind did not stay running while it heartbeats"
+        # mostly running: a materializer lagging 3 intervals on a loaded machine may show it lost for a moment
+        assert statuses.count("running") >= 0.7 * len(statuses) and len(statuses) >= 10, statuses
         assert hook.count(ahead, "lost") == 1 and hook.count(behind, "lost") == 0, hook.posts
         assert _fleet(db, ahead)["status"] == "lost"
         beats = _fleet(db, behind)
