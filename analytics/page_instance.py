@@ -6,12 +6,14 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import queries
+from flightrec.analytics.status import CLOCK_SKEW_BOUND_S
 from flightrec.analytics.ui import (
     HINT_CHARS,
     REFRESH_S,
     fetch,
     rows_height,
     fmt_num,
+    fmt_offset,
     md,
     md_code_block,
     md_money,
@@ -80,6 +82,7 @@ def facts(instance_id: str) -> dict | None:
         st.caption(f"Latest detail: {md(f['detail'])}")
     if f.get("status"):
         STATUS_BANNER.get(f["status"], st.info)(f"Status **{md(f['status'])}**: {md(f['status_detail'])}")
+    clock(f)
     return f
 
 
@@ -93,6 +96,25 @@ def rejected(instance_id: str) -> None:
                f"**{f' ({reused} an event id reused with other content: not stored, the first stays)' if reused else ''}"
                ": a forger or a broken producer; see below.")
     st.dataframe(rows.to_pandas(), hide_index=True, width="stretch", height=table_height(rows.num_rows, 200))
+
+
+def clock(f: dict) -> None:
+    """The instance's clock against the broker's, and by whose clock its liveness is judged."""
+    offset = f.get("clock_offset_s")
+    if f.get("liveness_clock") == "instance":
+        st.caption("Clock offset unknown: its events carry no receive time (the topics stamp CreateTime, or they "
+                   "were folded before receive times were kept), so liveness follows the instance's own clock. "
+                   "Switch the topics to message.timestamp.type=LogAppendTime (docs/materializer.md, Clocks).")
+        return
+    if offset is None:
+        return
+    if f.get("clock_skewed"):
+        st.warning(f"Clock offset **{fmt_offset(offset)}** of Kafka's (more than {CLOCK_SKEW_BOUND_S} s): this "
+                   "instance's clock is wrong, so its own times (log lines, stage starts and ends, exits) are off by "
+                   "that much. Its liveness is not: it is judged by when Kafka received its events.")
+    else:
+        st.caption(f"Clock offset {fmt_offset(offset)} of Kafka's (within {CLOCK_SKEW_BOUND_S} s) · liveness "
+                   "judged by when Kafka received its events")
 
 
 def manager_events(instance_id: str) -> None:

@@ -109,6 +109,25 @@ def fmt_num(value: float | None, digits: int = 1) -> str:
 
 # ---- text from the database inside Markdown ------------------------------------------
 
+def fmt_offset(seconds: float | None) -> str:
+    """A clock offset in words: '1 h 0 min ahead', '42.0 s behind', '0.3 s ahead', '55 y behind'; '—' when unknown."""
+    if seconds is None:
+        return "—"
+    side = "ahead" if seconds >= 0 else "behind"
+    s = abs(float(seconds))
+    if s < 120:
+        amount = f"{s:.1f} s"
+    elif s < 3600:
+        amount = f"{int(s // 60)} min {int(s % 60)} s"
+    elif s < 172800:
+        amount = f"{int(s // 3600)} h {int(s % 3600 // 60)} min"
+    elif s < 2 * 365 * 86400:
+        amount = f"{int(s // 86400)} d"
+    else:
+        amount = f"{int(s // (365.25 * 86400))} y"
+    return f"{amount} {side}"
+
+
 HINT_CHARS = 1000  # a failure class's hint (from the rule table) is prose of its own: longer
 MAX_PROSE = 300  # characters of one database value in a banner or caption (the log viewers show it whole)
 # Signs that change Markdown inline (`$…$` is LaTeX in Streamlit; `[` also starts `:red[…]`);

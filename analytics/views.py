@@ -46,7 +46,9 @@ SELECT
     {ts("i.first_event_us")} AS first_event_at, {ts("i.last_event_us")} AS last_event_at,
     i.gpu_probe_error,
     s.status, s.status_detail, s.failure_class, s.last_heartbeat_us, s.last_heartbeat_at, s.heartbeat_interval_s,
-    s.silent_s, s.manager_kind, s.manager_detail
+    s.silent_s, s.manager_kind, s.manager_detail,
+    s.last_sign_us AS last_heard_us, s.last_sign_at AS last_heard_at, s.liveness_clock,
+    s.clock_offset_s, s.clock_skewed
 FROM instances i
 LEFT JOIN instance_status s USING (instance_id)
 """

@@ -11,7 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from flightrec.errors import BrokerError
-from flightrec.cluster import connection_cause
+from flightrec.cluster import LOG_APPEND_TIME, TIMESTAMP_TYPE, connection_cause
 from flightrec.settings import TOPICS
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ async def ensure_topics(
     replication: int = 1,
     retention_ms: int = -1,
 ) -> list[str]:
-    """Create the topics that do not exist yet; return the names created. Idempotent."""
+    """Create the topics that do not exist yet, stamped with the broker's clock (LogAppendTime); return the names
+    created. Idempotent: an existing topic is left as it is (the materializer says when it stamps CreateTime)."""
     admin = AIOKafkaAdminClient(**kafka_kwargs)
     try:
         await admin.start()
@@ -78,7 +79,8 @@ async def ensure_topics(
         wanted = [t for t in topics if t not in existing]
         if not wanted:
             return []
-        config = {"retention.ms": str(retention_ms), "retention.bytes": "-1"}
+        # LogAppendTime: every record carries the broker's clock, the receive time liveness is judged by
+        config = {"retention.ms": str(retention_ms), "retention.bytes": "-1", TIMESTAMP_TYPE: LOG_APPEND_TIME}
         new = [NewTopic(t, num_partitions=partitions, replication_factor=replication, topic_configs=config) for t in wanted]
         try:
             response = await admin.create_topics(new)

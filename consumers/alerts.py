@@ -1,23 +1,32 @@
-"""Webhook alerts: one Slack-compatible JSON message per new failure, incomplete boot or lost instance, at least once.
+"""Webhook alerts: one Slack-compatible JSON message per new failure, incomplete boot or lost instance, at most once.
 
 How it keeps its promises:
 
-- *At least once, de-duplicated.* Right after each commit the writer thread calls
+- *At most once per alert and key.* Right after each commit the writer thread calls
   :meth:`Alerter.sync`, which copies every new alertable row (a failure, or a boot
   that is sealed but incomplete) into the ``alerts`` table (the outbox) with its
   message, keyed by failure id (``incomplete:<instance>:<boot>`` for boots) and
-  de-duplicated on (kind, instance, boot, stage). A row is marked ``sent_us`` only
-  after the server answered 2xx. A crash before sending leaves it unsent, and the
-  next start sends it; a restart never sends a row marked sent.
+  de-duplicated on (kind, instance, boot, stage). Before each POST the sender marks
+  the row ``attempted_us`` in the database (committed); a POST whose outcome is
+  unknown (sent, then no answer within the timeout, a reset, a 5xx other than 503)
+  is never sent again, and neither is one that was in flight when the process died
+  (the next start finds the mark). Only a POST that certainly did not reach the
+  receiver (no connection made; 408, 429, 503 answers) is retried, with backoff.
+  Every message carries a stable idempotency key (``flightrec.idempotency_key`` and
+  the ``Idempotency-Key`` header, a UUIDv5 of the alert id).
 - *Never blocking materialization.* Posts happen on the alerter's own thread
-  from a bounded queue; the writer only does two small SQL statements per commit.
+  from a bounded queue; the writer only does a few small SQL statements per commit.
   A server that is down costs retries with exponential backoff on that thread.
-- *Status changes.* Every ``status_interval`` seconds the writer also reads the
-  ``instance_status`` view stored in the file (the readers' one rule table, handed to
-  the materializer as DDL: nothing here imports it) and records one ``lost`` row per
-  silence, keyed ``lost:<instance>:<boot>:<last sign µs>``: a lost instance alerts once,
-  and again only after it was heard from and went silent anew. A file without the
-  stored view gets no ``lost`` alerts (a warning says so once).
+- *Status changes, one alert per silence.* Every ``status_interval`` seconds the writer
+  also reads the ``instance_status`` view stored in the file (the readers' one rule
+  table, handed to the materializer as DDL: nothing here imports it) and records a
+  ``lost`` row keyed ``lost:<instance>:<boot>:<last sign µs>``, the last sign being when
+  Kafka received the boot's last event. A boot already alerted as lost alerts again
+  only when something was received from it after that alert was made (a new silence);
+  a backlog folded late or heartbeats stamped by a wrong clock make no second alert.
+  Where the view judges by the instance's own clock (CreateTime topics) a new alert
+  needs the boot to have been seen not lost in between. A file without the stored view
+  gets no ``lost`` alerts (a warning says so once).
 - *Alerts start when enabled.* When the outbox is first created in a database
   that already holds failures, those are recorded as not to be sent (``sent_us``
   = 0), so enabling alerts on an old database does not replay its history.
@@ -30,15 +39,14 @@ import logging
 import queue
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import duckdb
 import pyarrow as pa
 
+from flightrec.consumers import webhook
 from flightrec.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -49,23 +57,6 @@ MAX_FIELD = 1900  # Slack refuses a block field over 2,000 characters
 _NEW = pa.schema([("alert_id", pa.string()), ("kind", pa.string()), ("instance_id", pa.string()),
                   ("boot_id", pa.string()), ("stage", pa.string()), ("ts_us", pa.int64()), ("payload", pa.string()),
                   ("created_us", pa.int64()), ("sent_us", pa.int64())])
-_OUTCOMES = pa.schema([("alert_id", pa.string()), ("sent_us", pa.int64()), ("attempts", pa.int32()),
-                       ("error", pa.string())])
-
-
-def _record_outcomes(con: duckdb.DuckDBPyConnection, outcomes: list[tuple[str, int | None, int, str | None]]) -> None:
-    """The senders' results into the outbox, as one Arrow batch and one UPDATE."""
-    if not outcomes:
-        return
-    table = pa.Table.from_pylist([dict(zip(_OUTCOMES.names, o)) for o in outcomes], schema=_OUTCOMES)
-    con.register("_alert_outcomes", table)
-    try:
-        con.execute("""UPDATE alerts SET sent_us = o.sent_us, attempts = alerts.attempts + o.attempts, error = o.error
-                       FROM _alert_outcomes o WHERE alerts.alert_id = o.alert_id""")
-    finally:
-        con.unregister("_alert_outcomes")
-
-
 OUTBOX_DDL = """
 CREATE TABLE IF NOT EXISTS alerts (
     alert_id    VARCHAR PRIMARY KEY,  -- the failure id, 'incomplete:<instance>:<boot>' or 'lost:<instance>:<boot>:<µs>'
@@ -78,8 +69,17 @@ CREATE TABLE IF NOT EXISTS alerts (
     created_us  BIGINT,
     sent_us     BIGINT,               -- NULL: not delivered yet; 0: predates alerts being enabled
     attempts    INTEGER DEFAULT 0,
-    error       VARCHAR               -- set when the server refused the message for good (4xx)
-)"""
+    error       VARCHAR,              -- why it is not sent (again): refused for good (4xx), or the outcome is unknown
+    attempted_us BIGINT,              -- a POST began then, its outcome not recorded yet (NULL: none in flight)
+    outcome     VARCHAR               -- delivered / refused / unknown; NULL: to be sent
+);
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS attempted_us BIGINT;
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS outcome VARCHAR"""
+# A POST in flight when the last materializer stopped without recording its outcome: it may have been received.
+_IN_FLIGHT_LEFT = """
+UPDATE alerts SET outcome = 'unknown', attempted_us = NULL,
+       error = 'outcome unknown: a POST was in flight when the materializer stopped; not sent again'
+WHERE attempted_us IS NOT NULL AND outcome IS NULL AND sent_us IS NULL AND error IS NULL"""
 
 # The alertable rows that the outbox does not hold yet, as (kind, row).
 _NEW_FAILURES = """
@@ -98,17 +98,44 @@ FROM boots b LEFT JOIN instances i USING (instance_id)
 WHERE b.sealed_count IS NOT NULL AND NOT b.complete
   AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.alert_id = 'incomplete:' || b.instance_id || ':' || b.boot_id)
 ORDER BY b.last_event_us"""
-# Instances the stored status view calls lost, one row per silence (its last sign of life).
-_NEW_LOST = """
-SELECT 'lost' AS kind, 'lost:' || s.instance_id || ':' || i.boot_id || ':' || CAST(s.last_sign_us AS VARCHAR)
+# Every instance the stored status view calls lost now, keyed by its silence (the last sign of life), with when
+# the latest lost alert of the same boot was made (NULL: none) and whether this silence's key is recorded.
+# ``s.*``: a view stored by an older flightrec lacks liveness_clock (then: the instance's clock).
+_LOST_NOW = """
+SELECT s.*, 'lost' AS kind, 'lost:' || s.instance_id || ':' || i.boot_id || ':' || CAST(s.last_sign_us AS VARCHAR)
            AS failure_id,
-       s.instance_id, i.boot_id, NULL AS stage, s.last_sign_us AS ts_us, s.status_detail, s.silent_s,
-       s.heartbeat_interval_s, i.gpu_model, i.host
+       i.boot_id, NULL AS stage, s.last_sign_us AS ts_us, i.gpu_model, i.host,
+       (SELECT max(a.created_us) FROM alerts a WHERE a.kind = 'lost' AND a.instance_id = s.instance_id
+                                                 AND a.boot_id = i.boot_id) AS alerted_us,
+       EXISTS (SELECT 1 FROM alerts a WHERE a.alert_id = 'lost:' || s.instance_id || ':' || i.boot_id || ':'
+                                                         || CAST(s.last_sign_us AS VARCHAR)) AS recorded
 FROM main.instance_status s JOIN instances i USING (instance_id)
 WHERE s.status = 'lost' AND s.last_sign_us IS NOT NULL
-  AND 'lost:' || s.instance_id || ':' || i.boot_id || ':' || CAST(s.last_sign_us AS VARCHAR)
-      NOT IN (SELECT alert_id FROM alerts)
-ORDER BY s.last_sign_us"""
+ORDER BY s.last_sign_us, s.instance_id"""
+
+
+def new_silences(rows: list[dict[str, Any]], lost_before: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The rows of _LOST_NOW that are a new silence to alert: one alert per silence, whatever the heartbeats say.
+
+    A boot never alerted as lost alerts. One already alerted alerts again only for a new silence: judged by the
+    receiver's clock, something was received from it after that alert was made (its last sign is later); judged
+    by the instance's own clock (no receive times), it was seen not lost in between (``lost_before`` holds the
+    boots lost at the previous look). A backlog folded late, heartbeats stamped by a wrong clock, a restart: no
+    second alert. Pure.
+    """
+    out = []
+    for r in rows:
+        if r["recorded"]:
+            continue
+        previous = r["alerted_us"]
+        if previous is not None:
+            if r.get("liveness_clock") == "receiver":
+                if r["last_sign_us"] <= previous:
+                    continue
+            elif (r["instance_id"], r["boot_id"]) in lost_before:
+                continue
+        out.append(r)
+    return out
 
 
 def parse_kinds(text: str | None) -> tuple[str, ...]:
@@ -163,7 +190,8 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
         text = f"flightrec: {inst} failed in {row.get('stage')}: {klass}. {hint}".rstrip()
     fields = {"Instance": inst, "Class": klass, "Hint": hint, "Matched line": matched, "Link": link}
     body: dict[str, Any] = {
-        "kind": kind, "alert_id": alert_id, "instance_id": inst, "boot_id": row.get("boot_id"),
+        "kind": kind, "alert_id": alert_id, "idempotency_key": webhook.idempotency_key(alert_id),
+        "instance_id": inst, "boot_id": row.get("boot_id"),
         "stage": row.get("stage"), "failure_class": klass, "hint": hint, "matched_line": matched, "link": link,
         "ts_us": row.get("ts_us"), "gpu_model": row.get("gpu_model"),
     }
@@ -182,46 +210,58 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
 
 
 class Alerter:
-    """The outbox in the database and the thread that posts it. Call sync() and close() from the writer thread."""
+    """The outbox in the database and the thread that posts it. Call start(), sync() and close() from the writer
+    thread; the sender thread writes delivery state (the in-flight mark, outcomes) through a cursor of its own."""
 
-    def __init__(self, config: AlertConfig) -> None:
+    def __init__(self, config: AlertConfig, post: Callable[[str, bytes, str, float], webhook.PostResult] | None = None
+                 ) -> None:
         url = urllib.parse.urlsplit(config.url)
         if url.scheme not in ("http", "https") or not url.netloc:
             raise ConfigError(f"webhook {config.url!r} is not an http(s) URL; give --webhook https://host/path")
         self.config = config
+        self._post = post or webhook.post
         self._queue: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=config.queue_size)
         self._queued: set[str] = set()                  # enqueued, outcome not yet recorded (writer thread)
-        self._outcomes: list[tuple[str, int | None, int, str | None]] = []  # (id, sent_us, attempts, error)
+        self._done: list[str] = []                      # ids whose outcome the sender recorded (under _lock)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._busy = threading.Event()
+        self._db: duckdb.DuckDBPyConnection | None = None  # the sender's cursor
         self._thread = threading.Thread(target=self._send_loop, name="flightrec-alerts", daemon=True)
         self._status_due = 0.0                          # monotonic time of the next status read
         self._status_missing_said = False
+        self._lost_before: set[tuple[str, str]] = set()  # (instance, boot) lost at the previous status read
 
     # -- writer thread -----------------------------------------------------------
 
     def start(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Create the outbox (recording any earlier failures as not to be sent), start the sender, queue what is due."""
+        """Create the outbox (recording any earlier failures as not to be sent), settle the POSTs a stopped
+        materializer left in flight (outcome unknown: not sent again), start the sender, queue what is due."""
         existed = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'alerts'").fetchone()[0]
         con.execute(OUTBOX_DDL)
+        left = con.execute(_IN_FLIGHT_LEFT).fetchone()[0]
+        if left:
+            log.warning("%d alert(s) were being posted when the last materializer stopped: their outcome is unknown, "
+                        "so they are not sent again (alerts.outcome = 'unknown')", left)
+        self._lost_before = {(r[0], r[1]) for r in
+                             con.execute("SELECT DISTINCT instance_id, boot_id FROM alerts WHERE kind = 'lost'").fetchall()}
         if not existed:
             self._record_new(con, sent_us=0)
+        self._db = con.cursor()
         self._thread.start()
         self.sync(con)
 
     def sync(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Record outcomes, copy new alertable rows into the outbox, queue the unsent ones (never blocks)."""
+        """Copy new alertable rows into the outbox, queue the unsent ones (never blocks)."""
         with self._lock:
-            outcomes, self._outcomes = self._outcomes, []
-        _record_outcomes(con, outcomes)
-        self._queued.difference_update(o[0] for o in outcomes)
+            done, self._done = self._done, []
+        self._queued.difference_update(done)
         self._record_new(con, sent_us=None)
         free = self.config.queue_size - self._queue.qsize()
         if free <= 0:
             return
         due = con.execute("SELECT alert_id, payload FROM alerts WHERE sent_us IS NULL AND error IS NULL "
-                          "AND list_contains(?, kind) ORDER BY created_us, ts_us",
+                          "AND outcome IS NULL AND list_contains(?, kind) ORDER BY created_us, ts_us",
                           [list(self.config.kinds)]).fetchall()
         for alert_id, payload in due:
             if alert_id in self._queued:
@@ -232,24 +272,27 @@ class Alerter:
                 break
             self._queued.add(alert_id)
 
+    def _rows(self, con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+        cur = con.execute(sql)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, values)) for values in cur.fetchall()]
+
     def _record_new(self, con: duckdb.DuckDBPyConnection, sent_us: int | None) -> None:
         now = time.time_ns() // 1000
-        rows = []
-        queries = [_NEW_FAILURES, _NEW_INCOMPLETE]
+        found = self._rows(con, _NEW_FAILURES) + self._rows(con, _NEW_INCOMPLETE)
         if time.monotonic() >= self._status_due and ("lost" in self.config.kinds or sent_us is not None):
             self._status_due = time.monotonic() + self.config.status_interval
             if self._has_status_view(con):
-                queries.append(_NEW_LOST)
-        for sql in queries:
-            cur = con.execute(sql)
-            names = [d[0] for d in cur.description]
-            for values in cur.fetchall():
-                row = dict(zip(names, values))
-                if row["kind"] not in self.config.kinds and sent_us is None:
-                    continue  # not chosen: not recorded, so choosing it later still alerts
-                rows.append([row["failure_id"], row["kind"], row["instance_id"], row["boot_id"], row["stage"],
-                             row["ts_us"], json.dumps(message(row["kind"], row, self.config.dashboard_url),
-                                                      default=str), now, sent_us])
+                lost = self._rows(con, _LOST_NOW)
+                found += new_silences(lost, self._lost_before)
+                self._lost_before = {(r["instance_id"], r["boot_id"]) for r in lost}
+        rows = []
+        for row in found:
+            if row["kind"] not in self.config.kinds and sent_us is None:
+                continue  # not chosen: not recorded, so choosing it later still alerts
+            rows.append([row["failure_id"], row["kind"], row["instance_id"], row["boot_id"], row["stage"],
+                         row["ts_us"], json.dumps(message(row["kind"], row, self.config.dashboard_url), default=str),
+                         now, sent_us])
         if rows:  # one Arrow batch, one INSERT (a first start may record thousands of earlier failures)
             unique = {r[0]: r for r in rows}  # one row per alert id within the batch too
             con.register("_new_alerts", pa.Table.from_pylist([dict(zip(_NEW.names, r)) for r in unique.values()],
@@ -269,7 +312,7 @@ class Alerter:
         return bool(found)
 
     def close(self, con: duckdb.DuckDBPyConnection | None) -> None:
-        """Give queued messages ``drain`` seconds, stop the sender, record the outcomes."""
+        """Give queued messages ``drain`` seconds, then stop the sender (a POST under way gets its timeout)."""
         deadline = time.monotonic() + self.config.drain
         while self._thread.is_alive() and (self._queue.unfinished_tasks or self._busy.is_set()) \
                 and time.monotonic() < deadline:
@@ -277,10 +320,11 @@ class Alerter:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.config.timeout + 1)
-        if con is not None:
-            with self._lock:
-                outcomes, self._outcomes = self._outcomes, []
-            _record_outcomes(con, outcomes)
+        if self._thread.is_alive():
+            log.warning("a POST to %s is still under way; its outcome is unknown and it is not sent again",
+                        self.config.url)
+        elif self._db is not None:
+            self._db.close()
         left = self._queue.unfinished_tasks
         if left:
             log.warning("%d alert(s) not delivered yet to %s; they are sent at the next start", left, self.config.url)
@@ -295,34 +339,56 @@ class Alerter:
                 continue
             self._busy.set()
             try:
-                sent_us, attempts, error = self._deliver(alert_id, payload)
-                if sent_us is not None or error is not None:
-                    with self._lock:
-                        self._outcomes.append((alert_id, sent_us, attempts, error))
+                self._deliver(alert_id, payload)
+            except Exception:  # noqa: BLE001 - a sender that dies would leave every later alert unsent
+                log.exception("alert %s: delivery failed unexpectedly; it is tried again at the next start", alert_id)
             finally:
                 self._busy.clear()
                 self._queue.task_done()
 
-    def _deliver(self, alert_id: str, payload: str) -> tuple[int | None, int, str | None]:
-        """Post until delivered, refused for good, or stopped: (sent_us, attempts, error)."""
-        delay, attempts = self.config.backoff, 0
-        while not self._stop.is_set():
-            attempts += 1
-            req = urllib.request.Request(self.config.url, data=payload.encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+    def _write(self, sql: str, params: list[Any]) -> bool:
+        """One committed statement on the sender's cursor; a write conflict with the writer thread is tried again."""
+        assert self._db is not None
+        for attempt in range(20):
             try:
-                with urllib.request.urlopen(req, timeout=self.config.timeout) as resp:
-                    resp.read()
-                return time.time_ns() // 1000, attempts, None
-            except urllib.error.HTTPError as exc:
-                if 400 <= exc.code < 500 and exc.code not in (408, 429):
-                    log.error("the webhook refused alert %s (HTTP %d); fix the URL or payload, it is not retried",
-                              alert_id, exc.code)
-                    return None, attempts, f"HTTP {exc.code}"
-                why = f"HTTP {exc.code}"
-            except (urllib.error.URLError, OSError) as exc:
-                why = str(getattr(exc, "reason", exc))
-            log.warning("alert %s not delivered (%s); retrying in %.1fs", alert_id, why, delay)
-            self._stop.wait(delay)
-            delay = min(delay * 2, self.config.max_backoff)
-        return None, attempts, None
+                self._db.execute(sql, params)
+                return True
+            except duckdb.TransactionException as exc:
+                if attempt == 19:
+                    log.error("could not record the delivery state of an alert: %s", exc)
+                time.sleep(0.01 * (attempt + 1))
+            except duckdb.Error as exc:
+                log.error("could not record the delivery state of an alert: %s", exc)
+                return False
+        return False
+
+    def _deliver(self, alert_id: str, payload: str) -> None:
+        """Post until delivered, refused, of unknown outcome, or stopped; each POST marked in flight beforehand."""
+        delay, key, body = self.config.backoff, webhook.idempotency_key(alert_id), payload.encode()
+        while not self._stop.is_set():
+            # at most once: the mark is committed before the request leaves; unmarked, it does not leave
+            if not self._write("UPDATE alerts SET attempted_us = ?, attempts = attempts + 1 WHERE alert_id = ?",
+                               [time.time_ns() // 1000, alert_id]):
+                return  # stays due: the next start tries again (nothing was sent)
+            result = self._post(self.config.url, body, key, self.config.timeout)
+            if result.outcome == webhook.RETRY:
+                self._write("UPDATE alerts SET attempted_us = NULL WHERE alert_id = ?", [alert_id])
+                wait = min(max(delay, result.retry_after or 0.0), self.config.max_backoff)
+                log.warning("alert %s not delivered (%s); retrying in %.1fs", alert_id, result.why, wait)
+                self._stop.wait(wait)
+                delay = min(delay * 2, self.config.max_backoff)
+                continue
+            sent = time.time_ns() // 1000 if result.outcome == webhook.DELIVERED else None
+            error = None
+            if result.outcome == webhook.REFUSED:
+                error = result.why
+                log.error("the webhook refused alert %s (%s); fix the URL or payload, it is not retried",
+                          alert_id, result.why)
+            elif result.outcome == webhook.UNKNOWN:
+                error = f"outcome unknown ({result.why}); not sent again: at most once"
+                log.warning("alert %s: %s", alert_id, error)
+            self._write("UPDATE alerts SET sent_us = ?, outcome = ?, error = ?, attempted_us = NULL "
+                        "WHERE alert_id = ?", [sent, result.outcome, error, alert_id])
+            with self._lock:
+                self._done.append(alert_id)
+            return

@@ -32,8 +32,13 @@ FAILURES = pa.schema([
     ("killed_by", STR), ("killed_by_evidence", STR)])
 BOOTS = pa.schema([("instance_id", STR), ("boot_id", STR), ("events", I64), ("max_seq", I64), ("sealed_count", I64),
                    ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR),
-                  ("dropped_events", I64)])
+                  ("dropped_events", I64), ("first_recv_us", I64), ("last_recv_us", I64), ("clock_offset_us", I64)])
 MAX_RANGES = 5  # missing-seq ranges spelled out in incomplete_reason
+# The clock offset of a boot is the median of ts_us - recv_us over its latest OFFSET_EVENTS events (by seq, then
+# event id: a function of the event set). The median ignores a few events delivered late (spooled while Kafka
+# was away: their difference is their delay) and a few stamped across a clock jump; the latest ones follow a
+# clock that was set right during the boot within OFFSET_EVENTS / 2 events.
+OFFSET_EVENTS = 32
 
 
 @contextmanager
@@ -187,7 +192,7 @@ def recompute_boots(con: duckdb.DuckDBPyConnection, boots: pa.Table) -> None:
 
 def _boot_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """The boots rows of ``_aff_boot``: counted in SQL, judged here where the seqs are not exactly 0..n-1."""
-    rows = _rows(con, """
+    rows = _rows(con, f"""
         WITH s AS (
             SELECT instance_id, boot_id, arg_max(event_count, seq) AS sealed_count, max(seq) AS seal_seq
             FROM lifecycle_events SEMI JOIN _aff_boot USING (instance_id, boot_id)
@@ -196,7 +201,10 @@ def _boot_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                any_value(s.sealed_count) AS sealed_count, any_value(s.seal_seq) AS seal_seq,
                min(e.ts_us) AS first_event_us, max(e.ts_us) AS last_event_us,
                count(DISTINCT e.seq) AS distinct_seq,
-               count(*) FILTER (WHERE e.kind = 'dropped') AS dropped_events
+               count(*) FILTER (WHERE e.kind = 'dropped') AS dropped_events,
+               min(e.recv_us) AS first_recv_us, max(e.recv_us) AS last_recv_us,
+               CAST(round(list_median(arg_max(e.ts_us - e.recv_us, (e.seq, e.event_id), {OFFSET_EVENTS})
+                                      FILTER (WHERE e.recv_us IS NOT NULL))) AS BIGINT) AS clock_offset_us
         FROM events_seen e JOIN _aff_boot b USING (instance_id, boot_id)
         LEFT JOIN s USING (instance_id, boot_id)
         GROUP BY ALL ORDER BY e.instance_id, e.boot_id""")
@@ -345,10 +353,12 @@ INSTANCES_SQL = """
 INSERT INTO instances BY NAME
 WITH lb AS (
     SELECT * FROM (SELECT b.*, row_number() OVER (PARTITION BY b.instance_id
-                                                  ORDER BY b.first_event_us DESC, b.boot_id DESC) AS rn
+                                                  ORDER BY coalesce(b.first_recv_us, b.first_event_us) DESC,
+                                                           b.boot_id DESC) AS rn
                    FROM boots b SEMI JOIN _aff_inst USING (instance_id)) WHERE rn = 1),
 span AS (
-    SELECT instance_id, min(first_event_us) AS first_event_us, max(last_event_us) AS last_event_us
+    SELECT instance_id, min(first_event_us) AS first_event_us, max(last_event_us) AS last_event_us,
+           max(last_recv_us) AS last_recv_us
     FROM boots SEMI JOIN _aff_inst USING (instance_id) GROUP BY instance_id),
 st AS (
     SELECT * FROM (SELECT l.instance_id, l.state, l.detail,
@@ -386,7 +396,8 @@ SELECT a.instance_id, lb.boot_id, sg.stage, st.state, st.detail,
        lb.sealed_count IS NOT NULL AS sealed,
        coalesce(lb.complete, false) AS complete,
        lb.incomplete_reason,
-       coalesce(lb.dropped_events, 0) AS dropped_events
+       coalesce(lb.dropped_events, 0) AS dropped_events,
+       span.last_recv_us, lb.clock_offset_us
 FROM _aff_inst a
 LEFT JOIN lb USING (instance_id) LEFT JOIN span USING (instance_id) LEFT JOIN st USING (instance_id)
 LEFT JOIN sg USING (instance_id) LEFT JOIN fa USING (instance_id) LEFT JOIN re USING (instance_id)
@@ -399,10 +410,12 @@ LEFT JOIN rate USING (instance_id) LEFT JOIN fc USING (instance_id)
 # state, stage, facts, throughput and the failure count cannot. Reads the boots and the stored rows only.
 BOOT_ONLY_INSTANCES_SQL = """
 WITH b AS (
-    SELECT instance_id, arg_max(b, (first_event_us, boot_id)) AS lb,
-           min(first_event_us) AS first_event_us, max(last_event_us) AS last_event_us
+    SELECT instance_id, arg_max(b, (coalesce(first_recv_us, first_event_us), boot_id)) AS lb,
+           min(first_event_us) AS first_event_us, max(last_event_us) AS last_event_us,
+           max(last_recv_us) AS last_recv_us
     FROM boots b SEMI JOIN _boot_only USING (instance_id) GROUP BY instance_id)
 SELECT i.* REPLACE (b.first_event_us AS first_event_us, b.last_event_us AS last_event_us,
+                    b.last_recv_us AS last_recv_us, b.lb.clock_offset_us AS clock_offset_us,
                     coalesce(b.lb.events, 0) AS events, b.lb.sealed_count IS NOT NULL AS sealed,
                     coalesce(b.lb.complete, false) AS complete, b.lb.incomplete_reason AS incomplete_reason,
                     coalesce(b.lb.dropped_events, 0) AS dropped_events)

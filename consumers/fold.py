@@ -5,7 +5,10 @@ up either as rows or as exactly one dead letter with a reason; an event_id seen
 twice in one batch yields rows once (the store drops ids seen in earlier batches), but
 an event_id that comes again with other bytes is a dead letter saying so (``reused``);
 no stored timestamp lies outside 1970-01-01..2200-01-01 and no seq beyond 2^40
-(such events are dead letters), so no reader's arithmetic can overflow.
+(such events are dead letters), so no reader's arithmetic can overflow. An event's
+``recv_us`` is when Kafka appended it (the record's LogAppendTime timestamp, the broker's
+clock), stored as the record carries it so a replay agrees; NULL where the record has no
+broker time (a CreateTime topic: its timestamp is the sender's clock, no better than ``ts_us``).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ STRLIST = pa.list_(pa.string())
 FILE_TAILS = event_fields("ProcessExit", "file_tails")[0].type
 _ENVELOPE = event_fields("Lifecycle", *ENVELOPE)
 _KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND below)
+_RECV = pa.field("recv_us", I64)  # when Kafka appended the record (its LogAppendTime), NULL when unknown
 
-EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64)])
+EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64), _RECV])
 LIFECYCLE = pa.schema(_ENVELOPE + [_KIND] + event_fields("Lifecycle", "stage", "state", "detail", "attributes")
                       + event_fields("Sealed", "event_count"))
 FACTS = event_schema("InstanceFacts")
@@ -50,8 +54,8 @@ THROUGHPUT = pa.schema(_ENVELOPE + [_KIND]
 LOGS = pa.schema(event_fields("LogBatch", "instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
                  + [element_field("LogBatch", "line_no"), element_field("LogBatch", "line_ts_us", "ts_us")]
                  + [element_field("LogBatch", n) for n in ("text", "truncated", "invalid_utf8", "late")])
-HEARTBEATS = event_schema("Heartbeat")
-MANAGER = event_schema("ManagerEvent")
+HEARTBEATS = pa.schema(list(event_schema("Heartbeat")) + [_RECV])
+MANAGER = pa.schema(list(event_schema("ManagerEvent")) + [_RECV])
 DEAD = pa.schema([("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()),
                   ("value", pa.binary()), ("reason", STR)])
 
@@ -93,6 +97,12 @@ def missing_facts_as_null(rec: dict[str, Any]) -> dict[str, Any]:
     return {**rec, **{k: None for k in UNKNOWN_WHEN_EMPTY if rec.get(k) in ("", 0)}}
 
 
+# Kafka's record timestamp types (aiokafka's ConsumerRecord.timestamp_type): CreateTime is the sender's clock,
+# LogAppendTime the broker's at append (a topic with message.timestamp.type=LogAppendTime).
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+
 class Message(Protocol):
     """What the fold reads from a Kafka record (aiokafka's ConsumerRecord fits)."""
 
@@ -101,17 +111,31 @@ class Message(Protocol):
     offset: int
     key: bytes | None
     value: bytes | None
+    timestamp: int | None        # ms since the epoch
+    timestamp_type: int | None   # CREATE_TIME / LOG_APPEND_TIME
 
 
 @dataclass(frozen=True)
 class RawMessage:
-    """A Kafka record held in memory (tests and replays build these)."""
+    """A Kafka record held in memory (tests and replays build these); no timestamp: no receive time."""
 
     topic: str
     partition: int
     offset: int
     key: bytes | None
     value: bytes | None
+    timestamp: int | None = None
+    timestamp_type: int | None = None
+
+
+def received_us(msg: Message) -> int | None:
+    """When the pipeline received the record: the broker's LogAppendTime in µs; None for a CreateTime record (the
+    sender's clock), a record without a timestamp, or one outside the sane window. Pure: a replay reads the same."""
+    ts = getattr(msg, "timestamp", None)
+    if getattr(msg, "timestamp_type", None) != LOG_APPEND_TIME or ts is None:
+        return None
+    us = int(ts) * 1000
+    return us if TS_MIN_US <= us < TS_MAX_US else None
 
 
 class FoldError(ValueError):
@@ -253,9 +277,9 @@ def reused(event_id: str, stored: tuple[int, str], seq: int, kind: str) -> str:
             f"this one is seq {seq} ({kind}); this one is kept here and not stored")
 
 
-def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int) -> None:
+def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int | None = None) -> None:
     """Append one decoded record's rows; raises FoldError (nothing appended) when it cannot."""
-    env = _envelope(rec)
+    env = {**_envelope(rec), "recv_us": recv_us}
     kind = KIND[name]
     _validate(kind, rec)
     if kind == "manager":  # its own source's seq: kept in manager_events only, outside the instance's boots
@@ -334,7 +358,7 @@ def fold(messages: Iterable[Message], codec: Codec | None = None,
                 else:
                     _dead(b, msg, reused(rec["event_id"], first[1:], rec.get("seq", -1), KIND.get(name, name)), keep)
                 continue
-            _fold_one(b, name, rec, fp)
+            _fold_one(b, name, rec, fp, received_us(msg))
             seen[rec["event_id"]] = (fp, rec["seq"], KIND[name])
             origins[rec["event_id"]] = (msg.topic, msg.partition, msg.offset, msg.key, msg.value)
         except CodecError as exc:

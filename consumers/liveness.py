@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 MERGE_SQL = """
 MERGE INTO heartbeats h USING (
     SELECT instance_id, boot_id, count(*) AS beats, min(ts_us) AS first_us, max(ts_us) AS last_us,
-           max(seq) AS last_seq, arg_max(interval_s, seq) AS interval_s, arg_max(stage, seq) AS stage
+           max(seq) AS last_seq, arg_max(interval_s, seq) AS interval_s, arg_max(stage, seq) AS stage,
+           max(recv_us) AS last_recv_us
     FROM _hb SEMI JOIN _hb_new USING (event_id)
     GROUP BY instance_id, boot_id) s
 ON h.instance_id = s.instance_id AND h.boot_id = s.boot_id
@@ -28,6 +29,7 @@ WHEN MATCHED THEN UPDATE SET
     beats = h.beats + s.beats,
     first_us = least(h.first_us, s.first_us),
     last_us = greatest(h.last_us, s.last_us),
+    last_recv_us = greatest(h.last_recv_us, s.last_recv_us),  -- greatest() skips a NULL
     interval_s = CASE WHEN s.last_seq > h.last_seq THEN s.interval_s ELSE h.interval_s END,
     stage = CASE WHEN s.last_seq > h.last_seq THEN s.stage ELSE h.stage END,
     last_seq = greatest(h.last_seq, s.last_seq)
@@ -74,24 +76,41 @@ def merge_heartbeats(con: duckdb.DuckDBPyConnection, heartbeats: pa.Table, new: 
 
 @dataclass(frozen=True, order=True)
 class Gap:
-    """A silence of a running stage: no heartbeat from ``since_us`` to ``until_us`` (None: still silent)."""
+    """A silence of a running stage: no heartbeat from ``since_us`` to ``until_us`` (None: still silent), placed on
+    the instance's clock; ``silent_us`` is its length as measured on the receiver's clock (None: by the instance's),
+    and for an open gap ``heard_us`` is when the receiver last heard of the boot, if known."""
 
     since_us: int
     until_us: int | None
     boot_id: str
     stage: str
     interval_s: float
+    heard_us: int | None = None
+    silent_us: int | None = None
+
+    @property
+    def length_us(self) -> int | None:
+        """How long the closed gap lasted: on the receiver's clock when known (a jump of the instance's clock makes
+        no gap), else on the instance's."""
+        if self.silent_us is not None:
+            return self.silent_us
+        return None if self.until_us is None else self.until_us - self.since_us
 
 
 def heartbeat_gaps(beats: Iterable[Mapping[str, object]], intervals: Mapping[str, float],
                    now_us: int | None = None, sealed_boots: Iterable[str] = (),
-                   last_event_us: Mapping[str, int] | None = None) -> list[Gap]:
+                   last_event_us: Mapping[str, int] | None = None,
+                   last_recv_us: Mapping[str, int | None] | None = None) -> list[Gap]:
     """Gaps longer than LOST_AFTER_INTERVALS intervals between heartbeats of one stage of one boot.
 
-    ``beats`` are rows with boot_id, seq, ts_us, stage; ``intervals`` the interval per boot.
-    With ``now_us``, an unsealed boot silent for longer than that since its last heartbeat
-    (or its last event of any kind, from ``last_event_us``, when later) also gets an open
-    gap (until_us None): contact lost, as the `lost` status says.
+    ``beats`` are rows with boot_id, seq, ts_us, stage and, where known, recv_us (when Kafka received it: then the
+    silence between two beats is measured on that clock, so a jump of the instance's clock makes no gap);
+    ``intervals`` the interval per boot.
+    With ``now_us`` (the receiver's clock), an unsealed boot silent for longer than that also
+    gets an open gap (until_us None): contact lost, as the `lost` status says. Silent since
+    when Kafka received its last event (``last_recv_us``, the broker's clock) where known,
+    else (topics stamped CreateTime, rows from before) since its last heartbeat or last event
+    of any kind (``last_event_us``) on the instance's own clock.
     """
     by_boot: dict[str, list[Mapping[str, object]]] = {}
     for b in beats:
@@ -106,12 +125,15 @@ def heartbeat_gaps(beats: Iterable[Mapping[str, object]], intervals: Mapping[str
         rows.sort(key=lambda r: (int(r["seq"]), int(r["ts_us"])))  # type: ignore[call-overload]
         for prev, cur in zip(rows, rows[1:]):
             p, c = int(prev["ts_us"]), int(cur["ts_us"])  # type: ignore[call-overload]
-            if prev["stage"] == cur["stage"] and c - p > limit:
-                out.append(Gap(p, c, boot, str(cur["stage"]), interval))
+            rp, rc = prev.get("recv_us"), cur.get("recv_us")
+            silent = None if rp is None or rc is None else int(rc) - int(rp)  # type: ignore[call-overload]
+            if prev["stage"] == cur["stage"] and (c - p if silent is None else silent) > limit:
+                out.append(Gap(p, c, boot, str(cur["stage"]), interval, silent_us=silent))
         last = rows[-1]
         since = max(int(last["ts_us"]), int((last_event_us or {}).get(boot) or 0))  # type: ignore[call-overload]
-        if now_us is not None and boot not in sealed and now_us - since > limit:
-            out.append(Gap(since, None, boot, str(last["stage"]), interval))
+        heard = (last_recv_us or {}).get(boot)
+        if now_us is not None and boot not in sealed and now_us - (since if heard is None else heard) > limit:
+            out.append(Gap(since, None, boot, str(last["stage"]), interval, heard))
     return sorted(out)
 
 

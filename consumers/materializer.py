@@ -25,11 +25,12 @@ from aiokafka.errors import KafkaError
 
 from flightrec.consumers.alerts import KINDS as ALERT_KINDS, AlertConfig, Alerter
 from flightrec.consumers.classify import RuleTable
-from flightrec.consumers.fold import Delta, fold
+from flightrec.consumers.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.consumers.serve import QueryServer
 from flightrec.consumers.stats import Stats
 from flightrec.consumers.store import Store
-from flightrec.cluster import topic_partitions
+from flightrec.cluster import LOG_APPEND_TIME as APPEND_TIME_CONFIG, TIMESTAMP_TYPE, create_time_warning, \
+    describe_topic_configs, topic_partitions
 from flightrec.errors import ConfigError, MaterializeError
 from flightrec.settings import TOPICS
 
@@ -60,6 +61,7 @@ class Options:
     dashboard_url: str = "http://localhost:8501"
     alert_backoff: float = 1.0          # first retry delay of a failed post
     alert_drain: float = 10.0           # seconds a stopping materializer lets queued alerts go out
+    alert_timeout: float = 10.0         # seconds a webhook POST may take; past it the outcome is unknown (not resent)
     views: tuple[str, ...] = ()         # CREATE OR REPLACE VIEW statements stored in the file at start
     data_path: str | None = None        # a lake's data folder (--data-path); None for a file
     session_timeout: float = 10.0       # a lake's group: seconds before a silent member's partitions move
@@ -90,6 +92,26 @@ class _Pending:
     def take(self) -> list[Any]:
         records, self.records, self.bytes = self.records, [], 0
         return records
+
+
+class _ClockWatch:
+    """Says once per topic when its records carry no broker time (CreateTime): then liveness cannot be judged by
+    when the pipeline received the events and falls back to the instances' own clocks (docs/materializer.md)."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+
+    def see(self, data: dict[TopicPartition, list[Any]]) -> None:
+        for tp, records in data.items():
+            if tp.topic in self.said:
+                continue
+            stale = next((r for r in records if getattr(r, "timestamp_type", None) != LOG_APPEND_TIME), None)
+            if stale is not None:
+                self.said.add(tp.topic)
+                log.warning("records of %s (partition %d, offset %d and others) carry the sender's clock (CreateTime), "
+                            "not the broker's: for their events `lost` and the clock offset follow the instances' own "
+                            "clocks. New topics are made with %s=LogAppendTime; records appended before a topic was "
+                            "switched keep CreateTime", tp.topic, tp.partition, stale.offset, TIMESTAMP_TYPE)
 
 
 def parse_time(text: str, now: float | None = None) -> int:
@@ -141,6 +163,7 @@ class Materializer:
         self._alerts: Alerter | None = None
         self._inflight: asyncio.Future[None] | None = None  # the commit being written
         self._pending = _Pending(options)  # read, not yet folded (run() starts it afresh)
+        self._clocks = _ClockWatch()
 
     async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.wrap_future(self._writer.submit(fn, *args))
@@ -152,6 +175,7 @@ class Materializer:
             if opts.webhook and not opts.replay:
                 self._alerts = Alerter(AlertConfig(opts.webhook, opts.alert_on, opts.dashboard_url,
                                                    backoff=opts.alert_backoff, drain=opts.alert_drain,
+                                                   timeout=opts.alert_timeout,
                                                    status_interval=opts.status_interval))
                 await self._in_writer(self._alerts.start, self._store.con)
             if opts.serve:
@@ -174,11 +198,27 @@ class Materializer:
                 raise MaterializeError(f"cannot read Kafka: {cause}" if cause else
                                        f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
                                        f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP") from exc
+            await self._check_timestamp_types()
             await self._assign(initial=True)
         except BaseException:
             await self._close()
             raise
         return self
+
+    async def _check_timestamp_types(self) -> None:
+        """Warn when a topic stamps the sender's clock (CreateTime): liveness then falls back to the instances'."""
+        assert self._admin is not None
+        try:
+            configs = await describe_topic_configs(self._admin, self.opts.topics)
+        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+            log.info("cannot describe the topics' configs (%s): whether they stamp the broker's clock is judged by "
+                     "the records as they come", exc)
+            return
+        types = {t: c.get(TIMESTAMP_TYPE, "CreateTime") for t, c in configs.items()}  # Kafka's default: CreateTime
+        warning = create_time_warning(types, str(self.kafka_kwargs.get("bootstrap_servers", "BOOTSTRAP")))
+        if warning:
+            log.warning("%s", warning)
+            self._clocks.said.update(t for t, kind in types.items() if kind != APPEND_TIME_CONFIG)
 
     def _open_store(self) -> Any:
         """The store this run writes (in the writer thread): a DuckDB file here."""
@@ -297,7 +337,9 @@ class Materializer:
         """The next messages; none when the broker went away (counted, waited for: what is held is kept)."""
         assert self._consumer is not None
         try:
-            return await self._consumer.getmany(timeout_ms=100, max_records=self.opts.batch_messages)
+            data = await self._consumer.getmany(timeout_ms=100, max_records=self.opts.batch_messages)
+            self._clocks.see(data)
+            return data
         except KafkaError as exc:
             self.stats += Stats(errors_total=1)
             log.warning("reading the topics failed (%s); retrying", exc)

@@ -2,8 +2,11 @@
 -- and every reader (analytics/, `flightrec sql`, `timeline`). Timestamps are
 -- microseconds since the Unix epoch, UTC (BIGINT, `*_us`), exactly as the
 -- events carry them, so a replay reproduces the tables row for row: no column
--- here holds wall-clock time of the materializer. New columns may be added
--- (readers select by name); renaming one changes the contract.
+-- here holds wall-clock time of the materializer. `recv_us` columns hold the
+-- broker's clock: when Kafka appended the record (its LogAppendTime timestamp,
+-- kept in the topic, so a replay reads the same); NULL where the topic stamps
+-- CreateTime (the sender's clock) or the row predates them. New columns may be
+-- added (readers select by name); renaming one changes the contract.
 
 -- One row per instance: where it is, what it is, and whether its evidence is complete.
 CREATE TABLE IF NOT EXISTS instances (
@@ -31,7 +34,9 @@ CREATE TABLE IF NOT EXISTS instances (
     sealed             BOOLEAN DEFAULT FALSE,
     complete           BOOLEAN DEFAULT FALSE, -- latest boot sealed, its count covering seq 0..count-1 each once and nothing more
     incomplete_reason  VARCHAR,          -- why not complete, e.g. 'not sealed', 'missing seq 17..19'
-    dropped_events     BIGINT DEFAULT 0  -- events of the latest boot Kafka refused for good (Dropped markers)
+    dropped_events     BIGINT DEFAULT 0, -- events of the latest boot Kafka refused for good (Dropped markers)
+    last_recv_us       BIGINT,           -- when Kafka received its latest event (any boot; the broker's clock)
+    clock_offset_us    BIGINT            -- the latest boot's clock minus the broker's (boots.clock_offset_us)
 );
 
 -- Completeness bookkeeping per boot (an instance may boot several times).
@@ -46,6 +51,10 @@ CREATE TABLE IF NOT EXISTS boots (
     complete       BOOLEAN,
     incomplete_reason VARCHAR, -- NULL when complete
     dropped_events BIGINT DEFAULT 0, -- Dropped markers: events Kafka refused for good (their seq is kept)
+    first_recv_us  BIGINT,     -- when Kafka received the boot's first / latest event (the broker's clock;
+    last_recv_us   BIGINT,     -- NULL when no event of the boot carries a LogAppendTime)
+    clock_offset_us BIGINT,    -- the instance's clock minus the broker's: the median of ts_us - recv_us over
+                               -- the boot's latest 32 events by seq (positive: the instance's clock is ahead)
     PRIMARY KEY (instance_id, boot_id)
 );
 
@@ -163,6 +172,7 @@ CREATE TABLE IF NOT EXISTS heartbeats (
     last_seq    BIGINT,
     interval_s  DOUBLE,       -- the interval the latest heartbeat announced (FLIGHTREC_HEARTBEAT_S)
     stage       VARCHAR,      -- the stage the latest heartbeat was sent for
+    last_recv_us BIGINT,      -- when Kafka received the latest heartbeat (the broker's clock; NULL: unknown)
     PRIMARY KEY (instance_id, boot_id)
 );
 
@@ -185,7 +195,8 @@ CREATE TABLE IF NOT EXISTS manager_events (
     source_id   VARCHAR,      -- who sent it, e.g. manager@controller
     kind        VARCHAR,      -- rented / destroyed / note / rebooted / released
     detail      VARCHAR,
-    attributes  MAP(VARCHAR, VARCHAR)
+    attributes  MAP(VARCHAR, VARCHAR),
+    recv_us     BIGINT        -- when Kafka received it (the broker's clock; NULL: unknown)
 );
 
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -217,7 +228,8 @@ CREATE TABLE IF NOT EXISTS events_seen (
     ts_us       BIGINT,
     kind        VARCHAR,      -- lifecycle / facts / sealed / dropped / log / exit / sample / result / heartbeat
     stage       VARCHAR,
-    fingerprint BIGINT        -- CRC-32 and length of the message: the same id with other bytes is a dead letter
+    fingerprint BIGINT,       -- CRC-32 and length of the message: the same id with other bytes is a dead letter
+    recv_us     BIGINT        -- when Kafka received it (the broker's clock; NULL: unknown, see above)
 );
 
 -- Every InstanceFacts event, whole (instances holds the latest GPU facts).
@@ -266,3 +278,11 @@ ALTER TABLE events_seen ADD COLUMN IF NOT EXISTS fingerprint BIGINT;  -- NULL fo
 ALTER TABLE log_lines ADD COLUMN IF NOT EXISTS late BOOLEAN; -- NULL for lines from before `late`: not late
 ALTER TABLE failures ADD COLUMN IF NOT EXISTS killed_by VARCHAR;  -- filled at the first open (Store)
 ALTER TABLE failures ADD COLUMN IF NOT EXISTS killed_by_evidence VARCHAR;
+ALTER TABLE events_seen ADD COLUMN IF NOT EXISTS recv_us BIGINT;  -- NULL for events folded before: not known
+ALTER TABLE manager_events ADD COLUMN IF NOT EXISTS recv_us BIGINT;
+ALTER TABLE heartbeats ADD COLUMN IF NOT EXISTS last_recv_us BIGINT;
+ALTER TABLE boots ADD COLUMN IF NOT EXISTS first_recv_us BIGINT;
+ALTER TABLE boots ADD COLUMN IF NOT EXISTS last_recv_us BIGINT;
+ALTER TABLE boots ADD COLUMN IF NOT EXISTS clock_offset_us BIGINT;
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS last_recv_us BIGINT;
+ALTER TABLE instances ADD COLUMN IF NOT EXISTS clock_offset_us BIGINT;

@@ -10,6 +10,7 @@ by the same dispatch, failure builder and rule table.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +22,7 @@ from flightrec.consumers.fold import Message, RawMessage, fold
 from flightrec.consumers.liveness import Gap, ago, heartbeat_gaps
 from flightrec.consumers.store import Store
 from flightrec.query import run_query
-from flightrec.schemas import EVENT_BY_NAME, default_codec, now_us
+from flightrec.schemas import EVENT_BY_NAME, default_codec
 from flightrec.errors import CodecError
 
 Row = Mapping[str, Any]
@@ -87,9 +88,9 @@ def _manager_text(r: Row) -> str:
 def _gap_text(g: Gap, now: int | None) -> str:
     since = _when(g.since_us)[:19]
     if g.until_us is None:
-        lost = f"; lost contact {ago((now - g.since_us) / 1e6)} ago" if now else ""
+        lost = f"; lost contact {ago((now - (g.since_us if g.heard_us is None else g.heard_us)) / 1e6)} ago" if now else ""
         return f"no heartbeat since {since} (interval {g.interval_s:g}s){lost}"
-    return f"no heartbeat since {since} for {ago((g.until_us - g.since_us) / 1e6)} (interval {g.interval_s:g}s)"
+    return f"no heartbeat since {since} for {ago((g.length_us or 0) / 1e6)} (interval {g.interval_s:g}s)"
 
 
 def liveness_entries(manager: Iterable[Row], gaps: Iterable[Gap], now: int | None = None) -> list[Entry]:
@@ -134,12 +135,13 @@ def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]
     logs = q("""SELECT * FROM log_lines WHERE instance_id = ? ORDER BY ts_us DESC, seq DESC, line_no DESC
                 LIMIT ?""", instance, limit)
     manager = q("SELECT * FROM manager_events WHERE instance_id = ?", instance)
-    beats = q("SELECT boot_id, seq, ts_us, stage FROM events_seen WHERE instance_id = ? AND kind = 'heartbeat'", instance)
+    beats = q("SELECT * FROM events_seen WHERE instance_id = ? AND kind = 'heartbeat'", instance)  # recv_us if any
     intervals = {r["boot_id"]: r["interval_s"] for r in q("SELECT * FROM heartbeats WHERE instance_id = ?", instance)}
-    boots = q("SELECT boot_id, sealed_count, last_event_us FROM boots WHERE instance_id = ?", instance)
+    boots = q("SELECT * FROM boots WHERE instance_id = ?", instance)  # last_recv_us: absent in an older file
     sealed = [r["boot_id"] for r in boots if r["sealed_count"] is not None]
-    now = now_us()
-    gaps = heartbeat_gaps(beats, intervals, now, sealed, {r["boot_id"]: r["last_event_us"] for r in boots})
+    now = time.time_ns() // 1000  # the receiver's clock, as the `lost` status
+    gaps = heartbeat_gaps(beats, intervals, now, sealed, {r["boot_id"]: r["last_event_us"] for r in boots},
+                          {r["boot_id"]: r.get("last_recv_us") for r in boots})
     extra = liveness_entries(manager, gaps, now)
     return sorted(entries_from_rows(life, exits, throughput, logs, fails) + extra), total - len(logs)
 
@@ -178,9 +180,10 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
     return entries_from_messages(messages, instance, rules, max_lines)
 
 
-async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, topics: Sequence[str],
-                                timeout: float = 120.0) -> list[tuple[str, dict[str, Any]]]:
-    """Every decodable event of ``instance`` now in the topics (key = instance id), read to the end offsets."""
+async def read_instance_messages(kafka_kwargs: dict[str, Any], instance: str, topics: Sequence[str],
+                                 timeout: float = 120.0) -> list[RawMessage]:
+    """Every decodable event of ``instance`` now in the topics (key = instance id), read to the end offsets, as
+    records with their Kafka timestamps (the receive time the fold reads from a LogAppendTime topic)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from flightrec.cluster import partitions_now
@@ -191,7 +194,7 @@ async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, top
     await c.start()
     try:
         parts = [TopicPartition(t, p) for t, p in await partitions_now(kafka_kwargs, topics)]
-        out: list[tuple[str, dict[str, Any]]] = []
+        out: list[RawMessage] = []
         if not parts:
             return out
         c.assign(parts)
@@ -208,11 +211,12 @@ async def read_instance_records(kafka_kwargs: dict[str, Any], instance: str, top
                     if r.key != key:
                         continue
                     try:
-                        name, rec = codec.decode_record(r.value)
+                        _name, rec = codec.decode_record(r.value)
                     except CodecError:
                         continue
                     if rec.get("instance_id") == instance:
-                        out.append((name, rec))
+                        out.append(RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp,
+                                              r.timestamp_type))
         return out
     finally:
         await c.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from dataclasses import dataclass, field, fields
@@ -14,9 +15,33 @@ PHASES = ("warmup", "measured")
 VERDICTS = ("pass", "fail", "error")
 
 
+CLOCK_OFFSET_ENV = "FLIGHTREC_CLOCK_OFFSET_S"  # testing/diagnostics: the instance's clock, shifted
+_clock_offset_us: int | None = None
+
+
+def clock_offset_us() -> int:
+    """The shift FLIGHTREC_CLOCK_OFFSET_S gives this process's event clock, in µs (0 when unset).
+
+    A testing and diagnostic setting: it makes the agent stamp its events as an instance whose
+    clock is wrong would (negative: behind), without touching the machine's clock. Read once.
+    An unreadable value is no shift: a diagnostic setting never stops the agent.
+    """
+    global _clock_offset_us
+    if _clock_offset_us is None:
+        try:
+            _clock_offset_us = int(float(os.environ.get(CLOCK_OFFSET_ENV) or 0) * 1_000_000)
+        except ValueError:
+            _clock_offset_us = 0
+    return _clock_offset_us
+
+
 def now_us() -> int:
-    """Microseconds since the Unix epoch, UTC."""
-    return time.time_ns() // 1000
+    """Microseconds since the Unix epoch, UTC, on this instance's clock: the events' timestamps.
+
+    FLIGHTREC_CLOCK_OFFSET_S (testing/diagnostics) shifts it; the materializer judges liveness by
+    when Kafka received the events, never by this clock.
+    """
+    return time.time_ns() // 1000 + clock_offset_us()
 
 
 def new_event_id() -> str:

@@ -11,33 +11,59 @@ from aiokafka.errors import KafkaError
 from flightrec.settings import TOPICS
 
 
+async def describe_topic_configs(admin: AIOKafkaAdminClient, topics: Iterable[str],
+                                 timeout: float = 10.0) -> dict[str, dict[str, str]]:
+    """Each topic's configuration as the cluster describes it (name -> value; broker defaults included), through a
+    started admin client. A topic the cluster does not know is absent. Raises KafkaError (or a timeout) when the
+    configs cannot be described, e.g. without DescribeConfigs rights."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    names = list(topics)
+    responses = await asyncio.wait_for(
+        admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in names]), timeout)
+    out: dict[str, dict[str, str]] = {}
+    for resp in responses:
+        for res in resp.resources:
+            code, _msg, _rtype, name, entries = res[:5]
+            if code:
+                continue
+            out[name] = {str(e[0]): str(e[1]) for e in entries if e[1] is not None}
+    return out
+
+
 async def topic_limits(kafka_kwargs: dict[str, Any], topics: Iterable[str] = TOPICS,
                        timeout: float = 10.0) -> dict[str, int]:
     """Each topic's ``max.message.bytes`` as the cluster describes it (the broker default when not overridden).
 
     Raises KafkaError (or a timeout) when the configs cannot be described, e.g. without DescribeConfigs rights.
     """
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
     admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout * 1000), **kafka_kwargs)
     await asyncio.wait_for(admin.start(), timeout)
     try:
-        names = list(topics)
-        responses = await asyncio.wait_for(
-            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in names]),
-            timeout)
-        out: dict[str, int] = {}
-        for resp in responses:
-            for res in resp.resources:
-                code, _msg, _rtype, name, entries = res[:5]
-                if code:
-                    continue
-                for entry in entries:
-                    if entry[0] == "max.message.bytes" and entry[1] is not None:
-                        out[name] = int(entry[1])
-        return out
+        configs = await describe_topic_configs(admin, topics, timeout)
+        return {t: int(c["max.message.bytes"]) for t, c in configs.items() if "max.message.bytes" in c}
     finally:
         await admin.close()
+
+
+# The topic setting that makes every record carry the broker's clock (its LogAppendTime): the receive time
+# liveness is judged by (docs/materializer.md, "Clocks"). flightrec creates its topics with it.
+TIMESTAMP_TYPE = "message.timestamp.type"
+LOG_APPEND_TIME = "LogAppendTime"
+
+
+def create_time_warning(types: dict[str, str], bootstrap: str) -> str | None:
+    """What to tell an operator whose topics stamp the sender's clock (CreateTime), or None when every described
+    topic stamps the broker's. Pure."""
+    stale = sorted(t for t, kind in types.items() if kind != LOG_APPEND_TIME)
+    if not stale:
+        return None
+    fix = "; ".join(f"kafka-configs.sh --bootstrap-server {bootstrap} --alter --entity-type topics --entity-name {t} "
+                    f"--add-config {TIMESTAMP_TYPE}={LOG_APPEND_TIME}" for t in stale)
+    return (f"topics {', '.join(stale)} stamp records with the sender's clock ({TIMESTAMP_TYPE}="
+            f"{types[stale[0]]}), so flightrec cannot tell when it received their events: liveness (`lost`) and the "
+            "clock offsets fall back to the instances' own clocks, which a wrong clock moves. Switch them to "
+            f"{LOG_APPEND_TIME} (it applies to records appended from then on): {fix}")
 
 
 async def connection_cause(kafka_kwargs: dict[str, Any], timeout: float = 10.0) -> str | None:

@@ -71,6 +71,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_WEBHOOK", "", "The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL (same as `materialize --webhook`)."),
     Setting("FLIGHTREC_ALERT_ON", "failed,lost,below_min_rate,incomplete", "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`)."),
     Setting("FLIGHTREC_DASHBOARD_URL", "http://localhost:8501", "The dashboard's address, for the links in alerts."),
+    Setting("FLIGHTREC_CLOCK_OFFSET_S", "0", "Testing and diagnostics only: seconds added to every timestamp the agent stamps on its events, to play an instance whose clock is wrong (negative: behind) without touching the machine's clock. Liveness does not follow it (the materializer judges by Kafka's receive time); the instance page shows the offset."),
     Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines only at DEBUG."),
 )
 

@@ -1,4 +1,5 @@
-"""Webhook alerts against a local HTTP server: one post per failure, no re-send on restart, retries, a dead server."""
+"""Webhook alerts against a local HTTP server: one post per failure, no re-send on restart, retries only of what
+certainly did not arrive, a dead server, a slow one (at most once per alert and key)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ pytestmark = pytest.mark.integration
 
 
 class Hook:
-    """A webhook receiver: answers each POST with the next status of ``statuses`` (then 200), keeps the bodies."""
+    """A webhook receiver: answers each POST with the next status of ``statuses`` (then 200) after ``delay``
+    seconds, keeps the bodies (and each request's Idempotency-Key header in ``keys``)."""
 
-    def __init__(self, statuses: list[int] | None = None) -> None:
+    def __init__(self, statuses: list[int] | None = None, delay: float = 0.0) -> None:
         self.statuses = list(statuses or [])
         self.attempts: list[dict] = []
         self.delivered: list[dict] = []
+        self.keys: list[str | None] = []
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +36,8 @@ class Hook:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 status = hook.statuses.pop(0) if hook.statuses else 200
                 hook.attempts.append(body)
+                hook.keys.append(self.headers.get("Idempotency-Key"))
+                time.sleep(delay)
                 if status == 200:
                     hook.delivered.append(body)
                 self.send_response(status)
@@ -84,8 +89,8 @@ def test_one_failure_one_post_and_a_restart_sends_nothing_again(kafka, db, hook)
     assert len([m for m in hook.delivered if m["flightrec"]["instance_id"] == b.instance]) == 1
 
 
-def test_a_server_failing_twice_gets_the_message_once(kafka, db):
-    hook = Hook([500, 500])
+def test_a_server_unavailable_twice_gets_the_message_once(kafka, db):
+    hook = Hook([503, 429])  # both say the request was not handled: retried
     try:
         b = _failed_boot()
         publish(kafka.bootstrap, b.events)
@@ -94,6 +99,46 @@ def test_a_server_failing_twice_gets_the_message_once(kafka, db):
         assert len(mine) == 1 and len(hook.attempts) >= 3
         ids = [m["flightrec"]["alert_id"] for m in hook.delivered]
         assert len(ids) == len(set(ids))  # every message delivered once, retried or not
+        key = mine[0]["flightrec"]["idempotency_key"]
+        assert key and hook.keys[-1] == key and set(hook.keys[:3]) == {key}  # the same key on every attempt
+    finally:
+        hook.close()
+
+
+def test_a_server_error_is_not_sent_again(kafka, db):
+    hook = Hook([500])  # the receiver may have acted before it failed: at most once
+    try:
+        b = _failed_boot()
+        publish(kafka.bootstrap, b.events)
+        materialize(kafka, db, idle=0.5, webhook=hook.url, alert_backoff=0.05)
+        assert [m["flightrec"]["instance_id"] for m in hook.attempts].count(b.instance) == 1
+        (row,) = run_query(db, "SELECT sent_us, outcome, error, attempts FROM alerts WHERE instance_id = ?",
+                           [b.instance]).to_pylist()
+        assert row["outcome"] == "unknown" and row["sent_us"] is None and "HTTP 500" in row["error"]
+        assert row["attempts"] == 1
+        materialize(kafka, db, idle=0.5, webhook=hook.url, alert_backoff=0.05)  # a restart does not send it either
+        assert [m["flightrec"]["instance_id"] for m in hook.attempts].count(b.instance) == 1
+    finally:
+        hook.close()
+
+
+def test_a_receiver_slower_than_the_timeout_gets_each_alert_once(kafka, db):
+    hook = Hook(delay=4.0)  # answers 200, but only after the client gave up (1 s)
+    try:
+        boots = [_failed_boot(), _failed_boot()]
+        publish(kafka.bootstrap, [e for b in boots for e in b.events])
+        materialize(kafka, db, idle=6, webhook=hook.url, alert_backoff=0.05, alert_timeout=1.0, alert_drain=8)
+        time.sleep(4.5)  # any attempt under way lands
+        for b in boots:
+            assert [m["flightrec"]["instance_id"] for m in hook.attempts].count(b.instance) == 1, hook.attempts
+        rows = run_query(db, "SELECT outcome, error, sent_us, attempted_us FROM alerts WHERE list_contains(?, "
+                             "instance_id)", [[b.instance for b in boots]]).to_pylist()
+        assert [r["outcome"] for r in rows] == ["unknown", "unknown"], rows
+        assert all("no answer" in r["error"] and r["attempted_us"] is None for r in rows)
+        materialize(kafka, db, idle=2, webhook=hook.url, alert_timeout=1.0)  # a restart sends neither again
+        time.sleep(4.5)
+        for b in boots:
+            assert [m["flightrec"]["instance_id"] for m in hook.attempts].count(b.instance) == 1, hook.attempts
     finally:
         hook.close()
 

@@ -94,10 +94,12 @@ def test_manager_destroyed_event_status_timeline_completeness(kafka, tmp_path, d
     b.facts()
     b.add(Lifecycle, stage="benchmark", state="started")
     for _ in range(3):
-        b.add(Heartbeat, stage="benchmark", interval_s=30.0)
+        b.add(Heartbeat, stage="benchmark", interval_s=1.0)
     publish(kafka.bootstrap, b.events)
     materialize(kafka, db, idle=0.5)
-    assert _fleet(db, b.instance)["status"] == "lost"  # the fixed epoch is long past: silent for ages
+    # lost 3 intervals after Kafka received its last event (its own timestamps, a fixed epoch long past, do not
+    # decide: that would be the instance's clock)
+    _wait_status(db, b.instance, "lost", 30)
     before = run_query(db, "SELECT * FROM boots WHERE instance_id = ? ORDER BY ALL", [b.instance])
     inst_before = run_query(db, "SELECT events, sealed, complete, incomplete_reason, boot_id FROM instances "
                                 "WHERE instance_id = ?", [b.instance])
@@ -178,7 +180,7 @@ def test_every_status_and_replay_gives_identical_tables(kafka, tmp_path, db, env
         assert _fleet(db, b.instance)["status"] == want, (want, _fleet(db, b.instance))
     assert _fleet(db, boots["failed"].instance)["failure_class"] == "gpu_arch_unsupported"
     assert _fleet(db, boots["failed"].instance)["status_detail"] == "benchmark failed: gpu_arch_unsupported"
-    assert _fleet(db, gone.instance)["status"] == "lost"  # a note is not a destroy
+    _wait_status(db, gone.instance, "lost", 30)  # 3 intervals after Kafka received its last event; a note is no destroy
     hb = run_query(db, "SELECT beats, interval_s, stage FROM heartbeats WHERE instance_id = ?", [gone.instance])
     assert hb.to_pylist() == [{"beats": 2, "interval_s": 1.0, "stage": "benchmark"}]
     # `flightrec sql` speaks the same status

@@ -33,9 +33,12 @@ def test_heartbeats_count_in_the_boot_and_manager_events_do_not():
     hb = Heartbeat(event_id="h1", instance_id="i", boot_id="b", seq=3, ts_us=5, stage="bench", interval_s=30.0, pid=7)
     me = ManagerEvent(event_id="m1", instance_id="i", boot_id="mgr", seq=0, ts_us=6, source_id="manager@x",
                       kind="destroyed", detail="why", attributes={"k": "v"})
-    d = fold([RawMessage("flightrec.lifecycle", 0, n, b"i", encode(e)) for n, e in enumerate([hb, me, hb])])
+    d = fold([RawMessage("flightrec.lifecycle", 0, n, b"i", encode(e), 1_700_000_000_000 + n, 1)  # LogAppendTime
+              for n, e in enumerate([hb, me, hb])])
     assert d.events.drop_columns(["fingerprint"]).to_pylist() == [
-        {"event_id": "h1", "instance_id": "i", "boot_id": "b", "seq": 3, "ts_us": 5, "kind": "heartbeat", "stage": "bench"}]
+        {"event_id": "h1", "instance_id": "i", "boot_id": "b", "seq": 3, "ts_us": 5, "kind": "heartbeat", "stage": "bench",
+         "recv_us": 1_700_000_000_000_000}]
+    assert d.manager.column("recv_us").to_pylist() == [1_700_000_000_001_000]
     assert d.heartbeats.column("interval_s").to_pylist() == [30.0] and d.duplicates == 1
     assert d.manager.to_pylist()[0]["kind"] == "destroyed" and d.lifecycle.num_rows == 0
     # on the wrong topic it is a dead letter, like any event

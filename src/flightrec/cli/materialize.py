@@ -169,8 +169,9 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     else:
         if not args.from_topics:
             print(f"no database at {settings.db}; reading the topics at {settings.bootstrap}", file=sys.stderr)
-        records = asyncio.run(timeline.read_instance_records(settings.kafka_kwargs(), args.instance, TOPICS))
-        entries, left_out = timeline.entries_from_records(records, load_rules(args.rules), args.max_lines)
+        messages = asyncio.run(timeline.read_instance_messages(settings.kafka_kwargs(), args.instance, TOPICS))
+        entries, left_out = (timeline.entries_from_messages(messages, args.instance, load_rules(args.rules),
+                                                             args.max_lines) if messages else ([], 0))
     if not entries:
         print(f"flightrec timeline: no events of instance {args.instance}", file=sys.stderr)
         return 1
