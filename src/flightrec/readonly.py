@@ -107,26 +107,45 @@ def _keyword(word: tuple[int, Any, str], *names: str) -> bool:
     return word[1] == duckdb.token_type.keyword and text[:n].upper() in names
 
 
+def _paren(word: tuple[int, Any, str]) -> int:
+    """+1 for an opening, -1 for a closing parenthesis token, else 0 (the token's own first character: the text
+    after it may hold comments, and a comment's parentheses are no token)."""
+    if word[1] != duckdb.token_type.operator or not word[2]:
+        return 0
+    return {"(": 1, ")": -1}.get(word[2][0], 0)
+
+
 def _after_parens(words: list[tuple[int, Any, str]], i: int) -> int:
     """The index after the parenthesised group starting at ``words[i]`` (len(words) when it never closes)."""
     depth = 0
     for j in range(i, len(words)):
-        if words[j][1] == duckdb.token_type.operator:
-            depth += words[j][2].count("(") - words[j][2].count(")")
+        depth += _paren(words[j])
         if depth <= 0:
             return j + 1
     return len(words)
 
 
+def _header_is(prefix: str, kind: str) -> bool:
+    """Whether ``prefix`` followed by a plain SELECT is one statement of ``kind`` to DuckDB's parser: the cut was
+    made where the wrapped query begins, and nothing of the prefix hides inside it."""
+    try:
+        statements = duckdb.extract_statements(prefix + "\nSELECT 1")
+    except (duckdb.Error, ValueError):
+        return False
+    return len(statements) == 1 and _type(statements[0]) == kind
+
+
 def _explained(sql: str) -> str:
-    """The statement an EXPLAIN [ANALYZE] [(options)] wraps, cut where DuckDB's lexer says it begins."""
+    """The statement an EXPLAIN [ANALYZE] [(options)] wraps, cut where DuckDB's lexer says it begins ('' if unsure)."""
     words = _words(sql)
     i = 1  # words[0] is EXPLAIN (the statement's type says so)
     if i < len(words) and _keyword(words[i], "ANALYZE", "ANALYSE"):
         i += 1
-    if i < len(words) and words[i][1] == duckdb.token_type.operator and words[i][2].startswith("("):
+    if i < len(words) and _paren(words[i]) == 1:
         i = _after_parens(words, i)
-    return sql[words[i][0]:] if i < len(words) else ""
+    if i >= len(words) or not _header_is(sql[:words[i][0]], "EXPLAIN"):
+        return ""
+    return sql[words[i][0]:]
 
 
 def _view_body(stmt: str) -> str | None:
@@ -142,11 +161,10 @@ def _view_body(stmt: str) -> str | None:
         return None
     i += 2
     while i < len(words) and not _keyword(words[i], "AS"):  # the name (dotted, quoted), then (columns)
-        if words[i][1] == duckdb.token_type.operator and words[i][2].startswith("("):
-            i = _after_parens(words, i)
-        else:
-            i += 1
-    return stmt[words[i + 1][0]:] if i + 1 < len(words) else None
+        i = _after_parens(words, i) if _paren(words[i]) == 1 else i + 1
+    if i + 1 >= len(words) or not _header_is(stmt[:words[i + 1][0]], "CREATE"):
+        return None
+    return stmt[words[i + 1][0]:]
 
 
 def _syntax_tree(sql: str) -> dict[str, Any]:
