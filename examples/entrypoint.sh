@@ -64,7 +64,7 @@ trap on_exit EXIT
 
 # 1. reverse tunnel: runs for the instance's whole life, as a stage of its own in the background
 # (the agent itself goes to the background, not a subshell, so $! is the agent: killing it
-# passes SIGTERM on to the tunnel's process group once, and the agent reports the tunnel's end)
+# passes SIGTERM on to the tunnel once, and the agent reports the tunnel's end)
 "$FLIGHTREC" agent run --stage tunnel -- $TUNNEL_CMD &
 tunnel_pid=$!
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from flightrec.settings import Settings
 
-from flightrec.producer.tokens import TOKEN_ENV, alive_tokens, carriers, describe
+from flightrec.producer.tokens import TOKEN_ENV, alive_tokens, carriers, describe, writers
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +187,13 @@ def late_stages(spool_dir: Path, boot_id: str, gone: list[LateStage] | None = No
     return out
 
 
-def still_writing(stage: LateStage) -> str:
-    """'stage benchmark (pid 12 (sh daemon.sh /var/log/d.log))': what still writes a stage's late output."""
-    pids = carriers({stage.token}).get(stage.token, [])
-    return f"stage {stage.stage}" + (f" ({describe(pids)})" if pids else "")
+def still_writing(stage: LateStage, paths: set[str] | None = None) -> str:
+    """'stage benchmark (pid 12 (sh daemon.sh /var/log/d.log))': what still writes a stage's late output (carries
+    its token, or holds one of ``paths`` open for writing)."""
+    pids = set(carriers({stage.token}).get(stage.token, []))
+    for held in writers(paths or set()).values():
+        pids.update(held)
+    return f"stage {stage.stage}" + (f" ({describe(sorted(pids))})" if pids else "")
 
 
 LEFT = "late-left-"  # late-left-BOOT-TOKEN: what still wrote a stage's late output when a seal stopped recording it
@@ -391,8 +394,17 @@ class _Stage:
             elif now - self.last_data >= self.h.settings.follow_grace and now - self.holders_seen >= HOLDER_SCAN_S:
                 self.close_files()  # nothing the stage started runs any more, and the files are quiet
         if self.request_seen is not None and now - self.request_seen >= self.h.settings.late_wait:
-            left = still_writing(LateStage(self.h.token, self.h.stage, os.getpid()))
+            left = still_writing(LateStage(self.h.token, self.h.stage, os.getpid()), {f.path for f, _b in self.files})
             self.stop_recording(f"{left}, after waiting {self.h.settings.late_wait:g}s")
+
+
+def _busy(stages: list["_Stage"]) -> set[str]:
+    """The tokens of ``stages`` whose followed files something can still write: a process carrying the token, or
+    one holding a followed file open for writing (its environment may no longer show the token)."""
+    busy = alive_tokens({st.h.token for st in stages})
+    paths = {follower.path for st in stages if st.h.token not in busy for follower, _b in st.files}
+    held = writers(paths)
+    return busy | {st.h.token for st in stages if any(follower.path in held for follower, _b in st.files)}
 
 
 class _Late:
@@ -468,9 +480,9 @@ class _Late:
                 alive = None
                 sealing = any(st.request_seen is not None for st in self.stages)
                 if now - self.scanned >= (SEAL_SCAN_S if sealing else HOLDER_SCAN_S):  # one /proc scan for all
-                    want = {st.h.token for st in self.stages if st.recording and st.files and not st.pipes}
-                    if want:
-                        alive, self.scanned = alive_tokens(want), now
+                    watched = [st for st in self.stages if st.recording and st.files and not st.pipes]
+                    if watched:
+                        alive, self.scanned = _busy(watched), now
                 for st in self.stages:
                     st.step(now, alive)
                 for st in [st for st in self.stages if st.done]:

@@ -29,9 +29,9 @@ from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
 from flightrec.producer.late import HandedFile, HandedPipe, Handoff, hand_off
-from flightrec.producer.tokens import TOKEN_ENV, stage_alive
-from flightrec.producer.term import (FORWARDED, GroupGuard, PtyPair, SignalWatcher, StageSignals,
-                                     foreground_at_terminal, read_eof, strip_control, unblock_in_child)
+from flightrec.producer.tokens import TOKEN_ENV, stage_alive, writers
+from flightrec.producer.term import (FORWARDED, Canary, PtyPair, SignalWatcher, StageSignals, die_with_parent,
+                                     read_eof, strip_control, unblock_in_child)
 from flightrec.producer.term import block as block_signals
 
 log = logging.getLogger(__name__)
@@ -223,12 +223,18 @@ def _start_error(exc: OSError, cmd: str) -> tuple[int, str]:
     return 126, f"{cmd}: cannot execute: {exc.strerror or exc}"
 
 
-def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair], own_group: bool) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair]) -> subprocess.Popen[bytes]:
     """Start CMD like a shell would: an executable without ``#!`` (ENOEXEC) runs under /bin/sh.
 
-    ``own_group``: CMD leads a process group of its own (set before it runs, so no signal can miss it).
+    CMD stays in the agent's process group (as it would be without the agent) and dies with the agent.
     """
-    kw: dict = dict(env=env, bufsize=0, preexec_fn=unblock_in_child, process_group=0 if own_group else None,
+    agent = os.getpid()
+
+    def child() -> None:
+        unblock_in_child()
+        die_with_parent(agent)
+
+    kw: dict = dict(env=env, bufsize=0, preexec_fn=child,
                     stdout=ptys[1].slave if 1 in ptys else subprocess.PIPE,
                     stderr=ptys[2].slave if 2 in ptys else subprocess.PIPE)
     try:
@@ -261,7 +267,6 @@ class _Run:
     follows: list[tuple[FileFollower, SourceBatcher]]
     ptys: dict[int, PtyPair]
     sigs: StageSignals
-    guard: GroupGuard | None = None
     started_us: int = 0
     t0: float = 0.0
     proc: subprocess.Popen[bytes] | None = None
@@ -292,15 +297,10 @@ def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence
     with _signals_to(r.sigs):
         r.started_us = now_us()
         r.t0 = time.monotonic()
-        r.guard = GroupGuard() if r.sigs.own_group else None
         try:
-            r.proc = _spawn(r.argv, r.env, r.ptys, r.sigs.own_group)
+            r.proc = _spawn(r.argv, r.env, r.ptys)
         except OSError as exc:
-            if r.guard is not None:
-                r.guard.release()
             return _report_start_error(r, exc)
-        if r.guard is not None:
-            r.guard.watch(r.proc.pid)
         _pump(r)
         _wait(r)
     return _report(r, seal_on_success)
@@ -320,10 +320,7 @@ def _prepare(agent: SyncAgent, stage: str, argv: list[str], tails: Sequence[str]
         _fd, offset, ino = f.state()
         write_claim(agent.spool.dir, agent.boot_id, f.path, Claim(token, ino, offset))
     ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
-    # A job at a terminal's prompt keeps CMD in its process group (job control, the terminal's signals and stdin
-    # as without the agent); anywhere else CMD gets a group of its own and every signal through the agent, once.
-    own_group = threading.current_thread() is threading.main_thread() and not foreground_at_terminal()
-    sigs = StageSignals(ptys, own_group)
+    sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
     return _Run(agent, stage, argv, tails, passthrough, token, env, kw, follows, ptys, sigs)
 
 
@@ -334,8 +331,9 @@ def _signals_to(sigs: StageSignals) -> Iterator[None]:
     old_handlers = {}
     old_mask: set[int] | None = None
     if threading.current_thread() is threading.main_thread():
-        old_mask = block_signals(sigs.handled)
-        watcher = SignalWatcher(sigs, sigs.handled)
+        old_mask = block_signals()
+        sigs.canary = Canary()  # started with the stage's signals blocked: it keeps them pending
+        watcher = SignalWatcher(sigs)
         watcher.start()
         for s in FORWARDED:  # only reached by threads that do not block them (a library caller's)
             old_handlers[s] = signal.signal(s, lambda n, _f: sigs(n, 0))
@@ -344,6 +342,8 @@ def _signals_to(sigs: StageSignals) -> Iterator[None]:
     finally:
         if watcher is not None:
             watcher.stop()
+        if sigs.canary is not None:
+            sigs.canary.stop()
         for s, h in old_handlers.items():
             signal.signal(s, h)
         if old_mask is not None:
@@ -398,12 +398,8 @@ def _wait(r: _Run) -> None:
     """Wait for CMD; then for its outputs to close, or hand what it left behind to the late-output process."""
     proc, sigs = r.proc, r.sigs
     assert proc is not None
-    try:
-        with heartbeat(r.agent, r.stage, proc.pid):  # liveness while CMD runs
-            r.rc = proc.wait()
-    finally:
-        if r.guard is not None:
-            r.guard.release()  # CMD ended: what it left running on purpose is not the guard's
+    with heartbeat(r.agent, r.stage, proc.pid):  # liveness while CMD runs
+        r.rc = proc.wait()
     sigs.exited = True
     r.ended_us = now_us()
     r.duration = time.monotonic() - r.t0
@@ -417,7 +413,8 @@ def _wait(r: _Run) -> None:
             t.join(0.02)
     held = [t for t in r.pumps if t.is_alive()]
     # followed files go on being followed while a process the stage started still runs
-    if held or (r.follows and not sigs.after_exit.is_set() and stage_alive(r.token)):
+    if held or (r.follows and not sigs.after_exit.is_set()
+                and (stage_alive(r.token) or writers({f.path for f, _b in r.follows}))):
         r.late_pid = _hand_off(r.agent, r.stage, r.token, r.pumps, r.follower, r.follows)
     elif r.follower:
         r.follower.finish(r.agent.settings.follow_grace, sigs.after_exit)

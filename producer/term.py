@@ -7,6 +7,7 @@ import fcntl
 import logging
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -23,9 +24,10 @@ SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel generated (a terminal
 TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGWINCH})
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 HANDLED = FORWARDED + (signal.SIGWINCH,)
-JOB_CONTROL = (signal.SIGTSTP, signal.SIGCONT)  # also handled when CMD has a process group of its own
-REPEAT_S = 0.5  # the same signal from the same sender again within this: one sending (GNU timeout: agent, then group)
 SI_USER = 0  # siginfo si_code of kill() / killpg()
+SETTLE_S = 0.02  # a group kill reaches every member in one kill() call: look at the canary this much later
+SAME_SENDING_S = 0.5  # the same signal from the same sender again this soon after a group kill: that kill's copy
+
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), other two-byte escapes, and C0 controls but TAB/LF/CR
 _CONTROL = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]")
@@ -36,38 +38,21 @@ def strip_control(data: bytes) -> bytes:
     return _CONTROL.sub(b"", data)
 
 
-def should_forward(signum: int, si_code: int, cmd_has_it_pending: bool = False, *, shared_group: bool = True) -> bool:
-    """Whether a signal the agent got must be passed to CMD (pure).
+def should_forward(signum: int, si_code: int, cmd_has_it_pending: bool = False, group_got_it: bool = False) -> bool:
+    """Whether a signal the agent got must be passed to CMD, which shares the agent's process group (pure).
 
-    ``shared_group``: CMD is in the agent's process group (the agent is the foreground
-    job of a terminal). Then a terminal's signals (si_code SI_KERNEL: ^C, ^\\, hangup)
-    went to the whole foreground group, CMD included: passing them on would deliver
-    them twice. When CMD has a group of its own, nothing sent to the agent's group
-    reaches it, so the terminal's signals are passed on too. Either way a signal CMD
-    has pending already (sent to it directly, not yet taken) is not sent again.
+    A terminal's signals (si_code SI_KERNEL: ^C, ^\\, hangup) and every signal sent to the
+    whole group (``kill -- -PGID``, ``tini -g``, GNU ``timeout``; the canary, a process of the
+    group, holds it pending: ``group_got_it``) already reached CMD: passing them on would deliver
+    them twice. A signal CMD has pending already (sent to it directly, not yet taken) is not sent
+    again either. Anything else (``kill AGENT_PID``, a container runtime's SIGTERM to the agent)
+    is passed on once, to CMD alone, as ``kill CMD`` would have done without the agent.
     """
     if signum == signal.SIGWINCH:
         return False  # resizes are handled by resizing CMD's pseudo-terminals (see PtyPair.resize)
-    if shared_group and si_code == SI_KERNEL and signum in TERMINAL_SIGNALS:
+    if si_code == SI_KERNEL and signum in TERMINAL_SIGNALS:
         return False
-    return not cmd_has_it_pending
-
-
-def foreground_at_terminal() -> bool:
-    """Whether this process is in the foreground process group of a controlling terminal (a job at a prompt).
-
-    False without a controlling terminal (a container, ``setsid``, a service) and for a background job.
-    """
-    try:
-        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    return not (cmd_has_it_pending or group_got_it)
 
 
 def pending_in(pid: int, signum: int) -> bool:
@@ -82,30 +67,71 @@ def pending_in(pid: int, signum: int) -> bool:
     return False
 
 
+class Canary:
+    """A process in the agent's process group that takes no signal: what is pending in it was sent to the group.
+
+    ``cat`` reading a pipe only the agent writes, started with the stage's signals blocked (a mask
+    survives exec, and ``cat`` never changes it), so a signal sent to the whole group stays pending in
+    it, where ``/proc`` shows it; one sent to the agent alone does not. It ends when the agent closes
+    the pipe (or dies), and is replaced once it has seen a group's signal (pending signals cannot be
+    taken back). Without ``cat`` there is no canary and only CMD's own pending signals are looked at.
+    """
+
+    def __init__(self) -> None:
+        self.proc: "subprocess.Popen[bytes] | None" = None
+        self._w = -1
+        self.start()
+
+    def start(self) -> None:
+        """(Re)start it: a fresh process with nothing pending."""
+        self.stop()
+        cat = shutil.which("cat") or "/bin/cat"
+        r, self._w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.proc = subprocess.Popen(["flightrec-signal-canary"], executable=cat, stdin=r,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError as exc:
+            log.debug("no signal canary (%s): a group kill that CMD already took may reach it twice", exc)
+            self.proc = None
+            os.close(self._w)
+            self._w = -1
+        finally:
+            os.close(r)
+
+    def holds(self, signum: int) -> bool:
+        """Whether ``signum`` was sent to the whole process group since the canary started."""
+        return self.proc is not None and self.proc.poll() is None and pending_in(self.proc.pid, signum)
+
+    def stop(self) -> None:
+        if self._w >= 0:
+            os.close(self._w)
+            self._w = -1
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+                self.proc.wait(1.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self.proc = None
+
+
 class StageSignals:
     """What the agent does with a signal while a stage runs (and after CMD exited).
 
-    ``own_group``: CMD runs in a process group of its own (the agent is not the foreground
-    job of a terminal): every signal the agent takes is passed to CMD's whole group, once -
-    the same signal from the same sender within REPEAT_S counts once (GNU ``timeout``
-    signals the agent and then its group) - and SIGTSTP stops CMD's group, then the agent;
-    SIGCONT continues CMD's group. Otherwise CMD shares the agent's group and only what
-    did not reach that group already is passed to CMD itself.
+    CMD stays in the agent's process group, so whatever the kernel sends to the group (a
+    terminal's keys, ``kill -- -PGID``, ``timeout``, ``tini -g``, a cgroup-wide stop) reaches CMD
+    and its children once, as without the agent; the agent passes on to CMD alone only what was
+    sent to the agent alone (see :func:`should_forward` and :class:`Canary`).
     """
 
-    def __init__(self, ptys: "dict[int, PtyPair]", own_group: bool = False) -> None:
+    def __init__(self, ptys: "dict[int, PtyPair]", canary: "Canary | None" = None) -> None:
         self.ptys = ptys
-        self.own_group = own_group
+        self.canary = canary
         self.proc: "subprocess.Popen[bytes] | None" = None
         self.pending: list[tuple[int, int, int]] = []
         self.after_exit = threading.Event()  # a signal came after CMD exited: stop waiting, end now
         self.exited = False
-        self._last: dict[int, tuple[int, float]] = {}  # signum -> (sender pid, when) of the last one passed on
-
-    @property
-    def handled(self) -> tuple[int, ...]:
-        """The signals the agent takes while the stage runs."""
-        return HANDLED + JOB_CONTROL if self.own_group else HANDLED
+        self._group: dict[int, tuple[int, float]] = {}  # signum -> (sender, when) of the last group kill seen
 
     def __call__(self, signum: int, si_code: int, si_pid: int = 0) -> None:
         proc = self.proc
@@ -117,29 +143,25 @@ class StageSignals:
             return
         if proc is None:
             self.pending.append((signum, si_code, si_pid))
-            return
-        running = not self.exited and proc.returncode is None
-        if signum in JOB_CONTROL:
-            if running:
-                _kill(-proc.pid, signum)
-                if signum == signal.SIGTSTP:
-                    _kill(os.getpid(), signal.SIGSTOP)  # whoever stopped us sees us stopped, as without the agent
-            return
-        if not running:
+        elif self.exited or proc.returncode is not None:
             self.after_exit.set()
-        elif not should_forward(signum, si_code, pending_in(proc.pid, signum), shared_group=not self.own_group):
-            return
-        elif not self.own_group:
+        elif should_forward(signum, si_code, pending_in(proc.pid, signum), self._group_got_it(signum, si_code, si_pid)):
             _kill(proc.pid, signum)
-        elif not self._repeat(signum, si_code, si_pid):
-            _kill(-proc.pid, signum)
 
-    def _repeat(self, signum: int, si_code: int, si_pid: int) -> bool:
-        """Whether this is the same signal from the same sender as one passed on just before (one sending)."""
+    def _group_got_it(self, signum: int, si_code: int, si_pid: int) -> bool:
+        """Whether ``signum`` from ``si_pid`` went to the whole group (then CMD has it already)."""
+        if si_code == SI_KERNEL or self.canary is None:
+            return False
         now = time.monotonic()
-        last = self._last.get(signum)
-        self._last[signum] = (si_pid, now)
-        return si_code == SI_USER and last is not None and last[0] == si_pid and now - last[1] < REPEAT_S
+        last = self._group.get(signum)
+        if last is not None and last[0] == si_pid and now - last[1] < SAME_SENDING_S:
+            return True  # GNU timeout signals the agent, then the group: the two are one sending
+        time.sleep(SETTLE_S)  # the kill() that reached us may still be on its way to the other members
+        if not self.canary.holds(signum):
+            return False
+        self._group[signum] = (si_pid, now)
+        self.canary.start()  # fresh, for the next signal
+        return True
 
     def started(self, proc: "subprocess.Popen[bytes]") -> None:
         """CMD runs: pass on what came while it was starting."""
@@ -149,63 +171,29 @@ class StageSignals:
 
 
 def _kill(pid: int, signum: int) -> None:
-    """Signal a process (``pid`` > 0) or a process group (``-pgid``); gone is fine."""
     try:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
 
 
-# A guard in a session of its own, holding the read end of a pipe only the agent writes: the agent writes CMD's
-# process group when CMD starts, and "ok" once CMD has exited. If the pipe ends first (the agent was SIGKILLed,
-# or OOM-killed, while CMD ran), the guard kills CMD's whole group: nothing of the stage is left orphaned.
-GUARD_SH = ('trap "" INT TERM HUP QUIT USR1 USR2 TSTP TTIN TTOU PIPE; read -r pgid || exit 0; read -r word; '
-            '[ "$word" = ok ] || kill -s KILL -- "-$pgid" 2>/dev/null; exit 0')
+try:  # loaded here, in the agent: nothing may be imported between fork and exec
+    import ctypes
+
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (ImportError, OSError, AttributeError):  # not Linux's libc: CMD does not die with the agent
+    _PRCTL = None
+PR_SET_PDEATHSIG = 1
 
 
-class GroupGuard:
-    """Ends CMD's process group if the agent dies while CMD runs (a ``/bin/sh`` of ~1 MB, one per stage).
-
-    Guarantees: started before CMD, it outlives a SIGKILL of the agent (and of the agent's process
-    group: it is in a session of its own) and then SIGKILLs CMD's group; after :meth:`release`
-    (CMD exited) it ends and touches nothing, so daemons a stage left behind on purpose run on.
-    """
-
-    def __init__(self) -> None:
-        r, self._w = os.pipe2(os.O_CLOEXEC)
-        try:
-            self.proc: "subprocess.Popen[bytes] | None" = subprocess.Popen(
-                ["/bin/sh", "-c", GUARD_SH, "flightrec-guard"], stdin=r, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:  # no /bin/sh: the stage runs unguarded
-            log.warning("no guard for the stage's process group (%s): a SIGKILLed agent leaves it running", exc)
-            self.proc = None
-        finally:
-            os.close(r)
-
-    def watch(self, pgid: int) -> None:
-        """CMD started as the leader of process group ``pgid``."""
-        self._say(f"{pgid}\n")
-
-    def release(self) -> None:
-        """CMD exited: the guard ends without touching anything."""
-        self._say("ok\n")
-        if self._w >= 0:
-            os.close(self._w)
-            self._w = -1
-        if self.proc is not None:
-            try:
-                self.proc.wait(1.0)
-            except subprocess.TimeoutExpired:
-                pass
-
-    def _say(self, text: str) -> None:
-        if self._w < 0:
-            return
-        try:
-            os.write(self._w, text.encode())
-        except OSError:  # the guard is gone (killed by hand): the stage runs unguarded
-            pass
+def die_with_parent(parent: int) -> None:
+    """For CMD between fork and exec: a SIGKILL when the agent (``parent``) dies - SIGKILL, the OOM killer - so no
+    stage command is left orphaned (its own children are its business, as after a ``kill -9`` of a shell)."""
+    if _PRCTL is None:
+        return
+    _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:  # the agent died before the prctl
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -282,4 +270,4 @@ def block(handled: tuple[int, ...] = HANDLED) -> set[int]:
 
 def unblock_in_child() -> None:
     """For the child between fork and exec: CMD starts with no signal blocked by the agent."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED + JOB_CONTROL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)

@@ -45,6 +45,37 @@ def stage_alive(token: str) -> bool:
     return bool(alive_tokens({token}))
 
 
+def writers(paths: set[str]) -> dict[str, list[int]]:
+    """path -> pids of the running processes that hold it open for writing (``/proc/PID/fd`` and its ``fdinfo``
+    flags): the writers of a followed file, also those whose environment no longer shows the stage's token (a
+    daemon that set its own process title over it, one started with ``env -i`` or through ``sudo``)."""
+    real = {os.path.realpath(p): p for p in paths}
+    found: dict[str, list[int]] = {}
+    if not real:
+        return found
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            path = real.get(target)
+            if path is None:
+                continue
+            try:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    flags = next((int(line.split()[1], 8) for line in f if line.startswith("flags:")), 0)
+            except (OSError, ValueError):
+                continue
+            if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR) and pid not in found.get(path, []):
+                found.setdefault(path, []).append(pid)
+    return found
+
+
 def describe(pids: list[int]) -> str:
     """'pid 12 (sh daemon.sh /var/log/d.log), pid 13 (sleep 4)' for the first few, then 'and N more'."""
     named = []

@@ -145,3 +145,36 @@ def test_a_late_output_process_killed_while_the_seal_waits_is_named(spool_env, t
     sealed = _one_sealed_boot(spool_env.events())
     assert "stage benchmark (its late-output process" in sealed.reason and "is gone" in sealed.reason, sealed.reason
     assert b"is gone" in err
+
+
+# a daemon that sets its own process title (over its environment, and so over the stage's token) and keeps its log
+# open for writing: found by its open file, not by its environment
+TITLED = """
+import sys, time
+log = open(sys.argv[1], "a", buffering=1)
+import setproctitle
+setproctitle.setproctitle("prover-daemon " + "x" * 300)
+log.write("daemon: starting, loading parameters\\n")
+time.sleep(3)
+log.write("daemon: CUDA error: no kernel image is available for execution on the device\\n")
+"""
+
+
+def test_a_daemon_that_hides_its_token_is_still_waited_for(spool_env, tmp_path: Path) -> None:
+    from flightrec.schemas import LogBatch
+
+    log = tmp_path / "daemon.log"
+    log.touch()
+    daemon = tmp_path / "daemon.py"
+    daemon.write_text(TITLED)
+    env = spool_env.env(FLIGHTREC_LATE_WAIT="30")
+    script = f'setsid "{PY}" "{daemon}" "{log}" </dev/null >/dev/null 2>&1 & sleep 0.3; exit 1'
+    with open(tmp_path / "out", "wb") as out:
+        r = spool_env.run("run", "--stage", "benchmark", "--tail", str(log), "--no-facts", "--", "sh", "-c", script,
+                          env=env, capture_output=False, stdout=out, stderr=out)
+    assert r.returncode == 1
+    assert spool_env.run("seal", env=env).returncode == 0
+    evs = spool_env.events()
+    sealed = _one_sealed_boot(evs)
+    lines = [t for b in evs if isinstance(b, LogBatch) and b.seq < sealed.seq for t in b.text]
+    assert "daemon: CUDA error: no kernel image is available for execution on the device" in lines, lines

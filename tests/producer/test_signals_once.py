@@ -1,4 +1,4 @@
-"""A signal reaches the wrapped command exactly once, whoever sends it, and a killed agent leaves nothing behind.
+"""A signal reaches the wrapped command exactly once, whoever sends it, and a killed agent takes its command along.
 
 The senders of docs/agent.md's table: a process that signals the agent alone, one that signals the agent's whole
 process group (``kill -- -PGID``, ``tini -g``), GNU ``timeout`` (the agent, then its group), ``timeout -k`` for a
@@ -96,20 +96,126 @@ def test_timeout_k_ends_a_stage_that_ignores_sigterm(spool_env, tmp_path: Path) 
     assert not [pid for pid in left if _alive(pid)], "the stage's processes outlived the agent's SIGKILL"
 
 
-def test_sigkill_of_the_agent_alone_leaves_no_orphan(spool_env, tmp_path: Path) -> None:
+def test_sigkill_of_the_agent_takes_cmd_with_it(spool_env, tmp_path: Path) -> None:
+    # CMD dies with the agent (a parent-death signal); CMD's own children are its business, as after a kill -9 of a
+    # shell whose children go on
     pids = tmp_path / "pids"
     ready = tmp_path / "ready"
     script = f'sleep 60 & echo "$$ $!" > {pids}; touch {ready}; wait'
     p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", "sh", "-c", script), env=spool_env.env(),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _wait_ready(ready, p)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait(timeout=30)
-    left = [int(x) for x in pids.read_text().split()]
-    deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in left if _alive(pid)], "the stage's processes outlived the agent"
+    cmd, child = (int(x) for x in pids.read_text().split())
+    try:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while _alive(cmd) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(cmd), "CMD outlived the agent's SIGKILL"
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_a_command_that_calls_setsid_keeps_its_exit_code(spool_env) -> None:
+    # util-linux setsid forks when its caller leads a process group: CMD must not lead one the agent made
+    t0 = time.monotonic()
+    r = spool_env.run("run", "--stage", "s", "--", "setsid", "sh", "-c", "sleep 2; exit 7")
+    assert r.returncode == 7, r.stderr
+    assert time.monotonic() - t0 >= 2
+
+
+# a supervisor that drains on SIGTERM, then passes it to its worker; the worker counts what it gets
+WORKER = r"""
+import signal, sys, time
+got = []
+signal.signal(signal.SIGTERM, lambda *a: got.append(time.time()))
+open(sys.argv[1], "w").write("ready")
+deadline = time.time() + 30
+while time.time() < deadline and not (got and time.time() > got[0] + 1.5):
+    time.sleep(0.01)
+print("worker got", len(got), flush=True)
+"""
+# a supervisor that drains on SIGTERM, then passes it to its worker (which counts what it gets)
+SUPERVISOR = 'python3 -c "$WORKER" "$READY" & w=$!; trap \'sleep 0.2; kill -TERM $w; wait $w; exit 0\' TERM; wait $w'
+
+
+def test_a_sigterm_to_the_agent_reaches_cmd_alone_not_its_children(spool_env, tmp_path: Path) -> None:
+    # kill AGENT (a container runtime's stop) is kill CMD: a supervisor that passes it to its worker must not have
+    # the worker get a second one from the agent
+    ready = tmp_path / "ready"
+    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", "bash", "-c", SUPERVISOR),
+                         env=spool_env.env(READY=str(ready), WORKER=WORKER), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE,
+                         start_new_session=True)
+    _wait_ready(ready, p)
+    os.kill(p.pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert out.decode().split() == ["worker", "got", "1"], err.decode()[-2000:]
+
+
+def test_a_usr1_to_the_agent_leaves_cmd_s_children_alone(spool_env, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = (f'trap "echo cmd got USR1" USR1; sleep 3 & s=$!; touch {ready}; wait $s; wait $s; '
+              'echo "child ended $?"')
+    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", "bash", "-c", script), env=spool_env.env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    _wait_ready(ready, p)
+    time.sleep(0.2)
+    os.kill(p.pid, signal.SIGUSR1)
+    out, err = p.communicate(timeout=60)
+    assert "cmd got USR1" in out.decode() and "child ended 0" in out.decode(), (out, err)
+
+
+def test_a_group_kill_in_a_container_with_a_terminal_reaches_cmd_once(spool_env, tmp_path: Path) -> None:
+    # docker run -t: the entrypoint leads a session whose controlling terminal is a pty, and a supervisor kills
+    # the whole group
+    import fcntl
+    import pty
+    import termios
+
+    ready = tmp_path / "ready"
+    master, slave = pty.openpty()
+
+    def ctty() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    out = tmp_path / "out"
+    with open(out, "wb") as o:
+        p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
+                             env=spool_env.env(), stdin=slave, stdout=o, stderr=subprocess.DEVNULL,
+                             start_new_session=True, preexec_fn=ctty)
+    os.close(slave)
+    try:
+        _wait_ready(ready, p)
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=60)
+    finally:
+        os.close(master)
+    assert out.read_text().split() == ["SIGTERM"]
+
+
+def test_a_cgroup_wide_stop_reaches_cmd_once(spool_env, tmp_path: Path) -> None:
+    # systemd's KillMode=control-group: SIGTERM to every process of the unit, one by one
+    ready = tmp_path / "ready"
+    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
+                         env=spool_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    _wait_ready(ready, p)
+    unit = [int(x) for x in os.listdir("/proc") if x.isdigit() and _session(int(x)) == p.pid]
+    for pid in sorted(unit):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    out, err = p.communicate(timeout=60)
+    assert out.decode().split() == ["SIGTERM"], err.decode()[-2000:]
+
+
+def _session(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def test_a_daemon_the_stage_leaves_behind_outlives_a_normal_end(spool_env, tmp_path: Path) -> None:

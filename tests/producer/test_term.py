@@ -22,6 +22,37 @@ def test_a_signal_sent_to_the_agent_is_passed_on(signum: int) -> None:
     assert should_forward(signum, SI_USER, cmd_has_it_pending=True) is False  # a group kill CMD has not taken yet
 
 
+def test_a_signal_the_whole_group_got_is_not_passed_on() -> None:
+    assert should_forward(signal.SIGTERM, SI_USER, group_got_it=True) is False
+
+
+CANARY_PROBE = """
+import os, signal
+from flightrec.producer.term import Canary, block
+block()  # as the agent does before it starts the canary
+c = Canary()
+out = [c.proc is not None, c.holds(signal.SIGUSR1)]
+os.kill(os.getpid(), signal.SIGUSR1)  # to "the agent" alone
+out.append(c.holds(signal.SIGUSR1))
+os.killpg(os.getpgrp(), signal.SIGUSR2)  # to the whole group
+out.append(c.holds(signal.SIGUSR2))
+c.start()
+out.append(c.holds(signal.SIGUSR2))  # a fresh one holds nothing
+c.stop()
+print(out)
+"""
+
+
+def test_the_canary_tells_a_group_kill_from_one_to_the_agent_alone() -> None:
+    """A real canary in a process group of its own (the agent's place): a kill of the group stays pending in it."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", CANARY_PROBE], capture_output=True, text=True, timeout=60,
+                       start_new_session=True)  # a group of its own: the test's group gets nothing
+    assert r.stdout.strip() == "[True, False, False, True, False]", r.stderr
+
+
 def test_window_changes_are_not_forwarded_as_signals() -> None:
     assert should_forward(signal.SIGWINCH, SI_KERNEL) is False
 
