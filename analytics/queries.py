@@ -408,7 +408,10 @@ def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Tabl
     statement = duckdb.extract_statements(text)[0]
     prelude = prelude_for(text)  # every shared view it names, the money ones too
     if statement.type.name == "SELECT":  # the query DuckDB made of it (a describing PRAGMA: its SELECT)
-        query = statement.query.strip().rstrip(";")
+        query = statement.query
+        tokens = duckdb.tokenize(query)
+        if tokens and tokens[-1][1] == duckdb.token_type.operator and query[tokens[-1][0]] == ";":
+            query = query[:tokens[-1][0]]  # its closing ';' (a comment may follow it), by DuckDB's lexer
         t = run_query(db, f"SELECT * FROM (\n{query}\n) LIMIT {int(max_rows) + 1}", prelude=prelude)
     else:
         t = run_query(db, text, prelude=prelude)

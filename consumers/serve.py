@@ -47,14 +47,17 @@ import pyarrow.flight as flight
 
 from flightrec.errors import MaterializeError, QueryError
 from flightrec.live import Params, decode_request, location, refuse, socket_path
-from flightrec.query import check_read_only, execute_read_only
+from flightrec.query import ResultTooLarge, check_read_only, execute_read_only
 
 log = logging.getLogger(__name__)
 ONLY_READS = "this endpoint answers read-only queries only (Flight DoGet with a flightrec.live ticket)"
 WATCH_S = 0.05  # how often the memory of running reads is looked at
 READER_SHARE = 0.5  # of the memory limit that the operators of running reads may hold, the rest is the writer's
 READER_SPILL_BYTES = 1 << 30  # what running reads may spill to disk next to the database
-OPERATOR_TAGS = ("HASH_TABLE", "ORDER_BY", "WINDOW")  # duckdb_memory() tags of query operators' memory
+RESULT_SHARE = 0.5  # of the memory limit that one read's result may hold (it lives outside DuckDB's limit)
+# duckdb_memory() tags of what a query holds while it runs: operators (hash tables, sorts, windows), aggregate
+# states and expressions (ALLOCATOR: list(), string_agg()), materialized CTEs and results (COLUMN_DATA)
+OPERATOR_TAGS = ("HASH_TABLE", "ORDER_BY", "WINDOW", "ALLOCATOR", "COLUMN_DATA")
 TOO_LARGE = ("the query is too large for a live read ({why}): it was stopped so that the materializer keeps "
              "committing. Narrow it (a WHERE on instance_id or ts_us, a LIMIT, fewer DISTINCT keys), or run it on a "
              "copy of the database (`cp {db} /tmp/copy.duckdb` while no commit runs, or `flightrec replay --db "
@@ -154,7 +157,11 @@ class QueryServer:
             # fails here instead of holding row locks that would make the writer's commit conflict.
             cur.execute("BEGIN TRANSACTION READ ONLY")
             try:
-                table = execute_read_only(cur, sql, params, prelude)
+                table = execute_read_only(cur, sql, params, prelude,
+                                          max_bytes=int(self.memory_limit * RESULT_SHARE) or None)
+            except ResultTooLarge as exc:
+                self.count("reads_stopped")
+                raise QueryError(TOO_LARGE.format(why=str(exc), db=self.db)) from None
             except QueryError:
                 why = self._stopped.get(key)
                 if why is not None:

@@ -24,7 +24,7 @@ import pyarrow as pa
 from flightrec.consumers.classify import RuleTable, load_rules
 from flightrec.consumers.derive import affected_keys, arrow_views, recompute, recompute_failures
 from flightrec.consumers.liveness import merge_heartbeats
-from flightrec.consumers.fold import DEAD, Delta, reused
+from flightrec.consumers.fold import DEAD, UNCOMPARED, Delta, reused
 from flightrec.consumers.stats import Stats
 from flightrec.errors import MaterializeError
 from flightrec.query import writer_notice_path
@@ -133,6 +133,7 @@ class RowWriter:
                                         FROM (SELECT * FROM _d_events ANTI JOIN _new_ids USING (event_id)) d
                                         JOIN {self._stored_events()} s USING (event_id)
                                         WHERE s.fingerprint IS NOT NULL AND d.fingerprint <> s.fingerprint
+                                          AND d.kind NOT IN {UNCOMPARED!r}
                                         """).fetchall()
         if not rows:
             return 0
@@ -360,6 +361,7 @@ class Store(RowWriter):
 
     def _commit_once(self, delta: Delta) -> Stats:
         con = self.con
+        self._totals_before = self.totals  # what a rolled-back try restores
         try:
             con.execute("BEGIN TRANSACTION")
             with arrow_views(con, **delta_views(delta)):
@@ -383,7 +385,6 @@ class Store(RowWriter):
                                    RETURNING instance_id, boot_id, stage, event_id, kind""").to_arrow_table()
 
     def _bookkeeping(self, stats: Stats) -> None:
-        self._totals_before = self.totals
         self.totals = t = self.totals + stats
         self.con.execute(
             "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

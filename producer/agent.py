@@ -228,7 +228,7 @@ class _AgentBase:
 
     def emit_makers(self, makers: list[Callable[[str, int], Event]], once: str | None = None,
                     encode: Callable[[Event], bytes] | None = None, sync: bool = True,
-                    scrubbed: bool = False) -> list[Event]:
+                    scrubbed: bool = False, boot: str | None = None) -> list[Event]:
         """Spool several events in one write (one fsync; ``sync=False``: group commit, see Spool); each maker
         gets (boot_id, seq).
 
@@ -247,7 +247,7 @@ class _AgentBase:
 
         try:
             events = self.spool.append(makers if scrubbed else [clean(m) for m in makers], once=once,
-                                       encode=encode, sync=sync)
+                                       encode=encode, sync=sync, boot=boot)
         except SpoolWriteError as exc:  # never stop the caller (a stage): count it, say it, note it later
             self.losses.add(exc)
             return exc.events

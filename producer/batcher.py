@@ -43,8 +43,10 @@ class SourceBatcher:
     """
 
     def __init__(self, agent: SyncAgent, stage: str, source: str, pid: int, *, max_line: int,
-                 tail_lines: int, window: float = BATCH_WINDOW_S, max_bytes: int | None = None) -> None:
+                 tail_lines: int, window: float = BATCH_WINDOW_S, max_bytes: int | None = None,
+                 boot: str | None = None) -> None:
         self.agent = agent
+        self.boot = boot  # the boot its lines belong to (late output: never a boot begun after a seal)
         self.stage = stage
         self.source = source
         self.pid = pid
@@ -191,7 +193,7 @@ class SourceBatcher:
                             text=texts, truncated=trunc, invalid_utf8=invalid, late=late)
 
         self.agent.emit_makers([make], encode=lambda ev: encode_fast(ev, raw), sync=False,
-                               scrubbed=True)  # group commit (see Spool)
+                               scrubbed=True, boot=self.boot)  # group commit (see Spool)
         self.batches += 1
 
 

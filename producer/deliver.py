@@ -220,7 +220,9 @@ class Deliverer:
             failed, attempt = self._failed_attempt, self._attempt_since
             return ((failed is not None and failed >= since)
                     or (attempt is not None and time.monotonic() - max(attempt, since) >= AWAY_AFTER_S))
-        return self._lock_busy and (self.spool.dir / AWAY).exists()  # a note without a live sender is stale
+        # another process sends: its note says so (a note without a live sender is stale), or nothing it sent was
+        # acknowledged for AWAY_AFTER_S (an attempt of its may hang longer than that: a broker dropping packets)
+        return self._lock_busy and ((self.spool.dir / AWAY).exists() or time.monotonic() - since >= AWAY_AFTER_S)
 
     def away(self, since: float = 0.0) -> bool:
         """Whether Kafka does not answer: delivery fails (:meth:`failing`) and no bootstrap address accepts a
@@ -236,6 +238,17 @@ class Deliverer:
         """Try again at once, cutting a backoff short (once): an exiting agent's last word on whether Kafka answers."""
         self._retry_now = True
         self.notify()
+
+    def _slow_attempt(self) -> None:
+        """An attempt has been out for AWAY_AFTER_S: if Kafka does not even accept a connection, say so in the spool
+        now (the instance's other agents read it at their exit), not after aiokafka's own timeout."""
+        if self._attempt_since is not None:
+            threading.Thread(target=self._note_if_unreachable, name="flightrec-probe", daemon=True).start()
+
+    def _note_if_unreachable(self) -> None:
+        if not bootstrap_answers(self.settings.bootstrap):
+            self.last_error = self.last_error or f"no answer from {self.settings.bootstrap} within {AWAY_AFTER_S:g}s"
+            self.say_away()
 
     def say_away(self) -> None:
         """As the instance's sender, note in the spool that Kafka does not answer (the next agents read it at exit)."""
@@ -457,6 +470,7 @@ class Deliverer:
                 transient: BaseException | None = None
                 refused = False
                 self._attempt_since = time.monotonic()
+                slow = asyncio.get_running_loop().call_later(AWAY_AFTER_S, self._slow_attempt)
                 try:
                     if producer is None:
                         if learned < 3:  # until the cluster told us (or three tries: then the setting/stock limit)
@@ -471,6 +485,7 @@ class Deliverer:
                     transient, refused = await self._send_all(producer, records)
                 except Exception as exc:  # KafkaError, OSError, timeouts: the records stay spooled
                     transient = exc
+                slow.cancel()
                 if transient is not None:  # said before the cause is probed: an exiting agent need not wait
                     self._failed_attempt = self._attempt_since
                     with self._cond:

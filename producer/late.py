@@ -216,7 +216,7 @@ def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> list[str]:
     if not late and not gone:
         return []
     request = spool_dir / f"{REQUEST}{boot_id}"
-    request.write_text(str(os.getpid()))  # a seal that is killed while it waits asks for nothing any more
+    request.write_text(f"{os.getpid()} {wait}")  # its pid (a seal killed while it waits asks nothing) and its wait
     deadline = time.monotonic() + wait + 5.0
     while late and time.monotonic() < deadline:
         time.sleep(POLL_S)
@@ -236,15 +236,17 @@ def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> list[str]:
     return left
 
 
-def _requester_alive(request: Path) -> bool:
-    """Whether the seal that wrote ``request`` still waits (a killed seal must not stop the recording)."""
+def _request(request: Path) -> tuple[bool, float | None]:
+    """(whether the seal that wrote ``request`` still waits, how long it waits): a killed seal stops nothing, and
+    a seal's own FLIGHTREC_LATE_WAIT bounds the stages it waits for."""
     try:
-        os.kill(int(request.read_text()), 0)
+        pid, wait = request.read_text().split()
+        os.kill(int(pid), 0)
+        return True, float(wait)
     except ProcessLookupError:
-        return False
-    except (OSError, ValueError):  # being written, or a pid we may not signal: assume it waits
-        return True
-    return True
+        return False, None
+    except (OSError, ValueError):  # being written, gone, or a pid we may not signal: assume it waits
+        return True, None
 
 
 class _Stage:
@@ -259,7 +261,7 @@ class _Stage:
         s = h.settings
         self.reg = spool_dir / f"late-{h.token}"
         self.request = spool_dir / f"{REQUEST}{h.boot_id}"
-        kw = dict(max_line=s.max_line, tail_lines=0)
+        kw = dict(max_line=s.max_line, tail_lines=0, boot=h.boot_id)
         self.pipes: dict[int, tuple[HandedPipe, Any]] = {}
         for p in h.pipes:
             b = SourceBatcher(agent, h.stage, p.source, p.pid, **kw)
@@ -384,8 +386,13 @@ class _Stage:
             b.tick()
         if self.request_seen is None and self.request.exists():
             self.request_seen = now
-        if self.request_seen is not None and not _requester_alive(self.request):
-            self.request_seen = None  # the seal was killed while it waited: record on as before
+        wait = self.h.settings.late_wait
+        if self.request_seen is not None:
+            alive, asked = _request(self.request)
+            if not alive:
+                self.request_seen = None  # the seal was killed while it waited: record on as before
+            elif asked is not None:
+                wait = min(wait, asked)
         if self.files and not self.pipes and alive is not None:
             if self.h.token in alive:
                 self.holders_seen = now
@@ -393,9 +400,9 @@ class _Stage:
                 self.close_files()  # (the scan came before this step's read: the writers' last bytes are in)
             elif now - self.last_data >= self.h.settings.follow_grace and now - self.holders_seen >= HOLDER_SCAN_S:
                 self.close_files()  # nothing the stage started runs any more, and the files are quiet
-        if self.request_seen is not None and now - self.request_seen >= self.h.settings.late_wait:
+        if self.request_seen is not None and now - self.request_seen >= wait:
             left = still_writing(LateStage(self.h.token, self.h.stage, os.getpid()), {f.path for f, _b in self.files})
-            self.stop_recording(f"{left}, after waiting {self.h.settings.late_wait:g}s")
+            self.stop_recording(f"{left}, after waiting {wait:g}s")
 
 
 def _busy(stages: list["_Stage"]) -> set[str]:

@@ -411,10 +411,13 @@ class Spool:
             raise
 
     def append(self, makers: Sequence[Maker], *, once: str | None = None,
-               encode: Callable[[Event], bytes] | None = None, sync: bool = True) -> list[Event]:
+               encode: Callable[[Event], bytes] | None = None, sync: bool = True,
+               boot: str | None = None) -> list[Event]:
         """Assign seqs, build, encode and durably write events; return them (empty if ``once`` was done).
 
         ``sync=False`` (log batches): written at once, fdatasync'd by group commit (see the class).
+        ``boot``: the boot the events belong to; when it is no longer the open one (sealed), they are lost
+        (BootSealedError) rather than starting a boot of their own.
 
         ``once`` names an event sent once per boot: if this boot already has it, nothing is written.
         A :class:`Sealed` event ends the boot. ``encode`` replaces the codec (it must give the same bytes).
@@ -425,6 +428,12 @@ class Spool:
             self._lock()
             try:
                 self._ended_under_us(makers)
+                if boot is not None:
+                    last = self._recover()
+                    if last is None or last.boot_id != boot or last.sealed:
+                        raise BootSealedError(f"boot {boot} was sealed before these lines of a stage's late output "
+                                              "were spooled; they are passed on but not recorded",
+                                              _built(makers, boot))
                 try:
                     head = self._current()
                 except OSError as exc:

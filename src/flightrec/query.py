@@ -126,9 +126,17 @@ def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
+class ResultTooLarge(QueryError):
+    """A read's result passed the bytes a reader may have built for it."""
+
+
 def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params = None,
-                      prelude: Sequence[str] = ()) -> pa.Table:
-    """Run the checked ``prelude`` statements (temp views), then the checked user statement."""
+                      prelude: Sequence[str] = (), max_bytes: int | None = None) -> pa.Table:
+    """Run the checked ``prelude`` statements (temp views), then the checked user statement.
+
+    ``max_bytes``: the result is built batch by batch and given up (ResultTooLarge) once it holds more
+    (a result lives outside DuckDB's memory limit).
+    """
     check_read_only(sql)
     for stmt in prelude:
         check_prelude(stmt)
@@ -145,7 +153,16 @@ def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params =
         rel = con.sql(sql, params=params) if params else con.sql(sql)
         if rel is None:
             return pa.table({})
-        return rel.to_arrow_table()
+        if max_bytes is None:
+            return rel.to_arrow_table()
+        reader = rel.to_arrow_reader(1 << 16)
+        batches, size = [], 0
+        for batch in reader:
+            size += batch.nbytes
+            if size > max_bytes:
+                raise ResultTooLarge(f"its result passed {max_bytes >> 20} MiB")
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
     except duckdb.Error as exc:
         raise QueryError(f"{type(exc).__name__}: {exc}") from exc
 

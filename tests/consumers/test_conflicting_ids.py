@@ -73,3 +73,33 @@ def test_the_instance_page_says_an_id_was_reused(tmp_path: Path, open_page) -> N
     at = open_page(db, "instance", instance=boot.instance)
     shown = " ".join(str(w.value) for w in at.warning)
     assert "reused" in shown and "dead letter" in shown, shown
+
+
+def test_a_dropped_marker_sent_again_with_another_reason_is_a_duplicate(store: Store) -> None:
+    """(Found by review.) A Dropped marker's reason names the limit its sender had learned: two resends of one refused
+    record can differ in it and still be one event."""
+    from flightrec.schemas import Dropped
+
+    boot = Boot()
+    first = boot.add(Dropped, original_event_id="x", original_type="LogBatch", original_topic="flightrec.logs",
+                     original_bytes=2_000_000, stage="benchmark", reason="too large: over 1048588 bytes")
+    again = dataclasses.replace(first, reason="too large: over 524288 bytes")
+    store.commit(fold(_msgs([first])))
+    stats = store.commit(fold(_msgs([again], first_offset=5)))
+    assert stats.dead_letters == 0 and stats.duplicates_dropped == 1
+    assert fold(_msgs([first, again])).dead.num_rows == 0
+
+
+def test_a_manager_event_id_seen_again_is_judged_the_same_in_one_batch_and_across_batches(store: Store) -> None:
+    """(Found by review.) Manager events are not in events_seen: a repeat of their id is a duplicate either way."""
+    from flightrec.schemas import ManagerEvent
+
+    me = ManagerEvent(event_id="m-1", instance_id="i-1", boot_id="mgr", seq=0, ts_us=1_750_000_000_000_000,
+                      source_id="manager@x", kind="rented", detail="")
+    other = dataclasses.replace(me, kind="destroyed")
+    one_batch = fold(_msgs([me, other]))
+    assert one_batch.dead.num_rows == 0 and one_batch.duplicates == 1
+    store.commit(fold(_msgs([me])))
+    stats = store.commit(fold(_msgs([other], first_offset=5)))
+    assert stats.dead_letters == 0
+    assert store.con.execute("SELECT kind FROM manager_events").fetchall() == [("rented",)]

@@ -143,3 +143,69 @@ def test_the_hog_from_flightrec_sql_leaves_a_live_materializer_committing(kafka,
             agent.kill()
         mat.terminate()
         mat.wait(60)
+
+
+def test_an_oom_retry_keeps_the_totals_of_earlier_commits(tmp_path: Path, monkeypatch) -> None:
+    """(Found by review.) The first try's OOM is injected, as above."""
+    from flightrec.consumers.store import Store
+
+    store = Store(tmp_path / "fr.duckdb", "g")
+    store.make_room = lambda why: 0
+    try:
+        a = Boot()
+        a.lines("benchmark", "stdout", [f"a {i}" for i in range(100)])
+        store.commit(_delta(a))
+        real, tries = store._write, {"n": 0}
+
+        def failing_first(delta):  # noqa: ANN001, ANN202
+            out = real(delta)
+            tries["n"] += 1
+            if tries["n"] == 1:
+                raise duckdb.OutOfMemoryException("Out of Memory Error: injected")
+            return out
+
+        monkeypatch.setattr(store, "_write", failing_first)
+        b = Boot()
+        b.lines("benchmark", "stdout", [f"b {i}" for i in range(7)])
+        store.commit(_delta(b, 1000))
+        assert (store.totals.commits, store.totals.lines_written) == (2, 107)
+        assert store.con.execute("SELECT commits, lines FROM materializer_runs").fetchall() == [(2, 107)]
+    finally:
+        store.close()
+
+
+def test_a_result_too_large_for_the_materializer_s_memory_is_refused(tmp_path: Path) -> None:
+    """(Found by review.) A result is built outside DuckDB's memory limit: over half of it, the read is stopped."""
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+    from flightrec.live import query_live
+
+    db = tmp_path / "fr.duckdb"
+    store = Store(db, "g", memory_limit="200MB")
+    try:
+        with QueryServer(store.con.cursor(), db) as server:
+            with pytest.raises(QueryError, match="too large for a live read.*result passed"):
+                query_live(db, "SELECT repeat('y', 1000) || range AS s FROM range(300000)")
+            assert server.counters["reads_stopped"] >= 1
+            assert query_live(db, "SELECT count(*) AS n FROM range(300000)").to_pylist() == [{"n": 300000}]
+    finally:
+        store.close()
+
+
+def test_aggregate_states_count_as_a_read_s_memory(tmp_path: Path) -> None:
+    """(Found by review.) list() and string_agg() hold their states in DuckDB's ALLOCATOR, not in a hash table."""
+    from flightrec.consumers.serve import QueryServer
+    from flightrec.consumers.store import Store
+    from flightrec.live import query_live
+
+    db = tmp_path / "fr.duckdb"
+    store = Store(db, "g", memory_limit="300MB")
+    try:
+        with QueryServer(store.con.cursor(), db):
+            with pytest.raises(QueryError, match="too large for a live read|Out of Memory"):
+                query_live(db, "SELECT length(string_agg(repeat('y', 1000) || range, ',')) FROM range(2000000)")
+            boot = Boot()
+            boot.lines("benchmark", "stdout", ["after"])
+            store.commit(_delta(boot))
+    finally:
+        store.close()

@@ -108,3 +108,43 @@ def test_broker_away_cmd_unharmed_events_wait_and_flush_says_so(agent_env) -> No
     evs = agent_env.events()
     assert [e.seq for e in evs] == list(range(len(evs)))
     assert [e.exit_code for e in evs if isinstance(e, ProcessExit)] == [4]
+
+
+def test_a_broker_that_drops_packets_costs_a_stage_beside_the_sender_a_few_seconds(spool_env, tmp_path: Path) -> None:
+    """(Found by review.) A background stage holds the instance's deliver.lock (as the tunnel does in
+    examples/entrypoint.sh) while Kafka's address drops every connection attempt: the other stages do not wait
+    the flush timeout (10 s) for it."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # never accepted: once its queue is full, further SYNs are dropped
+    port = listener.getsockname()[1]
+    fill = []
+    for _ in range(3):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fill.append(s)
+    time.sleep(0.5)
+    env = spool_env.env(FLIGHTREC_BOOTSTRAP=f"127.0.0.1:{port}", FLIGHTREC_FLUSH_TIMEOUT="10")
+    tunnel = subprocess.Popen(spool_env.argv("run", "--stage", "tunnel", "--no-facts", "--", "sleep", "60"), env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)  # it holds the lock, its first attempt hangs
+        took = []
+        for _ in range(2):
+            t0 = time.monotonic()
+            r = spool_env.run("run", "--stage", "s", "--no-facts", "--", "true", env=env)
+            took.append(time.monotonic() - t0)
+            assert r.returncode == 0
+        assert max(took) < 6, took
+    finally:
+        tunnel.terminate()
+        tunnel.wait(60)
+        for s in fill:
+            s.close()
+        listener.close()

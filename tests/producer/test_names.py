@@ -119,3 +119,18 @@ def test_flush_all_finds_the_manager_s_undelivered_events(spool_env, tmp_path: P
     empty = subprocess.run([exe, "agent", "flush", "--all", "--spool", str(tmp_path / "nothing")], env=env,
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode == 0 and "no spooled instances" in empty.stdout + empty.stderr
+
+
+def test_an_instance_named_manager_hides_no_manager_event_from_flush_all(spool_env, tmp_path: Path) -> None:
+    """(Found by review.) <spool>/manager is both that instance's folder and the manager's sources' root."""
+    import subprocess
+
+    root = tmp_path / "spool"
+    env = spool_env.env(FLIGHTREC_SPOOL=str(root))
+    exe = spool_env.argv("event")[0]
+    subprocess.run([exe, "manager", "event", "--instance", "gpu-1", "--kind", "destroyed", "--source", "mgr-a"],
+                   env=env, capture_output=True, timeout=60)
+    assert spool_env.run("event", "--instance", "manager", "--stage", "s", "--state", "info", env=env).returncode == 0
+    f = subprocess.run([exe, "agent", "flush", "--all", "--timeout", "1", "--spool", str(root)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert "gpu-1: 0 events delivered, 1 left in" in f.stdout and "manager: 0 events delivered" in f.stdout, f.stdout

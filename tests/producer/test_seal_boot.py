@@ -178,3 +178,22 @@ def test_a_daemon_that_hides_its_token_is_still_waited_for(spool_env, tmp_path: 
     sealed = _one_sealed_boot(evs)
     lines = [t for b in evs if isinstance(b, LogBatch) and b.seq < sealed.seq for t in b.text]
     assert "daemon: CUDA error: no kernel image is available for execution on the device" in lines, lines
+
+
+def test_late_lines_after_the_seal_never_open_a_boot_of_their_own(spool_env, tmp_path: Path) -> None:
+    """(Found by review.) The seal waits its own FLIGHTREC_LATE_WAIT, whatever the stage's was; what the leftover
+    writes after the seal is passed on and not recorded, never spooled as a new boot."""
+    ticker = '(for i in $(seq 1 16); do echo "tick $i"; sleep 0.5; done) & exit 0'
+    with open(tmp_path / "out", "wb") as out:
+        r = spool_env.run("run", "--stage", "s", "--no-facts", "--", "sh", "-c", ticker,
+                          env=spool_env.env(FLIGHTREC_LATE_WAIT="30"), capture_output=False, stdout=out, stderr=out)
+        assert r.returncode == 0
+        t0 = time.monotonic()
+        seal = spool_env.run("seal", env=spool_env.env(FLIGHTREC_LATE_WAIT="2"))
+        took = time.monotonic() - t0
+    assert seal.returncode == 0 and took < 2 + 5, took
+    time.sleep(9)  # the ticker goes on for its last seconds, passed on to the file
+    assert "tick 16" in (tmp_path / "out").read_text()
+    evs = spool_env.events()
+    seal_ev = _one_sealed_boot(evs)  # one boot, sealed last: no phantom boot of late lines after it
+    assert "still running when sealed" in seal_ev.reason and "after waiting 2s" in seal_ev.reason, seal_ev.reason

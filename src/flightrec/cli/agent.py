@@ -172,9 +172,11 @@ def _spooled(root: Path, depth: int = 2) -> list[tuple[Path, str]]:
         return []
     out: list[tuple[Path, str]] = []
     for p in sorted(root.iterdir()):
-        if (p / "lock").exists():
+        instance = (p / "lock").exists()
+        if instance:
             out.append((root, unquote(p.name)))
-        elif depth > 0 and p.is_dir() and not p.is_symlink():
+        # the manager's sources live in <spool>/manager/, also when an instance is named "manager"
+        if depth > 0 and p.is_dir() and not p.is_symlink() and (not instance or p.name == "manager"):
             out.extend(_spooled(p, depth - 1))
     return out
 
