@@ -56,6 +56,7 @@ AWS = "AKIA" + "IOSFODNN7EXAMPLE"
 
 @pytest.mark.parametrize("line,want", [
     (f"export AWS_ACCESS_KEY_ID={AWS}", "export AWS_ACCESS_KEY_ID=***"),
+    (f"key{AWS}x", "key***x"),  # glued to other letters: still masked
     ('{"user": "bob", "password": "hunter2", "n": 1}', '{"user": "bob", "password": "***", "n": 1}'),
     ('{"note": "a \\"quoted\\" one", "secret": "a\\"b c"}', '{"note": "a \\"quoted\\" one", "secret": "***"}'),
     ("Authorization: Bearer abcdefgh12345678", "Authorization: Bearer ***"),
