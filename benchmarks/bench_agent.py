@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -127,7 +129,27 @@ def count_lines(bootstrap: str, instance: str, live: list[tuple[int, float]] | N
     return asyncio.run(go())
 
 
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """``LABEL:VAR=VALUE[,VAR=VALUE...]`` -> (label, environment)."""
+    label, _, assigns = text.partition(":")
+    env = dict(a.split("=", 1) for a in assigns.split(",") if "=" in a)
+    if not label or not env:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL:VAR=VALUE[,VAR=VALUE...]")
+    return label, env
+
+
 def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__ + " Starts its own Kafka broker (Kafka's jars from "
+                                "FLIGHTREC_CACHE) and needs kcat; results are printed, see BENCHMARKS.md.")
+    p.add_argument("--capacity-only", action="store_true",
+                   help="only the pipeline capacity pairs (kcat -P -l FILE vs agent run -- cat FILE, 1M lines)")
+    p.add_argument("--pairs", type=int, default=CAP_RUNS, help=f"capacity pairs to run (default {CAP_RUNS})")
+    p.add_argument("--variant", type=variant, action="append", default=[], metavar="LABEL:VAR=VALUE[,...]",
+                   help="one more agent in each capacity pair, with these environment variables set, its wall and "
+                        "CPU time shown next to the plain agent's; the order of the agents rotates from pair to pair. "
+                        "E.g. 'shapes off:FLIGHTREC_SECRET_SHAPES=off', 'before:PYTHONPATH=DIR' (DIR holding the "
+                        "flightrec package of older code); may be given several times")
+    args = p.parse_args()
     if not shutil.which("kcat"):
         print("kcat is not installed (make system-packages installs it); the baseline needs it", file=sys.stderr)
         return 1
@@ -135,16 +157,20 @@ def main() -> int:
     broker = LocalBroker(port=free_port(), data=tmp / "kafka", settings=Settings.from_env({}))
     broker.start()
     try:
-        return run(broker.bootstrap, tmp)
+        return run(broker.bootstrap, tmp, args)
     finally:
         broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run(bootstrap: str, tmp: Path) -> int:
+def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     create_scratch(bootstrap)
     env = dict(os.environ, FLIGHTREC_BOOTSTRAP=bootstrap, FLIGHTREC_SPOOL=str(tmp / "spool"),
                FLIGHTREC_FLUSH_TIMEOUT="120", FLIGHTREC_LOG_LEVEL="WARNING")
+    med = statistics.median
+    if args.capacity_only:
+        report_capacity(*pipeline_capacity(bootstrap, tmp, env, args.pairs, args.variant))
+        return 0
     py = sys.executable
     to_file, kcat, kcat_child, agent_total, agent_child, rss = [], [], [], [], [], []
     instances = []
@@ -185,7 +211,7 @@ def run(bootstrap: str, tmp: Path) -> int:
               f"(child {agent_child[-1]:.2f}s)  rss {rss[-1]} MiB", flush=True)
     delivered = count_lines(bootstrap, instances[0])
     assert delivered == LINES, f"the agent delivered {delivered} lines, not {LINES}"
-    cat_kcat, cat_agent = pipeline_capacity(bootstrap, tmp, env)
+    capacity = pipeline_capacity(bootstrap, tmp, env, args.pairs, args.variant)
 
     # latency at 1,000 lines/s: a live consumer notes when each line's batch arrives
     inst = f"bench-lat-{uuid.uuid4()}"
@@ -203,7 +229,6 @@ def run(bootstrap: str, tmp: Path) -> int:
     lat_ms = sorted((recv - ts / 1e6) * 1000 for ts, recv in live)
     assert len(lat_ms) == n_lat, f"saw {len(lat_ms)} of {n_lat} paced lines"
 
-    med = statistics.median
     f_wall = med(w for w, _ in to_file)
     f_child = med(c for _, c in to_file)
     print()
@@ -221,38 +246,66 @@ def run(bootstrap: str, tmp: Path) -> int:
           f"p50 {lat_ms[len(lat_ms) // 2]:.0f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99)]:.0f} ms, "
           f"max {lat_ms[-1]:.0f} ms (goal p99 <= 250 ms)")
     print(f"agent peak RSS: {max(rss)} MiB (goal <= 150 MiB)")
-    print(f"pipeline capacity, {LINES:,} lines from a file: kcat -P -l FILE {med(cat_kcat):.2f}s, "
-          f"agent run -- cat FILE {med(cat_agent):.2f}s = {med(cat_agent) / med(cat_kcat):.2f}x kcat's time "
-          f"(goal <= 1.5x; runs: kcat {', '.join(f'{x:.2f}' for x in cat_kcat)}; "
-          f"agent {', '.join(f'{x:.2f}' for x in cat_agent)}; median of the pairs' ratios "
-          f"{med(a / k for a, k in zip(cat_agent, cat_kcat)):.2f}x)")
+    report_capacity(*capacity)
     return 0
 
 
-def pipeline_capacity(bootstrap: str, tmp: Path, env: dict[str, str]) -> tuple[list[float], list[float]]:
-    """The pipeline's own capacity: `agent run -- cat FILE` vs `kcat -P -l FILE`, same lines, same broker, acks=all."""
+Runs = dict[str, list[tuple[float, float]]]  # agent label -> (wall s, CPU s of the agent process) per pair
+
+
+def report_capacity(kc: list[float], agents: Runs) -> None:
+    med = statistics.median
+    wall, cpu = [w for w, _ in agents["agent"]], [c for _, c in agents["agent"]]
+    print(f"pipeline capacity, {LINES:,} lines from a file: kcat -P -l FILE {med(kc):.2f}s, "
+          f"agent run -- cat FILE {med(wall):.2f}s = {med(wall) / med(kc):.2f}x kcat's time "
+          f"(goal <= 1.5x; runs: kcat {', '.join(f'{x:.2f}' for x in kc)}; "
+          f"agent {', '.join(f'{x:.2f}' for x in wall)}; median of the pairs' ratios "
+          f"{med(a / k for a, k in zip(wall, kc)):.2f}x); agent CPU (user+sys) median {med(cpu):.2f}s")
+    for label, runs in agents.items():
+        if label == "agent":
+            continue
+        w, c = [x for x, _ in runs], [y for _, y in runs]
+        print(f"  variant {label!r}: wall median {med(w):.2f}s = {med(w) / med(kc):.2f}x kcat "
+              f"(pairs' ratios median {med(a / k for a, k in zip(w, kc)):.2f}x; runs {', '.join(f'{x:.2f}' for x in w)}), "
+              f"CPU median {med(c):.2f}s (runs {', '.join(f'{x:.2f}' for x in c)}); the plain agent: wall "
+              f"{med(wall):.2f}s, CPU {med(cpu):.2f}s (runs {', '.join(f'{x:.2f}' for x in cpu)}); "
+              f"plain / variant CPU, median of the pairs: {med(a / b for a, b in zip(cpu, c)):.2f}")
+
+
+def pipeline_capacity(bootstrap: str, tmp: Path, env: dict[str, str], pairs: int = CAP_RUNS,
+                      variants: list[tuple[str, dict[str, str]]] = ()) -> tuple[list[float], Runs]:
+    """The pipeline's own capacity: `agent run -- cat FILE` vs `kcat -P -l FILE`, same lines, same broker, acks=all;
+    with ``variants``, more agents (other environment variables) in each pair, in an order that rotates."""
     data = tmp / "lines.txt"
     with open(data, "w") as f:
         for i in range(LINES):
             f.write(f"{i:07d} worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5\n")
-    kc, ag = [], []
-    for r in range(CAP_RUNS):
+    agents = [("agent", env)] + [(label, dict(env, **extra)) for label, extra in variants]
+    kc: list[float] = []
+    runs: Runs = {label: [] for label, _ in agents}
+    for r in range(pairs):
         t = time.perf_counter()
         k = subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", SCRATCH, "-l", "-X", "acks=all",
                             "-X", "enable.idempotence=true", "-X", "linger.ms=5", str(data)])
         kc.append(time.perf_counter() - t)
         assert k.returncode == 0, "kcat failed"
-        inst = f"bench-cat-{uuid.uuid4()}"
-        t = time.perf_counter()
-        p = subprocess.run([FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "cat", "--no-facts", "--",
-                            "cat", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-        ag.append(time.perf_counter() - t)
-        assert p.returncode == 0, p.stderr[-2000:]
-        if r == 0:
-            delivered = count_lines(bootstrap, inst)
-            assert delivered == LINES, f"the agent delivered {delivered} lines of cat, not {LINES}"
-        print(f"capacity run {r + 1}: kcat -P -l {kc[-1]:.2f}s  agent run -- cat {ag[-1]:.2f}s", flush=True)
-    return kc, ag
+        for label, agent_env in agents[r % len(agents):] + agents[:r % len(agents)]:
+            inst = f"bench-cat-{uuid.uuid4()}"
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            p = subprocess.run([FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "cat", "--no-facts", "--",
+                                "cat", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=agent_env)
+            wall = time.perf_counter() - t
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            runs[label].append((wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime))
+            assert p.returncode == 0, p.stderr[-2000:]
+            if r < len(agents):  # each agent's first run: every line arrived
+                delivered = count_lines(bootstrap, inst)
+                assert delivered == LINES, f"{label} delivered {delivered} lines of cat, not {LINES}"
+        print(f"capacity run {r + 1}: kcat -P -l {kc[-1]:.2f}s  "
+              + "  ".join(f"{label} {runs[label][-1][0]:.2f}s (CPU {runs[label][-1][1]:.2f}s)" for label, _ in agents),
+              flush=True)
+    return kc, runs
 
 
 if __name__ == "__main__":

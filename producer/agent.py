@@ -22,6 +22,7 @@ from flightrec.producer.fit import fit_exit_event
 from flightrec.producer.heartbeat import HeartbeatThread, heartbeat
 from flightrec.producer.members import Member, join, leave, running
 from flightrec.producer.redact import Redactor, visible
+from flightrec.producer.shapes import SecretShape, SecretShapesError, builtin_shapes, load_shapes
 from flightrec.producer.scrub import scrub
 from flightrec.producer.lost import LostSpool
 from flightrec.producer.spool import BootSealedError, Spool, SpoolWriteError
@@ -102,6 +103,16 @@ def _secrets(settings: Settings, env: Mapping[str, str]) -> tuple[tuple[str, ...
     return (*settings.redact, "FLIGHTREC_SASL_PASSWORD"), values
 
 
+def _shapes(settings: Settings) -> tuple[SecretShape, ...]:
+    """The secret shapes FLIGHTREC_SECRET_SHAPES asks for; a file that cannot be used is said on stderr and the
+    built-in list masks instead: a bad shape never stops a stage."""
+    try:
+        return load_shapes(settings.secret_shapes)
+    except SecretShapesError as exc:
+        say(f"FLIGHTREC_SECRET_SHAPES: {exc}. Masking with the built-in secret shapes only until it is fixed.")
+        return builtin_shapes()
+
+
 class Stage:
     """``with agent.stage("x"):`` - Lifecycle started, then succeeded, or failed with the exception text.
 
@@ -146,7 +157,7 @@ class _AgentBase:
     Guarantees: :meth:`emit` returns only once the event is written to the spool
     (fsync'd), carrying a fresh event_id, this boot's boot_id and the next seq of
     the boot (gap-free across every agent process of the instance); texts are
-    masked by the redactor (FLIGHTREC_REDACT, URL credentials) before they are
+    masked by the redactor (FLIGHTREC_REDACT, URL credentials, secret shapes) before they are
     written; delivery never blocks emit, and a broker that is away only delays it.
     """
 
@@ -164,7 +175,8 @@ class _AgentBase:
             say(f"NOT RECORDED: {exc}. Nothing of instance {self.instance_id} is recorded by this agent.")
             self.spool = LostSpool(root, self.instance_id, str(exc))
             deliver = False
-        self.redactor = Redactor(*_secrets(self.settings, os.environ if env is None else env))
+        self.redactor = Redactor(*_secrets(self.settings, os.environ if env is None else env),
+                                 shapes=_shapes(self.settings))
         self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]
         self.events_emitted = 0
         self._stage_member: Member | None = None  # the stage this agent runs (a seal does not wait for it)

@@ -14,6 +14,7 @@ from flightrec.settings import TOPIC_LOGS
 
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
+from flightrec.producer.redact import NO_CARRY, Carry
 from flightrec.producer.scrub import scrub
 
 BATCH_WINDOW_S = 0.1  # a line is spooled (and handed to the sender) at most this long after it was read
@@ -39,7 +40,9 @@ class SourceBatcher:
     (given :meth:`tick` is called) before its batch is spooled, and is fdatasync'd
     within the spool's group-commit window (at the latest when the source closes); a
     batch fits the topic's message limit; secrets are masked
-    before anything is kept; the last ``tail_lines`` lines are kept for the exit event.
+    before anything is kept, each line knowing the one before it (a secret split across two
+    lines, a private key's body: :class:`Carry`, handed on with the source); the last
+    ``tail_lines`` lines are kept for the exit event.
     """
 
     def __init__(self, agent: SyncAgent, stage: str, source: str, pid: int, *, max_line: int,
@@ -63,6 +66,7 @@ class SourceBatcher:
         self._trunc: list[bool] = []
         self._invalid: list[bool] = []
         self._late: list[bool] = []
+        self._carry: Carry = NO_CARRY  # what masking the next line needs from the lines before it
         self.late = False  # lines added from now on were written after CMD exited
         self._bytes = 0
         self._since: float | None = None
@@ -86,9 +90,10 @@ class SourceBatcher:
             self._raw.extend(lines)
             if self.tail.limit > 0:
                 self.tail.extend(AsciiTexts(lines[-self.tail.limit:]))
+            self._carry = self.agent.redactor.carry_after(lines[-1])
         else:
             decoded, invalid = decode_lines(lines)
-            texts = self.agent.redactor.lines(decoded, trunc)
+            texts, self._carry = self.agent.redactor.stream(decoded, trunc, self._carry)
             if self._texts is None:
                 self._texts = list(AsciiTexts(self._raw))
             self._texts.extend(texts)
@@ -108,7 +113,8 @@ class SourceBatcher:
         over ``max_bytes`` (text plus LINE_OVERHEAD per line) or BATCH_MAX_LINES lines."""
         with self._lock:
             pending = self.splitter._buf
-            plain = data.isascii() and pending.isascii() and not self.agent.redactor.may_need(pending, data)
+            plain = (data.isascii() and pending.isascii()
+                     and not self.agent.redactor.may_need(pending, data, self._carry))
             lines, trunc = self.splitter.feed(data)
             ts = ts or now_us()
             cum = list(accumulate(map(len, lines)))  # C speed: no Python code per line
@@ -161,17 +167,18 @@ class SourceBatcher:
             self._flush()
         self.agent.spool.sync()
 
-    def resume(self, next_no: int, pending: bytes, overflow: bool, *, late: bool) -> None:
+    def resume(self, next_no: int, pending: bytes, overflow: bool, carry: Carry = NO_CARRY, *, late: bool) -> None:
         """Go on from another batcher's :meth:`handoff_state` (in the late-output process)."""
         self._next_no = next_no
         self.splitter._buf, self.splitter._overflow = pending, overflow
+        self._carry = carry
         self.late = late
 
-    def handoff_state(self) -> tuple[int, bytes, bool]:
-        """Spool every complete line; return (next line number, unfinished line, its overflow flag)."""
+    def handoff_state(self) -> tuple[int, bytes, bool, Carry]:
+        """Spool every complete line; return (next line number, unfinished line, its overflow flag, the carry)."""
         with self._lock:
             self._flush()
-            return self._next_no, self.splitter._buf, self.splitter._overflow
+            return self._next_no, self.splitter._buf, self.splitter._overflow, self._carry
 
     def _flush(self) -> None:
         self._bytes = 0

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from flightrec.settings import Settings
 
+from flightrec.producer.redact import NO_CARRY, Carry
 from flightrec.producer.tokens import TOKEN_ENV, alive_tokens, carriers, describe, writers
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class HandedPipe:
     next_no: int
     pending: bytes = b""
     overflow: bool = False
+    carry: Carry = NO_CARRY  # what masking its next line needs from the line before (redact.Carry)
     strip: bool = False  # a pty: terminal control sequences are kept out of the recorded text
     early: int = 0  # bytes still in the pipe that were written before CMD exited (not late)
 
@@ -61,6 +63,7 @@ class HandedFile:
     next_no: int
     pending: bytes = b""
     overflow: bool = False
+    carry: Carry = NO_CARRY
 
 
 @dataclass(frozen=True)
@@ -265,14 +268,14 @@ class _Stage:
         self.pipes: dict[int, tuple[HandedPipe, Any]] = {}
         for p in h.pipes:
             b = SourceBatcher(agent, h.stage, p.source, p.pid, **kw)
-            b.resume(p.next_no, p.pending, p.overflow, late=not p.early)
+            b.resume(p.next_no, p.pending, p.overflow, p.carry, late=not p.early)
             self.pipes[p.fd] = (p, b)
         self.files: list[tuple[Any, Any]] = []
         for f in h.files:
             follower = FileFollower(f.path)
             follower.resume(f.fd, f.offset, f.ino, f.exists)
             b = SourceBatcher(agent, h.stage, f.path, 0, **kw)
-            b.resume(f.next_no, f.pending, f.overflow, late=True)
+            b.resume(f.next_no, f.pending, f.overflow, f.carry, late=True)
             self.files.append((follower, b))
         self.recording = True
         self.last_data = time.monotonic()

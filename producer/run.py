@@ -461,16 +461,16 @@ def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], foll
     pipes = []
     for t in pumps:
         if not t.eof:
-            no, pending, overflow = t.batcher.handoff_state()
+            no, pending, overflow, carry = t.batcher.handoff_state()
             pipes.append(HandedPipe(fd=t.fd, out_fd=t.out_fd, source=t.batcher.source, pid=t.batcher.pid,
-                                    next_no=no, pending=pending, overflow=overflow, strip=t.strip,
+                                    next_no=no, pending=pending, overflow=overflow, carry=carry, strip=t.strip,
                                     early=max(0, (t.late_at or 0) - t.read_total)))
     files = []
     for f, b in follows:
         fd, offset, ino = f.state()
-        no, pending, overflow = b.handoff_state()
+        no, pending, overflow, carry = b.handoff_state()
         files.append(HandedFile(path=f.path, fd=fd, offset=offset, ino=ino, exists=f.exists, next_no=no,
-                                pending=pending, overflow=overflow))
+                                pending=pending, overflow=overflow, carry=carry))
     h = Handoff(settings=agent.settings, stage=stage, boot_id=agent.boot_id, token=token, pipes=pipes, files=files)
     try:
         pid = hand_off(h, agent.spool.dir)

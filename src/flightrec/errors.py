@@ -16,6 +16,10 @@ class ConfigError(FlightrecError):
     """A flag, environment variable or file holds a value flightrec cannot use."""
 
 
+class SecretShapesError(ConfigError):
+    """A file of secret shapes (FLIGHTREC_SECRET_SHAPES) cannot be used; the message names the shape and the fix."""
+
+
 class CodecError(FlightrecError):
     """Bytes that are not a flightrec event; ``reason`` says why, in one line.
 

@@ -51,6 +51,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLIGHTREC_REPLICATION", "1", "Replication factor when flightrec creates its topics."),
     Setting("FLIGHTREC_RETENTION_MS", "-1", "Topic retention in milliseconds when flightrec creates its topics; -1 keeps everything so replay always works."),
     Setting("FLIGHTREC_REDACT", "", "Comma-separated names of environment variables whose values are masked in every shipped line."),
+    Setting("FLIGHTREC_SECRET_SHAPES", "", "Secrets masked by their shape (AWS keys, GitHub/GitLab tokens, Authorization headers, private keys, password=/token= values...): unset, the built-in list (producer/secret_shapes.toml); a path, a TOML file of more shapes in the same format (it may also `disable` built-in ones by name); `off`, none (names and URL credentials are still masked)."),
     Setting("FLIGHTREC_SECURITY_PROTOCOL", "PLAINTEXT", "Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
     Setting("FLIGHTREC_SASL_MECHANISM", "", "SASL mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) when a SASL protocol is used."),
     Setting("FLIGHTREC_SASL_USERNAME", "", "SASL user name."),
@@ -114,6 +115,7 @@ class Settings:
     replication: int = 1
     retention_ms: int = -1
     redact: tuple[str, ...] = ()
+    secret_shapes: str | None = None
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
@@ -159,6 +161,7 @@ class Settings:
             replication=_int(env, "FLIGHTREC_REPLICATION", base.replication),
             retention_ms=_int(env, "FLIGHTREC_RETENTION_MS", base.retention_ms),
             redact=tuple(n.strip() for n in redact.split(",") if n.strip()) if redact else (),
+            secret_shapes=_env(env, "FLIGHTREC_SECRET_SHAPES"),
             security_protocol=protocol,
             sasl_mechanism=_env(env, "FLIGHTREC_SASL_MECHANISM"),
             sasl_username=_env(env, "FLIGHTREC_SASL_USERNAME"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
@@ -124,15 +124,20 @@ def test_the_syncer_thread_ends_when_idle(tmp_path: Path) -> None:
 
 SECRET = "s3cr3t-Value-42"
 PIECES = [b"plain text ", b"0000123 worker 3: batch done ", SECRET.encode(), SECRET[:6].encode(), SECRET[6:].encode(),
-          b"\n", b"\n", b"caf\xc3\xa9 ", b"\xff", b"see http://user:pw@host/x ", b"x" * 300, b"\t", b""]
+          SECRET[:2].encode(), SECRET[2:].encode(), b"\n", b"\n", b"caf\xc3\xa9 ", b"\xff", b"see http://user:pw@host/x ",
+          b"x" * 300, b"\t", b"", b"token: 512 ", b"password=hunter2 ", b"AKIA" + b"IOSFODNN7EXAMPLE ",
+          b"-----BEGIN RSA PRIVATE KEY-----", b"MIIEowIBAAKCAQEA", b"-----END RSA PRIVATE KEY-----"]
 
 
 @hyp_settings(max_examples=150, deadline=None)
 @given(st.lists(st.sampled_from(PIECES), max_size=80), st.lists(st.integers(min_value=1, max_value=400), max_size=12))
+@example([b"plain text ", SECRET[:2].encode(), b"\n", SECRET[2:].encode(), b"\n"], [14])  # a split, the 1st read plain
+@example([b"-----BEGIN RSA PRIVATE KEY-----", b"\n", b"MIIEowIBAAKCAQEA", b"\n"], [32])  # a key's body in the next read
 def test_ascii_chunks_take_the_fast_path_with_the_same_lines(pieces: list[bytes], cuts: list[int]) -> None:
     # ASCII reads with nothing to mask skip decoding and masking per line: each line, however the stream was
-    # cut into reads (a secret across two reads, a read of only ASCII after one that was not), is what the
-    # line-by-line path gives: decoded (\xNN where not UTF-8), masked, numbered, in order
+    # cut into reads (a secret across two reads or two lines, a key's body in the read after its header, a read
+    # of only ASCII after one that was not), is what masking all the lines at once gives: decoded (\xNN where not
+    # UTF-8), masked, numbered, in order
     import tempfile
 
     from flightrec.producer.lines import Tail, decode_lines
@@ -152,7 +157,7 @@ def test_ascii_chunks_take_the_fast_path_with_the_same_lines(pieces: list[bytes]
     raw = data.split(b"\n")
     if raw[-1] == b"":
         raw.pop()
-    want = [redactor.text(decode_lines([line])[0][0]) for line in raw]
+    want = redactor.lines([decode_lines([line])[0][0] for line in raw])
     got = [t for x in batches for t in x.text]
     assert got == want
     assert [n for x in batches for n in x.line_no] == list(range(1, len(want) + 1))

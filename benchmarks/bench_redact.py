@@ -1,0 +1,171 @@
+"""Micro-benchmark of secret masking on 1M log lines: the fast path's test, the masking pass, the line batcher."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable
+
+from flightrec.producer import open_agent
+from flightrec.producer.batcher import SourceBatcher
+from flightrec.producer.redact import Redactor
+from flightrec.settings import Settings
+
+try:  # absent from the code before secret shapes: then only the configurations without shapes are measured
+    from flightrec.producer.shapes import builtin_shapes
+except ImportError:
+    builtin_shapes = None  # type: ignore[assignment]
+
+READ = 1 << 20  # what the agent reads from a pipe or a file at most at once (producer/run.py CHUNK)
+NAMES = {"API_TOKEN": "tok-9f8e7d6c5b4a39281706", "DB_PASSWORD": "correct-horse-battery-staple"}
+
+
+def bench_lines(n: int) -> list[str]:
+    """The agent benchmark's line (benchmarks/bench_agent.py), numbered."""
+    return [f"{i:07d} worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5" for i in range(n)]
+
+
+def mixed_lines(n: int, seed: int = 1) -> list[str]:
+    """A proving machine's output: progress, structured and JSON logs, CUDA allocator lines, hashes, UUIDs,
+    base64 blobs, a download bar; none holds a secret (so each read may take the fast path)."""
+    rnd = random.Random(seed)
+
+    def hexs(k: int) -> str:
+        return "".join(rnd.choice("0123456789abcdef") for _ in range(k))
+
+    out = []
+    for i in range(n):
+        k = rnd.random()
+        ts = f"2026-12-03T10:{(i // 600) % 60:02d}:{(i // 10) % 60:02d}.{i % 1000000:06d}Z"
+        if k < 0.35:
+            out.append(f"{i:07d} worker {i % 8}: batch done msm=ok ntt=ok elapsed_ms={rnd.random() * 50:.1f}")
+        elif k < 0.55:
+            out.append(f"{ts} INFO  prover::gpu: proof {i} verified in {rnd.random() * 900:.1f}ms root=0x{hexs(64)}")
+        elif k < 0.7:
+            out.append(f'{{"ts":"{ts}","level":"info","msg":"proof done","proof_id":"{hexs(8)}-{hexs(4)}-{hexs(4)}-'
+                       f'{hexs(4)}-{hexs(12)}","gpu":{i % 8},"duration_ms":{rnd.random() * 90:.2f}}}')
+        elif k < 0.8:
+            out.append(f"I1203 10:15:32.{i % 1000000:06d} {1000 + i % 50} cuda_alloc.cc:{100 + i % 400}] cudaMalloc "
+                       f"{rnd.randint(1, 1 << 30)} bytes on device {i % 8} (free {rnd.randint(1, 80)} GiB)")
+        elif k < 0.9:
+            out.append(f"[{ts}] DEBUG scheduler: queue depth={rnd.randint(0, 500)} inflight={rnd.randint(0, 64)} "
+                       f"rate={rnd.random() * 400:.1f}/h commit {hexs(40)} blob={hexs(24)}")
+        else:
+            out.append(f"Downloading params {rnd.randint(0, 100)}% |{'#' * rnd.randint(0, 30)}| "
+                       f"{rnd.random() * 3:.1f}G/2.7G eta {rnd.randint(0, 600)}s")
+    return out
+
+
+# streams whose every line holds a needle (so every read takes the masking pass): the worst cases
+HOT = ["step {i} token count: 512 of 4096", '{{"ts":1,"msg":"ok","token":"t-{i}"}}', "user {i}: password reset email sent",
+       "GET https://u:p@example.com/api/v1/items/{i} 200 12ms", '{{"access_token":"abcdefgh{i}"}}']
+
+
+def reads(data: bytes) -> list[bytes]:
+    return [data[i:i + READ] for i in range(0, len(data), READ)]
+
+
+def cpu(fn: Callable[[], object], runs: int) -> float:
+    """Median CPU seconds of ``fn`` (this process, user + system)."""
+    times = []
+    for _ in range(runs):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return statistics.median(times)
+
+
+def configurations(shapes_too: bool) -> dict[str, tuple[list[str], dict[str, str], str | None]]:
+    """name -> (FLIGHTREC_REDACT names, environment, FLIGHTREC_SECRET_SHAPES)."""
+    out = {"nothing named, no shapes": ([], {}, "off"), "2 named secrets, no shapes": (list(NAMES), NAMES, "off")}
+    if shapes_too:
+        out["built-in shapes (the default)"] = ([], {}, None)
+        out["built-in shapes + 2 named secrets"] = (list(NAMES), NAMES, None)
+    return out
+
+
+def redactor(names: list[str], env: dict[str, str], shapes: str | None) -> Redactor:
+    if "shapes" in inspect.signature(Redactor).parameters:
+        return Redactor(names, env, shapes=builtin_shapes() if shapes is None else ())
+    return Redactor(names, env)
+
+
+def may_need_all(r: Redactor, chunks: list[bytes]) -> int:
+    carried = "carry" in inspect.signature(r.may_need).parameters
+    n = 0
+    for c in chunks:
+        n += bool(r.may_need(b"", c, None) if carried else r.may_need(b"", c))
+    return n
+
+
+def stream_all(r: Redactor, lines: list[str]) -> None:
+    step = 16384  # lines per call: about what one 1 MiB read holds
+    if hasattr(r, "stream"):
+        carry = None
+        for i in range(0, len(lines), step):
+            _, carry = r.stream(lines[i:i + step], None, carry) if carry is not None else r.stream(lines[i:i + step])
+    else:
+        for i in range(0, len(lines), step):
+            r.lines(lines[i:i + step])
+
+
+def batcher_all(names: list[str], env: dict[str, str], shapes: str | None, chunks: list[bytes]) -> None:
+    fields = {"redact": tuple(names)}
+    if "secret_shapes" in inspect.signature(Settings).parameters:
+        fields["secret_shapes"] = shapes
+    with tempfile.TemporaryDirectory(prefix="bench-redact-") as tmp:
+        settings = Settings(instance="bench", spool=tmp, **fields)  # type: ignore[arg-type]
+        with open_agent("bench", settings, deliver=False, env=env) as agent:
+            b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=100)
+            for c in chunks:
+                b.feed(c)
+            b.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--lines", type=int, default=1_000_000, help="lines per corpus (default 1,000,000)")
+    p.add_argument("--runs", type=int, default=5, help="runs of each figure; the median is shown (default 5)")
+    p.add_argument("--no-batcher", action="store_true", help="skip the batcher figures (they write a spool)")
+    args = p.parse_args()
+    corpora = {"bench_agent's line": bench_lines(args.lines), "mixed realistic lines": mixed_lines(args.lines)}
+    configs = configurations(builtin_shapes is not None)
+    print(f"{args.lines:,} lines per corpus, read {READ >> 20} MiB at a time; CPU seconds, median of {args.runs}; "
+          f"{os.cpu_count()} cores; code: {os.path.dirname(inspect.getfile(Redactor))}", flush=True)
+    for cname, lines in corpora.items():
+        data = ("\n".join(lines) + "\n").encode()
+        chunks = reads(data)
+        mib = len(data) / (1 << 20)
+        print(f"\n{cname}: {mib:.1f} MiB")
+        print(f"{'configuration':36} {'may_need (fast test)':>22} {'reads slow':>10} {'stream (mask pass)':>20} "
+              f"{'batcher feed+close':>20}")
+        for name, (names, env, shapes) in configs.items():
+            r = redactor(names, env, shapes)
+            slow = may_need_all(r, chunks)
+            t_need = cpu(lambda: may_need_all(r, chunks), args.runs)
+            t_stream = cpu(lambda: stream_all(r, lines), args.runs)
+            t_batch = cpu(lambda: batcher_all(names, env, shapes, chunks), args.runs) if not args.no_batcher else 0.0
+            print(f"{name:36} {t_need:8.3f} s {t_need / mib * 1e3:6.2f} ms/MiB {slow:4d}/{len(chunks):<5d} "
+                  f"{t_stream:8.3f} s {t_stream / mib * 1e3:6.2f}/MiB {t_batch:8.3f} s {t_batch / mib * 1e3:6.2f}/MiB",
+                  flush=True)
+    if builtin_shapes is not None:
+        print(f"\nevery line holds a needle ({args.lines:,} lines each): the masking pass, CPU ms per MiB")
+        for template in HOT:
+            lines = [template.format(i=i) for i in range(args.lines)]
+            mib = len("\n".join(lines)) / (1 << 20)
+            with_shapes, without = redactor([], {}, None), redactor([], {}, "off")
+            t_with = cpu(lambda: stream_all(with_shapes, lines), args.runs)
+            t_without = cpu(lambda: stream_all(without, lines), args.runs)
+            print(f"  {template[:44]:46} built-in shapes {t_with / mib * 1e3:6.1f}   none {t_without / mib * 1e3:6.1f}  "
+                  f"(first line out: {with_shapes.lines(lines[:1])[0][:48]})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
