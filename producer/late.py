@@ -391,8 +391,8 @@ class _Stage:
             self.request_seen = now
         wait = self.h.settings.late_wait
         if self.request_seen is not None:
-            alive, asked = _request(self.request)
-            if not alive:
+            waiting, asked = _request(self.request)
+            if not waiting:
                 self.request_seen = None  # the seal was killed while it waited: record on as before
             elif asked is not None:
                 wait = min(wait, asked)
@@ -529,7 +529,11 @@ def main() -> None:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the deliverer names a broker that is away, once
     from flightrec.producer.keeper import Keeper
     keeper = Keeper(spool_dir / LOG)  # forked now, before any thread starts
-    _Late(spool_dir, socket.socket(fileno=fd), keeper).run()
+    try:
+        _Late(spool_dir, socket.socket(fileno=fd), keeper).run()
+    except Exception:  # its stderr is /dev/null: say it where someone can read it
+        log.exception("the late-output process failed; the leftovers' output is passed on by the keeper, unrecorded")
+        raise
 
 
 if __name__ == "__main__":
