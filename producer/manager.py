@@ -12,7 +12,7 @@ from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, 
 from flightrec.settings import Settings
 
 from flightrec.producer.agent import SyncAgent
-from flightrec.producer.spool import safe_name
+from flightrec.producer.names import safe_name
 
 log = logging.getLogger(__name__)
 
