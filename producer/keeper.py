@@ -157,15 +157,18 @@ def _note(spool_dir: Path, counts: dict[tuple[str, str], list[int]], noted: dict
 
 
 def take_late_losses(spool_dir: Path, boot_id: str) -> tuple[dict[str, tuple[int, int]], list[Path]]:
-    """The keepers' notes of the boot: stage -> (lines, bytes) passed on unrecorded, and the note files (to remove
-    once an event says so). Notes of other boots are left alone."""
+    """The keepers' notes of the boot: stage -> (lines, bytes) passed on unrecorded, and the note files taken (each
+    by one caller only; to remove once an event says so). Notes of other boots are left alone."""
     out: dict[str, tuple[int, int]] = {}
     files = []
     for p in sorted(spool_dir.glob(f"{LOST}{boot_id}-*")):
+        taken = p.with_name(f".taken-{os.getpid()}-{p.name}")
         try:
-            note = json.loads(p.read_text())
+            p.rename(taken)  # one agent takes a note, however many look at once
+            note = json.loads(taken.read_text())
         except (OSError, ValueError):
             continue
+        p = taken
         lines, size = out.get(note.get("stage", "?"), (0, 0))
         out[note.get("stage", "?")] = (lines + int(note.get("lines", 0)), size + int(note.get("bytes", 0)))
         files.append(p)
