@@ -450,10 +450,13 @@ class SyncAgent(_AgentBase):
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._close()
 
-    def flush(self, timeout: float | None = None, *, strict: bool = False) -> bool:
-        """Wait until every spooled event is acknowledged; False (or DeliveryError when ``strict``) on timeout."""
+    def flush(self, timeout: float | None = None, *, strict: bool = False, unless_away: bool = False) -> bool:
+        """Wait until every spooled event is acknowledged; False (or DeliveryError when ``strict``) on timeout.
+
+        ``unless_away``: stop waiting as soon as Kafka is known not to answer (see Deliverer.wait_delivered).
+        """
         timeout = self.settings.flush_timeout if timeout is None else timeout
-        ok = self._flush_blocking(timeout)
+        ok = self._flush_blocking(timeout, unless_away)
         if strict:
             require_delivered(ok, self.spool, timeout, self.deliverer.last_error if self.deliverer else None)
         return ok

@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fl = actions.add_parser("flush", help="deliver what an earlier agent left in the spool; exit 1 if some is left")
     common(fl)
     fl.add_argument("--all", action="store_true", help="every instance found in the spool folder")
-    fl.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds (default 30)")
+    fl.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds (default 30; at once when Kafka does not answer)")
     fl.set_defaults(func=_flush)
     se = actions.add_parser("seal", help="send the sealed event closing this boot")
     common(se)
@@ -196,7 +196,7 @@ def _flush(args: argparse.Namespace, settings: Settings) -> int:
     for root, iid in instances:
         with open_agent(instance_id=iid, settings=s, spool_dir=str(root)) as agent:
             before = agent.pending()
-            ok = agent.flush(timeout)
+            ok = agent.flush(timeout, unless_away=True)  # nothing answers: say so now, not after the timeout
             after = agent.pending()
             d = agent.deliverer
             dropped = f", {len(d.dropped)} refused by Kafka for good and replaced by Dropped markers " \
