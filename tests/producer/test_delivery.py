@@ -19,10 +19,13 @@ PY = sys.executable
 pytestmark = pytest.mark.integration
 
 TICKER = """
-import sys, time
+import os, sys, time
 n = int(sys.argv[1])
+hold = sys.argv[4] if len(sys.argv) > 4 else None  # a file: at tick n - 100 wait until it exists
 for i in range(1, n + 1):
     print(f"tick {i}", flush=True)
+    while hold and i == n - 100 and not os.path.exists(hold):
+        time.sleep(0.05)
     time.sleep(float(sys.argv[2]))
 sys.exit(int(sys.argv[3]))
 """
@@ -41,7 +44,9 @@ def _wait_for_line(stream, want: bytes, timeout: float = 60) -> None:
 
 def test_broker_stopped_mid_stream_every_line_arrives_once_in_order(fresh_agent_env) -> None:
     env = fresh_agent_env
-    p = subprocess.Popen(env.argv("run", "--stage", "supervisor-ish", "--", PY, "-c", TICKER, "400", "0.02", "5"),
+    back = env.tmp / "broker-back"  # CMD holds at tick 300 until the broker is back: it runs through the restart
+    p = subprocess.Popen(env.argv("run", "--stage", "supervisor-ish", "--", PY, "-c", TICKER, "400", "0.02", "5",
+                                  str(back)),
                          env=env.env(FLIGHTREC_FLUSH_TIMEOUT="90"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None
     _wait_for_line(p.stdout, b"tick 50\n")
@@ -49,6 +54,7 @@ def test_broker_stopped_mid_stream_every_line_arrives_once_in_order(fresh_agent_
     _wait_for_line(p.stdout, b"tick 250\n")
     time.sleep(1.0)
     env.kafka.broker.start()
+    back.touch()
     rest = p.stdout.read()
     assert p.wait(180) == 5  # CMD's exit code is unchanged
     assert rest.endswith(b"tick 400\n")
