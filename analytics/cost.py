@@ -1,4 +1,4 @@
-"""The Cost page's queries over the money views (analytics/money.py), each one read through flightrec.query."""
+"""The Cost page's queries over the money views (db/money.py), each one read through flightrec.db.query."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from flightrec.analytics.views import prelude_for
-from flightrec.query import run_query
+from flightrec.db.views import prelude_for
+from flightrec.db.query import run_query
 
 
 def _q(db: str | Path, sql: str) -> pa.Table:

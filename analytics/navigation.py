@@ -7,7 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 from flightrec.analytics.ui import db_path, time_range_picker
-from flightrec.lake import mask_password
+from flightrec.db.lake import mask_password
 
 # The page scripts sit next to this module. Not in a `pages/` folder: Streamlit treats
 # one beside the entry script as a v1 multipage app and then never runs the entry script.

@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import altair as alt
-import pyarrow as pa
 import streamlit as st
 
 from flightrec.analytics import cost
-from flightrec.analytics.money import AVOID_RATE, AVOID_TOP
-from flightrec.analytics.ui import REFRESH_S, db_path, page_link_url, table_height
-from flightrec.errors import FlightrecError
+from flightrec.db.money import AVOID_RATE, AVOID_TOP
+from flightrec.analytics.ui import fetch, page_link_url, table_height
 
 MONEY = st.column_config.NumberColumn(format="$%.2f")
 RATE = st.column_config.NumberColumn("failure rate", format="percent")
-
-
-@st.cache_data(ttl=REFRESH_S, show_spinner=False, max_entries=64)
-def _cached(name: str, db: str) -> pa.Table:
-    fn: Callable[[str], pa.Table] = getattr(cost, name)
-    return fn(db)
-
-
-def fetch(fn: Callable[..., Any]) -> pa.Table:
-    """A query of analytics.cost on the app's database; a FlightrecError stops the page with what to do."""
-    db = db_path()
-    try:
-        return _cached(fn.__name__, db)
-    except FlightrecError as exc:
-        st.error(f"Cannot read {db}: {exc}")
-        st.stop()
 
 
 def headline() -> None:

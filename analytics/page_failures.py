@@ -110,7 +110,7 @@ def drill_down(failure_id: str) -> None:
     st.page_link("page_instance.py", label="open the instance", icon=":material/memory:",
                  query_params={"instance": f["instance_id"]})
     st.caption(f"failed at {f['failed_at']} UTC · failure id {md(failure_id)}")
-    name, where = f.get("killed_by"), f.get("killed_by_evidence")  # read by the materializer (consumers/classify.py)
+    name, where = f.get("killed_by"), f.get("killed_by_evidence")  # read by the materializer (db/classify.py)
     cols = st.columns([3, 1, 1])
     cols[0].metric("Class", f["failure_class"] or "unknown")
     cols[1].metric("Exit code", "—" if f["exit_code"] is None else str(f["exit_code"]))

@@ -6,7 +6,7 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import queries
-from flightrec.analytics.status import CLOCK_SKEW_BOUND_S
+from flightrec.db.status import CLOCK_SKEW_BOUND_S
 from flightrec.analytics.ui import (
     HINT_CHARS,
     REFRESH_S,

@@ -1,4 +1,4 @@
-"""The parameterized queries the dashboard pages run, over the views of analytics/views.py."""
+"""The parameterized queries the dashboard pages run, over the views of db/views.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flightrec.analytics.views import ALL_VIEWS, VIEWS, prelude_for, ts
-from flightrec.query import run_query
+from flightrec.db.views import ALL_VIEWS, VIEWS, prelude_for, ts
+from flightrec.db.query import run_query
 
 log = logging.getLogger(__name__)
 
@@ -396,10 +396,10 @@ EXAMPLES: dict[str, str] = {
 def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Table, bool]:
     """Run the console's read-only SQL; return at most ``max_rows`` rows and whether it was cut.
 
-    The statement itself is checked by flightrec.query (one read statement, no file
+    The statement itself is checked by flightrec.db.query (one read statement, no file
     access); a SELECT is wrapped in a LIMIT so a huge result cannot exhaust memory.
     """
-    from flightrec.query import check_read_only
+    from flightrec.db.query import check_read_only
 
     text = sql.strip().rstrip(";").strip()
     check_read_only(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -13,9 +14,8 @@ from urllib.parse import quote
 
 import streamlit as st
 
-from flightrec.analytics import queries
 from flightrec.errors import FlightrecError
-from flightrec.lake import mask_password
+from flightrec.db.lake import mask_password
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,20 +39,21 @@ def db_path() -> str:
 
 
 @st.cache_data(ttl=REFRESH_S, show_spinner=False, max_entries=512)
-def _cached(name: str, db: str, args: tuple[Any, ...], kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    fn: Callable[..., Any] = getattr(queries, name)
+def _cached(module: str, name: str, db: str, args: tuple[Any, ...], kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
     return fn(db, *args, **dict(kwargs))
 
 
 def fetch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a function of analytics.queries against the app's database (results reused for a few seconds).
+    """Run a query function (of analytics.queries or analytics.cost: ``fn(db, ...)``) against the app's database;
+    results are reused for a few seconds.
 
     A FlightrecError (no database, the materializer unreachable, a refused query)
     is shown on the page with what to do, and the page stops there.
     """
     db = db_path()
     try:
-        return _cached(fn.__name__, db, tuple(_freeze(a) for a in args),
+        return _cached(fn.__module__, fn.__name__, db, tuple(_freeze(a) for a in args),
                        tuple(sorted((k, _freeze(v)) for k, v in kwargs.items())))
     except FlightrecError as exc:
         log.warning("dashboard query %s failed: %s", fn.__name__, exc)

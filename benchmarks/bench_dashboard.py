@@ -137,7 +137,7 @@ def build_db() -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = DB.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
-    schema = importlib.resources.files("flightrec.consumers").joinpath("schema.sql").read_text()
+    schema = importlib.resources.files("flightrec.db").joinpath("schema.sql").read_text()
     started = time.perf_counter()
     con = duckdb.connect(str(tmp))
     try:
@@ -171,7 +171,7 @@ def main() -> int:
     from streamlit.testing.v1 import AppTest
 
     from flightrec.analytics import ENTRY_SCRIPT, queries
-    from flightrec.query import run_query
+    from flightrec.db.query import run_query
 
     con = duckdb.connect(str(db), read_only=True)
     failed = con.execute("SELECT instance_id, failure_id FROM failures WHERE failure_class = 'gpu_arch_unsupported' "

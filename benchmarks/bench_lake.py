@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's 
 
 from bench_materialize import BATCH, env_for, flightrec_cmd, pct, probe_latency, produce_backlog  # noqa: E402
 
-from flightrec import lake as lakes  # noqa: E402
+from flightrec.db import lake as lakes  # noqa: E402
 from flightrec.broker import LocalBroker  # noqa: E402
 from flightrec.catalog import LocalCatalog  # noqa: E402
 from flightrec.localservice import free_port  # noqa: E402

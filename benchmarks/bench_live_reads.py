@@ -1,7 +1,7 @@
 """Benchmark of the live read path (a reader asking the materializer's socket): a 100k-row and a tiny query.
 
-No broker: a Store on a temp file serves queries (consumers/serve.py) and readers ask through
-``flightrec.query.run_query``, as `flightrec sql` and the dashboard do. Prints the median of
+No broker: a Store on a temp file serves queries (db/serve.py) and readers ask through
+``flightrec.db.query.run_query``, as `flightrec sql` and the dashboard do. Prints the median of
 several runs per query. Run:
     PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_live_reads.py [--runs 15]
 """
@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from flightrec.consumers.serve import QueryServer
-from flightrec.consumers.store import Store
-from flightrec.query import run_query
+from flightrec.db.serve import QueryServer
+from flightrec.db.store import Store
+from flightrec.db.query import run_query
 
 QUERIES = {
     "100k rows (3 columns)": "SELECT range AS i, 'line ' || range AS text, range * 0.5 AS x FROM range(100000)",

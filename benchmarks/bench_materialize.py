@@ -23,7 +23,7 @@ import duckdb
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
 from flightrec.errors import FlightrecError
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 from flightrec.schemas import FileTail, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, decode_record, encode
 from flightrec.settings import TOPIC_LOGS, Settings
 

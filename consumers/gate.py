@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Callable
 
 from flightrec.errors import QueryError
-from flightrec.lake import is_lake
-from flightrec.query import run_query
+from flightrec.db.location import Location, locate
+from flightrec.db.query import run_query
+from flightrec.db.views import VIEWS
 
 
 @dataclass(frozen=True)
@@ -22,18 +23,26 @@ class GateResult:
 
 
 HOPELESS = ("lost", "destroyed")  # statuses after which no missing event will come: waiting is pointless
-# (db, instance) -> (status, status detail) of the instance, or None: the readers' status (the fleet view)
-StatusOf = Callable[[str | Path, str], tuple[str, str] | None]
+# (db, instance) -> (status, status detail) of the instance, or None
+StatusOf = Callable[[str | Path | Location, str], tuple[str, str] | None]
 
 
-def check_sealed(db: str | Path, instance: str, status_of: StatusOf | None = None) -> GateResult:
-    """One look at the database (live or not); with ``status_of``, a lost or destroyed instance is final."""
-    if not is_lake(db) and not Path(db).exists():
-        return GateResult(False, f"no database at {db} yet")
+def fleet_status(db: str | Path | Location, instance: str) -> tuple[str, str] | None:
+    """The instance's status from the fleet view (the readers' one rule table), or None when it has no events."""
+    rows = run_query(db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance],
+                     prelude=VIEWS).to_pylist()
+    return (rows[0]["status"], rows[0]["status_detail"]) if rows else None
+
+
+def check_sealed(db: str | Path | Location, instance: str, status_of: StatusOf | None = fleet_status) -> GateResult:
+    """One look at the database (live or not); a lost or destroyed instance (``status_of``) is final."""
+    db = locate(db)
+    if not db.exists():
+        return GateResult(False, f"no database at {db.describe()} yet")
     rows = run_query(db, "SELECT complete, incomplete_reason, boot_id, events FROM instances WHERE instance_id = ?",
                      [instance]).to_pylist()
     if not rows:
-        return GateResult(False, f"instance {instance} has no events in {db}")
+        return GateResult(False, f"instance {instance} has no events in {db.describe()}")
     r = rows[0]
     if r["complete"]:
         return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events" + _dropped(db, r["boot_id"])
@@ -45,7 +54,7 @@ def check_sealed(db: str | Path, instance: str, status_of: StatusOf | None = Non
     return GateResult(False, missing)
 
 
-def _dropped(db: str | Path, boot_id: str) -> str:
+def _dropped(db: Location, boot_id: str) -> str:
     """'; 1 event dropped: seq 7 LogBatch of 6123 bytes dropped: ...' for a boot with Dropped markers, else ''."""
     rows = run_query(db, """SELECT seq, detail FROM lifecycle_events WHERE boot_id = ? AND kind = 'dropped'
                             ORDER BY seq""", [boot_id]).to_pylist()
@@ -55,14 +64,14 @@ def _dropped(db: str | Path, boot_id: str) -> str:
     return f"; {len(rows)} event{'s' if len(rows) > 1 else ''} dropped: {what}"
 
 
-def _left_running(db: str | Path, boot_id: str) -> str:
+def _left_running(db: Location, boot_id: str) -> str:
     """'; the seal says: still running when sealed ...' when the seal named what it could not wait for, else ''."""
     rows = run_query(db, """SELECT detail FROM lifecycle_events WHERE boot_id = ? AND kind = 'sealed'
                             AND detail LIKE '%still running when sealed%' ORDER BY seq""", [boot_id]).to_pylist()
     return "".join(f"; the seal says: {r['detail']}" for r in rows)
 
 
-def _sealing(db: str | Path, boot_id: str) -> str:
+def _sealing(db: Location, boot_id: str) -> str:
     """'; the seal waits ... for the late output of stage X (...) since HH:MM:SS' while a seal waits, else ''.
 
     A seal that waits for a stage's late output says so first (a Lifecycle ``info`` event with the attribute
@@ -76,18 +85,19 @@ def _sealing(db: str | Path, boot_id: str) -> str:
     return "".join(f"; {r['detail']} (since {r['since']} UTC)" for r in rows)
 
 
-def wait_sealed(db: str | Path, instance: str, timeout: float, poll: float = 0.5,
-                status_of: StatusOf | None = None) -> GateResult:
+def wait_sealed(db: str | Path | Location, instance: str, timeout: float, poll: float = 0.5,
+                status_of: StatusOf | None = fleet_status) -> GateResult:
     """Poll until complete or ``timeout`` seconds pass; the last reason is returned on timeout.
 
     A lost or destroyed instance that is not complete fails at once (``status`` set).
     """
+    db = locate(db)
     deadline = time.monotonic() + timeout
     while True:
         try:
             result = check_sealed(db, instance, status_of)
         except QueryError as exc:
-            result = GateResult(False, f"cannot read {db}: {exc}")
+            result = GateResult(False, f"cannot read {db.describe()}: {exc}")
         if result.complete or result.status is not None or time.monotonic() >= deadline:
             return result
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))

@@ -20,11 +20,11 @@ from typing import Any, Awaitable
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
-from flightrec import lake as lakes
-from flightrec.consumers.fold import Delta, fold
-from flightrec.consumers.lakestore import LakeStore
+from flightrec.db import lake as lakes
+from flightrec.db.fold import Delta, fold
+from flightrec.db.lakestore import LakeStore
 from flightrec.consumers.materializer import Materializer, Options, _Pending
-from flightrec.consumers.stats import Stats
+from flightrec.db.stats import Stats
 from flightrec.errors import Fenced, MaterializeError
 
 log = logging.getLogger(__name__)

@@ -24,11 +24,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from flightrec.consumers.alerts import KINDS as ALERT_KINDS, AlertConfig, Alerter
-from flightrec.consumers.classify import RuleTable
-from flightrec.consumers.fold import LOG_APPEND_TIME, Delta, fold
-from flightrec.consumers.serve import QueryServer
-from flightrec.consumers.stats import Stats
-from flightrec.consumers.store import Store
+from flightrec.db.classify import RuleTable
+from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
+from flightrec.db.serve import QueryServer
+from flightrec.db.stats import Stats
+from flightrec.db.store import Store
 from flightrec.cluster import LOG_APPEND_TIME as APPEND_TIME_CONFIG, TIMESTAMP_TYPE, create_time_warning, \
     describe_topic_configs, topic_partitions
 from flightrec.errors import ConfigError, MaterializeError

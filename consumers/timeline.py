@@ -1,6 +1,6 @@
 """One instance's life as text: lifecycle events, exits, throughput and log lines interleaved in time.
 
-Two sources give the same entries: the database (through ``flightrec.query``, so
+Two sources give the same entries: the database (through ``flightrec.db.query``, so
 it works while a materializer runs) and the topics themselves (when the
 database is gone). Events from the topics go through the materializer's own
 ``fold()`` into an in-memory store, so both sources read the same tables, built
@@ -16,12 +16,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from flightrec.consumers.classify import RuleTable, load_rules, signal_name
-from flightrec.consumers.failures import exit_failed, is_failure_signal
-from flightrec.consumers.fold import Message, RawMessage, fold
-from flightrec.consumers.liveness import Gap, ago, heartbeat_gaps
-from flightrec.consumers.store import Store
-from flightrec.query import run_query
+from flightrec.db.classify import RuleTable, load_rules, signal_name
+from flightrec.db.failures import exit_failed, is_failure_signal
+from flightrec.db.fold import Message, RawMessage, fold
+from flightrec.db.liveness import Gap, ago, heartbeat_gaps
+from flightrec.db.store import Store
+from flightrec.db.query import run_query
 from flightrec.schemas import EVENT_BY_NAME, default_codec
 from flightrec.errors import CodecError
 
@@ -106,7 +106,7 @@ def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], throughput
     """Entries from rows shaped like the tables (lifecycle_events, process_exits, throughput, log_lines, failures).
 
     An exit or a benchmark result is highlighted exactly when the failures table counts it
-    (:func:`flightrec.consumers.failures.is_failure_signal`); a failed lifecycle event always is.
+    (:func:`flightrec.db.failures.is_failure_signal`); a failed lifecycle event always is.
     """
     out = [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "event", r.get("stage") or "-", _lifecycle_text(r),
                  r.get("state") == "failed") for r in lifecycle]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import dataclass, field as dc_field
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -77,25 +76,6 @@ def bytes_needed(params: ProofParams) -> int:
     """Device memory one proof needs: trace, extension, two digest levels, twiddles and scales."""
     n, m, w = params.n, params.m, params.width
     return 8 * w * n + 8 * w * m + 32 * m + 16 * m + 8 * (n // 2 + m // 2 + n)
-
-
-@dataclass(frozen=True)
-class DeviceFacts:
-    """What the driver says about the device (empty strings where it could not say)."""
-
-    device: str = ""
-    compute_capability: str = ""
-    driver_version: str = ""
-    memory_bytes: int = 0
-    extra: dict[str, str] = dc_field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "device": self.device,
-            "compute_capability": self.compute_capability,
-            "driver_version": self.driver_version,
-            **self.extra,
-        }
 
 
 class CudaProver:

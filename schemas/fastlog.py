@@ -119,10 +119,6 @@ def _str_parts(texts: Sequence[str], encoded: Sequence[bytes] | None = None) -> 
     return items
 
 
-def _str_array(texts: Sequence[str], encoded: Sequence[bytes] | None = None) -> bytes:
-    return b"".join(_str_parts(texts, encoded))
-
-
 def _bool_array(flags: Sequence[bool]) -> bytes:
     if not flags:
         return b"\x00"

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from flightrec.broker.local import free_port
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"]

@@ -105,9 +105,9 @@ class Kafka:
         Nothing happens without a mark or when ``db`` exists (a restart goes on from its own offsets)."""
         if not self.mark or Path(db).exists():
             return
-        from flightrec.consumers.fold import fold
+        from flightrec.db.fold import fold
         from flightrec.consumers.materializer import DEFAULT_GROUP
-        from flightrec.consumers.store import Store
+        from flightrec.db.store import Store
 
         store = Store(db, group or DEFAULT_GROUP)
         try:

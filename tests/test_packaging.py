@@ -13,11 +13,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MAPPED = {"schemas": "flightrec/schemas", "producer": "flightrec/producer", "consumers": "flightrec/consumers",
+MAPPED = {"schemas": "flightrec/schemas", "producer": "flightrec/producer", "db": "flightrec/db",
+          "consumers": "flightrec/consumers",
           "analytics": "flightrec/analytics", "cuda": "flightrec/cuda", "broker": "flightrec/broker",
-          "src/flightrec": "flightrec"}
+          "catalog": "flightrec/catalog", "src/flightrec": "flightrec"}
 DATA_SUFFIXES = {".py", ".avsc", ".sql", ".toml", ".cu", ".cuh", ".xml"}
-PEERS = {"producer", "consumers", "analytics", "cuda"}
+# The layering: which part may import which. Every part may import the ground floor (GROUND, the root package's
+# own modules); only the CLI and the demo (src/flightrec/cli, src/flightrec/demo) wire the parts together.
+GROUND = {"errors", "settings", "cluster", "localservice"}
+LAYERS: dict[str, set[str]] = {
+    "schemas": set(),
+    "db": {"schemas"},  # the database: tables, views, the store (file or lake), the read path
+    "producer": {"schemas"},
+    "cuda": {"schemas"},
+    "consumers": {"schemas", "db"},
+    "analytics": {"schemas", "db"},
+    "broker": set(),
+    "catalog": set(),
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +79,43 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_parts_depend_on_the_schemas_and_not_on_each_other():
+def _violations(part: str, folder: Path) -> list[str]:
     bad = []
-    for part in PEERS | {"schemas"}:
-        for path in (ROOT / part).rglob("*.py"):
-            for mod in _imports(path):
-                parts = mod.split(".")
-                if parts[0] == "flightrec" and len(parts) > 1 and parts[1] in (PEERS | {"broker"}) - {part}:
-                    bad.append(f"{path.relative_to(ROOT)} imports {mod}")
-    assert not bad, "the CLI wires the parts together; they must not import each other:\n" + "\n".join(bad)
+    for path in folder.rglob("*.py"):
+        for mod in _imports(path):
+            parts = mod.split(".")
+            if parts[0] != "flightrec" or len(parts) == 1:
+                continue
+            if parts[1] not in LAYERS[part] | GROUND | {part}:
+                bad.append(f"{path.relative_to(folder.parent)} imports {mod}")
+    return bad
+
+
+def test_each_part_imports_only_the_parts_below_it():
+    bad = [v for part in LAYERS for v in _violations(part, ROOT / part)]
+    assert not bad, "a part imports only the ground floor and the parts LAYERS names; the CLI wires the rest:\n" \
+        + "\n".join(sorted(bad))
+
+
+def test_the_ground_floor_imports_no_part():
+    bad = []
+    for name in GROUND:
+        for mod in _imports(ROOT / "src" / "flightrec" / f"{name}.py"):
+            parts = mod.split(".")
+            if parts[0] == "flightrec" and len(parts) > 1 and parts[1] not in GROUND | {"schemas"}:
+                bad.append(f"src/flightrec/{name}.py imports {mod}")
+    assert not bad, "the ground floor (settings, errors, ...) is below every part:\n" + "\n".join(bad)
+
+
+def test_the_layering_test_fails_on_a_violation(tmp_path):
+    (tmp_path / "x.py").write_text('"""x."""\nfrom flightrec.consumers import materializer\n')
+    assert _violations("db", tmp_path) == [f"{tmp_path.name}/x.py imports flightrec.consumers"]
+    assert _violations("consumers", tmp_path) == []
+
+
+def test_the_root_package_holds_only_the_ground_floor_and_the_wiring():
+    modules = {p.stem for p in (ROOT / "src" / "flightrec").glob("*.py")} - {"__init__", "__main__"}
+    assert modules == GROUND, "src/flightrec/ holds the ground floor; the database's code lives in db/"
 
 
 def test_every_module_says_what_it_holds_and_stays_small():

@@ -6,7 +6,7 @@ import duckdb
 import pytest
 
 from flightrec.errors import QueryError
-from flightrec.query import check_prelude, check_read_only, run_query
+from flightrec.db.query import check_prelude, check_read_only, run_query
 
 
 @pytest.mark.parametrize("sql", [
@@ -48,7 +48,7 @@ def test_the_file_path_reads_with_views_and_refuses_files(tmp_path):
     with pytest.raises(QueryError, match="read_csv"):
         run_query(db, "SELECT * FROM read_csv('/etc/passwd')")
     # Behind the check, the file path's own connection has file access off and its settings locked.
-    from flightrec.query import open_read_only
+    from flightrec.db.query import open_read_only
 
     con = open_read_only(db)
     try:
@@ -68,9 +68,9 @@ def test_live_reads_survive_a_materializer_restart_and_keep_parameter_types(tmp_
     import datetime as dt
     import decimal
 
-    from flightrec.consumers.serve import QueryServer
-    from flightrec.consumers.store import Store
-    from flightrec.live import socket_path
+    from flightrec.db.serve import QueryServer
+    from flightrec.db.store import Store
+    from flightrec.db.live import socket_path
 
     db = tmp_path / "fr.duckdb"
     when = dt.datetime(2026, 12, 2, 23, 0, tzinfo=dt.timezone.utc)

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flightrec.errors import QueryError
-from flightrec.query import check_read_only
+from flightrec.db.query import check_read_only
 
 # What the check must refuse: statements that change state, and reads that call what changes state or runs SQL text.
 REFUSED = [
@@ -95,9 +95,9 @@ def test_no_wrapping_changes_the_verdict_on_a_read(sql: str, before: str, after:
 
 def test_tricks_change_nothing_on_the_live_path(tmp_path) -> None:
     """Through the materializer's live endpoint: every trick refused, no logging switched on, no checkpoint run."""
-    from flightrec.consumers.serve import QueryServer
-    from flightrec.consumers.store import Store
-    from flightrec.live import query_live
+    from flightrec.db.serve import QueryServer
+    from flightrec.db.store import Store
+    from flightrec.db.live import query_live
 
     db = tmp_path / "fr.duckdb"
     store = Store(db, "g")
@@ -152,7 +152,7 @@ def test_what_the_review_tried_is_refused(sql: str) -> None:
     "CREATE TEMP VIEW v (a /* ( */) AS SELECT * FROM (SELECT 1) WHERE 1 = /* ) */ (SELECT * FROM enable_logging())",
 ])
 def test_prelude_views_with_commented_parentheses_are_judged_whole(stmt: str) -> None:
-    from flightrec.query import check_prelude
+    from flightrec.db.query import check_prelude
 
     with pytest.raises(QueryError):
         check_prelude(stmt)

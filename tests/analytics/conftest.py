@@ -157,7 +157,7 @@ def manager_only_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database the materializer created and never wrote a row into."""
-    from flightrec.consumers.store import Store
+    from flightrec.db.store import Store
 
     path = tmp_path_factory.mktemp("empty") / "fleet.duckdb"
     Store(path, group="dashboard-tests").close()

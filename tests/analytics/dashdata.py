@@ -1,7 +1,7 @@
 """Dashboard test data: boots of events folded and committed by the materializer's own fold() and Store.
 
 Nothing here writes a derived table (instances, failures, boots) by hand: they come out of
-consumers/derive.py exactly as in production, so these databases cannot drift from it.
+db/derive.py exactly as in production, so these databases cannot drift from it.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import duckdb
 
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import Store
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import Store
 from flightrec.schemas import (
     BenchmarkResult,
     Event,

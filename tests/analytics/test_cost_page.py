@@ -43,7 +43,17 @@ def test_sql_console_sees_the_money_views_too(money_db, open_page):
         "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"]
     next(t for t in at.text_area).input("SELECT failure_id FROM failure_cost ORDER BY failure_id").run()
     assert list(at.dataframe[0].value["failure_id"]) == ["fa", "fb1", "fb2"]
-    from flightrec.analytics.views import ALL_VIEW_NAMES
+    from flightrec.db.views import ALL_VIEW_NAMES
 
     listed = set(at.dataframe[-1].value["name"])
     assert set(ALL_VIEW_NAMES) <= listed, set(ALL_VIEW_NAMES) - listed
+
+
+def test_cost_page_never_shows_the_lake_password(open_page):
+    """The Cost page reads through the pages' one fetch, which masks a lake password in its error text."""
+    from flightrec.broker.local import free_port
+
+    db = f"ducklake:postgres:dbname=fleet host=127.0.0.1 port={free_port()} user=u password=hunter2"
+    at = open_page(db, "cost")
+    errors = [e.value for e in at.error]
+    assert errors and all("hunter2" not in e and "password=***" in e for e in errors), errors

@@ -137,10 +137,10 @@ def test_sql_console_refuses_what_nested_comments_hide(arrow_db, open_page, sql)
 @pytest.mark.parametrize("make", ["text", "empty", "directory"])
 def test_a_path_that_is_no_database_says_so(tmp_path, open_page, make, monkeypatch):
     """Not "held by another process": the file is no DuckDB database (a typo in --db, a half-copied file)."""
-    import flightrec.query
+    import flightrec.db.query
 
     # Each read retries for STARTING_S (a materializer may be starting): the message, not the wait, is tested.
-    monkeypatch.setattr(flightrec.query, "STARTING_S", 0.3)
+    monkeypatch.setattr(flightrec.db.query, "STARTING_S", 0.3)
     db = tmp_path / "fleet.duckdb"
     if make == "directory":
         db.mkdir()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from flightrec.analytics import queries
-from flightrec.analytics.views import ALL_VIEW_NAMES, ALL_VIEWS, VIEW_NAMES, VIEWS, prelude_for
+from flightrec.db.views import ALL_VIEW_NAMES, ALL_VIEWS, VIEW_NAMES, VIEWS, prelude_for
 from flightrec.errors import QueryError
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 
 
 def test_every_view_is_a_temp_view_and_answers(arrow_db):
@@ -122,7 +122,7 @@ def test_avoid_list_ranks_by_money_lost_and_gives_the_offer_filter(money_db):
 
 def test_flightrec_readers_give_times_in_utc_whatever_the_machine_zone(money_db):
     """The dashboard says "Times are UTC": the TIMESTAMPTZ columns reach it in UTC even on a Tokyo machine."""
-    code = ("from flightrec.query import run_query\nfrom flightrec.analytics.views import ALL_VIEWS\n"
+    code = ("from flightrec.db.query import run_query\nfrom flightrec.db.views import ALL_VIEWS\n"
             f"t = run_query({str(money_db)!r}, 'SELECT rented_at FROM instance_cost ORDER BY instance_id LIMIT 1', "
             "prelude=ALL_VIEWS)\nprint(t.schema.field('rented_at').type.tz, t.column(0)[0].as_py().hour)\n")
     import os

@@ -72,7 +72,7 @@ def test_every_event_type_travels_through_the_real_broker(kafka):
 def test_a_test_reads_only_what_came_after_its_mark(kafka, topics_mark, tmp_path):
     """The session's topics hold earlier tests' events: consume() and a new database seeded by seed_at_mark()
     start at the end offsets marked before the test (tests/conftest.py), not at offset 0."""
-    from flightrec.consumers.store import Store
+    from flightrec.db.store import Store
 
     assert topics_mark == kafka.mark and kafka.mark, "the autouse fixture marked the topics"
     kafka.produce("flightrec.lifecycle", [b"before the mark"], key=b"mark-test")

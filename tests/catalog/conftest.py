@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from flightrec import lake as lakes
+from flightrec.db import lake as lakes
 
 _ANALYTICS_FIXTURES = Path(__file__).resolve().parent.parent / "analytics" / "conftest.py"
 

@@ -10,7 +10,7 @@ import sys
 import duckdb
 import pytest
 
-from flightrec import lake as lakes
+from flightrec.db import lake as lakes
 from flightrec.broker.local import free_port
 from flightrec.catalog import READER, LocalCatalog, find_bin_dir
 from flightrec.errors import CatalogError

@@ -7,15 +7,19 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from flightrec import lake as lakes
+from flightrec.db import lake as lakes
 from flightrec.errors import FlightrecError, LakeError
 
 DB = "ducklake:postgres:dbname=flightrec host=10.0.0.5 port=5432 user=flightrec"
 
 
-def test_is_lake():
-    assert lakes.is_lake(DB) and lakes.is_lake("ducklake:/srv/meta.ducklake")
-    assert not lakes.is_lake("flightrec.duckdb") and not lakes.is_lake(Path("/x/ducklake:y"))
+def test_the_db_string_names_a_lake_or_a_file():
+    from flightrec.db.location import FileLocation, locate
+
+    assert locate(DB).shared and locate("ducklake:/srv/meta.ducklake").shared
+    assert locate("flightrec.duckdb") == FileLocation(Path("flightrec.duckdb"))
+    assert locate(Path("/x/ducklake:y")) == FileLocation(Path("/x/ducklake:y"))
+    assert locate(locate(DB)) == locate(DB)
 
 
 def test_parse_db_file_and_lake(tmp_path):

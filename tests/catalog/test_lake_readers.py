@@ -13,10 +13,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from flightrec import lake as lakes
-from flightrec.analytics.views import VIEWS
+from flightrec.db import lake as lakes
+from flightrec.db.views import VIEWS
 from flightrec.errors import FlightrecError
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
 

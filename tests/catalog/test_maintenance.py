@@ -11,12 +11,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from flightrec import lake as lakes
+from flightrec.db import lake as lakes
 
 WRITER = r"""
 import json, sys, time
 import duckdb
-from flightrec import lake as lakes
+from flightrec.db import lake as lakes
 db, data_path, commits = sys.argv[1], sys.argv[2], int(sys.argv[3])
 con = lakes.connect(lakes.parse_db(db, data_path, writing=True))
 retries = 0
@@ -106,7 +106,7 @@ def test_maintenance_keeps_recent_snapshots_and_their_files(lake):
 READER = r"""
 import json, sys, time
 from pathlib import Path
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 db, stop = sys.argv[1], Path(sys.argv[2])
 seen, errors = [], []
 while not stop.exists():

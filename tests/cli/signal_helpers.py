@@ -13,8 +13,8 @@ from pathlib import Path
 # A materializer's live endpoint (Arrow Flight) in a process of its own, as in the demo.
 SERVER = """
 import sys, time
-from flightrec.consumers.serve import QueryServer
-from flightrec.consumers.store import Store
+from flightrec.db.serve import QueryServer
+from flightrec.db.store import Store
 store = Store(sys.argv[1], "g")
 with QueryServer(store.con.cursor(), sys.argv[1]):
     print("serving", flush=True)

@@ -11,7 +11,7 @@ import pytest
 
 from flightrec.broker.local import free_port
 from flightrec.demo.system import plan_fleet
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +94,7 @@ def _plan():
 
 def test_one_honest_status_per_instance_and_failed_now_counts_them(demo):
     from flightrec.analytics.queries import fleet_counts
-    from flightrec.analytics.views import ALL_VIEWS, VIEWS
+    from flightrec.db.views import ALL_VIEWS, VIEWS
 
     db, out, *_ = demo
     status = {r["instance_id"]: r for r in run_query(db, "SELECT * FROM fleet", prelude=VIEWS).to_pylist()}

@@ -110,7 +110,7 @@ def test_ctrl_c_while_the_demo_starts_stops_what_it_started(when, after, tmp_pat
 READER = """
 import sys
 from flightrec.demo.system import StopSignals
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 run_query(sys.argv[1], "SELECT 1")  # imports done (a signal in a lazy import breaks the module, not the demo's point)
 with StopSignals() as stops:
     print("reading", flush=True)

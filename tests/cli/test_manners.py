@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from flightrec.cli import build_parser
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import Store
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import Store
 from flightrec.schemas import Lifecycle, LogBatch, encode
 
 DAEMON = "/tmp/pytest-of-someone/run-42/.flightrec/demo/runs/20261202-101010/h100-01/prover-daemon.log"

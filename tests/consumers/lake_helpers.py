@@ -10,8 +10,8 @@ from typing import Any
 import duckdb
 from materializer_helpers import Boot, motivating_boot
 
-from flightrec import lake as lakes
-from flightrec.consumers.store import MATERIALIZED_TABLES
+from flightrec.db import lake as lakes
+from flightrec.db.store import MATERIALIZED_TABLES
 from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent
 
 
@@ -54,7 +54,7 @@ def run_lake(kafka: Any, db: str, data_path: str, idle: float = 2.0, **opts: Any
     from flightrec.consumers.group import GroupMaterializer
     from flightrec.consumers.materializer import Options
 
-    from flightrec.analytics.views import stored_views
+    from flightrec.db.views import stored_views
 
     opts.setdefault("group", f"test-{uuid.uuid4().hex[:8]}")
     opts.setdefault("views", stored_views())

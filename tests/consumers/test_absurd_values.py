@@ -8,9 +8,9 @@ import pytest
 from materializer_helpers import Boot, flightrec, materialize, publish
 
 from flightrec.analytics import queries
-from flightrec.analytics.views import VIEWS
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.query import run_query
+from flightrec.db.views import VIEWS
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.query import run_query
 from flightrec.schemas import Lifecycle, ProcessExit, encode
 
 ABSURD = -2**63 + 5
@@ -68,7 +68,7 @@ def test_one_absurd_timestamp_through_the_broker_breaks_nothing(kafka, db, env_f
 
 def test_readers_format_absurd_values_already_stored(db, env_for):
     # A database written before the fold validated envelopes (or by another tool) may hold them.
-    from flightrec.consumers.store import Store
+    from flightrec.db.store import Store
 
     store = Store(db, "g")
     try:

@@ -15,8 +15,8 @@ from materializer_helpers import motivating_boot
 
 from flightrec.consumers import webhook
 from flightrec.consumers.alerts import OUTBOX_DDL, AlertConfig, Alerter, new_silences
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import Store
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import Store
 from flightrec.schemas import encode
 
 

@@ -13,8 +13,8 @@ import pytest
 from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
 
 from flightrec.broker.local import free_port
-from flightrec.query import run_query
-from flightrec.analytics.views import stored_views
+from flightrec.db.query import run_query
+from flightrec.db.views import stored_views
 from flightrec.schemas import Heartbeat, Lifecycle
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from materializer_helpers import Boot, flightrec, publish
 
 from flightrec.broker.local import free_port
 from flightrec.errors import QueryError
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 

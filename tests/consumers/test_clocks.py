@@ -12,11 +12,11 @@ import duckdb
 import pytest
 from materializer_helpers import Boot
 
-from flightrec.analytics.views import VIEWS
-from flightrec.consumers.fold import CREATE_TIME, LOG_APPEND_TIME, RawMessage, fold, received_us
-from flightrec.consumers.store import Store
+from flightrec.db.views import VIEWS
+from flightrec.db.fold import CREATE_TIME, LOG_APPEND_TIME, RawMessage, fold, received_us
+from flightrec.db.store import Store
 from flightrec.errors import QueryError
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent, encode
 
 S = 1_000_000
@@ -204,7 +204,7 @@ def test_a_database_made_before_receive_times_gains_them_at_the_first_open(tmp_p
 
 
 def test_the_timelines_silences_are_measured_on_the_receivers_clock():
-    from flightrec.consumers.liveness import heartbeat_gaps
+    from flightrec.db.liveness import heartbeat_gaps
     from flightrec.consumers.timeline import liveness_entries
 
     # beats 30 s apart by Kafka's clock; the instance's clock jumped an hour ahead between the first two

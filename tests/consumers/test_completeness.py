@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from materializer_helpers import Boot, flightrec, materialize, publish
 
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 from flightrec.schemas import Sealed
 
 pytestmark = pytest.mark.integration
@@ -87,6 +87,6 @@ def test_complete_means_exactly_a_covering_seal_and_every_seq_once(kafka, db, en
     ([(0, 1), (2, 1)], None, None, "not sealed; missing seq 1"),
 ])
 def test_judge_boot(seq_counts, seal_seq, count, reason):
-    from flightrec.consumers.derive import judge_boot
+    from flightrec.db.derive import judge_boot
 
     assert judge_boot(seq_counts, seal_seq, count) == reason

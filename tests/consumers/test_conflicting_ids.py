@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from materializer_helpers import Boot
 
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import Store
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import Store
 from flightrec.schemas import Lifecycle, encode
 
 

@@ -10,8 +10,8 @@ import duckdb
 import pyarrow as pa
 from materializer_helpers import Boot
 
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import Store
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import Store
 from flightrec.schemas import encode
 
 LINES = 200

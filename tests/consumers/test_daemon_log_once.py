@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from materializer_helpers import materialize
 
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "examples" / "entrypoint.sh"

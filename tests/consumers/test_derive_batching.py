@@ -12,8 +12,8 @@ import duckdb
 from lake_helpers import varied_fleet
 from materializer_helpers import Boot
 
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import MATERIALIZED_TABLES, Store
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import MATERIALIZED_TABLES, Store
 from flightrec.schemas import Heartbeat, Lifecycle, encode
 
 DERIVED = ("instances", "boots", "failures", "heartbeats", "running_stages")

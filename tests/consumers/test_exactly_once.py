@@ -13,8 +13,8 @@ import pytest
 from materializer_helpers import Boot, flightrec, publish
 
 from flightrec.errors import QueryError
-from flightrec.live import socket_path
-from flightrec.query import run_query
+from flightrec.db.live import socket_path
+from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from flightrec.consumers.fold import fold, missing_facts_as_null
+from flightrec.db.fold import fold, missing_facts_as_null
 from flightrec.schemas import InstanceFacts, TOPIC_LIFECYCLE, encode
 
 

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from materializer_helpers import Boot, motivating_boot
 
-from flightrec.consumers.classify import FailureEvidence, load_rules, parse_rules
-from flightrec.consumers.derive import incomplete_reason, missing_ranges
-from flightrec.consumers.failures import build_failure
-from flightrec.consumers.fold import RawMessage, fold
+from flightrec.db.classify import FailureEvidence, load_rules, parse_rules
+from flightrec.db.derive import incomplete_reason, missing_ranges
+from flightrec.db.failures import build_failure
+from flightrec.db.fold import RawMessage, fold
 from flightrec.consumers.materializer import event_filter, parse_time
 from flightrec.errors import ConfigError
 from flightrec.schemas import Lifecycle, encode
@@ -111,7 +111,7 @@ def test_rules_classify_exits_and_results():
 def test_adding_a_rule_needs_no_code_change(tmp_path):
     path = tmp_path / "rules.toml"
     path.write_text('[[rule]]\nclass = "disk_full"\nhint = "Free some disk."\nlines = ["No space left on device"]\n'
-                    + (load_rules.__globals__["resources"].files("flightrec.consumers") / "rules.toml").read_text())
+                    + (load_rules.__globals__["resources"].files("flightrec.db") / "rules.toml").read_text())
     rules = load_rules(path)
     ev = FailureEvidence(stage="supervisor", exit_code=1, stderr_tail=["write: No space left on device"])
     assert rules.classify(ev).failure_class == "disk_full"
@@ -168,7 +168,7 @@ def test_parse_time():
 
 
 def test_killed_by_reads_the_stage_a_shell_code_or_a_wrapper_report():
-    from flightrec.consumers.classify import killed_by
+    from flightrec.db.classify import killed_by
 
     assert killed_by(9, "SIGKILL", None, []) == ("SIGKILL", "the stage's command was killed by it")
     assert killed_by(11, None, None, [])[0] == "SIGSEGV"  # the name from the number
@@ -204,7 +204,7 @@ def _segv_wrapper_boot() -> Boot:
 
 
 def _store(path, boots) -> None:
-    from flightrec.consumers.store import Store
+    from flightrec.db.store import Store
 
     events = [e for b in boots for e in b.events]
     store = Store(path, group="t")
@@ -234,22 +234,23 @@ def test_a_daemon_s_signal_is_stored_with_its_failure(tmp_path):
 def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_path):
     import duckdb
 
-    from flightrec.consumers.store import Store
+    from flightrec.db.store import Store
 
     db = tmp_path / "old.duckdb"
     _store(db, [_segv_wrapper_boot()])
     con = duckdb.connect(str(db))
     con.execute("ALTER TABLE failures DROP COLUMN killed_by_evidence")
     con.execute("ALTER TABLE failures DROP COLUMN killed_by")  # as the release before it made them
+    con.execute("DROP TABLE schema_version")  # (which recorded no versions)
     before = con.execute("SELECT * FROM failures").fetchall()
     con.close()
-    from flightrec.analytics.views import VIEWS
+    from flightrec.db.views import VIEWS
     from flightrec.errors import MaterializeError, QueryError
-    from flightrec.query import run_query
+    from flightrec.db.query import run_query
 
     with pytest.raises(QueryError, match="older flightrec.*flightrec materialize"):  # a reader before any writer
         run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS)
-    import flightrec.consumers.store as store_mod
+    import flightrec.db.store as store_mod
 
     def broken(*args, **kwargs):
         raise RuntimeError("killed mid-way")

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.analytics.views import VIEWS
+from flightrec.db.views import VIEWS
 from flightrec.cluster import LOG_APPEND_TIME, TIMESTAMP_TYPE, describe_topic_configs
 from flightrec.errors import FlightrecError
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 from flightrec.settings import TOPICS
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ import pytest
 from lake_helpers import assert_lake_equals_file, lake_con, lake_count, run_lake, varied_fleet
 from materializer_helpers import Boot, flightrec, materialize, publish
 
-from flightrec import lake as lakes
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.lakestore import LakeStore
+from flightrec.db import lake as lakes
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.lakestore import LakeStore
 from flightrec.errors import Fenced, MaterializeError
 from flightrec.schemas import encode
 

@@ -23,7 +23,7 @@ PRODUCE_S = 30.0  # the lines arrive over this long, so the kills fall mid-run
 
 READER = r"""
 import json, sys, time
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 db, prefix, until = sys.argv[1], sys.argv[2], float(sys.argv[3])
 seen, errors = [], []
 while time.time() < until:

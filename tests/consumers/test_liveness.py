@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
 
-from flightrec.analytics.views import VIEWS
+from flightrec.db.views import VIEWS
 from flightrec.errors import FlightrecError
-from flightrec.consumers.store import MATERIALIZED_TABLES
-from flightrec.query import run_query
+from flightrec.db.store import MATERIALIZED_TABLES
+from flightrec.db.query import run_query
 from flightrec.schemas import Heartbeat, Lifecycle, now_us
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from materializer_helpers import Boot, materialize, motivating_boot, publish
 
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 from flightrec.schemas import MAGIC, Lifecycle, LogBatch, ProcessExit, encode
 from flightrec.settings import TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS, TOPICS
 

@@ -12,9 +12,9 @@ import pytest
 
 from flightrec.analytics import queries
 from flightrec.errors import QueryError
-from flightrec.live import encode_request, location
-from flightrec.live import socket_path
-from flightrec.query import run_query
+from flightrec.db.live import encode_request, location
+from flightrec.db.live import socket_path
+from flightrec.db.query import run_query
 
 LEAK = Path("/tmp/flightrec-a-isolation-leak")
 
@@ -157,8 +157,8 @@ def _state(con: duckdb.DuckDBPyConnection) -> tuple:
 
 
 def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
-    from flightrec.consumers.serve import QueryServer
-    from flightrec.consumers.store import Store
+    from flightrec.db.serve import QueryServer
+    from flightrec.db.store import Store
 
     LEAK.unlink(missing_ok=True)
     store = Store(db, "g")
@@ -191,7 +191,7 @@ def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
 def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_missed(db):
     # Defence in depth: were a setting-changing statement to pass the check, the writer's
     # database refuses it (lock_configuration), so the live path cannot change the writer.
-    from flightrec.consumers.store import Store
+    from flightrec.db.store import Store
 
     store = Store(db, "g")
     try:
@@ -210,8 +210,8 @@ def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_misse
 
 def test_the_flight_endpoint_answers_checked_reads_and_nothing_else(db):
     """Every other Flight call, a ticket that is no request and a file read are refused; the socket is owner-only."""
-    from flightrec.consumers.serve import QueryServer
-    from flightrec.consumers.store import Store
+    from flightrec.db.serve import QueryServer
+    from flightrec.db.store import Store
 
     store = Store(db, "g")
     try:

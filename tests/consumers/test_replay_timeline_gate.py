@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
 
-from flightrec.consumers.store import MATERIALIZED_TABLES
+from flightrec.db.store import MATERIALIZED_TABLES
 from flightrec.schemas import Heartbeat, ManagerEvent
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import duckdb
 from materializer_helpers import Boot
 
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.stats import Stats
-from flightrec.consumers.store import Store
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.stats import Stats
+from flightrec.db.store import Store
 from flightrec.schemas import encode
 
 

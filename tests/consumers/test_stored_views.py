@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from materializer_helpers import Boot, flightrec, motivating_boot, publish
 
-from flightrec.analytics.views import ALL_VIEW_NAMES
+from flightrec.db.views import ALL_VIEW_NAMES
 from flightrec.schemas import Lifecycle
 
 pytestmark = pytest.mark.integration

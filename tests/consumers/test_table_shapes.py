@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 from materializer_helpers import motivating_boot
 
-from flightrec.consumers import derive, fold as fold_mod
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import OFFSETS, Store
+from flightrec.db import derive, fold as fold_mod
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import OFFSETS, Store
 from flightrec.schemas import EVENT_BY_NAME, EVENT_TYPES, Dropped, Heartbeat, ManagerEvent, encode
 from flightrec.schemas.arrow import element_field, event_fields
 
@@ -25,7 +25,7 @@ from flightrec.schemas.arrow import element_field, event_fields
 WRITTEN: dict[str, pa.Schema] = {**fold_mod.TABLES, "failures": derive.FAILURES, "boots": derive.BOOTS,
                                  "consumer_offsets": OFFSETS}
 # Tables made by SQL over the others (their event-named columns are checked against the .avsc below).
-BY_SQL = {"instances", "heartbeats", "running_stages", "materializer_runs"}
+BY_SQL = {"instances", "heartbeats", "running_stages", "materializer_runs", "schema_version"}
 # LogBatch's per-line arrays land one element per log_lines row (line_ts_us as ts_us).
 PER_LINE = {"line_no": "line_no", "ts_us": "line_ts_us", "text": "text", "truncated": "truncated",
             "invalid_utf8": "invalid_utf8", "late": "late"}
@@ -64,7 +64,7 @@ def _duckdb_types(schema: pa.Schema) -> list[tuple[str, str]]:
 
 
 def test_the_fold_knows_every_event_type() -> None:
-    assert set(fold_mod.KIND) == set(EVENT_BY_NAME), "give the new event type a kind in KIND of consumers/fold.py"
+    assert set(fold_mod.KIND) == set(EVENT_BY_NAME), "give the new event type a kind in KIND of db/fold.py"
 
 
 def test_every_table_is_written_from_an_arrow_schema_or_made_by_sql(con: Any) -> None:

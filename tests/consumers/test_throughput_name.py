@@ -7,11 +7,11 @@ from pathlib import Path
 from materializer_helpers import Boot
 
 from flightrec.analytics import queries
-from flightrec.analytics.views import VIEW_NAMES, VIEWS
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import Store
+from flightrec.db.views import VIEW_NAMES, VIEWS
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import Store
 from flightrec.consumers.timeline import entries_from_records, from_db, render
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 from flightrec.schemas import Lifecycle, encode
 
 

@@ -1,4 +1,4 @@
-"""The timeline from topics and from the database fold events the same way (one dispatch: consumers/fold.py)."""
+"""The timeline from topics and from the database fold events the same way (one dispatch: db/fold.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 from materializer_helpers import Boot, motivating_boot
 
-from flightrec.consumers.failures import exit_failed
-from flightrec.consumers.fold import RawMessage, fold
-from flightrec.consumers.store import Store
+from flightrec.db.failures import exit_failed
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.store import Store
 from flightrec.consumers.timeline import Entry, entries_from_records, from_db
 from flightrec.schemas import Dropped, Heartbeat, Lifecycle, LogBatch, ManagerEvent, encode
 

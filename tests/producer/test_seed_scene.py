@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +102,7 @@ def _wait_status(db: Path, instance: str, want: str, within: float = 60.0) -> di
 
 
 def _views() -> str:
-    from flightrec.analytics.views import VIEWS
+    from flightrec.db.views import VIEWS
 
     return VIEWS
 

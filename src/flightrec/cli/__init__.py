@@ -82,9 +82,3 @@ def _closed_pipe() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
     return 128 + 13
-
-
-def not_built(what: str, issue: str) -> int:
-    """Say that a command exists in the contract but is not built yet."""
-    print(f"flightrec {what}: not built yet ({issue})", file=sys.stderr)
-    return 2

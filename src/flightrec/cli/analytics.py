@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
 from flightrec.cli.options import LAKE_FORM, add_read_db
 from flightrec.settings import Settings
@@ -39,22 +38,20 @@ def streamlit_command(db: str, port: int, address: str) -> list[str]:
 
 def run_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     """Replace this process with Streamlit (so signals reach it directly); never returns on success."""
-    from flightrec.lake import is_lake, mask_password, reader_data_path
+    from flightrec.db.location import reader_location
 
-    db = args.db or settings.db
-    reader_data_path(db, args.data_path)  # into os.environ, which Streamlit inherits below
-    if not is_lake(db):
-        db = str(Path(db).resolve())
-        if not Path(db).exists():
-            log.warning("no database at %s yet; the pages say so until `flightrec materialize --db %s` creates it",
-                        db, db)
+    loc = reader_location(args.db or settings.db, args.data_path)  # the data path into os.environ: Streamlit's
+    if not loc.exists():
+        log.warning("no database at %s yet; the pages say so until `flightrec materialize --db %s` creates it",
+                    loc.describe(), loc.describe())
     env = dict(os.environ)
-    env["FLIGHTREC_DB"] = db
+    shown = loc.for_command_line()  # None for a lake: its string (a password, perhaps) goes by the environment only
+    env["FLIGHTREC_DB"] = shown or loc.db
     env["PYTHONSAFEPATH"] = "1"  # keep the working directory off sys.path (./cuda would shadow NVIDIA's package)
-    cmd = streamlit_command(db, args.port, args.address)
-    if is_lake(db):  # the lake string (a password in it, perhaps) goes by the environment only, never into `ps`
+    cmd = streamlit_command(shown or "", args.port, args.address)
+    if shown is None:
         cmd = cmd[:-3]
-    print(f"flightrec dashboard: http://{args.address}:{args.port}/ on {mask_password(db)}", file=sys.stderr,
+    print(f"flightrec dashboard: http://{args.address}:{args.port}/ on {loc.describe()}", file=sys.stderr,
           flush=True)
     os.execve(cmd[0], cmd, env)
     return 0  # pragma: no cover - execve does not return

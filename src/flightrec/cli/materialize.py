@@ -8,11 +8,15 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flightrec.errors import ConfigError
 from flightrec.cli.options import add_read_db
 from flightrec.settings import Settings
+
+if TYPE_CHECKING:
+    from flightrec.consumers.materializer import Options
+    from flightrec.db.location import Location
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="exit once caught up and no message came for SECONDS")
     m.add_argument("--group", default=None, help="name of the offsets kept in the database; on a lake also the "
                    "Kafka consumer group whose members share the partitions")
-    m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: consumers/rules.toml)")
+    m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
     m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
     m.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
     m.add_argument("--lock-wait", type=float, default=30.0, metavar="SECONDS",
@@ -50,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--since", default=None, help="only events at/after TIME (ISO-8601, epoch s, or an age: 2h)")
     r.add_argument("--instance", default=None, help="only this instance's events")
     r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
-    r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: consumers/rules.toml)")
+    r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
     r.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
     r.set_defaults(func=_replay)
     t = sub.add_parser("timeline", help="print one instance's life")
@@ -59,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--from-topics", action="store_true", help="read the topics even if the database exists")
     t.add_argument("--max-lines", type=int, default=2000, help="log lines shown, the latest (0: all)")
     t.add_argument("--rules", default=None, metavar="FILE",
-                   help="failure rule table for --from-topics (default: consumers/rules.toml)")
+                   help="failure rule table for --from-topics (default: db/rules.toml)")
     t.set_defaults(func=_timeline)
     w = sub.add_parser("wait-sealed", help="wait until an instance's evidence is complete")
     w.add_argument("instance", help="the instance id")
@@ -82,18 +86,23 @@ def _ensure_topics(settings: Settings) -> None:
         log.warning("could not make sure the topics exist: %s", exc)
 
 
-def _run(opts: "object", settings: Settings) -> int:
+def _reader_location(db: str, data_path: str | None) -> "Location":
+    from flightrec.db.location import reader_location
+
+    return reader_location(db, data_path)
+
+
+def _run(opts: "Options", loc: "Location", settings: Settings) -> int:
     from flightrec.consumers.materializer import Materializer
-    from flightrec.lake import is_lake
 
     async def go() -> int:
         loop = asyncio.get_running_loop()
         kind: type[Materializer] = Materializer
-        if is_lake(opts.db):  # type: ignore[attr-defined]
+        if loc.shared:  # a lake: written by a consumer group of materializers
             from flightrec.consumers.group import GroupMaterializer
 
             kind = GroupMaterializer
-        async with kind(settings.kafka_kwargs(), opts) as m:  # type: ignore[arg-type]
+        async with kind(settings.kafka_kwargs(), opts) as m:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, m.stop)
             stats = await m.run()
@@ -101,8 +110,8 @@ def _run(opts: "object", settings: Settings) -> int:
               f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
               f"commits={stats.commits}"
               + (f" conflicts_retried={stats.conflicts_retried} fenced={stats.fenced} "
-                 f"catalog_waits={stats.catalog_waits}" if is_lake(opts.db) else "")  # type: ignore[attr-defined]
-              + (f" oom_retried={stats.oom_retried}" if stats.oom_retried else ""),  # type: ignore[attr-defined]
+                 f"catalog_waits={stats.catalog_waits}" if loc.shared else "")
+              + (f" oom_retried={stats.oom_retried}" if stats.oom_retried else ""),
               file=sys.stderr)
         return 0
 
@@ -111,61 +120,52 @@ def _run(opts: "object", settings: Settings) -> int:
 
 def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.alerts import parse_kinds
-    from flightrec.consumers.classify import load_rules
+    from flightrec.db.classify import load_rules
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
-
-    from flightrec.lake import is_lake, parse_db
+    from flightrec.db.views import stored_views
+    from flightrec.db.location import locate
 
     settings = settings.with_overrides(db=args.db, webhook=args.webhook, alert_on=args.alert_on)
     kinds = parse_kinds(settings.alert_on)
-    lake = is_lake(settings.db)
-    loc = parse_db(settings.db, args.data_path, writing=True)
-    if lake and settings.webhook:
+    loc = locate(settings.db, args.data_path, writing=True)
+    if loc.shared and settings.webhook:
         raise ConfigError("--webhook/FLIGHTREC_WEBHOOK: alerts are sent by a materializer on a database file only "
                           "(on a lake no single member sees every instance's changes); unset it for the lake, or run "
                           "a materializer on a file for alerts")
     _ensure_topics(settings)
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, until_idle=args.until_idle,
-                   rules=load_rules(args.rules), serve=not args.no_serve and not lake, memory_limit=args.memory_limit,
+                   rules=load_rules(args.rules), serve=not args.no_serve and not loc.shared,
+                   memory_limit=args.memory_limit,
                    lock_wait=args.lock_wait,
                    webhook=settings.webhook, alert_on=kinds, dashboard_url=settings.dashboard_url,
-                   views=_stored_views(), data_path=getattr(loc, "data_path", None))
-    return _run(opts, settings)
+                   views=stored_views(), data_path=getattr(loc, "data_path", None))
+    return _run(opts, loc, settings)
 
 
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.consumers.classify import load_rules
+    from flightrec.db.classify import load_rules
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options, parse_time
-
-    from flightrec.lake import is_lake, parse_db
+    from flightrec.db.views import stored_views
+    from flightrec.db.location import locate
 
     settings = settings.with_overrides(db=args.db)
-    loc = parse_db(settings.db, args.data_path, writing=True)
+    loc = locate(settings.db, args.data_path, writing=True)
     opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, replay=True, instance=args.instance,
                    since_us=parse_time(args.since) if args.since else None, rules=load_rules(args.rules),
-                   memory_limit=args.memory_limit, views=_stored_views(), serve=not is_lake(settings.db),
+                   memory_limit=args.memory_limit, views=stored_views(), serve=not loc.shared,
                    data_path=getattr(loc, "data_path", None))
-    return _run(opts, settings)
-
-
-def _stored_views() -> tuple[str, ...]:
-    """The readers' shared views (analytics/), which the materializer stores in the file."""
-    from flightrec.analytics.views import stored_views
-
-    return stored_views()
+    return _run(opts, loc, settings)
 
 
 def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers import timeline
-    from flightrec.consumers.classify import load_rules
+    from flightrec.db.classify import load_rules
     from flightrec.settings import TOPICS
 
-    from flightrec.lake import is_lake, reader_data_path
-
     settings = settings.with_overrides(db=args.db)
-    reader_data_path(settings.db, args.data_path)
-    if (is_lake(settings.db) or Path(settings.db).exists()) and not args.from_topics:
-        entries, left_out = timeline.from_db(settings.db, args.instance, args.max_lines)
+    loc = _reader_location(settings.db, args.data_path)
+    if loc.exists() and not args.from_topics:
+        entries, left_out = timeline.from_db(loc, args.instance, args.max_lines)
     else:
         if not args.from_topics:
             print(f"no database at {settings.db}; reading the topics at {settings.bootstrap}", file=sys.stderr)
@@ -180,26 +180,14 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _status_of(db: str | Path, instance: str) -> tuple[str, str] | None:
-    """The instance's status from the fleet view (the readers' one rule table)."""
-    from flightrec.analytics.views import VIEWS
-    from flightrec.query import run_query
-
-    rows = run_query(db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance],
-                     prelude=VIEWS).to_pylist()
-    return (rows[0]["status"], rows[0]["status_detail"]) if rows else None
-
-
 def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.gate import wait_sealed
-    from flightrec.lake import reader_data_path
-    from flightrec.live import python_signals
+    from flightrec.db.live import python_signals
 
     settings = settings.with_overrides(db=args.db)
-    reader_data_path(settings.db, args.data_path)
+    loc = _reader_location(settings.db, args.data_path)
     with python_signals():  # Ctrl-C stops the wait whenever it comes
-        result = wait_sealed(settings.db, args.instance, args.timeout, poll=max(0.0, args.poll),
-                             status_of=_status_of)
+        result = wait_sealed(loc, args.instance, args.timeout, poll=max(0.0, args.poll))
     if result.complete:
         print(f"{args.instance}: complete: {result.reason}")
         return 0

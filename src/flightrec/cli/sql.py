@@ -1,4 +1,4 @@
-"""`flightrec sql`: read-only SQL over the database, live or not (see flightrec.query)."""
+"""`flightrec sql`: read-only SQL over the database, live or not (see flightrec.db.query)."""
 
 from __future__ import annotations
 
@@ -88,14 +88,13 @@ def format_table(table: pa.Table) -> str:
 
 
 def _sql(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.analytics.views import prelude_for
-    from flightrec.query import run_query
-
-    from flightrec.lake import reader_data_path
+    from flightrec.db.location import reader_location
+    from flightrec.db.query import run_query
+    from flightrec.db.views import prelude_for
 
     settings = settings.with_overrides(db=args.db)
-    reader_data_path(settings.db, args.data_path)
-    table = run_query(settings.db, args.query, prelude=prelude_for(args.query))  # the shared views it names
+    loc = reader_location(settings.db, args.data_path)
+    table = run_query(loc, args.query, prelude=prelude_for(args.query))  # the shared views it names
     if args.csv:
         w = csv.writer(sys.stdout)
         w.writerow(table.column_names)

@@ -36,7 +36,7 @@ from typing import IO, Callable, Iterator
 from flightrec.broker import LocalBroker
 from flightrec.errors import ConfigError, FlightrecError, QueryError
 from flightrec.demo.fleet import FATE_GPU, GPUS
-from flightrec.query import run_query
+from flightrec.db.query import run_query
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class StopSignals:
     :meth:`check` the note and stop all the same. Inside :meth:`held` the exception waits for
     the block's end (a child started but not yet recorded would be left running).
 
-    While installed, pyarrow's own signal handling is off (:func:`flightrec.live.python_signals`:
+    While installed, pyarrow's own signal handling is off (:func:`flightrec.db.live.python_signals`:
     it dropped a signal that landed as a live read to the materializer ended, 3 to 6 of 500 in
     tests/cli/test_demo_signals.py). And SIGINT has this handler rather than Python's
     default one, so ``asyncio.run`` does not put in its own (that one only cancels the task: a
@@ -85,7 +85,7 @@ class StopSignals:
         self._reads = contextlib.ExitStack()
 
     def __enter__(self) -> "StopSignals":
-        from flightrec.live import python_signals
+        from flightrec.db.live import python_signals
 
         self._reads.enter_context(python_signals())
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
@@ -367,7 +367,7 @@ class Demo:
 
     def summary(self, fleet: list[Instance]) -> None:
         ids = [i.instance_id for i in fleet]
-        from flightrec.analytics.views import VIEWS
+        from flightrec.db.views import VIEWS
 
         rows = run_query(self.db, """
             SELECT i.instance_id, i.gpu_model, i.status, i.complete, round(i.proofs_per_hour) AS proofs_per_hour,

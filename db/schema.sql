@@ -271,18 +271,11 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
     dead_letters    BIGINT
 );
 
--- Columns added after the first release: databases made before them gain them here.
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
-ALTER TABLE boots ADD COLUMN IF NOT EXISTS dropped_events BIGINT DEFAULT 0;
-ALTER TABLE events_seen ADD COLUMN IF NOT EXISTS fingerprint BIGINT;  -- NULL for events stored before it
-ALTER TABLE log_lines ADD COLUMN IF NOT EXISTS late BOOLEAN; -- NULL for lines from before `late`: not late
-ALTER TABLE failures ADD COLUMN IF NOT EXISTS killed_by VARCHAR;  -- filled at the first open (Store)
-ALTER TABLE failures ADD COLUMN IF NOT EXISTS killed_by_evidence VARCHAR;
-ALTER TABLE events_seen ADD COLUMN IF NOT EXISTS recv_us BIGINT;  -- NULL for events folded before: not known
-ALTER TABLE manager_events ADD COLUMN IF NOT EXISTS recv_us BIGINT;
-ALTER TABLE heartbeats ADD COLUMN IF NOT EXISTS last_recv_us BIGINT;
-ALTER TABLE boots ADD COLUMN IF NOT EXISTS first_recv_us BIGINT;
-ALTER TABLE boots ADD COLUMN IF NOT EXISTS last_recv_us BIGINT;
-ALTER TABLE boots ADD COLUMN IF NOT EXISTS clock_offset_us BIGINT;
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS last_recv_us BIGINT;
-ALTER TABLE instances ADD COLUMN IF NOT EXISTS clock_offset_us BIGINT;
+-- The schema versions applied to this database (db/migrate.py): columns added
+-- after the first release are added there, by version, on a file and a lake alike.
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     INTEGER,
+    what        VARCHAR,
+    applied_us  BIGINT,     -- wall-clock time of the materializer that applied it
+    run_id      VARCHAR     -- materializer_runs.run_id of that materializer
+);

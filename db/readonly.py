@@ -19,7 +19,7 @@ ATTACH/DETACH, COPY, EXPORT/IMPORT, LOAD/INSTALL, transactions, CREATE/ALTER/DRO
 DML, PREPARE/EXECUTE, VACUUM/ANALYZE, PRAGMAs that change something, statement types
 this DuckDB adds later, and a query whose tree cannot be checked. This is the first of
 several walls: the live path also runs reads in a read-only transaction on a database
-whose configuration is locked and whose file access is off (see flightrec.consumers.serve).
+whose configuration is locked and whose file access is off (see flightrec.db.serve).
 """
 
 from __future__ import annotations

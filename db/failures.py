@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from flightrec.consumers.classify import FailureEvidence, RuleTable, killed_by, signal_name
+from flightrec.db.classify import FailureEvidence, RuleTable, killed_by, signal_name
 
 PRECEDING_EVENTS = 20  # lifecycle events kept in preceding_events
 TAIL_LINES = 20        # lines per source when tails come from log_lines (no ProcessExit)

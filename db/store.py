@@ -21,13 +21,14 @@ from typing import Callable
 import duckdb
 import pyarrow as pa
 
-from flightrec.consumers.classify import RuleTable, load_rules
-from flightrec.consumers.derive import affected_keys, arrow_views, recompute, recompute_failures
-from flightrec.consumers.liveness import merge_heartbeats
-from flightrec.consumers.fold import DEAD, UNCOMPARED, Delta, reused
-from flightrec.consumers.stats import Stats
+from flightrec.db import migrate
+from flightrec.db.classify import RuleTable, load_rules
+from flightrec.db.derive import affected_keys, arrow_views, recompute, recompute_failures
+from flightrec.db.liveness import merge_heartbeats
+from flightrec.db.fold import DEAD, UNCOMPARED, Delta, reused
+from flightrec.db.stats import Stats
 from flightrec.errors import MaterializeError
-from flightrec.query import writer_notice_path
+from flightrec.db.query import writer_notice_path
 
 log = logging.getLogger(__name__)
 OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in all, live reads stopped in between
@@ -47,8 +48,8 @@ OFFSETS = pa.schema([("consumer_group", pa.string()), ("topic", pa.string()), ("
 
 
 def schema_sql() -> str:
-    """The DDL of every table (consumers/schema.sql)."""
-    return resources.files("flightrec.consumers").joinpath("schema.sql").read_text("utf-8")
+    """The DDL of every table (db/schema.sql), then every migration's columns (db/migrate.py), idempotent."""
+    return resources.files("flightrec.db").joinpath("schema.sql").read_text("utf-8") + "\n" + migrate.columns_sql()
 
 
 def delta_views(delta: Delta) -> dict[str, pa.Table]:
@@ -210,11 +211,7 @@ class Store(RowWriter):
         try:
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
-            older = self._columns("failures")
-            if older and "killed_by" not in older:
-                self._fill_new_failure_columns()  # with the schema, in one transaction
-            else:
-                self.con.execute(schema_sql())
+            self._migrate(self._columns("failures"))
             if crashed or self._lines_unaccounted():
                 self._drop_rows_without_event()
             self._store_views(views)
@@ -241,21 +238,28 @@ class Store(RowWriter):
                                                "current_database() AND schema_name = 'main' AND table_name = ?",
                                                [table]).fetchall()}
 
-    def _fill_new_failure_columns(self) -> None:
-        """A database made before failures.killed_by: the schema's new columns and its failures rows built again
-        from their events (the failed stages only, classified by today's rules), in one transaction, so a crash
-        or an error in between leaves the file as it was and the next open does it all again."""
-        self.con.execute("BEGIN TRANSACTION")
+    def _migrate(self, failures_before: set[str]) -> None:
+        """The tables and every migration's columns, then the migrations newer than the file's version (their
+        rebuilt rows) and their versions recorded, in one transaction: a crash or an error in between leaves the
+        file as it was, and the next open does it all again."""
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
         try:
-            self.con.execute(schema_sql())
-            stages = self.con.execute("SELECT DISTINCT instance_id, boot_id, stage FROM failures").to_arrow_table()
-            n = recompute_failures(self.con, self.rules, stages)
-            self.con.execute("COMMIT")
+            con.execute(schema_sql())
+            version = migrate.recorded(con)
+            todo = migrate.pending(migrate.baseline(failures_before) if version is None else version)
+            for m in todo:
+                if m.rebuild_failures:
+                    stages = con.execute("SELECT DISTINCT instance_id, boot_id, stage FROM failures").to_arrow_table()
+                    n = recompute_failures(con, self.rules, stages)
+                    log.info("%s: %d failures rows built again (%s)", self.path, n, m.what)
+            if version is None or todo:
+                migrate.record(con, todo or migrate.pending(0)[-1:], self.run_id, self.started_us)
+            con.execute("COMMIT")
         except Exception as exc:
-            self.con.execute("ROLLBACK")
-            raise MaterializeError(f"cannot add the failures' new columns (killed_by) to {self.path}: {exc}; the "
-                                   "file is as it was (a flightrec from before them still reads it)") from exc
-        log.info("%s: %d failures rows built again for their new columns (killed_by)", self.path, n)
+            con.execute("ROLLBACK")
+            raise MaterializeError(f"cannot bring the tables of {self.path} to schema version {migrate.latest()}: "
+                                   f"{exc}; the file is as it was (the flightrec that made it still reads it)") from exc
 
     def _lines_unaccounted(self) -> bool:
         """Whether log_lines holds another number of rows than the runs' commits wrote (materializer_runs.lines):
@@ -305,7 +309,7 @@ class Store(RowWriter):
 
     def _connect(self, lock_wait: float) -> duckdb.DuckDBPyConnection:
         # flightrec readers on the file path leave when asked (the notice file, see
-        # flightrec.query.writer_notice_path); anything else holding the file is waited for
+        # flightrec.db.query.writer_notice_path); anything else holding the file is waited for
         # up to ``lock_wait`` seconds and then named.
         deadline = time.monotonic() + lock_wait
         notice: Path | None = None

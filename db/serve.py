@@ -5,7 +5,7 @@ read-only transaction that is rolled back, so it sees exactly the last committed
 batch (a consistent snapshot) and can change nothing (nor lock rows the writer
 needs); the statement and the prelude are checked (``check_read_only``,
 ``check_prelude``, an allow-list by DuckDB statement type and syntax tree, see
-flightrec.readonly) here again, whatever the client did. Behind that check, the
+flightrec.db.readonly) here again, whatever the client did. Behind that check, the
 Store locks the database's configuration (``lock_configuration``) once its own
 settings are made, so even a statement the check missed cannot change a setting
 of the writer (memory_limit, threads, default_order ...), and turns file access,
@@ -22,7 +22,7 @@ without memory. While reads run, a watchdog samples DuckDB's memory every
 that the query is too large for a live read and what to do instead. And should a
 commit still meet "Out of Memory", the store interrupts the reads and commits again
 (:meth:`QueryServer.make_room`, given to ``Store.make_room``). The protocol (Arrow Flight DoGet, the ticket's layout, refusals) is
-``flightrec.live``, which readers import too.
+``flightrec.db.live``, which readers import too.
 
 Why cursors of the writer and not a separate read-only instance: DuckDB lets no
 other instance open the file while the writer holds it (not even read-only, not
@@ -46,11 +46,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightrec.errors import MaterializeError, QueryError
-from flightrec.live import Params, decode_request, location, refuse, socket_path
-from flightrec.query import ResultTooLarge, check_read_only, execute_read_only
+from flightrec.db.live import Params, decode_request, location, refuse, socket_path
+from flightrec.db.query import ResultTooLarge, check_read_only, execute_read_only
 
 log = logging.getLogger(__name__)
-ONLY_READS = "this endpoint answers read-only queries only (Flight DoGet with a flightrec.live ticket)"
+ONLY_READS = "this endpoint answers read-only queries only (Flight DoGet with a flightrec.db.live ticket)"
 WATCH_S = 0.05  # how often the memory of running reads is looked at
 READER_SHARE = 0.5  # of the memory limit that the operators of running reads may hold, the rest is the writer's
 READER_SPILL_BYTES = 1 << 30  # what running reads may spill to disk next to the database
@@ -73,7 +73,7 @@ def memory_bytes(setting: str) -> int:
 
 
 class _FlightServer(flight.FlightServerBase):
-    """DoGet only: the ticket is one read (flightrec.live); anything else is refused by Flight itself."""
+    """DoGet only: the ticket is one read (flightrec.db.live); anything else is refused by Flight itself."""
 
     def __init__(self, owner: "QueryServer", where: str) -> None:
         super().__init__(where)

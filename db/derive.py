@@ -18,10 +18,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flightrec.consumers.classify import RuleTable
-from flightrec.consumers.failures import TAIL_LINES, build_failure
-from flightrec.consumers.fold import BOOL, FILE_TAILS, F64, I32, I64, STR, STRLIST
-from flightrec.consumers.liveness import recompute_running
+from flightrec.db.classify import RuleTable
+from flightrec.db.failures import TAIL_LINES, build_failure
+from flightrec.db.fold import BOOL, FILE_TAILS, F64, I32, I64, STR, STRLIST
+from flightrec.db.liveness import recompute_running
 
 FAILURES = pa.schema([
     ("failure_id", STR), ("instance_id", STR), ("boot_id", STR), ("stage", STR), ("ts_us", I64),

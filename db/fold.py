@@ -36,7 +36,7 @@ STRLIST = pa.list_(pa.string())
 # The Arrow schemas of the rows the fold writes. Every column that carries an event field takes
 # its type from the .avsc (flightrec.schemas.arrow); only the fold's own columns are typed here
 # (`kind`, and the Kafka record's coordinates in dead letters). Column order is the table's in
-# consumers/schema.sql: tests/consumers/test_table_shapes.py compares the two.
+# db/schema.sql: tests/consumers/test_table_shapes.py compares the two.
 FILE_TAILS = event_fields("ProcessExit", "file_tails")[0].type
 _ENVELOPE = event_fields("Lifecycle", *ENVELOPE)
 _KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND below)

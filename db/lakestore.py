@@ -32,12 +32,12 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 import duckdb
 import pyarrow as pa
 
-from flightrec import lake as lakes
-from flightrec.consumers.classify import RuleTable, load_rules
-from flightrec.consumers.derive import arrow_views
-from flightrec.consumers.fold import Delta
-from flightrec.consumers.stats import Stats
-from flightrec.consumers.store import RowWriter, delta_views, schema_sql
+from flightrec.db import lake as lakes, migrate
+from flightrec.db.classify import RuleTable, load_rules
+from flightrec.db.derive import arrow_views
+from flightrec.db.fold import Delta
+from flightrec.db.stats import Stats
+from flightrec.db.store import RowWriter, delta_views, schema_sql
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def is_conflict(exc: BaseException) -> bool:
 
 
 def _ddl() -> dict[str, str]:
-    """Each table's CREATE TABLE statement of consumers/schema.sql without its keys (DuckLake has none), then its
+    """Each table's CREATE TABLE statement of db/schema.sql without its keys (DuckLake has none), then its
     ALTER TABLE statements; by table name, with ``{schema}`` where the table's schema goes."""
     text = re.sub(r"--[^\n]*", "", schema_sql())
     out: dict[str, str] = {}
@@ -111,9 +111,7 @@ class LakeStore(RowWriter):
         self.con = self._attach()
         try:
             ddl = _ddl()
-            self._retrying("prepare the tables", lambda: self._in_transaction(lambda: [
-                self.con.execute(stmt.format(schema="main"))
-                for name, stmt in ddl.items() if name not in SHARD_TABLES]))
+            self._retrying("prepare the tables", lambda: self._in_transaction(lambda: self._migrate(ddl)))
             self.add_shards(shards)
         except BaseException:
             self.con.close()
@@ -123,6 +121,22 @@ class LakeStore(RowWriter):
     def path(self) -> str:
         """The lake for messages (any password masked)."""
         return self.loc.describe()
+
+    def _migrate(self, ddl: dict[str, str]) -> None:
+        """The lake's own tables and every migration's columns (each shard's tables get theirs in add_shards),
+        then the versions newer than the lake's recorded (inside the caller's transaction)."""
+        for name, stmt in ddl.items():
+            if name not in SHARD_TABLES:
+                self.con.execute(stmt.format(schema="main"))
+        version = migrate.recorded(self.con)
+        todo = migrate.pending(migrate.RECORDED_FROM if version is None else version)  # lakes came after killed_by
+        rebuild = [m.what for m in todo if m.rebuild_failures]
+        if rebuild:
+            raise MaterializeError(f"the lake {self.path} needs its failures rows built again ({'; '.join(rebuild)}), "
+                                   "which a lake does not do in place: replay the topics into a new lake "
+                                   "(`flightrec replay --db NEW_LAKE`) and point the readers at it")
+        if version is None or todo:
+            migrate.record(self.con, todo or migrate.pending(0)[-1:], self.run_id, self.started_us)
 
     def _attach(self) -> duckdb.DuckDBPyConnection:
         """Attach read-write; two members creating a new lake at once may race: the loser retries."""
@@ -391,7 +405,7 @@ class LakeStore(RowWriter):
             log.warning("%s", exc)
 
     def maintain(self) -> lakes.Maintenance | None:
-        """One maintenance pass (flightrec.lake.maintain); a failure is logged, never fatal to the writer."""
+        """One maintenance pass (flightrec.db.lake.maintain); a failure is logged, never fatal to the writer."""
         try:
             return lakes.maintain(self.con, ALIAS)
         except (LakeError, duckdb.Error) as exc:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 
-from flightrec.analytics.money import MONEY_VIEW_NAMES, MONEY_VIEWS
-from flightrec.analytics.status import INSTANCE_STATUS
+from flightrec.db.money import MONEY_VIEW_NAMES, MONEY_VIEWS
+from flightrec.db.status import INSTANCE_STATUS
 from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
 
 # Each entry is one `CREATE OR REPLACE TEMP VIEW ...` statement over the tables of
-# consumers/schema.sql. `flightrec sql` and the app pass them to
-# flightrec.query.run_query(prelude=VIEWS), so both speak the same names.
+# db/schema.sql. `flightrec sql` and the app pass them to
+# flightrec.db.query.run_query(prelude=VIEWS), so both speak the same names.
 # Times: the tables hold microseconds since the epoch (UTC, `*_us`); the views add a
 # TIMESTAMPTZ `*_at` next to every `*_us` (and the older readable names: first_seen, ts ...),
 # so any DuckDB client can read and bucket them in its own time zone.
@@ -155,7 +155,7 @@ VIEW_NAMES: tuple[str, ...] = (
     "gpu_throughput",
 )
 
-# Every shared view, the money too (analytics/money.py). Binding a view costs a few ms and
+# Every shared view, the money too (db/money.py). Binding a view costs a few ms and
 # the money views nest several deep, so a reader passes only what its statement names
 # (``prelude_for``); the pages' queries pass VIEWS, which they all use.
 ALL_VIEWS: tuple[str, ...] = VIEWS + MONEY_VIEWS

@@ -1,7 +1,7 @@
 """The live read protocol on Arrow Flight: what a reader sends the materializer and how the answer comes back.
 
-Both sides import this module: readers (``flightrec.query``) call :func:`query_live`;
-the materializer (``flightrec.consumers.serve``) decodes requests with
+Both sides import this module: readers (``flightrec.db.query``) call :func:`query_live`;
+the materializer (``flightrec.db.serve``) decodes requests with
 :func:`decode_request` and answers with :func:`refuse` or a record batch stream.
 
 The protocol is Arrow Flight's ``DoGet`` over a Unix socket (``grpc+unix://<db>.sock``,

@@ -2,15 +2,15 @@
 
 This is the one door readers (``flightrec sql``, the dashboard, ``timeline``)
 use. Guarantees: the statement is one a reader may run (decided by DuckDB's own
-parser, see ``flightrec.readonly``), cannot read or write files, and returns a
+parser, see ``flightrec.db.readonly``), cannot read or write files, and returns a
 pyarrow Table. Parameters are bound,
 never pasted into SQL text. ``prelude`` holds temp views (checked: one
 ``CREATE TEMP VIEW`` each) run first on the same connection.
 
 While a materializer runs it holds DuckDB's write lock and no other process can
 open the file; it then serves queries on a Unix socket next to the database
-(Arrow Flight, see ``flightrec.live`` for the protocol both sides share and
-``flightrec.consumers.serve`` for the server), answering from a snapshot of its
+(Arrow Flight, see ``flightrec.db.live`` for the protocol both sides share and
+``flightrec.db.serve`` for the server), answering from a snapshot of its
 last commit. ``run_query`` asks that socket first
 and opens the file read-only when nobody answers. A read on the file gives
 way: a materializer that cannot get the file writes ``<db>.writer-waiting``
@@ -31,10 +31,11 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
-from flightrec.lake import (LakeLocation, forget_reader, is_catalog_away, is_lake, mask_password, parse_db,
+from flightrec.db.lake import (LakeLocation, forget_reader, is_catalog_away, mask_password,
                            reader_cursor)
-from flightrec.live import Params, query_live
-from flightrec.readonly import check_prelude, check_read_only
+from flightrec.db.live import Params, query_live
+from flightrec.db.location import Location, locate
+from flightrec.db.readonly import check_prelude, check_read_only
 
 log = logging.getLogger(__name__)
 GIVE_WAY_POLL_S = 0.2   # how often a file-path read looks for a materializer waiting for the file
@@ -167,7 +168,7 @@ def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params =
         raise QueryError(f"{type(exc).__name__}: {exc}") from exc
 
 
-def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence[str] = ()) -> pa.Table:
+def run_query(db: str | Path | Location, sql: str, params: Params = None, prelude: Sequence[str] = ()) -> pa.Table:
     """Run one read-only statement against the database and return its rows as Arrow.
 
     Live through the materializer's socket when one serves ``db``; else on the file, read-only,
@@ -175,8 +176,10 @@ def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence
     read is asked again, live, once that materializer serves).
     """
     check_read_only(sql)
-    if is_lake(db):
-        return _read_lake(parse_db(db), sql, params, prelude)  # type: ignore[arg-type]
+    loc = locate(db)
+    if isinstance(loc, LakeLocation):
+        return _read_lake(loc, sql, params, prelude)
+    db = loc.path
     deadline = time.monotonic() + STARTING_S
     while True:
         live = query_live(db, sql, params, prelude)
@@ -207,7 +210,7 @@ def run_query(db: str | Path, sql: str, params: Params = None, prelude: Sequence
 
 
 def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[str]) -> pa.Table:
-    """Run the read on this process's locked-down read-only attachment of the lake (flightrec.lake)."""
+    """Run the read on this process's locked-down read-only attachment of the lake (flightrec.db.lake)."""
     cur = reader_cursor(loc)
     try:
         return execute_read_only(cur, sql, params, prelude)

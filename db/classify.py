@@ -80,7 +80,7 @@ class RuleTable:
             matched = _match(rule, ev)
             if matched is not None:
                 return Classification(rule.failure_class, rule.hint, matched or None)
-        return Classification("unknown", "No rule matched; read the tails and add a rule to consumers/rules.toml.")
+        return Classification("unknown", "No rule matched; read the tails and add a rule to db/rules.toml.")
 
 
 def signal_name(number: int | None, name: str | None = None) -> str | None:
@@ -230,10 +230,10 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleTable:
 
 
 def load_rules(path: str | Path | None = None) -> RuleTable:
-    """The rule table from ``path``, or the packaged consumers/rules.toml."""
+    """The rule table from ``path``, or the packaged db/rules.toml."""
     if path is None:
-        text = resources.files("flightrec.consumers").joinpath("rules.toml").read_text("utf-8")
-        return parse_rules(text, "consumers/rules.toml")
+        text = resources.files("flightrec.db").joinpath("rules.toml").read_text("utf-8")
+        return parse_rules(text, "db/rules.toml")
     try:
         return parse_rules(Path(path).read_text("utf-8"), str(path))
     except OSError as exc:
