@@ -36,6 +36,7 @@ test: setup system-packages
 # The edit-test loop: every test that needs no broker or PostgreSQL (tests using their fixtures are marked integration),
 # one worker per core, each test file on one worker (its module fixtures built once).
 check: setup
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -m "not integration" -n auto --dist loadfile
 
 bench: setup system-packages

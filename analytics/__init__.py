@@ -1,4 +1,4 @@
-"""The Streamlit dashboard and the SQL views and queries it shares with `flightrec sql`."""
+"""The Streamlit dashboard: its pages and the queries they run over the database's views (flightrec.db)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""The materializer: decode the four topics, fold events into DuckDB tables exactly once, serve live reads."""
+"""The materializer: consume the four topics into the database (flightrec.db) exactly once; the destroy gate, alerts, the timeline."""

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from flightrec.settings import Settings
 
 from flightrec.producer.redact import NO_CARRY, Carry
-from flightrec.producer.tokens import TOKEN_ENV, alive_tokens, carriers, describe, writers
+from flightrec.producer.tokens import alive_tokens, carriers, describe, writers
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ def test_every_env_var_the_code_reads_is_a_declared_setting():
     for folder in ("src", "schemas", "producer", "consumers", "analytics", "cuda", "broker"):
         for path in (ROOT / folder).rglob("*.py"):
             used |= set(re.findall(r"[\"'](FLIGHTREC_[A-Z_]+)[\"']", path.read_text()))
-    from flightrec.producer.late import TOKEN_ENV
+    from flightrec.producer.tokens import TOKEN_ENV
 
     used.discard(TOKEN_ENV)  # not read: the mark `agent run` sets in CMD's environment (docs/agent.md)
     assert used <= declared, f"read but not declared in SETTINGS: {sorted(used - declared)}"

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pandas as pd
-import pytest
 import streamlit as st
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest

@@ -7,7 +7,6 @@ import re
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashdata import HOSTILE
 
 # Elements whose text Streamlit renders as Markdown (with $…$ as LaTeX).
 MARKDOWN_KINDS = ("title", "header", "subheader", "markdown", "caption", "error", "warning", "info", "success")

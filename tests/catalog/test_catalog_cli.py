@@ -153,7 +153,7 @@ def test_the_reader_role_reads_and_nothing_else(pg_catalog, lake, tmp_path):
     w = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
     w.execute("CREATE TABLE t AS SELECT range AS i FROM range(3)")
     w.close()
-    reader_db = db.replace(f"user=flightrec", f"user={READER}")
+    reader_db = db.replace("user=flightrec", f"user={READER}")
     assert reader_db.endswith(f"user={READER}")
     r = lakes.connect(lakes.parse_db(reader_db), read_only=True)  # type: ignore[arg-type]
     assert r.execute("SELECT sum(i) FROM t").fetchone() == (3,)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 from materializer_helpers import Boot, flightrec, materialize, publish
 
 from flightrec.analytics import queries
 from flightrec.db.views import VIEWS
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.query import run_query
-from flightrec.schemas import Lifecycle, ProcessExit, encode
+from flightrec.schemas import Lifecycle, encode
 
 ABSURD = -2**63 + 5
 

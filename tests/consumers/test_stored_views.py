@@ -106,5 +106,5 @@ def test_the_price_the_manager_sends_is_what_the_cost_views_count(kafka, db, env
     # the boot's events carry a fixed 2025 clock, the manager's event today's: paid from the earlier
     assert row == {"price_per_hour": "1.85", "price_source": "manager", "host_id": "41007",
                    "failure_class": "gpu_arch_unsupported", "per_hour": "1.85", "paid_from_first_event": "true"}
-    (f,) = _cli(db, f"SELECT value, offer_filter FROM avoid_list WHERE dimension = 'host' AND value = '41007'")
+    (f,) = _cli(db, "SELECT value, offer_filter FROM avoid_list WHERE dimension = 'host' AND value = '41007'")
     assert f["offer_filter"] == "host_id!=41007"

@@ -7,7 +7,6 @@ letter); then `DESCRIBE` of each table is compared with the Arrow schema that wr
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import duckdb
