@@ -44,6 +44,7 @@ bench: setup system-packages
 
 docs: setup
 	$(PY) -m flightrec.cli.reference > docs/cli.md
+	$(PY) -m flightrec.settings > docs/settings.md
 
 # Wheels and pycuda's sdist for scripts/device_run.sh on a GPU machine without PyPI (.cache/device-wheels).
 device-wheels: setup

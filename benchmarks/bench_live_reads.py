@@ -1,6 +1,6 @@
 """Benchmark of the live read path (a reader asking the materializer's socket): a 100k-row and a tiny query.
 
-No broker: a Store on a temp file serves queries (db/serve.py) and readers ask through
+No broker: a FileStore on a temp file serves queries (db/serve.py) and readers ask through
 ``flightrec.db.query.run_query``, as `flightrec sql` and the dashboard do. Prints the median of
 several runs per query. Run:
     PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_live_reads.py [--runs 15]
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from flightrec.db.serve import QueryServer
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.db.query import run_query
 
 QUERIES = {
@@ -41,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.duckdb"
-        store = Store(db, "bench")
+        store = FileStore(db, "bench")
         try:
             with QueryServer(store.con.cursor(), db):
                 for name, sql in QUERIES.items():

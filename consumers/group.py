@@ -23,7 +23,8 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from flightrec.db import lake as lakes
 from flightrec.db.fold import Delta, fold
 from flightrec.db.lakestore import LakeStore
-from flightrec.consumers.materializer import Materializer, Options, _Pending
+from flightrec.db.location import LakeLocation
+from flightrec.consumers.materializer import Materializer, Options, Pending
 from flightrec.db.stats import Stats
 from flightrec.errors import Fenced, MaterializeError
 
@@ -57,7 +58,10 @@ class GroupMaterializer(Materializer):
                                    "writer may own): run the materializer on a file for alerts, or drop --webhook")
         options = dataclasses.replace(options, serve=False)  # readers read the lake itself, not a socket
         super().__init__(kafka_kwargs, options)
-        self.loc = lakes.lake_location(options.db, options.data_path, writing=True)
+        self.loc = options.location
+        if not isinstance(self.loc, LakeLocation):
+            raise MaterializeError(f"{self.loc.describe()} is a database file, not a lake: a group writes a lake "
+                                   "(--db 'ducklake:postgres:dbname=… host=… port=… user=…')")
         self._next: dict[TopicPartition, int | None] = {}  # owned partitions -> next offset to fold (None: any)
         self._lock = asyncio.Lock()   # one flush/drain at a time (the loop and the rebalance callbacks)
         self._assigned_once = False
@@ -67,15 +71,11 @@ class GroupMaterializer(Materializer):
 
     # -- opening ----------------------------------------------------------------------------------------
 
-    def _open_store(self) -> LakeStore:
-        opts = self.opts
-        store = LakeStore(self.loc, opts.group, opts.rules, "replay" if opts.replay else "materialize",
-                          opts.memory_limit, opts.views)
-        if opts.replay and store.holds_events():
-            store.close()
-            raise MaterializeError(f"the lake {self.loc.describe()} already holds events; replay builds a new lake: "
-                                   "give a new catalog database (`flightrec catalog` makes one per --db string)")
-        return store
+    @property
+    def _lake(self) -> LakeStore:
+        """The open store, a LakeStore (the claims, shards and maintenance only a lake has)."""
+        assert isinstance(self._store, LakeStore), "the store is opened in __aenter__"
+        return self._store
 
     def _consumer_options(self) -> dict[str, Any]:
         if self.opts.replay:
@@ -99,11 +99,11 @@ class GroupMaterializer(Materializer):
         if not initial:
             return False  # the group's coordinator follows new partitions by itself
         parts, shards = await self._shard_count()
-        await self._in_writer(self._store.add_shards, range(shards))
+        await self._in_writer(self._lake.add_shards, range(shards))
         if not self.opts.replay:
             c.subscribe(list(self.opts.topics), listener=_Listener(self))
             return True
-        stored = await self._in_writer(self._store.claim, range(shards))
+        stored = await self._in_writer(self._lake.claim, range(shards))
         c.assign(parts)
         for tp in parts:
             self._next[tp] = stored.get((tp.topic, tp.partition))
@@ -116,7 +116,7 @@ class GroupMaterializer(Materializer):
         """Ask the run loop to commit what it holds and return; a commit waiting for the lake's catalog gives up."""
         super().stop()
         if self._store is not None:
-            self._store.stop_waiting.set()
+            self._lake.stop_waiting.set()
 
     # -- the group's callbacks ---------------------------------------------------------------------------
 
@@ -138,12 +138,12 @@ class GroupMaterializer(Materializer):
         c = self._consumer
         assert c is not None and self._store is not None
         shards = sorted({tp.partition for tp in assigned})
-        stored = await self._in_writer(self._store.claim, shards) if shards else {}
+        stored = await self._in_writer(self._lake.claim, shards) if shards else {}
         for tp in assigned:
             self._next[tp] = stored.get((tp.topic, tp.partition))
         await self._seek(assigned, {tp: self._next[tp] for tp in assigned})
         self._assigned_once = True
-        log.info("member %s owns shards %s", self._store.owner, shards)
+        log.info("member %s owns shards %s", self._lake.owner, shards)
 
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
         """Commit what is held (this member still owns the shards until the group moves on), then let them go."""
@@ -152,7 +152,7 @@ class GroupMaterializer(Materializer):
             self._next.pop(tp, None)
         shards = {tp.partition for tp in revoked} - {tp.partition for tp in self._next}
         if shards and self._store is not None:
-            await self._in_writer(self._store.release, shards)
+            await self._in_writer(self._lake.release, shards)
 
     # -- reading and committing --------------------------------------------------------------------------
 
@@ -171,11 +171,11 @@ class GroupMaterializer(Materializer):
                 out[tp] = records
         return out
 
-    async def _flush(self, pending: _Pending) -> None:
+    async def _flush(self, pending: Pending) -> None:
         async with self._lock:
             await self._flush_locked(pending)
 
-    async def _flush_locked(self, pending: _Pending) -> None:
+    async def _flush_locked(self, pending: Pending) -> None:
         if not pending.records:
             return
         if self._failed is not None:  # a rebalance step failed: what is held is read again after a restart
@@ -194,7 +194,7 @@ class GroupMaterializer(Materializer):
         assert self._store is not None
         while deltas:
             try:
-                self.stats += await self._in_writer(self._store.commit, deltas)
+                self.stats += await self._in_writer(self._lake.commit, deltas)
                 return
             except Fenced as exc:
                 self.stats += Stats(fenced=1)
@@ -202,7 +202,7 @@ class GroupMaterializer(Materializer):
                 lost = set(exc.shards)
                 for tp in [tp for tp in self._next if tp.partition in lost]:
                     del self._next[tp]
-                await self._in_writer(self._store.release, lost)
+                await self._in_writer(self._lake.release, lost)
                 deltas = {s: d for s, d in deltas.items() if s not in lost}
 
     async def _drain(self) -> None:
@@ -221,7 +221,7 @@ class GroupMaterializer(Materializer):
             return
         if now - self._last_record >= RUN_RECORD_S:
             self._last_record = now
-            await self._in_writer(self._store.record_run)
+            await self._in_writer(self._lake.record_run)
         interval = lakes.MAINTENANCE_INTERVAL.total_seconds()
         if self._last_maintenance == 0.0:
             self._last_maintenance = now  # the first pass one interval after start
@@ -231,7 +231,7 @@ class GroupMaterializer(Materializer):
                 if self._inflight is not None:
                     inflight, self._inflight = self._inflight, None
                     await inflight
-                await self._in_writer(self._store.maintain)
+                await self._in_writer(self._lake.maintain)
 
     def _owns_shard_zero(self) -> bool:
         """One member runs maintenance: the owner of partition 0 (a replay owns every partition)."""
@@ -257,5 +257,5 @@ class GroupMaterializer(Materializer):
         if self._failed is not None:
             raise self._failed
         if self.opts.replay and self._store is not None:
-            await self._in_writer(self._store.maintain)
+            await self._in_writer(self._lake.maintain)
         return stats

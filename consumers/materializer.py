@@ -16,7 +16,6 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -28,7 +27,9 @@ from flightrec.db.classify import RuleTable
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.db.serve import QueryServer
 from flightrec.db.stats import Stats
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
+from flightrec.db.location import Location, locate
+from flightrec.db.store import Store, open_store
 from flightrec.cluster import LOG_APPEND_TIME as APPEND_TIME_CONFIG, TIMESTAMP_TYPE, create_time_warning, \
     describe_topic_configs, topic_partitions
 from flightrec.errors import ConfigError, MaterializeError
@@ -42,7 +43,7 @@ DEFAULT_GROUP = "flightrec-materializer"
 class Options:
     """How one materializer (or replay) run behaves."""
 
-    db: str
+    db: str | Location                  # the --db string, or the Location the CLI parsed it into
     group: str = DEFAULT_GROUP
     until_idle: float | None = None     # stop once caught up and idle this long
     replay: bool = False                # stop at the end offsets seen at start; the db must be new
@@ -67,8 +68,13 @@ class Options:
     session_timeout: float = 10.0       # a lake's group: seconds before a silent member's partitions move
     status_interval: float = 15.0       # seconds between evaluations of instance status (lost alerts)
 
+    @property
+    def location(self) -> Location:
+        """The database written: a file or a lake (db.location.locate: ``db`` passes through when parsed)."""
+        return locate(self.db, self.data_path, writing=True)
 
-class _Pending:
+
+class Pending:
     """The messages read and not yet folded: the next batch, bounded by bytes, count and age."""
 
     def __init__(self, opts: Options) -> None:
@@ -154,7 +160,7 @@ class Materializer:
         self.stats = Stats()  # the run's commits, summed, and the errors it survived
         self._keep = event_filter(options.instance, options.since_us)
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
-        self._store: Any = None  # Store (a file) or LakeStore (group.py)
+        self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
         self._server: QueryServer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None  # partitions of the topics (public metadata API)
@@ -162,7 +168,7 @@ class Materializer:
         self._stop = asyncio.Event()
         self._alerts: Alerter | None = None
         self._inflight: asyncio.Future[None] | None = None  # the commit being written
-        self._pending = _Pending(options)  # read, not yet folded (run() starts it afresh)
+        self._pending = Pending(options)  # read, not yet folded (run() starts it afresh)
         self._clocks = _ClockWatch()
 
     async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -180,9 +186,10 @@ class Materializer:
                 await self._in_writer(self._alerts.start, self._store.con)
             if opts.serve:
                 reader_root = await self._in_writer(self._store.con.cursor)
-                self._server = QueryServer(reader_root, opts.db)
+                self._server = QueryServer(reader_root, opts.location.db)
                 self._server.start()
-                self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
+                if isinstance(self._store, FileStore):
+                    self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
             self._consumer = AIOKafkaConsumer(
                 **self.kafka_kwargs, enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000,
@@ -220,13 +227,11 @@ class Materializer:
             log.warning("%s", warning)
             self._clocks.said.update(t for t, kind in types.items() if kind != APPEND_TIME_CONFIG)
 
-    def _open_store(self) -> Any:
-        """The store this run writes (in the writer thread): a DuckDB file here."""
+    def _open_store(self) -> Store:
+        """The store this run writes (in the writer thread)."""
         opts = self.opts
-        if opts.replay and Path(opts.db).exists():
-            raise MaterializeError(f"{opts.db} exists; replay builds a new database: remove it or pick another path")
-        return Store(opts.db, opts.group, opts.rules, "replay" if opts.replay else "materialize",
-                     opts.memory_limit, opts.lock_wait, opts.views)
+        return open_store(opts.location, opts.group, rules=opts.rules, replay=opts.replay,
+                          memory_limit=opts.memory_limit, lock_wait=opts.lock_wait, views=opts.views)
 
     def _consumer_options(self) -> dict[str, Any]:
         """Consumer arguments beyond the common ones: no group here (partitions assigned by hand)."""
@@ -308,7 +313,7 @@ class Materializer:
 
     async def _commit(self, delta: Delta) -> None:
         assert self._store is not None
-        self.stats += await self._in_writer(self._store.commit, delta)
+        self.stats += await self._in_writer(self._store.commit, {0: delta})  # a file holds every partition
         await self._sync_alerts()
 
     async def _sync_alerts(self) -> None:
@@ -318,7 +323,7 @@ class Materializer:
             except Exception as exc:  # noqa: BLE001 - alerts never stop materialization
                 log.warning("alerts: could not update the outbox: %s", exc)
 
-    async def _flush(self, pending: _Pending) -> None:
+    async def _flush(self, pending: Pending) -> None:
         """Fold what is pending and start committing it, once the previous commit is done (one at a time)."""
         if not pending.records:
             return
@@ -377,7 +382,7 @@ class Materializer:
         assert c is not None
         loop = asyncio.get_running_loop()
         targets = await c.end_offsets(self._parts) if self.opts.replay else None
-        pending = self._pending = _Pending(self.opts)
+        pending = self._pending = Pending(self.opts)
         last_data = last_refresh = last_report = kafka_ok = loop.time()
         try:
             while not self._stop.is_set():

@@ -20,7 +20,7 @@ from flightrec.db.classify import RuleTable, load_rules, signal_name
 from flightrec.db.failures import exit_failed, is_failure_signal
 from flightrec.db.fold import Message, RawMessage, fold
 from flightrec.db.liveness import Gap, ago, heartbeat_gaps
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.db.query import run_query
 from flightrec.schemas import EVENT_BY_NAME, default_codec
 from flightrec.errors import CodecError
@@ -158,7 +158,7 @@ def entries_from_messages(messages: Iterable[Message], instance: str, rules: Rul
     Whatever the materializer would dead-letter is left out here too, so the timeline from the
     topics shows exactly what a database built from them would.
     """
-    store = Store(":memory:", group="timeline", rules=rules or load_rules(), memory_limit=memory_limit)
+    store = FileStore(":memory:", group="timeline", rules=rules or load_rules(), memory_limit=memory_limit)
     try:
         store.commit(fold(messages, keep=lambda who, _ts: who == instance))
         return _entries(lambda sql, *p: store.con.execute(sql, list(p)).to_arrow_table().to_pylist(),

@@ -37,7 +37,7 @@ from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import arrow_views
 from flightrec.db.fold import Delta
 from flightrec.db.stats import Stats
-from flightrec.db.store import RowWriter, delta_views, schema_sql
+from flightrec.db.filestore import RowWriter, delta_views, schema_sql
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,10 @@ class LakeStore(RowWriter):
 
     @property
     def path(self) -> str:
+        """The lake for messages (any password masked)."""
+        return self.loc.describe()
+
+    def describe(self) -> str:
         """The lake for messages (any password masked)."""
         return self.loc.describe()
 

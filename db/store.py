@@ -1,403 +1,61 @@
-"""The DuckDB edge: schema, one transaction per Delta (rows + offsets together), run bookkeeping.
-
-Guarantees: a Delta's rows, its dead letters and the consumer offsets after it
-commit atomically or not at all, so a process killed at any moment restarts
-from offsets that match the rows; an event_id already stored is dropped (its
-rows are not written again). Rows go in as Arrow batches. Use one Store from
-one thread (the writer thread); readers use their own cursors (see serve.py).
-"""
+"""The one Store interface: what the materializer writes through, on a file (FileStore) or a lake (LakeStore)."""
 
 from __future__ import annotations
 
-import logging
-import os
-import re
-import time
-import uuid
-from importlib import resources
-from pathlib import Path
-from typing import Callable
+from typing import Mapping, Protocol
 
 import duckdb
-import pyarrow as pa
 
-from flightrec.db import migrate
-from flightrec.db.classify import RuleTable, load_rules
-from flightrec.db.derive import affected_keys, arrow_views, recompute, recompute_failures
-from flightrec.db.liveness import merge_heartbeats
-from flightrec.db.fold import DEAD, UNCOMPARED, Delta, reused
+from flightrec.db.classify import RuleTable
+from flightrec.db.filestore import FileStore
+from flightrec.db.fold import Delta
+from flightrec.db.lakestore import LakeStore
+from flightrec.db.location import FileLocation, Location
 from flightrec.db.stats import Stats
 from flightrec.errors import MaterializeError
-from flightrec.db.query import writer_notice_path
-
-log = logging.getLogger(__name__)
-OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in all, live reads stopped in between
-
-# The materialized tables (what replay must reproduce), in comparison order.
-MATERIALIZED_TABLES: tuple[str, ...] = (
-    "instances", "boots", "lifecycle_events", "instance_facts", "log_lines", "process_exits", "throughput",
-    "failures", "dead_letters", "events_seen", "heartbeats", "manager_events", "running_stages",
-)
-# The tables whose rows are written with their event (same transaction as its events_seen row), keyed by event_id.
-ROWS_BY_EVENT: tuple[str, ...] = ("log_lines", "lifecycle_events", "instance_facts", "process_exits", "throughput")
-# The Delta's row batches, registered as _d_<name> for the duration of a commit.
-DELTA_TABLES: tuple[str, ...] = ("events", "lifecycle", "facts", "exits", "throughput", "logs", "dead", "heartbeats",
-                                 "manager")
-OFFSETS = pa.schema([("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
-                     ("next_offset", pa.int64())])
 
 
-def schema_sql() -> str:
-    """The DDL of every table (db/schema.sql), then every migration's columns (db/migrate.py), idempotent."""
-    return resources.files("flightrec.db").joinpath("schema.sql").read_text("utf-8") + "\n" + migrate.columns_sql()
+class Store(Protocol):
+    """A writable database of the materialized tables and the consumer offsets.
 
-
-def delta_views(delta: Delta) -> dict[str, pa.Table]:
-    """The Delta's row batches by the names a commit's statements read them under (``_d_<name>``)."""
-    return {f"_d_{name}": getattr(delta, name) for name in DELTA_TABLES}
-
-
-def offsets_table(group: str, offsets: dict[tuple[str, int], int]) -> pa.Table:
-    """The next offset per (topic, partition) as rows of consumer_offsets."""
-    return pa.Table.from_pylist([{"consumer_group": group, "topic": t, "partition": p, "next_offset": o}
-                                 for (t, p), o in sorted(offsets.items())], schema=OFFSETS)
-
-
-def _ask_readers_to_leave(db: Path) -> Path | None:
-    """Write the notice that makes flightrec's file-path readers give the file up."""
-    notice = writer_notice_path(db)
-    tmp = notice.with_name(notice.name + f".{os.getpid()}")
-    try:
-        tmp.write_text(f"{os.getpid()}\n")
-        tmp.replace(notice)
-    except OSError as exc:
-        log.warning("cannot ask readers of %s to leave (%s); waiting for them", db, exc)
-        return None
-    return notice
-
-
-def lock_holder(message: str) -> str:
-    """Who holds the file, from DuckDB's lock error: 'pid N (command line)' when it can tell."""
-    m = re.search(r"PID (\d+)", message)
-    if not m:
-        return "another process"
-    pid = int(m.group(1))
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        command = " ".join(a.decode("utf-8", "replace") for a in argv if a)
-    except OSError:
-        command = ""
-    command = command if len(command) <= 200 else command[:199] + "…"
-    return f"pid {pid} ({command})" if command else f"pid {pid}"
-
-
-class RowWriter:
-    """The steps of one commit shared by the file (Store) and the lake (LakeStore), in statements both engines take
-    (DuckLake has no keys, ON CONFLICT or RETURNING: MERGE INTO and NOT EXISTS instead); each store supplies only
-    how it stores the batch's event ids (``_insert_events``).
-
-    Runs on ``self.con`` inside a transaction the store opened, with the Delta's tables registered as ``_d_<name>``.
+    Guarantees of every implementation: ``commit`` writes the Deltas' rows and the offsets after them in one
+    transaction each (nothing counted twice, nothing of a failed commit kept); ``offsets`` are the ones stored
+    with the rows; the schema is migrated to the code's version when the store opens (db/migrate.py).
     """
 
-    con: duckdb.DuckDBPyConnection
-    rules: RuleTable
-    group: str
+    con: duckdb.DuckDBPyConnection  # the writer's connection (the writer thread only)
+    totals: Stats                   # this run's commits, summed
+    run_id: str
 
-    def _write(self, delta: Delta) -> Stats:
-        """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
-        new = self._insert_events()
-        conflicts = self._conflicts(delta, new) if new.num_rows < delta.events.num_rows else 0
-        lines = failures = 0
-        if new.num_rows:
-            first_sight = delta.duplicates == 0 and new.num_rows == delta.events.num_rows
-            lines = self._insert_rows(delta, new, first_sight)
-            affected = affected_keys(self.con, new)
-            failures = recompute(self.con, self.rules, affected)
-        if delta.manager.num_rows:
-            self._insert_new("manager_events", "_d_manager", ("event_id",))
-        dead = 0
-        if delta.dead.num_rows:
-            dead = self._insert_new("dead_letters", "_d_dead", ("topic", "partition", "offset"))
-        return Stats(events_received=delta.messages, events_written=new.num_rows, lines_written=lines,
-                     duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows - conflicts,
-                     dead_letters=dead + conflicts, failures_written=failures, commits=1)
-
-    def _stored_events(self) -> str:
-        """The relation of stored events_seen rows an id of this batch can be found in (the lake narrows it)."""
-        return "main.events_seen"
-
-    def _conflicts(self, delta: Delta, new: pa.Table) -> int:
-        """The batch's events whose id is stored already with other bytes (fingerprint): each becomes a dead letter
-        with the reason (it is not stored; the first stays). A true redelivery (same bytes) is a duplicate."""
-        with arrow_views(self.con, _new_ids=new.select(["event_id"])):
-            rows = self.con.execute(f"""SELECT d.event_id, s.seq, s.kind, d.seq, d.kind
-                                        FROM (SELECT * FROM _d_events ANTI JOIN _new_ids USING (event_id)) d
-                                        JOIN {self._stored_events()} s USING (event_id)
-                                        WHERE s.fingerprint IS NOT NULL AND d.fingerprint <> s.fingerprint
-                                          AND d.kind NOT IN {UNCOMPARED!r}
-                                        """).fetchall()
-        if not rows:
-            return 0
-        dead = []
-        for event_id, stored_seq, stored_kind, seq, kind in rows:
-            topic, partition, offset, key, value = delta.origins[event_id]
-            dead.append({"topic": topic, "partition": partition, "offset": offset, "key": key, "value": value,
-                         "reason": reused(event_id, (stored_seq, stored_kind), seq, kind)})
-        with arrow_views(self.con, _d_conflicts=pa.Table.from_pylist(dead, schema=DEAD)):
-            n = self._insert_new("dead_letters", "_d_conflicts", ("topic", "partition", "offset"))
-        log.warning("%d events came again with an event id already stored with other content: dead letters", n)
-        return n
-
-    def _insert_events(self) -> pa.Table:
-        """Store the batch's event ids (``_d_events``); returns the keys of those stored for the first time:
-        instance_id, boot_id, stage, event_id, kind."""
-        raise NotImplementedError
-
-    def _insert_new(self, table: str, view: str, key: tuple[str, ...]) -> int:
-        """Insert the rows of ``view`` whose ``key`` is not in ``table`` yet (a lake has no keys, so no ON CONFLICT;
-        the fold already dropped a batch's own repeats); returns how many."""
-        on = " AND ".join(f't."{k}" = v."{k}"' for k in key)
-        return int(self.con.execute(f"""INSERT INTO main.{table} BY NAME SELECT * FROM {view} v
-                                        WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchone()[0])
-
-    def _store_offsets(self, delta: Delta) -> None:
-        """The next offset per partition after this Delta (same transaction as its rows; MERGE: a lake has no keys)."""
-        if not delta.offsets:
-            return
-        with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
-            self.con.execute("""MERGE INTO consumer_offsets o USING _d_offsets d
-                                ON o.consumer_group = d.consumer_group AND o.topic = d.topic
-                                   AND o."partition" = d."partition"
-                                WHEN MATCHED THEN UPDATE SET next_offset = d.next_offset
-                                WHEN NOT MATCHED THEN INSERT BY NAME""")
-
-    def _insert_rows(self, delta: Delta, new: pa.Table, first_sight: bool) -> int:
-        """The rows of the new events (a stored event's rows are not written again); returns log lines written."""
-        con = self.con
-        lines = 0
-        with arrow_views(con, _new=new):
-            for table, name in (("lifecycle_events", "lifecycle"), ("instance_facts", "facts"),
-                                ("process_exits", "exits"), ("throughput", "throughput")):
-                if getattr(delta, name).num_rows:
-                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _d_{name} SEMI JOIN _new USING (event_id)")
-            if delta.logs.num_rows:
-                if first_sight:  # every event of the batch is new: no join needed
-                    con.execute("INSERT INTO log_lines BY NAME SELECT * FROM _d_logs")
-                    lines = delta.logs.num_rows
-                else:
-                    lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
-                                           SEMI JOIN _new USING (event_id)""").fetchone()[0]
-        if delta.heartbeats.num_rows:
-            merge_heartbeats(self.con, delta.heartbeats, new)
-        return lines
-
-
-class Store(RowWriter):
-    """One writable DuckDB database holding the materialized tables and the consumer offsets."""
-
-    def __init__(self, path: str | Path, group: str, rules: RuleTable | None = None, mode: str = "materialize",
-                 memory_limit: str = "512MB", lock_wait: float = 30.0, views: tuple[str, ...] = ()) -> None:
-        self.path = Path(path)
-        self.group = group
-        self.rules = rules or load_rules()
-        self.run_id = str(uuid.uuid4())
-        self.mode = mode
-        self.totals = Stats()  # this run's commits, summed
-        self._totals_before = self.totals
-        self.make_room: Callable[[str], int] | None = None  # stops live reads when a commit runs out of memory
-        self.started_us = time.time_ns() // 1000
-        crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
-        self.con = self._connect(lock_wait)
-        try:
-            self.con.execute(f"SET memory_limit = '{memory_limit}'")
-            self.con.execute("SET checkpoint_threshold = '64MB'")
-            self._migrate(self._columns("failures"))
-            if crashed or self._lines_unaccounted():
-                self._drop_rows_without_event()
-            self._store_views(views)
-            # Nothing the writer does needs files; readers share this database
-            # instance through cursors, so this also closes file access to them.
-            self.con.execute("SET enable_external_access = false")
-            self.con.execute("SET autoload_known_extensions = false")
-            self.con.execute("SET autoinstall_known_extensions = false")
-            self.con.execute("SET python_enable_replacements = false")
-            self.con.execute("SET GLOBAL TimeZone = 'UTC'")  # live reads' (cursors') TIMESTAMPTZ in UTC, as on the file path
-            # Last: from here on no connection of this database, the live readers' cursors
-            # included, can change any setting (memory_limit, threads, default_order ...).
-            self.con.execute("SET lock_configuration = true")
-        except duckdb.Error as exc:
-            self.con.close()
-            raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
-        except BaseException:
-            self.con.close()
-            raise
-
-    def _columns(self, table: str) -> set[str]:
-        """The columns of ``table`` in the file (empty: a new database)."""
-        return {r[0] for r in self.con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = "
-                                               "current_database() AND schema_name = 'main' AND table_name = ?",
-                                               [table]).fetchall()}
-
-    def _migrate(self, failures_before: set[str]) -> None:
-        """The tables and every migration's columns, then the migrations newer than the file's version (their
-        rebuilt rows) and their versions recorded, in one transaction: a crash or an error in between leaves the
-        file as it was, and the next open does it all again."""
-        con = self.con
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute(schema_sql())
-            version = migrate.recorded(con)
-            todo = migrate.pending(migrate.baseline(failures_before) if version is None else version)
-            for m in todo:
-                if m.rebuild_failures:
-                    stages = con.execute("SELECT DISTINCT instance_id, boot_id, stage FROM failures").to_arrow_table()
-                    n = recompute_failures(con, self.rules, stages)
-                    log.info("%s: %d failures rows built again (%s)", self.path, n, m.what)
-            if version is None or todo:
-                migrate.record(con, todo or migrate.pending(0)[-1:], self.run_id, self.started_us)
-            con.execute("COMMIT")
-        except Exception as exc:
-            con.execute("ROLLBACK")
-            raise MaterializeError(f"cannot bring the tables of {self.path} to schema version {migrate.latest()}: "
-                                   f"{exc}; the file is as it was (the flightrec that made it still reads it)") from exc
-
-    def _lines_unaccounted(self) -> bool:
-        """Whether log_lines holds another number of rows than the runs' commits wrote (materializer_runs.lines):
-        a cut commit's rows kept even though the WAL is gone (e.g. DuckDB checkpointed it at an open that was
-        itself killed before its clean-up committed). Two counts, no scan of the rows."""
-        stored, written = self.con.execute("SELECT (SELECT count(*) FROM log_lines), "
-                                           "(SELECT coalesce(sum(lines), 0) FROM materializer_runs)").fetchone()
-        return bool(stored != written)
-
-    def _drop_rows_without_event(self) -> int:
-        """Delete the rows whose event is not in events_seen, after a writer that did not close; returns how many.
-
-        Every row of these tables is written in the transaction that stores its event in events_seen, so such
-        a row belongs to a commit a crash cut short. DuckDB 1.5.5 was seen to keep one (SIGKILL just after a large
-        commit: its log_lines row groups, written to the file ahead of the commit, survived without the rest of
-        the transaction); the restart resumes at the offsets stored before it and writes that batch again, so
-        without this its lines would be counted twice. The delete is one anti-join per table, on restarts only.
-        """
-        con = self.con
-        removed = 0
-        con.execute("BEGIN TRANSACTION")
-        try:
-            for table in ROWS_BY_EVENT:
-                removed += con.execute(f"""DELETE FROM {table} t WHERE NOT EXISTS
-                                           (SELECT 1 FROM events_seen e WHERE e.event_id = t.event_id)""").fetchone()[0]
-            con.execute("COMMIT")
-        except duckdb.Error:
-            con.execute("ROLLBACK")
-            raise
-        if removed:
-            log.warning("%s: removed %d rows of a commit cut short by the last writer's crash (their events were not "
-                        "stored); they are written again from the stored offsets", self.path, removed)
-        return removed
-
-    def _store_views(self, views: tuple[str, ...]) -> None:
-        """Create or replace the readers' shared views in the file, so any DuckDB client has them.
-
-        The statements come from whoever wires the parts (the CLI hands analytics' views in);
-        one that fails is logged and left out: readers bring their own copy of every view.
-        """
-        for stmt in views:
-            try:
-                self.con.execute(stmt)
-            except duckdb.Error as exc:
-                log.warning("could not store a view in %s (%s); flightrec readers still have it: %s",
-                            self.path, exc, stmt.strip().splitlines()[0][:80])
-
-    def _connect(self, lock_wait: float) -> duckdb.DuckDBPyConnection:
-        # flightrec readers on the file path leave when asked (the notice file, see
-        # flightrec.db.query.writer_notice_path); anything else holding the file is waited for
-        # up to ``lock_wait`` seconds and then named.
-        deadline = time.monotonic() + lock_wait
-        notice: Path | None = None
-        try:
-            while True:
-                try:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    return duckdb.connect(str(self.path))
-                except duckdb.IOException as exc:
-                    if "lock" not in str(exc).lower():
-                        raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
-                    if notice is None:
-                        notice = _ask_readers_to_leave(self.path)
-                    if time.monotonic() < deadline:
-                        time.sleep(0.1)
-                        continue
-                    raise MaterializeError(
-                        f"cannot open {self.path} for writing: {lock_holder(str(exc))} held it for "
-                        f"{lock_wait:g}s; stop that process (or let it finish) and start again "
-                        "(flightrec readers leave by themselves; is another materializer running on it?)") from exc
-                except (duckdb.Error, OSError) as exc:
-                    raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
-        finally:
-            if notice is not None:
-                notice.unlink(missing_ok=True)
+    def describe(self) -> str:
+        """The database for messages (any password masked)."""
+        ...
 
     def offsets(self) -> dict[tuple[str, int], int]:
-        """The next offset to read per (topic, partition) for this consumer group."""
-        rows = self.con.execute(
-            'SELECT topic, "partition", next_offset FROM consumer_offsets WHERE consumer_group = ?',
-            [self.group]).fetchall()
-        return {(t, p): o for t, p, o in rows}
+        """The next offset to read per (topic, partition) of this consumer group."""
+        ...
 
-    def commit(self, delta: Delta) -> Stats:
-        """Write one Delta and the offsets after it in one transaction; returns what it wrote.
-
-        The writer always wins: a commit that meets "Out of Memory" (live reads share the database's
-        memory) is rolled back, the running reads are stopped (``make_room``) and it runs again, up to
-        OOM_TRIES times; nothing of a failed try stays.
-        """
-        for attempt in range(1, OOM_TRIES + 1):
-            try:
-                return self._commit_once(delta) + Stats(oom_retried=attempt - 1)
-            except duckdb.OutOfMemoryException as exc:
-                stopped = self.make_room("a commit ran out of memory") if self.make_room is not None else 0
-                if attempt == OOM_TRIES:
-                    raise MaterializeError(f"could not commit a batch to {self.path}: {exc} (tried {attempt} times, "
-                                           f"stopping live reads in between); raise --memory-limit") from exc
-                log.warning("a commit ran out of memory (try %d of %d); %d live reads stopped, committing again",
-                            attempt, OOM_TRIES, stopped)
-                time.sleep(0.1 * attempt)
-        raise AssertionError("unreachable")
-
-    def _commit_once(self, delta: Delta) -> Stats:
-        con = self.con
-        self._totals_before = self.totals  # what a rolled-back try restores
-        try:
-            con.execute("BEGIN TRANSACTION")
-            with arrow_views(con, **delta_views(delta)):
-                stats = self._write(delta)
-                self._store_offsets(delta)
-                self._bookkeeping(stats)
-            con.execute("COMMIT")
-        except duckdb.Error as exc:
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
-            if isinstance(exc, duckdb.OutOfMemoryException):
-                self.totals = self._totals_before  # the bookkeeping of the rolled-back try is undone
-                raise
-            raise MaterializeError(f"could not commit a batch to {self.path}: {exc}") from exc
-        return stats
-
-    def _insert_events(self) -> pa.Table:
-        return self.con.execute("""INSERT INTO events_seen BY NAME SELECT * FROM _d_events ON CONFLICT DO NOTHING
-                                   RETURNING instance_id, boot_id, stage, event_id, kind""").to_arrow_table()
-
-    def _bookkeeping(self, stats: Stats) -> None:
-        self.totals = t = self.totals + stats
-        self.con.execute(
-            "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [self.run_id, self.group, self.mode, self.started_us, time.time_ns() // 1000, t.commits,
-             t.events_received, t.lines_written, t.duplicates_dropped, t.dead_letters])
+    def commit(self, deltas: Mapping[int, Delta]) -> Stats:
+        """Write each shard's (partition number's) Delta and the offsets after it; returns what was written."""
+        ...
 
     def close(self) -> None:
-        """Checkpoint and close the database."""
-        try:
-            self.con.close()
-        except duckdb.Error as exc:
-            log.warning("closing %s: %s", self.path, exc)
+        """Record the run and let the database go."""
+        ...
+
+
+def open_store(loc: Location, group: str, *, rules: RuleTable | None = None, replay: bool = False,
+               memory_limit: str = "512MB", lock_wait: float = 30.0, views: tuple[str, ...] = ()) -> Store:
+    """The store of ``loc`` (in the writer thread). A replay builds a new database: an existing file, or a lake
+    that holds events, is refused (MaterializeError) before anything is written."""
+    mode = "replay" if replay else "materialize"
+    if isinstance(loc, FileLocation):
+        if replay and loc.exists():
+            raise MaterializeError(f"{loc.path} exists; replay builds a new database: remove it or pick another path")
+        return FileStore(loc.path, group, rules, mode, memory_limit, lock_wait, views)
+    store = LakeStore(loc, group, rules, mode, memory_limit, views)
+    if replay and store.holds_events():
+        store.close()
+        raise MaterializeError(f"the lake {loc.describe()} already holds events; replay builds a new lake: "
+                               "give a new catalog database (`flightrec catalog` makes one per --db string)")
+    return store

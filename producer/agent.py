@@ -16,6 +16,7 @@ from flightrec.errors import FlightrecError, SpoolError
 from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
 
+from flightrec.producer.handoff import late_stages, settle_late_output, still_writing
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
 from flightrec.producer.fit import fit_exit_event
@@ -394,8 +395,6 @@ class _AgentBase:
         event of each such stage says so first (the destroy gate shows it). What still writes after
         that is named in the seal's reason; its later lines are passed on but no longer recorded.
         """
-        from flightrec.producer.late import late_stages, settle_late_output, still_writing
-
         wait = self.settings.seal_wait if wait is None else wait
         own = self._stage_member
         left_late: list[str] = []

@@ -28,7 +28,7 @@ from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
-from flightrec.producer.late import HandedFile, HandedPipe, Handoff, hand_off
+from flightrec.producer.handoff import HandedFile, HandedPipe, Handoff, hand_off
 from flightrec.producer.tokens import TOKEN_ENV, stage_alive, writers
 from flightrec.producer.term import (FORWARDED, Canary, PtyPair, SignalWatcher, StageSignals, die_with_parent,
                                      read_eof, strip_control, unblock_in_child)

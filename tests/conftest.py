@@ -100,16 +100,16 @@ class Kafka:
         self.mark = self.end_offsets()
 
     def seed_at_mark(self, db: "str | os.PathLike[str]", group: str | None = None) -> None:
-        """Give a new database the mark as its stored offsets, through the materializer's own Store, so a
+        """Give a new database the mark as its stored offsets, through the materializer's own FileStore, so a
         materializer (in-process or `flightrec materialize`) starts there, as after a run that read up to it.
         Nothing happens without a mark or when ``db`` exists (a restart goes on from its own offsets)."""
         if not self.mark or Path(db).exists():
             return
         from flightrec.db.fold import fold
         from flightrec.consumers.materializer import DEFAULT_GROUP
-        from flightrec.db.store import Store
+        from flightrec.db.filestore import FileStore
 
-        store = Store(db, group or DEFAULT_GROUP)
+        store = FileStore(db, group or DEFAULT_GROUP)
         try:
             store.commit(dataclasses.replace(fold([]), offsets=dict(self.mark)))
         finally:

@@ -171,3 +171,54 @@ def test_a_wheel_installed_elsewhere_fetches_kafka_and_runs_the_demo(wheel, tmp_
     assert "the whole fleet is materialized" in demo.stdout
     assert "gpu_arch_unsupported" in demo.stdout  # the second instance's fate, explained
     assert (work / "demo" / "flightrec.duckdb").exists()
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Every module ``path`` imports when it runs (in functions too), leaving out ``if TYPE_CHECKING:`` blocks."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    out, state = [], {}
+
+    def walk(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                out.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt, trail + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            walk(node, [node])
+    return out
+
+
+@pytest.mark.parametrize("part", sorted(LAYERS))
+def test_no_import_circle_within_a_part(part):
+    modules = {f"flightrec.{part}.{p.stem}": p for p in (ROOT / part).glob("*.py") if p.stem != "__init__"}
+    graph = {m: {i for i in _runtime_imports(p) if i in modules and i != m} for m, p in modules.items()}
+    assert _cycles(graph) == [], "modules of a part import each other in a circle (in functions too): split one"
+
+
+def test_the_circle_test_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -69,7 +69,7 @@ def test_live_reads_survive_a_materializer_restart_and_keep_parameter_types(tmp_
     import decimal
 
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
     from flightrec.db.live import socket_path
 
     db = tmp_path / "fr.duckdb"
@@ -77,7 +77,7 @@ def test_live_reads_survive_a_materializer_restart_and_keep_parameter_types(tmp_
     sql = "SELECT typeof(?) AS a, typeof(?) AS b, typeof(?) AS c, ?::VARCHAR AS d"
     params = [dt.date(2026, 12, 2), when, decimal.Decimal("1.25"), when]
     for _ in range(2):
-        store = Store(db, "g")
+        store = FileStore(db, "g")
         try:
             with QueryServer(store.con.cursor(), db) as server:
                 row = run_query(db, sql, params).to_pylist()[0]

@@ -96,11 +96,11 @@ def test_no_wrapping_changes_the_verdict_on_a_read(sql: str, before: str, after:
 def test_tricks_change_nothing_on_the_live_path(tmp_path) -> None:
     """Through the materializer's live endpoint: every trick refused, no logging switched on, no checkpoint run."""
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
     from flightrec.db.live import query_live
 
     db = tmp_path / "fr.duckdb"
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         def state() -> tuple:
             return (store.con.execute("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall(),

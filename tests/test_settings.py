@@ -19,10 +19,37 @@ def test_every_setting_is_documented():
         assert f"`{s.env}`" in doc, f"{s.env} is missing from docs/settings.md"
 
 
+def test_the_settings_page_is_made_from_the_definitions():
+    from flightrec.settings import markdown
+
+    assert (ROOT / "docs" / "settings.md").read_text() == markdown(), "run `make docs`"
+
+
+def test_each_setting_is_defined_once_as_a_field():
+    import dataclasses
+
+    fields = dataclasses.fields(Settings)
+    assert [f.metadata["setting"] for f in fields] == list(SETTINGS)
+    assert len({s.env for s in SETTINGS}) == len(SETTINGS)
+    assert all(s.help for s in SETTINGS)
+
+
+def test_every_setting_is_read_from_its_variable():
+    import dataclasses
+
+    for f in dataclasses.fields(Settings):
+        kind = str(f.type).replace(" | None", "")
+        raw = {"int": "7", "float": "2.5", "tuple[str, ...]": "A, B"}.get(kind, "SASL_SSL" if f.name == "security_protocol"
+                                                                              else "debug")
+        value = getattr(Settings.from_env({f.metadata["setting"].env: raw}), f.name)
+        assert value == {"int": 7, "float": 2.5, "tuple[str, ...]": ("A", "B")}.get(
+            kind, "SASL_SSL" if f.name == "security_protocol" else "DEBUG" if f.name == "log_level" else "debug"), f.name
+
+
 def test_every_env_var_the_code_reads_is_a_declared_setting():
     declared = {s.env for s in SETTINGS}
     used: set[str] = set()
-    for folder in ("src", "schemas", "producer", "consumers", "analytics", "cuda", "broker"):
+    for folder in ("src", "schemas", "producer", "db", "consumers", "analytics", "cuda", "broker", "catalog"):
         for path in (ROOT / folder).rglob("*.py"):
             used |= set(re.findall(r"[\"'](FLIGHTREC_[A-Z_]+)[\"']", path.read_text()))
     from flightrec.producer.tokens import TOKEN_ENV

@@ -7,7 +7,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from flightrec.errors import ConfigError
 
@@ -29,52 +29,11 @@ def _default_state_dir() -> str:
 
 @dataclass(frozen=True)
 class Setting:
-    """One documented setting: its environment variable, default and meaning."""
+    """One documented setting: its environment variable, default (as shown) and meaning (Markdown)."""
 
     env: str
     default: str
     help: str
-
-
-# Every setting flightrec reads from the environment. docs/settings.md documents
-# each one; a test checks that none is missing there.
-SETTINGS: tuple[Setting, ...] = (
-    Setting("FLIGHTREC_BOOTSTRAP", "localhost:9092", "Kafka bootstrap servers, comma separated."),
-    Setting("FLIGHTREC_DB", "flightrec.duckdb", "Path of the DuckDB database the materializer writes and readers read, or a DuckLake: 'ducklake:postgres:dbname=… host=… port=… user=…' (docs/lake.md)."),
-    Setting("FLIGHTREC_DATA_PATH", "", "Data folder (or object-storage URL) of a DuckLake --db ('ducklake:…'), where its Parquet files go; same as --data-path. Writers need it; readers take the one the lake's catalog recorded."),
-    Setting("FLIGHTREC_INSTANCE", "<hostname>", "This instance's id, used by the agent when --instance is not given."),
-    Setting("FLIGHTREC_SPOOL", "$XDG_STATE_HOME/flightrec/spool", "The agent's durable spool folder (boot id, seq counter, unsent events)."),
-    Setting("FLIGHTREC_HOME", ".flightrec", "Folder for local state of `flightrec broker` and `flightrec demo` (broker data, demo databases)."),
-    Setting("FLIGHTREC_CACHE", "$XDG_CACHE_HOME/flightrec", "Folder for what flightrec downloads or builds once (Kafka's jars, the compiled CUDA kernels); `make` and the tests set it to the checkout's `.cache`."),
-    Setting("FLIGHTREC_KAFKA_LIBS", "$FLIGHTREC_CACHE/kafka/<version>/libs", "Where Kafka's jars are cached once fetched with Maven."),
-    Setting("FLIGHTREC_PARTITIONS", "6", "Partitions per topic when flightrec creates its topics."),
-    Setting("FLIGHTREC_REPLICATION", "1", "Replication factor when flightrec creates its topics."),
-    Setting("FLIGHTREC_RETENTION_MS", "-1", "Topic retention in milliseconds when flightrec creates its topics; -1 keeps everything so replay always works."),
-    Setting("FLIGHTREC_REDACT", "", "Comma-separated names of environment variables whose values are masked in every shipped line."),
-    Setting("FLIGHTREC_SECRET_SHAPES", "", "Secrets masked by their shape (AWS keys, GitHub/GitLab tokens, Authorization headers, private keys, password=/token= values...): unset, the built-in list (producer/secret_shapes.toml); a path, a TOML file of more shapes in the same format (it may also `disable` built-in ones by name); `off`, none (names and URL credentials are still masked)."),
-    Setting("FLIGHTREC_SECURITY_PROTOCOL", "PLAINTEXT", "Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
-    Setting("FLIGHTREC_SASL_MECHANISM", "", "SASL mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) when a SASL protocol is used."),
-    Setting("FLIGHTREC_SASL_USERNAME", "", "SASL user name."),
-    Setting("FLIGHTREC_SASL_PASSWORD", "", "SASL password (prefer FLIGHTREC_SASL_PASSWORD_FILE: an environment is easy to leak)."),
-    Setting("FLIGHTREC_SASL_PASSWORD_FILE", "", "File holding the SASL password (its first line); used when FLIGHTREC_SASL_PASSWORD is not set."),
-    Setting("FLIGHTREC_SSL_CAFILE", "", "CA bundle to verify the brokers' TLS certificates."),
-    Setting("FLIGHTREC_SSL_CERTFILE", "", "Client certificate for TLS client authentication."),
-    Setting("FLIGHTREC_SSL_KEYFILE", "", "Client key for TLS client authentication."),
-    Setting("FLIGHTREC_FACTS", "", "JSON file of InstanceFacts fields that override the agent's probe (e.g. a simulated RTX 4090 on a CPU machine); GPU fields there skip nvidia-smi."),
-    Setting("FLIGHTREC_FLUSH_TIMEOUT", "10", "Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool. Not waited for when Kafka does not answer (an attempt made at exit fails, or one has not come back for 2 s, and no bootstrap address accepts a TCP connection): the stage ends as fast as without the agent."),
-    Setting("FLIGHTREC_MAX_MESSAGE_BYTES", "", "Largest Kafka message the agent builds, in bytes. Unset: each topic's max.message.bytes as the cluster describes it, else Kafka's stock 1048588. Set it where the agent may not describe topic configs, or to stay below them."),
-    Setting("FLIGHTREC_MAX_LINE", "65536", "Longest log line shipped, in bytes; longer lines are cut and flagged truncated."),
-    Setting("FLIGHTREC_TAIL_LINES", "100", "Lines of stdout, stderr and each followed file kept in a process-exit event."),
-    Setting("FLIGHTREC_FOLLOW_GRACE", "2", "Seconds at most that `agent run` keeps reading followed files after CMD exits when no process the stage started still runs (it stops once they were read to their end: 0.2 s without new bytes)."),
-    Setting("FLIGHTREC_SEAL_WAIT", "10", "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded."),
-    Setting("FLIGHTREC_HEARTBEAT_S", "30", "Seconds between the agent's heartbeats while a stage runs (0: none); an unsealed instance silent for 3 intervals has status `lost`."),
-    Setting("FLIGHTREC_LATE_WAIT", "60", "Seconds a seal waits at most for late output: until every process a stage left behind that can still write it (holds its pipes, or carries its token while its files are followed) has ended. Quiet is not an end: a proving daemon loads tens of GB of parameters for seconds before a GPU error. What still writes then is named in the seal; its later lines are passed on but not recorded."),
-    Setting("FLIGHTREC_WEBHOOK", "", "The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL (same as `materialize --webhook`)."),
-    Setting("FLIGHTREC_ALERT_ON", "failed,lost,below_min_rate,incomplete", "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`)."),
-    Setting("FLIGHTREC_DASHBOARD_URL", "http://localhost:8501", "The dashboard's address, for the links in alerts."),
-    Setting("FLIGHTREC_CLOCK_OFFSET_S", "0", "Testing and diagnostics only: seconds added to every timestamp the agent stamps on its events, to play an instance whose clock is wrong (negative: behind) without touching the machine's clock. Liveness does not follow it (the materializer judges by Kafka's receive time); the instance page shows the offset."),
-    Setting("FLIGHTREC_LOG_LEVEL", "INFO", "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines only at DEBUG."),
-)
 
 
 def _env(env: Mapping[str, str], name: str) -> str | None:
@@ -82,108 +41,254 @@ def _env(env: Mapping[str, str], name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def _number(env: Mapping[str, str], name: str, default: Any, kind: type, what: str) -> Any:
-    raw = _env(env, name)
-    if raw is None:
-        return default
+def _upper(raw: str) -> str:
+    return raw.upper()
+
+
+def _protocol(raw: str) -> str:
+    protocol = raw.upper()
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+        raise ConfigError(f"FLIGHTREC_SECURITY_PROTOCOL={protocol!r} is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, "
+                          "SASL_SSL; set it to one of them or unset it")
+    return protocol
+
+
+def _shown(default: Any) -> str:
+    if default is None or default == ():
+        return ""
+    if isinstance(default, float):
+        return f"{default:g}"
+    return str(default)
+
+
+def setting(env: str, default: Any = None, help: str = "", *, factory: Callable[[], Any] | None = None,
+            shown: str | None = None, parse: Callable[[str], Any] | None = None, repr: bool = True) -> Any:
+    """A field of Settings defined once: its environment variable, default, meaning (docs/settings.md is made from
+    it: `make docs`), and how its text is read when the type alone does not say (``parse``)."""
+    meta = {"setting": Setting(env, _shown(default) if shown is None else shown, help), "parse": parse}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta, repr=repr)
+    return field(default=default, metadata=meta, repr=repr)
+
+
+def _default_spool() -> str:
+    return str(Path(_default_state_dir()) / "spool")
+
+
+def _read(name: str, hint: str, raw: str, parse: Callable[[str], Any] | None) -> Any:
+    """The text of FLIGHTREC_… as the field's type (its annotation's text: this module postpones them)."""
+    if parse is not None:
+        return parse(raw)
+    kind = hint.replace(" | None", "")
     try:
-        return kind(raw)
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
     except ValueError as exc:
+        what = "a whole number" if kind == "int" else "a number"
         raise ConfigError(f"{name}={raw!r} is not {what}; set it to {what} or unset it") from exc
-
-
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    return _number(env, name, default, int, "a whole number")
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    return _number(env, name, default, float, "a number")
+    if kind == "tuple[str, ...]":
+        return tuple(n.strip() for n in raw.split(",") if n.strip())
+    return raw
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Resolved configuration. Build it with :meth:`from_env`, then :meth:`with_overrides` for flags."""
+    """Resolved configuration. Build it with :meth:`from_env`, then :meth:`with_overrides` for flags.
 
-    bootstrap: str = "localhost:9092"
-    db: str = "flightrec.duckdb"
-    instance: str = field(default_factory=socket.gethostname)
-    spool: str = field(default_factory=lambda: str(Path(_default_state_dir()) / "spool"))
-    home: str = ".flightrec"
-    kafka_libs: str | None = None
-    cache: str = field(default_factory=_default_cache_dir)
-    partitions: int = 6
-    replication: int = 1
-    retention_ms: int = -1
-    redact: tuple[str, ...] = ()
-    secret_shapes: str | None = None
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = field(default=None, repr=False)
-    sasl_password_file: str | None = None
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    log_level: str = "INFO"
-    facts: str | None = None
-    flush_timeout: float = 10.0
-    max_line: int = 65536
-    tail_lines: int = 100
-    follow_grace: float = 2.0
-    seal_wait: float = 10.0
-    max_message_bytes: int | None = None
-    heartbeat_s: float = 30.0
-    late_wait: float = 60.0
-    webhook: str | None = None
-    alert_on: str | None = None
-    dashboard_url: str = "http://localhost:8501"
+    Each field is defined once, here: its environment variable, default and meaning (``setting``). The documented
+    table (``SETTINGS``, docs/settings.md) and the environment's reading are made from these definitions.
+    """
+
+    bootstrap: str = setting(
+        "FLIGHTREC_BOOTSTRAP", "localhost:9092",
+        'Kafka bootstrap servers, comma separated.',
+    )
+    db: str = setting(
+        "FLIGHTREC_DB", "flightrec.duckdb",
+        'Path of the DuckDB database the materializer writes and readers read, or a DuckLake: '
+        '`ducklake:postgres:dbname=… host=… port=… user=…` ([lake.md](lake.md)).',
+    )
+    data_path: str | None = setting(
+        "FLIGHTREC_DATA_PATH", None,
+        'Data folder (or object-storage URL) of a DuckLake `--db` (`ducklake:…`), where its Parquet files go; '
+        "same as `--data-path`. Writers need it; readers take the one the lake's catalog recorded (docs/lake.md).",
+    )
+    instance: str = setting(
+        "FLIGHTREC_INSTANCE", None,
+        "This instance's id, used by the agent when --instance is not given.",
+        factory=socket.gethostname, shown='<hostname>',
+    )
+    spool: str = setting(
+        "FLIGHTREC_SPOOL", None,
+        "The agent's durable spool folder (boot id, seq counter, unsent events).",
+        factory=_default_spool, shown='$XDG_STATE_HOME/flightrec/spool',
+    )
+    home: str = setting(
+        "FLIGHTREC_HOME", ".flightrec",
+        'Folder for local state of `flightrec broker` and `flightrec demo` (broker data, demo databases).',
+    )
+    cache: str = setting(
+        "FLIGHTREC_CACHE", None,
+        "Folder for what flightrec downloads or builds once (Kafka's jars, the compiled CUDA kernels); `make` and"
+        " the tests set it to the checkout's `.cache`.",
+        factory=_default_cache_dir, shown='$XDG_CACHE_HOME/flightrec',
+    )
+    kafka_libs: str | None = setting(
+        "FLIGHTREC_KAFKA_LIBS", None,
+        "Where Kafka's jars are cached once fetched with Maven.",
+        shown='$FLIGHTREC_CACHE/kafka/<version>/libs',
+    )
+    partitions: int = setting(
+        "FLIGHTREC_PARTITIONS", 6,
+        'Partitions per topic when flightrec creates its topics.',
+    )
+    replication: int = setting(
+        "FLIGHTREC_REPLICATION", 1,
+        'Replication factor when flightrec creates its topics.',
+    )
+    retention_ms: int = setting(
+        "FLIGHTREC_RETENTION_MS", -1,
+        'Topic retention in milliseconds when flightrec creates its topics; -1 keeps everything so replay always '
+        'works.',
+    )
+    redact: tuple[str, ...] = setting(
+        "FLIGHTREC_REDACT", (),
+        'Comma-separated names of environment variables whose values are masked in every shipped line.',
+    )
+    secret_shapes: str | None = setting(
+        "FLIGHTREC_SECRET_SHAPES", None,
+        'Secrets masked by their shape (AWS keys, GitHub/GitLab tokens, Authorization headers, private keys, '
+        'password=/token= values...): unset, the built-in list (`producer/secret_shapes.toml`); a path, a TOML '
+        'file of more shapes in the same format (it may also `disable` built-in ones by name); `off`, none (names'
+        " and URL credentials are still masked). A file that cannot be used is said on the agent's stderr and the"
+        ' built-in list masks instead. See docs/agent.md, "Secrets".',
+    )
+    security_protocol: str = setting(
+        "FLIGHTREC_SECURITY_PROTOCOL", "PLAINTEXT",
+        'Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.',
+        parse=_protocol,
+    )
+    sasl_mechanism: str | None = setting(
+        "FLIGHTREC_SASL_MECHANISM", None,
+        'SASL mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) when a SASL protocol is used.',
+    )
+    sasl_username: str | None = setting(
+        "FLIGHTREC_SASL_USERNAME", None,
+        'SASL user name.',
+    )
+    sasl_password: str | None = setting(
+        "FLIGHTREC_SASL_PASSWORD", None,
+        'SASL password (prefer FLIGHTREC_SASL_PASSWORD_FILE: an environment is easy to leak). Never shown by '
+        '`repr(Settings)`.',
+        repr=False,
+    )
+    sasl_password_file: str | None = setting(
+        "FLIGHTREC_SASL_PASSWORD_FILE", None,
+        'File holding the SASL password (its first line); used when FLIGHTREC_SASL_PASSWORD is not set. '
+        '`flightrec broker start --security sasl_ssl` writes one.',
+    )
+    ssl_cafile: str | None = setting(
+        "FLIGHTREC_SSL_CAFILE", None,
+        "CA bundle to verify the brokers' TLS certificates.",
+    )
+    ssl_certfile: str | None = setting(
+        "FLIGHTREC_SSL_CERTFILE", None,
+        'Client certificate for TLS client authentication.',
+    )
+    ssl_keyfile: str | None = setting(
+        "FLIGHTREC_SSL_KEYFILE", None,
+        'Client key for TLS client authentication.',
+    )
+    facts: str | None = setting(
+        "FLIGHTREC_FACTS", None,
+        "JSON file of InstanceFacts fields that override the agent's probe (e.g. a simulated RTX 4090 on a CPU "
+        'machine); GPU fields there skip nvidia-smi. See docs/agent.md.',
+    )
+    flush_timeout: float = setting(
+        "FLIGHTREC_FLUSH_TIMEOUT", 10.0,
+        'Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool. Not '
+        'waited for when Kafka does not answer (an attempt made at exit fails, or one has not come back for 2 s, '
+        'and no bootstrap address accepts a TCP connection): the stage ends as fast as without the agent.',
+    )
+    max_message_bytes: int | None = setting(
+        "FLIGHTREC_MAX_MESSAGE_BYTES", None,
+        "Largest Kafka message the agent builds, in bytes. Unset: each topic's `max.message.bytes` as the cluster"
+        " describes it, else Kafka's stock 1048588. Set it where the agent may not describe topic configs, or to "
+        'stay below them.',
+    )
+    max_line: int = setting(
+        "FLIGHTREC_MAX_LINE", 65536,
+        'Longest log line shipped, in bytes; longer lines are cut and flagged truncated.',
+    )
+    tail_lines: int = setting(
+        "FLIGHTREC_TAIL_LINES", 100,
+        'Lines of stdout, stderr and each followed file kept in a process-exit event.',
+    )
+    follow_grace: float = setting(
+        "FLIGHTREC_FOLLOW_GRACE", 2.0,
+        'Seconds at most that `agent run` keeps reading followed files after CMD exits when no process the stage '
+        'started still runs (it stops once they were read to their end: 0.2 s without new bytes).',
+    )
+    seal_wait: float = setting(
+        "FLIGHTREC_SEAL_WAIT", 10.0,
+        "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow"
+        ' nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded.',
+    )
+    heartbeat_s: float = setting(
+        "FLIGHTREC_HEARTBEAT_S", 30.0,
+        "Seconds between the agent's heartbeats while a stage runs (0: none). The interval travels in each "
+        'heartbeat, so readers know it: an unsealed instance silent for 3 intervals has status `lost`.',
+    )
+    late_wait: float = setting(
+        "FLIGHTREC_LATE_WAIT", 60.0,
+        'Seconds a seal waits at most for late output: until every process a stage left behind that can still '
+        'write it (holds its pipes, or carries its token while its files are followed) has ended. Quiet is not an'
+        ' end: a proving daemon loads tens of GB of parameters for seconds before a GPU error. What still writes '
+        'then is named in the seal; its later lines are passed on but not recorded.',
+    )
+    webhook: str | None = setting(
+        "FLIGHTREC_WEBHOOK", None,
+        'The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL '
+        '(same as `materialize --webhook`; see docs/materializer.md, "Alerts").',
+    )
+    alert_on: str | None = setting(
+        "FLIGHTREC_ALERT_ON", None,
+        'Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).',
+        shown='failed,lost,below_min_rate,incomplete',
+    )
+    dashboard_url: str = setting(
+        "FLIGHTREC_DASHBOARD_URL", "http://localhost:8501",
+        "The dashboard's address, for the links in alerts.",
+    )
+    clock_offset_s: float = setting(
+        "FLIGHTREC_CLOCK_OFFSET_S", 0.0,
+        'Testing and diagnostics only: seconds added to every timestamp the agent stamps on its events '
+        '(`flightrec.schemas.now_us`), to play an instance whose clock is wrong (negative: behind) without '
+        "touching the machine's clock; read once per process, an unreadable value is no shift. Liveness does not "
+        'follow it: the materializer judges `lost` by when Kafka received the events; the instance page shows the'
+        ' offset (docs/materializer.md, "Clocks").',
+    )
+    log_level: str = setting(
+        "FLIGHTREC_LOG_LEVEL", "INFO",
+        "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings "
+        'and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines'
+        ' only at DEBUG.',
+        parse=_upper,
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """Read every FLIGHTREC_* variable; unset or empty ones take the default."""
         env = os.environ if env is None else env
-        base = cls()
-        redact = _env(env, "FLIGHTREC_REDACT")
-        protocol = (_env(env, "FLIGHTREC_SECURITY_PROTOCOL") or base.security_protocol).upper()
-        if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
-            raise ConfigError(
-                f"FLIGHTREC_SECURITY_PROTOCOL={protocol!r} is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"
-            )
-        return cls(
-            bootstrap=_env(env, "FLIGHTREC_BOOTSTRAP") or base.bootstrap,
-            db=_env(env, "FLIGHTREC_DB") or base.db,
-            instance=_env(env, "FLIGHTREC_INSTANCE") or base.instance,
-            spool=_env(env, "FLIGHTREC_SPOOL") or base.spool,
-            home=_env(env, "FLIGHTREC_HOME") or base.home,
-            kafka_libs=_env(env, "FLIGHTREC_KAFKA_LIBS"),
-            cache=_env(env, "FLIGHTREC_CACHE") or base.cache,
-            partitions=_int(env, "FLIGHTREC_PARTITIONS", base.partitions),
-            replication=_int(env, "FLIGHTREC_REPLICATION", base.replication),
-            retention_ms=_int(env, "FLIGHTREC_RETENTION_MS", base.retention_ms),
-            redact=tuple(n.strip() for n in redact.split(",") if n.strip()) if redact else (),
-            secret_shapes=_env(env, "FLIGHTREC_SECRET_SHAPES"),
-            security_protocol=protocol,
-            sasl_mechanism=_env(env, "FLIGHTREC_SASL_MECHANISM"),
-            sasl_username=_env(env, "FLIGHTREC_SASL_USERNAME"),
-            sasl_password=_env(env, "FLIGHTREC_SASL_PASSWORD"),
-            sasl_password_file=_env(env, "FLIGHTREC_SASL_PASSWORD_FILE"),
-            ssl_cafile=_env(env, "FLIGHTREC_SSL_CAFILE"),
-            ssl_certfile=_env(env, "FLIGHTREC_SSL_CERTFILE"),
-            ssl_keyfile=_env(env, "FLIGHTREC_SSL_KEYFILE"),
-            log_level=(_env(env, "FLIGHTREC_LOG_LEVEL") or base.log_level).upper(),
-            facts=_env(env, "FLIGHTREC_FACTS"),
-            flush_timeout=_float(env, "FLIGHTREC_FLUSH_TIMEOUT", base.flush_timeout),
-            max_line=_int(env, "FLIGHTREC_MAX_LINE", base.max_line),
-            tail_lines=_int(env, "FLIGHTREC_TAIL_LINES", base.tail_lines),
-            follow_grace=_float(env, "FLIGHTREC_FOLLOW_GRACE", base.follow_grace),
-            seal_wait=_float(env, "FLIGHTREC_SEAL_WAIT", base.seal_wait),
-            max_message_bytes=_int(env, "FLIGHTREC_MAX_MESSAGE_BYTES", None),  # type: ignore[arg-type]
-            heartbeat_s=_float(env, "FLIGHTREC_HEARTBEAT_S", base.heartbeat_s),
-            late_wait=_float(env, "FLIGHTREC_LATE_WAIT", base.late_wait),
-            webhook=_env(env, "FLIGHTREC_WEBHOOK"),
-            alert_on=_env(env, "FLIGHTREC_ALERT_ON"),
-            dashboard_url=_env(env, "FLIGHTREC_DASHBOARD_URL") or base.dashboard_url,
-        )
+        given: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            s: Setting = f.metadata["setting"]
+            raw = _env(env, s.env)
+            if raw is not None:
+                given[f.name] = _read(s.env, str(f.type), raw, f.metadata["parse"])
+        return cls(**given)
 
     def with_overrides(self, **flags: Any) -> "Settings":
         """Apply command-line flags; a flag left as None keeps the env/default value."""
@@ -237,3 +342,20 @@ def __getattr__(name: str) -> Any:
 
         return getattr(topics, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# Every setting flightrec reads from the environment, in the order docs/settings.md lists them.
+SETTINGS: tuple[Setting, ...] = tuple(f.metadata["setting"] for f in dataclasses.fields(Settings))
+
+
+def markdown() -> str:
+    """docs/settings.md, made from the definitions (`make docs`; a test checks it is current)."""
+    rows = "\n".join(f"| `{s.env}` | {f'`{s.default}`' if s.default else ''} | {s.help} |" for s in SETTINGS)
+    return ("# Settings\n\nflightrec reads its configuration from flags first, then these environment\n"
+            "variables, then the defaults below. Each is defined once, as a field of `Settings` in\n"
+            "`src/flightrec/settings.py`; this page is made from those definitions (`make docs`).\n\n"
+            "| variable | default | meaning |\n| --- | --- | --- |\n" + rows + "\n")
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

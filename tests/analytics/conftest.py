@@ -1,4 +1,4 @@
-"""Fixtures for the dashboard tests: databases folded from events by the materializer's own fold() and Store."""
+"""Fixtures for the dashboard tests: databases folded from events by the materializer's own fold() and FileStore."""
 
 from __future__ import annotations
 
@@ -157,8 +157,8 @@ def manager_only_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database the materializer created and never wrote a row into."""
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
     path = tmp_path_factory.mktemp("empty") / "fleet.duckdb"
-    Store(path, group="dashboard-tests").close()
+    FileStore(path, group="dashboard-tests").close()
     return path

@@ -1,4 +1,4 @@
-"""Dashboard test data: boots of events folded and committed by the materializer's own fold() and Store.
+"""Dashboard test data: boots of events folded and committed by the materializer's own fold() and FileStore.
 
 Nothing here writes a derived table (instances, failures, boots) by hand: they come out of
 db/derive.py exactly as in production, so these databases cannot drift from it.
@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.schemas import (
     BenchmarkResult,
     Event,
@@ -65,12 +65,12 @@ class Boot:
 
 
 def commit(path: Path, boots: list[Boot]) -> None:
-    """Encode every boot's events, fold them and commit them with the materializer's own Store."""
+    """Encode every boot's events, fold them and commit them with the materializer's own FileStore."""
     events = [e for b in boots for e in b.events]
     msgs = [RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(events)]
     delta = fold(msgs)
     assert delta.dead.num_rows == 0, delta.dead.to_pylist()
-    store = Store(path, group="dashboard-tests")
+    store = FileStore(path, group="dashboard-tests")
     try:
         store.commit(delta)
     finally:
@@ -110,7 +110,7 @@ def first_failure_id(path: Path, instance_id: str) -> str:
 def build_arrow_db(path: Path) -> dict[str, Any]:
     """Three instances: one proving (H100), the motivating no-kernel-image case (RTX 5090), one too slow (A100).
 
-    Built from events through the materializer's fold() and Store, so the derived tables
+    Built from events through the materializer's fold() and FileStore, so the derived tables
     (instances, failures, boots) are exactly what the pipeline writes. Returns the ids the tests look for.
     """
     ok, nok, slow = "i-h100-ok", "i-5090-nokernel", "i-a100-slow"
@@ -200,7 +200,7 @@ def append_lines(path: Path, instance_id: str, stage: str, texts: list[str], ts_
                   seq=seq, ts_us=ts_us, stage=stage, source="stdout", pid=42, line_no=list(range(1000 + seq, 1000 + seq + n)),
                   line_ts_us=[ts_us + i for i in range(n)], text=list(texts), truncated=[False] * n,
                   invalid_utf8=[False] * n)
-    store = Store(path, group="dashboard-tests")
+    store = FileStore(path, group="dashboard-tests")
     try:
         store.commit(fold([RawMessage(ev.topic, 0, 10_000 + seq, instance_id.encode(), encode(ev))]))
     finally:

@@ -72,7 +72,7 @@ def test_every_event_type_travels_through_the_real_broker(kafka):
 def test_a_test_reads_only_what_came_after_its_mark(kafka, topics_mark, tmp_path):
     """The session's topics hold earlier tests' events: consume() and a new database seeded by seed_at_mark()
     start at the end offsets marked before the test (tests/conftest.py), not at offset 0."""
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
     assert topics_mark == kafka.mark and kafka.mark, "the autouse fixture marked the topics"
     kafka.produce("flightrec.lifecycle", [b"before the mark"], key=b"mark-test")
@@ -83,7 +83,7 @@ def test_a_test_reads_only_what_came_after_its_mark(kafka, topics_mark, tmp_path
     assert all(m.offset >= kafka.mark[(m.topic, m.partition)] for m in got)  # nothing the topic held before
     db = tmp_path / "seeded.duckdb"
     kafka.seed_at_mark(db)
-    store = Store(db, "flightrec-materializer")
+    store = FileStore(db, "flightrec-materializer")
     try:
         assert store.offsets() == kafka.mark
     finally:

@@ -14,8 +14,8 @@ from pathlib import Path
 SERVER = """
 import sys, time
 from flightrec.db.serve import QueryServer
-from flightrec.db.store import Store
-store = Store(sys.argv[1], "g")
+from flightrec.db.filestore import FileStore
+store = FileStore(sys.argv[1], "g")
 with QueryServer(store.con.cursor(), sys.argv[1]):
     print("serving", flush=True)
     time.sleep(600)

@@ -13,7 +13,7 @@ import pytest
 
 from flightrec.cli import build_parser
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.schemas import Lifecycle, LogBatch, encode
 
 DAEMON = "/tmp/pytest-of-someone/run-42/.flightrec/demo/runs/20261202-101010/h100-01/prover-daemon.log"
@@ -40,7 +40,7 @@ def test_every_option_and_argument_of_every_command_has_help():
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:
     """A database with one instance's life: a few lifecycle events and many lines of three sources, folded and
-    committed by the materializer's own fold() and Store (the derived tables come out of derive.py)."""
+    committed by the materializer's own fold() and FileStore (the derived tables come out of derive.py)."""
     path = tmp_path_factory.mktemp("manners") / "fleet.duckdb"
     events: list = []
 
@@ -58,7 +58,7 @@ def db(tmp_path_factory) -> Path:
     add(Lifecycle, T0 + 5000, stage="benchmark", state="failed")
     delta = fold([RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(events)])
     assert delta.dead.num_rows == 0, delta.dead.to_pylist()
-    store = Store(path, "test")
+    store = FileStore(path, "test")
     try:
         store.commit(delta)
     finally:

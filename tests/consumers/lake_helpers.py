@@ -11,7 +11,7 @@ import duckdb
 from materializer_helpers import Boot, motivating_boot
 
 from flightrec.db import lake as lakes
-from flightrec.db.store import MATERIALIZED_TABLES
+from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent
 
 

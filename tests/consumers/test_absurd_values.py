@@ -67,9 +67,9 @@ def test_one_absurd_timestamp_through_the_broker_breaks_nothing(kafka, db, env_f
 
 def test_readers_format_absurd_values_already_stored(db, env_for):
     # A database written before the fold validated envelopes (or by another tool) may hold them.
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         store.con.execute("INSERT INTO instances (instance_id, state, first_event_us, last_event_us) "
                           "VALUES ('i-old', 'started', ?, ?)", [ABSURD, 2**62])

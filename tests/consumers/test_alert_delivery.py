@@ -16,7 +16,7 @@ from materializer_helpers import motivating_boot
 from flightrec.consumers import webhook
 from flightrec.consumers.alerts import OUTBOX_DDL, AlertConfig, Alerter, new_silences
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.schemas import encode
 
 
@@ -118,16 +118,16 @@ def test_one_alert_per_silence_whatever_the_heartbeats_say():
     assert len(new_silences([_row("c", "b3", 900, 200, "instance")], set())) == 1
 
 
-def _store_with_a_failure(path) -> Store:
+def _store_with_a_failure(path) -> FileStore:
     """A database whose outbox exists (alerts enabled) before a failure is committed: the failure is to be sent."""
     b = motivating_boot()
-    store = Store(path, group="alerts")
+    store = FileStore(path, group="alerts")
     store.con.execute(OUTBOX_DDL)
     store.commit(fold([RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(b.events)]))
     return store
 
 
-def _run(store: Store, url: str, wait: float, **config: float) -> None:
+def _run(store: FileStore, url: str, wait: float, **config: float) -> None:
     """An alerter's life in a materializer: start, a sync now and then for ``wait`` s, close."""
     alerter = Alerter(AlertConfig(url, backoff=0.05, drain=wait, **config))
     alerter.start(store.con)
@@ -138,7 +138,7 @@ def _run(store: Store, url: str, wait: float, **config: float) -> None:
     alerter.close(store.con)
 
 
-def _outbox(store: Store) -> tuple:
+def _outbox(store: FileStore) -> tuple:
     return store.con.execute("SELECT outcome, sent_us, attempts, attempted_us FROM alerts").fetchone()
 
 

@@ -14,7 +14,7 @@ from materializer_helpers import Boot
 
 from flightrec.db.views import VIEWS
 from flightrec.db.fold import CREATE_TIME, LOG_APPEND_TIME, RawMessage, fold, received_us
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.errors import QueryError
 from flightrec.db.query import run_query
 from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent, encode
@@ -37,7 +37,7 @@ def _msgs(events: list[Any], recv_us: list[int | None] | int | None, kind: int =
 
 
 def _commit(db: Path, *batches: list[RawMessage]) -> None:
-    store = Store(db, group="clocks")
+    store = FileStore(db, group="clocks")
     try:
         for batch in batches:
             store.commit(fold(batch))
@@ -188,7 +188,7 @@ def test_a_database_made_before_receive_times_gains_them_at_the_first_open(tmp_p
     con.close()
     with pytest.raises(QueryError, match="older flightrec"):  # a reader before any writer: says what to do
         _status(db, b.instance)
-    Store(db, group="clocks").close()  # a writer opens it: the columns are added, the rows kept
+    FileStore(db, group="clocks").close()  # a writer opens it: the columns are added, the rows kept
     row = _status(db, b.instance)
     assert row["liveness_clock"] == "instance" and row["status"] == "lost"  # no receive time known: as before
     con = duckdb.connect(str(db), read_only=True)

@@ -9,7 +9,7 @@ import pytest
 from materializer_helpers import Boot
 
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.schemas import Lifecycle, encode
 
 
@@ -19,7 +19,7 @@ def _msgs(events: list, first_offset: int = 0) -> list[RawMessage]:
 
 @pytest.fixture
 def store(tmp_path: Path):  # noqa: ANN201
-    s = Store(tmp_path / "fr.duckdb", "g")
+    s = FileStore(tmp_path / "fr.duckdb", "g")
     yield s
     s.close()
 
@@ -31,7 +31,7 @@ def _forged(boot: Boot) -> tuple[Lifecycle, Lifecycle]:
     return real, dataclasses.replace(real, seq=real.seq + 7, state="failed", detail="exit code 1")
 
 
-def test_a_reused_id_in_a_later_batch_is_a_dead_letter(store: Store) -> None:
+def test_a_reused_id_in_a_later_batch_is_a_dead_letter(store: FileStore) -> None:
     boot = Boot()
     real, forged = _forged(boot)
     store.commit(fold(_msgs(boot.events)))
@@ -45,7 +45,7 @@ def test_a_reused_id_in_a_later_batch_is_a_dead_letter(store: Store) -> None:
     assert states == [("started",), ("succeeded",)]
 
 
-def test_a_reused_id_in_the_same_batch_is_a_dead_letter(store: Store) -> None:
+def test_a_reused_id_in_the_same_batch_is_a_dead_letter(store: FileStore) -> None:
     boot = Boot()
     _real, forged = _forged(boot)
     stats = store.commit(fold(_msgs(boot.events + [forged])))
@@ -53,7 +53,7 @@ def test_a_reused_id_in_the_same_batch_is_a_dead_letter(store: Store) -> None:
     assert store.con.execute("SELECT count(*) FROM dead_letters WHERE reason LIKE '%reused%'").fetchone()[0] == 1
 
 
-def test_a_true_redelivery_is_still_a_duplicate(store: Store) -> None:
+def test_a_true_redelivery_is_still_a_duplicate(store: FileStore) -> None:
     boot = Boot()
     boot.add(Lifecycle, stage="benchmark", state="started")
     store.commit(fold(_msgs(boot.events)))
@@ -64,7 +64,7 @@ def test_a_true_redelivery_is_still_a_duplicate(store: Store) -> None:
 
 def test_the_instance_page_says_an_id_was_reused(tmp_path: Path, open_page) -> None:
     db = tmp_path / "fr.duckdb"
-    s = Store(db, "g")
+    s = FileStore(db, "g")
     boot = Boot()
     _real, forged = _forged(boot)
     s.commit(fold(_msgs(boot.events)))
@@ -75,7 +75,7 @@ def test_the_instance_page_says_an_id_was_reused(tmp_path: Path, open_page) -> N
     assert "reused" in shown and "dead letter" in shown, shown
 
 
-def test_a_dropped_marker_sent_again_with_another_reason_is_a_duplicate(store: Store) -> None:
+def test_a_dropped_marker_sent_again_with_another_reason_is_a_duplicate(store: FileStore) -> None:
     """(Found by review.) A Dropped marker's reason names the limit its sender had learned: two resends of one refused
     record can differ in it and still be one event."""
     from flightrec.schemas import Dropped
@@ -90,7 +90,7 @@ def test_a_dropped_marker_sent_again_with_another_reason_is_a_duplicate(store: S
     assert fold(_msgs([first, again])).dead.num_rows == 0
 
 
-def test_a_manager_event_id_seen_again_is_judged_the_same_in_one_batch_and_across_batches(store: Store) -> None:
+def test_a_manager_event_id_seen_again_is_judged_the_same_in_one_batch_and_across_batches(store: FileStore) -> None:
     """(Found by review.) Manager events are not in events_seen: a repeat of their id is a duplicate either way."""
     from flightrec.schemas import ManagerEvent
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 from materializer_helpers import Boot
 
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.schemas import encode
 
 LINES = 200
@@ -51,12 +51,12 @@ def test_log_lines_left_by_a_cut_commit_are_dropped_when_the_writer_starts_again
     db = tmp_path / "live.duckdb"
 
     first, rest = fold(msgs[:2]), fold(msgs[2:])  # facts + batch 0 committed; batches 1 and 2 not
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     store.commit(first)
     store.close()
     _crash_leaving(db, rest.logs.slice(0, LINES), tmp_path)  # batch 1's lines survived the crash, alone
 
-    store = Store(db, "g")  # a restart: resumes at the stored offsets, so batches 1 and 2 come again
+    store = FileStore(db, "g")  # a restart: resumes at the stored offsets, so batches 1 and 2 come again
     try:
         assert store.offsets()[("flightrec.logs", 0)] == 2
         stats = store.commit(rest)
@@ -76,7 +76,7 @@ def test_lines_left_without_their_events_are_dropped_even_once_the_wal_is_gone(t
         boot.lines("supervisor", "stdout", [f"batch {n} line {i}" for i in range(LINES)], first_line=n * LINES + 1)
     msgs = _messages(boot)
     db = tmp_path / "live.duckdb"
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     store.commit(fold(msgs[:1]))
     store.close()
     rest = fold(msgs[1:])
@@ -85,7 +85,7 @@ def test_lines_left_without_their_events_are_dropped_even_once_the_wal_is_gone(t
     con.execute("INSERT INTO log_lines BY NAME SELECT * FROM lines")
     con.close()  # a clean close: checkpointed, no WAL
     assert not Path(f"{db}.wal").exists()
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         store.commit(rest)
         n = store.con.execute("SELECT count(*) FROM log_lines").fetchone()[0]
@@ -98,11 +98,11 @@ def test_a_clean_restart_keeps_every_row(tmp_path):
     boot = Boot()
     boot.lines("supervisor", "stdout", [f"line {i}" for i in range(LINES)])
     db = tmp_path / "live.duckdb"
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     store.commit(fold(_messages(boot)))
     store.close()
     assert not Path(f"{db}.wal").exists()
-    Store(db, "g").close()
+    FileStore(db, "g").close()
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM log_lines").fetchone()[0] == LINES
     con.close()

@@ -13,7 +13,7 @@ from lake_helpers import varied_fleet
 from materializer_helpers import Boot
 
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import MATERIALIZED_TABLES, Store
+from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
 from flightrec.schemas import Heartbeat, Lifecycle, encode
 
 DERIVED = ("instances", "boots", "failures", "heartbeats", "running_stages")
@@ -47,7 +47,7 @@ def _tables(path) -> dict[str, list[str]]:
 
 
 def _store(path, batches: list[list]) -> dict[str, list[str]]:
-    store = Store(path, "g")
+    store = FileStore(path, "g")
     offset = 0
     try:
         for events in batches:

@@ -204,10 +204,10 @@ def _segv_wrapper_boot() -> Boot:
 
 
 def _store(path, boots) -> None:
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
     events = [e for b in boots for e in b.events]
-    store = Store(path, group="t")
+    store = FileStore(path, group="t")
     try:
         store.commit(fold([RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(events)]))
     finally:
@@ -234,7 +234,7 @@ def test_a_daemon_s_signal_is_stored_with_its_failure(tmp_path):
 def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_path):
     import duckdb
 
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
     db = tmp_path / "old.duckdb"
     _store(db, [_segv_wrapper_boot()])
@@ -250,7 +250,7 @@ def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_p
 
     with pytest.raises(QueryError, match="older flightrec.*flightrec materialize"):  # a reader before any writer
         run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS)
-    import flightrec.db.store as store_mod
+    import flightrec.db.filestore as store_mod
 
     def broken(*args, **kwargs):
         raise RuntimeError("killed mid-way")
@@ -258,10 +258,10 @@ def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_p
     real, store_mod.recompute_failures = store_mod.recompute_failures, broken
     try:  # an error (or a crash) while the rows are built again leaves the file as it was: the next open does it all
         with pytest.raises(MaterializeError, match="as it was"):
-            Store(db, group="t")
+            FileStore(db, group="t")
     finally:
         store_mod.recompute_failures = real
-    Store(db, group="t").close()
+    FileStore(db, group="t").close()
     assert run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS).to_pylist() == [{"killed_by": "SIGSEGV"}]
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT killed_by FROM failures").fetchall() == [("SIGSEGV",)]

@@ -125,10 +125,10 @@ def test_prelude_views_and_params_on_the_live_path(kafka, db):
     b.lines("s", "stdout", ["a", "b", "c"])
     publish(kafka.bootstrap, b.events)
     materialize(kafka, db, idle=0.5)
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
     from flightrec.db.serve import QueryServer
 
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         with QueryServer(store.con.cursor(), db):
             t = run_query(db, "SELECT n FROM three WHERE instance_id = $i", {"i": b.instance},
@@ -148,10 +148,10 @@ def test_the_prelude_is_no_way_around_the_read_only_check(db):
     # The live path runs the client's prelude on the writer's database: a COMMIT in it would
     # let later statements write for good, so only CREATE TEMP VIEW statements pass.
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
     evil = """INSERT INTO dead_letters (topic, "partition", "offset", reason) VALUES ('x', 0, 0, 'written by a reader')"""
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         with QueryServer(store.con.cursor(), db):
             for prelude in (["COMMIT", evil], [evil, "COMMIT"], ["CREATE OR REPLACE TEMP VIEW v AS SELECT 1; COMMIT", evil],
@@ -172,9 +172,9 @@ def test_a_write_hidden_in_explain_analyze_is_refused_on_the_live_path(db):
     # EXPLAIN ANALYZE runs its statement: on the writer's database an uncommitted DELETE would hold
     # the rows the writer recomputes, and the writer's next commit would fail on the conflict.
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         store.con.execute("INSERT INTO instances (instance_id) VALUES ('i-1')")
         with QueryServer(store.con.cursor(), db):

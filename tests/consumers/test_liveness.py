@@ -15,7 +15,7 @@ from materializer_helpers import Boot, flightrec, materialize, motivating_boot, 
 
 from flightrec.db.views import VIEWS
 from flightrec.errors import FlightrecError
-from flightrec.db.store import MATERIALIZED_TABLES
+from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.db.query import run_query
 from flightrec.schemas import Heartbeat, Lifecycle, now_us
 

@@ -89,16 +89,16 @@ def test_a_reader_that_gave_way_asks_again_live(db):
     # process gets it without waiting out its lock_wait, and the reader's query then reaches the
     # live server (which here interrupts it after 1 s, so the test need not wait for the answer).
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
-    Store(db, "g").close()
+    FileStore(db, "g").close()
     exe = Path(sys.executable).with_name("flightrec")
     reader = subprocess.Popen([str(exe), "sql", "--db", str(db), HEAVY], env={**os.environ, "PYTHONSAFEPATH": "1"},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_until(lambda: _holds(reader.pid, db), 60, "the reader never opened the file")
         started = time.monotonic()
-        store = Store(db, "g", lock_wait=60)
+        store = FileStore(db, "g", lock_wait=60)
         took = time.monotonic() - started
         try:
             assert took < 20, f"the writer waited {took:.1f}s for the reader to leave"

@@ -158,10 +158,10 @@ def _state(con: duckdb.DuckDBPyConnection) -> tuple:
 
 def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
     LEAK.unlink(missing_ok=True)
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     store.con.execute("INSERT INTO instances (instance_id, state) VALUES ('i-1', 'running')")
     store.close()
 
@@ -172,7 +172,7 @@ def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
     assert _digest(db) == before
 
     # The live path: the writer's settings, data and catalog are what they were, and it still commits.
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         reference = _state(store.con)
         with QueryServer(store.con.cursor(), db):
@@ -191,9 +191,9 @@ def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
 def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_missed(db):
     # Defence in depth: were a setting-changing statement to pass the check, the writer's
     # database refuses it (lock_configuration), so the live path cannot change the writer.
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         cur = store.con.cursor()
         for sql in ("SET GLOBAL memory_limit = '2MB'", "SET default_order = 'DESC'", "SET threads = 1",
@@ -211,9 +211,9 @@ def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_misse
 def test_the_flight_endpoint_answers_checked_reads_and_nothing_else(db):
     """Every other Flight call, a ticket that is no request and a file read are refused; the socket is owner-only."""
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         with QueryServer(store.con.cursor(), db) as server:
             assert socket_path(db).stat().st_mode & 0o777 == 0o600

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
 
-from flightrec.db.store import MATERIALIZED_TABLES
+from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.schemas import Heartbeat, ManagerEvent
 from flightrec.db.query import run_query
 

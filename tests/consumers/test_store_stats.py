@@ -7,7 +7,7 @@ from materializer_helpers import Boot
 
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.stats import Stats
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.schemas import encode
 
 
@@ -23,7 +23,7 @@ def test_each_commit_counts_its_batch_and_the_run_row_holds_the_sum(tmp_path):
     first = _messages(b.events)
     again = _messages(b.events[:2], start=len(first)) + [RawMessage(b.events[0].topic, 0, len(first) + 2,
                                                                    b"k", b"not an event")]
-    store = Store(tmp_path / "fr.duckdb", "g")
+    store = FileStore(tmp_path / "fr.duckdb", "g")
     try:
         s1 = store.commit(fold(first))
         s2 = store.commit(fold(again))

@@ -16,7 +16,7 @@ from materializer_helpers import motivating_boot
 
 from flightrec.db import derive, fold as fold_mod
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import OFFSETS, Store
+from flightrec.db.filestore import OFFSETS, FileStore
 from flightrec.schemas import EVENT_BY_NAME, EVENT_TYPES, Dropped, Heartbeat, ManagerEvent, encode
 from flightrec.schemas.arrow import element_field, event_fields
 
@@ -41,7 +41,7 @@ def con(tmp_path_factory: pytest.TempPathFactory) -> Any:
     msgs = [RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(b.events)]
     msgs.append(RawMessage("flightrec.logs", 0, len(msgs), b"x", b"not avro"))
     db = tmp_path_factory.mktemp("shapes") / "flightrec.duckdb"
-    store = Store(db, group="shapes")
+    store = FileStore(db, group="shapes")
     try:
         store.commit(fold(msgs))
     finally:

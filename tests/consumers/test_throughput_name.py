@@ -9,7 +9,7 @@ from materializer_helpers import Boot
 from flightrec.analytics import queries
 from flightrec.db.views import VIEW_NAMES, VIEWS
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.consumers.timeline import entries_from_records, from_db, render
 from flightrec.db.query import run_query
 from flightrec.schemas import Lifecycle, encode
@@ -22,7 +22,7 @@ def _db(tmp_path: Path) -> tuple[Boot, Path]:
     b.benchmark(120.0, 100.0, "pass")
     b.seal()
     db = tmp_path / "flightrec.duckdb"
-    store = Store(db, group="test")
+    store = FileStore(db, group="test")
     try:
         store.commit(fold([RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e))
                            for i, e in enumerate(b.events)]))

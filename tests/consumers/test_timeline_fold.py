@@ -8,7 +8,7 @@ from materializer_helpers import Boot, motivating_boot
 
 from flightrec.db.failures import exit_failed
 from flightrec.db.fold import RawMessage, fold
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.consumers.timeline import Entry, entries_from_records, from_db
 from flightrec.schemas import Dropped, Heartbeat, Lifecycle, LogBatch, ManagerEvent, encode
 
@@ -71,7 +71,7 @@ def _richer_boots() -> list[Boot]:
 
 def _stored(tmp_path: Path, boots: list[Boot]) -> Path:
     db = tmp_path / "flightrec.duckdb"
-    store = Store(db, group="test")
+    store = FileStore(db, group="test")
     try:
         events = [e for b in boots for e in b.events]
         store.commit(fold([RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(events)]))

@@ -30,11 +30,11 @@ def _delta(boot: Boot, first_offset: int = 0):  # noqa: ANN202
 
 def test_a_read_too_large_for_a_live_read_is_stopped_and_told_so(tmp_path: Path) -> None:
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
     from flightrec.db.live import query_live
 
     db = tmp_path / "fr.duckdb"
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     try:
         with QueryServer(store.con.cursor(), db) as server:
             t0 = time.monotonic()
@@ -58,10 +58,10 @@ def test_a_commit_out_of_memory_stops_the_reads_and_commits_again(tmp_path: Path
     """DuckDB gives "Out of Memory" to whichever allocation loses the race for the last page, so a test cannot
     arrange for the commit to lose it: the first try's OOM is injected (a real duckdb.OutOfMemoryException raised
     inside the transaction, after rows were written); everything after it is the real store."""
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
     db = tmp_path / "fr.duckdb"
-    store = Store(db, "g")
+    store = FileStore(db, "g")
     stopped: list[str] = []
     store.make_room = lambda why: stopped.append(why) or 1
     real = store._write
@@ -147,9 +147,9 @@ def test_the_hog_from_flightrec_sql_leaves_a_live_materializer_committing(kafka,
 
 def test_an_oom_retry_keeps_the_totals_of_earlier_commits(tmp_path: Path, monkeypatch) -> None:
     """(Found by review.) The first try's OOM is injected, as above."""
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
 
-    store = Store(tmp_path / "fr.duckdb", "g")
+    store = FileStore(tmp_path / "fr.duckdb", "g")
     store.make_room = lambda why: 0
     try:
         a = Boot()
@@ -177,11 +177,11 @@ def test_an_oom_retry_keeps_the_totals_of_earlier_commits(tmp_path: Path, monkey
 def test_a_result_too_large_for_the_materializer_s_memory_is_refused(tmp_path: Path) -> None:
     """(Found by review.) A result is built outside DuckDB's memory limit: over half of it, the read is stopped."""
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
     from flightrec.db.live import query_live
 
     db = tmp_path / "fr.duckdb"
-    store = Store(db, "g", memory_limit="200MB")
+    store = FileStore(db, "g", memory_limit="200MB")
     try:
         with QueryServer(store.con.cursor(), db) as server:
             with pytest.raises(QueryError, match="too large for a live read.*result passed"):
@@ -195,11 +195,11 @@ def test_a_result_too_large_for_the_materializer_s_memory_is_refused(tmp_path: P
 def test_aggregate_states_count_as_a_read_s_memory(tmp_path: Path) -> None:
     """(Found by review.) list() and string_agg() hold their states in DuckDB's ALLOCATOR, not in a hash table."""
     from flightrec.db.serve import QueryServer
-    from flightrec.db.store import Store
+    from flightrec.db.filestore import FileStore
     from flightrec.db.live import query_live
 
     db = tmp_path / "fr.duckdb"
-    store = Store(db, "g", memory_limit="300MB")
+    store = FileStore(db, "g", memory_limit="300MB")
     try:
         with QueryServer(store.con.cursor(), db):
             with pytest.raises(QueryError, match="too large for a live read|Out of Memory"):

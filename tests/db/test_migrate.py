@@ -7,7 +7,7 @@ import pytest
 
 from flightrec.db import lake as lakes, migrate
 from flightrec.db.lakestore import LakeStore
-from flightrec.db.store import Store
+from flightrec.db.filestore import FileStore
 from flightrec.errors import MaterializeError
 
 
@@ -29,8 +29,8 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
 
 def test_a_new_file_records_the_latest_version_once(tmp_path):
     db = tmp_path / "f.duckdb"
-    Store(db, group="t").close()
-    Store(db, group="t").close()
+    FileStore(db, group="t").close()
+    FileStore(db, group="t").close()
     con = duckdb.connect(str(db), read_only=True)
     assert _versions(con) == [migrate.latest()]
     con.close()
@@ -38,9 +38,9 @@ def test_a_new_file_records_the_latest_version_once(tmp_path):
 
 def test_a_migration_adds_its_column_to_a_file_made_before_it(tmp_path, monkeypatch):
     db = tmp_path / "f.duckdb"
-    Store(db, group="t").close()
+    FileStore(db, group="t").close()
     new = _with_a_new_column(monkeypatch)
-    Store(db, group="t").close()
+    FileStore(db, group="t").close()
     con = duckdb.connect(str(db), read_only=True)
     assert {"test_note"} <= _columns(con, "instances") and {"test_flag"} <= _columns(con, "log_lines")
     assert _versions(con) == [migrate.latest() - 1, new.version]
@@ -56,7 +56,7 @@ def test_a_file_from_before_versions_is_placed_by_its_columns():
 
 def test_every_migration_column_is_in_the_tables_a_new_file_gets(tmp_path):
     db = tmp_path / "f.duckdb"
-    Store(db, group="t").close()
+    FileStore(db, group="t").close()
     con = duckdb.connect(str(db), read_only=True)
     missing = [f"{c.table}.{c.name}" for m in migrate.MIGRATIONS for c in m.columns
                if c.name not in _columns(con, c.table)]
