@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import streamlit as st
 
@@ -24,7 +26,7 @@ from flightrec.analytics.ui import (
     table_height,
 )
 
-COUNT_AXIS = {"tickMinStep": 1, "format": "d"}  # counts of failures: whole numbers on the axis
+COUNT_AXIS: dict[str, Any] = {"tickMinStep": 1, "format": "d"}  # counts of failures: whole numbers on the axis
 BUCKET_FORMAT = {"minute": "%H:%M", "hour": "%m-%d %H:00", "day": "%Y-%m-%d"}
 
 

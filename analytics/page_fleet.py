@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import streamlit as st
 
@@ -9,7 +11,7 @@ from flightrec.analytics import queries
 from flightrec.analytics.ui import REFRESH_S, fetch, md, rows_height, since_us, table_height
 
 SILENT_SHOWN = 10  # ids named in the "known only from the manager" note
-COUNT_AXIS = {"tickMinStep": 1, "format": "d"}  # counts of instances: whole numbers on the axis
+COUNT_AXIS: dict[str, Any] = {"tickMinStep": 1, "format": "d"}  # counts of instances: whole numbers on the axis
 
 
 def _bar(table, column: str, title: str) -> alt.Chart:

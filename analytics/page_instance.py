@@ -219,7 +219,7 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     all_stages = sorted({r["stage"] for r in sources if r["stage"]})
     all_sources = sorted({r["source"] for r in sources if r["source"]})
     c1.multiselect("Stage", all_stages, default=[s for s in default_stages if s in all_stages], key=stage_key)
-    c2.multiselect("Source", all_sources, key=source_key, format_func=short_source,
+    c2.multiselect("Source", all_sources, key=source_key, format_func=lambda s: short_source(s) or "",
                    help="stdout, stderr, or a followed file (by its name; the legend below has the full path)")
     c3.text_input("Search", key=search_key)
     total = lines.column("matching")[0].as_py() if lines.num_rows else 0

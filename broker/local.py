@@ -23,8 +23,8 @@ from flightrec.localservice import LOG_TAIL_LINES, free_port, log_tail, pid_aliv
 from flightrec.settings import Settings
 
 _POM = resources.files("flightrec.broker") / "pom.xml"
-KAFKA_VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
-SLF4J_VERSION = re.search(r"<slf4j.version>([^<]+)</slf4j.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]
+KAFKA_VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]  # the shipped pom.xml names both versions
+SLF4J_VERSION = re.search(r"<slf4j.version>([^<]+)</slf4j.version>", _POM.read_text("utf-8")).group(1)  # type: ignore[union-attr]  # the shipped pom.xml names both versions
 
 
 _START_MARK = "=== flightrec starting Kafka"

@@ -237,9 +237,9 @@ class Alerter:
     def start(self, con: duckdb.DuckDBPyConnection) -> None:
         """Create the outbox (recording any earlier failures as not to be sent), settle the POSTs a stopped
         materializer left in flight (outcome unknown: not sent again), start the sender, queue what is due."""
-        existed = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'alerts'").fetchone()[0]
+        existed = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'alerts'").fetchall()[0][0]
         con.execute(OUTBOX_DDL)
-        left = con.execute(_IN_FLIGHT_LEFT).fetchone()[0]
+        left = con.execute(_IN_FLIGHT_LEFT).fetchall()[0][0]
         if left:
             log.warning("%d alert(s) were being posted when the last materializer stopped: their outcome is unknown, "
                         "so they are not sent again (alerts.outcome = 'unknown')", left)
@@ -304,7 +304,7 @@ class Alerter:
 
     def _has_status_view(self, con: duckdb.DuckDBPyConnection) -> bool:
         found = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'instance_status' "
-                            "AND schema_name = 'main'").fetchone()[0]
+                            "AND schema_name = 'main'").fetchall()[0][0]
         if not found and not self._status_missing_said:
             self._status_missing_said = True
             log.warning("no instance_status view stored in the database: no `lost` alerts "

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 from collections import defaultdict
-from typing import Any, Awaitable
+from typing import Awaitable, Mapping
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -24,7 +24,7 @@ from flightrec.db import lake as lakes
 from flightrec.db.fold import Delta, fold
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import LakeLocation
-from flightrec.consumers.materializer import Materializer, Options, Pending
+from flightrec.consumers.materializer import Materializer, Options, Pending, Record
 from flightrec.db.stats import Stats
 from flightrec.errors import Fenced, MaterializeError
 
@@ -38,10 +38,10 @@ class _Listener(ConsumerRebalanceListener):
     def __init__(self, owner: "GroupMaterializer") -> None:
         self.owner = owner
 
-    async def on_partitions_revoked(self, revoked: Any) -> None:
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         await self.owner._in_callback("let partitions go", self.owner._revoked(set(revoked)))
 
-    async def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         await self.owner._in_callback("take partitions", self.owner._assigned(set(assigned)))
 
 
@@ -52,7 +52,7 @@ class GroupMaterializer(Materializer):
     no events yet, and stops at the end offsets seen at start, like a replay into a file.
     """
 
-    def __init__(self, kafka_kwargs: dict[str, Any], options: Options) -> None:
+    def __init__(self, kafka_kwargs: Mapping[str, object], options: Options) -> None:
         if options.webhook:
             raise MaterializeError("webhook alerts are not sent from a lake (their outbox is a table only one "
                                    "writer may own): run the materializer on a file for alerts, or drop --webhook")
@@ -77,7 +77,7 @@ class GroupMaterializer(Materializer):
         assert isinstance(self._store, LakeStore), "the store is opened in __aenter__"
         return self._store
 
-    def _consumer_options(self) -> dict[str, Any]:
+    def _consumer_options(self) -> dict[str, object]:
         if self.opts.replay:
             return {"group_id": None}
         ms = int(self.opts.session_timeout * 1000)
@@ -156,10 +156,10 @@ class GroupMaterializer(Materializer):
 
     # -- reading and committing --------------------------------------------------------------------------
 
-    async def _read(self) -> dict[TopicPartition, list[Any]]:
+    async def _read(self) -> dict[TopicPartition, list[Record]]:
         """Only records of owned partitions, each offset once: older ones (fetched before a seek) are dropped."""
         data = await super()._read()
-        out: dict[TopicPartition, list[Any]] = {}
+        out: dict[TopicPartition, list[Record]] = {}
         for tp, records in data.items():
             if tp not in self._next:
                 continue
@@ -181,7 +181,7 @@ class GroupMaterializer(Materializer):
         if self._failed is not None:  # a rebalance step failed: what is held is read again after a restart
             pending.take()
             return
-        by_shard: dict[int, list[Any]] = defaultdict(list)
+        by_shard: dict[int, list[Record]] = defaultdict(list)
         for r in pending.take():
             by_shard[r.partition].append(r)
         deltas = {s: fold(records, keep=self._keep) for s, records in by_shard.items()}

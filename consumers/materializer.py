@@ -16,11 +16,12 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, Mapping, ParamSpec, TypeAlias, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord
 
 from flightrec.consumers.alerts import KINDS as ALERT_KINDS, AlertConfig, Alerter
 from flightrec.db.classify import RuleTable
@@ -35,6 +36,9 @@ from flightrec.cluster import LOG_APPEND_TIME as APPEND_TIME_CONFIG, TIMESTAMP_T
 from flightrec.errors import ConfigError, MaterializeError
 from flightrec.settings import TOPICS
 
+P = ParamSpec("P")
+T = TypeVar("T")
+Record: TypeAlias = ConsumerRecord[bytes, bytes]  # a Kafka record as read: key and value are bytes (no deserializer)
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = "flightrec-materializer"
 
@@ -79,11 +83,11 @@ class Pending:
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
-        self.records: list[Any] = []
+        self.records: list[Record] = []
         self.bytes = 0
         self.since = 0.0
 
-    def add(self, records: list[Any], now: float) -> None:
+    def add(self, records: list[Record], now: float) -> None:
         if not self.records:
             self.since = now
         self.records.extend(records)
@@ -95,7 +99,7 @@ class Pending:
                                        or len(self.records) >= self.opts.batch_messages
                                        or now - self.since >= self.opts.commit_interval)
 
-    def take(self) -> list[Any]:
+    def take(self) -> list[Record]:
         records, self.records, self.bytes = self.records, [], 0
         return records
 
@@ -107,7 +111,7 @@ class _ClockWatch:
     def __init__(self) -> None:
         self.said: set[str] = set()
 
-    def see(self, data: dict[TopicPartition, list[Any]]) -> None:
+    def see(self, data: dict[TopicPartition, list[Record]]) -> None:
         for tp, records in data.items():
             if tp.topic in self.said:
                 continue
@@ -154,7 +158,7 @@ def event_filter(instance: str | None, since_us: int | None) -> Callable[[str, i
 class Materializer:
     """Consumes the topics into one database. ``async with Materializer(...) as m: await m.run()``."""
 
-    def __init__(self, kafka_kwargs: dict[str, Any], options: Options) -> None:
+    def __init__(self, kafka_kwargs: Mapping[str, object], options: Options) -> None:
         self.kafka_kwargs = kafka_kwargs
         self.opts = options
         self.stats = Stats()  # the run's commits, summed, and the errors it survived
@@ -171,8 +175,8 @@ class Materializer:
         self._pending = Pending(options)  # read, not yet folded (run() starts it afresh)
         self._clocks = _ClockWatch()
 
-    async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.wrap_future(self._writer.submit(fn, *args))
+    async def _in_writer(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.wrap_future(self._writer.submit(fn, *args, **kwargs))
 
     async def __aenter__(self) -> "Materializer":
         opts = self.opts
@@ -233,7 +237,7 @@ class Materializer:
         return open_store(opts.location, opts.group, rules=opts.rules, replay=opts.replay,
                           memory_limit=opts.memory_limit, lock_wait=opts.lock_wait, views=opts.views)
 
-    def _consumer_options(self) -> dict[str, Any]:
+    def _consumer_options(self) -> dict[str, object]:
         """Consumer arguments beyond the common ones: no group here (partitions assigned by hand)."""
         return {"group_id": None}
 
@@ -338,7 +342,7 @@ class Materializer:
             inflight, self._inflight = self._inflight, None
             await inflight
 
-    async def _read(self) -> dict[TopicPartition, list[Any]]:
+    async def _read(self) -> dict[TopicPartition, list[Record]]:
         """The next messages; none when the broker went away (counted, waited for: what is held is kept)."""
         assert self._consumer is not None
         try:

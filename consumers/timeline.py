@@ -21,6 +21,7 @@ from flightrec.db.failures import exit_failed, is_failure_signal
 from flightrec.db.fold import Message, RawMessage, fold
 from flightrec.db.liveness import Gap, ago, heartbeat_gaps
 from flightrec.db.filestore import FileStore
+from flightrec.db.location import Location
 from flightrec.db.query import run_query
 from flightrec.schemas import EVENT_BY_NAME, default_codec
 from flightrec.errors import CodecError
@@ -146,7 +147,7 @@ def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]
     return sorted(entries_from_rows(life, exits, throughput, logs, fails) + extra), total - len(logs)
 
 
-def from_db(db: str | Path, instance: str, max_lines: int = 2000) -> tuple[list[Entry], int]:
+def from_db(db: str | Path | Location, instance: str, max_lines: int = 2000) -> tuple[list[Entry], int]:
     """Entries from the database; returns (entries, log lines left out beyond ``max_lines``)."""
     return _entries(lambda sql, *p: run_query(db, sql, list(p)).to_pylist(), instance, max_lines)
 
@@ -176,7 +177,7 @@ def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: R
                 for offset, (name, rec) in enumerate(records)]
     if not messages:
         return [], 0
-    instance = messages[0].key.decode()
+    instance = (messages[0].key or b"").decode()
     return entries_from_messages(messages, instance, rules, max_lines)
 
 

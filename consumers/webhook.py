@@ -110,7 +110,8 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         self._progress = progress
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(functools.partial(_HTTPS, self._progress), req, context=self._context)
+        return self.do_open(functools.partial(_HTTPS, self._progress), req,
+                            context=self._context)  # type: ignore[attr-defined]  # HTTPSHandler keeps its context there
 
 
 def post(url: str, body: bytes, key: str, timeout: float) -> PostResult:

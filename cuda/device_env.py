@@ -71,7 +71,7 @@ def _nvrtc() -> str:
 
 def _pycuda() -> str:
     try:
-        import pycuda  # type: ignore[import-not-found]
+        import pycuda
     except ImportError as exc:
         return f"not importable ({exc})"
     return f"{getattr(pycuda, 'VERSION_TEXT', '?')} at {os.path.dirname(pycuda.__file__)}"

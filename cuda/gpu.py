@@ -54,7 +54,7 @@ def _driver(choice: str = "auto") -> tuple[Any, str]:
     why = ""
     if choice in ("auto", "pycuda"):
         try:
-            import pycuda.driver as drv  # type: ignore[import-not-found]
+            import pycuda.driver as drv
 
             return drv, "pycuda"
         except ImportError as exc:
@@ -138,7 +138,7 @@ class CudaProver:
 
     def _load_module(self) -> Any:
         if self.driver == "pycuda" and cc.nvcc_path():
-            from pycuda.compiler import SourceModule  # type: ignore[import-not-found]
+            from pycuda.compiler import SourceModule
 
             try:
                 return SourceModule(cc.kernel_source(), no_extern_c=True, include_dirs=[str(cc.source_dir())],

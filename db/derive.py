@@ -111,7 +111,8 @@ def affected_keys(con: duckdb.DuckDBPyConnection, new: pa.Table) -> AffectedKeys
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
-    return con.sql(sql).to_arrow_table().to_pylist()
+    rows: list[dict[str, Any]] = con.sql(sql).to_arrow_table().to_pylist()
+    return rows
 
 
 def missing_ranges(seqs: list[int], upto: int | None) -> list[tuple[int, int]]:

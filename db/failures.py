@@ -46,12 +46,13 @@ def _tails(exit_row: Row | None, log_tails: Mapping[str, Sequence[str]],
            late_tails: Mapping[str, Sequence[str]] | None) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     """stderr, stdout and file tails: the exit's (extended by late lines), else the stored log lines'."""
     if exit_row is None:
-        file_tails = [{"path": src, "lines": list(lines), "exists": True}
+        file_tails: list[dict[str, Any]] = [{"path": src, "lines": list(lines), "exists": True}
                       for src, lines in sorted(log_tails.items()) if src not in ("stderr", "stdout")]
         return list(log_tails.get("stderr", ())), list(log_tails.get("stdout", ())), file_tails
     stderr, stdout = list(exit_row.get("stderr_tail") or ()), list(exit_row.get("stdout_tail") or ())
-    file_tails = [{"path": t["path"], "lines": list(t.get("lines") or ()), "exists": bool(t.get("exists"))}
-                  for t in (exit_row.get("file_tails") or ())]
+    file_tails = [
+        {"path": t["path"], "lines": list(t.get("lines") or ()), "exists": bool(t.get("exists"))}
+        for t in (exit_row.get("file_tails") or ())]
     if late_tails:
         stderr += list(late_tails.get("stderr", ()))
         stdout += list(late_tails.get("stdout", ()))
@@ -111,7 +112,7 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
     revealing = sorted(failed_life + failed_exits + [r for r in results if is_failure_signal("result", r)], key=_order)
     if not revealing:
         return None
-    exit_row = (failed_exits or exits or [None])[-1]
+    exit_row = failed_exits[-1] if failed_exits else exits[-1] if exits else None
     result = results[-1] if results else None
     stderr, stdout, file_tails = _tails(exit_row, log_tails, late_tails)
     evidence = _evidence(stage, exit_row, result, failed_life, stderr, stdout, file_tails)

@@ -158,7 +158,7 @@ class RowWriter:
         the fold already dropped a batch's own repeats); returns how many."""
         on = " AND ".join(f't."{k}" = v."{k}"' for k in key)
         return int(self.con.execute(f"""INSERT INTO main.{table} BY NAME SELECT * FROM {view} v
-                                        WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchone()[0])
+                                        WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchall()[0][0])
 
     def _store_offsets(self, delta: Delta) -> None:
         """The next offset per partition after this Delta (same transaction as its rows; MERGE: a lake has no keys)."""
@@ -186,7 +186,7 @@ class RowWriter:
                     lines = delta.logs.num_rows
                 else:
                     lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
-                                           SEMI JOIN _new USING (event_id)""").fetchone()[0]
+                                           SEMI JOIN _new USING (event_id)""").fetchall()[0][0]
         if delta.heartbeats.num_rows:
             merge_heartbeats(self.con, delta.heartbeats, new)
         return lines
@@ -266,7 +266,7 @@ class FileStore(RowWriter):
         a cut commit's rows kept even though the WAL is gone (e.g. DuckDB checkpointed it at an open that was
         itself killed before its clean-up committed). Two counts, no scan of the rows."""
         stored, written = self.con.execute("SELECT (SELECT count(*) FROM log_lines), "
-                                           "(SELECT coalesce(sum(lines), 0) FROM materializer_runs)").fetchone()
+                                           "(SELECT coalesce(sum(lines), 0) FROM materializer_runs)").fetchall()[0]
         return bool(stored != written)
 
     def _drop_rows_without_event(self) -> int:
@@ -284,7 +284,7 @@ class FileStore(RowWriter):
         try:
             for table in ROWS_BY_EVENT:
                 removed += con.execute(f"""DELETE FROM {table} t WHERE NOT EXISTS
-                                           (SELECT 1 FROM events_seen e WHERE e.event_id = t.event_id)""").fetchone()[0]
+                                           (SELECT 1 FROM events_seen e WHERE e.event_id = t.event_id)""").fetchall()[0][0]
             con.execute("COMMIT")
         except duckdb.Error:
             con.execute("ROLLBACK")

@@ -106,13 +106,20 @@ LOG_APPEND_TIME = 1
 class Message(Protocol):
     """What the fold reads from a Kafka record (aiokafka's ConsumerRecord fits)."""
 
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: int | None        # ms since the epoch
-    timestamp_type: int | None   # CREATE_TIME / LOG_APPEND_TIME
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def timestamp(self) -> int | None: ...        # ms since the epoch
+    @property
+    def timestamp_type(self) -> int | None: ...   # CREATE_TIME / LOG_APPEND_TIME
 
 
 @dataclass(frozen=True)
@@ -166,7 +173,7 @@ class Delta:
     @property
     def lines(self) -> int:
         """Log lines in this delta."""
-        return self.logs.num_rows
+        return int(self.logs.num_rows)
 
 
 def facts_summary(rec: dict[str, Any]) -> str:
@@ -357,7 +364,7 @@ def fold(messages: Iterable[Message], codec: Codec | None = None,
                 skipped += 1
                 continue
             fp = fingerprint(msg.value or b"")
-            first = seen.get(rec.get("event_id"))  # type: ignore[arg-type]
+            first = seen.get(rec.get("event_id"))  # type: ignore[arg-type]  # a decoded record always has its event_id (a str)
             if first is not None:
                 if first[0] == fp or KIND.get(name) in UNCOMPARED:
                     dups += 1

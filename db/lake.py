@@ -128,7 +128,7 @@ def connect(loc: LakeLocation, *, read_only: bool = False, config: Mapping[str, 
 
 
 # A reader's DuckDB: no extension loaded or installed behind our back, no Python objects as tables.
-READER_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False,
+READER_CONFIG: dict[str, str | bool | int | float | list[str]] = {"autoload_known_extensions": False, "autoinstall_known_extensions": False,
                  "python_enable_replacements": False}
 
 
@@ -212,7 +212,7 @@ class Maintenance:
 
 def live_files(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> int:
     """Parquet data files of the lake's current snapshot, all tables together."""
-    return int(con.execute("SELECT coalesce(sum(file_count), 0) FROM ducklake_table_info(?)", [alias]).fetchone()[0])
+    return int(con.execute("SELECT coalesce(sum(file_count), 0) FROM ducklake_table_info(?)", [alias]).fetchall()[0][0])
 
 
 def _seconds(delta: timedelta) -> int:
@@ -238,11 +238,12 @@ def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapsh
     """
     conflicts = 0
 
-    def step(sql: str) -> list[tuple[Any, ...]]:
+    def step(sql: str) -> list[dict[str, Any]]:
         nonlocal conflicts
         for attempt in range(retries + 1):
             try:
-                return con.execute(sql, [alias]).to_arrow_table().to_pylist()  # type: ignore[return-value]
+                rows: list[dict[str, Any]] = con.execute(sql, [alias]).to_arrow_table().to_pylist()
+                return rows
             except duckdb.Error as exc:
                 if "conflict" not in str(exc).lower() or attempt == retries:
                     raise LakeError(f"lake maintenance failed in {sql.split('(')[0].split()[-1]}: {exc}") from exc
@@ -260,8 +261,8 @@ def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapsh
     deleted_orphans = step(f"FROM ducklake_delete_orphaned_files(?, older_than => now() - INTERVAL "
                            f"'{_seconds(orphan_grace)} seconds')") if orphans else []
     result = Maintenance(files_before=before, files_after=live_files(con, alias),
-                         rows_flushed=sum(int(r["rows_flushed"] or 0) for r in flushed),  # type: ignore[call-overload]
-                         files_merged=sum(int(r["files_processed"] or 0) for r in merged),  # type: ignore[call-overload]
+                         rows_flushed=sum(int(r["rows_flushed"] or 0) for r in flushed),
+                         files_merged=sum(int(r["files_processed"] or 0) for r in merged),
                          snapshots_expired=len(expired), files_deleted=len(deleted), orphans_deleted=len(deleted_orphans),
                          conflicts_retried=conflicts)
     log.info("lake maintenance: %s", result)

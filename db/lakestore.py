@@ -290,7 +290,7 @@ class LakeStore(RowWriter):
             epochs = {}
             for s in shards:
                 schema = shard_schema(s)
-                epoch = int(self.con.execute(f"SELECT coalesce(max(epoch), 0) + 1 FROM {schema}.claim").fetchone()[0])
+                epoch = int(self.con.execute(f"SELECT coalesce(max(epoch), 0) + 1 FROM {schema}.claim").fetchall()[0][0])
                 self.con.execute(f"DELETE FROM {schema}.claim")
                 self.con.execute(f"INSERT INTO {schema}.claim VALUES (?, ?, ?, ?)", [self.owner, epoch, now, now])
                 epochs[s] = epoch
@@ -321,7 +321,7 @@ class LakeStore(RowWriter):
 
     def holds_events(self) -> bool:
         """Whether any event is stored (a replay builds a new lake only)."""
-        return bool(self.con.execute("SELECT count(*) FROM (SELECT 1 FROM main.events_seen LIMIT 1)").fetchone()[0])
+        return bool(self.con.execute("SELECT count(*) FROM (SELECT 1 FROM main.events_seen LIMIT 1)").fetchall()[0][0])
 
     # -- commits -----------------------------------------------------------------------------------------
 
@@ -332,7 +332,7 @@ class LakeStore(RowWriter):
             epoch = self.epochs.get(s)
             n = 0 if epoch is None else self.con.execute(
                 f"UPDATE {shard_schema(s)}.claim SET last_commit_us = ? WHERE owner = ? AND epoch = ?",
-                [now, self.owner, epoch]).fetchone()[0]
+                [now, self.owner, epoch]).fetchall()[0][0]
             if n != 1:
                 lost.append(s)
         if lost:
@@ -381,7 +381,7 @@ class LakeStore(RowWriter):
         # A duplicate is the same event (same bytes, same ts_us), so only files whose ts_us range overlaps the
         # batch's can hold one: DuckLake prunes the others by the catalog's column statistics (2M events seen:
         # 147 -> 5.5 ms a commit), so the check does not grow with the lake.
-        lo, hi = self.con.execute("SELECT min(ts_us), max(ts_us) FROM _d_events").fetchone()
+        lo, hi = self.con.execute("SELECT min(ts_us), max(ts_us) FROM _d_events").fetchall()[0]
         new = self.con.execute("""SELECT instance_id, boot_id, stage, event_id, kind FROM _d_events
                                   ANTI JOIN (SELECT event_id FROM main.events_seen WHERE ts_us BETWEEN ? AND ?)
                                   USING (event_id)""", [lo, hi]).to_arrow_table()

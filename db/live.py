@@ -53,7 +53,7 @@ def location(db: str | Path) -> str:
 def encode_request(sql: str, params: Params, prelude: Sequence[str]) -> bytes:
     """The ticket of one read: Arrow IPC of a one-row table (sql, prelude, params)."""
     named = isinstance(params, dict)
-    values = dict(params) if named else {str(i): v for i, v in enumerate(params or ())}  # type: ignore[union-attr]
+    values = dict(params) if isinstance(params, dict) else {str(i): v for i, v in enumerate(params or ())}
     try:
         if values:
             arr = pa.array([values])

@@ -122,15 +122,15 @@ def heartbeat_gaps(beats: Iterable[Mapping[str, object]], intervals: Mapping[str
         if interval <= 0:
             continue
         limit = LOST_AFTER_INTERVALS * interval * 1e6
-        rows.sort(key=lambda r: (int(r["seq"]), int(r["ts_us"])))  # type: ignore[call-overload]
+        rows.sort(key=lambda r: (int(r["seq"]), int(r["ts_us"])))  # type: ignore[call-overload]  # the rows' values are the table's BIGINTs (typed object)
         for prev, cur in zip(rows, rows[1:]):
-            p, c = int(prev["ts_us"]), int(cur["ts_us"])  # type: ignore[call-overload]
+            p, c = int(prev["ts_us"]), int(cur["ts_us"])  # type: ignore[call-overload]  # the rows' values are the table's BIGINTs (typed object)
             rp, rc = prev.get("recv_us"), cur.get("recv_us")
-            silent = None if rp is None or rc is None else int(rc) - int(rp)  # type: ignore[call-overload]
+            silent = None if rp is None or rc is None else int(rc) - int(rp)  # type: ignore[call-overload]  # the rows' values are the table's BIGINTs (typed object)
             if prev["stage"] == cur["stage"] and (c - p if silent is None else silent) > limit:
                 out.append(Gap(p, c, boot, str(cur["stage"]), interval, silent_us=silent))
         last = rows[-1]
-        since = max(int(last["ts_us"]), int((last_event_us or {}).get(boot) or 0))  # type: ignore[call-overload]
+        since = max(int(last["ts_us"]), int((last_event_us or {}).get(boot) or 0))  # type: ignore[call-overload]  # the rows' values are the table's BIGINTs (typed object)
         heard = (last_recv_us or {}).get(boot)
         if now_us is not None and boot not in sealed and now_us - (since if heard is None else heard) > limit:
             out.append(Gap(since, None, boot, str(last["stage"]), interval, heard))

@@ -116,7 +116,7 @@ def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
             else f"{path} is not a DuckDB database flightrec can read (check --db): {exc}") from exc
     try:  # another open connection of this process to the file shares its instance, already set and locked
         locked, zone = con.execute("SELECT current_setting('lock_configuration'), "
-                                   "current_setting('TimeZone')").fetchone()  # type: ignore[misc]
+                                   "current_setting('TimeZone')").fetchone()  # type: ignore[misc]  # a SELECT without FROM returns one row
         if not locked:
             if zone != READER_TIME_ZONE:
                 con.execute(f"SET GLOBAL TimeZone = '{READER_TIME_ZONE}'")
@@ -229,6 +229,6 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
 def _lake_has_tables(cur: duckdb.DuckDBPyConnection) -> bool:
     try:
         return bool(cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()")
-                    .fetchone()[0])
+                    .fetchall()[0][0])
     except duckdb.Error:
         return True  # cannot tell: no hint

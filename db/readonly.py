@@ -172,8 +172,9 @@ def _syntax_tree(sql: str) -> dict[str, Any]:
     with _parser_lock:
         if _parser is None:
             _parser = duckdb.connect(":memory:", config={"enable_external_access": False})
-        text = _parser.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
-    return json.loads(text)
+        text = _parser.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0]
+    tree: dict[str, Any] = json.loads(text)
+    return tree
 
 
 def _functions(node: Any, table: set[str], scalar: set[str]) -> None:

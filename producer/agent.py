@@ -10,7 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping
 
 from flightrec.errors import FlightrecError, SpoolError
 from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
@@ -134,7 +134,7 @@ class Stage:
         self._beats.start()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> Literal[False]:
         if self._beats is not None:
             self._beats.stop()
         attrs = dict(self.attributes, duration_s=f"{time.monotonic() - self._t0:.3f}")
@@ -178,7 +178,7 @@ class _AgentBase:
             deliver = False
         self.redactor = Redactor(*_secrets(self.settings, os.environ if env is None else env),
                                  shapes=_shapes(self.settings))
-        self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]
+        self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]  # a LostSpool is never delivered: deliver is False with it
         self.events_emitted = 0
         self._stage_member: Member | None = None  # the stage this agent runs (a seal does not wait for it)
         self._closed: bool | None = None  # once closed: whether everything was acknowledged then
@@ -314,7 +314,7 @@ class _AgentBase:
 
     def event(self, stage: str, state: str, detail: str = "", attributes: Mapping[str, str] | None = None) -> Lifecycle:
         """A Lifecycle event (started / succeeded / failed / skipped / info)."""
-        return self.emit(Lifecycle, stage=stage, state=state, detail=detail, attributes=dict(attributes or {}))  # type: ignore[return-value]
+        return self.emit(Lifecycle, stage=stage, state=state, detail=detail, attributes=dict(attributes or {}))  # type: ignore[return-value]  # emit returns the Event base: the event made here
 
     def stage(self, name: str, **attributes: str) -> Stage:
         """A context manager that reports a stage's start and its end (failed with the exception text)."""
@@ -337,7 +337,7 @@ class _AgentBase:
             return InstanceFacts(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, **values)
 
         events = self.emit_makers([make], once=None if force else "facts")
-        return events[0] if events else None  # type: ignore[return-value]
+        return events[0] if events else None  # type: ignore[return-value]  # emit returns the Event base: the event made here
 
     def join(self, what: str) -> Member | None:
         """Register ``what`` (a stage, a probe) as running in this boot until :meth:`leave`; a seal waits for it."""
@@ -426,7 +426,7 @@ class _AgentBase:
             return Sealed(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, event_count=seq + 1,
                           reason=why)
 
-        return self.emit_makers([make])[0]  # type: ignore[return-value]
+        return self.emit_makers([make])[0]  # type: ignore[return-value]  # emit returns the Event base: the event made here
 
     def message_limit(self, topic: str) -> int:
         """The largest message this agent builds for ``topic``: the topic's max.message.bytes once learned."""

@@ -75,7 +75,7 @@ class SourceBatcher:
         clean = scrub(LogBatch(event_id="", instance_id="", boot_id="", seq=0, ts_us=0, stage=stage, source=source,
                                pid=pid, line_no=(), line_ts_us=(), text=[], truncated=(), invalid_utf8=(), late=()),
                       agent.redactor)
-        self._stage, self._source = clean.stage, clean.source  # type: ignore[attr-defined]
+        self._stage, self._source = clean.stage, clean.source  # type: ignore[attr-defined]  # scrub returns the Event base: a LogBatch in, a LogBatch out
 
     def _add(self, lines: list[bytes], trunc: list[bool] | None, ts: int, plain: bool = False) -> None:
         """Add lines to the pending batch. ``plain``: they are ASCII and hold nothing to mask, so they are
@@ -215,7 +215,7 @@ class AsciiTexts(Sequence[str]):
     def __len__(self) -> int:
         return len(self._raw)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):  # an int or a slice, as list's own (left untyped: list's overloads)
         if isinstance(i, slice):
             return [r.decode("ascii") for r in self._raw[i]]
         return self._raw[i].decode("ascii")

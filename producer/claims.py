@@ -52,6 +52,6 @@ def read_claim(spool_dir: Path, boot_id: str, path: str) -> Claim | None:
     try:
         data = json.loads(claim_path(spool_dir, boot_id, path).read_text())
         ino = tuple(data["ino"]) if data.get("ino") else None
-        return Claim(str(data["token"]), ino, int(data["offset"]))  # type: ignore[arg-type]
+        return Claim(str(data["token"]), ino, int(data["offset"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -17,6 +17,7 @@ from flightrec.errors import CodecError, DeliveryError
 from flightrec.schemas import Dropped, LogBatch, default_codec
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
 
+from flightrec.producer.lost import LostSpool
 from flightrec.producer.spool import Position, Record, Spool
 
 log = logging.getLogger(__name__)
@@ -428,19 +429,19 @@ class Deliverer:
                 transient = transient or errors[0]
                 continue
             refused = True
-            exc = permanent[0]
+            why = permanent[0]
             if rec.end in self._forced:  # even its marker is refused: retry, and say why
-                transient = transient or exc
-            elif type(exc).__name__ in TOO_LARGE:
+                transient = transient or why
+            elif type(why).__name__ in TOO_LARGE:
                 before = self.limit(rec.topic)
                 await self._learn_limits()
                 if self.limit(rec.topic) >= before:  # the cluster did not say less: believe the refusal, halve
                     if before <= MIN_LIMIT:
-                        self._forced[rec.end] = f"{type(exc).__name__}: {exc}"
+                        self._forced[rec.end] = f"{type(why).__name__}: {why}"
                     else:
                         self.limits[rec.topic] = max(MIN_LIMIT, before // 2)
             else:
-                self._forced[rec.end] = f"{type(exc).__name__}: {exc}"
+                self._forced[rec.end] = f"{type(why).__name__}: {why}"
         return transient, refused
 
     async def _run(self) -> None:
@@ -549,7 +550,7 @@ async def _close(producer: Any) -> None:
         pass
 
 
-def require_delivered(ok: bool, spool: Spool, timeout: float, last_error: str | None) -> None:
+def require_delivered(ok: bool, spool: "Spool | LostSpool", timeout: float, last_error: str | None) -> None:
     """Raise DeliveryError (saying what is left and what to do) when a flush did not finish."""
     if ok:
         return

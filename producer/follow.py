@@ -125,7 +125,7 @@ class FileFollower:
         out: list[bytes | None] = []
         if self._f is None and not self._open():
             return out
-        got = self._drain(out, budget)  # type: ignore[arg-type]
+        got = self._drain(out, budget)  # type: ignore[arg-type]  # out holds bytes and None (a rotation mark); _drain appends bytes only
         if got >= budget:
             return out
         try:
@@ -144,7 +144,7 @@ class FileFollower:
             log.debug("%s was rotated; following the new file", self.path)
             out.append(None)
             if self._open():
-                self._drain(out, max(CHUNK, budget - got))  # type: ignore[arg-type]
+                self._drain(out, max(CHUNK, budget - got))  # type: ignore[arg-type]  # out holds bytes and None (a rotation mark); _drain appends bytes only
             return out
         if st.st_size < self._offset:
             self.truncations += 1
@@ -153,7 +153,7 @@ class FileFollower:
             self._f.seek(0)
             self._offset = 0
             out.append(None)
-            self._drain(out, max(CHUNK, budget - got))  # type: ignore[arg-type]
+            self._drain(out, max(CHUNK, budget - got))  # type: ignore[arg-type]  # out holds bytes and None (a rotation mark); _drain appends bytes only
         return out
 
     def close(self) -> None:

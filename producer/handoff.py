@@ -130,7 +130,8 @@ def _typed(hint: Any, value: Any) -> Any:
         return tuple(_typed(item, v) for v in value)
     if dataclasses.is_dataclass(hint):
         hints = typing.get_type_hints(hint)
-        return hint(**{f.name: _typed(hints[f.name], value[f.name]) for f in dataclasses.fields(hint)
+        cls: Any = hint
+        return cls(**{f.name: _typed(hints[f.name], value[f.name]) for f in dataclasses.fields(hint)
                        if f.init and f.name in value})
     return value
 

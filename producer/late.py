@@ -47,7 +47,7 @@ class _Stage:
         s = h.settings
         self.reg = spool_dir / f"late-{h.token}"
         self.request = spool_dir / f"{REQUEST}{h.boot_id}"
-        kw = dict(max_line=s.max_line, tail_lines=0, boot=h.boot_id)
+        kw: dict[str, Any] = dict(max_line=s.max_line, tail_lines=0, boot=h.boot_id)
         self.pipes: dict[int, tuple[HandedPipe, Any]] = {}
         for p in h.pipes:
             b = SourceBatcher(agent, h.stage, p.source, p.pid, **kw)

@@ -59,4 +59,4 @@ def send_manager_event(settings: Settings, instance: str, kind: str, detail: str
         log.warning("manager event %s about %s is spooled in %s but not yet acknowledged; deliver it with "
                     "`flightrec agent flush --all --spool %s`", kind, instance, agent.spool.dir,
                     manager_spool(settings, source))
-    return event, ok  # type: ignore[return-value]
+    return event, ok  # type: ignore[return-value]  # emit returns the Event base: it is the ManagerEvent made here

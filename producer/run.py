@@ -17,7 +17,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from setproctitle import setproctitle
 
@@ -313,7 +313,7 @@ def _prepare(agent: SyncAgent, stage: str, argv: list[str], tails: Sequence[str]
     agent.event(stage, "started", attributes={"argv": agent.redactor.argv(argv), "cwd": os.getcwd()})
     token = uuid.uuid4().hex
     env = dict(os.environ, **{TOKEN_ENV: token})
-    kw = dict(max_line=settings.max_line, tail_lines=settings.tail_lines)
+    kw: dict[str, Any] = dict(max_line=settings.max_line, tail_lines=settings.tail_lines)
     # followed files take their starting point now, before CMD writes anything
     follows = [(FileFollower(p), SourceBatcher(agent, stage, p, 0, **kw)) for p in tails]
     for f, _b in follows:  # an earlier stage's leftover following the same file stops where this one starts
@@ -366,7 +366,7 @@ def _report_start_error(r: _Run, exc: OSError) -> StageResult:
                          duration_s=time.monotonic() - r.t0,
                          file_tails=[FileTail(path=p, lines=(), exists=os.path.exists(p)) for p in r.tails])
     agent.event(r.stage, "failed", detail=f"could not start: {why} (exit {status})")
-    return StageResult(status, exit_ev)  # type: ignore[arg-type]
+    return StageResult(status, exit_ev)  # type: ignore[arg-type]  # exit_ev: the ProcessExit emit made (typed as its Event base)
 
 
 def _pump(r: _Run) -> None:
@@ -446,7 +446,7 @@ def _report(r: _Run, seal_on_success: bool) -> StageResult:
         agent.event(stage, "failed", detail=detail, attributes=duration)
     lines = {"stdout": out_b.lines_read, "stderr": err_b.lines_read}
     lines.update({f.path: b.lines_read for f, b in r.follows})
-    return StageResult(status, exit_ev, lines, r.late_pid)  # type: ignore[arg-type]
+    return StageResult(status, exit_ev, lines, r.late_pid)  # type: ignore[arg-type]  # exit_ev: the ProcessExit emit made (typed as its Event base)
 
 
 def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], follower: _Followers | None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import re
 from collections import defaultdict
-from typing import Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator, TypeVar
 
 MASK = "***"
 B64_MIN = 8  # shortest base64 form of a named secret that is masked (8 characters: 48 bits of it)
@@ -149,11 +149,11 @@ def _class(after: S) -> S:
         return after
     chars = sorted({re.escape(after[i:i + 1]) for i in range(len(after))})
     if isinstance(after, bytes):
-        return b"[" + b"".join(chars) + b"]"  # type: ignore[operator]
-    return "[" + "".join(chars) + "]"  # type: ignore[operator]
+        return b"[" + b"".join(chars) + b"]"
+    return "[" + "".join(chars) + "]"
 
 
-def _trie(needles: list[Needle]) -> S:
+def _trie(needles: list[Needle]) -> Any:
     """One regex for needles that share their first character, as a trie (``a(?:kia|pi_key[=:])``): at each place
     the first character is found, ``re`` tries the next characters once, not each needle in turn."""
     end = object()
@@ -164,9 +164,12 @@ def _trie(needles: list[Needle]) -> S:
             node = node.setdefault(lit[i:i + 1], {})
         node[end] = after
     empty = needles[0][0][:0]
+    bar: Any
+    open_: Any
+    close: Any
     bar, open_, close = (b"|", b"(?:", b")") if isinstance(empty, bytes) else ("|", "(?:", ")")
 
-    def emit(node: dict) -> S:
+    def emit(node: dict[Any, Any]) -> Any:  # str or bytes, as the needles
         alts = [re.escape(ch) + emit(child) for ch, child in node.items() if ch is not end]
         if end in node:
             alts.append(_class(node[end]))

@@ -358,12 +358,14 @@ class Spool:
                     os.close(self._fd)
             self._fd = os.open(self._path(head.seg), os.O_WRONLY | os.O_APPEND)
             self._fd_seg = head.seg
+        fd = self._fd
+        assert fd is not None  # opened just above, or kept from the last append to this segment
         try:
             view = memoryview(b"")  # one system call, no copy of the parts into one buffer; after a short
-            if (written := os.writev(self._fd, blob)) < sum(map(len, blob)):  # write (a full disk) the rest
+            if (written := os.writev(fd, blob)) < sum(map(len, blob)):  # write (a full disk) the rest
                 view = memoryview(b"".join(blob))[written:]
             while view:
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(fd, view):]
             if self.fsync:
                 if self._dirty_since is None:
                     self._dirty_since = time.monotonic()
@@ -371,11 +373,11 @@ class Spool:
                     self._sync_fd()
                     self._syncer.drain()
                 elif time.monotonic() - self._dirty_since >= SYNC_WINDOW_S:  # group commit, in the syncer
-                    self._syncer.hand(os.dup(self._fd))
+                    self._syncer.hand(os.dup(fd))
                     self._dirty_since = None
         except OSError:
             try:  # give the disk back what a half-written record took (the next append would cut it anyway)
-                os.ftruncate(self._fd, head.offset)
+                os.ftruncate(fd, head.offset)
             except OSError:
                 pass
             raise

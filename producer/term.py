@@ -182,7 +182,7 @@ try:  # loaded here, in the agent: nothing may be imported between fork and exec
 
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
 except (ImportError, OSError, AttributeError):  # not Linux's libc: CMD does not die with the agent
-    _PRCTL = None
+    _PRCTL = None  # type: ignore[assignment]  # no prctl here: callers test for None
 PR_SET_PDEATHSIG = 1
 
 

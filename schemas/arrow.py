@@ -64,7 +64,8 @@ def _avsc(record: str) -> dict[str, Any]:
     path = resources.files("flightrec.schemas").joinpath(f"{record}.avsc")
     if not path.is_file():
         raise SchemaShapeError(f"no schemas/{record}.avsc: name an event by its Avro short name, e.g. 'Lifecycle'")
-    return json.loads(path.read_text("utf-8"))
+    schema: dict[str, Any] = json.loads(path.read_text("utf-8"))
+    return schema
 
 
 @functools.cache

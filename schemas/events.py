@@ -6,7 +6,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence, TypeVar
 
 from flightrec.schemas.topics import TOPIC_EXITS, TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS
 
@@ -79,7 +79,10 @@ class Event:
         return _build(cls, record)
 
 
-def _build(cls: type, record: Mapping[str, Any]) -> Any:
+_E = TypeVar("_E", bound="Event")
+
+
+def _build(cls: type[_E], record: Mapping[str, Any]) -> _E:
     return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -66,7 +66,7 @@ def create_time_warning(types: dict[str, str], bootstrap: str) -> str | None:
             f"{LOG_APPEND_TIME} (it applies to records appended from then on): {fix}")
 
 
-async def connection_cause(kafka_kwargs: dict[str, Any], timeout: float = 10.0) -> str | None:
+async def connection_cause(kafka_kwargs: Mapping[str, object], timeout: float = 10.0) -> str | None:
     """One line naming why a client with these settings cannot talk to the cluster (None: it can).
 
     Tries each bootstrap address the way every client connects (TCP, TLS, SASL) and names the first

@@ -117,11 +117,11 @@ def _facts_quietly(agent: object, member: object = None) -> None:
     import logging
 
     try:
-        agent.facts()  # type: ignore[attr-defined]
+        agent.facts()  # type: ignore[attr-defined]  # a SyncAgent, typed object to keep this module light
     except Exception as exc:  # facts must never break a stage
         logging.getLogger(__name__).warning("instance facts not sent: %s", exc)
     finally:
-        agent.leave(member)  # type: ignore[attr-defined]
+        agent.leave(member)  # type: ignore[attr-defined]  # a SyncAgent, typed object to keep this module light
 
 
 def parse_attrs(pairs: list[str]) -> dict[str, str]:

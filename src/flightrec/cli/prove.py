@@ -38,12 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 @contextmanager
 def _printer(instance: str) -> Iterator[Callable[..., Any]]:
-    from flightrec.schemas import new_event_id, now_us
+    from flightrec.schemas import Event, new_event_id, now_us
 
     boot = new_event_id()
     seq = iter(range(1 << 62))
 
-    def emit(cls: type, **fields: Any) -> Any:
+    def emit(cls: type[Event], **fields: Any) -> Any:
         event = cls(event_id=new_event_id(), instance_id=instance, boot_id=boot, seq=next(seq), ts_us=now_us(), **fields)
         print(json.dumps({"name": cls.name, **event.to_record()}, default=dict), flush=True)
         return event

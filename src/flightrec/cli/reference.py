@@ -27,7 +27,7 @@ def _help(parser: argparse.ArgumentParser) -> str:
     """The parser's --help wrapped at WIDTH (argparse would take the width from $COLUMNS or the terminal; it
     keeps two columns free, as on a terminal of WIDTH columns)."""
     kept = parser.formatter_class
-    parser.formatter_class = functools.partial(kept, width=WIDTH - 2)  # type: ignore[assignment]
+    parser.formatter_class = functools.partial(kept, width=WIDTH - 2)  # type: ignore[call-arg]  # every HelpFormatter takes width
     try:
         return parser.format_help().rstrip()
     finally:

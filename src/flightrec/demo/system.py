@@ -93,7 +93,7 @@ class StopSignals:
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)  # type: ignore[arg-type]  # restored as saved / set once the instance started
         self._reads.close()
 
     def _handle(self, signum: int, frame: object) -> None:
@@ -423,7 +423,7 @@ class Demo:
             self._pause(0.3)
         for r in destroyed:
             self._pause(2.0)  # the evidence arrives later, as it would from a recovered disk
-            self._flush_spool(r.instance, run_dir)  # type: ignore[arg-type]
+            self._flush_spool(r.instance, run_dir)  # type: ignore[arg-type]  # restored as saved / set once the instance started
         self.wait_materialized(fleet, since_us)
         self.say(self.progress(t0, fleet, since_us))
         self.summary(fleet)
