@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import duckdb
+
+from flightrec.consumers.options import ALERT_KINDS
 import pyarrow as pa
 
 from flightrec.consumers import webhook
@@ -51,7 +53,7 @@ from flightrec.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[str, ...] = ("failed", "lost", "below_min_rate", "incomplete")
+KINDS: tuple[str, ...] = ALERT_KINDS
 MAX_FIELD = 1900  # Slack refuses a block field over 2,000 characters
 
 _NEW = pa.schema([("alert_id", pa.string()), ("kind", pa.string()), ("instance_id", pa.string()),

@@ -14,7 +14,6 @@ import concurrent.futures
 import logging
 import re
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Mapping, ParamSpec, TypeAlias, TypeVar
 
@@ -23,59 +22,21 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from flightrec.consumers.alerts import KINDS as ALERT_KINDS, AlertConfig, Alerter
-from flightrec.db.classify import RuleTable
+from flightrec.consumers.alerts import AlertConfig, Alerter
+from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.db.serve import QueryServer
 from flightrec.db.stats import Stats
 from flightrec.db.filestore import FileStore
-from flightrec.db.location import Location, locate
 from flightrec.db.store import Store, open_store
 from flightrec.cluster import LOG_APPEND_TIME as APPEND_TIME_CONFIG, TIMESTAMP_TYPE, create_time_warning, \
     describe_topic_configs, topic_partitions
 from flightrec.errors import ConfigError, MaterializeError
-from flightrec.settings import TOPICS
 
 P = ParamSpec("P")
 T = TypeVar("T")
 Record: TypeAlias = ConsumerRecord[bytes, bytes]  # a Kafka record as read: key and value are bytes (no deserializer)
 log = logging.getLogger(__name__)
-DEFAULT_GROUP = "flightrec-materializer"
-
-
-@dataclass(frozen=True)
-class Options:
-    """How one materializer (or replay) run behaves."""
-
-    db: str | Location                  # the --db string, or the Location the CLI parsed it into
-    group: str = DEFAULT_GROUP
-    until_idle: float | None = None     # stop once caught up and idle this long
-    replay: bool = False                # stop at the end offsets seen at start; the db must be new
-    instance: str | None = None         # replay only this instance
-    since_us: int | None = None         # replay only events at or after this time
-    rules: RuleTable | None = None
-    serve: bool = True                  # serve live queries on the socket
-    batch_bytes: int = 16 << 20         # message bytes per transaction
-    batch_messages: int = 5000
-    commit_interval: float = 0.5        # seconds a partial batch may wait
-    memory_limit: str = "512MB"
-    lock_wait: float = 30.0             # seconds to wait for another process holding the file
-    topics: tuple[str, ...] = TOPICS
-    webhook: str | None = None          # post alerts there (consumers/alerts.py); never in a replay
-    alert_on: tuple[str, ...] = ALERT_KINDS
-    dashboard_url: str = "http://localhost:8501"
-    alert_backoff: float = 1.0          # first retry delay of a failed post
-    alert_drain: float = 10.0           # seconds a stopping materializer lets queued alerts go out
-    alert_timeout: float = 10.0         # seconds a webhook POST may take; past it the outcome is unknown (not resent)
-    views: tuple[str, ...] = ()         # CREATE OR REPLACE VIEW statements stored in the file at start
-    data_path: str | None = None        # a lake's data folder (--data-path); None for a file
-    session_timeout: float = 10.0       # a lake's group: seconds before a silent member's partitions move
-    status_interval: float = 15.0       # seconds between evaluations of instance status (lost alerts)
-
-    @property
-    def location(self) -> Location:
-        """The database written: a file or a lake (db.location.locate: ``db`` passes through when parsed)."""
-        return locate(self.db, self.data_path, writing=True)
 
 
 class Pending:

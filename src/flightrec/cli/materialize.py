@@ -15,13 +15,15 @@ from flightrec.cli.options import add_read_db
 from flightrec.settings import Settings
 
 if TYPE_CHECKING:
-    from flightrec.consumers.materializer import Options
+    from flightrec.consumers.options import Options
     from flightrec.db.location import Location
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from flightrec.consumers.options import Options  # the defaults are the materializer's own (a light module)
+
     m = sub.add_parser("materialize", help="consume all topics into DuckDB")
     m.add_argument("--db", default=None, help="database file, or a DuckLake written by a consumer group: "
                    "'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
@@ -34,8 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "Kafka consumer group whose members share the partitions")
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
     m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
-    m.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
-    m.add_argument("--lock-wait", type=float, default=30.0, metavar="SECONDS",
+    m.add_argument("--memory-limit", default=Options.memory_limit,
+                   help=f"DuckDB memory limit of the writer (default {Options.memory_limit})")
+    m.add_argument("--lock-wait", type=float, default=Options.lock_wait, metavar="SECONDS",
                    help="how long to wait for another process holding the file (flightrec readers leave "
                         "at once); then exit 1 naming it")
     m.add_argument("--webhook", default=None, metavar="URL",
@@ -55,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--instance", default=None, help="only this instance's events")
     r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
     r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
-    r.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
+    r.add_argument("--memory-limit", default=Options.memory_limit,
+                   help=f"DuckDB memory limit of the writer (default {Options.memory_limit})")
     r.set_defaults(func=_replay)
     t = sub.add_parser("timeline", help="print one instance's life")
     t.add_argument("instance", help="the instance id")
