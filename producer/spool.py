@@ -37,7 +37,8 @@ from flightrec.errors import SpoolError
 from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
 
 from flightrec.producer.names import instance_dir, safe_name  # noqa: F401 (re-exported)
-from flightrec.producer.segment import BODY, REC, SEG_MAGIC, iter_records  # noqa: F401 (SEG_MAGIC: re-exported)
+from flightrec.producer.segment import (BODY, REC, SEG_MAGIC, Position, Record,  # noqa: F401 - SEG_MAGIC, Position, Record: re-exported
+                                        iter_records, read_records)
 from flightrec.producer.segment import parse_header as _parse_header
 from flightrec.producer.syncer import Syncer
 
@@ -49,7 +50,6 @@ _KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 RESERVE_BYTES = 256 * 1024
 SYNC_WINDOW_S = 0.1  # group commit: log batches written with sync=False are fdatasync'd at most this long after
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_HEAD_READ = 64 * 1024  # a segment's header is read from this much of its start
 
 Maker = Callable[[str, int], Event]  # (boot_id, seq) -> the event
 T = TypeVar("T")
@@ -62,26 +62,6 @@ def kernel_boot_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
-
-
-@dataclass(frozen=True, order=True)
-class Position:
-    """A place in the spool: segment number and byte offset; later places compare greater."""
-
-    seg: int
-    offset: int
-
-
-@dataclass(frozen=True)
-class Record:
-    """One spooled event as it will be sent: topic, key, value; ``end`` is the position after it."""
-
-    seq: int
-    flags: int
-    topic: str
-    key: bytes
-    value: bytes
-    end: Position
 
 
 @dataclass
@@ -513,42 +493,7 @@ class Spool:
         The bytes before a committed end never change, so no lock is needed here.
         At least one record is returned when there is one, however big.
         """
-        out: list[Record] = []
-        total = 0
-        pos = cursor
-        for n in self.segments():
-            if n < pos.seg or n > end.seg:
-                continue
-            path = self._path(n)
-            try:
-                with open(path, "rb") as f:
-                    data = f.read(_HEAD_READ)
-                    if len(data) == _HEAD_READ and b"\n" not in data[len(SEG_MAGIC):]:
-                        data += f.read()  # a header longer than that (a very long instance id)
-                    header, header_len = _parse_header(data, path)
-                    # from the cursor on: what was sent before is not read again
-                    base = max(pos.offset, header_len) if n == pos.seg else header_len
-                    f.seek(base)
-                    data = f.read() if n < end.seg else f.read(max(0, end.offset - base))
-            except FileNotFoundError:
-                continue
-            key = str(header.get("instance_id", self.instance_id)).encode("utf-8")
-            last = 0
-            for rec_end, seq, flags, topic, value in iter_records(data, 0):
-                last = rec_end
-                out.append(Record(seq, flags, topic, key, value, Position(n, base + rec_end)))
-                total += len(value)
-                if total >= max_bytes:
-                    return out, Position(n, base + rec_end)
-            last += base
-            if n < end.seg:
-                if last < base + len(data):  # damage inside an older segment: skip the rest of it, loudly
-                    log.error("spool %s: %d unreadable bytes at offset %d skipped", path, base + len(data) - last,
-                              last)
-                pos = Position(n + 1, 0)
-            else:
-                pos = Position(n, last)
-        return out, max(pos, cursor)
+        return read_records([(n, self._path(n)) for n in self.segments()], self.instance_id, cursor, end, max_bytes)
 
     def pending(self) -> int:
         """Records spooled but not yet acknowledged (a count, for reports)."""

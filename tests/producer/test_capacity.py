@@ -10,7 +10,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from flightrec.producer import open_agent
-from flightrec.producer.deliver import message_size
+from flightrec.producer.fit import message_size
 from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.spool import SYNC_WINDOW_S, Position, Spool
 from flightrec.schemas import LogBatch, Lifecycle, decode, new_event_id, now_us

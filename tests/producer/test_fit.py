@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 
 from flightrec.producer import open_agent
-from flightrec.producer.deliver import marker_for, message_size, split_log_batch
+from flightrec.producer.fit import marker_for, message_size, split_log_batch
 from flightrec.producer.fit import fit_exit
 from flightrec.producer.lines import Tail, cut_text, fit_tails
 from flightrec.producer.batcher import BATCH_MAX_BYTES, SourceBatcher
