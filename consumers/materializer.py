@@ -29,8 +29,13 @@ from flightrec.db.serve import QueryServer
 from flightrec.db.stats import Stats
 from flightrec.db.filestore import FileStore
 from flightrec.db.store import Store, open_store
-from flightrec.cluster import LOG_APPEND_TIME as APPEND_TIME_CONFIG, TIMESTAMP_TYPE, create_time_warning, \
-    describe_topic_configs, topic_partitions
+from flightrec.cluster import (
+    LOG_APPEND_TIME as APPEND_TIME_CONFIG,
+    TIMESTAMP_TYPE,
+    create_time_warning,
+    describe_topic_configs,
+    topic_partitions,
+)
 from flightrec.errors import ConfigError, MaterializeError
 
 P = ParamSpec("P")
@@ -56,9 +61,11 @@ class Pending:
 
     def full(self, now: float) -> bool:
         """Whether the batch should be committed now."""
-        return bool(self.records) and (self.bytes >= self.opts.batch_bytes
-                                       or len(self.records) >= self.opts.batch_messages
-                                       or now - self.since >= self.opts.commit_interval)
+        return bool(self.records) and (
+            self.bytes >= self.opts.batch_bytes
+            or len(self.records) >= self.opts.batch_messages
+            or now - self.since >= self.opts.commit_interval
+        )
 
     def take(self) -> list[Record]:
         records, self.records, self.bytes = self.records, [], 0
@@ -79,10 +86,16 @@ class _ClockWatch:
             stale = next((r for r in records if getattr(r, "timestamp_type", None) != LOG_APPEND_TIME), None)
             if stale is not None:
                 self.said.add(tp.topic)
-                log.warning("records of %s (partition %d, offset %d and others) carry the sender's clock (CreateTime), "
-                            "not the broker's: for their events `lost` and the clock offset follow the instances' own "
-                            "clocks. New topics are made with %s=LogAppendTime; records appended before a topic was "
-                            "switched keep CreateTime", tp.topic, tp.partition, stale.offset, TIMESTAMP_TYPE)
+                log.warning(
+                    "records of %s (partition %d, offset %d and others) carry the sender's clock (CreateTime), "
+                    "not the broker's: for their events `lost` and the clock offset follow the instances' own "
+                    "clocks. New topics are made with %s=LogAppendTime; records appended before a topic was "
+                    "switched keep CreateTime",
+                    tp.topic,
+                    tp.partition,
+                    stale.offset,
+                    TIMESTAMP_TYPE,
+                )
 
 
 def parse_time(text: str, now: float | None = None) -> int:
@@ -144,10 +157,17 @@ class Materializer:
         try:
             self._store = await self._in_writer(self._open_store)
             if opts.webhook and not opts.replay:
-                self._alerts = Alerter(AlertConfig(opts.webhook, opts.alert_on, opts.dashboard_url,
-                                                   backoff=opts.alert_backoff, drain=opts.alert_drain,
-                                                   timeout=opts.alert_timeout,
-                                                   status_interval=opts.status_interval))
+                self._alerts = Alerter(
+                    AlertConfig(
+                        opts.webhook,
+                        opts.alert_on,
+                        opts.dashboard_url,
+                        backoff=opts.alert_backoff,
+                        drain=opts.alert_drain,
+                        timeout=opts.alert_timeout,
+                        status_interval=opts.status_interval,
+                    )
+                )
                 await self._in_writer(self._alerts.start, self._store.con)
             if opts.serve:
                 reader_root = await self._in_writer(self._store.con.cursor)
@@ -156,9 +176,14 @@ class Materializer:
                 if isinstance(self._store, FileStore):
                     self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
             self._consumer = AIOKafkaConsumer(
-                **self.kafka_kwargs, enable_auto_commit=False, auto_offset_reset="earliest",
-                max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000,
-                **self._consumer_options())
+                **self.kafka_kwargs,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=2 << 20,
+                fetch_max_bytes=16 << 20,
+                request_timeout_ms=20000,
+                **self._consumer_options(),
+            )
             self._admin = AIOKafkaAdminClient(**self.kafka_kwargs, request_timeout_ms=20000)
             try:
                 await self._consumer.start()
@@ -167,9 +192,12 @@ class Materializer:
                 from flightrec.cluster import connection_cause
 
                 cause = await connection_cause(self.kafka_kwargs)
-                raise MaterializeError(f"cannot read Kafka: {cause}" if cause else
-                                       f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
-                                       f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP") from exc
+                raise MaterializeError(
+                    f"cannot read Kafka: {cause}"
+                    if cause
+                    else f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
+                    f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP"
+                ) from exc
             await self._check_timestamp_types()
             await self._assign(initial=True)
         except BaseException:
@@ -183,8 +211,11 @@ class Materializer:
         try:
             configs = await describe_topic_configs(self._admin, self.opts.topics)
         except (KafkaError, OSError, asyncio.TimeoutError) as exc:
-            log.info("cannot describe the topics' configs (%s): whether they stamp the broker's clock is judged by "
-                     "the records as they come", exc)
+            log.info(
+                "cannot describe the topics' configs (%s): whether they stamp the broker's clock is judged by "
+                "the records as they come",
+                exc,
+            )
             return
         types = {t: c.get(TIMESTAMP_TYPE, "CreateTime") for t, c in configs.items()}  # Kafka's default: CreateTime
         warning = create_time_warning(types, str(self.kafka_kwargs.get("bootstrap_servers", "BOOTSTRAP")))
@@ -195,8 +226,15 @@ class Materializer:
     def _open_store(self) -> Store:
         """The store this run writes (in the writer thread)."""
         opts = self.opts
-        return open_store(opts.location, opts.group, rules=opts.rules, replay=opts.replay,
-                          memory_limit=opts.memory_limit, lock_wait=opts.lock_wait, views=opts.views)
+        return open_store(
+            opts.location,
+            opts.group,
+            rules=opts.rules,
+            replay=opts.replay,
+            memory_limit=opts.memory_limit,
+            lock_wait=opts.lock_wait,
+            views=opts.views,
+        )
 
     def _consumer_options(self) -> dict[str, object]:
         """Consumer arguments beyond the common ones: no group here (partitions assigned by hand)."""
@@ -338,7 +376,8 @@ class Materializer:
             if now - kafka_ok > max(self.opts.until_idle, 30.0):
                 raise MaterializeError(
                     f"the broker at {self.kafka_kwargs.get('bootstrap_servers')} has not answered for "
-                    f"{now - kafka_ok:.0f}s; committed what was read, start again when it is back") from exc
+                    f"{now - kafka_ok:.0f}s; committed what was read, start again when it is back"
+                ) from exc
             return None
 
     async def run(self) -> Stats:

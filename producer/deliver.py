@@ -14,7 +14,15 @@ from typing import Any
 from flightrec.errors import DeliveryError
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
 
-from flightrec.producer.fit import MIN_LIMIT, TOO_LARGE, Outgoing, is_permanent, marker_for, message_size, split_log_batch
+from flightrec.producer.fit import (
+    MIN_LIMIT,
+    TOO_LARGE,
+    Outgoing,
+    is_permanent,
+    marker_for,
+    message_size,
+    split_log_batch,
+)
 from flightrec.producer.lost import LostSpool
 from flightrec.producer.spool import Position, Record, Spool
 
@@ -40,6 +48,8 @@ def bootstrap_answers(bootstrap: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
         except (OSError, ValueError):
             continue
     return False
+
+
 def producer_kwargs(settings: Settings, limits: dict[str, int] | None = None) -> dict[str, Any]:
     """aiokafka producer options: acks=all, idempotence, small linger, batches within the smallest topic limit."""
     limits = limits or {}
@@ -104,6 +114,7 @@ class Deliverer:
         if learned is None:
             return cap or STOCK_MAX_MESSAGE_BYTES
         return min(learned, cap) if cap else learned
+
     # -- control from other threads -------------------------------------------
 
     def start(self) -> None:
@@ -132,8 +143,9 @@ class Deliverer:
         earliest); otherwise, the sender (another process) says so in the spool."""
         if self._lock_fd is not None:
             failed, attempt = self._failed_attempt, self._attempt_since
-            return ((failed is not None and failed >= since)
-                    or (attempt is not None and time.monotonic() - max(attempt, since) >= AWAY_AFTER_S))
+            return (failed is not None and failed >= since) or (
+                attempt is not None and time.monotonic() - max(attempt, since) >= AWAY_AFTER_S
+            )
         # another process sends: its note says so (a note without a live sender is stale), or nothing it sent was
         # acknowledged for AWAY_AFTER_S (an attempt of its may hang longer than that: a broker dropping packets)
         return self._lock_busy and ((self.spool.dir / AWAY).exists() or time.monotonic() - since >= AWAY_AFTER_S)
@@ -227,8 +239,12 @@ class Deliverer:
                 except Exception as exc:  # a damaged spool, a bug: the spool keeps the events
                     self.errors_total += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.error("the delivery thread hit %s; it retries in %gs (events stay in the spool %s)",
-                              self.last_error, BACKOFF_S[-1], self.spool.dir)
+                    log.error(
+                        "the delivery thread hit %s; it retries in %gs (events stay in the spool %s)",
+                        self.last_error,
+                        BACKOFF_S[-1],
+                        self.spool.dir,
+                    )
                     self._release()
                     time.sleep(BACKOFF_S[-1])
         finally:
@@ -284,8 +300,12 @@ class Deliverer:
         try:
             learned = await topic_limits(self.settings.kafka_kwargs(), TOPICS)
         except Exception as exc:  # no DescribeConfigs right, broker away: the setting or the stock limit applies
-            log.info("cannot describe the topics' max.message.bytes (%s: %s); using %d bytes",
-                     type(exc).__name__, exc, self.limit(TOPIC_LIFECYCLE))
+            log.info(
+                "cannot describe the topics' max.message.bytes (%s: %s); using %d bytes",
+                type(exc).__name__,
+                exc,
+                self.limit(TOPIC_LIFECYCLE),
+            )
             return False
         self.limits.update(learned)
         return True
@@ -301,8 +321,13 @@ class Deliverer:
         parts = split_log_batch(rec.value, rec.key, limit)
         if parts is not None:
             return [Outgoing(rec.topic, rec.key, p) for p in parts]
-        return [self._drop(rec, f"too large: the {len(rec.value)}-byte message is over {rec.topic}'s limit of "
-                                f"{limit} bytes (max.message.bytes) and cannot be split")]
+        return [
+            self._drop(
+                rec,
+                f"too large: the {len(rec.value)}-byte message is over {rec.topic}'s limit of "
+                f"{limit} bytes (max.message.bytes) and cannot be split",
+            )
+        ]
 
     def _drop(self, rec: Record, reason: str) -> Outgoing:
         line = f"seq {rec.seq} on {rec.topic} ({len(rec.value)} bytes): {reason}"
@@ -417,8 +442,12 @@ class Deliverer:
                     self.last_error = self._cause_line or f"{type(transient).__name__}: {transient}"
                     self.say_away()
                     if failures == 1:
-                        log.warning("cannot deliver to Kafka at %s (%s); events wait in the spool %s",
-                                    self.settings.bootstrap, self.last_error, self.spool.dir)
+                        log.warning(
+                            "cannot deliver to Kafka at %s (%s); events wait in the spool %s",
+                            self.settings.bootstrap,
+                            self.last_error,
+                            self.spool.dir,
+                        )
                     if producer is not None:
                         p, producer = producer, None
                         await _close(p)

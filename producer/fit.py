@@ -56,18 +56,40 @@ def fit_exit(fields: dict[str, Any], limit: int) -> dict[str, Any]:
 
 def fit_exit_event(ev: ProcessExit, limit: int) -> ProcessExit:
     """``ev`` with argv and tails cut as :func:`fit_exit` does (applied after masking, so no secret is cut). Pure."""
-    out = fit_exit({"argv": list(ev.argv), "stage": ev.stage, "start_error": ev.start_error,
-                    "stdout_tail": list(ev.stdout_tail), "stderr_tail": list(ev.stderr_tail),
-                    "file_tails": list(ev.file_tails)}, limit)
-    return dataclasses.replace(ev, argv=out["argv"], stdout_tail=out["stdout_tail"], stderr_tail=out["stderr_tail"],
-                               file_tails=out["file_tails"])
+    out = fit_exit(
+        {
+            "argv": list(ev.argv),
+            "stage": ev.stage,
+            "start_error": ev.start_error,
+            "stdout_tail": list(ev.stdout_tail),
+            "stderr_tail": list(ev.stderr_tail),
+            "file_tails": list(ev.file_tails),
+        },
+        limit,
+    )
+    return dataclasses.replace(
+        ev,
+        argv=out["argv"],
+        stdout_tail=out["stdout_tail"],
+        stderr_tail=out["stderr_tail"],
+        file_tails=out["file_tails"],
+    )
 
 
 MIN_LIMIT = 1024
 # errors after which sending the same record again can never succeed
-PERMANENT = ("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordException",
-             "TopicAuthorizationFailedError", "InvalidTopicError", "UnsupportedForMessageFormatError",
-             "InvalidRequiredAcksError", "RecordTooLargeError", "PolicyViolationError")
+PERMANENT = (
+    "MessageSizeTooLargeError",
+    "RecordListTooLargeError",
+    "InvalidRecordError",
+    "CorruptRecordException",
+    "TopicAuthorizationFailedError",
+    "InvalidTopicError",
+    "UnsupportedForMessageFormatError",
+    "InvalidRequiredAcksError",
+    "RecordTooLargeError",
+    "PolicyViolationError",
+)
 TOO_LARGE = ("MessageSizeTooLargeError", "RecordListTooLargeError", "RecordTooLargeError")
 
 
@@ -114,11 +136,22 @@ def split_log_batch(value: bytes, key: bytes, limit: int) -> list[bytes] | None:
     out: list[bytes] = []
 
     def part(lo: int, hi: int) -> bool:
-        sub = LogBatch(event_id=f"{ev.event_id}{PART}{lo}-{hi}",
-                       instance_id=ev.instance_id, boot_id=ev.boot_id, seq=ev.seq, ts_us=ev.ts_us, stage=ev.stage,
-                       source=ev.source, pid=ev.pid, line_no=ev.line_no[lo:hi], line_ts_us=ev.line_ts_us[lo:hi],
-                       text=ev.text[lo:hi], truncated=ev.truncated[lo:hi], invalid_utf8=ev.invalid_utf8[lo:hi],
-                       late=ev.late[lo:hi] if ev.late else ())
+        sub = LogBatch(
+            event_id=f"{ev.event_id}{PART}{lo}-{hi}",
+            instance_id=ev.instance_id,
+            boot_id=ev.boot_id,
+            seq=ev.seq,
+            ts_us=ev.ts_us,
+            stage=ev.stage,
+            source=ev.source,
+            pid=ev.pid,
+            line_no=ev.line_no[lo:hi],
+            line_ts_us=ev.line_ts_us[lo:hi],
+            text=ev.text[lo:hi],
+            truncated=ev.truncated[lo:hi],
+            invalid_utf8=ev.invalid_utf8[lo:hi],
+            late=ev.late[lo:hi] if ev.late else (),
+        )
         data = codec.encode(sub)
         if message_size(key, data) <= limit:
             out.append(data)
@@ -140,9 +173,17 @@ def marker_for(rec: Record, reason: str) -> bytes:
         name, fields = "unknown", {"event_id": "", "boot_id": "", "ts_us": 0}
         reason = f"{reason}; the message does not decode either: {exc.reason}"
     original_id = str(fields.get("event_id", ""))
-    ev = Dropped(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"dropped/{original_id or rec.seq}/{rec.end}")),
-                 instance_id=rec.key.decode("utf-8", "replace"), boot_id=str(fields.get("boot_id", "")), seq=rec.seq,
-                 ts_us=int(fields.get("ts_us") or 0), original_event_id=original_id, original_type=name,
-                 original_topic=rec.topic, original_bytes=len(rec.value), stage=str(fields.get("stage") or ""),
-                 reason=reason[:1000])
+    ev = Dropped(
+        event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"dropped/{original_id or rec.seq}/{rec.end}")),
+        instance_id=rec.key.decode("utf-8", "replace"),
+        boot_id=str(fields.get("boot_id", "")),
+        seq=rec.seq,
+        ts_us=int(fields.get("ts_us") or 0),
+        original_event_id=original_id,
+        original_type=name,
+        original_topic=rec.topic,
+        original_bytes=len(rec.value),
+        stage=str(fields.get("stage") or ""),
+        reason=reason[:1000],
+    )
     return codec.encode(ev)

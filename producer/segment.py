@@ -28,7 +28,7 @@ def parse_header(data: bytes, path: Path) -> tuple[dict, int]:
     if nl < 0:
         raise SpoolError(f"{path} has a torn header; delete it if it holds no records")
     try:
-        header = json.loads(data[len(SEG_MAGIC):nl])
+        header = json.loads(data[len(SEG_MAGIC) : nl])
     except ValueError as exc:
         raise SpoolError(f"{path} has an unreadable header: {exc}; move it out of the spool folder") from exc
     return header, nl + 1
@@ -51,8 +51,8 @@ def iter_records(data: bytes, start: int) -> Iterator[tuple[int, int, int, str, 
         if zlib.crc32(view[body_start:end]) != crc:  # no copy of the body to check it
             return
         seq, flags, tlen = BODY.unpack_from(data, body_start)
-        topic = data[body_start + BODY.size:body_start + BODY.size + tlen].decode("utf-8")
-        yield end, seq, flags, topic, data[body_start + BODY.size + tlen:end]
+        topic = data[body_start + BODY.size : body_start + BODY.size + tlen].decode("utf-8")
+        yield end, seq, flags, topic, data[body_start + BODY.size + tlen : end]
         pos = end
 
 
@@ -79,8 +79,9 @@ class Record:
 HEAD_READ = 64 * 1024  # a segment's header is read from this much of its start
 
 
-def read_records(segments: Iterable[tuple[int, Path]], instance_id: str, cursor: Position, end: Position,
-                 max_bytes: int) -> tuple[list[Record], Position]:
+def read_records(
+    segments: Iterable[tuple[int, Path]], instance_id: str, cursor: Position, end: Position, max_bytes: int
+) -> tuple[list[Record], Position]:
     """Records of the numbered segment files from ``cursor`` up to ``end``, about ``max_bytes`` of values; and the
     new cursor. A missing segment is skipped; damage inside an older one skips its rest, said in the log."""
     out: list[Record] = []
@@ -92,7 +93,7 @@ def read_records(segments: Iterable[tuple[int, Path]], instance_id: str, cursor:
         try:
             with open(path, "rb") as f:
                 data = f.read(HEAD_READ)
-                if len(data) == HEAD_READ and b"\n" not in data[len(SEG_MAGIC):]:
+                if len(data) == HEAD_READ and b"\n" not in data[len(SEG_MAGIC) :]:
                     data += f.read()  # a header longer than that (a very long instance id)
                 header, header_len = parse_header(data, path)
                 # from the cursor on: what was sent before is not read again

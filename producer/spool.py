@@ -37,8 +37,15 @@ from flightrec.errors import SpoolError
 from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
 
 from flightrec.producer.names import instance_dir, safe_name  # noqa: F401 (re-exported)
-from flightrec.producer.segment import (BODY, REC, SEG_MAGIC, Position, Record,  # noqa: F401 - SEG_MAGIC, Position, Record: re-exported
-                                        iter_records, read_records)
+from flightrec.producer.segment import (
+    BODY,
+    REC,
+    SEG_MAGIC,
+    Position,
+    Record,  # noqa: F401 - SEG_MAGIC, Position, Record: re-exported
+    iter_records,
+    read_records,
+)
 from flightrec.producer.segment import parse_header as _parse_header
 from flightrec.producer.syncer import Syncer
 
@@ -119,8 +126,15 @@ class Spool:
     :meth:`save_cursor` says Kafka acknowledged it.
     """
 
-    def __init__(self, root: str | Path, instance_id: str, *, fsync: bool = True,
-                 rotate_bytes: int = DEFAULT_ROTATE_BYTES, new_boot: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        instance_id: str,
+        *,
+        fsync: bool = True,
+        rotate_bytes: int = DEFAULT_ROTATE_BYTES,
+        new_boot: bool = False,
+    ) -> None:
         if not instance_id:
             raise SpoolError("an instance id is needed: pass --instance or set FLIGHTREC_INSTANCE")
         self.instance_id = instance_id
@@ -141,7 +155,9 @@ class Spool:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise SpoolError(f"cannot use the spool folder {self.dir}: {exc}; set FLIGHTREC_SPOOL to a writable folder") from exc
+            raise SpoolError(
+                f"cannot use the spool folder {self.dir}: {exc}; set FLIGHTREC_SPOOL to a writable folder"
+            ) from exc
         self._codec = default_codec()
         self.held: dict[str, int] = {}  # boots that stages of this process take part in (producer.members)
         self._reserve_given_up = False
@@ -228,14 +244,32 @@ class Spool:
             with open(path, "r+b") as f:
                 f.truncate(end)
                 os.fsync(f.fileno())
-        self._head = _Head(n, end, header_len, header["boot_id"], header.get("kernel_boot_id", ""),
-                           next_seq, sealed, header.get("instance_id", self.instance_id))
+        self._head = _Head(
+            n,
+            end,
+            header_len,
+            header["boot_id"],
+            header.get("kernel_boot_id", ""),
+            next_seq,
+            sealed,
+            header.get("instance_id", self.instance_id),
+        )
         return self._head
 
     def _new_segment(self, n: int, boot_id: str, first_seq: int) -> _Head:
         kboot = kernel_boot_id()
-        header = json.dumps({"instance_id": self.instance_id, "boot_id": boot_id, "kernel_boot_id": kboot,
-                             "first_seq": first_seq, "created_us": now_us()}).encode() + b"\n"
+        header = (
+            json.dumps(
+                {
+                    "instance_id": self.instance_id,
+                    "boot_id": boot_id,
+                    "kernel_boot_id": kboot,
+                    "first_seq": first_seq,
+                    "created_us": now_us(),
+                }
+            ).encode()
+            + b"\n"
+        )
         path = self._path(n)
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
@@ -255,7 +289,12 @@ class Spool:
     def _current(self) -> _Head:
         """Under the lock: the head to append to, starting a new boot or segment where needed."""
         head = self._recover()
-        if head is None or head.sealed or self._force_new_boot or (head.kernel_boot and head.kernel_boot != kernel_boot_id()):
+        if (
+            head is None
+            or head.sealed
+            or self._force_new_boot
+            or (head.kernel_boot and head.kernel_boot != kernel_boot_id())
+        ):
             self._force_new_boot = False
             n = head.seg + 1 if head else 1
             return self._new_segment(n, str(uuid.uuid4()), 0)
@@ -290,9 +329,11 @@ class Spool:
         if head is not None and head.boot_id in self.held and not head.sealed:
             return
         gone = ", ".join(sorted(self.held))
-        raise BootSealedError(f"boot {gone} was sealed while this stage was still running (a seal waits "
-                              "FLIGHTREC_SEAL_WAIT seconds for running stages); its later events are not recorded",
-                              _built(makers, gone))
+        raise BootSealedError(
+            f"boot {gone} was sealed while this stage was still running (a seal waits "
+            "FLIGHTREC_SEAL_WAIT seconds for running stages); its later events are not recorded",
+            _built(makers, gone),
+        )
 
     # -- writing ------------------------------------------------------------
 
@@ -332,7 +373,7 @@ class Spool:
         if self._fd_seg != head.seg:
             if self._fd is not None:
                 if self._dirty_since is not None:  # the old segment's unsynced records: the syncer thread
-                    self._syncer.hand(self._fd)   # fdatasyncs and closes it (the writer does not wait)
+                    self._syncer.hand(self._fd)  # fdatasyncs and closes it (the writer does not wait)
                     self._dirty_since = None
                 else:
                     os.close(self._fd)
@@ -345,7 +386,7 @@ class Spool:
             if (written := os.writev(fd, blob)) < sum(map(len, blob)):  # write (a full disk) the rest
                 view = memoryview(b"".join(blob))[written:]
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             if self.fsync:
                 if self._dirty_since is None:
                     self._dirty_since = time.monotonic()
@@ -362,9 +403,15 @@ class Spool:
                 pass
             raise
 
-    def append(self, makers: Sequence[Maker], *, once: str | None = None,
-               encode: Callable[[Event], bytes] | None = None, sync: bool = True,
-               boot: str | None = None) -> list[Event]:
+    def append(
+        self,
+        makers: Sequence[Maker],
+        *,
+        once: str | None = None,
+        encode: Callable[[Event], bytes] | None = None,
+        sync: bool = True,
+        boot: str | None = None,
+    ) -> list[Event]:
         """Assign seqs, build, encode and durably write events; return them (empty if ``once`` was done).
 
         ``sync=False`` (log batches): written at once, fdatasync'd by group commit (see the class).
@@ -383,14 +430,17 @@ class Spool:
                 if boot is not None:
                     last = self._recover()
                     if last is None or last.boot_id != boot or last.sealed:
-                        raise BootSealedError(f"boot {boot} was sealed before these lines of a stage's late output "
-                                              "were spooled; they are passed on but not recorded",
-                                              _built(makers, boot))
+                        raise BootSealedError(
+                            f"boot {boot} was sealed before these lines of a stage's late output "
+                            "were spooled; they are passed on but not recorded",
+                            _built(makers, boot),
+                        )
                 try:
                     head = self._current()
                 except OSError as exc:
-                    raise SpoolWriteError(f"cannot start a spool segment in {self.dir}: {exc}",
-                                          _built(makers, "")) from exc
+                    raise SpoolWriteError(
+                        f"cannot start a spool segment in {self.dir}: {exc}", _built(makers, "")
+                    ) from exc
                 marker = self.dir / f"once-{head.boot_id}-{once}" if once else None
                 if marker is not None and marker.exists():
                     return []
@@ -426,8 +476,11 @@ class Spool:
         """Write the parts of ``blob``; on a full disk, give up the reserve for anything but log lines; else SpoolWriteError."""
         has_lines = any(isinstance(ev, LogBatch) for ev in events)
         if has_lines and not self._room_for_lines():
-            raise SpoolWriteError(f"the disk of {self.dir} is full: log lines are dropped, the last room is kept "
-                                  "for exits and ends of stages", events)
+            raise SpoolWriteError(
+                f"the disk of {self.dir} is full: log lines are dropped, the last room is kept "
+                "for exits and ends of stages",
+                events,
+            )
         try:
             self._write(head, blob, sync)
             return
@@ -478,8 +531,11 @@ class Spool:
                 with open(self.dir / "cursor", "r+") as f:
                     f.write(text)
             except OSError:
-                log.warning("spool %s: cannot save the delivery cursor (%s); acknowledged events may be sent again",
-                            self.dir, exc)
+                log.warning(
+                    "spool %s: cannot save the delivery cursor (%s); acknowledged events may be sent again",
+                    self.dir,
+                    exc,
+                )
         for n in self.segments():
             if n < pos.seg:
                 try:
