@@ -37,6 +37,7 @@ test: setup system-packages
 # one worker per core, each test file on one worker (its module fixtures built once).
 check: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/typecheck.py
 	$(VENV)/bin/pytest -q -m "not integration" -n auto --dist loadfile
 

@@ -28,9 +28,12 @@ def main() -> None:
     """Run the app: configure the page, register the pages, run the selected one."""
     st.set_page_config(page_title="flightrec", page_icon=":material/flight:", layout="wide")
     # The first page is the default one, served at "/" (Streamlit gives it no path of its own).
-    pages = [st.Page(PAGES_DIR / f, title=t, icon=i, default=True) if n == 0
-             else st.Page(PAGES_DIR / f, title=t, icon=i, url_path=u)
-             for n, (f, t, i, u) in enumerate(PAGES)]
+    pages = [
+        st.Page(PAGES_DIR / f, title=t, icon=i, default=True)
+        if n == 0
+        else st.Page(PAGES_DIR / f, title=t, icon=i, url_path=u)
+        for n, (f, t, i, u) in enumerate(PAGES)
+    ]
     nav = st.navigation(pages)
     time_range_picker()
     st.sidebar.caption(f"Database: `{mask_password(db_path())}`")

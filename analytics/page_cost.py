@@ -25,8 +25,10 @@ def headline() -> None:
     c[2].metric("Hours lost", f"{t['hours_lost']:,.1f}")
     c[3].metric("Failed instances", f"{t['failed_instances']} of {t['instances']}")
     if t["unpriced"]:
-        st.caption(f"{t['unpriced']} instance(s) have no price: send one with `flightrec manager event --instance ID "
-                   "--kind rented --attr price_per_hour=1.85` or `price_per_hour` in FLIGHTREC_FACTS.")
+        st.caption(
+            f"{t['unpriced']} instance(s) have no price: send one with `flightrec manager event --instance ID "
+            "--kind rented --attr price_per_hour=1.85` or `price_per_hour` in FLIGHTREC_FACTS."
+        )
 
 
 def avoid_these() -> None:
@@ -34,18 +36,28 @@ def avoid_these() -> None:
     st.subheader("Avoid these")
     f = fetch(cost.offer_filter).to_pylist()[0]
     if f["items"]:
-        st.caption(f"Paste into vast.ai's offer search (`vastai search offers '…'`): every GPU model, host and "
-                   f"driver with a failure rate of {AVOID_RATE:.0%} or more "
-                   f"(the {AVOID_TOP} of each kind that lost the most).")
+        st.caption(
+            f"Paste into vast.ai's offer search (`vastai search offers '…'`): every GPU model, host and "
+            f"driver with a failure rate of {AVOID_RATE:.0%} or more "
+            f"(the {AVOID_TOP} of each kind that lost the most)."
+        )
         st.code(f["offer_filter"], language=None)
     ranked = fetch(cost.avoid)
     if not ranked.num_rows:
         st.caption("Nothing failed: nothing to avoid.")
         return
-    st.dataframe(ranked, hide_index=True, width="stretch", height=table_height(ranked.num_rows, 320), column_config={
-        "failure_rate": RATE, "dollars_lost": st.column_config.NumberColumn("$ lost", format="$%.2f"),
-        "in_filter": st.column_config.CheckboxColumn("in filter"),
-        "offer_filter": st.column_config.TextColumn("offer filter", width="medium")})
+    st.dataframe(
+        ranked,
+        hide_index=True,
+        width="stretch",
+        height=table_height(ranked.num_rows, 320),
+        column_config={
+            "failure_rate": RATE,
+            "dollars_lost": st.column_config.NumberColumn("$ lost", format="$%.2f"),
+            "in_filter": st.column_config.CheckboxColumn("in filter"),
+            "offer_filter": st.column_config.TextColumn("offer filter", width="medium"),
+        },
+    )
 
 
 def breakdowns() -> None:
@@ -53,23 +65,36 @@ def breakdowns() -> None:
     st.subheader("Dollars lost by failure class")
     classes = fetch(cost.by_class)
     if classes.num_rows:
-        st.altair_chart(alt.Chart(classes.to_pandas()).mark_bar().encode(
-            x=alt.X("dollars_lost:Q", title="$ lost before the failure"),
-            y=alt.Y("failure_class:N", sort="-x", title=None, axis=alt.Axis(labelLimit=260)),
-            tooltip=["failure_class", "instances", "failures", alt.Tooltip("dollars_lost:Q", format="$.2f")]),
-            width="stretch")
+        st.altair_chart(
+            alt.Chart(classes.to_pandas())
+            .mark_bar()
+            .encode(
+                x=alt.X("dollars_lost:Q", title="$ lost before the failure"),
+                y=alt.Y("failure_class:N", sort="-x", title=None, axis=alt.Axis(labelLimit=260)),
+                tooltip=["failure_class", "instances", "failures", alt.Tooltip("dollars_lost:Q", format="$.2f")],
+            ),
+            width="stretch",
+        )
         st.dataframe(classes, hide_index=True, width="stretch", column_config={"dollars_lost": MONEY})
     else:
         st.caption("No failures.")
     left, right = st.columns(2)
     with left:
         st.subheader("By GPU model")
-        st.dataframe(fetch(cost.by_gpu), hide_index=True, width="stretch", column_config={
-            "failure_rate": RATE, "dollars_paid": MONEY, "dollars_lost": MONEY})
+        st.dataframe(
+            fetch(cost.by_gpu),
+            hide_index=True,
+            width="stretch",
+            column_config={"failure_rate": RATE, "dollars_paid": MONEY, "dollars_lost": MONEY},
+        )
     with right:
         st.subheader("By host")
-        st.dataframe(fetch(cost.by_host), hide_index=True, width="stretch", column_config={
-            "failure_rate": RATE, "dollars_paid": MONEY, "dollars_lost": MONEY})
+        st.dataframe(
+            fetch(cost.by_host),
+            hide_index=True,
+            width="stretch",
+            column_config={"failure_rate": RATE, "dollars_paid": MONEY, "dollars_lost": MONEY},
+        )
 
 
 def per_failure() -> None:
@@ -80,18 +105,27 @@ def per_failure() -> None:
         st.caption("No failures.")
         return
     rows.insert(0, "open", [page_link_url("failures", failure=f) for f in rows["failure_id"]])
-    st.dataframe(rows, hide_index=True, width="stretch", height=table_height(len(rows), 320), column_config={
-        "open": st.column_config.LinkColumn("open", display_text="open", width="small"),
-        "price_per_hour": st.column_config.NumberColumn("$/hour", format="$%.2f"),
-        "hours_before_failure": st.column_config.NumberColumn("hours paid", format="%.2f"),
-        "dollars_before_failure": st.column_config.NumberColumn("$ paid", format="$%.2f")})
+    st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        height=table_height(len(rows), 320),
+        column_config={
+            "open": st.column_config.LinkColumn("open", display_text="open", width="small"),
+            "price_per_hour": st.column_config.NumberColumn("$/hour", format="$%.2f"),
+            "hours_before_failure": st.column_config.NumberColumn("hours paid", format="%.2f"),
+            "dollars_before_failure": st.column_config.NumberColumn("$ paid", format="$%.2f"),
+        },
+    )
 
 
 def render() -> None:
     """The Cost page."""
     st.title("Cost")
-    st.caption("All time: the sidebar's time range does not apply here (an instance's cost runs over its whole "
-               "rental). See docs/cost.md for how each figure is computed.")
+    st.caption(
+        "All time: the sidebar's time range does not apply here (an instance's cost runs over its whole "
+        "rental). See docs/cost.md for how each figure is computed."
+    )
     headline()
     avoid_these()
     breakdowns()

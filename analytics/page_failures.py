@@ -43,16 +43,31 @@ def charts(classes: list[str], gpus: list[str], since: int | None) -> None:
     left, right = st.columns(2)
     tall = rows_height(by_gpu.to_pandas()["gpu_model"].nunique() if by_gpu.num_rows else 1)
     left.altair_chart(
-        alt.Chart(frame, title=f"Failures per {unit} by class (UTC)").mark_bar().encode(
+        alt.Chart(frame, title=f"Failures per {unit} by class (UTC)")
+        .mark_bar()
+        .encode(
             x=alt.X("when:O", title=f"{unit} (UTC)", sort=None, axis=alt.Axis(labelAngle=0)),
-            y=alt.Y("failures:Q", axis=alt.Axis(**COUNT_AXIS)), color="failure_class:N",
-            tooltip=["bucket", "failure_class", "failures"]).properties(height=tall), width="stretch", height=tall)
+            y=alt.Y("failures:Q", axis=alt.Axis(**COUNT_AXIS)),
+            color="failure_class:N",
+            tooltip=["bucket", "failure_class", "failures"],
+        )
+        .properties(height=tall),
+        width="stretch",
+        height=tall,
+    )
     right.altair_chart(
-        alt.Chart(by_gpu.to_pandas(), title="Failures by GPU model").mark_bar().encode(
+        alt.Chart(by_gpu.to_pandas(), title="Failures by GPU model")
+        .mark_bar()
+        .encode(
             x=alt.X("failures:Q", axis=alt.Axis(**COUNT_AXIS)),
             y=alt.Y("gpu_model:N", sort="-x", title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
-            color="failure_class:N", tooltip=["gpu_model", "failure_class", "failures"]).properties(height=tall),
-        width="stretch", height=tall)
+            color="failure_class:N",
+            tooltip=["gpu_model", "failure_class", "failures"],
+        )
+        .properties(height=tall),
+        width="stretch",
+        height=tall,
+    )
 
 
 def failure_label(row: dict) -> str:
@@ -69,20 +84,36 @@ def listing(classes: list[str], gpus: list[str], since: int | None) -> str | Non
         return wanted
     frame = table.to_pandas()
     frame.insert(0, "open", [page_link_url("failures", failure=f) for f in frame["failure_id"]])
-    st.dataframe(frame.drop(columns=["failure_id"]), hide_index=True, width="stretch", height=table_height(len(frame), 260),
-                 column_config={"open": st.column_config.LinkColumn("open", display_text="open", width="small"),
-                                "instance_id": st.column_config.TextColumn("instance_id", width="medium"),
-                                "gpu_model": st.column_config.TextColumn("gpu_model", width="medium")})
+    st.dataframe(
+        frame.drop(columns=["failure_id"]),
+        hide_index=True,
+        width="stretch",
+        height=table_height(len(frame), 260),
+        column_config={
+            "open": st.column_config.LinkColumn("open", display_text="open", width="small"),
+            "instance_id": st.column_config.TextColumn("instance_id", width="medium"),
+            "gpu_model": st.column_config.TextColumn("gpu_model", width="medium"),
+        },
+    )
     rows = table.select(["failure_id", "failed_at", "instance_id", "stage", "failure_class"]).to_pylist()
     labels = {r["failure_id"]: failure_label(r) for r in rows}
     ids = list(labels)
     if wanted and wanted not in labels:
-        ids.insert(0, wanted)  # linked directly to one outside the list (its length, filters, time range): still show it
+        ids.insert(
+            0, wanted
+        )  # linked directly to one outside the list (its length, filters, time range): still show it
         labels[wanted] = wanted
     index = ids.index(wanted) if wanted in ids else 0
     key = f"failure_pick_{wanted}"
-    return st.selectbox("Failure", ids, index=index, format_func=lambda i: labels.get(i, i), key=key,
-                        on_change=remember_in_url, args=("failure", key))
+    return st.selectbox(
+        "Failure",
+        ids,
+        index=index,
+        format_func=lambda i: labels.get(i, i),
+        key=key,
+        on_change=remember_in_url,
+        args=("failure", key),
+    )
 
 
 def tail_block(title: str, lines: list[str] | None, matched: str | None) -> None:
@@ -109,8 +140,12 @@ def drill_down(failure_id: str) -> None:
         return
     st.header(f"{md(f['instance_id'])} · {md(f['stage'])} · {md(f['outcome'])}")
     st.code(f["instance_id"], language=None)  # the id, with a copy button
-    st.page_link("page_instance.py", label="open the instance", icon=":material/memory:",
-                 query_params={"instance": f["instance_id"]})
+    st.page_link(
+        "page_instance.py",
+        label="open the instance",
+        icon=":material/memory:",
+        query_params={"instance": f["instance_id"]},
+    )
     st.caption(f"failed at {f['failed_at']} UTC · failure id {md(failure_id)}")
     name, where = f.get("killed_by"), f.get("killed_by_evidence")  # read by the materializer (db/classify.py)
     cols = st.columns([3, 1, 1])
@@ -124,8 +159,10 @@ def drill_down(failure_id: str) -> None:
     if f["matched_line"]:
         st.markdown("**Matched line**")
         st.code(f["matched_line"], language=None, wrap_lines=True)
-    facts = (f"driver {md(f['driver_version'] or '?')} · CUDA {md(f['cuda_version'] or '?')} · "
-             f"compute capability {md(f['compute_capability'] or '?')} · host {md(f['host'] or '?')}")
+    facts = (
+        f"driver {md(f['driver_version'] or '?')} · CUDA {md(f['cuda_version'] or '?')} · "
+        f"compute capability {md(f['compute_capability'] or '?')} · host {md(f['host'] or '?')}"
+    )
     if f["proofs_per_hour"] is not None:
         facts += f" · {fmt_num(f['proofs_per_hour'])} proofs/hour against a minimum of {fmt_num(f['min_rate'])}"
     st.caption(facts)
@@ -150,10 +187,16 @@ def drill_down(failure_id: str) -> None:
     st.markdown("**Events that led up to it**")
     events = fetch(queries.failure_events, failure_id)
     if events.num_rows:
-        st.dataframe(events.select(["at", "stage", "state", "detail"]).to_pandas(), hide_index=True, width="stretch",
-                     height=table_height(events.num_rows, 420),
-                     column_config={"at": st.column_config.DatetimeColumn("at (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
-                                    "detail": st.column_config.TextColumn("detail", width="large")})
+        st.dataframe(
+            events.select(["at", "stage", "state", "detail"]).to_pandas(),
+            hide_index=True,
+            width="stretch",
+            height=table_height(events.num_rows, 420),
+            column_config={
+                "at": st.column_config.DatetimeColumn("at (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
+                "detail": st.column_config.TextColumn("detail", width="large"),
+            },
+        )
     else:
         st.code("\n".join(f["preceding_events"] or []) or "(none recorded)", language=None)
 
@@ -174,8 +217,12 @@ def render() -> None:
     c1, c2, c3 = st.columns([2, 2, 1])
     classes = c1.multiselect("Failure class", options["classes"] or [], key="failures_classes")
     gpus = c2.multiselect("GPU model", options["gpu_models"] or [], key="failures_gpus")
-    live = c3.toggle("Refresh while the materializer runs", value=True, key="failures_live",
-                     help=f"Re-reads the database every {REFRESH_S:.0f} s")
+    live = c3.toggle(
+        "Refresh while the materializer runs",
+        value=True,
+        key="failures_live",
+        help=f"Re-reads the database every {REFRESH_S:.0f} s",
+    )
     st.fragment(body, run_every=REFRESH_S if live else None)(classes, gpus)
 
 

@@ -16,12 +16,16 @@ COUNT_AXIS: dict[str, Any] = {"tickMinStep": 1, "format": "d"}  # counts of inst
 
 def _bar(table, column: str, title: str) -> alt.Chart:
     frame = table.to_pandas()
-    return (alt.Chart(frame, title=title)
-            .mark_bar()
-            .encode(x=alt.X("instances:Q", title="instances", axis=alt.Axis(**COUNT_AXIS)),
-                    y=alt.Y(f"{column}:N", sort="-x", title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
-                    tooltip=[column, "instances"])
-            .properties(height=rows_height(len(frame))))
+    return (
+        alt.Chart(frame, title=title)
+        .mark_bar()
+        .encode(
+            x=alt.X("instances:Q", title="instances", axis=alt.Axis(**COUNT_AXIS)),
+            y=alt.Y(f"{column}:N", sort="-x", title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
+            tooltip=[column, "instances"],
+        )
+        .properties(height=rows_height(len(frame)))
+    )
 
 
 def attention(since: int | None) -> None:
@@ -32,13 +36,14 @@ def attention(since: int | None) -> None:
     st.markdown("**Needs attention** (most recent first)")
     for r in rows:
         c1, c2, c3 = st.columns([5, 1, 1])
-        c1.markdown(f"`{r['status']}` **{md(r['instance_id'])}** · {md(r['failure_class'])} · "
-                    f"{md(r['status_detail'])}")
+        c1.markdown(f"`{r['status']}` **{md(r['instance_id'])}** · {md(r['failure_class'])} · {md(r['status_detail'])}")
         if r["failure_id"]:
-            c2.page_link("page_failures.py", label="failure", icon=":material/error:",
-                         query_params={"failure": r["failure_id"]})
-        c3.page_link("page_instance.py", label="instance", icon=":material/memory:",
-                     query_params={"instance": r["instance_id"]})
+            c2.page_link(
+                "page_failures.py", label="failure", icon=":material/error:", query_params={"failure": r["failure_id"]}
+            )
+        c3.page_link(
+            "page_instance.py", label="instance", icon=":material/memory:", query_params={"instance": r["instance_id"]}
+        )
 
 
 def silent(since: int | None) -> None:
@@ -47,8 +52,10 @@ def silent(since: int | None) -> None:
     if rows:
         shown = ", ".join(md(r["instance_id"]) for r in rows[:SILENT_SHOWN])
         more = f" and {len(rows) - SILENT_SHOWN:,} more" if len(rows) > SILENT_SHOWN else ""
-        st.info(f"{len(rows):,} instance(s) known only from the manager's events (rented, no event from their "
-                f"agent yet): {shown}{more}. Open one on the Instance page with its id.")
+        st.info(
+            f"{len(rows):,} instance(s) known only from the manager's events (rented, no event from their "
+            f"agent yet): {shown}{more}. Open one on the Instance page with its id."
+        )
 
 
 def overview() -> None:
@@ -67,8 +74,10 @@ def overview() -> None:
         if since is not None and fetch(queries.instance_ids):
             st.info("No instances heard from in this time range (sidebar): widen it to see older ones.")
         else:
-            st.info("No instances yet: run `flightrec materialize` against the broker the agents publish to "
-                    "(`flightrec agent run …` on each instance), or try `flightrec demo`.")
+            st.info(
+                "No instances yet: run `flightrec materialize` against the broker the agents publish to "
+                "(`flightrec agent run …` on each instance), or try `flightrec demo`."
+            )
         return
 
     left, right = st.columns(2)
@@ -89,35 +98,57 @@ def overview() -> None:
     only_failed = f4.checkbox("Only with failures", key="fleet_failed")
     only_incomplete = f4.checkbox("Only incomplete evidence", key="fleet_incomplete")
 
-    table = fetch(queries.fleet_table, statuses=statuses, gpu_models=gpus, search=search.strip(),
-                  only_failed=only_failed, only_incomplete=only_incomplete, since_us=since)
+    table = fetch(
+        queries.fleet_table,
+        statuses=statuses,
+        gpu_models=gpus,
+        search=search.strip(),
+        only_failed=only_failed,
+        only_incomplete=only_incomplete,
+        since_us=since,
+    )
     frame = table.to_pandas()
     st.caption(f"{table.num_rows:,} instances match · select a cell and copy it (Ctrl+C) to copy an id")
     st.dataframe(
-        frame, hide_index=True, width="stretch", key="fleet_table", height=table_height(len(frame)), placeholder="—",
+        frame,
+        hide_index=True,
+        width="stretch",
+        key="fleet_table",
+        height=table_height(len(frame)),
+        placeholder="—",
         column_config={
-            "status": st.column_config.TextColumn("status", width="medium", pinned=True,
-                                                  help="running / healthy / failed / below_min_rate / lost / "
-                                                       "destroyed / finished / idle"),
+            "status": st.column_config.TextColumn(
+                "status",
+                width="medium",
+                pinned=True,
+                help="running / healthy / failed / below_min_rate / lost / destroyed / finished / idle",
+            ),
             "instance_id": st.column_config.TextColumn("instance_id", width="large", pinned=True),
             "failure_class": st.column_config.TextColumn("failure class", width="medium"),
-            "failure": st.column_config.LinkColumn("failure", display_text="open", width="small",
-                                                   help="the instance's latest failure on the Failures page"),
-            "instance": st.column_config.LinkColumn("instance", display_text="open", width="small",
-                                                    help="the Instance page: stages, exits, logs"),
+            "failure": st.column_config.LinkColumn(
+                "failure", display_text="open", width="small", help="the instance's latest failure on the Failures page"
+            ),
+            "instance": st.column_config.LinkColumn(
+                "instance", display_text="open", width="small", help="the Instance page: stages, exits, logs"
+            ),
             "status_detail": st.column_config.TextColumn("status detail", width="medium"),
             "age_hours": st.column_config.NumberColumn("age (h)", format="%.1f"),
             "proofs_per_hour": st.column_config.NumberColumn("proofs/hour", format="%.1f"),
             "cost_per_proof": st.column_config.NumberColumn("$/proof", format="$%.6f"),
             "complete": st.column_config.CheckboxColumn("evidence complete"),
-        })
+        },
+    )
 
 
 def render() -> None:
     """The Fleet page; the overview reruns on its own every few seconds while `live` is on."""
     st.title("Fleet")
-    live = st.toggle("Refresh while the materializer runs", value=True, key="fleet_live",
-                     help=f"Re-reads the database every {REFRESH_S:.0f} s")
+    live = st.toggle(
+        "Refresh while the materializer runs",
+        value=True,
+        key="fleet_live",
+        help=f"Re-reads the database every {REFRESH_S:.0f} s",
+    )
     st.fragment(overview, run_every=REFRESH_S if live else None)()
 
 

@@ -26,12 +26,29 @@ from flightrec.analytics.ui import (
 
 TAIL_ROWS = 200  # lines the live tail shows, newest first
 
-OUTCOME_COLORS = alt.Scale(domain=["succeeded", "failed", "skipped", "running", "no end (lost)", "no end (destroyed)",
-                                   "no end (finished)", "no end (rebooted)"],
-                           range=["#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#ef6c00", "#6d4c41", "#757575",
-                                  "#757575"])
-STATUS_BANNER = {"failed": st.error, "below_min_rate": st.warning, "lost": st.error, "destroyed": st.warning,
-                 "finished": st.success, "healthy": st.success, "running": st.info, "idle": st.info}
+OUTCOME_COLORS = alt.Scale(
+    domain=[
+        "succeeded",
+        "failed",
+        "skipped",
+        "running",
+        "no end (lost)",
+        "no end (destroyed)",
+        "no end (finished)",
+        "no end (rebooted)",
+    ],
+    range=["#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#ef6c00", "#6d4c41", "#757575", "#757575"],
+)
+STATUS_BANNER = {
+    "failed": st.error,
+    "below_min_rate": st.warning,
+    "lost": st.error,
+    "destroyed": st.warning,
+    "finished": st.success,
+    "healthy": st.success,
+    "running": st.info,
+    "idle": st.info,
+}
 
 
 def pick_instance() -> str | None:
@@ -42,15 +59,19 @@ def pick_instance() -> str | None:
         if fetch(queries.fleet_row, wanted).num_rows:
             ids = [wanted, *ids]  # linked to one outside the time range: still show it
         elif fetch(queries.instance_manager_events, wanted).num_rows:
-            st.info(f"{md(wanted)} is known only from the manager's events: its agent has sent nothing yet "
-                    "(still booting, or the agent never started: look at the machine).")
+            st.info(
+                f"{md(wanted)} is known only from the manager's events: its agent has sent nothing yet "
+                "(still booting, or the agent never started: look at the machine)."
+            )
             manager_events(wanted)
             return None
         else:
             st.warning(f"No instance {md(wanted)} in the database" + ("; showing the newest one." if ids else "."))
     if not ids:
-        st.info("No instances heard from in this time range (sidebar). Widen it, or start `flightrec materialize` "
-                "and an agent.")
+        st.info(
+            "No instances heard from in this time range (sidebar). Widen it, or start `flightrec materialize` "
+            "and an agent."
+        )
         return None
     index = ids.index(wanted) if wanted in ids else 0
     key = f"instance_pick_{wanted}"
@@ -77,7 +98,8 @@ def facts(instance_id: str) -> dict | None:
         f"compute {md(f['compute_capability'] or '?')} · driver {md(f['driver_version'] or '?')} · "
         f"CUDA {md(f['cuda_version'] or '?')} · host {md(f['host'] or '?')} · "
         f"{md_money(f['price_per_hour'], 2)}/hour · cost/proof {md_money(f['cost_per_proof'])} · "
-        f"first seen {f['first_seen']} · last seen {f['last_seen']} · evidence {evidence}")
+        f"first seen {f['first_seen']} · last seen {f['last_seen']} · evidence {evidence}"
+    )
     if f["detail"]:
         st.caption(f"Latest detail: {md(f['detail'])}")
     if f.get("status"):
@@ -92,9 +114,11 @@ def rejected(instance_id: str) -> None:
     if not rows.num_rows:
         return
     reused = sum("reused" in r for r in rows.column("reason").to_pylist())
-    st.warning(f"**{rows.num_rows} message{'s' if rows.num_rows > 1 else ''} of this instance kept as dead letters"
-               f"**{f' ({reused} an event id reused with other content: not stored, the first stays)' if reused else ''}"
-               ": a forger or a broken producer; see below.")
+    st.warning(
+        f"**{rows.num_rows} message{'s' if rows.num_rows > 1 else ''} of this instance kept as dead letters"
+        f"**{f' ({reused} an event id reused with other content: not stored, the first stays)' if reused else ''}"
+        ": a forger or a broken producer; see below."
+    )
     st.dataframe(rows.to_pandas(), hide_index=True, width="stretch", height=table_height(rows.num_rows, 200))
 
 
@@ -102,19 +126,25 @@ def clock(f: dict) -> None:
     """The instance's clock against the broker's, and by whose clock its liveness is judged."""
     offset = f.get("clock_offset_s")
     if f.get("liveness_clock") == "instance":
-        st.caption("Clock offset unknown: its events carry no receive time (the topics stamp CreateTime, or they "
-                   "were folded before receive times were kept), so liveness follows the instance's own clock. "
-                   "Switch the topics to message.timestamp.type=LogAppendTime (docs/materializer.md, Clocks).")
+        st.caption(
+            "Clock offset unknown: its events carry no receive time (the topics stamp CreateTime, or they "
+            "were folded before receive times were kept), so liveness follows the instance's own clock. "
+            "Switch the topics to message.timestamp.type=LogAppendTime (docs/materializer.md, Clocks)."
+        )
         return
     if offset is None:
         return
     if f.get("clock_skewed"):
-        st.warning(f"Clock offset **{fmt_offset(offset)}** of Kafka's (more than {CLOCK_SKEW_BOUND_S} s): this "
-                   "instance's clock is wrong, so its own times (log lines, stage starts and ends, exits) are off by "
-                   "that much. Its liveness is not: it is judged by when Kafka received its events.")
+        st.warning(
+            f"Clock offset **{fmt_offset(offset)}** of Kafka's (more than {CLOCK_SKEW_BOUND_S} s): this "
+            "instance's clock is wrong, so its own times (log lines, stage starts and ends, exits) are off by "
+            "that much. Its liveness is not: it is judged by when Kafka received its events."
+        )
     else:
-        st.caption(f"Clock offset {fmt_offset(offset)} of Kafka's (within {CLOCK_SKEW_BOUND_S} s) · liveness "
-                   "judged by when Kafka received its events")
+        st.caption(
+            f"Clock offset {fmt_offset(offset)} of Kafka's (within {CLOCK_SKEW_BOUND_S} s) · liveness "
+            "judged by when Kafka received its events"
+        )
 
 
 def manager_events(instance_id: str) -> None:
@@ -122,8 +152,7 @@ def manager_events(instance_id: str) -> None:
     events = fetch(queries.instance_manager_events, instance_id)
     if events.num_rows:
         st.subheader("Manager events")
-        st.dataframe(events.to_pandas(), hide_index=True, width="stretch",
-                     height=table_height(events.num_rows, 240))
+        st.dataframe(events.to_pandas(), hide_index=True, width="stretch", height=table_height(events.num_rows, 240))
 
 
 def timeline(instance_id: str) -> None:
@@ -135,16 +164,25 @@ def timeline(instance_id: str) -> None:
         return
     frame = stages.to_pandas()
     order = list(dict.fromkeys(frame.sort_values("started_at", kind="stable")["stage"]))  # by first start
-    chart = (alt.Chart(frame, title="Stages")
-             .mark_bar()
-             .encode(x=alt.X("started_at:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S")), x2="ended_at:T",
-                     y=alt.Y("stage:N", sort=order, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
-                     color=alt.Color("outcome:N", scale=OUTCOME_COLORS),
-                     tooltip=["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"])
-             .properties(height=rows_height(len(order))))
+    chart = (
+        alt.Chart(frame, title="Stages")
+        .mark_bar()
+        .encode(
+            x=alt.X("started_at:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S")),
+            x2="ended_at:T",
+            y=alt.Y("stage:N", sort=order, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
+            color=alt.Color("outcome:N", scale=OUTCOME_COLORS),
+            tooltip=["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"],
+        )
+        .properties(height=rows_height(len(order)))
+    )
     st.altair_chart(chart, width="stretch", height=rows_height(len(order)))
-    st.dataframe(frame[["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"]],
-                 hide_index=True, width="stretch", height=table_height(len(frame), 300))
+    st.dataframe(
+        frame[["stage", "outcome", "started_at", "ended_at", "duration_s", "detail"]],
+        hide_index=True,
+        width="stretch",
+        height=table_height(len(frame), 300),
+    )
 
 
 def exits_and_throughput(instance_id: str) -> None:
@@ -160,14 +198,23 @@ def exits_and_throughput(instance_id: str) -> None:
     tp = fetch(queries.instance_throughput, instance_id)
     if tp.num_rows:
         frame = tp.to_pandas()
-        line = alt.Chart(frame, title="Throughput").mark_line(point=True).encode(
-            x=alt.X("ts:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S", labelAngle=0)),
-            y=alt.Y("proofs_per_hour:Q", title="proofs/hour"),
-            color="kind:N", tooltip=["ts", "kind", "phase", "proofs", "proofs_per_hour", "verdict"])
+        line = (
+            alt.Chart(frame, title="Throughput")
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("ts:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S", labelAngle=0)),
+                y=alt.Y("proofs_per_hour:Q", title="proofs/hour"),
+                color="kind:N",
+                tooltip=["ts", "kind", "phase", "proofs", "proofs_per_hour", "verdict"],
+            )
+        )
         layers = [line]
         if frame["min_rate"].notna().any():
-            layers.append(alt.Chart(frame.dropna(subset=["min_rate"]).head(1)).mark_rule(strokeDash=[4, 4], color="red")
-                          .encode(y="min_rate:Q"))
+            layers.append(
+                alt.Chart(frame.dropna(subset=["min_rate"]).head(1))
+                .mark_rule(strokeDash=[4, 4], color="red")
+                .encode(y="min_rate:Q")
+            )
         right.altair_chart(alt.layer(*layers), width="stretch")
     else:
         right.caption("No throughput measured.")
@@ -178,14 +225,22 @@ def failures(instance_id: str) -> list[dict]:
     rows = fetch(queries.instance_failures, instance_id).to_pylist()
     if rows:
         latest = rows[0]  # the decisive line, above the fold
-        st.error(f"**{md(latest['stage'])}** failed: {md(latest['failure_class'])}"
-                 + (f"\n\n{md_code_block(latest['matched_line'])}" if latest["matched_line"] else ""))
+        st.error(
+            f"**{md(latest['stage'])}** failed: {md(latest['failure_class'])}"
+            + (f"\n\n{md_code_block(latest['matched_line'])}" if latest["matched_line"] else "")
+        )
         st.subheader("Failures")
         for r in rows:
-            st.markdown(f"- **{md(r['stage'])}** {md(r['outcome'])} at {r['failed_at']} — "
-                        f"{md(r['failure_class'])}: {md(r['hint'], HINT_CHARS)}")
-            st.page_link("page_failures.py", label=f"drill down: {md(r['stage'])} {md(r['failure_class'])}",
-                         icon=":material/search:", query_params={"failure": r["failure_id"]})
+            st.markdown(
+                f"- **{md(r['stage'])}** {md(r['outcome'])} at {r['failed_at']} — "
+                f"{md(r['failure_class'])}: {md(r['hint'], HINT_CHARS)}"
+            )
+            st.page_link(
+                "page_failures.py",
+                label=f"drill down: {md(r['stage'])} {md(r['failure_class'])}",
+                icon=":material/search:",
+                query_params={"failure": r["failure_id"]},
+            )
     return rows
 
 
@@ -193,10 +248,15 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     """The log viewer: filter by stage and source, search, jump to the failure."""
     st.subheader("Logs")
     c1, c2, c3, c4 = st.columns([2, 3, 2, 1])
-    live = c4.toggle("Live tail", value=False, key=f"live_tail_{instance_id}",
-                     help="The newest lines first; follows them while the page refreshes")
-    jump = c4.toggle("Jump to the failure", value=False, disabled=not failure_rows or live,
-                     key=f"logs_jump_{instance_id}")
+    live = c4.toggle(
+        "Live tail",
+        value=False,
+        key=f"live_tail_{instance_id}",
+        help="The newest lines first; follows them while the page refreshes",
+    )
+    jump = c4.toggle(
+        "Jump to the failure", value=False, disabled=not failure_rows or live, key=f"logs_jump_{instance_id}"
+    )
     around = None
     default_stages: list[str] = []
     if jump and failure_rows and not live:
@@ -205,13 +265,23 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
         default_stages = [failure["stage"]]
     # The filters' values are read before their widgets are drawn, so one scan answers both
     # the widgets' options and the lines (a widget keeps its value in st.session_state).
-    stage_key, source_key, search_key = (f"logs_stages_{instance_id}_{jump}", f"logs_sources_{instance_id}",
-                                         f"logs_search_{instance_id}")
+    stage_key, source_key, search_key = (
+        f"logs_stages_{instance_id}_{jump}",
+        f"logs_sources_{instance_id}",
+        f"logs_search_{instance_id}",
+    )
     stages = list(st.session_state.get(stage_key, default_stages))
     chosen_sources = list(st.session_state.get(source_key, []))
     search = str(st.session_state.get(search_key, "")).strip()
-    source_rows, lines = fetch(queries.log_page, instance_id, stages=stages, sources=chosen_sources, search=search,
-                               around_us=around, **({"limit": TAIL_ROWS, "newest_first": True} if live else {}))
+    source_rows, lines = fetch(
+        queries.log_page,
+        instance_id,
+        stages=stages,
+        sources=chosen_sources,
+        search=search,
+        around_us=around,
+        **({"limit": TAIL_ROWS, "newest_first": True} if live else {}),
+    )
     sources = source_rows.to_pylist()
     if not sources:
         st.caption("No log lines.")
@@ -219,8 +289,13 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     all_stages = sorted({r["stage"] for r in sources if r["stage"]})
     all_sources = sorted({r["source"] for r in sources if r["source"]})
     c1.multiselect("Stage", all_stages, default=[s for s in default_stages if s in all_stages], key=stage_key)
-    c2.multiselect("Source", all_sources, key=source_key, format_func=lambda s: short_source(s) or "",
-                   help="stdout, stderr, or a followed file (by its name; the legend below has the full path)")
+    c2.multiselect(
+        "Source",
+        all_sources,
+        key=source_key,
+        format_func=lambda s: short_source(s) or "",
+        help="stdout, stderr, or a followed file (by its name; the legend below has the full path)",
+    )
     c3.text_input("Search", key=search_key)
     total = lines.column("matching")[0].as_py() if lines.num_rows else 0
     where = " up to the failure" if around is not None else ""
@@ -231,12 +306,21 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
         st.caption("Sources: " + " · ".join(f"{md(short_source(s))} = {md(s)}" for s in files))
     frame = lines.select(["ts", "stage", "source", "line_no", "late", "text"]).to_pandas()
     frame["source"] = [short_source(s) for s in frame["source"]]
-    st.dataframe(frame, hide_index=True, width="stretch", height=table_height(len(frame), 420),
-                 column_config={"text": st.column_config.TextColumn("text", width="large"),
-                                "source": st.column_config.TextColumn("source", width="small",
-                                                                      help="a followed file by its name: see Sources"),
-                                "late": st.column_config.CheckboxColumn(
-                                    "late", help="written after the stage's command exited, by a process it left behind")})
+    st.dataframe(
+        frame,
+        hide_index=True,
+        width="stretch",
+        height=table_height(len(frame), 420),
+        column_config={
+            "text": st.column_config.TextColumn("text", width="large"),
+            "source": st.column_config.TextColumn(
+                "source", width="small", help="a followed file by its name: see Sources"
+            ),
+            "late": st.column_config.CheckboxColumn(
+                "late", help="written after the stage's command exited, by a process it left behind"
+            ),
+        },
+    )
 
 
 def body(instance_id: str) -> None:
@@ -257,8 +341,12 @@ def render() -> None:
     instance_id = pick_instance()
     if instance_id is None:
         return
-    live = st.toggle("Refresh while the materializer runs", value=True, key="instance_live",
-                     help=f"Re-reads the database every {REFRESH_S:.0f} s")
+    live = st.toggle(
+        "Refresh while the materializer runs",
+        value=True,
+        key="instance_live",
+        help=f"Re-reads the database every {REFRESH_S:.0f} s",
+    )
     st.fragment(body, run_every=REFRESH_S if live else None)(instance_id)
 
 

@@ -20,16 +20,23 @@ def run_console(sql: str) -> None:
     st.caption(f"{table.num_rows:,} rows{note}")
     frame = table.to_pandas()
     st.dataframe(frame, hide_index=True, width="stretch")
-    st.download_button("Download CSV", frame.to_csv(index=False).encode(), file_name="flightrec-query.csv",
-                       mime="text/csv", key="sql_csv")
+    st.download_button(
+        "Download CSV",
+        frame.to_csv(index=False).encode(),
+        file_name="flightrec-query.csv",
+        mime="text/csv",
+        key="sql_csv",
+    )
 
 
 def render() -> None:
     """The SQL page."""
     st.title("SQL")
-    st.caption("Read-only: one SELECT (or EXPLAIN of one) at a time over the views and tables below; "
-               "statements that write, change settings, attach or read files are refused with the reason. "
-               "The same views work in `flightrec sql --db PATH \"...\"`.")
+    st.caption(
+        "Read-only: one SELECT (or EXPLAIN of one) at a time over the views and tables below; "
+        "statements that write, change settings, attach or read files are refused with the reason. "
+        'The same views work in `flightrec sql --db PATH "..."`.'
+    )
     names = list(queries.EXAMPLES)
     example = st.selectbox("Example", names, key="sql_example")
     sql = st.text_area("Query", value=queries.EXAMPLES[example], height=160, key=f"sql_text_{example}")

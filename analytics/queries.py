@@ -38,50 +38,71 @@ def like_pattern(text: str) -> str:
 
 # ---- Fleet ---------------------------------------------------------------------------
 
+
 def fleet_counts(db: Db, since_us: int | None = None) -> pa.Table:
     """Totals for the headline: instances, failed, failures, incomplete evidence, pass verdicts.
 
     With ``since_us``, only instances heard from since then (the pages' time range).
     """
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT count(*) AS instances,
                count(*) FILTER (WHERE status IN ('failed', 'below_min_rate')) AS failed,
                count(*) FILTER (WHERE status IN ('lost', 'destroyed')) AS gone,
                CAST(coalesce(sum(failures), 0) AS BIGINT) AS failures,
                count(*) FILTER (WHERE NOT coalesce(complete, false)) AS incomplete,
                count(*) FILTER (WHERE verdict = 'pass') AS passed
-        FROM fleet WHERE $since IS NULL OR last_event_us >= $since""", {"since": since_us})
+        FROM fleet WHERE $since IS NULL OR last_event_us >= $since""",
+        {"since": since_us},
+    )
 
 
 def fleet_by(db: Db, column: str, since_us: int | None = None) -> pa.Table:
     """Instances counted by ``state`` or ``gpu_model`` (the column name is chosen from a fixed set)."""
     if column not in ("state", "status", "gpu_model", "stage"):
         raise ValueError(f"cannot group the fleet by {column!r}")
-    return q(db, f"""
+    return q(
+        db,
+        f"""
         SELECT coalesce(nullif({column}, ''), 'unknown') AS {column}, count(*) AS instances
         FROM fleet WHERE $since IS NULL OR last_event_us >= $since
-        GROUP BY ALL ORDER BY instances DESC, {column}""", {"since": since_us})
+        GROUP BY ALL ORDER BY instances DESC, {column}""",
+        {"since": since_us},
+    )
 
 
 def fleet_filter_options(db: Db) -> pa.Table:
     """Distinct statuses, states and GPU models, for the Fleet filters."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT list(DISTINCT status ORDER BY status) FILTER (WHERE status IS NOT NULL) AS statuses,
                list(DISTINCT state ORDER BY state) FILTER (WHERE state IS NOT NULL) AS states,
                list(DISTINCT gpu_model ORDER BY gpu_model) FILTER (WHERE gpu_model IS NOT NULL) AS gpu_models
-        FROM fleet""")
+        FROM fleet""",
+    )
 
 
-def fleet_table(db: Db, states: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
-                search: str = "", only_failed: bool = False, only_incomplete: bool = False,
-                statuses: Sequence[str] | None = None, since_us: int | None = None) -> pa.Table:
+def fleet_table(
+    db: Db,
+    states: Sequence[str] | None = None,
+    gpu_models: Sequence[str] | None = None,
+    search: str = "",
+    only_failed: bool = False,
+    only_incomplete: bool = False,
+    statuses: Sequence[str] | None = None,
+    since_us: int | None = None,
+) -> pa.Table:
     """The instances table with its filters (every filter is a bound parameter).
 
     Status first; ``failure`` and ``instance`` are the row's relative links (ui.page_link_url's form) to
     its latest failure and its Instance page; ``failure_class`` is that of the current boot's failure,
     else of the latest one.
     """
-    return q(db, """
+    return q(
+        db,
+        """
         WITH lf AS (SELECT instance_id, arg_max(failure_id, ts_us) AS failure_id,
                            arg_max(failure_class, ts_us) AS last_class
                     FROM failures GROUP BY instance_id)
@@ -99,9 +120,17 @@ def fleet_table(db: Db, states: Sequence[str] | None = None, gpu_models: Sequenc
           AND (NOT $only_failed OR failures > 0 OR state = 'failed' OR status IN ('failed', 'below_min_rate'))
           AND (NOT $only_incomplete OR NOT coalesce(complete, false))
         ORDER BY last_event_us DESC NULLS LAST, instance_id""",
-             {"states": _list(states), "gpus": _list(gpu_models), "search": search,
-              "pattern": like_pattern(search), "only_failed": only_failed, "only_incomplete": only_incomplete,
-              "statuses": _list(statuses), "since": since_us})
+        {
+            "states": _list(states),
+            "gpus": _list(gpu_models),
+            "search": search,
+            "pattern": like_pattern(search),
+            "only_failed": only_failed,
+            "only_incomplete": only_incomplete,
+            "statuses": _list(statuses),
+            "since": since_us,
+        },
+    )
 
 
 ATTENTION = ("failed", "below_min_rate", "lost")  # statuses the Fleet page lists first, with links
@@ -109,7 +138,9 @@ ATTENTION = ("failed", "below_min_rate", "lost")  # statuses the Fleet page list
 
 def fleet_attention(db: Db, since_us: int | None = None, limit: int = 8) -> pa.Table:
     """The instances that need a look (failed, too slow, lost), most recent first, with their latest failure."""
-    return q(db, """
+    return q(
+        db,
+        """
         WITH lf AS (SELECT instance_id, arg_max(failure_id, ts_us) AS failure_id,
                            arg_max(failure_class, ts_us) AS last_class
                     FROM failures GROUP BY instance_id)
@@ -117,17 +148,23 @@ def fleet_attention(db: Db, since_us: int | None = None, limit: int = 8) -> pa.T
         FROM fleet LEFT JOIN lf USING (instance_id)
         WHERE list_contains($statuses, status) AND ($since IS NULL OR last_event_us >= $since)
         ORDER BY last_event_us DESC NULLS LAST, instance_id LIMIT $limit""",
-             {"statuses": list(ATTENTION), "since": since_us, "limit": int(limit)})
+        {"statuses": list(ATTENTION), "since": since_us, "limit": int(limit)},
+    )
 
 
 def instance_ids(db: Db, since_us: int | None = None) -> list[str]:
     """Every instance id (heard from since ``since_us`` when given), the most recently active first."""
-    t = q(db, """SELECT instance_id FROM fleet WHERE $since IS NULL OR last_event_us >= $since
-                 ORDER BY last_event_us DESC NULLS LAST, instance_id""", {"since": since_us})
+    t = q(
+        db,
+        """SELECT instance_id FROM fleet WHERE $since IS NULL OR last_event_us >= $since
+                 ORDER BY last_event_us DESC NULLS LAST, instance_id""",
+        {"since": since_us},
+    )
     return t.column("instance_id").to_pylist()
 
 
 # ---- Instance ------------------------------------------------------------------------
+
 
 def fleet_row(db: Db, instance_id: str) -> pa.Table:
     """The instance's row of the fleet view (zero rows when unknown)."""
@@ -136,7 +173,9 @@ def fleet_row(db: Db, instance_id: str) -> pa.Table:
 
 def instance_stages(db: Db, instance_id: str) -> pa.Table:
     """Its stage runs for the timeline; an unfinished run ends at the instance's last event."""
-    return q(db, f"""
+    return q(
+        db,
+        f"""
         SELECT s.stage, s.run_no, s.boot_id, s.started_at,
                coalesce(s.ended_at, {ts("i.last_event_us")}) AS ended_at,
                -- a run with no end on an instance that is gone did not go on running: say so
@@ -147,62 +186,94 @@ def instance_stages(db: Db, instance_id: str) -> pa.Table:
                s.detail, s.duration_s
         FROM stage_runs s LEFT JOIN instances i USING (instance_id) LEFT JOIN fleet f USING (instance_id)
         WHERE s.instance_id = $id
-        ORDER BY s.started_us""", {"id": instance_id})
+        ORDER BY s.started_us""",
+        {"id": instance_id},
+    )
 
 
 def instance_manager_events(db: Db, instance_id: str) -> pa.Table:
     """What the manager said about the instance (rented, destroyed, notes), oldest first."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT make_timestamp(ts_us) AS at, kind, source_id AS source, detail,
                CAST(attributes AS VARCHAR) AS attributes
-        FROM manager_events WHERE instance_id = $id ORDER BY ts_us, seq""", {"id": instance_id})
+        FROM manager_events WHERE instance_id = $id ORDER BY ts_us, seq""",
+        {"id": instance_id},
+    )
 
 
 def instance_rejected(db: Db, instance_id: str) -> pa.Table:
     """The instance's messages kept as dead letters (its key), newest first: an event id reused with other content,
     a message that does not decode ... (reason, where it is in Kafka)."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT reason, topic, "partition", "offset"
         FROM dead_letters WHERE key = encode($id) ORDER BY topic, "partition", "offset" DESC LIMIT 50""",
-             {"id": instance_id})
+        {"id": instance_id},
+    )
 
 
 def manager_only_instances(db: Db, since_us: int | None = None) -> pa.Table:
     """Instances the manager rented (and did not give back) whose agent never sent an event: paid for, silent."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT instance_id, make_timestamp(min(ts_us)) AS first_manager_event
         FROM manager_events m
         WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = m.instance_id)
         GROUP BY instance_id
         HAVING NOT bool_or(kind IN ('destroyed', 'released')) AND ($since IS NULL OR max(ts_us) >= $since)
-        ORDER BY min(ts_us) DESC, instance_id""", {"since": since_us})
+        ORDER BY min(ts_us) DESC, instance_id""",
+        {"since": since_us},
+    )
 
 
 def instance_exits(db: Db, instance_id: str) -> pa.Table:
     """Its subprocess exits, oldest first."""
-    return q(db, f"""
+    return q(
+        db,
+        f"""
         SELECT {ts("ts_us")} AS ended_at, stage, array_to_string(argv, ' ') AS command,
                exit_code, signal_name, start_error, duration_s, timed_out
-        FROM process_exits WHERE instance_id = $id ORDER BY ts_us""", {"id": instance_id})
+        FROM process_exits WHERE instance_id = $id ORDER BY ts_us""",
+        {"id": instance_id},
+    )
 
 
 def instance_throughput(db: Db, instance_id: str) -> pa.Table:
     """Its throughput samples and results over time."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT ts, kind, phase, proofs, seconds, proofs_per_hour, min_rate, verdict, cost_per_proof
-        FROM throughput_view WHERE instance_id = $id ORDER BY ts_us""", {"id": instance_id})
+        FROM throughput_view WHERE instance_id = $id ORDER BY ts_us""",
+        {"id": instance_id},
+    )
 
 
 def instance_failures(db: Db, instance_id: str) -> pa.Table:
     """Its failures, newest first."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT failure_id, stage, failed_at, failure_class, outcome, hint, matched_line, ts_us
-        FROM failure_context WHERE instance_id = $id ORDER BY ts_us DESC""", {"id": instance_id})
+        FROM failure_context WHERE instance_id = $id ORDER BY ts_us DESC""",
+        {"id": instance_id},
+    )
 
 
-def log_page(db: Db, instance_id: str, stages: Sequence[str] | None = None, sources: Sequence[str] | None = None,
-             search: str = "", around_us: int | None = None, limit: int = MAX_LOG_ROWS,
-             newest_first: bool = False) -> tuple[pa.Table, pa.Table]:
+def log_page(
+    db: Db,
+    instance_id: str,
+    stages: Sequence[str] | None = None,
+    sources: Sequence[str] | None = None,
+    search: str = "",
+    around_us: int | None = None,
+    limit: int = MAX_LOG_ROWS,
+    newest_first: bool = False,
+) -> tuple[pa.Table, pa.Table]:
     """What the log viewer shows, in one scan of the instance's lines: (sources, lines).
 
     ``sources``: the stages and sources its lines came from, with counts (the filters' options).
@@ -211,7 +282,9 @@ def log_page(db: Db, instance_id: str, stages: Sequence[str] | None = None, sour
     ``matching`` holds how many lines match in all. The instance's lines are cut out of the
     table once, then both answers come from those few rows; the page reads its filters first.
     """
-    t = q(db, """
+    t = q(
+        db,
+        """
         WITH mine AS MATERIALIZED (SELECT * FROM log_view WHERE instance_id = $id),
         src AS (SELECT list({'stage': stage, 'source': source, 'lines': n} ORDER BY stage, source) AS sources
                 FROM (SELECT stage, source, count(*) AS n FROM mine GROUP BY ALL)),
@@ -227,23 +300,37 @@ def log_page(db: Db, instance_id: str, stages: Sequence[str] | None = None, sour
         SELECT src.sources, sel.* FROM src LEFT JOIN sel ON true
         ORDER BY CASE WHEN $newest THEN -ts_us ELSE ts_us END, CASE WHEN $newest THEN -seq ELSE seq END,
                  CASE WHEN $newest THEN -line_no ELSE line_no END""",
-          {"id": instance_id, "stages": _list(stages), "sources": _list(sources), "search": search,
-           "pattern": like_pattern(search), "around": around_us, "limit": int(limit), "newest": newest_first})
+        {
+            "id": instance_id,
+            "stages": _list(stages),
+            "sources": _list(sources),
+            "search": search,
+            "pattern": like_pattern(search),
+            "around": around_us,
+            "limit": int(limit),
+            "newest": newest_first,
+        },
+    )
     found = (t.column("sources")[0].as_py() if t.num_rows else None) or []
-    source_table = pa.Table.from_pylist(found, schema=pa.schema([("stage", pa.string()), ("source", pa.string()),
-                                                                 ("lines", pa.int64())]))
+    source_table = pa.Table.from_pylist(
+        found, schema=pa.schema([("stage", pa.string()), ("source", pa.string()), ("lines", pa.int64())])
+    )
     lines = t.drop_columns(["sources"])
     return source_table, lines.filter(pc.is_valid(lines.column("seq")))
 
 
 # ---- Failures ------------------------------------------------------------------------
 
+
 def failure_filter_options(db: Db) -> pa.Table:
     """Distinct failure classes and GPU models among failures."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT list(DISTINCT failure_class ORDER BY failure_class) FILTER (WHERE failure_class IS NOT NULL) AS classes,
                list(DISTINCT gpu_model ORDER BY gpu_model) FILTER (WHERE gpu_model IS NOT NULL) AS gpu_models
-        FROM failure_context""")
+        FROM failure_context""",
+    )
 
 
 UNITS = ("minute", "hour", "day")
@@ -255,55 +342,81 @@ def _unit(unit: str) -> str:
     return unit
 
 
-def failures_span(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
-                  since_us: int | None = None) -> pa.Table:
+def failures_span(
+    db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None, since_us: int | None = None
+) -> pa.Table:
     """The first and last failure time (µs) of the filtered failures, to choose the chart's buckets."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT min(ts_us) AS first_us, max(ts_us) AS last_us
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
           AND ($since IS NULL OR ts_us >= $since)""",
-             {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us})
+        {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us},
+    )
 
 
-def failures_over_time(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
-                       since_us: int | None = None, unit: str = "hour") -> pa.Table:
+def failures_over_time(
+    db: Db,
+    classes: Sequence[str] | None = None,
+    gpu_models: Sequence[str] | None = None,
+    since_us: int | None = None,
+    unit: str = "hour",
+) -> pa.Table:
     """Failures per ``unit`` (minute, hour, day) and class (filtered)."""
-    return q(db, f"""
+    return q(
+        db,
+        f"""
         SELECT date_trunc('{_unit(unit)}', failed_at) AS bucket, coalesce(failure_class, 'unknown') AS failure_class,
                count(*) AS failures
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
           AND ($since IS NULL OR ts_us >= $since)
-        GROUP BY ALL ORDER BY bucket""", {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us})
+        GROUP BY ALL ORDER BY bucket""",
+        {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us},
+    )
 
 
-def failures_by_gpu(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
-                    since_us: int | None = None) -> pa.Table:
+def failures_by_gpu(
+    db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None, since_us: int | None = None
+) -> pa.Table:
     """Failures per GPU model and class (filtered)."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model, coalesce(failure_class, 'unknown') AS failure_class,
                count(*) AS failures
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
           AND ($since IS NULL OR ts_us >= $since)
-        GROUP BY ALL ORDER BY failures DESC""", {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us})
+        GROUP BY ALL ORDER BY failures DESC""",
+        {"classes": _list(classes), "gpus": _list(gpu_models), "since": since_us},
+    )
 
 
-def failure_list(db: Db, classes: Sequence[str] | None = None, gpu_models: Sequence[str] | None = None,
-                 limit: int = 5000, since_us: int | None = None) -> pa.Table:
+def failure_list(
+    db: Db,
+    classes: Sequence[str] | None = None,
+    gpu_models: Sequence[str] | None = None,
+    limit: int = 5000,
+    since_us: int | None = None,
+) -> pa.Table:
     """The failures, newest first (filtered)."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT failure_id, failed_at, instance_id, stage, failure_class, outcome, gpu_model, matched_line, hint
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
           AND ($since IS NULL OR ts_us >= $since)
         ORDER BY ts_us DESC, failure_id LIMIT $limit""",
-             {"classes": _list(classes), "gpus": _list(gpu_models), "limit": int(limit), "since": since_us})
+        {"classes": _list(classes), "gpus": _list(gpu_models), "limit": int(limit), "since": since_us},
+    )
 
 
 def failure_detail(db: Db, failure_id: str) -> dict[str, Any] | None:
@@ -318,7 +431,9 @@ def failure_events(db: Db, failure_id: str, limit: int = 20) -> pa.Table:
 
     The same events as the failure's ``preceding_events``, each with its time and stage.
     """
-    return q(db, """
+    return q(
+        db,
+        """
         WITH f AS (SELECT instance_id, boot_id, stage, ts_us FROM failures WHERE failure_id = $id),
         upto AS (
             SELECT greatest(coalesce((SELECT e.seq FROM events_seen e WHERE e.event_id = $id), -1),
@@ -329,10 +444,13 @@ def failure_events(db: Db, failure_id: str, limit: int = 20) -> pa.Table:
             FROM lifecycle_events l JOIN f USING (instance_id, boot_id)
             WHERE l.kind = 'lifecycle' AND l.seq <= (SELECT seq FROM upto)
             ORDER BY l.seq DESC LIMIT $limit)
-        ORDER BY seq""", {"id": failure_id, "limit": int(limit)})
+        ORDER BY seq""",
+        {"id": failure_id, "limit": int(limit)},
+    )
 
 
 # ---- Throughput ----------------------------------------------------------------------
+
 
 def gpu_throughput(db: Db) -> pa.Table:
     """Per GPU model: proofs/hour quantiles, the minimum rate, how many fall below, cost per proof."""
@@ -341,55 +459,68 @@ def gpu_throughput(db: Db) -> pa.Table:
 
 def instance_rates(db: Db, gpu_models: Sequence[str] | None = None, since_us: int | None = None) -> pa.Table:
     """Latest proofs/hour per instance with its minimum rate and cost per proof."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT instance_id, coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model, proofs_per_hour, min_rate,
                proofs_per_hour >= min_rate AS meets_min_rate, verdict, price_per_hour, cost_per_proof
         FROM fleet
         WHERE proofs_per_hour IS NOT NULL
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
           AND ($since IS NULL OR last_event_us >= $since)
-        ORDER BY proofs_per_hour DESC""", {"gpus": _list(gpu_models), "since": since_us})
+        ORDER BY proofs_per_hour DESC""",
+        {"gpus": _list(gpu_models), "since": since_us},
+    )
 
 
 def throughput_span(db: Db, gpu_models: Sequence[str] | None = None, since_us: int | None = None) -> pa.Table:
     """The first and last measured sample time (µs), to choose the chart's buckets."""
-    return q(db, """
+    return q(
+        db,
+        """
         SELECT min(ts_us) AS first_us, max(ts_us) AS last_us
         FROM throughput_samples
         WHERE proofs_per_hour IS NOT NULL AND (phase IS NULL OR phase = 'measured')
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
-          AND ($since IS NULL OR ts_us >= $since)""", {"gpus": _list(gpu_models), "since": since_us})
+          AND ($since IS NULL OR ts_us >= $since)""",
+        {"gpus": _list(gpu_models), "since": since_us},
+    )
 
 
-def throughput_over_time(db: Db, gpu_models: Sequence[str] | None = None, since_us: int | None = None,
-                         unit: str = "hour") -> pa.Table:
+def throughput_over_time(
+    db: Db, gpu_models: Sequence[str] | None = None, since_us: int | None = None, unit: str = "hour"
+) -> pa.Table:
     """Measured proofs/hour per GPU model and ``unit`` (minute, hour, day; median over instances)."""
-    return q(db, f"""
+    return q(
+        db,
+        f"""
         SELECT date_trunc('{_unit(unit)}', ts) AS bucket, coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model,
                median(proofs_per_hour) AS proofs_per_hour, count(*) AS samples
         FROM throughput_view
         WHERE proofs_per_hour IS NOT NULL AND (phase IS NULL OR phase = 'measured')
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))
           AND ($since IS NULL OR ts_us >= $since)
-        GROUP BY ALL ORDER BY bucket""", {"gpus": _list(gpu_models), "since": since_us})
+        GROUP BY ALL ORDER BY bucket""",
+        {"gpus": _list(gpu_models), "since": since_us},
+    )
 
 
 # ---- SQL console ---------------------------------------------------------------------
 
 EXAMPLES: dict[str, str] = {
     "Failures by class": "SELECT failure_class, count(*) AS failures, any_value(hint) AS hint\n"
-                         "FROM failure_context GROUP BY ALL ORDER BY failures DESC",
+    "FROM failure_context GROUP BY ALL ORDER BY failures DESC",
     "Instances still failing": "SELECT instance_id, status_detail, gpu_model, failures, last_seen\n"
-                               "FROM fleet WHERE status = 'failed' ORDER BY last_seen DESC LIMIT 100",
+    "FROM fleet WHERE status = 'failed' ORDER BY last_seen DESC LIMIT 100",
     "Lost or destroyed": "SELECT instance_id, status, status_detail, last_seen\n"
-                         "FROM fleet WHERE status IN ('lost', 'destroyed') ORDER BY last_seen DESC LIMIT 100",
+    "FROM fleet WHERE status IN ('lost', 'destroyed') ORDER BY last_seen DESC LIMIT 100",
     "Evidence not complete": "SELECT instance_id, state, incomplete_reason\n"
-                             "FROM fleet WHERE NOT coalesce(complete, false) ORDER BY instance_id LIMIT 100",
+    "FROM fleet WHERE NOT coalesce(complete, false) ORDER BY instance_id LIMIT 100",
     "Throughput by GPU model": "SELECT * FROM gpu_throughput ORDER BY median_proofs_per_hour DESC",
     "Cheapest proofs": "SELECT instance_id, gpu_model, proofs_per_hour, price_per_hour, cost_per_proof\n"
-                       "FROM fleet WHERE cost_per_proof IS NOT NULL ORDER BY cost_per_proof LIMIT 20",
+    "FROM fleet WHERE cost_per_proof IS NOT NULL ORDER BY cost_per_proof LIMIT 20",
     "Slowest stages": "SELECT stage, count(*) AS runs, round(median(duration_s), 1) AS median_s,\n"
-                      "       round(max(duration_s), 1) AS max_s\nFROM stage_runs GROUP BY ALL ORDER BY median_s DESC",
+    "       round(max(duration_s), 1) AS max_s\nFROM stage_runs GROUP BY ALL ORDER BY median_s DESC",
 }
 
 
@@ -411,7 +542,7 @@ def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Tabl
         query = statement.query
         tokens = duckdb.tokenize(query)
         if tokens and tokens[-1][1] == duckdb.token_type.operator and query[tokens[-1][0]] == ";":
-            query = query[:tokens[-1][0]]  # its closing ';' (a comment may follow it), by DuckDB's lexer
+            query = query[: tokens[-1][0]]  # its closing ';' (a comment may follow it), by DuckDB's lexer
         t = run_query(db, f"SELECT * FROM (\n{query}\n) LIMIT {int(max_rows) + 1}", prelude=prelude)
     else:
         t = run_query(db, text, prelude=prelude)
@@ -421,10 +552,14 @@ def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Tabl
 
 def catalog(db: Db) -> pa.Table:
     """Tables and views with their columns (every shared view), for the console's help."""
-    return run_query(db, """
+    return run_query(
+        db,
+        """
         SELECT DISTINCT table_name AS name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END AS kind,
                (SELECT string_agg(column_name, ', ' ORDER BY ordinal_position)
                 FROM information_schema.columns c
                 WHERE c.table_name = t.table_name AND c.table_schema = t.table_schema) AS columns
         FROM information_schema.tables t
-        WHERE table_schema IN ('main', 'temp') ORDER BY kind, name""", prelude=ALL_VIEWS)
+        WHERE table_schema IN ('main', 'temp') ORDER BY kind, name""",
+        prelude=ALL_VIEWS,
+    )

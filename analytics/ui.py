@@ -53,8 +53,13 @@ def fetch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """
     db = db_path()
     try:
-        return _cached(fn.__module__, fn.__name__, db, tuple(_freeze(a) for a in args),
-                       tuple(sorted((k, _freeze(v)) for k, v in kwargs.items())))
+        return _cached(
+            fn.__module__,
+            fn.__name__,
+            db,
+            tuple(_freeze(a) for a in args),
+            tuple(sorted((k, _freeze(v)) for k, v in kwargs.items())),
+        )
     except FlightrecError as exc:
         log.warning("dashboard query %s failed: %s", fn.__name__, exc)
         st.error(f"Cannot read {mask_password(db)}: {exc}")
@@ -109,6 +114,7 @@ def fmt_num(value: float | None, digits: int = 1) -> str:
 
 
 # ---- text from the database inside Markdown ------------------------------------------
+
 
 def fmt_offset(seconds: float | None) -> str:
     """A clock offset in words: '1 h 0 min ahead', '42.0 s behind', '0.3 s ahead', '55 y behind'; '—' when unknown."""
@@ -167,8 +173,13 @@ def md_money(value: float | None, digits: int = 4) -> str:
 # ---- the time range every page shares -------------------------------------------------
 
 TIME_RANGE_KEY = "time_range"
-TIME_RANGES: dict[str, float | None] = {"Last 15 min": 15 * 60, "Last 1 h": 3600, "Last 6 h": 6 * 3600,
-                                        "Last 24 h": 24 * 3600, "All time": None}
+TIME_RANGES: dict[str, float | None] = {
+    "Last 15 min": 15 * 60,
+    "Last 1 h": 3600,
+    "Last 6 h": 6 * 3600,
+    "Last 24 h": 24 * 3600,
+    "All time": None,
+}
 DEFAULT_TIME_RANGE = "All time"
 
 
@@ -176,9 +187,13 @@ def time_range_picker() -> None:
     """The sidebar's time range (kept in st.session_state, so every page reads the same one)."""
     labels = list(TIME_RANGES)
     current = st.session_state.get(TIME_RANGE_KEY, DEFAULT_TIME_RANGE)
-    st.sidebar.selectbox("Time range", labels, index=labels.index(current) if current in labels else len(labels) - 1,
-                         key=TIME_RANGE_KEY, help="What every page shows: instances active, failures and "
-                                                  "samples within this range")
+    st.sidebar.selectbox(
+        "Time range",
+        labels,
+        index=labels.index(current) if current in labels else len(labels) - 1,
+        key=TIME_RANGE_KEY,
+        help="What every page shows: instances active, failures and samples within this range",
+    )
 
 
 def since_us(now_s: float | None = None) -> int | None:
@@ -198,6 +213,7 @@ def bucket_unit(first_us: int | None, last_us: int | None) -> str:
 
 
 # ---- small pure helpers of the pages ---------------------------------------------------
+
 
 def short_source(source: str | None) -> str | None:
     """A log source as the grid shows it: stdout/stderr as they are, a followed file by its base name."""
@@ -231,4 +247,4 @@ def collapse(lines: list[str], matched: str | None, context: int = CONTEXT_LINES
     if len(lines) <= 2 * context + 1:
         return shown, False
     lo = max(0, min(at - context, len(lines) - 2 * context - 1))
-    return shown[lo:lo + 2 * context + 1], True
+    return shown[lo : lo + 2 * context + 1], True

@@ -84,15 +84,21 @@ def create_scratch(bootstrap: str) -> None:
     asyncio.run(go())
 
 
-def count_lines(bootstrap: str, instance: str, live: list[tuple[int, float]] | None = None,
-                stop: threading.Event | None = None) -> int:
+def count_lines(
+    bootstrap: str, instance: str, live: list[tuple[int, float]] | None = None, stop: threading.Event | None = None
+) -> int:
     """Lines of ``instance`` in the logs topic; with ``live``, record (line ts, receipt time) until ``stop``."""
 
     async def go() -> int:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                             fetch_max_wait_ms=10, max_partition_fetch_bytes=16 << 20)
+        c = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=10,
+            max_partition_fetch_bytes=16 << 20,
+        )
         await c.start()
         try:
             parts = [TopicPartition(TOPIC_LOGS, p) for p in (c.partitions_for_topic(TOPIC_LOGS) or range(6))]
@@ -139,16 +145,27 @@ def variant(text: str) -> tuple[str, dict[str, str]]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__ + " Starts its own Kafka broker (Kafka's jars from "
-                                "FLIGHTREC_CACHE) and needs kcat; results are printed, see BENCHMARKS.md.")
-    p.add_argument("--capacity-only", action="store_true",
-                   help="only the pipeline capacity pairs (kcat -P -l FILE vs agent run -- cat FILE, 1M lines)")
+    p = argparse.ArgumentParser(
+        description=__doc__ + " Starts its own Kafka broker (Kafka's jars from "
+        "FLIGHTREC_CACHE) and needs kcat; results are printed, see BENCHMARKS.md."
+    )
+    p.add_argument(
+        "--capacity-only",
+        action="store_true",
+        help="only the pipeline capacity pairs (kcat -P -l FILE vs agent run -- cat FILE, 1M lines)",
+    )
     p.add_argument("--pairs", type=int, default=CAP_RUNS, help=f"capacity pairs to run (default {CAP_RUNS})")
-    p.add_argument("--variant", type=variant, action="append", default=[], metavar="LABEL:VAR=VALUE[,...]",
-                   help="one more agent in each capacity pair, with these environment variables set, its wall and "
-                        "CPU time shown next to the plain agent's; the order of the agents rotates from pair to pair. "
-                        "E.g. 'shapes off:FLIGHTREC_SECRET_SHAPES=off', 'before:PYTHONPATH=DIR' (DIR holding the "
-                        "flightrec package of older code); may be given several times")
+    p.add_argument(
+        "--variant",
+        type=variant,
+        action="append",
+        default=[],
+        metavar="LABEL:VAR=VALUE[,...]",
+        help="one more agent in each capacity pair, with these environment variables set, its wall and "
+        "CPU time shown next to the plain agent's; the order of the agents rotates from pair to pair. "
+        "E.g. 'shapes off:FLIGHTREC_SECRET_SHAPES=off', 'before:PYTHONPATH=DIR' (DIR holding the "
+        "flightrec package of older code); may be given several times",
+    )
     args = p.parse_args()
     if not shutil.which("kcat"):
         print("kcat is not installed (make system-packages installs it); the baseline needs it", file=sys.stderr)
@@ -165,8 +182,13 @@ def main() -> int:
 
 def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     create_scratch(bootstrap)
-    env = dict(os.environ, FLIGHTREC_BOOTSTRAP=bootstrap, FLIGHTREC_SPOOL=str(tmp / "spool"),
-               FLIGHTREC_FLUSH_TIMEOUT="120", FLIGHTREC_LOG_LEVEL="WARNING")
+    env = dict(
+        os.environ,
+        FLIGHTREC_BOOTSTRAP=bootstrap,
+        FLIGHTREC_SPOOL=str(tmp / "spool"),
+        FLIGHTREC_FLUSH_TIMEOUT="120",
+        FLIGHTREC_LOG_LEVEL="WARNING",
+    )
     med = statistics.median
     if args.capacity_only:
         report_capacity(*pipeline_capacity(bootstrap, tmp, env, args.pairs, args.variant))
@@ -183,8 +205,23 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
         # baseline 2: the same child piped into kcat (librdkafka), acks=all + idempotence, same broker
         t = time.perf_counter()
         child = subprocess.Popen([py, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        k = subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", SCRATCH, "-X", "acks=all",
-                            "-X", "enable.idempotence=true", "-X", "linger.ms=5"], stdin=child.stdout)
+        k = subprocess.run(
+            [
+                "kcat",
+                "-P",
+                "-b",
+                bootstrap,
+                "-t",
+                SCRATCH,
+                "-X",
+                "acks=all",
+                "-X",
+                "enable.idempotence=true",
+                "-X",
+                "linger.ms=5",
+            ],
+            stdin=child.stdout,
+        )
         assert child.stderr is not None
         kcat_child.append(child_seconds(child.stderr.read()))
         child.wait()
@@ -195,8 +232,25 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
         instances.append(inst)
         with open(tmp / "out.txt", "wb") as f:
             t = time.perf_counter()
-            p = subprocess.Popen([FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "bench", "--no-facts",
-                                  "--", py, "-c", CHILD], stdout=f, stderr=subprocess.PIPE, env=env)
+            p = subprocess.Popen(
+                [
+                    FLIGHTREC,
+                    "agent",
+                    "run",
+                    "--instance",
+                    inst,
+                    "--stage",
+                    "bench",
+                    "--no-facts",
+                    "--",
+                    py,
+                    "-c",
+                    CHILD,
+                ],
+                stdout=f,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
             stop, peaks = threading.Event(), []
             th = threading.Thread(target=peak_rss_mib, args=(p.pid, stop, peaks), daemon=True)
             th.start()
@@ -207,8 +261,11 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
         assert p.returncode == 0, err[-2000:]
         agent_child.append(child_seconds(err))
         rss.append(max(peaks) if peaks else 0)
-        print(f"run {r + 1}: file {to_file[-1][0]:.2f}s  kcat {kcat[-1]:.2f}s  agent {agent_total[-1]:.2f}s "
-              f"(child {agent_child[-1]:.2f}s)  rss {rss[-1]} MiB", flush=True)
+        print(
+            f"run {r + 1}: file {to_file[-1][0]:.2f}s  kcat {kcat[-1]:.2f}s  agent {agent_total[-1]:.2f}s "
+            f"(child {agent_child[-1]:.2f}s)  rss {rss[-1]} MiB",
+            flush=True,
+        )
     delivered = count_lines(bootstrap, instances[0])
     assert delivered == LINES, f"the agent delivered {delivered} lines, not {LINES}"
     capacity = pipeline_capacity(bootstrap, tmp, env, args.pairs, args.variant)
@@ -221,8 +278,27 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     consumer.start()
     time.sleep(1.0)
     n_lat = 10_000
-    subprocess.run([FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "lat", "--no-facts", "--",
-                    py, "-c", PACED, str(n_lat), "1000"], stdout=subprocess.DEVNULL, env=env, check=True)
+    subprocess.run(
+        [
+            FLIGHTREC,
+            "agent",
+            "run",
+            "--instance",
+            inst,
+            "--stage",
+            "lat",
+            "--no-facts",
+            "--",
+            py,
+            "-c",
+            PACED,
+            str(n_lat),
+            "1000",
+        ],
+        stdout=subprocess.DEVNULL,
+        env=env,
+        check=True,
+    )
     time.sleep(1.0)
     stop.set()
     consumer.join(30)
@@ -232,19 +308,29 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     f_wall = med(w for w, _ in to_file)
     f_child = med(c for _, c in to_file)
     print()
-    print(f"machine: {os.cpu_count()} cores; broker on the same machine; {LINES:,} lines of ~60 bytes; median of {RUNS}")
+    print(
+        f"machine: {os.cpu_count()} cores; broker on the same machine; {LINES:,} lines of ~60 bytes; median of {RUNS}"
+    )
     print(f"child -> file:        wall {f_wall:.2f}s (child's own {f_child:.2f}s)")
     print(f"child | kcat -P:      {med(kcat):.2f}s  = {LINES / med(kcat):,.0f} lines/s")
-    print(f"agent run -- child:   {med(agent_total):.2f}s  = {LINES / med(agent_total):,.0f} lines/s, "
-          f"{med(agent_total) / med(kcat):.2f}x kcat's time (goal <= 2x)")
-    print(f"child's own time under the agent {med(agent_child):.2f}s vs to a file {f_child:.2f}s: "
-          f"+{(med(agent_child) / f_child - 1) * 100:.1f}% (goal <= 10%); whole agent run vs child -> file: "
-          f"+{(med(agent_total) / f_wall - 1) * 100:.0f}%")
-    print(f"for reference, the child's own time when piped into kcat: {med(kcat_child):.2f}s "
-          f"(+{(med(kcat_child) / f_child - 1) * 100:.1f}% over a file)")
-    print(f"latency line written -> batch received from Kafka at 1,000 lines/s ({n_lat:,} lines): "
-          f"p50 {lat_ms[len(lat_ms) // 2]:.0f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99)]:.0f} ms, "
-          f"max {lat_ms[-1]:.0f} ms (goal p99 <= 250 ms)")
+    print(
+        f"agent run -- child:   {med(agent_total):.2f}s  = {LINES / med(agent_total):,.0f} lines/s, "
+        f"{med(agent_total) / med(kcat):.2f}x kcat's time (goal <= 2x)"
+    )
+    print(
+        f"child's own time under the agent {med(agent_child):.2f}s vs to a file {f_child:.2f}s: "
+        f"+{(med(agent_child) / f_child - 1) * 100:.1f}% (goal <= 10%); whole agent run vs child -> file: "
+        f"+{(med(agent_total) / f_wall - 1) * 100:.0f}%"
+    )
+    print(
+        f"for reference, the child's own time when piped into kcat: {med(kcat_child):.2f}s "
+        f"(+{(med(kcat_child) / f_child - 1) * 100:.1f}% over a file)"
+    )
+    print(
+        f"latency line written -> batch received from Kafka at 1,000 lines/s ({n_lat:,} lines): "
+        f"p50 {lat_ms[len(lat_ms) // 2]:.0f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99)]:.0f} ms, "
+        f"max {lat_ms[-1]:.0f} ms (goal p99 <= 250 ms)"
+    )
     print(f"agent peak RSS: {max(rss)} MiB (goal <= 150 MiB)")
     report_capacity(*capacity)
     return 0
@@ -256,24 +342,33 @@ Runs = dict[str, list[tuple[float, float]]]  # agent label -> (wall s, CPU s of 
 def report_capacity(kc: list[float], agents: Runs) -> None:
     med = statistics.median
     wall, cpu = [w for w, _ in agents["agent"]], [c for _, c in agents["agent"]]
-    print(f"pipeline capacity, {LINES:,} lines from a file: kcat -P -l FILE {med(kc):.2f}s, "
-          f"agent run -- cat FILE {med(wall):.2f}s = {med(wall) / med(kc):.2f}x kcat's time "
-          f"(goal <= 1.5x; runs: kcat {', '.join(f'{x:.2f}' for x in kc)}; "
-          f"agent {', '.join(f'{x:.2f}' for x in wall)}; median of the pairs' ratios "
-          f"{med(a / k for a, k in zip(wall, kc)):.2f}x); agent CPU (user+sys) median {med(cpu):.2f}s")
+    print(
+        f"pipeline capacity, {LINES:,} lines from a file: kcat -P -l FILE {med(kc):.2f}s, "
+        f"agent run -- cat FILE {med(wall):.2f}s = {med(wall) / med(kc):.2f}x kcat's time "
+        f"(goal <= 1.5x; runs: kcat {', '.join(f'{x:.2f}' for x in kc)}; "
+        f"agent {', '.join(f'{x:.2f}' for x in wall)}; median of the pairs' ratios "
+        f"{med(a / k for a, k in zip(wall, kc)):.2f}x); agent CPU (user+sys) median {med(cpu):.2f}s"
+    )
     for label, runs in agents.items():
         if label == "agent":
             continue
         w, c = [x for x, _ in runs], [y for _, y in runs]
-        print(f"  variant {label!r}: wall median {med(w):.2f}s = {med(w) / med(kc):.2f}x kcat "
-              f"(pairs' ratios median {med(a / k for a, k in zip(w, kc)):.2f}x; runs {', '.join(f'{x:.2f}' for x in w)}), "
-              f"CPU median {med(c):.2f}s (runs {', '.join(f'{x:.2f}' for x in c)}); the plain agent: wall "
-              f"{med(wall):.2f}s, CPU {med(cpu):.2f}s (runs {', '.join(f'{x:.2f}' for x in cpu)}); "
-              f"plain / variant CPU, median of the pairs: {med(a / b for a, b in zip(cpu, c)):.2f}")
+        print(
+            f"  variant {label!r}: wall median {med(w):.2f}s = {med(w) / med(kc):.2f}x kcat "
+            f"(pairs' ratios median {med(a / k for a, k in zip(w, kc)):.2f}x; runs {', '.join(f'{x:.2f}' for x in w)}), "
+            f"CPU median {med(c):.2f}s (runs {', '.join(f'{x:.2f}' for x in c)}); the plain agent: wall "
+            f"{med(wall):.2f}s, CPU {med(cpu):.2f}s (runs {', '.join(f'{x:.2f}' for x in cpu)}); "
+            f"plain / variant CPU, median of the pairs: {med(a / b for a, b in zip(cpu, c)):.2f}"
+        )
 
 
-def pipeline_capacity(bootstrap: str, tmp: Path, env: dict[str, str], pairs: int = CAP_RUNS,
-                      variants: list[tuple[str, dict[str, str]]] = ()) -> tuple[list[float], Runs]:
+def pipeline_capacity(
+    bootstrap: str,
+    tmp: Path,
+    env: dict[str, str],
+    pairs: int = CAP_RUNS,
+    variants: list[tuple[str, dict[str, str]]] = (),
+) -> tuple[list[float], Runs]:
     """The pipeline's own capacity: `agent run -- cat FILE` vs `kcat -P -l FILE`, same lines, same broker, acks=all;
     with ``variants``, more agents (other environment variables) in each pair, in an order that rotates."""
     data = tmp / "lines.txt"
@@ -285,16 +380,36 @@ def pipeline_capacity(bootstrap: str, tmp: Path, env: dict[str, str], pairs: int
     runs: Runs = {label: [] for label, _ in agents}
     for r in range(pairs):
         t = time.perf_counter()
-        k = subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", SCRATCH, "-l", "-X", "acks=all",
-                            "-X", "enable.idempotence=true", "-X", "linger.ms=5", str(data)])
+        k = subprocess.run(
+            [
+                "kcat",
+                "-P",
+                "-b",
+                bootstrap,
+                "-t",
+                SCRATCH,
+                "-l",
+                "-X",
+                "acks=all",
+                "-X",
+                "enable.idempotence=true",
+                "-X",
+                "linger.ms=5",
+                str(data),
+            ]
+        )
         kc.append(time.perf_counter() - t)
         assert k.returncode == 0, "kcat failed"
-        for label, agent_env in agents[r % len(agents):] + agents[:r % len(agents)]:
+        for label, agent_env in agents[r % len(agents) :] + agents[: r % len(agents)]:
             inst = f"bench-cat-{uuid.uuid4()}"
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
-            p = subprocess.run([FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "cat", "--no-facts", "--",
-                                "cat", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=agent_env)
+            p = subprocess.run(
+                [FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "cat", "--no-facts", "--", "cat", str(data)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=agent_env,
+            )
             wall = time.perf_counter() - t
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             runs[label].append((wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime))
@@ -302,9 +417,11 @@ def pipeline_capacity(bootstrap: str, tmp: Path, env: dict[str, str], pairs: int
             if r < len(agents):  # each agent's first run: every line arrived
                 delivered = count_lines(bootstrap, inst)
                 assert delivered == LINES, f"{label} delivered {delivered} lines of cat, not {LINES}"
-        print(f"capacity run {r + 1}: kcat -P -l {kc[-1]:.2f}s  "
-              + "  ".join(f"{label} {runs[label][-1][0]:.2f}s (CPU {runs[label][-1][1]:.2f}s)" for label, _ in agents),
-              flush=True)
+        print(
+            f"capacity run {r + 1}: kcat -P -l {kc[-1]:.2f}s  "
+            + "  ".join(f"{label} {runs[label][-1][0]:.2f}s (CPU {runs[label][-1][1]:.2f}s)" for label, _ in agents),
+            flush=True,
+        )
     return kc, runs
 
 

@@ -23,11 +23,25 @@ def batches(lines: list[str], size: int) -> list[LogBatch]:
     out = []
     ts = now_us()
     for start in range(0, len(lines), size):
-        chunk = lines[start:start + size]
+        chunk = lines[start : start + size]
         n = len(chunk)
-        out.append(LogBatch(event_id=new_event_id(), instance_id="bench-1", boot_id="boot", seq=len(out), ts_us=ts,
-                            stage="benchmark", source="stdout", pid=1, line_no=list(range(start + 1, start + n + 1)),
-                            line_ts_us=[ts] * n, text=chunk, truncated=[False] * n, invalid_utf8=[False] * n))
+        out.append(
+            LogBatch(
+                event_id=new_event_id(),
+                instance_id="bench-1",
+                boot_id="boot",
+                seq=len(out),
+                ts_us=ts,
+                stage="benchmark",
+                source="stdout",
+                pid=1,
+                line_no=list(range(start + 1, start + n + 1)),
+                line_ts_us=[ts] * n,
+                text=chunk,
+                truncated=[False] * n,
+                invalid_utf8=[False] * n,
+            )
+        )
     return out
 
 
@@ -53,8 +67,10 @@ def main() -> None:
     print(f"{'':28}{'batched (' + str(BATCH) + '/msg)':>22}{'baseline (1/msg)':>20}{'ratio':>8}")
     print(f"{'encode lines/s':28}{enc_b:22,.0f}{enc_s:20,.0f}{enc_b / enc_s:8.1f}x")
     print(f"{'decode lines/s':28}{dec_b:22,.0f}{dec_s:20,.0f}{dec_b / dec_s:8.1f}x")
-    print(f"goal >= 300,000 lines/s each way: encode {'met' if enc_b >= 3e5 else 'NOT met'}, "
-          f"decode {'met' if dec_b >= 3e5 else 'NOT met'}")
+    print(
+        f"goal >= 300,000 lines/s each way: encode {'met' if enc_b >= 3e5 else 'NOT met'}, "
+        f"decode {'met' if dec_b >= 3e5 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

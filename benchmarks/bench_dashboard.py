@@ -174,8 +174,10 @@ def main() -> int:
     from flightrec.db.query import run_query
 
     con = duckdb.connect(str(db), read_only=True)
-    failed = con.execute("SELECT instance_id, failure_id FROM failures WHERE failure_class = 'gpu_arch_unsupported' "
-                         "ORDER BY failure_id LIMIT 1").fetchone()
+    failed = con.execute(
+        "SELECT instance_id, failure_id FROM failures WHERE failure_class = 'gpu_arch_unsupported' "
+        "ORDER BY failure_id LIMIT 1"
+    ).fetchone()
     counts = con.execute("SELECT (SELECT count(*) FROM instances), (SELECT count(*) FROM log_lines)").fetchone()
     con.close()
 
@@ -188,6 +190,7 @@ def main() -> int:
 
         def render(page: str | None, **params: str) -> Callable[[], float]:
             """One cold render of a page; returns the seconds the page's own run took."""
+
             def go() -> float:
                 at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=120)
                 if page is not None:
@@ -201,6 +204,7 @@ def main() -> int:
                 elapsed = time.perf_counter() - t
                 assert not at.exception, at.exception
                 return elapsed
+
             return go
 
         render_trivial()  # warm imports
@@ -214,10 +218,14 @@ def main() -> int:
             "SQL (first example)": render("page_sql.py"),
         }
         pages["Fleet"]()  # warm the page modules' imports (altair, pandas)
-        print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-              f"database: {counts[0]:,} instances, {counts[1]:,} log lines ({DB.stat().st_size / 2**20:.0f} MiB)")
+        print(
+            f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+            f"database: {counts[0]:,} instances, {counts[1]:,} log lines ({DB.stat().st_size / 2**20:.0f} MiB)"
+        )
         print(f"baseline: trivial Streamlit script via AppTest, median {base * 1000:.0f} ms")
-        print(f"{'page (AppTest run, cold query cache)':42} {'median ms':>10} {'max ms':>8} {'x baseline':>10}  goal 1 s")
+        print(
+            f"{'page (AppTest run, cold query cache)':42} {'median ms':>10} {'max ms':>8} {'x baseline':>10}  goal 1 s"
+        )
         for name, fn in pages.items():
             times = [fn() for _ in range(RUNS)]
             med = statistics.median(times)
@@ -226,7 +234,9 @@ def main() -> int:
 
         one = statistics.median(timed(lambda: run_query(db, "SELECT 1")))
         print(f"\nbaseline: run_query('SELECT 1') median {one * 1000:.1f} ms")
-        print(f"{'console example (run_query + views)':42} {'median ms':>10} {'max ms':>8} {'x baseline':>10}  goal 200 ms")
+        print(
+            f"{'console example (run_query + views)':42} {'median ms':>10} {'max ms':>8} {'x baseline':>10}  goal 200 ms"
+        )
         for name, sql in queries.EXAMPLES.items():
             times = timed(lambda: queries.console(db, sql))  # noqa: B023 (called right here)
             med = statistics.median(times)

@@ -35,8 +35,13 @@ from flightrec.settings import Settings  # noqa: E402
 def file_run(bootstrap: str, work: Path, n: int) -> float:
     """lines/s of `flightrec materialize` into a new file (its own run time: open -> last commit)."""
     db = work / f"file-{n}.duckdb"
-    subprocess.run(flightrec_cmd("materialize", "--db", str(db), "--until-idle", "2", "--no-serve"),
-                   env=env_for(bootstrap), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        flightrec_cmd("materialize", "--db", str(db), "--until-idle", "2", "--no-serve"),
+        env=env_for(bootstrap),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     con = duckdb.connect(str(db), read_only=True)
     try:
         lines, run_s = con.execute("""SELECT (SELECT count(*) FROM log_lines),
@@ -55,10 +60,16 @@ def lake_run(bootstrap: str, catalog: LocalCatalog, work: Path, members: int, n:
     data = work / name
     group = f"bench-{name}"
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(flightrec_cmd("materialize", "--db", db, "--data-path", str(data), "--group", group,
-                                            "--until-idle", "3"),
-                              env=env_for(bootstrap), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for _ in range(members)]
+    procs = [
+        subprocess.Popen(
+            flightrec_cmd("materialize", "--db", db, "--data-path", str(data), "--group", group, "--until-idle", "3"),
+            env=env_for(bootstrap),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(members)
+    ]
     conflicts = 0
     for p in procs:
         _, err = p.communicate(timeout=900)
@@ -81,9 +92,14 @@ def latency(bootstrap: str, catalog: LocalCatalog, work: Path, seconds: float = 
     """Seconds from a probe line's ack by Kafka to its visibility to a lake reader, under ~10k lines/s of load."""
     db = catalog.create_database(f"latency_{uuid.uuid4().hex[:6]}")
     data = work / "latency"
-    proc = subprocess.Popen(flightrec_cmd("materialize", "--db", db, "--data-path", str(data), "--group",
-                                          f"latency-{uuid.uuid4().hex[:6]}"),
-                            env=env_for(bootstrap), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        flightrec_cmd(
+            "materialize", "--db", db, "--data-path", str(data), "--group", f"latency-{uuid.uuid4().hex[:6]}"
+        ),
+        env=env_for(bootstrap),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return probe_latency(bootstrap, db, proc, seconds, start_wait=8.0, poll_s=0.05)
 
 
@@ -114,17 +130,25 @@ def main() -> int:
                 conflicts += c
         med = {k: statistics.median(v) for k, v in rates.items()}
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
-        print(f"backlog: {sent:,} lines (+ ~{int(20 * 0.1 * BATCH * 2 * 10):,} latency-phase lines) in "
-              f"{BATCH}-line batches of 20 instances; medians of {args.runs} runs")
+        print(
+            f"backlog: {sent:,} lines (+ ~{int(20 * 0.1 * BATCH * 2 * 10):,} latency-phase lines) in "
+            f"{BATCH}-line batches of 20 instances; medians of {args.runs} runs"
+        )
         print(f"file (embedded, 1 process): {med['file']:,.0f} lines/s  runs {[round(r) for r in rates['file']]}")
         for m in (1, 2):
             k = f"lake{m}"
-            print(f"lake, {m} member{'s' if m > 1 else ''}: {med[k]:,.0f} lines/s (run: first open -> last commit), "
-                  f"wall incl. start and group join {statistics.median(walls[k]):.1f}s  runs {[round(r) for r in rates[k]]}")
-        print(f"ratios: lake 1 member / file {med['lake1'] / med['file']:.2f}; lake 2 members / 1 member "
-              f"{med['lake2'] / med['lake1']:.2f}; conflicts retried in all lake runs: {conflicts}")
-        print(f"Kafka ack -> visible to a lake reader, {len(lat)} probes under ~10k lines/s: p50 {pct(lat, 0.5):.2f}s "
-              f"p99 {pct(lat, 0.99):.2f}s max {max(lat):.2f}s (goal p99 <= 5 s)")
+            print(
+                f"lake, {m} member{'s' if m > 1 else ''}: {med[k]:,.0f} lines/s (run: first open -> last commit), "
+                f"wall incl. start and group join {statistics.median(walls[k]):.1f}s  runs {[round(r) for r in rates[k]]}"
+            )
+        print(
+            f"ratios: lake 1 member / file {med['lake1'] / med['file']:.2f}; lake 2 members / 1 member "
+            f"{med['lake2'] / med['lake1']:.2f}; conflicts retried in all lake runs: {conflicts}"
+        )
+        print(
+            f"Kafka ack -> visible to a lake reader, {len(lat)} probes under ~10k lines/s: p50 {pct(lat, 0.5):.2f}s "
+            f"p99 {pct(lat, 0.99):.2f}s max {max(lat):.2f}s (goal p99 <= 5 s)"
+        )
         return 0
     finally:
         catalog.stop()

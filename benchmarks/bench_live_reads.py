@@ -46,8 +46,9 @@ def main() -> None:
             with QueryServer(store.con.cursor(), db):
                 for name, sql in QUERIES.items():
                     rows = 100_000 if "100k" in name else 1
-                    print(f"live read, {name}: median {median_ms(db, sql, args.runs, rows):.1f} ms "
-                          f"over {args.runs} runs")
+                    print(
+                        f"live read, {name}: median {median_ms(db, sql, args.runs, rows):.1f} ms over {args.runs} runs"
+                    )
         finally:
             store.close()
 

@@ -47,34 +47,76 @@ def env_for(bootstrap: str) -> dict[str, str]:
     return {**os.environ, "FLIGHTREC_BOOTSTRAP": bootstrap, "PYTHONSAFEPATH": "1", "FLIGHTREC_LOG_LEVEL": "WARNING"}
 
 
-def batch(instance: str, boot: str, seq: int, n: int, first: int, stage: str = "supervisor",
-          source: str = "stdout") -> LogBatch:
+def batch(
+    instance: str, boot: str, seq: int, n: int, first: int, stage: str = "supervisor", source: str = "stdout"
+) -> LogBatch:
     ts = time.time_ns() // 1000
-    return LogBatch(event_id=str(uuid.uuid4()), instance_id=instance, boot_id=boot, seq=seq, ts_us=ts, stage=stage,
-                    source=source, pid=1, line_no=list(range(first, first + n)), line_ts_us=[ts] * n,
-                    text=[f"proof {first + i} done in 41.7s gpu0 util 97% mem 21311MiB" for i in range(n)],
-                    truncated=[False] * n, invalid_utf8=[False] * n)
+    return LogBatch(
+        event_id=str(uuid.uuid4()),
+        instance_id=instance,
+        boot_id=boot,
+        seq=seq,
+        ts_us=ts,
+        stage=stage,
+        source=source,
+        pid=1,
+        line_no=list(range(first, first + n)),
+        line_ts_us=[ts] * n,
+        text=[f"proof {first + i} done in 41.7s gpu0 util 97% mem 21311MiB" for i in range(n)],
+        truncated=[False] * n,
+        invalid_utf8=[False] * n,
+    )
 
 
 def failing_instance() -> list:
     inst, boot = "bench-failing", "boot-1"
-    env = lambda s: dict(event_id=str(uuid.uuid4()), instance_id=inst, boot_id=boot, seq=s,  # noqa: E731
-                         ts_us=time.time_ns() // 1000)
+    env = lambda s: dict(
+        event_id=str(uuid.uuid4()),
+        instance_id=inst,
+        boot_id=boot,
+        seq=s,  # noqa: E731
+        ts_us=time.time_ns() // 1000,
+    )
     cuda = "CUDA error: no kernel image is available for execution on the device"
-    return [InstanceFacts(**env(0), gpu_model="RTX PRO 4000", compute_capability="12.0"),
-            Lifecycle(**env(1), stage="benchmark", state="started"),
-            LogBatch(**env(2), stage="benchmark", source="/var/log/d.log", line_no=[1], line_ts_us=[1], text=[cuda],
-                     truncated=[False], invalid_utf8=[False]),
-            ProcessExit(**env(3), stage="benchmark", argv=["bench"], exit_code=1, started_us=0, ended_us=1,
-                        duration_s=1.0, file_tails=[FileTail("/var/log/d.log", [cuda])]),
-            Lifecycle(**env(4), stage="benchmark", state="failed"), Sealed(**env(5), event_count=6)]
+    return [
+        InstanceFacts(**env(0), gpu_model="RTX PRO 4000", compute_capability="12.0"),
+        Lifecycle(**env(1), stage="benchmark", state="started"),
+        LogBatch(
+            **env(2),
+            stage="benchmark",
+            source="/var/log/d.log",
+            line_no=[1],
+            line_ts_us=[1],
+            text=[cuda],
+            truncated=[False],
+            invalid_utf8=[False],
+        ),
+        ProcessExit(
+            **env(3),
+            stage="benchmark",
+            argv=["bench"],
+            exit_code=1,
+            started_us=0,
+            ended_us=1,
+            duration_s=1.0,
+            file_tails=[FileTail("/var/log/d.log", [cuda])],
+        ),
+        Lifecycle(**env(4), stage="benchmark", state="failed"),
+        Sealed(**env(5), event_count=6),
+    ]
 
 
 async def produce_backlog(bootstrap: str, lines: int) -> tuple[int, float]:
     from aiokafka import AIOKafkaProducer
 
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=20,
-                         max_batch_size=1 << 20, max_request_size=8 << 20)
+    p = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=20,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
+    )
     await p.start()
     t = time.perf_counter()
     try:
@@ -104,8 +146,14 @@ async def raw_consume_decode(bootstrap: str) -> tuple[int, float]:
 
     from flightrec.cluster import partitions_now
 
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                         auto_offset_reset="earliest", max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20)
+    c = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=2 << 20,
+        fetch_max_bytes=16 << 20,
+    )
     await c.start()
     try:
         parts = [TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": bootstrap}, [TOPIC_LOGS])]
@@ -127,13 +175,18 @@ async def raw_consume_decode(bootstrap: str) -> tuple[int, float]:
 def latency_phase(bootstrap: str, work: Path, seconds: float = 20.0) -> list[float]:
     """Seconds from a probe line's ack by Kafka to its visibility through run_query, under background load."""
     db = work / "latency.duckdb"
-    proc = subprocess.Popen(flightrec_cmd("materialize", "--db", str(db)), env=env_for(bootstrap),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        flightrec_cmd("materialize", "--db", str(db)),
+        env=env_for(bootstrap),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return probe_latency(bootstrap, str(db), proc, seconds, start_wait=4.0, poll_s=0.01)
 
 
-def probe_latency(bootstrap: str, db: str, proc: subprocess.Popen, seconds: float, start_wait: float,
-                  poll_s: float) -> list[float]:
+def probe_latency(
+    bootstrap: str, db: str, proc: subprocess.Popen, seconds: float, start_wait: float, poll_s: float
+) -> list[float]:
     """Seconds from each probe line's ack by Kafka to its visibility through run_query on ``db`` (inf: never seen)
     while ``proc`` (a materializer, stopped at the end) runs, under ~10,000 lines/s of other instances."""
     acked: dict[int, float] = {}
@@ -143,7 +196,9 @@ def probe_latency(bootstrap: str, db: str, proc: subprocess.Popen, seconds: floa
     def poll() -> None:
         while not done.is_set():
             try:
-                n = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = 'probe'").to_pylist()[0]["n"]
+                n = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = 'probe'").to_pylist()[0][
+                    "n"
+                ]
             except FlightrecError:  # not serving yet; a lake's tables appear with its first member
                 n = None
             now = time.perf_counter()
@@ -164,8 +219,9 @@ def probe_latency(bootstrap: str, db: str, proc: subprocess.Popen, seconds: floa
                 await (await p.send(TOPIC_LOGS, encode(batch("probe", "b", k - 1, 1, k)), key=b"probe"))
                 acked[k] = time.perf_counter()
                 for j in range(2):  # the background load
-                    await p.send(TOPIC_LOGS, encode(batch(f"load-{j}", "b", k, BATCH, k * BATCH)),
-                                 key=f"load-{j}".encode())
+                    await p.send(
+                        TOPIC_LOGS, encode(batch(f"load-{j}", "b", k, BATCH, k * BATCH)), key=f"load-{j}".encode()
+                    )
                 await asyncio.sleep(0.1)
             await p.flush()
         finally:
@@ -207,8 +263,12 @@ def main() -> int:
         raw_lines, t_raw = asyncio.run(raw_consume_decode(broker.bootstrap))
         db = work / "big.duckdb"
         t0 = time.perf_counter()
-        proc = subprocess.Popen(flightrec_cmd("materialize", "--db", str(db), "--until-idle", "2", "--no-serve"),
-                                env=env_for(broker.bootstrap), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            flightrec_cmd("materialize", "--db", str(db), "--until-idle", "2", "--no-serve"),
+            env=env_for(broker.bootstrap),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -234,15 +294,27 @@ def main() -> int:
         assert rows and rows[0]["failure_class"] == "gpu_arch_unsupported", rows
         mat_rate = mat_lines / run_s
         raw_rate = raw_lines / t_raw
-        print(f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB")
-        print(f"raw consume+decode of {TOPIC_LOGS} (baseline): {raw_lines:,} lines in {t_raw:.1f}s = {raw_rate:,.0f} lines/s")
-        print(f"materialize: {mat_lines:,} lines in {run_s:.1f}s (run), {wall:.1f}s wall incl. start = "
-              f"{mat_rate:,.0f} lines/s; ratio to raw {mat_rate / raw_rate:.0%} (goal >= 100,000 lines/s and >= 50%)")
-        print(f"peak RSS of the materializer with a {sent:,}-line backlog: {usage.ru_maxrss / 1024:.0f} MiB (goal <= 1024)")
-        print(f"live-read latency Kafka ack -> visible to run_query, {len(lat)} probes under ~10k lines/s load: "
-              f"p50 {pct(lat, 0.5):.2f}s p99 {pct(lat, 0.99):.2f}s max {max(lat):.2f}s (goal p99 <= 5 s)")
-        print(f"failure context of one instance in {total:,} lines: median {statistics.median(times) * 1000:.1f} ms, "
-              f"p95 {pct(times, 0.95) * 1000:.1f} ms over {len(times)} runs incl. opening the file (goal <= 50 ms)")
+        print(
+            f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+        )
+        print(
+            f"raw consume+decode of {TOPIC_LOGS} (baseline): {raw_lines:,} lines in {t_raw:.1f}s = {raw_rate:,.0f} lines/s"
+        )
+        print(
+            f"materialize: {mat_lines:,} lines in {run_s:.1f}s (run), {wall:.1f}s wall incl. start = "
+            f"{mat_rate:,.0f} lines/s; ratio to raw {mat_rate / raw_rate:.0%} (goal >= 100,000 lines/s and >= 50%)"
+        )
+        print(
+            f"peak RSS of the materializer with a {sent:,}-line backlog: {usage.ru_maxrss / 1024:.0f} MiB (goal <= 1024)"
+        )
+        print(
+            f"live-read latency Kafka ack -> visible to run_query, {len(lat)} probes under ~10k lines/s load: "
+            f"p50 {pct(lat, 0.5):.2f}s p99 {pct(lat, 0.99):.2f}s max {max(lat):.2f}s (goal p99 <= 5 s)"
+        )
+        print(
+            f"failure context of one instance in {total:,} lines: median {statistics.median(times) * 1000:.1f} ms, "
+            f"p95 {pct(times, 0.95) * 1000:.1f} ms over {len(times)} runs incl. opening the file (goal <= 50 ms)"
+        )
         return 0
     finally:
         broker.stop()

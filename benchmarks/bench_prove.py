@@ -66,18 +66,24 @@ def main() -> None:
         assert [int(v) for v in ntt.ntt(x)] == ref, "NumPy NTT disagrees with the Python reference"
         t_np = median_s(lambda: ntt.ntt(x), 7)
         t_py = median_s(lambda: python_ntt([int(v) for v in x], field.root_of_unity(log_n)), 3)
-        print(f"n=2^{log_n}: numpy {t_np * 1e3:8.2f} ms   plain python {t_py * 1e3:8.1f} ms   speed-up x{t_py / t_np:.1f}")
+        print(
+            f"n=2^{log_n}: numpy {t_np * 1e3:8.2f} ms   plain python {t_py * 1e3:8.1f} ms   speed-up x{t_py / t_np:.1f}"
+        )
     x = rng.integers(0, P, size=(8, 1 << 20), dtype=np.uint64)
     t_big = median_s(lambda: ntt.ntt(x), 3)
-    print(f"8 columns x 2^20 (the k=20 trace): numpy {t_big:.2f} s "
-          f"({8 * 2**20 * 20 / 2 / t_big / 1e6:.1f} M butterflies/s)")
+    print(
+        f"8 columns x 2^20 (the k=20 trace): numpy {t_big:.2f} s "
+        f"({8 * 2**20 * 20 / 2 / t_big / 1e6:.1f} M butterflies/s)"
+    )
 
     print("\n-- Merkle root, 8 columns (64-byte leaves)")
     cols = rng.integers(0, P, size=(8, 1 << 14), dtype=np.uint64)
     assert merkle_root(cols) == hashlib_merkle(cols)
     t_np = median_s(lambda: merkle_root(cols), 5)
     t_hl = median_s(lambda: hashlib_merkle(cols), 5)
-    print(f"2^14 leaves: numpy sha256 {t_np * 1e3:.1f} ms   hashlib loop {t_hl * 1e3:.1f} ms   ratio x{t_hl / t_np:.2f}")
+    print(
+        f"2^14 leaves: numpy sha256 {t_np * 1e3:.1f} ms   hashlib loop {t_hl * 1e3:.1f} ms   ratio x{t_hl / t_np:.2f}"
+    )
 
     print("\n-- whole proof (W=8, blowup 4): 1 warm-up, then measured proofs")
     for k, repeats in ((16, 3), (18, 2)):
@@ -85,8 +91,11 @@ def main() -> None:
         prover.prove(0)
         times = [median_s(lambda s=s: prover.prove(s), 1) for s in range(1, repeats + 1)]
         med = statistics.median(times)
-        print(f"k={k}: median {med:.2f} s/proof  ->  {3600 / med:8.1f} proofs/hour  (runs: "
-              + ", ".join(f"{t:.2f}" for t in times) + ")")
+        print(
+            f"k={k}: median {med:.2f} s/proof  ->  {3600 / med:8.1f} proofs/hour  (runs: "
+            + ", ".join(f"{t:.2f}" for t in times)
+            + ")"
+        )
 
 
 if __name__ == "__main__":

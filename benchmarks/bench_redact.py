@@ -48,27 +48,40 @@ def mixed_lines(n: int, seed: int = 1) -> list[str]:
         elif k < 0.55:
             out.append(f"{ts} INFO  prover::gpu: proof {i} verified in {rnd.random() * 900:.1f}ms root=0x{hexs(64)}")
         elif k < 0.7:
-            out.append(f'{{"ts":"{ts}","level":"info","msg":"proof done","proof_id":"{hexs(8)}-{hexs(4)}-{hexs(4)}-'
-                       f'{hexs(4)}-{hexs(12)}","gpu":{i % 8},"duration_ms":{rnd.random() * 90:.2f}}}')
+            out.append(
+                f'{{"ts":"{ts}","level":"info","msg":"proof done","proof_id":"{hexs(8)}-{hexs(4)}-{hexs(4)}-'
+                f'{hexs(4)}-{hexs(12)}","gpu":{i % 8},"duration_ms":{rnd.random() * 90:.2f}}}'
+            )
         elif k < 0.8:
-            out.append(f"I1203 10:15:32.{i % 1000000:06d} {1000 + i % 50} cuda_alloc.cc:{100 + i % 400}] cudaMalloc "
-                       f"{rnd.randint(1, 1 << 30)} bytes on device {i % 8} (free {rnd.randint(1, 80)} GiB)")
+            out.append(
+                f"I1203 10:15:32.{i % 1000000:06d} {1000 + i % 50} cuda_alloc.cc:{100 + i % 400}] cudaMalloc "
+                f"{rnd.randint(1, 1 << 30)} bytes on device {i % 8} (free {rnd.randint(1, 80)} GiB)"
+            )
         elif k < 0.9:
-            out.append(f"[{ts}] DEBUG scheduler: queue depth={rnd.randint(0, 500)} inflight={rnd.randint(0, 64)} "
-                       f"rate={rnd.random() * 400:.1f}/h commit {hexs(40)} blob={hexs(24)}")
+            out.append(
+                f"[{ts}] DEBUG scheduler: queue depth={rnd.randint(0, 500)} inflight={rnd.randint(0, 64)} "
+                f"rate={rnd.random() * 400:.1f}/h commit {hexs(40)} blob={hexs(24)}"
+            )
         else:
-            out.append(f"Downloading params {rnd.randint(0, 100)}% |{'#' * rnd.randint(0, 30)}| "
-                       f"{rnd.random() * 3:.1f}G/2.7G eta {rnd.randint(0, 600)}s")
+            out.append(
+                f"Downloading params {rnd.randint(0, 100)}% |{'#' * rnd.randint(0, 30)}| "
+                f"{rnd.random() * 3:.1f}G/2.7G eta {rnd.randint(0, 600)}s"
+            )
     return out
 
 
 # streams whose every line holds a needle (so every read takes the masking pass): the worst cases
-HOT = ["step {i} token count: 512 of 4096", '{{"ts":1,"msg":"ok","token":"t-{i}"}}', "user {i}: password reset email sent",
-       "GET https://u:p@example.com/api/v1/items/{i} 200 12ms", '{{"access_token":"abcdefgh{i}"}}']
+HOT = [
+    "step {i} token count: 512 of 4096",
+    '{{"ts":1,"msg":"ok","token":"t-{i}"}}',
+    "user {i}: password reset email sent",
+    "GET https://u:p@example.com/api/v1/items/{i} 200 12ms",
+    '{{"access_token":"abcdefgh{i}"}}',
+]
 
 
 def reads(data: bytes) -> list[bytes]:
-    return [data[i:i + READ] for i in range(0, len(data), READ)]
+    return [data[i : i + READ] for i in range(0, len(data), READ)]
 
 
 def cpu(fn: Callable[[], object], runs: int) -> float:
@@ -109,10 +122,12 @@ def stream_all(r: Redactor, lines: list[str]) -> None:
     if hasattr(r, "stream"):
         carry = None
         for i in range(0, len(lines), step):
-            _, carry = r.stream(lines[i:i + step], None, carry) if carry is not None else r.stream(lines[i:i + step])
+            _, carry = (
+                r.stream(lines[i : i + step], None, carry) if carry is not None else r.stream(lines[i : i + step])
+            )
     else:
         for i in range(0, len(lines), step):
-            r.lines(lines[i:i + step])
+            r.lines(lines[i : i + step])
 
 
 def batcher_all(names: list[str], env: dict[str, str], shapes: str | None, chunks: list[bytes]) -> None:
@@ -136,24 +151,31 @@ def main() -> int:
     args = p.parse_args()
     corpora = {"bench_agent's line": bench_lines(args.lines), "mixed realistic lines": mixed_lines(args.lines)}
     configs = configurations(builtin_shapes is not None)
-    print(f"{args.lines:,} lines per corpus, read {READ >> 20} MiB at a time; CPU seconds, median of {args.runs}; "
-          f"{os.cpu_count()} cores; code: {os.path.dirname(inspect.getfile(Redactor))}", flush=True)
+    print(
+        f"{args.lines:,} lines per corpus, read {READ >> 20} MiB at a time; CPU seconds, median of {args.runs}; "
+        f"{os.cpu_count()} cores; code: {os.path.dirname(inspect.getfile(Redactor))}",
+        flush=True,
+    )
     for cname, lines in corpora.items():
         data = ("\n".join(lines) + "\n").encode()
         chunks = reads(data)
         mib = len(data) / (1 << 20)
         print(f"\n{cname}: {mib:.1f} MiB")
-        print(f"{'configuration':36} {'may_need (fast test)':>22} {'reads slow':>10} {'stream (mask pass)':>20} "
-              f"{'batcher feed+close':>20}")
+        print(
+            f"{'configuration':36} {'may_need (fast test)':>22} {'reads slow':>10} {'stream (mask pass)':>20} "
+            f"{'batcher feed+close':>20}"
+        )
         for name, (names, env, shapes) in configs.items():
             r = redactor(names, env, shapes)
             slow = may_need_all(r, chunks)
             t_need = cpu(lambda: may_need_all(r, chunks), args.runs)
             t_stream = cpu(lambda: stream_all(r, lines), args.runs)
             t_batch = cpu(lambda: batcher_all(names, env, shapes, chunks), args.runs) if not args.no_batcher else 0.0
-            print(f"{name:36} {t_need:8.3f} s {t_need / mib * 1e3:6.2f} ms/MiB {slow:4d}/{len(chunks):<5d} "
-                  f"{t_stream:8.3f} s {t_stream / mib * 1e3:6.2f}/MiB {t_batch:8.3f} s {t_batch / mib * 1e3:6.2f}/MiB",
-                  flush=True)
+            print(
+                f"{name:36} {t_need:8.3f} s {t_need / mib * 1e3:6.2f} ms/MiB {slow:4d}/{len(chunks):<5d} "
+                f"{t_stream:8.3f} s {t_stream / mib * 1e3:6.2f}/MiB {t_batch:8.3f} s {t_batch / mib * 1e3:6.2f}/MiB",
+                flush=True,
+            )
     if builtin_shapes is not None:
         print(f"\nevery line holds a needle ({args.lines:,} lines each): the masking pass, CPU ms per MiB")
         for template in HOT:
@@ -162,8 +184,11 @@ def main() -> int:
             with_shapes, without = redactor([], {}, None), redactor([], {}, "off")
             t_with = cpu(lambda: stream_all(with_shapes, lines), args.runs)
             t_without = cpu(lambda: stream_all(without, lines), args.runs)
-            print(f"  {template[:44]:46} built-in shapes {t_with / mib * 1e3:6.1f}   none {t_without / mib * 1e3:6.1f}  "
-                  f"(first line out: {with_shapes.lines(lines[:1])[0][:48]})", flush=True)
+            print(
+                f"  {template[:44]:46} built-in shapes {t_with / mib * 1e3:6.1f}   none {t_without / mib * 1e3:6.1f}  "
+                f"(first line out: {with_shapes.lines(lines[:1])[0][:48]})",
+                flush=True,
+            )
     return 0
 
 

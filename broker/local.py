@@ -54,7 +54,11 @@ def log_cause(text: str) -> str:
 
 def check_java() -> str:
     """Return the java executable if it is Java >= 17; else raise BrokerError saying what to install."""
-    java = shutil.which("java", path=(os.environ.get("JAVA_HOME", "") + "/bin:" if os.environ.get("JAVA_HOME") else "") + os.environ.get("PATH", ""))
+    java = shutil.which(
+        "java",
+        path=(os.environ.get("JAVA_HOME", "") + "/bin:" if os.environ.get("JAVA_HOME") else "")
+        + os.environ.get("PATH", ""),
+    )
     if not java:
         raise BrokerError("Java not found: Kafka 4 needs Java >= 17 (install openjdk-17-jre-headless or set JAVA_HOME)")
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
@@ -81,8 +85,11 @@ def kafka_libs_dir(settings: Settings | None = None) -> Path:
 def _libs_complete(libs: Path) -> bool:
     """The folder holds Kafka's jars and exactly the pinned slf4j API (an older one silences the broker's log)."""
     slf4j = sorted(p.name for p in libs.glob("slf4j-api-*.jar")) if libs.is_dir() else []
-    return ((libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists() and (libs / f"kafka-tools-{KAFKA_VERSION}.jar").exists()
-            and slf4j == [f"slf4j-api-{SLF4J_VERSION}.jar"])
+    return (
+        (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists()
+        and (libs / f"kafka-tools-{KAFKA_VERSION}.jar").exists()
+        and slf4j == [f"slf4j-api-{SLF4J_VERSION}.jar"]
+    )
 
 
 def fetch_kafka(settings: Settings | None = None, quiet: bool = True) -> Path:
@@ -102,7 +109,9 @@ def fetch_kafka(settings: Settings | None = None, quiet: bool = True) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not _libs_complete(libs):
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:])
-        raise BrokerError(f"Maven could not fetch Kafka {KAFKA_VERSION} (exit {proc.returncode}); is Maven Central reachable?", tail)
+        raise BrokerError(
+            f"Maven could not fetch Kafka {KAFKA_VERSION} (exit {proc.returncode}); is Maven Central reachable?", tail
+        )
     return libs
 
 
@@ -141,8 +150,14 @@ class LocalBroker:
     one-line cause and the tail of the broker's own log.
     """
 
-    def __init__(self, port: int = 9092, data: str | Path | None = None, settings: Settings | None = None,
-                 heap: str = "512m", security: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int = 9092,
+        data: str | Path | None = None,
+        settings: Settings | None = None,
+        heap: str = "512m",
+        security: str | None = None,
+    ) -> None:
         self.settings = settings or Settings.from_env()
         self.port = port
         self.data = Path(data) if data else Path(self.settings.home) / f"broker-{port}"
@@ -153,8 +168,9 @@ class LocalBroker:
         if security is not None and security not in SECURITIES:
             raise BrokerError(f"--security {security!r} is not one of {', '.join(SECURITIES)}")
         if security is not None and formatted is not None and security != formatted:
-            raise BrokerError(f"the data folder {self.data} holds a {formatted} broker; "
-                              f"choose another --data for a {security} one")
+            raise BrokerError(
+                f"the data folder {self.data} holds a {formatted} broker; choose another --data for a {security} one"
+            )
         self.security = security or formatted or "plaintext"
         self.secure = Secure(self.data)
 
@@ -258,9 +274,15 @@ class LocalBroker:
 
     def _java(self, java: str, libs: Path, main: str, *args: str, heap: str = "256m") -> list[str]:
         return [
-            java, f"-Xmx{heap}", "-Xss1m", "-Djava.awt.headless=true",
+            java,
+            f"-Xmx{heap}",
+            "-Xss1m",
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.data / 'log4j2.properties'}",
-            "-cp", f"{libs}/*", main, *args,
+            "-cp",
+            f"{libs}/*",
+            main,
+            *args,
         ]
 
     def _format(self, java: str, libs: Path, config: Path, cluster_id: str | None = None) -> None:
@@ -268,20 +290,25 @@ class LocalBroker:
             return
         cluster_id = cluster_id or base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         extra = self.secure.format_args() if self.security == "sasl_ssl" else []
-        cmd = self._java(java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config),
-                         *extra)
+        cmd = self._java(
+            java, libs, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config), *extra
+        )
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise BrokerError(f"formatting the KRaft storage in {self.data / 'logs'} failed (exit {proc.returncode})",
-                              "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:]))
+            raise BrokerError(
+                f"formatting the KRaft storage in {self.data / 'logs'} failed (exit {proc.returncode})",
+                "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:]),
+            )
         (self.data / "security").write_text(self.security + "\n")
 
     def _started(self, what: str) -> str:
         if self.security != "sasl_ssl":
             return what
         env = self.secure.write_env_file(self.bootstrap)
-        return f"{what}; SASL_SSL ({self.secure.client_env(self.bootstrap)['FLIGHTREC_SASL_MECHANISM']}): " \
-               f"client settings in {env} (`source` it)"
+        return (
+            f"{what}; SASL_SSL ({self.secure.client_env(self.bootstrap)['FLIGHTREC_SASL_MECHANISM']}): "
+            f"client settings in {env} (`source` it)"
+        )
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -299,31 +326,45 @@ class LocalBroker:
         config = self._write_config()
         self._format(java, libs, config)
         with open(self.log_path, "ab") as log_file:
-            log_file.write(f"\n=== flightrec starting Kafka {KAFKA_VERSION} on port {self.port} at {time.ctime()} ===\n".encode())
+            log_file.write(
+                f"\n=== flightrec starting Kafka {KAFKA_VERSION} on port {self.port} at {time.ctime()} ===\n".encode()
+            )
             log_file.flush()
             cmd = self._java(java, libs, "kafka.Kafka", str(config), heap=self.heap)
             cmd[1:1] = [f"-Xms{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"]
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                          cwd=self.data, start_new_session=True)
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.data,
+                start_new_session=True,
+            )
         self._pid_path.write_text(str(self._proc.pid))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 tail = log_tail(self.log_path, 400)
                 cause = log_cause(tail)
-                raise BrokerError(f"the Kafka broker exited with code {self._proc.returncode} while starting"
-                                  + (f": {cause}" if cause else " (its log names no cause)"),
-                                  "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
+                raise BrokerError(
+                    f"the Kafka broker exited with code {self._proc.returncode} while starting"
+                    + (f": {cause}" if cause else " (its log names no cause)"),
+                    "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]),
+                )
             if self._answering_is_ours():  # answers, and is this broker (not one that took the port)
                 self._ensure_topics()
-                return self._started(f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, "
-                                     f"data {self.data})")
+                return self._started(
+                    f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, data {self.data})"
+                )
             time.sleep(0.3)
         self.stop()
         tail = log_tail(self.log_path, 400)
         cause = log_cause(tail)
-        raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s"
-                          + (f"; its log says: {cause}" if cause else ""), "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
+        raise BrokerError(
+            f"the Kafka broker did not answer on {self.bootstrap} within {timeout:.0f}s"
+            + (f"; its log says: {cause}" if cause else ""),
+            "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]),
+        )
 
     def _cluster_id(self) -> str | None:
         """The cluster id this broker's storage was formatted with (logs/meta.properties); None before formatting."""
@@ -344,13 +385,21 @@ class LocalBroker:
             return False
         if theirs != ours:
             self.stop()
-            raise BrokerError(f"another Kafka (cluster {theirs}, not this broker's {ours}) took port {self.port} "
-                              "while this broker was starting; start it again, on another port (--port)")
+            raise BrokerError(
+                f"another Kafka (cluster {theirs}, not this broker's {ours}) took port {self.port} "
+                "while this broker was starting; start it again, on another port (--port)"
+            )
         return True
 
     def _ensure_topics(self) -> list[str]:
-        return asyncio.run(ensure_topics(self._kafka_kwargs(), partitions=self.settings.partitions,
-                                         replication=1, retention_ms=self.settings.retention_ms))
+        return asyncio.run(
+            ensure_topics(
+                self._kafka_kwargs(),
+                partitions=self.settings.partitions,
+                replication=1,
+                retention_ms=self.settings.retention_ms,
+            )
+        )
 
     def stop(self, timeout: float = 60.0) -> str:
         """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout``) and wait until it is gone."""

@@ -71,18 +71,62 @@ class Secure:
         def run(*args: str) -> None:
             proc = subprocess.run([openssl, *args], cwd=t, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise BrokerError(f"openssl {args[0]} failed making the broker's certificates in {t}: "
-                                  f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+                raise BrokerError(
+                    f"openssl {args[0]} failed making the broker's certificates in {t}: "
+                    f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+                )
 
-        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.tmp", "-days", "3650",
-            "-subj", "/CN=flightrec local broker CA", "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-            "-subj", "/CN=localhost")
-        (t / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n"
-                                      "extendedKeyUsage=serverAuth,clientAuth\n")
-        run("x509", "-req", "-in", "server.csr", "-CA", "ca.tmp", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "server.pem", "-days", "3650", "-extfile", "server.ext")
+        run(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.tmp",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=flightrec local broker CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        )
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        )
+        (t / "server.ext").write_text(
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.tmp",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "3650",
+            "-extfile",
+            "server.ext",
+        )
         (t / "server.key").chmod(0o600)
         (t / "ca.key").chmod(0o600)
         keystore = (t / "server.key").read_text() + (t / "server.pem").read_text() + (t / "ca.tmp").read_text()
@@ -93,8 +137,10 @@ class Secure:
 
     def server_properties(self, port: int, cport: int) -> dict[str, str]:
         """The listener settings of a SASL_SSL broker (SCRAM-SHA-512 over TLS, inter-broker too)."""
-        jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{USER}" '
-                f'password="{self.password()}";')
+        jaas = (
+            f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{USER}" '
+            f'password="{self.password()}";'
+        )
         return {
             "listeners": f"SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
             "advertised.listeners": f"SASL_SSL://localhost:{port}",
@@ -133,9 +179,16 @@ class Secure:
 
     def client_settings(self, settings: Settings, bootstrap: str) -> Settings:
         """``settings`` pointed at this broker with its SASL_SSL client settings."""
-        return dataclasses.replace(settings, bootstrap=bootstrap, security_protocol="SASL_SSL",
-                                   sasl_mechanism=MECHANISM, sasl_username=USER, sasl_password=None,
-                                   sasl_password_file=str(self.password_file), ssl_cafile=str(self.ca))
+        return dataclasses.replace(
+            settings,
+            bootstrap=bootstrap,
+            security_protocol="SASL_SSL",
+            sasl_mechanism=MECHANISM,
+            sasl_username=USER,
+            sasl_password=None,
+            sasl_password_file=str(self.password_file),
+            ssl_cafile=str(self.ca),
+        )
 
 
 def read_env_file(path: str | Path) -> dict[str, str]:

@@ -81,7 +81,9 @@ async def ensure_topics(
             return []
         # LogAppendTime: every record carries the broker's clock, the receive time liveness is judged by
         config = {"retention.ms": str(retention_ms), "retention.bytes": "-1", TIMESTAMP_TYPE: LOG_APPEND_TIME}
-        new = [NewTopic(t, num_partitions=partitions, replication_factor=replication, topic_configs=config) for t in wanted]
+        new = [
+            NewTopic(t, num_partitions=partitions, replication_factor=replication, topic_configs=config) for t in wanted
+        ]
         try:
             response = await admin.create_topics(new)
         except TopicAlreadyExistsError:

@@ -20,11 +20,11 @@ from flightrec.localservice import LOG_TAIL_LINES, log_tail, pid_alive, port_fre
 from flightrec.settings import Settings
 
 DEFAULT_PORT = 5432
-SUPERUSER = "flightrec"      # the role initdb creates; trusted on 127.0.0.1 only
+SUPERUSER = "flightrec"  # the role initdb creates; trusted on 127.0.0.1 only
 READER = "flightrec_reader"  # a role that can only read (pg_read_all_data): the --db string for readers
-DATABASE = "flightrec"       # the database `start` creates and names in its --db string
-SERVICE_USER = "postgres"    # PostgreSQL refuses to run as root: when root, it runs as this user
-MAX_CONNECTIONS = 200        # every materializer and reader holds a few catalog connections
+DATABASE = "flightrec"  # the database `start` creates and names in its --db string
+SERVICE_USER = "postgres"  # PostgreSQL refuses to run as root: when root, it runs as this user
+MAX_CONNECTIONS = 200  # every materializer and reader holds a few catalog connections
 DEBIAN_GLOB = "/usr/lib/postgresql/*/bin"
 _START_MARK = "=== flightrec starting PostgreSQL"
 _INSTALL_HINT = "install it: apt-get install postgresql (Debian/Ubuntu; it provides /usr/lib/postgresql/*/bin)"
@@ -60,14 +60,15 @@ def find_bin_dir(path: str | None = None, debian_glob: str = DEBIAN_GLOB) -> Pat
     on_path = shutil.which("pg_ctl", path=path)
     if on_path:
         candidates.append(Path(on_path).resolve().parent)
-    versions = sorted(glob.glob(debian_glob), key=lambda p: [int(x) for x in re.findall(r"\d+", p)],
-                      reverse=True)
+    versions = sorted(glob.glob(debian_glob), key=lambda p: [int(x) for x in re.findall(r"\d+", p)], reverse=True)
     candidates.extend(Path(p) for p in versions)
     for folder in candidates:
         if all((folder / n).is_file() and os.access(folder / n, os.X_OK) for n in need):
             return folder
-    raise CatalogError(f"PostgreSQL not found (no initdb/pg_ctl/postgres/psql on PATH or in "
-                       f"/usr/lib/postgresql/*/bin): {_INSTALL_HINT}")
+    raise CatalogError(
+        f"PostgreSQL not found (no initdb/pg_ctl/postgres/psql on PATH or in "
+        f"/usr/lib/postgresql/*/bin): {_INSTALL_HINT}"
+    )
 
 
 def db_string(port: int, database: str = DATABASE, host: str = "127.0.0.1", user: str = SUPERUSER) -> str:
@@ -102,8 +103,9 @@ class LocalCatalog:
     ``data``.
     """
 
-    def __init__(self, port: int = DEFAULT_PORT, data: str | Path | None = None,
-                 settings: Settings | None = None) -> None:
+    def __init__(
+        self, port: int = DEFAULT_PORT, data: str | Path | None = None, settings: Settings | None = None
+    ) -> None:
         self.settings = settings or Settings.from_env()
         self.port = port
         self.data = (Path(data) if data else Path(self.settings.home) / f"catalog-{port}").resolve()
@@ -135,8 +137,10 @@ class LocalCatalog:
         try:
             pw = pwd.getpwnam(SERVICE_USER)
         except KeyError:
-            raise CatalogError(f"running as root, but there is no user {SERVICE_USER!r} to run PostgreSQL as "
-                               f"(it refuses root): {_INSTALL_HINT}, or run flightrec as another user") from None
+            raise CatalogError(
+                f"running as root, but there is no user {SERVICE_USER!r} to run PostgreSQL as "
+                f"(it refuses root): {_INSTALL_HINT}, or run flightrec as another user"
+            ) from None
         env = dict(os.environ, HOME=pw.pw_dir, USER=SERVICE_USER, LOGNAME=SERVICE_USER)
         return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "env": env}
 
@@ -148,14 +152,22 @@ class LocalCatalog:
             if run_as:
                 os.chown(self.data, run_as["user"], run_as["group"])
         except OSError as exc:
-            raise CatalogError(f"the data folder {self.data} cannot be created: {exc.strerror}; "
-                               f"choose a writable one with --data") from exc
+            raise CatalogError(
+                f"the data folder {self.data} cannot be created: {exc.strerror}; choose a writable one with --data"
+            ) from exc
         who = SERVICE_USER if run_as else "this user"
-        probe = subprocess.run(["test", "-w", str(self.data), "-a", "-x", str(self.data)], capture_output=True,
-                               **run_as)
+        probe = subprocess.run(
+            ["test", "-w", str(self.data), "-a", "-x", str(self.data)], capture_output=True, **run_as
+        )
         if probe.returncode != 0:
-            extra = (f" (PostgreSQL refuses to run as root, so it runs as {SERVICE_USER}: every parent folder "
-                     f"must let that user through, e.g. chmod o+x, or use a --data under /var/tmp)") if run_as else ""
+            extra = (
+                (
+                    f" (PostgreSQL refuses to run as root, so it runs as {SERVICE_USER}: every parent folder "
+                    f"must let that user through, e.g. chmod o+x, or use a --data under /var/tmp)"
+                )
+                if run_as
+                else ""
+            )
             raise CatalogError(f"the data folder {self.data} is not writable by {who}{extra}; choose another --data")
 
     # -- state ------------------------------------------------------------------
@@ -172,26 +184,68 @@ class LocalCatalog:
             bin_dir = bin_dir or find_bin_dir()
         except CatalogError:
             return False
-        proc = subprocess.run([str(bin_dir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port),
-                               "-U", SUPERUSER, "-d", "postgres", "-t", "3"], capture_output=True)
+        proc = subprocess.run(
+            [
+                str(bin_dir / "pg_isready"),
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                SUPERUSER,
+                "-d",
+                "postgres",
+                "-t",
+                "3",
+            ],
+            capture_output=True,
+        )
         return proc.returncode == 0
 
     def status(self) -> CatalogStatus:
         pid = self._pid()
-        return CatalogStatus(running=pid is not None, answering=pid is not None and self._answers(), pid=pid,
-                             port=self.port, data=str(self.data))
+        return CatalogStatus(
+            running=pid is not None,
+            answering=pid is not None and self._answers(),
+            pid=pid,
+            port=self.port,
+            data=str(self.data),
+        )
 
     # -- SQL administration (psql over TCP) ----------------------------------
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run one SQL command on this server with psql; its unaligned output. Raises CatalogError."""
         bin_dir = find_bin_dir()
-        proc = subprocess.run([str(bin_dir / "psql"), "-X", "-q", "-tA", "-v", "ON_ERROR_STOP=1",
-                               "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER, "-d", database, "-c", sql],
-                              capture_output=True, text=True, env=dict(os.environ, PGCONNECT_TIMEOUT="10"))
+        proc = subprocess.run(
+            [
+                str(bin_dir / "psql"),
+                "-X",
+                "-q",
+                "-tA",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                SUPERUSER,
+                "-d",
+                database,
+                "-c",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PGCONNECT_TIMEOUT="10"),
+        )
         if proc.returncode != 0:
-            raise CatalogError(f"PostgreSQL on 127.0.0.1:{self.port} refused {sql[:80]!r}: "
-                               f"{proc.stderr.strip()[:500]}; is it running (`flightrec catalog status`)?")
+            raise CatalogError(
+                f"PostgreSQL on 127.0.0.1:{self.port} refused {sql[:80]!r}: "
+                f"{proc.stderr.strip()[:500]}; is it running (`flightrec catalog status`)?"
+            )
         return proc.stdout
 
     def create_database(self, name: str) -> str:
@@ -212,16 +266,34 @@ class LocalCatalog:
         if (self.pgdata / "PG_VERSION").exists():
             return
         if self.pgdata.exists() and any(self.pgdata.iterdir()):
-            raise CatalogError(f"{self.pgdata} exists but holds no PostgreSQL cluster (no PG_VERSION); "
-                               f"remove it or choose another --data")
-        proc = subprocess.run([str(bin_dir / "initdb"), "-D", str(self.pgdata), "-U", SUPERUSER, "--auth=trust",
-                               "-E", "UTF8", "--locale=C"], capture_output=True, text=True, **run_as)
+            raise CatalogError(
+                f"{self.pgdata} exists but holds no PostgreSQL cluster (no PG_VERSION); "
+                f"remove it or choose another --data"
+            )
+        proc = subprocess.run(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(self.pgdata),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ],
+            capture_output=True,
+            text=True,
+            **run_as,
+        )
         if proc.returncode != 0:
             out = proc.stdout + proc.stderr
             cause = next((ln for ln in out.splitlines() if "initdb: error" in ln), "")
-            raise CatalogError(f"initdb of {self.pgdata} failed (exit {proc.returncode})"
-                               + (f": {cause.split('error:', 1)[1].strip()}" if cause else ""),
-                               "\n".join(out.splitlines()[-LOG_TAIL_LINES:]))
+            raise CatalogError(
+                f"initdb of {self.pgdata} failed (exit {proc.returncode})"
+                + (f": {cause.split('error:', 1)[1].strip()}" if cause else ""),
+                "\n".join(out.splitlines()[-LOG_TAIL_LINES:]),
+            )
 
     def start(self, timeout: float = 60.0) -> str:
         """Start the server (initdb first if needed) and create the `flightrec` database. Returns what happened;
@@ -230,8 +302,9 @@ class LocalCatalog:
         bin_dir = find_bin_dir()
         if pid is not None and self._answers(bin_dir):
             self._prepare_roles_and_database()
-            return (f"PostgreSQL already running on 127.0.0.1:{self.port} (pid {pid}, data {self.data})\n"
-                    f"{self._db_lines()}")
+            return (
+                f"PostgreSQL already running on 127.0.0.1:{self.port} (pid {pid}, data {self.data})\n{self._db_lines()}"
+            )
         if pid is None and not port_free(self.port):
             raise CatalogError(f"port {self.port} is in use by another process; choose another with --port")
         self._prepare_data()
@@ -241,27 +314,55 @@ class LocalCatalog:
             f.write(f"\n{_START_MARK} on port {self.port} at {time.ctime()} ===\n".encode())
         if run_as:
             os.chown(self.log_path, run_as["user"], run_as["group"])
-        options = ["-p", str(self.port), "-k", "", "-c", "listen_addresses=127.0.0.1",
-                   "-c", f"max_connections={MAX_CONNECTIONS}"]
+        options = [
+            "-p",
+            str(self.port),
+            "-k",
+            "",
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"max_connections={MAX_CONNECTIONS}",
+        ]
         # pg_ctl detaches the server (it outlives this command, like `flightrec broker start`)
-        proc = subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(self.pgdata), "-l", str(self.log_path),
-                               "-o", " ".join(shlex.quote(o) for o in options), "-w", "-t", str(int(timeout)),
-                               "start"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              start_new_session=True, **run_as)
+        proc = subprocess.run(
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(self.pgdata),
+                "-l",
+                str(self.log_path),
+                "-o",
+                " ".join(shlex.quote(o) for o in options),
+                "-w",
+                "-t",
+                str(int(timeout)),
+                "start",
+            ],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            **run_as,
+        )
         if proc.returncode != 0 or not self._answers(bin_dir):
             tail = log_tail(self.log_path, 400)
             cause = log_cause(tail) or (proc.stderr.strip().splitlines() or ["its log names no cause"])[-1]
             if self._pid() is not None:
                 self.stop()
-            raise CatalogError(f"PostgreSQL did not start on 127.0.0.1:{self.port}: {cause}",
-                               "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
+            raise CatalogError(
+                f"PostgreSQL did not start on 127.0.0.1:{self.port}: {cause}",
+                "\n".join(tail.splitlines()[-LOG_TAIL_LINES:]),
+            )
         self._prepare_roles_and_database()
         return f"PostgreSQL started on 127.0.0.1:{self.port} (pid {self._pid()}, data {self.data})\n{self._db_lines()}"
 
     def _prepare_roles_and_database(self) -> None:
         self.create_database(DATABASE)
-        self.psql(f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{READER}') THEN "
-                  f"CREATE ROLE {READER} LOGIN; END IF; END $$; GRANT pg_read_all_data TO {READER}")
+        self.psql(
+            f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{READER}') THEN "
+            f"CREATE ROLE {READER} LOGIN; END IF; END $$; GRANT pg_read_all_data TO {READER}"
+        )
 
     def _db_lines(self) -> str:
         """What `start` prints last: the readers' --db string (a role that cannot write), then the writers'."""
@@ -273,8 +374,12 @@ class LocalCatalog:
         if pid is None:
             return f"no catalog running for data {self.data}"
         bin_dir = find_bin_dir()
-        proc = subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(self.pgdata), "-m", "fast", "-w",
-                               "-t", str(int(timeout)), "stop"], capture_output=True, text=True, **self._run_as())
+        proc = subprocess.run(
+            [str(bin_dir / "pg_ctl"), "-D", str(self.pgdata), "-m", "fast", "-w", "-t", str(int(timeout)), "stop"],
+            capture_output=True,
+            text=True,
+            **self._run_as(),
+        )
         how = "stopped"
         if proc.returncode != 0 and pid_alive(pid):
             os.kill(pid, signal.SIGQUIT)  # immediate shutdown; the next start recovers from the WAL

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import duckdb
+
+from flightrec.consumers.options import ALERT_KINDS
 import pyarrow as pa
 
 from flightrec.consumers import webhook
@@ -51,12 +53,22 @@ from flightrec.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[str, ...] = ("failed", "lost", "below_min_rate", "incomplete")
+KINDS: tuple[str, ...] = ALERT_KINDS
 MAX_FIELD = 1900  # Slack refuses a block field over 2,000 characters
 
-_NEW = pa.schema([("alert_id", pa.string()), ("kind", pa.string()), ("instance_id", pa.string()),
-                  ("boot_id", pa.string()), ("stage", pa.string()), ("ts_us", pa.int64()), ("payload", pa.string()),
-                  ("created_us", pa.int64()), ("sent_us", pa.int64())])
+_NEW = pa.schema(
+    [
+        ("alert_id", pa.string()),
+        ("kind", pa.string()),
+        ("instance_id", pa.string()),
+        ("boot_id", pa.string()),
+        ("stage", pa.string()),
+        ("ts_us", pa.int64()),
+        ("payload", pa.string()),
+        ("created_us", pa.int64()),
+        ("sent_us", pa.int64()),
+    ]
+)
 OUTBOX_DDL = """
 CREATE TABLE IF NOT EXISTS alerts (
     alert_id    VARCHAR PRIMARY KEY,  -- the failure id, 'incomplete:<instance>:<boot>' or 'lost:<instance>:<boot>:<µs>'
@@ -156,11 +168,11 @@ class AlertConfig:
     url: str
     kinds: tuple[str, ...] = KINDS
     dashboard_url: str = "http://localhost:8501"
-    backoff: float = 1.0        # first retry delay, doubled each time
+    backoff: float = 1.0  # first retry delay, doubled each time
     max_backoff: float = 60.0
-    drain: float = 10.0         # seconds a stopping materializer lets queued messages go out
+    drain: float = 10.0  # seconds a stopping materializer lets queued messages go out
     queue_size: int = 256
-    timeout: float = 10.0       # seconds per HTTP request
+    timeout: float = 10.0  # seconds per HTTP request
     status_interval: float = 15.0  # seconds between reads of the instance status (lost alerts)
 
 
@@ -179,21 +191,37 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
         text = f"flightrec: {inst} is lost: {hint}"
     elif kind == "incomplete":
         link = f"{base}/instance?instance={inst}"
-        klass, hint = "incomplete", (f"sealed but incomplete: {row.get('incomplete_reason')} "
-                                     f"({row.get('events')} of {row.get('sealed_count')} events)")
+        klass, hint = (
+            "incomplete",
+            (
+                f"sealed but incomplete: {row.get('incomplete_reason')} "
+                f"({row.get('events')} of {row.get('sealed_count')} events)"
+            ),
+        )
         text = f"flightrec: {inst} ended with incomplete evidence: {row.get('incomplete_reason')}"
         matched = ""
     else:
         link = f"{base}/failures?failure={alert_id}"
-        klass, hint, matched = row.get("failure_class") or "unclassified", row.get("hint") or "", \
-            row.get("matched_line") or ""
+        klass, hint, matched = (
+            row.get("failure_class") or "unclassified",
+            row.get("hint") or "",
+            row.get("matched_line") or "",
+        )
         text = f"flightrec: {inst} failed in {row.get('stage')}: {klass}. {hint}".rstrip()
     fields = {"Instance": inst, "Class": klass, "Hint": hint, "Matched line": matched, "Link": link}
     body: dict[str, Any] = {
-        "kind": kind, "alert_id": alert_id, "idempotency_key": webhook.idempotency_key(alert_id),
-        "instance_id": inst, "boot_id": row.get("boot_id"),
-        "stage": row.get("stage"), "failure_class": klass, "hint": hint, "matched_line": matched, "link": link,
-        "ts_us": row.get("ts_us"), "gpu_model": row.get("gpu_model"),
+        "kind": kind,
+        "alert_id": alert_id,
+        "idempotency_key": webhook.idempotency_key(alert_id),
+        "instance_id": inst,
+        "boot_id": row.get("boot_id"),
+        "stage": row.get("stage"),
+        "failure_class": klass,
+        "hint": hint,
+        "matched_line": matched,
+        "link": link,
+        "ts_us": row.get("ts_us"),
+        "gpu_model": row.get("gpu_model"),
     }
     for key in ("exit_code", "signal_name", "detail"):
         if row.get(key) is not None:
@@ -202,8 +230,10 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
         "text": _cut(text),
         "blocks": [
             {"type": "section", "text": {"type": "mrkdwn", "text": _cut(text)}},
-            {"type": "section", "fields": [{"type": "mrkdwn", "text": _cut(f"*{k}*\n{v or '-'}")}
-                                           for k, v in fields.items()]},
+            {
+                "type": "section",
+                "fields": [{"type": "mrkdwn", "text": _cut(f"*{k}*\n{v or '-'}")} for k, v in fields.items()],
+            },
         ],
         "flightrec": body,
     }
@@ -213,22 +243,23 @@ class Alerter:
     """The outbox in the database and the thread that posts it. Call start(), sync() and close() from the writer
     thread; the sender thread writes delivery state (the in-flight mark, outcomes) through a cursor of its own."""
 
-    def __init__(self, config: AlertConfig, post: Callable[[str, bytes, str, float], webhook.PostResult] | None = None
-                 ) -> None:
+    def __init__(
+        self, config: AlertConfig, post: Callable[[str, bytes, str, float], webhook.PostResult] | None = None
+    ) -> None:
         url = urllib.parse.urlsplit(config.url)
         if url.scheme not in ("http", "https") or not url.netloc:
             raise ConfigError(f"webhook {config.url!r} is not an http(s) URL; give --webhook https://host/path")
         self.config = config
         self._post = post or webhook.post
         self._queue: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=config.queue_size)
-        self._queued: set[str] = set()                  # enqueued, outcome not yet recorded (writer thread)
-        self._done: list[str] = []                      # ids whose outcome the sender recorded (under _lock)
+        self._queued: set[str] = set()  # enqueued, outcome not yet recorded (writer thread)
+        self._done: list[str] = []  # ids whose outcome the sender recorded (under _lock)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._busy = threading.Event()
         self._db: duckdb.DuckDBPyConnection | None = None  # the sender's cursor
         self._thread = threading.Thread(target=self._send_loop, name="flightrec-alerts", daemon=True)
-        self._status_due = 0.0                          # monotonic time of the next status read
+        self._status_due = 0.0  # monotonic time of the next status read
         self._status_missing_said = False
         self._lost_before: set[tuple[str, str]] = set()  # (instance, boot) lost at the previous status read
 
@@ -241,10 +272,15 @@ class Alerter:
         con.execute(OUTBOX_DDL)
         left = con.execute(_IN_FLIGHT_LEFT).fetchall()[0][0]
         if left:
-            log.warning("%d alert(s) were being posted when the last materializer stopped: their outcome is unknown, "
-                        "so they are not sent again (alerts.outcome = 'unknown')", left)
-        self._lost_before = {(r[0], r[1]) for r in
-                             con.execute("SELECT DISTINCT instance_id, boot_id FROM alerts WHERE kind = 'lost'").fetchall()}
+            log.warning(
+                "%d alert(s) were being posted when the last materializer stopped: their outcome is unknown, "
+                "so they are not sent again (alerts.outcome = 'unknown')",
+                left,
+            )
+        self._lost_before = {
+            (r[0], r[1])
+            for r in con.execute("SELECT DISTINCT instance_id, boot_id FROM alerts WHERE kind = 'lost'").fetchall()
+        }
         if not existed:
             self._record_new(con, sent_us=0)
         self._db = con.cursor()
@@ -260,9 +296,11 @@ class Alerter:
         free = self.config.queue_size - self._queue.qsize()
         if free <= 0:
             return
-        due = con.execute("SELECT alert_id, payload FROM alerts WHERE sent_us IS NULL AND error IS NULL "
-                          "AND outcome IS NULL AND list_contains(?, kind) ORDER BY created_us, ts_us",
-                          [list(self.config.kinds)]).fetchall()
+        due = con.execute(
+            "SELECT alert_id, payload FROM alerts WHERE sent_us IS NULL AND error IS NULL "
+            "AND outcome IS NULL AND list_contains(?, kind) ORDER BY created_us, ts_us",
+            [list(self.config.kinds)],
+        ).fetchall()
         for alert_id, payload in due:
             if alert_id in self._queued:
                 continue
@@ -290,39 +328,57 @@ class Alerter:
         for row in found:
             if row["kind"] not in self.config.kinds and sent_us is None:
                 continue  # not chosen: not recorded, so choosing it later still alerts
-            rows.append([row["failure_id"], row["kind"], row["instance_id"], row["boot_id"], row["stage"],
-                         row["ts_us"], json.dumps(message(row["kind"], row, self.config.dashboard_url), default=str),
-                         now, sent_us])
+            rows.append(
+                [
+                    row["failure_id"],
+                    row["kind"],
+                    row["instance_id"],
+                    row["boot_id"],
+                    row["stage"],
+                    row["ts_us"],
+                    json.dumps(message(row["kind"], row, self.config.dashboard_url), default=str),
+                    now,
+                    sent_us,
+                ]
+            )
         if rows:  # one Arrow batch, one INSERT (a first start may record thousands of earlier failures)
             unique = {r[0]: r for r in rows}  # one row per alert id within the batch too
-            con.register("_new_alerts", pa.Table.from_pylist([dict(zip(_NEW.names, r)) for r in unique.values()],
-                                                             schema=_NEW))
+            con.register(
+                "_new_alerts", pa.Table.from_pylist([dict(zip(_NEW.names, r)) for r in unique.values()], schema=_NEW)
+            )
             try:
                 con.execute("INSERT INTO alerts BY NAME SELECT * FROM _new_alerts ON CONFLICT DO NOTHING")
             finally:
                 con.unregister("_new_alerts")
 
     def _has_status_view(self, con: duckdb.DuckDBPyConnection) -> bool:
-        found = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'instance_status' "
-                            "AND schema_name = 'main'").fetchall()[0][0]
+        found = con.execute(
+            "SELECT count(*) FROM duckdb_views() WHERE view_name = 'instance_status' AND schema_name = 'main'"
+        ).fetchall()[0][0]
         if not found and not self._status_missing_said:
             self._status_missing_said = True
-            log.warning("no instance_status view stored in the database: no `lost` alerts "
-                        "(run the materializer through `flightrec materialize`, which stores the views)")
+            log.warning(
+                "no instance_status view stored in the database: no `lost` alerts "
+                "(run the materializer through `flightrec materialize`, which stores the views)"
+            )
         return bool(found)
 
     def close(self, con: duckdb.DuckDBPyConnection | None) -> None:
         """Give queued messages ``drain`` seconds, then stop the sender (a POST under way gets its timeout)."""
         deadline = time.monotonic() + self.config.drain
-        while self._thread.is_alive() and (self._queue.unfinished_tasks or self._busy.is_set()) \
-                and time.monotonic() < deadline:
+        while (
+            self._thread.is_alive()
+            and (self._queue.unfinished_tasks or self._busy.is_set())
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.config.timeout + 1)
         if self._thread.is_alive():
-            log.warning("a POST to %s is still under way; its outcome is unknown and it is not sent again",
-                        self.config.url)
+            log.warning(
+                "a POST to %s is still under way; its outcome is unknown and it is not sent again", self.config.url
+            )
         elif self._db is not None:
             self._db.close()
         left = self._queue.unfinished_tasks
@@ -367,8 +423,10 @@ class Alerter:
         delay, key, body = self.config.backoff, webhook.idempotency_key(alert_id), payload.encode()
         while not self._stop.is_set():
             # at most once: the mark is committed before the request leaves; unmarked, it does not leave
-            if not self._write("UPDATE alerts SET attempted_us = ?, attempts = attempts + 1 WHERE alert_id = ?",
-                               [time.time_ns() // 1000, alert_id]):
+            if not self._write(
+                "UPDATE alerts SET attempted_us = ?, attempts = attempts + 1 WHERE alert_id = ?",
+                [time.time_ns() // 1000, alert_id],
+            ):
                 return  # stays due: the next start tries again (nothing was sent)
             result = self._post(self.config.url, body, key, self.config.timeout)
             if result.outcome == webhook.RETRY:
@@ -382,13 +440,16 @@ class Alerter:
             error = None
             if result.outcome == webhook.REFUSED:
                 error = result.why
-                log.error("the webhook refused alert %s (%s); fix the URL or payload, it is not retried",
-                          alert_id, result.why)
+                log.error(
+                    "the webhook refused alert %s (%s); fix the URL or payload, it is not retried", alert_id, result.why
+                )
             elif result.outcome == webhook.UNKNOWN:
                 error = f"outcome unknown ({result.why}); not sent again: at most once"
                 log.warning("alert %s: %s", alert_id, error)
-            self._write("UPDATE alerts SET sent_us = ?, outcome = ?, error = ?, attempted_us = NULL "
-                        "WHERE alert_id = ?", [sent, result.outcome, error, alert_id])
+            self._write(
+                "UPDATE alerts SET sent_us = ?, outcome = ?, error = ?, attempted_us = NULL WHERE alert_id = ?",
+                [sent, result.outcome, error, alert_id],
+            )
             with self._lock:
                 self._done.append(alert_id)
             return

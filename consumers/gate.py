@@ -29,8 +29,9 @@ StatusOf = Callable[[str | Path | Location, str], tuple[str, str] | None]
 
 def fleet_status(db: str | Path | Location, instance: str) -> tuple[str, str] | None:
     """The instance's status from the fleet view (the readers' one rule table), or None when it has no events."""
-    rows = run_query(db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance],
-                     prelude=VIEWS).to_pylist()
+    rows = run_query(
+        db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance], prelude=VIEWS
+    ).to_pylist()
     return (rows[0]["status"], rows[0]["status_detail"]) if rows else None
 
 
@@ -39,15 +40,22 @@ def check_sealed(db: str | Path | Location, instance: str, status_of: StatusOf |
     db = locate(db)
     if not db.exists():
         return GateResult(False, f"no database at {db.describe()} yet")
-    rows = run_query(db, "SELECT complete, incomplete_reason, boot_id, events FROM instances WHERE instance_id = ?",
-                     [instance]).to_pylist()
+    rows = run_query(
+        db, "SELECT complete, incomplete_reason, boot_id, events FROM instances WHERE instance_id = ?", [instance]
+    ).to_pylist()
     if not rows:
         return GateResult(False, f"instance {instance} has no events in {db.describe()}")
     r = rows[0]
     if r["complete"]:
-        return GateResult(True, f"boot {r['boot_id']} sealed with all {r['events']} events" + _dropped(db, r["boot_id"])
-                          + _left_running(db, r["boot_id"]))
-    missing = f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)" + _sealing(db, r["boot_id"])
+        return GateResult(
+            True,
+            f"boot {r['boot_id']} sealed with all {r['events']} events"
+            + _dropped(db, r["boot_id"])
+            + _left_running(db, r["boot_id"]),
+        )
+    missing = f"boot {r['boot_id']}: {r['incomplete_reason']} ({r['events']} events so far)" + _sealing(
+        db, r["boot_id"]
+    )
     status = status_of(db, instance) if status_of is not None else None
     if status is not None and status[0] in HOPELESS:
         return GateResult(False, f"{status[0]} ({status[1]}); missing: {missing}", status[0])
@@ -56,8 +64,12 @@ def check_sealed(db: str | Path | Location, instance: str, status_of: StatusOf |
 
 def _dropped(db: Location, boot_id: str) -> str:
     """'; 1 event dropped: seq 7 LogBatch of 6123 bytes dropped: ...' for a boot with Dropped markers, else ''."""
-    rows = run_query(db, """SELECT seq, detail FROM lifecycle_events WHERE boot_id = ? AND kind = 'dropped'
-                            ORDER BY seq""", [boot_id]).to_pylist()
+    rows = run_query(
+        db,
+        """SELECT seq, detail FROM lifecycle_events WHERE boot_id = ? AND kind = 'dropped'
+                            ORDER BY seq""",
+        [boot_id],
+    ).to_pylist()
     if not rows:
         return ""
     what = "; ".join(f"seq {d['seq']} {d['detail']}" for d in rows)
@@ -66,8 +78,12 @@ def _dropped(db: Location, boot_id: str) -> str:
 
 def _left_running(db: Location, boot_id: str) -> str:
     """'; the seal says: still running when sealed ...' when the seal named what it could not wait for, else ''."""
-    rows = run_query(db, """SELECT detail FROM lifecycle_events WHERE boot_id = ? AND kind = 'sealed'
-                            AND detail LIKE '%still running when sealed%' ORDER BY seq""", [boot_id]).to_pylist()
+    rows = run_query(
+        db,
+        """SELECT detail FROM lifecycle_events WHERE boot_id = ? AND kind = 'sealed'
+                            AND detail LIKE '%still running when sealed%' ORDER BY seq""",
+        [boot_id],
+    ).to_pylist()
     return "".join(f"; the seal says: {r['detail']}" for r in rows)
 
 
@@ -77,16 +93,25 @@ def _sealing(db: Location, boot_id: str) -> str:
     A seal that waits for a stage's late output says so first (a Lifecycle ``info`` event with the attribute
     ``seal_waits_for``); the boot is not sealed until that output is all in, so the gate tells what it waits for.
     """
-    rows = run_query(db, """SELECT detail, strftime(make_timestamp(ts_us), '%H:%M:%S') AS since FROM lifecycle_events
+    rows = run_query(
+        db,
+        """SELECT detail, strftime(make_timestamp(ts_us), '%H:%M:%S') AS since FROM lifecycle_events
                             WHERE boot_id = ? AND kind = 'lifecycle' AND state = 'info'
                               AND map_contains(attributes, 'seal_waits_for')
                               AND NOT EXISTS (SELECT 1 FROM lifecycle_events s WHERE s.boot_id = ? AND s.kind = 'sealed')
-                            ORDER BY seq""", [boot_id, boot_id]).to_pylist()
+                            ORDER BY seq""",
+        [boot_id, boot_id],
+    ).to_pylist()
     return "".join(f"; {r['detail']} (since {r['since']} UTC)" for r in rows)
 
 
-def wait_sealed(db: str | Path | Location, instance: str, timeout: float, poll: float = 0.5,
-                status_of: StatusOf | None = fleet_status) -> GateResult:
+def wait_sealed(
+    db: str | Path | Location,
+    instance: str,
+    timeout: float,
+    poll: float = 0.5,
+    status_of: StatusOf | None = fleet_status,
+) -> GateResult:
     """Poll until complete or ``timeout`` seconds pass; the last reason is returned on timeout.
 
     A lost or destroyed instance that is not complete fails at once (``status`` set).

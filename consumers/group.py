@@ -54,16 +54,20 @@ class GroupMaterializer(Materializer):
 
     def __init__(self, kafka_kwargs: Mapping[str, object], options: Options) -> None:
         if options.webhook:
-            raise MaterializeError("webhook alerts are not sent from a lake (their outbox is a table only one "
-                                   "writer may own): run the materializer on a file for alerts, or drop --webhook")
+            raise MaterializeError(
+                "webhook alerts are not sent from a lake (their outbox is a table only one "
+                "writer may own): run the materializer on a file for alerts, or drop --webhook"
+            )
         options = dataclasses.replace(options, serve=False)  # readers read the lake itself, not a socket
         super().__init__(kafka_kwargs, options)
         self.loc = options.location
         if not isinstance(self.loc, LakeLocation):
-            raise MaterializeError(f"{self.loc.describe()} is a database file, not a lake: a group writes a lake "
-                                   "(--db 'ducklake:postgres:dbname=… host=… port=… user=…')")
+            raise MaterializeError(
+                f"{self.loc.describe()} is a database file, not a lake: a group writes a lake "
+                "(--db 'ducklake:postgres:dbname=… host=… port=… user=…')"
+            )
         self._next: dict[TopicPartition, int | None] = {}  # owned partitions -> next offset to fold (None: any)
-        self._lock = asyncio.Lock()   # one flush/drain at a time (the loop and the rebalance callbacks)
+        self._lock = asyncio.Lock()  # one flush/drain at a time (the loop and the rebalance callbacks)
         self._assigned_once = False
         self._last_maintenance = 0.0
         self._last_record = 0.0
@@ -81,16 +85,22 @@ class GroupMaterializer(Materializer):
         if self.opts.replay:
             return {"group_id": None}
         ms = int(self.opts.session_timeout * 1000)
-        return {"group_id": self.opts.group, "partition_assignment_strategy": (RangePartitionAssignor,),
-                "session_timeout_ms": ms, "heartbeat_interval_ms": max(500, ms // 4)}
+        return {
+            "group_id": self.opts.group,
+            "partition_assignment_strategy": (RangePartitionAssignor,),
+            "session_timeout_ms": ms,
+            "heartbeat_interval_ms": max(500, ms // 4),
+        }
 
     async def _shard_count(self) -> tuple[list[TopicPartition], int]:
         parts = await self._partitions()
         counts = {t: sum(1 for tp in parts if tp.topic == t) for t in self.opts.topics}
         if len(set(counts.values())) != 1 or not parts:
-            raise MaterializeError(f"the topics have different partition counts ({counts}); a lake's group needs "
-                                   "equal counts (partition p of every topic holds the same instances): "
-                                   "add partitions to match (kafka-topics --alter --partitions N)")
+            raise MaterializeError(
+                f"the topics have different partition counts ({counts}); a lake's group needs "
+                "equal counts (partition p of every topic holds the same instances): "
+                "add partitions to match (kafka-topics --alter --partitions N)"
+            )
         return parts, next(iter(counts.values()))
 
     async def _assign(self, initial: bool = False) -> bool:

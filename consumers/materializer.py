@@ -14,7 +14,6 @@ import concurrent.futures
 import logging
 import re
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Mapping, ParamSpec, TypeAlias, TypeVar
 
@@ -23,59 +22,26 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from flightrec.consumers.alerts import KINDS as ALERT_KINDS, AlertConfig, Alerter
-from flightrec.db.classify import RuleTable
+from flightrec.consumers.alerts import AlertConfig, Alerter
+from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.db.serve import QueryServer
 from flightrec.db.stats import Stats
 from flightrec.db.filestore import FileStore
-from flightrec.db.location import Location, locate
 from flightrec.db.store import Store, open_store
-from flightrec.cluster import LOG_APPEND_TIME as APPEND_TIME_CONFIG, TIMESTAMP_TYPE, create_time_warning, \
-    describe_topic_configs, topic_partitions
+from flightrec.cluster import (
+    LOG_APPEND_TIME as APPEND_TIME_CONFIG,
+    TIMESTAMP_TYPE,
+    create_time_warning,
+    describe_topic_configs,
+    topic_partitions,
+)
 from flightrec.errors import ConfigError, MaterializeError
-from flightrec.settings import TOPICS
 
 P = ParamSpec("P")
 T = TypeVar("T")
 Record: TypeAlias = ConsumerRecord[bytes, bytes]  # a Kafka record as read: key and value are bytes (no deserializer)
 log = logging.getLogger(__name__)
-DEFAULT_GROUP = "flightrec-materializer"
-
-
-@dataclass(frozen=True)
-class Options:
-    """How one materializer (or replay) run behaves."""
-
-    db: str | Location                  # the --db string, or the Location the CLI parsed it into
-    group: str = DEFAULT_GROUP
-    until_idle: float | None = None     # stop once caught up and idle this long
-    replay: bool = False                # stop at the end offsets seen at start; the db must be new
-    instance: str | None = None         # replay only this instance
-    since_us: int | None = None         # replay only events at or after this time
-    rules: RuleTable | None = None
-    serve: bool = True                  # serve live queries on the socket
-    batch_bytes: int = 16 << 20         # message bytes per transaction
-    batch_messages: int = 5000
-    commit_interval: float = 0.5        # seconds a partial batch may wait
-    memory_limit: str = "512MB"
-    lock_wait: float = 30.0             # seconds to wait for another process holding the file
-    topics: tuple[str, ...] = TOPICS
-    webhook: str | None = None          # post alerts there (consumers/alerts.py); never in a replay
-    alert_on: tuple[str, ...] = ALERT_KINDS
-    dashboard_url: str = "http://localhost:8501"
-    alert_backoff: float = 1.0          # first retry delay of a failed post
-    alert_drain: float = 10.0           # seconds a stopping materializer lets queued alerts go out
-    alert_timeout: float = 10.0         # seconds a webhook POST may take; past it the outcome is unknown (not resent)
-    views: tuple[str, ...] = ()         # CREATE OR REPLACE VIEW statements stored in the file at start
-    data_path: str | None = None        # a lake's data folder (--data-path); None for a file
-    session_timeout: float = 10.0       # a lake's group: seconds before a silent member's partitions move
-    status_interval: float = 15.0       # seconds between evaluations of instance status (lost alerts)
-
-    @property
-    def location(self) -> Location:
-        """The database written: a file or a lake (db.location.locate: ``db`` passes through when parsed)."""
-        return locate(self.db, self.data_path, writing=True)
 
 
 class Pending:
@@ -95,9 +61,11 @@ class Pending:
 
     def full(self, now: float) -> bool:
         """Whether the batch should be committed now."""
-        return bool(self.records) and (self.bytes >= self.opts.batch_bytes
-                                       or len(self.records) >= self.opts.batch_messages
-                                       or now - self.since >= self.opts.commit_interval)
+        return bool(self.records) and (
+            self.bytes >= self.opts.batch_bytes
+            or len(self.records) >= self.opts.batch_messages
+            or now - self.since >= self.opts.commit_interval
+        )
 
     def take(self) -> list[Record]:
         records, self.records, self.bytes = self.records, [], 0
@@ -118,10 +86,16 @@ class _ClockWatch:
             stale = next((r for r in records if getattr(r, "timestamp_type", None) != LOG_APPEND_TIME), None)
             if stale is not None:
                 self.said.add(tp.topic)
-                log.warning("records of %s (partition %d, offset %d and others) carry the sender's clock (CreateTime), "
-                            "not the broker's: for their events `lost` and the clock offset follow the instances' own "
-                            "clocks. New topics are made with %s=LogAppendTime; records appended before a topic was "
-                            "switched keep CreateTime", tp.topic, tp.partition, stale.offset, TIMESTAMP_TYPE)
+                log.warning(
+                    "records of %s (partition %d, offset %d and others) carry the sender's clock (CreateTime), "
+                    "not the broker's: for their events `lost` and the clock offset follow the instances' own "
+                    "clocks. New topics are made with %s=LogAppendTime; records appended before a topic was "
+                    "switched keep CreateTime",
+                    tp.topic,
+                    tp.partition,
+                    stale.offset,
+                    TIMESTAMP_TYPE,
+                )
 
 
 def parse_time(text: str, now: float | None = None) -> int:
@@ -183,10 +157,17 @@ class Materializer:
         try:
             self._store = await self._in_writer(self._open_store)
             if opts.webhook and not opts.replay:
-                self._alerts = Alerter(AlertConfig(opts.webhook, opts.alert_on, opts.dashboard_url,
-                                                   backoff=opts.alert_backoff, drain=opts.alert_drain,
-                                                   timeout=opts.alert_timeout,
-                                                   status_interval=opts.status_interval))
+                self._alerts = Alerter(
+                    AlertConfig(
+                        opts.webhook,
+                        opts.alert_on,
+                        opts.dashboard_url,
+                        backoff=opts.alert_backoff,
+                        drain=opts.alert_drain,
+                        timeout=opts.alert_timeout,
+                        status_interval=opts.status_interval,
+                    )
+                )
                 await self._in_writer(self._alerts.start, self._store.con)
             if opts.serve:
                 reader_root = await self._in_writer(self._store.con.cursor)
@@ -195,9 +176,14 @@ class Materializer:
                 if isinstance(self._store, FileStore):
                     self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
             self._consumer = AIOKafkaConsumer(
-                **self.kafka_kwargs, enable_auto_commit=False, auto_offset_reset="earliest",
-                max_partition_fetch_bytes=2 << 20, fetch_max_bytes=16 << 20, request_timeout_ms=20000,
-                **self._consumer_options())
+                **self.kafka_kwargs,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=2 << 20,
+                fetch_max_bytes=16 << 20,
+                request_timeout_ms=20000,
+                **self._consumer_options(),
+            )
             self._admin = AIOKafkaAdminClient(**self.kafka_kwargs, request_timeout_ms=20000)
             try:
                 await self._consumer.start()
@@ -206,9 +192,12 @@ class Materializer:
                 from flightrec.cluster import connection_cause
 
                 cause = await connection_cause(self.kafka_kwargs)
-                raise MaterializeError(f"cannot read Kafka: {cause}" if cause else
-                                       f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
-                                       f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP") from exc
+                raise MaterializeError(
+                    f"cannot read Kafka: {cause}"
+                    if cause
+                    else f"no Kafka broker answered at {self.kafka_kwargs.get('bootstrap_servers')}: "
+                    f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP"
+                ) from exc
             await self._check_timestamp_types()
             await self._assign(initial=True)
         except BaseException:
@@ -222,8 +211,11 @@ class Materializer:
         try:
             configs = await describe_topic_configs(self._admin, self.opts.topics)
         except (KafkaError, OSError, asyncio.TimeoutError) as exc:
-            log.info("cannot describe the topics' configs (%s): whether they stamp the broker's clock is judged by "
-                     "the records as they come", exc)
+            log.info(
+                "cannot describe the topics' configs (%s): whether they stamp the broker's clock is judged by "
+                "the records as they come",
+                exc,
+            )
             return
         types = {t: c.get(TIMESTAMP_TYPE, "CreateTime") for t, c in configs.items()}  # Kafka's default: CreateTime
         warning = create_time_warning(types, str(self.kafka_kwargs.get("bootstrap_servers", "BOOTSTRAP")))
@@ -234,8 +226,15 @@ class Materializer:
     def _open_store(self) -> Store:
         """The store this run writes (in the writer thread)."""
         opts = self.opts
-        return open_store(opts.location, opts.group, rules=opts.rules, replay=opts.replay,
-                          memory_limit=opts.memory_limit, lock_wait=opts.lock_wait, views=opts.views)
+        return open_store(
+            opts.location,
+            opts.group,
+            rules=opts.rules,
+            replay=opts.replay,
+            memory_limit=opts.memory_limit,
+            lock_wait=opts.lock_wait,
+            views=opts.views,
+        )
 
     def _consumer_options(self) -> dict[str, object]:
         """Consumer arguments beyond the common ones: no group here (partitions assigned by hand)."""
@@ -377,7 +376,8 @@ class Materializer:
             if now - kafka_ok > max(self.opts.until_idle, 30.0):
                 raise MaterializeError(
                     f"the broker at {self.kafka_kwargs.get('bootstrap_servers')} has not answered for "
-                    f"{now - kafka_ok:.0f}s; committed what was read, start again when it is back") from exc
+                    f"{now - kafka_ok:.0f}s; committed what was read, start again when it is back"
+                ) from exc
             return None
 
     async def run(self) -> Stats:

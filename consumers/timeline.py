@@ -36,7 +36,7 @@ class Entry:
     ts_us: int
     seq: int
     line_no: int
-    kind: str        # event / exit / throughput / log / FAILURE / manager / GAP
+    kind: str  # event / exit / throughput / log / FAILURE / manager / GAP
     stage: str
     text: str
     highlight: bool = False
@@ -66,10 +66,14 @@ def _exit_text(r: Row) -> str:
 
 def _throughput_text(r: Row) -> str:
     if r.get("kind") == "result":
-        return (f"benchmark {r.get('verdict')}: {float(r.get('proofs_per_hour') or 0):.1f} proofs/h "
-                f"(min {float(r.get('min_rate') or 0):.1f}) {r.get('detail') or ''}").rstrip()
-    return f"{r.get('phase')} {r.get('proofs')} proofs in {float(r.get('seconds') or 0):.2f}s = " \
-           f"{float(r.get('proofs_per_hour') or 0):.1f} proofs/h on {r.get('backend')}"
+        return (
+            f"benchmark {r.get('verdict')}: {float(r.get('proofs_per_hour') or 0):.1f} proofs/h "
+            f"(min {float(r.get('min_rate') or 0):.1f}) {r.get('detail') or ''}"
+        ).rstrip()
+    return (
+        f"{r.get('phase')} {r.get('proofs')} proofs in {float(r.get('seconds') or 0):.2f}s = "
+        f"{float(r.get('proofs_per_hour') or 0):.1f} proofs/h on {r.get('backend')}"
+    )
 
 
 def _failure_text(r: Row) -> str:
@@ -79,46 +83,95 @@ def _failure_text(r: Row) -> str:
 
 
 def _manager_text(r: Row) -> str:
-    what = {"destroyed": "destroyed by", "rented": "rented by", "released": "released by",
-            "rebooted": "rebooted by"}.get(str(r.get("kind")), "note from")
+    what = {
+        "destroyed": "destroyed by",
+        "rented": "rented by",
+        "released": "released by",
+        "rebooted": "rebooted by",
+    }.get(str(r.get("kind")), "note from")
     attrs = dict(r.get("attributes") or {})
     extra = f" [{', '.join(f'{k}={v}' for k, v in sorted(attrs.items()))}]" if attrs else ""
-    return f"{what} {r.get('source_id')} at {_when(r['ts_us'])[:19]}" + (f": {r['detail']}" if r.get("detail") else "") + extra
+    return (
+        f"{what} {r.get('source_id')} at {_when(r['ts_us'])[:19]}"
+        + (f": {r['detail']}" if r.get("detail") else "")
+        + extra
+    )
 
 
 def _gap_text(g: Gap, now: int | None) -> str:
     since = _when(g.since_us)[:19]
     if g.until_us is None:
-        lost = f"; lost contact {ago((now - (g.since_us if g.heard_us is None else g.heard_us)) / 1e6)} ago" if now else ""
+        lost = (
+            f"; lost contact {ago((now - (g.since_us if g.heard_us is None else g.heard_us)) / 1e6)} ago" if now else ""
+        )
         return f"no heartbeat since {since} (interval {g.interval_s:g}s){lost}"
     return f"no heartbeat since {since} for {ago((g.length_us or 0) / 1e6)} (interval {g.interval_s:g}s)"
 
 
 def liveness_entries(manager: Iterable[Row], gaps: Iterable[Gap], now: int | None = None) -> list[Entry]:
     """Entries for manager events (shown in place) and heartbeat gaps (marked at the last heartbeat)."""
-    out = [Entry(r["ts_us"], 1 << 61, 0, "manager", "-", _manager_text(r), r.get("kind") == "destroyed")
-           for r in manager]
+    out = [
+        Entry(r["ts_us"], 1 << 61, 0, "manager", "-", _manager_text(r), r.get("kind") == "destroyed") for r in manager
+    ]
     out += [Entry(g.since_us, 1 << 60, 0, "GAP", g.stage, _gap_text(g, now), True) for g in gaps]
     return out
 
 
-def entries_from_rows(lifecycle: Iterable[Row], exits: Iterable[Row], throughput: Iterable[Row],
-                      logs: Iterable[Row], failures: Iterable[Row]) -> list[Entry]:
+def entries_from_rows(
+    lifecycle: Iterable[Row],
+    exits: Iterable[Row],
+    throughput: Iterable[Row],
+    logs: Iterable[Row],
+    failures: Iterable[Row],
+) -> list[Entry]:
     """Entries from rows shaped like the tables (lifecycle_events, process_exits, throughput, log_lines, failures).
 
     An exit or a benchmark result is highlighted exactly when the failures table counts it
     (:func:`flightrec.db.failures.is_failure_signal`); a failed lifecycle event always is.
     """
-    out = [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "event", r.get("stage") or "-", _lifecycle_text(r),
-                 r.get("state") == "failed") for r in lifecycle]
-    out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "exit", r.get("stage") or "-", _exit_text(r),
-                  exit_failed(r)) for r in exits]
-    out += [Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "throughput", r.get("stage") or "-", _throughput_text(r),
-                  is_failure_signal(str(r.get("kind")), r)) for r in throughput]
-    out += [Entry(_n(r["ts_us"]), _n(r["seq"]), _n(r["line_no"], -1), "log", r.get("stage") or "-",
-                  f"{'(late) ' if r.get('late') else ''}{r['text']}", source=r["source"]) for r in logs]
-    out += [Entry(_n(r["ts_us"]), 1 << 62, 0, "FAILURE", r.get("stage") or "-", _failure_text(r), True)
-            for r in failures]
+    out = [
+        Entry(
+            _n(r["ts_us"]),
+            _n(r["seq"]),
+            -1,
+            "event",
+            r.get("stage") or "-",
+            _lifecycle_text(r),
+            r.get("state") == "failed",
+        )
+        for r in lifecycle
+    ]
+    out += [
+        Entry(_n(r["ts_us"]), _n(r["seq"]), -1, "exit", r.get("stage") or "-", _exit_text(r), exit_failed(r))
+        for r in exits
+    ]
+    out += [
+        Entry(
+            _n(r["ts_us"]),
+            _n(r["seq"]),
+            -1,
+            "throughput",
+            r.get("stage") or "-",
+            _throughput_text(r),
+            is_failure_signal(str(r.get("kind")), r),
+        )
+        for r in throughput
+    ]
+    out += [
+        Entry(
+            _n(r["ts_us"]),
+            _n(r["seq"]),
+            _n(r["line_no"], -1),
+            "log",
+            r.get("stage") or "-",
+            f"{'(late) ' if r.get('late') else ''}{r['text']}",
+            source=r["source"],
+        )
+        for r in logs
+    ]
+    out += [
+        Entry(_n(r["ts_us"]), 1 << 62, 0, "FAILURE", r.get("stage") or "-", _failure_text(r), True) for r in failures
+    ]
     return sorted(out)
 
 
@@ -133,16 +186,26 @@ def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]
     fails = q("SELECT * FROM failures WHERE instance_id = ?", instance)
     total = q("SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", instance)[0]["n"]
     limit = total if max_lines <= 0 else max_lines
-    logs = q("""SELECT * FROM log_lines WHERE instance_id = ? ORDER BY ts_us DESC, seq DESC, line_no DESC
-                LIMIT ?""", instance, limit)
+    logs = q(
+        """SELECT * FROM log_lines WHERE instance_id = ? ORDER BY ts_us DESC, seq DESC, line_no DESC
+                LIMIT ?""",
+        instance,
+        limit,
+    )
     manager = q("SELECT * FROM manager_events WHERE instance_id = ?", instance)
     beats = q("SELECT * FROM events_seen WHERE instance_id = ? AND kind = 'heartbeat'", instance)  # recv_us if any
     intervals = {r["boot_id"]: r["interval_s"] for r in q("SELECT * FROM heartbeats WHERE instance_id = ?", instance)}
     boots = q("SELECT * FROM boots WHERE instance_id = ?", instance)  # last_recv_us: absent in an older file
     sealed = [r["boot_id"] for r in boots if r["sealed_count"] is not None]
     now = time.time_ns() // 1000  # the receiver's clock, as the `lost` status
-    gaps = heartbeat_gaps(beats, intervals, now, sealed, {r["boot_id"]: r["last_event_us"] for r in boots},
-                          {r["boot_id"]: r.get("last_recv_us") for r in boots})
+    gaps = heartbeat_gaps(
+        beats,
+        intervals,
+        now,
+        sealed,
+        {r["boot_id"]: r["last_event_us"] for r in boots},
+        {r["boot_id"]: r.get("last_recv_us") for r in boots},
+    )
     extra = liveness_entries(manager, gaps, now)
     return sorted(entries_from_rows(life, exits, throughput, logs, fails) + extra), total - len(logs)
 
@@ -152,8 +215,13 @@ def from_db(db: str | Path | Location, instance: str, max_lines: int = 2000) -> 
     return _entries(lambda sql, *p: run_query(db, sql, list(p)).to_pylist(), instance, max_lines)
 
 
-def entries_from_messages(messages: Iterable[Message], instance: str, rules: RuleTable | None = None,
-                          max_lines: int = 2000, memory_limit: str = "1GB") -> tuple[list[Entry], int]:
+def entries_from_messages(
+    messages: Iterable[Message],
+    instance: str,
+    rules: RuleTable | None = None,
+    max_lines: int = 2000,
+    memory_limit: str = "1GB",
+) -> tuple[list[Entry], int]:
     """Entries of ``instance`` from Kafka records, folded by the materializer's ``fold()`` into an in-memory store.
 
     Whatever the materializer would dead-letter is left out here too, so the timeline from the
@@ -162,27 +230,33 @@ def entries_from_messages(messages: Iterable[Message], instance: str, rules: Rul
     store = FileStore(":memory:", group="timeline", rules=rules or load_rules(), memory_limit=memory_limit)
     try:
         store.commit(fold(messages, keep=lambda who, _ts: who == instance))
-        return _entries(lambda sql, *p: store.con.execute(sql, list(p)).to_arrow_table().to_pylist(),
-                        instance, max_lines)
+        return _entries(
+            lambda sql, *p: store.con.execute(sql, list(p)).to_arrow_table().to_pylist(), instance, max_lines
+        )
     finally:
         store.close()
 
 
-def entries_from_records(records: Iterable[tuple[str, dict[str, Any]]], rules: RuleTable | None = None,
-                         max_lines: int = 2000) -> tuple[list[Entry], int]:
+def entries_from_records(
+    records: Iterable[tuple[str, dict[str, Any]]], rules: RuleTable | None = None, max_lines: int = 2000
+) -> tuple[list[Entry], int]:
     """Entries from decoded events of one instance (name, record), through :func:`entries_from_messages`."""
     codec = default_codec()
-    messages = [RawMessage(EVENT_BY_NAME[name].topic, 0, offset, str(rec["instance_id"]).encode(),
-                           codec.encode_record(name, rec))
-                for offset, (name, rec) in enumerate(records)]
+    messages = [
+        RawMessage(
+            EVENT_BY_NAME[name].topic, 0, offset, str(rec["instance_id"]).encode(), codec.encode_record(name, rec)
+        )
+        for offset, (name, rec) in enumerate(records)
+    ]
     if not messages:
         return [], 0
     instance = (messages[0].key or b"").decode()
     return entries_from_messages(messages, instance, rules, max_lines)
 
 
-async def read_instance_messages(kafka_kwargs: dict[str, Any], instance: str, topics: Sequence[str],
-                                 timeout: float = 120.0) -> list[RawMessage]:
+async def read_instance_messages(
+    kafka_kwargs: dict[str, Any], instance: str, topics: Sequence[str], timeout: float = 120.0
+) -> list[RawMessage]:
     """Every decodable event of ``instance`` now in the topics (key = instance id), read to the end offsets, as
     records with their Kafka timestamps (the receive time the fold reads from a LogAppendTime topic)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -216,8 +290,9 @@ async def read_instance_messages(kafka_kwargs: dict[str, Any], instance: str, to
                     except CodecError:
                         continue
                     if rec.get("instance_id") == instance:
-                        out.append(RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp,
-                                              r.timestamp_type))
+                        out.append(
+                            RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, r.timestamp_type)
+                        )
         return out
     finally:
         await c.stop()

@@ -16,9 +16,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DELIVERED = "delivered"  # a 2xx answer
-REFUSED = "refused"      # a 4xx answer other than RETRY_STATUSES: the server will not take it, ever
-RETRY = "retry"          # certainly not handled: no connection was made, or the server said so (RETRY_STATUSES)
-UNKNOWN = "unknown"      # the request may have reached the receiver and been handled: never sent again
+REFUSED = "refused"  # a 4xx answer other than RETRY_STATUSES: the server will not take it, ever
+RETRY = "retry"  # certainly not handled: no connection was made, or the server said so (RETRY_STATUSES)
+UNKNOWN = "unknown"  # the request may have reached the receiver and been handled: never sent again
 
 # Answers that say the request was not handled: 408 (the server timed out *receiving* it), 429 (rate limited,
 # not processed) and 503 (unavailable, not processed). Any other 5xx (500, 502, 504 ...) may come after the
@@ -110,8 +110,7 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         self._progress = progress
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(functools.partial(_HTTPS, self._progress), req,
-                            context=self._context)  # type: ignore[attr-defined]  # HTTPSHandler keeps its context there
+        return self.do_open(functools.partial(_HTTPS, self._progress), req, context=self._context)  # type: ignore[attr-defined]  # HTTPSHandler keeps its context there
 
 
 def post(url: str, body: bytes, key: str, timeout: float) -> PostResult:
@@ -123,8 +122,9 @@ def post(url: str, body: bytes, key: str, timeout: float) -> PostResult:
     """
     progress = _Progress()
     opener = urllib.request.build_opener(_HTTPHandler(progress), _HTTPSHandler(progress))
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "Idempotency-Key": key})
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json", "Idempotency-Key": key}
+    )
     try:
         with opener.open(req, timeout=timeout) as resp:
             resp.read()

@@ -48,8 +48,18 @@ def _fail(emit: Emit, backend: str, params: ProofParams, min_rate: float, exc: P
     text = exc.cuda_error if isinstance(exc, DeviceError) else str(exc)
     device = attrs.get("device", "")
     emit(Lifecycle, stage=STAGE, state="failed", detail=str(exc), attributes=attrs)
-    emit(BenchmarkResult, stage=STAGE, backend=backend, device=device, proofs=0, proofs_per_hour=0.0,
-         min_rate=min_rate, verdict="error", detail=text, params=params.as_strings())
+    emit(
+        BenchmarkResult,
+        stage=STAGE,
+        backend=backend,
+        device=device,
+        proofs=0,
+        proofs_per_hour=0.0,
+        min_rate=min_rate,
+        verdict="error",
+        detail=text,
+        params=params.as_strings(),
+    )
     log.error("benchmark could not run: %s", exc)
     return Outcome("error", backend, device, 0, 0.0, 0.0, str(exc))
 
@@ -79,8 +89,13 @@ def run_benchmark(
     except ProveError as exc:
         return _fail(emit, backend, params, min_rate, exc)
     if fallback:
-        emit(Lifecycle, stage=STAGE, state="info", detail=f"CUDA cannot serve, proving on the CPU: {fallback}",
-             attributes={"backend": "cpu", "cuda_error": fallback})
+        emit(
+            Lifecycle,
+            stage=STAGE,
+            state="info",
+            detail=f"CUDA cannot serve, proving on the CPU: {fallback}",
+            attributes={"backend": "cpu", "cuda_error": fallback},
+        )
     try:
         measured_s = 0.0
         for i in range(warmup + proofs):
@@ -90,9 +105,17 @@ def run_benchmark(
             dt = time.perf_counter() - t0
             if phase == "measured":
                 measured_s += dt
-            emit(Throughput, stage=STAGE, backend=prover.backend, device=prover.device, proofs=1, seconds=dt,
-                 proofs_per_hour=3600.0 / dt if dt > 0 else 0.0, phase=phase,
-                 params={**params.as_strings(), "seed": str(seed + i), "root": root.hex()})
+            emit(
+                Throughput,
+                stage=STAGE,
+                backend=prover.backend,
+                device=prover.device,
+                proofs=1,
+                seconds=dt,
+                proofs_per_hour=3600.0 / dt if dt > 0 else 0.0,
+                phase=phase,
+                params={**params.as_strings(), "seed": str(seed + i), "root": root.hex()},
+            )
             log.info("%s proof %d on %s: %.3f s, root %s", phase, i, prover.backend, dt, root.hex()[:16])
     except ProveError as exc:
         return _fail(emit, prover.backend, params, min_rate, exc)
@@ -101,6 +124,16 @@ def run_benchmark(
     rate = 3600.0 * proofs / measured_s if measured_s > 0 else 0.0
     verdict = "pass" if rate >= min_rate else "fail"
     detail = f"{proofs} proofs in {measured_s:.3f} s: {rate:.1f} proofs/hour (minimum {min_rate:g})"
-    emit(BenchmarkResult, stage=STAGE, backend=prover.backend, device=prover.device, proofs=proofs,
-         proofs_per_hour=rate, min_rate=min_rate, verdict=verdict, detail=detail, params=params.as_strings())
+    emit(
+        BenchmarkResult,
+        stage=STAGE,
+        backend=prover.backend,
+        device=prover.device,
+        proofs=proofs,
+        proofs_per_hour=rate,
+        min_rate=min_rate,
+        verdict=verdict,
+        detail=detail,
+        params=params.as_strings(),
+    )
     return Outcome(verdict, prover.backend, prover.device, proofs, measured_s, rate, detail)

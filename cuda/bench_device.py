@@ -76,8 +76,12 @@ class CpuStandIn:
         self.params = params
         self._ext = np.zeros((params.width, params.m), dtype=np.uint64)
         self._tw = ntt.twiddles(params.log_m)
-        self._facts = {"device": f"{cpu_model()} x{os.cpu_count() or 1} (CPU stand-in)", "compute_capability": "",
-                       "driver_version": "", "cuda_driver_api": self.driver}
+        self._facts = {
+            "device": f"{cpu_model()} x{os.cpu_count() or 1} (CPU stand-in)",
+            "compute_capability": "",
+            "driver_version": "",
+            "cuda_driver_api": self.driver,
+        }
 
     @property
     def facts(self) -> dict[str, str]:
@@ -242,21 +246,34 @@ def check_roots(backend: str, driver: str, ks: list[int], seeds: int, budget: Bu
                 if g != c:
                     ext_equal = bool((dev.extension() == extend(trace(seed, WIDTH, k), params)).all())
                 res.roots.append(RootCheck(k, seed, g.hex(), c.hex(), g_ms, c_ms, g == c, ext_equal))
-                verdict = "OK" if g == c else ("MISMATCH (extension equal: the Merkle part differs)" if ext_equal
-                                               else "MISMATCH (extension differs: the NTT/LDE part)")
-                say(f"k={k:2d} seed={seed:#018x}: device {g.hex()[:16]} cpu {c.hex()[:16]} {verdict} "
-                    f"(device {g_ms:.1f} ms, cpu {c_ms:.1f} ms)")
+                verdict = (
+                    "OK"
+                    if g == c
+                    else (
+                        "MISMATCH (extension equal: the Merkle part differs)"
+                        if ext_equal
+                        else "MISMATCH (extension differs: the NTT/LDE part)"
+                    )
+                )
+                say(
+                    f"k={k:2d} seed={seed:#018x}: device {g.hex()[:16]} cpu {c.hex()[:16]} {verdict} "
+                    f"(device {g_ms:.1f} ms, cpu {c_ms:.1f} ms)"
+                )
         finally:
             dev.close()
 
 
-TIMING_HEADER = (f"{'k':>3} {'ntt ms':>9} {'bytes moved':>12} {'GB/s':>8} {'peak GB/s':>9} {'copy GB/s':>9} "
-                 f"{'floor ms':>9} {'floor/time':>10} {'proof ms':>9} {'proofs/h':>10}")
+TIMING_HEADER = (
+    f"{'k':>3} {'ntt ms':>9} {'bytes moved':>12} {'GB/s':>8} {'peak GB/s':>9} {'copy GB/s':>9} "
+    f"{'floor ms':>9} {'floor/time':>10} {'proof ms':>9} {'proofs/h':>10}"
+)
 
 
 def timing_line(t: Timing) -> str:
-    return (f"{t.k:>3} {t.ntt_ms:9.3f} {t.bytes_moved:12.3e} {t.gbs:8.1f} {t.peak_gbs:9.0f} {t.copy_gbs:9.0f} "
-            f"{t.floor_ms:9.3f} {t.floor_ratio:10.1%} {t.proof_ms:9.3f} {t.proofs_per_hour:10.1f}")
+    return (
+        f"{t.k:>3} {t.ntt_ms:9.3f} {t.bytes_moved:12.3e} {t.gbs:8.1f} {t.peak_gbs:9.0f} {t.copy_gbs:9.0f} "
+        f"{t.floor_ms:9.3f} {t.floor_ratio:10.1%} {t.proof_ms:9.3f} {t.proofs_per_hour:10.1f}"
+    )
 
 
 def measure(dev: BenchDevice, params: ProofParams, ntt_repeats: int, proof_repeats: int) -> Timing:
@@ -270,14 +287,28 @@ def measure(dev: BenchDevice, params: ProofParams, ntt_repeats: int, proof_repea
     ntt_ms = dev.timed_ms(dev.forward_ntt, ntt_repeats)
     floor_ms = 2 * data / (bandwidth * 1e9) * 1e3 if bandwidth > 0 else 0.0
     proof_ms = dev.timed_ms(lambda: dev.prove(2), proof_repeats)
-    return Timing(params.log_n, ntt_ms, moved, moved / ntt_ms / 1e6 if ntt_ms > 0 else 0.0, peak, copy, floor_ms,
-                  floor_ms / ntt_ms if ntt_ms > 0 else 0.0, proof_ms, 3.6e6 / proof_ms if proof_ms > 0 else 0.0)
+    return Timing(
+        params.log_n,
+        ntt_ms,
+        moved,
+        moved / ntt_ms / 1e6 if ntt_ms > 0 else 0.0,
+        peak,
+        copy,
+        floor_ms,
+        floor_ms / ntt_ms if ntt_ms > 0 else 0.0,
+        proof_ms,
+        3.6e6 / proof_ms if proof_ms > 0 else 0.0,
+    )
 
 
-def time_sizes(backend: str, driver: str, ks: list[int], repeats: tuple[int, int], budget: Budget, res: Results) -> None:
+def time_sizes(
+    backend: str, driver: str, ks: list[int], repeats: tuple[int, int], budget: Budget, res: Results
+) -> None:
     say(f"\n== timings: forward NTT of the extension and the whole proof, width {WIDTH}, blowup {1 << LOG_BLOWUP}")
-    say("(bytes moved = 2 x data x passes; floor = one read + one write of the data at peak, or at the measured "
-        "copy rate where the peak is unknown)")
+    say(
+        "(bytes moved = 2 x data x passes; floor = one read + one write of the data at peak, or at the measured "
+        "copy rate where the peak is unknown)"
+    )
     say(TIMING_HEADER)
     for k in ks:
         if not budget.allows(f"timing k={k}", res):
@@ -310,23 +341,33 @@ def compare_cpu(backend: str, driver: str, ks: list[int], budget: Budget, res: R
         c, c_ms = _ms(lambda: prove(seed, params))
         row = CpuComparison(k, seed, g_ms, c_ms, c_ms / g_ms if g_ms > 0 else 0.0, g == c)
         res.cpu.append(row)
-        say(f"k={k:2d} seed={seed:#018x}: device {g_ms:.3f} ms, cpu {c_ms:.1f} ms, x{row.speedup:.1f}; "
-            f"roots {'equal' if row.equal else 'DIFFER'}")
+        say(
+            f"k={k:2d} seed={seed:#018x}: device {g_ms:.3f} ms, cpu {c_ms:.1f} ms, x{row.speedup:.1f}; "
+            f"roots {'equal' if row.equal else 'DIFFER'}"
+        )
 
 
 def summary(res: Results, budget: Budget) -> str:
     """The whole result as text, ending in one RESULT {json} line."""
-    lines = ["", "== summary", f"backend: {res.backend}; elapsed {budget.spent():.1f} s of a {budget.limit_s:g} s budget"]
+    lines = [
+        "",
+        "== summary",
+        f"backend: {res.backend}; elapsed {budget.spent():.1f} s of a {budget.limit_s:g} s budget",
+    ]
     lines += [f"{k}: {v}" for k, v in res.facts.items()]
     ok = sum(r.equal for r in res.roots)
     by_k = sorted({r.k for r in res.roots})
-    lines.append(f"roots: {ok}/{len(res.roots)} equal (k = {', '.join(map(str, by_k)) or 'none'})"
-                 + ("" if res.roots_equal else "; MISMATCH: fix the smallest k that differs first"))
+    lines.append(
+        f"roots: {ok}/{len(res.roots)} equal (k = {', '.join(map(str, by_k)) or 'none'})"
+        + ("" if res.roots_equal else "; MISMATCH: fix the smallest k that differs first")
+    )
     if res.timings:
         lines += [TIMING_HEADER, *map(timing_line, res.timings)]
     for c in res.cpu:
-        lines.append(f"k={c.k}: device {c.device_ms:.3f} ms vs cpu {c.cpu_ms:.1f} ms (x{c.speedup:.1f}), "
-                     f"roots {'equal' if c.equal else 'DIFFER'}")
+        lines.append(
+            f"k={c.k}: device {c.device_ms:.3f} ms vs cpu {c.cpu_ms:.1f} ms (x{c.speedup:.1f}), "
+            f"roots {'equal' if c.equal else 'DIFFER'}"
+        )
     lines += res.stopped
     if res.error:
         lines.append(f"error: {res.error}")
@@ -339,19 +380,37 @@ def markdown(res: Results) -> str:
     """The figures as Markdown tables, ready for BENCHMARKS.md."""
     f = res.facts
     smi = res.env.get("nvidia-smi --query-gpu", "").splitlines()
-    lines = [f"Device: {f.get('device', '?')} (compute capability {f.get('compute_capability', '?')}), CUDA driver API "
-             f"{f.get('driver_version', '?')}, through {f.get('cuda_driver_api', '?')}; NVRTC: {res.env.get('NVRTC', '?')}.",
-             f"nvidia-smi: {smi[-1] if len(smi) > 1 else 'n/a'} ({smi[0] if smi else ''})", "",
-             "| k | seed | device root | CPU root | equal |", "| ---: | --- | --- | --- | --- |"]
-    lines += [f"| {r.k} | `{r.seed:#018x}` | `{r.device_root[:16]}` | `{r.cpu_root[:16]}` | {'yes' if r.equal else '**NO**'} |"
-              for r in res.roots]
-    lines += ["", "| k | NTT ms | GB/s | peak GB/s | copy GB/s | floor/time | proof ms | proofs/hour |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {t.k} | {t.ntt_ms:.3f} | {t.gbs:,.0f} | {t.peak_gbs:,.0f} | {t.copy_gbs:,.0f} | {t.floor_ratio:.1%} | "
-              f"{t.proof_ms:.3f} | {t.proofs_per_hour:,.0f} |" for t in res.timings]
-    lines += ["", "| k | device proof ms | CPU proof ms | device/CPU speed-up | roots |", "| ---: | ---: | ---: | ---: | --- |"]
-    lines += [f"| {c.k} | {c.device_ms:.3f} | {c.cpu_ms:,.1f} | {c.speedup:,.0f}x | {'equal' if c.equal else '**differ**'} |"
-              for c in res.cpu]
+    lines = [
+        f"Device: {f.get('device', '?')} (compute capability {f.get('compute_capability', '?')}), CUDA driver API "
+        f"{f.get('driver_version', '?')}, through {f.get('cuda_driver_api', '?')}; NVRTC: {res.env.get('NVRTC', '?')}.",
+        f"nvidia-smi: {smi[-1] if len(smi) > 1 else 'n/a'} ({smi[0] if smi else ''})",
+        "",
+        "| k | seed | device root | CPU root | equal |",
+        "| ---: | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r.k} | `{r.seed:#018x}` | `{r.device_root[:16]}` | `{r.cpu_root[:16]}` | {'yes' if r.equal else '**NO**'} |"
+        for r in res.roots
+    ]
+    lines += [
+        "",
+        "| k | NTT ms | GB/s | peak GB/s | copy GB/s | floor/time | proof ms | proofs/hour |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {t.k} | {t.ntt_ms:.3f} | {t.gbs:,.0f} | {t.peak_gbs:,.0f} | {t.copy_gbs:,.0f} | {t.floor_ratio:.1%} | "
+        f"{t.proof_ms:.3f} | {t.proofs_per_hour:,.0f} |"
+        for t in res.timings
+    ]
+    lines += [
+        "",
+        "| k | device proof ms | CPU proof ms | device/CPU speed-up | roots |",
+        "| ---: | ---: | ---: | ---: | --- |",
+    ]
+    lines += [
+        f"| {c.k} | {c.device_ms:.3f} | {c.cpu_ms:,.1f} | {c.speedup:,.0f}x | {'equal' if c.equal else '**differ**'} |"
+        for c in res.cpu
+    ]
     return "\n".join(lines)
 
 
@@ -363,17 +422,28 @@ def _int_list(text: str) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m flightrec.cuda.bench_device", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backend", choices=["cuda", "cpu"], default="cuda",
-                    help="cuda: the GPU; cpu: the rehearsal, the NumPy backend standing in for the device")
-    ap.add_argument("--driver", choices=DRIVERS, default="auto", help="pycuda, ctypes (libcuda), or auto: pycuda if installed")
+    ap = argparse.ArgumentParser(
+        prog="python -m flightrec.cuda.bench_device",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--backend",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cuda: the GPU; cpu: the rehearsal, the NumPy backend standing in for the device",
+    )
+    ap.add_argument(
+        "--driver", choices=DRIVERS, default="auto", help="pycuda, ctypes (libcuda), or auto: pycuda if installed"
+    )
     ap.add_argument("--roots-k", type=_int_list, default=[8, 10, 12, 16], help="sizes of the root check (8,10,12,16)")
     ap.add_argument("--seeds", type=int, default=3, help="fresh random seeds per size of the root check (3)")
     ap.add_argument("--ks", type=_int_list, default=None, help="timed sizes, overriding --kmin/--kmax")
     ap.add_argument("--kmin", type=int, default=20)
     ap.add_argument("--kmax", type=int, default=24)
-    ap.add_argument("--cpu-k", type=_int_list, default=[20], help="sizes of the whole-proof comparison with the CPU (20)")
+    ap.add_argument(
+        "--cpu-k", type=_int_list, default=[20], help="sizes of the whole-proof comparison with the CPU (20)"
+    )
     ap.add_argument("--ntt-repeats", type=int, default=5)
     ap.add_argument("--proof-repeats", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=240.0, help="start no new size past this many seconds (240)")

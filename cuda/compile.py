@@ -74,10 +74,14 @@ def _nvrtc_candidates() -> list[str]:
     found: list[str] = []
     for base in map(Path, sys.path):
         for lib_dir in (base / "nvidia" / "cuda_nvrtc" / "lib", *sorted((base / "nvidia").glob("cu1*/lib"))):
-            found += sorted(str(p) for p in lib_dir.glob("libnvrtc.so*") if "alt" not in p.name and "builtins" not in p.name)
+            found += sorted(
+                str(p) for p in lib_dir.glob("libnvrtc.so*") if "alt" not in p.name and "builtins" not in p.name
+            )
     for home in cuda_homes():
         for lib_dir in (home / "lib64", home / "lib", home / "targets" / "x86_64-linux" / "lib"):
-            found += sorted(str(p) for p in lib_dir.glob("libnvrtc.so*") if "alt" not in p.name and "builtins" not in p.name)
+            found += sorted(
+                str(p) for p in lib_dir.glob("libnvrtc.so*") if "alt" not in p.name and "builtins" not in p.name
+            )
     name = ctypes.util.find_library("nvrtc")
     if name:
         found.append(name)
@@ -145,7 +149,9 @@ def compile_cubin(arch: str) -> tuple[bytes, str]:
     CompileError names what to install."""
     nvrtc = load_nvrtc()
     if nvrtc is None:
-        raise CompileError("no NVRTC found: pip install nvidia-cuda-nvrtc-cu12 (or put the CUDA toolkit's lib64 on the loader path)")
+        raise CompileError(
+            "no NVRTC found: pip install nvidia-cuda-nvrtc-cu12 (or put the CUDA toolkit's lib64 on the loader path)"
+        )
     return nvrtc.compile_cubin(kernel_source(), arch, source_dir())
 
 
@@ -156,8 +162,17 @@ def compile_cubin_nvcc(arch: str, nvcc: str | None = None) -> tuple[bytes, str]:
         raise CompileError("no nvcc on PATH: install the CUDA toolkit, or pip install nvidia-cuda-nvrtc-cu12")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "prove.cubin"
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", f"-I{source_dir()}", "-Xptxas=-v",
-               "-o", str(out), str(source_dir() / SOURCE)]
+        cmd = [
+            nvcc,
+            "-cubin",
+            f"-arch={arch}",
+            "-std=c++17",
+            f"-I{source_dir()}",
+            "-Xptxas=-v",
+            "-o",
+            str(out),
+            str(source_dir() / SOURCE),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         text = (proc.stdout + proc.stderr).strip()
         if proc.returncode != 0:

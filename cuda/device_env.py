@@ -85,8 +85,10 @@ def _toolkits() -> str:
     for home in homes:
         version = home / "version.json"
         header = home / "include" / "cuda.h"
-        lines.append(f"{home}: version.json {'yes' if version.is_file() else 'no'}, "
-                     f"include/cuda.h {'yes' if header.is_file() else 'no'}")
+        lines.append(
+            f"{home}: version.json {'yes' if version.is_file() else 'no'}, "
+            f"include/cuda.h {'yes' if header.is_file() else 'no'}"
+        )
     return "\n".join(lines)
 
 
@@ -95,9 +97,18 @@ def probes(with_smi: bool = True) -> list[Probe]:
     out = []
     if with_smi:
         out.append(Probe("nvidia-smi", run_command(["nvidia-smi"])))
-        out.append(Probe("nvidia-smi --query-gpu", run_command(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.memory,clocks.max.sm,power.limit",
-             "--format=csv"])))
+        out.append(
+            Probe(
+                "nvidia-smi --query-gpu",
+                run_command(
+                    [
+                        "nvidia-smi",
+                        "--query-gpu=name,driver_version,memory.total,clocks.max.memory,clocks.max.sm,power.limit",
+                        "--format=csv",
+                    ]
+                ),
+            )
+        )
     out += [
         Probe("python", f"{sys.executable} {platform.python_version()}"),
         Probe("machine", f"{platform.platform()}, {os.cpu_count()} CPUs"),

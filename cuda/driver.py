@@ -27,8 +27,13 @@ from flightrec.errors import ProveError
 
 log = logging.getLogger(__name__)
 
-LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so", "/usr/local/nvidia/lib64/libcuda.so.1",
-                 "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1")
+LIBRARY_NAMES = (
+    "libcuda.so.1",
+    "libcuda.so",
+    "/usr/local/nvidia/lib64/libcuda.so.1",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/usr/lib64/libcuda.so.1",
+)
 """Where libcuda is looked for: the loader's path first, then where container runtimes mount the driver."""
 _lib: ctypes.CDLL | None = None
 _size = ctypes.c_size_t
@@ -63,8 +68,9 @@ def load() -> ctypes.CDLL:
             return _lib
         except OSError as exc:
             errors.append(str(exc))
-    raise DriverError(f"libcuda could not be loaded ({'; '.join(errors)}): install the NVIDIA driver, "
-                      "or run where one is")
+    raise DriverError(
+        f"libcuda could not be loaded ({'; '.join(errors)}): install the NVIDIA driver, or run where one is"
+    )
 
 
 def _fn(*names: str) -> Callable[..., int]:
@@ -132,12 +138,19 @@ class Device:
         return v.value
 
     def compute_capability(self) -> tuple[int, int]:
-        return (self.get_attribute(device_attribute.COMPUTE_CAPABILITY_MAJOR),
-                self.get_attribute(device_attribute.COMPUTE_CAPABILITY_MINOR))
+        return (
+            self.get_attribute(device_attribute.COMPUTE_CAPABILITY_MAJOR),
+            self.get_attribute(device_attribute.COMPUTE_CAPABILITY_MINOR),
+        )
 
     def total_memory(self) -> int:
         v = _size()
-        _call("cuDeviceTotalMem", ctypes.byref(v), ctypes.c_int(self.handle), names=("cuDeviceTotalMem_v2", "cuDeviceTotalMem"))
+        _call(
+            "cuDeviceTotalMem",
+            ctypes.byref(v),
+            ctypes.c_int(self.handle),
+            names=("cuDeviceTotalMem_v2", "cuDeviceTotalMem"),
+        )
         return v.value
 
     def make_context(self) -> "Context":
@@ -172,8 +185,11 @@ class Context:
         _call("cuCtxPopCurrent", ctypes.byref(popped), names=("cuCtxPopCurrent_v2", "cuCtxPopCurrent"))
 
     def detach(self) -> None:
-        _call("cuDevicePrimaryCtxRelease", ctypes.c_int(self.device),
-              names=("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"))
+        _call(
+            "cuDevicePrimaryCtxRelease",
+            ctypes.c_int(self.device),
+            names=("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"),
+        )
 
 
 class DeviceAllocation:
@@ -213,23 +229,45 @@ def _host(arr: np.ndarray) -> np.ndarray:
 
 def memcpy_htod(dest: DeviceAllocation, src: np.ndarray) -> None:
     src = _host(src)
-    _call("cuMemcpyHtoD", ctypes.c_uint64(int(dest)), ctypes.c_void_p(src.ctypes.data), _size(src.nbytes),
-          names=("cuMemcpyHtoD_v2", "cuMemcpyHtoD"))
+    _call(
+        "cuMemcpyHtoD",
+        ctypes.c_uint64(int(dest)),
+        ctypes.c_void_p(src.ctypes.data),
+        _size(src.nbytes),
+        names=("cuMemcpyHtoD_v2", "cuMemcpyHtoD"),
+    )
 
 
 def memcpy_dtoh(dest: np.ndarray, src: DeviceAllocation) -> None:
     dest = _host(dest)
-    _call("cuMemcpyDtoH", ctypes.c_void_p(dest.ctypes.data), ctypes.c_uint64(int(src)), _size(dest.nbytes),
-          names=("cuMemcpyDtoH_v2", "cuMemcpyDtoH"))
+    _call(
+        "cuMemcpyDtoH",
+        ctypes.c_void_p(dest.ctypes.data),
+        ctypes.c_uint64(int(src)),
+        _size(dest.nbytes),
+        names=("cuMemcpyDtoH_v2", "cuMemcpyDtoH"),
+    )
 
 
 def memcpy_dtod(dest: DeviceAllocation, src: DeviceAllocation, nbytes: int) -> None:
-    _call("cuMemcpyDtoD", ctypes.c_uint64(int(dest)), ctypes.c_uint64(int(src)), _size(nbytes),
-          names=("cuMemcpyDtoD_v2", "cuMemcpyDtoD"))
+    _call(
+        "cuMemcpyDtoD",
+        ctypes.c_uint64(int(dest)),
+        ctypes.c_uint64(int(src)),
+        _size(nbytes),
+        names=("cuMemcpyDtoD_v2", "cuMemcpyDtoD"),
+    )
 
 
-_ARG_TYPES = {"P": ctypes.c_uint64, "Q": ctypes.c_uint64, "q": ctypes.c_int64, "I": ctypes.c_uint32,
-              "i": ctypes.c_int32, "f": ctypes.c_float, "d": ctypes.c_double}
+_ARG_TYPES = {
+    "P": ctypes.c_uint64,
+    "Q": ctypes.c_uint64,
+    "q": ctypes.c_int64,
+    "I": ctypes.c_uint32,
+    "i": ctypes.c_int32,
+    "f": ctypes.c_float,
+    "d": ctypes.c_double,
+}
 
 
 def _dim3(v: tuple[int, ...]) -> tuple[int, int, int]:
@@ -255,11 +293,21 @@ class Function:
     def prepared_call(self, grid: tuple[int, ...], block: tuple[int, ...], *args: Any) -> None:
         if self._types is None or len(args) != len(self._types):
             raise DriverError(f"{self.name}: prepare() the kernel with one code per argument first")
-        values = [t(int(a) if t not in (ctypes.c_float, ctypes.c_double) else float(a)) for t, a in zip(self._types, args)]
+        values = [
+            t(int(a) if t not in (ctypes.c_float, ctypes.c_double) else float(a)) for t, a in zip(self._types, args)
+        ]
         params = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values))
         g, b = _dim3(grid), _dim3(block)
-        _call("cuLaunchKernel", self.handle, *(ctypes.c_uint(x) for x in g), *(ctypes.c_uint(x) for x in b),
-              ctypes.c_uint(0), ctypes.c_void_p(0), params, ctypes.c_void_p(0))
+        _call(
+            "cuLaunchKernel",
+            self.handle,
+            *(ctypes.c_uint(x) for x in g),
+            *(ctypes.c_uint(x) for x in b),
+            ctypes.c_uint(0),
+            ctypes.c_void_p(0),
+            params,
+            ctypes.c_void_p(0),
+        )
 
 
 class Module:
@@ -299,8 +347,13 @@ class Event:
 
     def time_till(self, end: "Event") -> float:
         ms = ctypes.c_float()
-        _call("cuEventElapsedTime", ctypes.byref(ms), self.handle, end.handle,
-              names=("cuEventElapsedTime_v2", "cuEventElapsedTime"))
+        _call(
+            "cuEventElapsedTime",
+            ctypes.byref(ms),
+            self.handle,
+            end.handle,
+            names=("cuEventElapsedTime_v2", "cuEventElapsedTime"),
+        )
         return float(ms.value)
 
     def __del__(self) -> None:

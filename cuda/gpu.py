@@ -33,7 +33,9 @@ class DeviceError(ProveError):
         self.cuda_error = cuda_error
         self.facts = dict(facts or {})
         where = self.facts.get("device", "")
-        super().__init__(f"CUDA {cause}{' on ' + where if where else ''}: {cuda_error}" + (f" ({hint})" if hint else ""))
+        super().__init__(
+            f"CUDA {cause}{' on ' + where if where else ''}: {cuda_error}" + (f" ({hint})" if hint else "")
+        )
 
     def attributes(self) -> dict[str, str]:
         """The failure event's attributes: device, compute_capability, driver_version, cuda_error, cause."""
@@ -60,15 +62,18 @@ def _driver(choice: str = "auto") -> tuple[Any, str]:
         except ImportError as exc:
             why = f"pycuda is not installed ({exc})"
             if choice == "pycuda":
-                raise DeviceError("unavailable", why, hint="pip install 'flightrec[gpu]' on a machine with the CUDA toolkit") from exc
+                raise DeviceError(
+                    "unavailable", why, hint="pip install 'flightrec[gpu]' on a machine with the CUDA toolkit"
+                ) from exc
     from flightrec.cuda import driver as ctypes_driver
 
     try:
         ctypes_driver.load()
     except ctypes_driver.DriverError as exc:
         text = f"{why} and {exc}" if why else str(exc)
-        raise DeviceError("unavailable", text, hint="run on a machine with an NVIDIA driver; "
-                          "pip install 'flightrec[gpu]' for pycuda") from exc
+        raise DeviceError(
+            "unavailable", text, hint="run on a machine with an NVIDIA driver; pip install 'flightrec[gpu]' for pycuda"
+        ) from exc
     return ctypes_driver, "ctypes"
 
 
@@ -97,7 +102,9 @@ class CudaProver:
             drv.init()
         except Exception as exc:  # pycuda raises its own RuntimeError/LogicError types
             self._learn_driver()
-            raise DeviceError("init", str(exc), self._facts, hint="is the NVIDIA driver loaded and a GPU visible?") from exc
+            raise DeviceError(
+                "init", str(exc), self._facts, hint="is the NVIDIA driver loaded and a GPU visible?"
+            ) from exc
         self._learn_driver()
         self._facts["cuda_driver_api"] = self.driver
         try:
@@ -105,10 +112,14 @@ class CudaProver:
         except Exception as exc:
             raise DeviceError("init", str(exc), self._facts) from exc
         if count <= device_index:
-            raise DeviceError("no-device", f"{count} CUDA device(s) visible, device {device_index} asked for", self._facts)
+            raise DeviceError(
+                "no-device", f"{count} CUDA device(s) visible, device {device_index} asked for", self._facts
+            )
         dev = drv.Device(device_index)
         major, minor = dev.compute_capability()
-        self._facts.update(device=dev.name(), compute_capability=f"{major}.{minor}", memory_bytes=str(dev.total_memory()))
+        self._facts.update(
+            device=dev.name(), compute_capability=f"{major}.{minor}", memory_bytes=str(dev.total_memory())
+        )
         self.arch = f"sm_{major}{minor}"
         try:
             self._ctx = dev.make_context()
@@ -141,8 +152,13 @@ class CudaProver:
             from pycuda.compiler import SourceModule
 
             try:
-                return SourceModule(cc.kernel_source(), no_extern_c=True, include_dirs=[str(cc.source_dir())],
-                                    arch=self.arch, options=["-std=c++17"])
+                return SourceModule(
+                    cc.kernel_source(),
+                    no_extern_c=True,
+                    include_dirs=[str(cc.source_dir())],
+                    arch=self.arch,
+                    options=["-std=c++17"],
+                )
             except Exception as exc:
                 raise DeviceError(self._classify(exc, "compile"), str(exc), self._facts) from exc
         try:
@@ -157,8 +173,13 @@ class CudaProver:
     @staticmethod
     def _classify(exc: BaseException, default: str) -> str:
         text = str(exc).lower()
-        if "no kernel image" in text or "invalid_image" in text or "device kernel image is invalid" in text \
-                or "unsupported ptx" in text or "no_binary_for_gpu" in text:
+        if (
+            "no kernel image" in text
+            or "invalid_image" in text
+            or "device kernel image is invalid" in text
+            or "unsupported ptx" in text
+            or "no_binary_for_gpu" in text
+        ):
             return "no-kernel-image"
         if "out of memory" in text or type(exc).__name__ == "MemoryError":
             return "out-of-memory"
@@ -173,7 +194,8 @@ class CudaProver:
                 "out-of-memory",
                 f"a proof at k={p.log_n}, width {p.width}, blowup {p.blowup} needs {need / 2**30:.2f} GiB; "
                 f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB free",
-                self._facts, hint="lower --k or free the GPU",
+                self._facts,
+                hint="lower --k or free the GPU",
             )
         mod = self._load_module()
         try:
@@ -213,27 +235,44 @@ class CudaProver:
         """Run a whole batched NTT (all columns) in place on ``buf``: one launch per pass."""
         for ps in plan.plan_passes(log_n, dif):
             self._k["ntt_pass"].prepared_call(
-                (ps.blocks(log_n), self.params.width, 1), (THREADS, 1, 1),
-                buf, tw, np.uint32(log_n), np.uint32(ps.lo), np.uint32(ps.t), np.uint32(ps.r_width), np.uint32(int(dif)),
+                (ps.blocks(log_n), self.params.width, 1),
+                (THREADS, 1, 1),
+                buf,
+                tw,
+                np.uint32(log_n),
+                np.uint32(ps.lo),
+                np.uint32(ps.t),
+                np.uint32(ps.r_width),
+                np.uint32(int(dif)),
             )
 
     def extend(self, seed: int) -> None:
         """Trace, inverse NTT, coset scatter and forward NTT, leaving the extension in ext_buf."""
         p = self.params
         count = p.width * p.n
-        self._k["gen_trace"].prepared_call(self._grid(count), (THREADS, 1, 1), self.trace_buf,
-                                           np.uint64(seed & (2**64 - 1)), np.uint64(count))
+        self._k["gen_trace"].prepared_call(
+            self._grid(count), (THREADS, 1, 1), self.trace_buf, np.uint64(seed & (2**64 - 1)), np.uint64(count)
+        )
         self.ntt(self.trace_buf, self.tw_inv_n, p.log_n, dif=True)
         total = p.width * p.m
-        self._k["coset_scatter"].prepared_call(self._grid(total), (THREADS, 1, 1), self.trace_buf, self.scale,
-                                               self.ext_buf, np.uint32(p.log_n), np.uint32(p.log_blowup), np.uint64(total))
+        self._k["coset_scatter"].prepared_call(
+            self._grid(total),
+            (THREADS, 1, 1),
+            self.trace_buf,
+            self.scale,
+            self.ext_buf,
+            np.uint32(p.log_n),
+            np.uint32(p.log_blowup),
+            np.uint64(total),
+        )
         self.ntt(self.ext_buf, self.tw_m, p.log_m, dif=False)
 
     def commit(self) -> bytes:
         """The Merkle root over ext_buf's rows, hashed on the device; 32 bytes come back."""
         p = self.params
-        self._k["merkle_leaves"].prepared_call(self._grid(p.m), (THREADS, 1, 1), self.ext_buf, self.dig_a,
-                                               np.uint32(p.width), np.uint64(p.m))
+        self._k["merkle_leaves"].prepared_call(
+            self._grid(p.m), (THREADS, 1, 1), self.ext_buf, self.dig_a, np.uint32(p.width), np.uint64(p.m)
+        )
         src, dst, count = self.dig_a, self.dig_b, p.m // 2
         while count >= 1:
             self._k["merkle_level"].prepared_call(self._grid(count), (THREADS, 1, 1), src, dst, np.uint64(count))

@@ -12,8 +12,18 @@ from typing import Any, Iterator, Sequence
 
 from flightrec.errors import ConfigError
 
-_KNOWN_KEYS = {"class", "hint", "lines", "signal", "exit_codes", "timed_out", "start_error", "verdict",
-               "min_proofs_per_hour", "stages"}
+_KNOWN_KEYS = {
+    "class",
+    "hint",
+    "lines",
+    "signal",
+    "exit_codes",
+    "timed_out",
+    "start_error",
+    "verdict",
+    "min_proofs_per_hour",
+    "stages",
+}
 
 
 @dataclass(frozen=True)
@@ -104,11 +114,15 @@ _NOT_A_DEATH = re.compile(r"\bsend(?:s|ing)?\b|\bsent\b|ignor|reload|forward|blo
 _HARMLESS = frozenset({"SIGCHLD", "SIGCLD", "SIGWINCH", "SIGURG", "SIGCONT"})  # ignored unless handled
 # What a shell or libc prints when a process dies of a signal: anywhere in a line, or (the shell's job report
 # "line 3:  4242 Killed  prover") a capitalized word at the start of a line or after a pid.
-_SIGNAL_TEXT = [(re.compile(r"segmentation fault", re.I), "SIGSEGV"), (re.compile(r"\bbus error\b", re.I), "SIGBUS"),
-                (re.compile(r"illegal instruction", re.I), "SIGILL"),
-                (re.compile(r"floating point exception", re.I), "SIGFPE"),
-                (re.compile(r"(?:^|\s\d+\s+)Aborted\b"), "SIGABRT"), (re.compile(r"(?:^|\s\d+\s+)Killed\b"), "SIGKILL"),
-                (re.compile(r"(?:^|\s\d+\s+)Terminated\b"), "SIGTERM")]
+_SIGNAL_TEXT = [
+    (re.compile(r"segmentation fault", re.I), "SIGSEGV"),
+    (re.compile(r"\bbus error\b", re.I), "SIGBUS"),
+    (re.compile(r"illegal instruction", re.I), "SIGILL"),
+    (re.compile(r"floating point exception", re.I), "SIGFPE"),
+    (re.compile(r"(?:^|\s\d+\s+)Aborted\b"), "SIGABRT"),
+    (re.compile(r"(?:^|\s\d+\s+)Killed\b"), "SIGKILL"),
+    (re.compile(r"(?:^|\s\d+\s+)Terminated\b"), "SIGTERM"),
+]
 
 
 def _signal_in(line: str) -> str | None:
@@ -131,8 +145,9 @@ def _signal_in(line: str) -> str | None:
     return None
 
 
-def killed_by(signal: int | None, name: str | None, exit_code: int | None,
-              lines: Sequence[str]) -> tuple[str | None, str | None]:
+def killed_by(
+    signal: int | None, name: str | None, exit_code: int | None, lines: Sequence[str]
+) -> tuple[str | None, str | None]:
     """The signal behind a failure and where it was read, or (None, None): the stage's own command killed by it,
     a shell's 128+n exit code, or a wrapper's, shell's or libc's words about a process the stage started in
     ``lines`` (give the matched line first, then the tails newest first: the first line that names one wins).
@@ -212,18 +227,20 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleTable:
         if not raw.get("class") or not raw.get("hint"):
             raise ConfigError(f"{where}: every rule needs a class and a hint")
         sigs = raw.get("signal", [])
-        rules.append(Rule(
-            failure_class=str(raw["class"]),
-            hint=str(raw["hint"]),
-            lines=_compile(raw.get("lines", []), where + " lines"),
-            signals=tuple(str(s) for s in ([sigs] if isinstance(sigs, str) else sigs)),
-            exit_codes=tuple(int(c) for c in raw.get("exit_codes", [])),
-            timed_out=raw.get("timed_out"),
-            start_error=raw.get("start_error"),
-            verdict=raw.get("verdict"),
-            min_proofs_per_hour=raw.get("min_proofs_per_hour"),
-            stages=_compile(raw.get("stages", []), where + " stages"),
-        ))
+        rules.append(
+            Rule(
+                failure_class=str(raw["class"]),
+                hint=str(raw["hint"]),
+                lines=_compile(raw.get("lines", []), where + " lines"),
+                signals=tuple(str(s) for s in ([sigs] if isinstance(sigs, str) else sigs)),
+                exit_codes=tuple(int(c) for c in raw.get("exit_codes", [])),
+                timed_out=raw.get("timed_out"),
+                start_error=raw.get("start_error"),
+                verdict=raw.get("verdict"),
+                min_proofs_per_hour=raw.get("min_proofs_per_hour"),
+                stages=_compile(raw.get("stages", []), where + " stages"),
+            )
+        )
     if not rules:
         raise ConfigError(f"{source} holds no [[rule]] entries")
     return RuleTable(tuple(rules), source)

@@ -23,16 +23,52 @@ from flightrec.db.failures import TAIL_LINES, build_failure
 from flightrec.db.fold import BOOL, FILE_TAILS, F64, I32, I64, STR, STRLIST
 from flightrec.db.liveness import recompute_running
 
-FAILURES = pa.schema([
-    ("failure_id", STR), ("instance_id", STR), ("boot_id", STR), ("stage", STR), ("ts_us", I64),
-    ("exit_code", I32), ("signal", I32), ("signal_name", STR), ("start_error", STR), ("detail", STR),
-    ("stderr_tail", STRLIST), ("stdout_tail", STRLIST), ("file_tails", FILE_TAILS), ("preceding_events", STRLIST),
-    ("gpu_model", STR), ("compute_capability", STR), ("driver_version", STR), ("cuda_version", STR),
-    ("proofs_per_hour", F64), ("min_rate", F64), ("failure_class", STR), ("hint", STR), ("matched_line", STR),
-    ("killed_by", STR), ("killed_by_evidence", STR)])
-BOOTS = pa.schema([("instance_id", STR), ("boot_id", STR), ("events", I64), ("max_seq", I64), ("sealed_count", I64),
-                   ("first_event_us", I64), ("last_event_us", I64), ("complete", BOOL), ("incomplete_reason", STR),
-                  ("dropped_events", I64), ("first_recv_us", I64), ("last_recv_us", I64), ("clock_offset_us", I64)])
+FAILURES = pa.schema(
+    [
+        ("failure_id", STR),
+        ("instance_id", STR),
+        ("boot_id", STR),
+        ("stage", STR),
+        ("ts_us", I64),
+        ("exit_code", I32),
+        ("signal", I32),
+        ("signal_name", STR),
+        ("start_error", STR),
+        ("detail", STR),
+        ("stderr_tail", STRLIST),
+        ("stdout_tail", STRLIST),
+        ("file_tails", FILE_TAILS),
+        ("preceding_events", STRLIST),
+        ("gpu_model", STR),
+        ("compute_capability", STR),
+        ("driver_version", STR),
+        ("cuda_version", STR),
+        ("proofs_per_hour", F64),
+        ("min_rate", F64),
+        ("failure_class", STR),
+        ("hint", STR),
+        ("matched_line", STR),
+        ("killed_by", STR),
+        ("killed_by_evidence", STR),
+    ]
+)
+BOOTS = pa.schema(
+    [
+        ("instance_id", STR),
+        ("boot_id", STR),
+        ("events", I64),
+        ("max_seq", I64),
+        ("sealed_count", I64),
+        ("first_event_us", I64),
+        ("last_event_us", I64),
+        ("complete", BOOL),
+        ("incomplete_reason", STR),
+        ("dropped_events", I64),
+        ("first_recv_us", I64),
+        ("last_recv_us", I64),
+        ("clock_offset_us", I64),
+    ]
+)
 MAX_RANGES = 5  # missing-seq ranges spelled out in incomplete_reason
 # The clock offset of a boot is the median of ts_us - recv_us over its latest OFFSET_EVENTS events (by seq, then
 # event id: a function of the event set). The median ignores a few events delivered late (spooled while Kafka
@@ -65,9 +101,9 @@ BOOT_ONLY_KINDS: tuple[str, ...] = ("log", "heartbeat", "dropped")
 class AffectedKeys:
     """The keys one batch's new events touch: what the derived tables recompute."""
 
-    boots: pa.Table      # (instance_id, boot_id)
+    boots: pa.Table  # (instance_id, boot_id)
     instances: pa.Table  # (instance_id)
-    stages: pa.Table     # (instance_id, boot_id, stage), failure rows' outside dependencies included
+    stages: pa.Table  # (instance_id, boot_id, stage), failure rows' outside dependencies included
     boot_only: pa.Table  # (instance_id) of the instances whose new events are all of BOOT_ONLY_KINDS
 
 
@@ -89,22 +125,29 @@ def affected_keys(con: duckdb.DuckDBPyConnection, new: pa.Table) -> AffectedKeys
         instances = con.sql("SELECT DISTINCT instance_id FROM _aff_new").to_arrow_table()
         boot_only = con.sql(f"""SELECT instance_id FROM _aff_new GROUP BY instance_id
                                 HAVING bool_and(kind IN ({light}))""").to_arrow_table()
-        parts = [f"SELECT DISTINCT instance_id, boot_id, stage FROM _aff_new WHERE stage IS NOT NULL "
-                 f"AND kind NOT IN ({light})"]
+        parts = [
+            f"SELECT DISTINCT instance_id, boot_id, stage FROM _aff_new WHERE stage IS NOT NULL "
+            f"AND kind NOT IN ({light})"
+        ]
         if kinds & {"facts", "lifecycle", *BOOT_ONLY_KINDS}:
-            parts += [f"""SELECT instance_id, boot_id, stage FROM _aff_fail
+            parts += [
+                f"""SELECT instance_id, boot_id, stage FROM _aff_fail
                           SEMI JOIN (SELECT instance_id, boot_id, stage FROM _aff_new WHERE kind IN ({light}))
                           USING (instance_id, boot_id, stage)""",
-                      """SELECT instance_id, boot_id, stage FROM _aff_fail
+                """SELECT instance_id, boot_id, stage FROM _aff_fail
                          SEMI JOIN (SELECT instance_id FROM _aff_new WHERE kind = 'facts') USING (instance_id)""",
-                      """SELECT instance_id, boot_id, stage FROM _aff_fail
+                """SELECT instance_id, boot_id, stage FROM _aff_fail
                          SEMI JOIN (SELECT instance_id, boot_id FROM _aff_new WHERE kind = 'lifecycle')
-                         USING (instance_id, boot_id)"""]
-            stored = con.sql("SELECT instance_id, boot_id, stage FROM failures SEMI JOIN "
-                             "(SELECT DISTINCT instance_id FROM _aff_new) USING (instance_id)").to_arrow_table()
+                         USING (instance_id, boot_id)""",
+            ]
+            stored = con.sql(
+                "SELECT instance_id, boot_id, stage FROM failures SEMI JOIN "
+                "(SELECT DISTINCT instance_id FROM _aff_new) USING (instance_id)"
+            ).to_arrow_table()
         else:
-            stored = pa.table({"instance_id": pa.array([], STR), "boot_id": pa.array([], STR),
-                               "stage": pa.array([], STR)})
+            stored = pa.table(
+                {"instance_id": pa.array([], STR), "boot_id": pa.array([], STR), "stage": pa.array([], STR)}
+            )
         with arrow_views(con, _aff_fail=stored):
             stages = con.sql(" UNION ".join(parts)).to_arrow_table()
     return AffectedKeys(boots=boots, instances=instances, stages=stages, boot_only=boot_only)
@@ -133,8 +176,13 @@ def _times(n: int) -> str:
     return "twice" if n == 2 else f"{n} times"
 
 
-def incomplete_reason(sealed_count: int | None, gaps: list[tuple[int, int]], seal_seq: int | None = None,
-                      duplicates: Sequence[tuple[int, int]] = (), after: int = 0) -> str:
+def incomplete_reason(
+    sealed_count: int | None,
+    gaps: list[tuple[int, int]],
+    seal_seq: int | None = None,
+    duplicates: Sequence[tuple[int, int]] = (),
+    after: int = 0,
+) -> str:
     """Why a boot's evidence is not complete, e.g. 'not sealed', 'missing seq 17..19',
     'seal count 0 below seal seq 10', 'seq 4 twice', '3 events after the seal'."""
     parts = []
@@ -148,7 +196,9 @@ def incomplete_reason(sealed_count: int | None, gaps: list[tuple[int, int]], sea
         parts.append(f"missing seq {shown}{more}")
     if duplicates:
         shown = ", ".join(f"seq {s} {_times(n)}" for s, n in duplicates[:MAX_RANGES])
-        more = f" and {len(duplicates) - MAX_RANGES} more seqs seen more than once" if len(duplicates) > MAX_RANGES else ""
+        more = (
+            f" and {len(duplicates) - MAX_RANGES} more seqs seen more than once" if len(duplicates) > MAX_RANGES else ""
+        )
         parts.append(shown + more)
     if after:
         parts.append(f"{after} event{'s' if after != 1 else ''} after the seal")
@@ -184,8 +234,9 @@ def recompute_boots(con: duckdb.DuckDBPyConnection, boots: pa.Table) -> None:
     """Events, seq coverage and completeness (:func:`judge_boot`) of every boot in ``boots``."""
     with arrow_views(con, _aff_boot=boots):
         rows = _boot_rows(con)
-        con.execute("DELETE FROM boots USING _aff_boot a "
-                    "WHERE boots.instance_id = a.instance_id AND boots.boot_id = a.boot_id")
+        con.execute(
+            "DELETE FROM boots USING _aff_boot a WHERE boots.instance_id = a.instance_id AND boots.boot_id = a.boot_id"
+        )
     if rows:
         with arrow_views(con, _new_boots=pa.Table.from_pylist(rows, schema=BOOTS)):
             con.execute("INSERT INTO boots BY NAME SELECT * FROM _new_boots")
@@ -193,7 +244,9 @@ def recompute_boots(con: duckdb.DuckDBPyConnection, boots: pa.Table) -> None:
 
 def _boot_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """The boots rows of ``_aff_boot``: counted in SQL, judged here where the seqs are not exactly 0..n-1."""
-    rows = _rows(con, f"""
+    rows = _rows(
+        con,
+        f"""
         WITH s AS (
             SELECT instance_id, boot_id, arg_max(event_count, seq) AS sealed_count, max(seq) AS seal_seq
             FROM lifecycle_events SEMI JOIN _aff_boot USING (instance_id, boot_id)
@@ -208,7 +261,8 @@ def _boot_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                                       FILTER (WHERE e.recv_us IS NOT NULL))) AS BIGINT) AS clock_offset_us
         FROM events_seen e JOIN _aff_boot b USING (instance_id, boot_id)
         LEFT JOIN s USING (instance_id, boot_id)
-        GROUP BY ALL ORDER BY e.instance_id, e.boot_id""")
+        GROUP BY ALL ORDER BY e.instance_id, e.boot_id""",
+    )
     need_seqs = []
     for r in rows:  # the common cases, judged without reading every seq
         sealed, n = r["sealed_count"], r["events"]
@@ -230,18 +284,22 @@ def _boot_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return rows
 
 
-def _seq_counts(con: duckdb.DuckDBPyConnection,
-                boots: list[tuple[str, str]]) -> dict[tuple[str, str], list[tuple[int, int]]]:
+def _seq_counts(
+    con: duckdb.DuckDBPyConnection, boots: list[tuple[str, str]]
+) -> dict[tuple[str, str], list[tuple[int, int]]]:
     """(seq, distinct events with that seq) per boot, sorted by seq."""
     counts: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     keys = pa.table({"instance_id": [k[0] for k in boots], "boot_id": [k[1] for k in boots]})
     with arrow_views(con, _gap_boots=keys):
-        for g in _rows(con, """SELECT instance_id, boot_id, seq,
+        for g in _rows(
+            con,
+            """SELECT instance_id, boot_id, seq,
                                       -- a LogBatch the deliverer split for the topic's limit: its parts share one
                                       -- seq and carry the original event id before '/part-' (producer/deliver.py)
                                       count(DISTINCT split_part(event_id, '/part-', 1)) AS n
                                FROM events_seen
-                               SEMI JOIN _gap_boots USING (instance_id, boot_id) GROUP BY ALL ORDER BY ALL"""):
+                               SEMI JOIN _gap_boots USING (instance_id, boot_id) GROUP BY ALL ORDER BY ALL""",
+        ):
             counts[(g["instance_id"], g["boot_id"])].append((g["seq"], g["n"]))
     return counts
 
@@ -273,12 +331,12 @@ StageKey = tuple[str, str, str]
 class FailureInputs:
     """What :func:`build_failure` needs for every key of ``_fail_keys``, grouped by key."""
 
-    lifecycle: dict[tuple[str, str], list[dict[str, Any]]]   # per boot
+    lifecycle: dict[tuple[str, str], list[dict[str, Any]]]  # per boot
     exits: dict[StageKey, list[dict[str, Any]]]
     results: dict[StageKey, list[dict[str, Any]]]
-    facts: dict[tuple[str, str | None], dict[str, Any]]      # per boot, and per instance (boot None): the latest
-    tails: dict[StageKey, dict[str, list[str]]]               # stages without a ProcessExit
-    late: dict[StageKey, dict[str, list[str]]]                # late lines of every stage
+    facts: dict[tuple[str, str | None], dict[str, Any]]  # per boot, and per instance (boot None): the latest
+    tails: dict[StageKey, dict[str, list[str]]]  # stages without a ProcessExit
+    late: dict[StageKey, dict[str, list[str]]]  # late lines of every stage
 
 
 def _group(rows: list[dict[str, Any]], *key: str) -> dict[Any, list[dict[str, Any]]]:
@@ -297,26 +355,44 @@ def _tails_by_source(rows: list[dict[str, Any]]) -> dict[StageKey, dict[str, lis
 
 def _failure_inputs(con: duckdb.DuckDBPyConnection) -> FailureInputs:
     """Read the stored events of the stages in ``_fail_keys`` (one query per table)."""
-    life = _rows(con, """SELECT instance_id, boot_id, event_id, seq, ts_us, kind, stage, state, detail, attributes
+    life = _rows(
+        con,
+        """SELECT instance_id, boot_id, event_id, seq, ts_us, kind, stage, state, detail, attributes
                          FROM lifecycle_events SEMI JOIN (SELECT DISTINCT instance_id, boot_id FROM _fail_keys)
-                         USING (instance_id, boot_id) WHERE kind = 'lifecycle'""")
+                         USING (instance_id, boot_id) WHERE kind = 'lifecycle'""",
+    )
     exits = _rows(con, "SELECT * FROM process_exits SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)")
-    results = _rows(con, """SELECT * FROM throughput SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)
-                            WHERE kind = 'result'""")
-    facts = _rows(con, """SELECT * FROM instance_facts SEMI JOIN (SELECT DISTINCT instance_id FROM _fail_keys)
-                          USING (instance_id) ORDER BY ts_us, seq, event_id""")
-    tails = _rows(con, _TAILS_SQL.format(
-        keys="(SELECT * FROM _fail_keys k ANTI JOIN process_exits x USING (instance_id, boot_id, stage))",
-        where="", n=TAIL_LINES))
+    results = _rows(
+        con,
+        """SELECT * FROM throughput SEMI JOIN _fail_keys USING (instance_id, boot_id, stage)
+                            WHERE kind = 'result'""",
+    )
+    facts = _rows(
+        con,
+        """SELECT * FROM instance_facts SEMI JOIN (SELECT DISTINCT instance_id FROM _fail_keys)
+                          USING (instance_id) ORDER BY ts_us, seq, event_id""",
+    )
+    tails = _rows(
+        con,
+        _TAILS_SQL.format(
+            keys="(SELECT * FROM _fail_keys k ANTI JOIN process_exits x USING (instance_id, boot_id, stage))",
+            where="",
+            n=TAIL_LINES,
+        ),
+    )
     late = _rows(con, _TAILS_SQL.format(keys="_fail_keys", where="WHERE l.late", n=TAIL_LINES))
     facts_of: dict[tuple[str, str | None], dict[str, Any]] = {}
     for f in facts:  # ascending: the latest wins, per boot and per instance
         facts_of[(f["instance_id"], f["boot_id"])] = f
         facts_of[(f["instance_id"], None)] = f
-    return FailureInputs(lifecycle=_group(life, "instance_id", "boot_id"),
-                         exits=_group(exits, "instance_id", "boot_id", "stage"),
-                         results=_group(results, "instance_id", "boot_id", "stage"),
-                         facts=facts_of, tails=_tails_by_source(tails), late=_tails_by_source(late))
+    return FailureInputs(
+        lifecycle=_group(life, "instance_id", "boot_id"),
+        exits=_group(exits, "instance_id", "boot_id", "stage"),
+        results=_group(results, "instance_id", "boot_id", "stage"),
+        facts=facts_of,
+        tails=_tails_by_source(tails),
+        late=_tails_by_source(late),
+    )
 
 
 def _failure_rows(keys: pa.Table, inputs: FailureInputs, rules: RuleTable) -> list[dict[str, Any]]:
@@ -325,10 +401,15 @@ def _failure_rows(keys: pa.Table, inputs: FailureInputs, rules: RuleTable) -> li
     for k in keys.to_pylist():
         key = (k["instance_id"], k["boot_id"], k["stage"])
         row = build_failure(
-            *key, lifecycle=inputs.lifecycle.get(key[:2], []), exits=inputs.exits.get(key, []),
+            *key,
+            lifecycle=inputs.lifecycle.get(key[:2], []),
+            exits=inputs.exits.get(key, []),
             results=inputs.results.get(key, []),
             facts=inputs.facts.get(key[:2]) or inputs.facts.get((key[0], None)),
-            log_tails=inputs.tails.get(key, {}), rules=rules, late_tails=inputs.late.get(key))
+            log_tails=inputs.tails.get(key, {}),
+            rules=rules,
+            late_tails=inputs.late.get(key),
+        )
         if row is not None:
             out.append(row)
     return out
@@ -424,8 +505,9 @@ FROM instances i JOIN b ON i.instance_id = b.instance_id AND i.boot_id = b.lb.bo
 """
 
 
-def recompute_instances(con: duckdb.DuckDBPyConnection, instances: pa.Table,
-                        boot_only: pa.Table | None = None) -> pa.Table:
+def recompute_instances(
+    con: duckdb.DuckDBPyConnection, instances: pa.Table, boot_only: pa.Table | None = None
+) -> pa.Table:
     """The instances row of every instance in ``instances`` (after boots and failures); returns the instances
     recomputed in full. Those of ``boot_only`` (see AffectedKeys) whose latest boot did not change take their
     stored row with the boots' columns updated (BOOT_ONLY_INSTANCES_SQL): the same row, fewer tables read."""

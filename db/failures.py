@@ -11,15 +11,19 @@ from typing import Any, Mapping, Sequence
 from flightrec.db.classify import FailureEvidence, RuleTable, killed_by, signal_name
 
 PRECEDING_EVENTS = 20  # lifecycle events kept in preceding_events
-TAIL_LINES = 20        # lines per source when tails come from log_lines (no ProcessExit)
+TAIL_LINES = 20  # lines per source when tails come from log_lines (no ProcessExit)
 
 Row = Mapping[str, Any]
 
 
 def exit_failed(x: Row) -> bool:
     """A process exit that is a failure: non-zero code, a signal, a start error or a timeout."""
-    return bool((x.get("exit_code") not in (None, 0)) or x.get("signal") is not None or x.get("start_error")
-                or x.get("timed_out"))
+    return bool(
+        (x.get("exit_code") not in (None, 0))
+        or x.get("signal") is not None
+        or x.get("start_error")
+        or x.get("timed_out")
+    )
 
 
 # A failed lifecycle event carrying this attribute only reports that another stage
@@ -42,17 +46,22 @@ def _order(r: Row) -> tuple[int, str]:
     return (int(r.get("seq") or 0), str(r.get("event_id") or ""))
 
 
-def _tails(exit_row: Row | None, log_tails: Mapping[str, Sequence[str]],
-           late_tails: Mapping[str, Sequence[str]] | None) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+def _tails(
+    exit_row: Row | None, log_tails: Mapping[str, Sequence[str]], late_tails: Mapping[str, Sequence[str]] | None
+) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     """stderr, stdout and file tails: the exit's (extended by late lines), else the stored log lines'."""
     if exit_row is None:
-        file_tails: list[dict[str, Any]] = [{"path": src, "lines": list(lines), "exists": True}
-                      for src, lines in sorted(log_tails.items()) if src not in ("stderr", "stdout")]
+        file_tails: list[dict[str, Any]] = [
+            {"path": src, "lines": list(lines), "exists": True}
+            for src, lines in sorted(log_tails.items())
+            if src not in ("stderr", "stdout")
+        ]
         return list(log_tails.get("stderr", ())), list(log_tails.get("stdout", ())), file_tails
     stderr, stdout = list(exit_row.get("stderr_tail") or ()), list(exit_row.get("stdout_tail") or ())
     file_tails = [
         {"path": t["path"], "lines": list(t.get("lines") or ()), "exists": bool(t.get("exists"))}
-        for t in (exit_row.get("file_tails") or ())]
+        for t in (exit_row.get("file_tails") or ())
+    ]
     if late_tails:
         stderr += list(late_tails.get("stderr", ()))
         stdout += list(late_tails.get("stdout", ()))
@@ -69,13 +78,23 @@ def _tails(exit_row: Row | None, log_tails: Mapping[str, Sequence[str]],
 
 def _preceding(lifecycle: Sequence[Row], last_seq: int) -> list[str]:
     """The last PRECEDING_EVENTS lifecycle events up to the last revealing one, as 'stage state detail'."""
-    preceding = [" ".join(p for p in (r.get("stage") or "", r.get("state") or "", r.get("detail") or "") if p)
-                 for r in lifecycle if int(r["seq"]) <= last_seq and r.get("kind", "lifecycle") == "lifecycle"]
+    preceding = [
+        " ".join(p for p in (r.get("stage") or "", r.get("state") or "", r.get("detail") or "") if p)
+        for r in lifecycle
+        if int(r["seq"]) <= last_seq and r.get("kind", "lifecycle") == "lifecycle"
+    ]
     return preceding[-PRECEDING_EVENTS:]
 
 
-def _evidence(stage: str, exit_row: Row | None, result: Row | None, failed_life: Sequence[Row],
-              stderr: list[str], stdout: list[str], file_tails: list[dict[str, Any]]) -> FailureEvidence:
+def _evidence(
+    stage: str,
+    exit_row: Row | None,
+    result: Row | None,
+    failed_life: Sequence[Row],
+    stderr: list[str],
+    stdout: list[str],
+    file_tails: list[dict[str, Any]],
+) -> FailureEvidence:
     """What the rule table judges: the deciding exit, the last result, the failed lifecycle details, the tails."""
     return FailureEvidence(
         stage=stage,
@@ -84,7 +103,8 @@ def _evidence(stage: str, exit_row: Row | None, result: Row | None, failed_life:
         signal_name=exit_row.get("signal_name") if exit_row else None,
         timed_out=bool(exit_row.get("timed_out")) if exit_row else False,
         start_error=exit_row.get("start_error") if exit_row else None,
-        stderr_tail=stderr, stdout_tail=stdout,
+        stderr_tail=stderr,
+        stdout_tail=stdout,
         file_tails=[(t["path"], t["lines"]) for t in file_tails],
         details=[r.get("detail") or "" for r in failed_life] + ([result.get("detail") or ""] if result else []),
         verdict=result.get("verdict") if result else None,
@@ -92,9 +112,19 @@ def _evidence(stage: str, exit_row: Row | None, result: Row | None, failed_life:
     )
 
 
-def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequence[Row], exits: Sequence[Row],
-                  results: Sequence[Row], facts: Row | None, log_tails: Mapping[str, Sequence[str]],
-                  rules: RuleTable, late_tails: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any] | None:
+def build_failure(
+    instance_id: str,
+    boot_id: str,
+    stage: str,
+    *,
+    lifecycle: Sequence[Row],
+    exits: Sequence[Row],
+    results: Sequence[Row],
+    facts: Row | None,
+    log_tails: Mapping[str, Sequence[str]],
+    rules: RuleTable,
+    late_tails: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any] | None:
     """The failures row for (instance, boot, stage), or None when nothing failed.
 
     ``lifecycle`` holds the boot's lifecycle events (any stage), ``exits`` and
@@ -106,8 +136,11 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
     lifecycle = sorted(lifecycle, key=_order)
     exits = sorted(exits, key=_order)
     results = sorted(results, key=_order)
-    failed_life = [r for r in lifecycle if r.get("stage") == stage and r.get("kind", "lifecycle") == "lifecycle"
-                   and is_failure_signal("lifecycle", r)]
+    failed_life = [
+        r
+        for r in lifecycle
+        if r.get("stage") == stage and r.get("kind", "lifecycle") == "lifecycle" and is_failure_signal("lifecycle", r)
+    ]
     failed_exits = [r for r in exits if exit_failed(r)]
     revealing = sorted(failed_life + failed_exits + [r for r in results if is_failure_signal("result", r)], key=_order)
     if not revealing:
@@ -117,9 +150,14 @@ def build_failure(instance_id: str, boot_id: str, stage: str, *, lifecycle: Sequ
     stderr, stdout, file_tails = _tails(exit_row, log_tails, late_tails)
     evidence = _evidence(stage, exit_row, result, failed_life, stderr, stdout, file_tails)
     verdict = rules.classify(evidence)
-    signal, read_from = killed_by(evidence.signal, evidence.signal_name, evidence.exit_code,
-                                  ([verdict.matched_line] if verdict.matched_line else []) + stderr[::-1]
-                                  + [line for t in file_tails for line in t["lines"][::-1]])
+    signal, read_from = killed_by(
+        evidence.signal,
+        evidence.signal_name,
+        evidence.exit_code,
+        ([verdict.matched_line] if verdict.matched_line else [])
+        + stderr[::-1]
+        + [line for t in file_tails for line in t["lines"][::-1]],
+    )
     first, facts = revealing[0], facts or {}
     return {
         "failure_id": first["event_id"],

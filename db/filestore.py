@@ -35,16 +35,37 @@ OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in 
 
 # The materialized tables (what replay must reproduce), in comparison order.
 MATERIALIZED_TABLES: tuple[str, ...] = (
-    "instances", "boots", "lifecycle_events", "instance_facts", "log_lines", "process_exits", "throughput",
-    "failures", "dead_letters", "events_seen", "heartbeats", "manager_events", "running_stages",
+    "instances",
+    "boots",
+    "lifecycle_events",
+    "instance_facts",
+    "log_lines",
+    "process_exits",
+    "throughput",
+    "failures",
+    "dead_letters",
+    "events_seen",
+    "heartbeats",
+    "manager_events",
+    "running_stages",
 )
 # The tables whose rows are written with their event (same transaction as its events_seen row), keyed by event_id.
 ROWS_BY_EVENT: tuple[str, ...] = ("log_lines", "lifecycle_events", "instance_facts", "process_exits", "throughput")
 # The Delta's row batches, registered as _d_<name> for the duration of a commit.
-DELTA_TABLES: tuple[str, ...] = ("events", "lifecycle", "facts", "exits", "throughput", "logs", "dead", "heartbeats",
-                                 "manager")
-OFFSETS = pa.schema([("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
-                     ("next_offset", pa.int64())])
+DELTA_TABLES: tuple[str, ...] = (
+    "events",
+    "lifecycle",
+    "facts",
+    "exits",
+    "throughput",
+    "logs",
+    "dead",
+    "heartbeats",
+    "manager",
+)
+OFFSETS = pa.schema(
+    [("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("next_offset", pa.int64())]
+)
 
 
 def schema_sql() -> str:
@@ -59,8 +80,13 @@ def delta_views(delta: Delta) -> dict[str, pa.Table]:
 
 def offsets_table(group: str, offsets: dict[tuple[str, int], int]) -> pa.Table:
     """The next offset per (topic, partition) as rows of consumer_offsets."""
-    return pa.Table.from_pylist([{"consumer_group": group, "topic": t, "partition": p, "next_offset": o}
-                                 for (t, p), o in sorted(offsets.items())], schema=OFFSETS)
+    return pa.Table.from_pylist(
+        [
+            {"consumer_group": group, "topic": t, "partition": p, "next_offset": o}
+            for (t, p), o in sorted(offsets.items())
+        ],
+        schema=OFFSETS,
+    )
 
 
 def _ask_readers_to_leave(db: Path) -> Path | None:
@@ -118,9 +144,15 @@ class RowWriter:
         dead = 0
         if delta.dead.num_rows:
             dead = self._insert_new("dead_letters", "_d_dead", ("topic", "partition", "offset"))
-        return Stats(events_received=delta.messages, events_written=new.num_rows, lines_written=lines,
-                     duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows - conflicts,
-                     dead_letters=dead + conflicts, failures_written=failures, commits=1)
+        return Stats(
+            events_received=delta.messages,
+            events_written=new.num_rows,
+            lines_written=lines,
+            duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows - conflicts,
+            dead_letters=dead + conflicts,
+            failures_written=failures,
+            commits=1,
+        )
 
     def _stored_events(self) -> str:
         """The relation of stored events_seen rows an id of this batch can be found in (the lake narrows it)."""
@@ -141,8 +173,16 @@ class RowWriter:
         dead = []
         for event_id, stored_seq, stored_kind, seq, kind in rows:
             topic, partition, offset, key, value = delta.origins[event_id]
-            dead.append({"topic": topic, "partition": partition, "offset": offset, "key": key, "value": value,
-                         "reason": reused(event_id, (stored_seq, stored_kind), seq, kind)})
+            dead.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "offset": offset,
+                    "key": key,
+                    "value": value,
+                    "reason": reused(event_id, (stored_seq, stored_kind), seq, kind),
+                }
+            )
         with arrow_views(self.con, _d_conflicts=pa.Table.from_pylist(dead, schema=DEAD)):
             n = self._insert_new("dead_letters", "_d_conflicts", ("topic", "partition", "offset"))
         log.warning("%d events came again with an event id already stored with other content: dead letters", n)
@@ -157,8 +197,10 @@ class RowWriter:
         """Insert the rows of ``view`` whose ``key`` is not in ``table`` yet (a lake has no keys, so no ON CONFLICT;
         the fold already dropped a batch's own repeats); returns how many."""
         on = " AND ".join(f't."{k}" = v."{k}"' for k in key)
-        return int(self.con.execute(f"""INSERT INTO main.{table} BY NAME SELECT * FROM {view} v
-                                        WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchall()[0][0])
+        return int(
+            self.con.execute(f"""INSERT INTO main.{table} BY NAME SELECT * FROM {view} v
+                                        WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchall()[0][0]
+        )
 
     def _store_offsets(self, delta: Delta) -> None:
         """The next offset per partition after this Delta (same transaction as its rows; MERGE: a lake has no keys)."""
@@ -176,8 +218,12 @@ class RowWriter:
         con = self.con
         lines = 0
         with arrow_views(con, _new=new):
-            for table, name in (("lifecycle_events", "lifecycle"), ("instance_facts", "facts"),
-                                ("process_exits", "exits"), ("throughput", "throughput")):
+            for table, name in (
+                ("lifecycle_events", "lifecycle"),
+                ("instance_facts", "facts"),
+                ("process_exits", "exits"),
+                ("throughput", "throughput"),
+            ):
                 if getattr(delta, name).num_rows:
                     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _d_{name} SEMI JOIN _new USING (event_id)")
             if delta.logs.num_rows:
@@ -195,8 +241,16 @@ class RowWriter:
 class FileStore(RowWriter):
     """One writable DuckDB database holding the materialized tables and the consumer offsets."""
 
-    def __init__(self, path: str | Path, group: str, rules: RuleTable | None = None, mode: str = "materialize",
-                 memory_limit: str = "512MB", lock_wait: float = 30.0, views: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        group: str,
+        rules: RuleTable | None = None,
+        mode: str = "materialize",
+        memory_limit: str = "512MB",
+        lock_wait: float = 30.0,
+        views: tuple[str, ...] = (),
+    ) -> None:
         self.path = Path(path)
         self.group = group
         self.rules = rules or load_rules()
@@ -221,7 +275,9 @@ class FileStore(RowWriter):
             self.con.execute("SET autoload_known_extensions = false")
             self.con.execute("SET autoinstall_known_extensions = false")
             self.con.execute("SET python_enable_replacements = false")
-            self.con.execute("SET GLOBAL TimeZone = 'UTC'")  # live reads' (cursors') TIMESTAMPTZ in UTC, as on the file path
+            self.con.execute(
+                "SET GLOBAL TimeZone = 'UTC'"
+            )  # live reads' (cursors') TIMESTAMPTZ in UTC, as on the file path
             # Last: from here on no connection of this database, the live readers' cursors
             # included, can change any setting (memory_limit, threads, default_order ...).
             self.con.execute("SET lock_configuration = true")
@@ -234,9 +290,14 @@ class FileStore(RowWriter):
 
     def _columns(self, table: str) -> set[str]:
         """The columns of ``table`` in the file (empty: a new database)."""
-        return {r[0] for r in self.con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = "
-                                               "current_database() AND schema_name = 'main' AND table_name = ?",
-                                               [table]).fetchall()}
+        return {
+            r[0]
+            for r in self.con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE database_name = "
+                "current_database() AND schema_name = 'main' AND table_name = ?",
+                [table],
+            ).fetchall()
+        }
 
     def _migrate(self, failures_before: set[str]) -> None:
         """The tables and every migration's columns, then the migrations newer than the file's version (their
@@ -258,15 +319,18 @@ class FileStore(RowWriter):
             con.execute("COMMIT")
         except Exception as exc:
             con.execute("ROLLBACK")
-            raise MaterializeError(f"cannot bring the tables of {self.path} to schema version {migrate.latest()}: "
-                                   f"{exc}; the file is as it was (the flightrec that made it still reads it)") from exc
+            raise MaterializeError(
+                f"cannot bring the tables of {self.path} to schema version {migrate.latest()}: "
+                f"{exc}; the file is as it was (the flightrec that made it still reads it)"
+            ) from exc
 
     def _lines_unaccounted(self) -> bool:
         """Whether log_lines holds another number of rows than the runs' commits wrote (materializer_runs.lines):
         a cut commit's rows kept even though the WAL is gone (e.g. DuckDB checkpointed it at an open that was
         itself killed before its clean-up committed). Two counts, no scan of the rows."""
-        stored, written = self.con.execute("SELECT (SELECT count(*) FROM log_lines), "
-                                           "(SELECT coalesce(sum(lines), 0) FROM materializer_runs)").fetchall()[0]
+        stored, written = self.con.execute(
+            "SELECT (SELECT count(*) FROM log_lines), (SELECT coalesce(sum(lines), 0) FROM materializer_runs)"
+        ).fetchall()[0]
         return bool(stored != written)
 
     def _drop_rows_without_event(self) -> int:
@@ -284,14 +348,20 @@ class FileStore(RowWriter):
         try:
             for table in ROWS_BY_EVENT:
                 removed += con.execute(f"""DELETE FROM {table} t WHERE NOT EXISTS
-                                           (SELECT 1 FROM events_seen e WHERE e.event_id = t.event_id)""").fetchall()[0][0]
+                                           (SELECT 1 FROM events_seen e WHERE e.event_id = t.event_id)""").fetchall()[
+                    0
+                ][0]
             con.execute("COMMIT")
         except duckdb.Error:
             con.execute("ROLLBACK")
             raise
         if removed:
-            log.warning("%s: removed %d rows of a commit cut short by the last writer's crash (their events were not "
-                        "stored); they are written again from the stored offsets", self.path, removed)
+            log.warning(
+                "%s: removed %d rows of a commit cut short by the last writer's crash (their events were not "
+                "stored); they are written again from the stored offsets",
+                self.path,
+                removed,
+            )
         return removed
 
     def _store_views(self, views: tuple[str, ...]) -> None:
@@ -304,8 +374,12 @@ class FileStore(RowWriter):
             try:
                 self.con.execute(stmt)
             except duckdb.Error as exc:
-                log.warning("could not store a view in %s (%s); flightrec readers still have it: %s",
-                            self.path, exc, stmt.strip().splitlines()[0][:80])
+                log.warning(
+                    "could not store a view in %s (%s); flightrec readers still have it: %s",
+                    self.path,
+                    exc,
+                    stmt.strip().splitlines()[0][:80],
+                )
 
     def _connect(self, lock_wait: float) -> duckdb.DuckDBPyConnection:
         # flightrec readers on the file path leave when asked (the notice file, see
@@ -329,7 +403,8 @@ class FileStore(RowWriter):
                     raise MaterializeError(
                         f"cannot open {self.path} for writing: {lock_holder(str(exc))} held it for "
                         f"{lock_wait:g}s; stop that process (or let it finish) and start again "
-                        "(flightrec readers leave by themselves; is another materializer running on it?)") from exc
+                        "(flightrec readers leave by themselves; is another materializer running on it?)"
+                    ) from exc
                 except (duckdb.Error, OSError) as exc:
                     raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
         finally:
@@ -339,8 +414,8 @@ class FileStore(RowWriter):
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offset to read per (topic, partition) for this consumer group."""
         rows = self.con.execute(
-            'SELECT topic, "partition", next_offset FROM consumer_offsets WHERE consumer_group = ?',
-            [self.group]).fetchall()
+            'SELECT topic, "partition", next_offset FROM consumer_offsets WHERE consumer_group = ?', [self.group]
+        ).fetchall()
         return {(t, p): o for t, p, o in rows}
 
     def describe(self) -> str:
@@ -366,10 +441,16 @@ class FileStore(RowWriter):
             except duckdb.OutOfMemoryException as exc:
                 stopped = self.make_room("a commit ran out of memory") if self.make_room is not None else 0
                 if attempt == OOM_TRIES:
-                    raise MaterializeError(f"could not commit a batch to {self.path}: {exc} (tried {attempt} times, "
-                                           f"stopping live reads in between); raise --memory-limit") from exc
-                log.warning("a commit ran out of memory (try %d of %d); %d live reads stopped, committing again",
-                            attempt, OOM_TRIES, stopped)
+                    raise MaterializeError(
+                        f"could not commit a batch to {self.path}: {exc} (tried {attempt} times, "
+                        f"stopping live reads in between); raise --memory-limit"
+                    ) from exc
+                log.warning(
+                    "a commit ran out of memory (try %d of %d); %d live reads stopped, committing again",
+                    attempt,
+                    OOM_TRIES,
+                    stopped,
+                )
                 time.sleep(0.1 * attempt)
         raise AssertionError("unreachable")
 
@@ -402,8 +483,19 @@ class FileStore(RowWriter):
         self.totals = t = self.totals + stats
         self.con.execute(
             "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [self.run_id, self.group, self.mode, self.started_us, time.time_ns() // 1000, t.commits,
-             t.events_received, t.lines_written, t.duplicates_dropped, t.dead_letters])
+            [
+                self.run_id,
+                self.group,
+                self.mode,
+                self.started_us,
+                time.time_ns() // 1000,
+                t.commits,
+                t.events_received,
+                t.lines_written,
+                t.duplicates_dropped,
+                t.dead_letters,
+            ],
+        )
 
     def close(self) -> None:
         """Checkpoint and close the database."""

@@ -43,26 +43,41 @@ _KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND b
 _RECV = pa.field("recv_us", I64)  # when Kafka appended the record (its LogAppendTime), NULL when unknown
 
 EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64), _RECV])
-LIFECYCLE = pa.schema(_ENVELOPE + [_KIND] + event_fields("Lifecycle", "stage", "state", "detail", "attributes")
-                      + event_fields("Sealed", "event_count"))
+LIFECYCLE = pa.schema(
+    _ENVELOPE
+    + [_KIND]
+    + event_fields("Lifecycle", "stage", "state", "detail", "attributes")
+    + event_fields("Sealed", "event_count")
+)
 FACTS = event_schema("InstanceFacts")
 EXITS = event_schema("ProcessExit")
-THROUGHPUT = pa.schema(_ENVELOPE + [_KIND]
-                       + event_fields("Throughput", "stage", "backend", "device", "phase", "proofs", "seconds",
-                                      "proofs_per_hour")
-                       + event_fields("BenchmarkResult", "min_rate", "verdict", "detail", "params"))
-LOGS = pa.schema(event_fields("LogBatch", "instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
-                 + [element_field("LogBatch", "line_no"), element_field("LogBatch", "line_ts_us", "ts_us")]
-                 + [element_field("LogBatch", n) for n in ("text", "truncated", "invalid_utf8", "late")])
+THROUGHPUT = pa.schema(
+    _ENVELOPE
+    + [_KIND]
+    + event_fields("Throughput", "stage", "backend", "device", "phase", "proofs", "seconds", "proofs_per_hour")
+    + event_fields("BenchmarkResult", "min_rate", "verdict", "detail", "params")
+)
+LOGS = pa.schema(
+    event_fields("LogBatch", "instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
+    + [element_field("LogBatch", "line_no"), element_field("LogBatch", "line_ts_us", "ts_us")]
+    + [element_field("LogBatch", n) for n in ("text", "truncated", "invalid_utf8", "late")]
+)
 HEARTBEATS = pa.schema(list(event_schema("Heartbeat")) + [_RECV])
 MANAGER = pa.schema(list(event_schema("ManagerEvent")) + [_RECV])
-DEAD = pa.schema([("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()),
-                  ("value", pa.binary()), ("reason", STR)])
+DEAD = pa.schema(
+    [("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()), ("value", pa.binary()), ("reason", STR)]
+)
 
 # The table each schema's rows land in (heartbeats are summarised per boot by the store instead).
 TABLES: dict[str, pa.Schema] = {
-    "events_seen": EVENTS, "lifecycle_events": LIFECYCLE, "instance_facts": FACTS, "process_exits": EXITS,
-    "throughput": THROUGHPUT, "log_lines": LOGS, "dead_letters": DEAD, "manager_events": MANAGER,
+    "events_seen": EVENTS,
+    "lifecycle_events": LIFECYCLE,
+    "instance_facts": FACTS,
+    "process_exits": EXITS,
+    "throughput": THROUGHPUT,
+    "log_lines": LOGS,
+    "dead_letters": DEAD,
+    "manager_events": MANAGER,
 }
 
 # Short kind names per event type, as stored in events_seen.kind.
@@ -72,7 +87,7 @@ KIND = {
     "flightrec.v1.Sealed": "sealed",
     "flightrec.v1.LogBatch": "log",
     "flightrec.v1.ProcessExit": "exit",
-    "flightrec.v1.Throughput": "sample",       # throughput: the table `throughput`, the timeline's `throughput`
+    "flightrec.v1.Throughput": "sample",  # throughput: the table `throughput`, the timeline's `throughput`
     "flightrec.v1.BenchmarkResult": "result",  # throughput too
     "flightrec.v1.Dropped": "dropped",
     "flightrec.v1.Heartbeat": "heartbeat",
@@ -88,8 +103,20 @@ def dropped_detail(rec: dict[str, Any]) -> str:
 
 # InstanceFacts fields whose Avro default ('' or 0) means "not known" (a failed GPU probe
 # sends them so): stored as NULL, so a failed probe and no facts at all read (and group) alike.
-UNKNOWN_WHEN_EMPTY = ("gpu_model", "gpu_count", "gpu_memory_mib", "driver_version", "cuda_version",
-                      "compute_capability", "gpu_probe_error", "host", "cpu_model", "cpu_count", "ram_mib", "image")
+UNKNOWN_WHEN_EMPTY = (
+    "gpu_model",
+    "gpu_count",
+    "gpu_memory_mib",
+    "driver_version",
+    "cuda_version",
+    "compute_capability",
+    "gpu_probe_error",
+    "host",
+    "cpu_model",
+    "cpu_count",
+    "ram_mib",
+    "image",
+)
 
 
 def missing_facts_as_null(rec: dict[str, Any]) -> dict[str, Any]:
@@ -117,9 +144,9 @@ class Message(Protocol):
     @property
     def value(self) -> bytes | None: ...
     @property
-    def timestamp(self) -> int | None: ...        # ms since the epoch
+    def timestamp(self) -> int | None: ...  # ms since the epoch
     @property
-    def timestamp_type(self) -> int | None: ...   # CREATE_TIME / LOG_APPEND_TIME
+    def timestamp_type(self) -> int | None: ...  # CREATE_TIME / LOG_APPEND_TIME
 
 
 @dataclass(frozen=True)
@@ -178,11 +205,18 @@ class Delta:
 
 def facts_summary(rec: dict[str, Any]) -> str:
     """A one-line summary of an InstanceFacts record (the lifecycle row's detail)."""
-    parts = [p for p in (rec.get("gpu_model"), f"x{rec.get('gpu_count')}" if rec.get("gpu_count") else "",
-                         f"cc {rec['compute_capability']}" if rec.get("compute_capability") else "",
-                         f"driver {rec['driver_version']}" if rec.get("driver_version") else "",
-                         f"cuda {rec['cuda_version']}" if rec.get("cuda_version") else "",
-                         f"probe error: {rec['gpu_probe_error']}" if rec.get("gpu_probe_error") else "") if p]
+    parts = [
+        p
+        for p in (
+            rec.get("gpu_model"),
+            f"x{rec.get('gpu_count')}" if rec.get("gpu_count") else "",
+            f"cc {rec['compute_capability']}" if rec.get("compute_capability") else "",
+            f"driver {rec['driver_version']}" if rec.get("driver_version") else "",
+            f"cuda {rec['cuda_version']}" if rec.get("cuda_version") else "",
+            f"probe error: {rec['gpu_probe_error']}" if rec.get("gpu_probe_error") else "",
+        )
+        if p
+    ]
     return " ".join(parts)
 
 
@@ -196,15 +230,24 @@ class _Builder:
     def __init__(self) -> None:
         self.cols: dict[str, dict[str, list[Any]]] = {
             name: {f.name: [] for f in schema}
-            for name, schema in (("events", EVENTS), ("lifecycle", LIFECYCLE), ("facts", FACTS),
-                                 ("exits", EXITS), ("throughput", THROUGHPUT), ("dead", DEAD),
-                                 ("heartbeats", HEARTBEATS), ("manager", MANAGER))
+            for name, schema in (
+                ("events", EVENTS),
+                ("lifecycle", LIFECYCLE),
+                ("facts", FACTS),
+                ("exits", EXITS),
+                ("throughput", THROUGHPUT),
+                ("dead", DEAD),
+                ("heartbeats", HEARTBEATS),
+                ("manager", MANAGER),
+            )
         }
-        self.log_scalars: dict[str, list[Any]] = {k: [] for k in
-                                                  ("instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")}
+        self.log_scalars: dict[str, list[Any]] = {
+            k: [] for k in ("instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
+        }
         self.log_counts: list[int] = []
-        self.log_lines: dict[str, list[Any]] = {k: [] for k in
-                                                ("line_no", "ts_us", "text", "truncated", "invalid_utf8", "late")}
+        self.log_lines: dict[str, list[Any]] = {
+            k: [] for k in ("line_no", "ts_us", "text", "truncated", "invalid_utf8", "late")
+        }
 
     def add(self, table: str, row: dict[str, Any]) -> None:
         cols = self.cols[table]
@@ -213,7 +256,9 @@ class _Builder:
 
     def add_log(self, rec: dict[str, Any]) -> None:
         n = len(rec["text"])
-        if not (len(rec["line_no"]) == len(rec["line_ts_us"]) == len(rec["truncated"]) == len(rec["invalid_utf8"]) == n):
+        if not (
+            len(rec["line_no"]) == len(rec["line_ts_us"]) == len(rec["truncated"]) == len(rec["invalid_utf8"]) == n
+        ):
             raise FoldError("LogBatch per-line arrays have different lengths")
         for k in self.log_scalars:
             self.log_scalars[k].append(rec[k])
@@ -286,8 +331,10 @@ def fingerprint(value: bytes) -> int:
 
 def reused(event_id: str, stored: tuple[int, str], seq: int, kind: str) -> str:
     """The dead letter's reason for an event id that came again with other content."""
-    return (f"conflict: event id {event_id} reused with other content: stored as seq {stored[0]} ({stored[1]}), "
-            f"this one is seq {seq} ({kind}); this one is kept here and not stored")
+    return (
+        f"conflict: event id {event_id} reused with other content: stored as seq {stored[0]} ({stored[1]}), "
+        f"this one is seq {seq} ({kind}); this one is kept here and not stored"
+    )
 
 
 def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int | None = None) -> None:
@@ -296,8 +343,16 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int
     kind = KIND[name]
     _validate(kind, rec)
     if kind == "manager":  # its own source's seq: kept in manager_events only, outside the instance's boots
-        b.add("manager", {**env, "source_id": rec["source_id"], "kind": rec["kind"], "detail": rec.get("detail", ""),
-                          "attributes": _items(rec.get("attributes"))})
+        b.add(
+            "manager",
+            {
+                **env,
+                "source_id": rec["source_id"],
+                "kind": rec["kind"],
+                "detail": rec.get("detail", ""),
+                "attributes": _items(rec.get("attributes")),
+            },
+        )
         return
     if kind == "heartbeat":  # counted in the boot (events_seen); summarised per boot by the store
         stage = rec["stage"]
@@ -307,37 +362,80 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int
         stage = rec["stage"]
     elif kind == "lifecycle":
         stage = rec["stage"]
-        b.add("lifecycle", {**env, "kind": kind, "stage": stage, "state": rec["state"], "detail": rec.get("detail", ""),
-                            "attributes": _items(rec.get("attributes"))})
+        b.add(
+            "lifecycle",
+            {
+                **env,
+                "kind": kind,
+                "stage": stage,
+                "state": rec["state"],
+                "detail": rec.get("detail", ""),
+                "attributes": _items(rec.get("attributes")),
+            },
+        )
     elif kind == "sealed":
         stage = None
-        b.add("lifecycle", {**env, "kind": kind, "stage": None, "state": "sealed", "detail": rec.get("reason", ""),
-                            "attributes": [], "event_count": rec["event_count"]})
+        b.add(
+            "lifecycle",
+            {
+                **env,
+                "kind": kind,
+                "stage": None,
+                "state": "sealed",
+                "detail": rec.get("reason", ""),
+                "attributes": [],
+                "event_count": rec["event_count"],
+            },
+        )
     elif kind == "dropped":
         stage = rec.get("stage") or None
-        b.add("lifecycle", {**env, "kind": kind, "stage": stage, "state": "dropped", "detail": dropped_detail(rec),
-                            "attributes": _items({k: rec[k] for k in ("original_event_id", "original_type",
-                                                                      "original_topic", "original_bytes")})})
+        b.add(
+            "lifecycle",
+            {
+                **env,
+                "kind": kind,
+                "stage": stage,
+                "state": "dropped",
+                "detail": dropped_detail(rec),
+                "attributes": _items(
+                    {k: rec[k] for k in ("original_event_id", "original_type", "original_topic", "original_bytes")}
+                ),
+            },
+        )
     elif kind == "facts":
         stage = None
         b.add("facts", {**missing_facts_as_null(rec), "attributes": _items(rec.get("attributes"))})
-        b.add("lifecycle", {**env, "kind": kind, "stage": None, "state": "info", "detail": facts_summary(rec),
-                            "attributes": []})
+        b.add(
+            "lifecycle",
+            {**env, "kind": kind, "stage": None, "state": "info", "detail": facts_summary(rec), "attributes": []},
+        )
     elif kind == "exit":
         stage = rec["stage"]
-        tails = [{"path": t["path"], "lines": list(t["lines"]), "exists": t["exists"]} for t in rec.get("file_tails", ())]
+        tails = [
+            {"path": t["path"], "lines": list(t["lines"]), "exists": t["exists"]} for t in rec.get("file_tails", ())
+        ]
         b.add("exits", {**rec, "file_tails": tails})
     else:  # throughput: sample / result
         stage = rec["stage"]
-        b.add("throughput", {**rec, "kind": kind, "phase": rec.get("phase") if kind == "sample" else None,
-                             "params": _items(rec.get("params")), "seconds": rec.get("seconds"),
-                             "min_rate": rec.get("min_rate"), "verdict": rec.get("verdict"),
-                             "detail": rec.get("detail")})
+        b.add(
+            "throughput",
+            {
+                **rec,
+                "kind": kind,
+                "phase": rec.get("phase") if kind == "sample" else None,
+                "params": _items(rec.get("params")),
+                "seconds": rec.get("seconds"),
+                "min_rate": rec.get("min_rate"),
+                "verdict": rec.get("verdict"),
+                "detail": rec.get("detail"),
+            },
+        )
     b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp})
 
 
-def fold(messages: Iterable[Message], codec: Codec | None = None,
-         keep: Callable[[str, int | None], bool] | None = None) -> Delta:
+def fold(
+    messages: Iterable[Message], codec: Codec | None = None, keep: Callable[[str, int | None], bool] | None = None
+) -> Delta:
     """Fold messages (in consumption order) into one Delta.
 
     ``keep(instance_id, ts_us)`` filters events (replay --instance/--since);
@@ -379,10 +477,20 @@ def fold(messages: Iterable[Message], codec: Codec | None = None,
         except (FoldError, KeyError, TypeError, ValueError) as exc:
             _dead(b, msg, f"fold: {type(exc).__name__}: {exc}", keep)
     return Delta(
-        events=b.table("events", EVENTS), lifecycle=b.table("lifecycle", LIFECYCLE), facts=b.table("facts", FACTS),
-        exits=b.table("exits", EXITS), throughput=b.table("throughput", THROUGHPUT), logs=b.logs(),
-        dead=b.table("dead", DEAD), offsets=offsets, origins=origins, messages=n, duplicates=dups, skipped=skipped,
-        heartbeats=b.table("heartbeats", HEARTBEATS), manager=b.table("manager", MANAGER),
+        events=b.table("events", EVENTS),
+        lifecycle=b.table("lifecycle", LIFECYCLE),
+        facts=b.table("facts", FACTS),
+        exits=b.table("exits", EXITS),
+        throughput=b.table("throughput", THROUGHPUT),
+        logs=b.logs(),
+        dead=b.table("dead", DEAD),
+        offsets=offsets,
+        origins=origins,
+        messages=n,
+        duplicates=dups,
+        skipped=skipped,
+        heartbeats=b.table("heartbeats", HEARTBEATS),
+        manager=b.table("manager", MANAGER),
     )
 
 
@@ -391,5 +499,14 @@ def _dead(b: _Builder, msg: Message, reason: str, keep: Callable[[str, int | Non
         key = msg.key.decode("utf-8", "replace") if msg.key else ""
         if not keep(key, None):
             return
-    b.add("dead", {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset, "key": msg.key,
-                   "value": msg.value if msg.value is not None else None, "reason": reason})
+    b.add(
+        "dead",
+        {
+            "topic": msg.topic,
+            "partition": msg.partition,
+            "offset": msg.offset,
+            "key": msg.key,
+            "value": msg.value if msg.value is not None else None,
+            "reason": reason,
+        },
+    )

@@ -15,8 +15,15 @@ from typing import Any, Mapping
 import duckdb
 
 from flightrec.errors import LakeError
-from flightrec.db.location import (DATA_PATH_ENV, PREFIX, LakeLocation, lake_location, mask_password,  # noqa: F401 - the lake's names
-                                       parse_db, reader_data_path)
+
+# the --db grammar's lake names, re-exported here (``X as X``) for the lake's callers
+from flightrec.db.location import DATA_PATH_ENV as DATA_PATH_ENV
+from flightrec.db.location import PREFIX as PREFIX
+from flightrec.db.location import LakeLocation as LakeLocation
+from flightrec.db.location import lake_location as lake_location
+from flightrec.db.location import mask_password as mask_password
+from flightrec.db.location import parse_db as parse_db
+from flightrec.db.location import reader_data_path as reader_data_path
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +58,7 @@ def extension_file(package: str, dist: str, name: str) -> Path:
 
 def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
     """LOAD the ducklake and postgres_scanner extensions from their wheels into ``con`` (offline; idempotent)."""
-    loaded = {r[0] for r in con.execute(
-        "SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()}
+    loaded = {r[0] for r in con.execute("SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()}
     for package, dist, name in EXTENSIONS:
         if name in loaded or (name == "postgres_scanner" and "postgres" in loaded):
             continue
@@ -60,20 +66,26 @@ def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
         try:
             con.execute(f"LOAD {_quote(str(path))}")
         except duckdb.Error as exc:
-            raise LakeError(f"DuckDB could not load the {name} extension from {path}: {exc}; "
-                            f"reinstall it: pip install --force-reinstall '{dist}=={duckdb.__version__}'") from exc
+            raise LakeError(
+                f"DuckDB could not load the {name} extension from {path}: {exc}; "
+                f"reinstall it: pip install --force-reinstall '{dist}=={duckdb.__version__}'"
+            ) from exc
 
 
 CONNECT_TIMEOUT_S = 10  # how long a connection to a PostgreSQL catalog may take, unless the --db string says
-_CATALOG_AWAY = re.compile(r"unable to connect|connection refused|could not connect|connection to server|"
-                           r"server closed the connection|terminating connection|no connection to the server|"
-                           r"connection (?:is |already |has been )?(?:closed|lost|reset)|broken pipe|"
-                           r"ssl syscall error|ssl connection has been closed|timed out|timeout expired|"
-                           r"no connection available|connection pool|"
-                           r"the database system is (?:starting up|shutting down|in recovery mode)")
+_CATALOG_AWAY = re.compile(
+    r"unable to connect|connection refused|could not connect|connection to server|"
+    r"server closed the connection|terminating connection|no connection to the server|"
+    r"connection (?:is |already |has been )?(?:closed|lost|reset)|broken pipe|"
+    r"ssl syscall error|ssl connection has been closed|timed out|timeout expired|"
+    r"no connection available|connection pool|"
+    r"the database system is (?:starting up|shutting down|in recovery mode)"
+)
 # Answers of a catalog that is there but refuses: waiting does not help, the operator must act.
-_CATALOG_REFUSES = re.compile(r"password authentication failed|no pg_hba\.conf entry|database \S+ does not exist|"
-                              r"role \S+ does not exist|permission denied|certificate verify failed")
+_CATALOG_REFUSES = re.compile(
+    r"password authentication failed|no pg_hba\.conf entry|database \S+ does not exist|"
+    r"role \S+ does not exist|permission denied|certificate verify failed"
+)
 
 
 def is_catalog_away(exc: BaseException) -> bool:
@@ -85,8 +97,7 @@ def is_catalog_away(exc: BaseException) -> bool:
     return bool(_CATALOG_AWAY.search(text)) and not _CATALOG_REFUSES.search(text)
 
 
-def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "lake",
-           read_only: bool = False) -> None:
+def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "lake", read_only: bool = False) -> None:
     """ATTACH the lake as ``alias`` (READ_ONLY for readers) and USE it, so unqualified table names are the lake's."""
     load_extensions(con)
     options = []
@@ -106,17 +117,19 @@ def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "l
         con.execute(sql)
     except duckdb.Error as exc:
         cause = " ".join(mask_password(str(exc)).split())
-        hint = ("; is its PostgreSQL running and reachable (`flightrec catalog status`)?"
-                if is_catalog_away(exc) else "")
+        hint = "; is its PostgreSQL running and reachable (`flightrec catalog status`)?" if is_catalog_away(exc) else ""
         if "explicitly disabled" in cause:  # a reader on a catalog no writer has made a lake in
-            hint = (f"; no lake was written there yet: run `flightrec materialize --db '{loc.describe()}' "
-                    "--data-path DIR` first")
+            hint = (
+                f"; no lake was written there yet: run `flightrec materialize --db '{loc.describe()}' "
+                "--data-path DIR` first"
+            )
         raise LakeError(f"cannot attach the lake {loc.describe()}: {cause}{hint}") from None
     con.execute(f"USE {_ident(alias)}")
 
 
-def connect(loc: LakeLocation, *, read_only: bool = False, config: Mapping[str, Any] | None = None,
-            alias: str = "lake") -> duckdb.DuckDBPyConnection:
+def connect(
+    loc: LakeLocation, *, read_only: bool = False, config: Mapping[str, Any] | None = None, alias: str = "lake"
+) -> duckdb.DuckDBPyConnection:
     """A new in-memory DuckDB connection with the lake attached as ``alias`` and in use."""
     con = duckdb.connect(":memory:", config=dict(config or {}))
     try:
@@ -128,8 +141,11 @@ def connect(loc: LakeLocation, *, read_only: bool = False, config: Mapping[str, 
 
 
 # A reader's DuckDB: no extension loaded or installed behind our back, no Python objects as tables.
-READER_CONFIG: dict[str, str | bool | int | float | list[str]] = {"autoload_known_extensions": False, "autoinstall_known_extensions": False,
-                 "python_enable_replacements": False}
+READER_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "python_enable_replacements": False,
+}
 
 
 def data_path_of(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> str:
@@ -175,8 +191,10 @@ def reader_cursor(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConn
         cur.close()
         forget_reader(loc)
         cause = " ".join(mask_password(str(exc)).split())
-        raise LakeError(f"cannot read the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
-                        f"(`flightrec catalog status`)?") from None
+        raise LakeError(
+            f"cannot read the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
+            f"(`flightrec catalog status`)?"
+        ) from None
     return cur
 
 
@@ -190,10 +208,10 @@ def forget_reader(loc: LakeLocation) -> None:
 # -- maintenance -----------------------------------------------------------------------------------------
 
 MAINTENANCE_INTERVAL = timedelta(minutes=10)  # how often a materializer runs maintain() (docs/lake.md)
-KEEP_SNAPSHOTS = timedelta(hours=1)           # snapshots younger than this stay (time travel, slow readers)
-FILE_GRACE = timedelta(minutes=10)            # retired files stay this long after their snapshot expired
-ORPHAN_GRACE = timedelta(hours=1)             # with orphans=True: a file no snapshot names goes once this old
-                                              # (younger: it may be another writer's uncommitted transaction's)
+KEEP_SNAPSHOTS = timedelta(hours=1)  # snapshots younger than this stay (time travel, slow readers)
+FILE_GRACE = timedelta(minutes=10)  # retired files stay this long after their snapshot expired
+ORPHAN_GRACE = timedelta(hours=1)  # with orphans=True: a file no snapshot names goes once this old
+# (younger: it may be another writer's uncommitted transaction's)
 
 
 @dataclass(frozen=True)
@@ -219,9 +237,16 @@ def _seconds(delta: timedelta) -> int:
     return max(0, int(delta.total_seconds()))
 
 
-def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapshots: timedelta = KEEP_SNAPSHOTS,
-             file_grace: timedelta = FILE_GRACE, orphans: bool = False, orphan_grace: timedelta = ORPHAN_GRACE,
-             retries: int = 8) -> Maintenance:
+def maintain(
+    con: duckdb.DuckDBPyConnection,
+    alias: str = "lake",
+    *,
+    keep_snapshots: timedelta = KEEP_SNAPSHOTS,
+    file_grace: timedelta = FILE_GRACE,
+    orphans: bool = False,
+    orphan_grace: timedelta = ORPHAN_GRACE,
+    retries: int = 8,
+) -> Maintenance:
     """Compact and tidy the lake while writers keep writing; each step is its own short transaction.
 
     1. flush rows DuckLake inlined into the catalog (small commits) out to Parquet;
@@ -248,23 +273,35 @@ def maintain(con: duckdb.DuckDBPyConnection, alias: str = "lake", *, keep_snapsh
                 if "conflict" not in str(exc).lower() or attempt == retries:
                     raise LakeError(f"lake maintenance failed in {sql.split('(')[0].split()[-1]}: {exc}") from exc
                 conflicts += 1
-                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+                time.sleep(min(2.0, 0.05 * 2**attempt))
         raise AssertionError("unreachable")
 
     before = live_files(con, alias)
     flushed = step("FROM ducklake_flush_inlined_data(?)")
     merged = step("FROM ducklake_merge_adjacent_files(?)")
-    expired = step(f"FROM ducklake_expire_snapshots(?, older_than => now() - INTERVAL "
-                   f"'{_seconds(keep_snapshots)} seconds')")
-    deleted = step(f"FROM ducklake_cleanup_old_files(?, older_than => now() - INTERVAL "
-                   f"'{_seconds(file_grace)} seconds')")
-    deleted_orphans = step(f"FROM ducklake_delete_orphaned_files(?, older_than => now() - INTERVAL "
-                           f"'{_seconds(orphan_grace)} seconds')") if orphans else []
-    result = Maintenance(files_before=before, files_after=live_files(con, alias),
-                         rows_flushed=sum(int(r["rows_flushed"] or 0) for r in flushed),
-                         files_merged=sum(int(r["files_processed"] or 0) for r in merged),
-                         snapshots_expired=len(expired), files_deleted=len(deleted), orphans_deleted=len(deleted_orphans),
-                         conflicts_retried=conflicts)
+    expired = step(
+        f"FROM ducklake_expire_snapshots(?, older_than => now() - INTERVAL '{_seconds(keep_snapshots)} seconds')"
+    )
+    deleted = step(
+        f"FROM ducklake_cleanup_old_files(?, older_than => now() - INTERVAL '{_seconds(file_grace)} seconds')"
+    )
+    deleted_orphans = (
+        step(
+            f"FROM ducklake_delete_orphaned_files(?, older_than => now() - INTERVAL '{_seconds(orphan_grace)} seconds')"
+        )
+        if orphans
+        else []
+    )
+    result = Maintenance(
+        files_before=before,
+        files_after=live_files(con, alias),
+        rows_flushed=sum(int(r["rows_flushed"] or 0) for r in flushed),
+        files_merged=sum(int(r["files_processed"] or 0) for r in merged),
+        snapshots_expired=len(expired),
+        files_deleted=len(deleted),
+        orphans_deleted=len(deleted_orphans),
+        conflicts_retried=conflicts,
+    )
     log.info("lake maintenance: %s", result)
     return result
 

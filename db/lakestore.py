@@ -52,10 +52,10 @@ CLAIM_SQL = """CREATE TABLE IF NOT EXISTS {schema}.claim (
     claimed_us     BIGINT,
     last_commit_us BIGINT
 )"""
-RETRIES = 12          # attempts of one transaction that lost a DuckLake commit race
-RETRY_BASE_S = 0.05   # first back-off; doubles, capped at 1 s, times a random factor in [0.5, 1.5)
+RETRIES = 12  # attempts of one transaction that lost a DuckLake commit race
+RETRY_BASE_S = 0.05  # first back-off; doubles, capped at 1 s, times a random factor in [0.5, 1.5)
 CATALOG_WAIT_S = 120.0  # how long a transaction waits for a catalog that does not answer (under Kafka's 300 s
-                        # max.poll.interval; a rebalance meanwhile stops the member, see docs/lake.md)
+# max.poll.interval; a rebalance meanwhile stops the member, see docs/lake.md)
 CATALOG_POLL_S = (0.5, 5.0)  # first and longest pause between attempts to reach the catalog again
 
 
@@ -89,9 +89,18 @@ def _ddl() -> dict[str, str]:
 class LakeStore(RowWriter):
     """The materialized tables in a DuckLake, written by one member of a consumer group (or a replay)."""
 
-    def __init__(self, loc: lakes.LakeLocation, group: str, rules: RuleTable | None = None,
-                 mode: str = "materialize", memory_limit: str = "512MB", views: tuple[str, ...] = (),
-                 shards: Iterable[int] = (), owner: str | None = None, retries: int = RETRIES) -> None:
+    def __init__(
+        self,
+        loc: lakes.LakeLocation,
+        group: str,
+        rules: RuleTable | None = None,
+        mode: str = "materialize",
+        memory_limit: str = "512MB",
+        views: tuple[str, ...] = (),
+        shards: Iterable[int] = (),
+        owner: str | None = None,
+        retries: int = RETRIES,
+    ) -> None:
         self.loc = loc
         self.group = group
         self.rules = rules or load_rules()
@@ -102,8 +111,8 @@ class LakeStore(RowWriter):
         self.totals = Stats()
         self.started_us = time.time_ns() // 1000
         self.last_commit_us = self.started_us
-        self.epochs: dict[int, int] = {}   # shard -> the epoch this member claimed it at
-        self._shards: set[int] = set()     # shard schemas known to exist
+        self.epochs: dict[int, int] = {}  # shard -> the epoch this member claimed it at
+        self._shards: set[int] = set()  # shard schemas known to exist
         self._views = views
         self._memory_limit = memory_limit
         self.catalog_wait = CATALOG_WAIT_S
@@ -136,9 +145,11 @@ class LakeStore(RowWriter):
         todo = migrate.pending(migrate.RECORDED_FROM if version is None else version)  # lakes came after killed_by
         rebuild = [m.what for m in todo if m.rebuild_failures]
         if rebuild:
-            raise MaterializeError(f"the lake {self.path} needs its failures rows built again ({'; '.join(rebuild)}), "
-                                   "which a lake does not do in place: replay the topics into a new lake "
-                                   "(`flightrec replay --db NEW_LAKE`) and point the readers at it")
+            raise MaterializeError(
+                f"the lake {self.path} needs its failures rows built again ({'; '.join(rebuild)}), "
+                "which a lake does not do in place: replay the topics into a new lake "
+                "(`flightrec replay --db NEW_LAKE`) and point the readers at it"
+            )
         if version is None or todo:
             migrate.record(self.con, todo or migrate.pending(0)[-1:], self.run_id, self.started_us)
 
@@ -158,8 +169,9 @@ class LakeStore(RowWriter):
                 raise MaterializeError(f"cannot open the lake for writing: its data path: {exc}") from exc
             except LakeError as exc:
                 text = str(exc).lower()
-                if attempt == self.retries or not any(w in text for w in ("conflict", "duplicate", "already exists",
-                                                                          "unique")):
+                if attempt == self.retries or not any(
+                    w in text for w in ("conflict", "duplicate", "already exists", "unique")
+                ):
                     raise MaterializeError(f"cannot open the lake for writing: {exc}") from exc
                 self._back_off(attempt)
         raise AssertionError("unreachable")
@@ -167,7 +179,7 @@ class LakeStore(RowWriter):
     # -- transactions -----------------------------------------------------------------------------------
 
     def _back_off(self, attempt: int) -> None:
-        time.sleep(min(1.0, RETRY_BASE_S * 2 ** attempt) * random.uniform(0.5, 1.5))
+        time.sleep(min(1.0, RETRY_BASE_S * 2**attempt) * random.uniform(0.5, 1.5))
 
     def _in_transaction(self, fn: Callable[[], T]) -> T:
         con = self.con
@@ -203,17 +215,22 @@ class LakeStore(RowWriter):
                     self._reattach(what, text, away_since)
                     continue
                 if not is_conflict(exc) or attempt == self.retries:
-                    raise MaterializeError(f"could not {what} in the lake {self.path}: {text}"
-                                           + (f" (after {attempt} retries of a transaction conflict)"
-                                              if attempt else "")) from exc
+                    raise MaterializeError(
+                        f"could not {what} in the lake {self.path}: {text}"
+                        + (f" (after {attempt} retries of a transaction conflict)" if attempt else "")
+                    ) from exc
                 log.debug("transaction conflict (%s), retry %d: %s", what, attempt + 1, exc)
                 self._back_off(attempt)
                 attempt += 1
 
     def _reattach(self, what: str, cause: str, away_since: float) -> None:
         """Wait for the catalog to answer again and attach afresh; MaterializeError after ``catalog_wait`` s."""
-        log.warning("the lake's catalog does not answer (%s; trying to %s): waiting up to %.0f s for it to come back",
-                    cause, what, self.catalog_wait)
+        log.warning(
+            "the lake's catalog does not answer (%s; trying to %s): waiting up to %.0f s for it to come back",
+            cause,
+            what,
+            self.catalog_wait,
+        )
         try:
             self.con.close()
         except duckdb.Error:
@@ -225,20 +242,21 @@ class LakeStore(RowWriter):
                 raise MaterializeError(
                     f"could not {what} in the lake {self.path}: its catalog has not answered for {waited:.0f} s "
                     f"({cause}); start it again (`flightrec catalog status`) and restart this materializer: "
-                    "nothing is lost, it goes on from the offsets stored with the rows")
+                    "nothing is lost, it goes on from the offsets stored with the rows"
+                )
             if self.stop_waiting.wait(min(pause, max(0.0, self.catalog_wait - waited))):
                 raise MaterializeError(
                     f"stopped while waiting for the catalog of the lake {self.path} ({cause}): the batch in hand is "
                     "read again at the next start from the offsets stored with the rows (what of it the catalog "
-                    "had already committed is dropped then by event id)")
+                    "had already committed is dropped then by event id)"
+                )
             pause = min(CATALOG_POLL_S[1], pause * 2)
             try:
                 self.con = self._attach()
             except MaterializeError as exc:
                 log.debug("the lake's catalog still does not answer: %s", exc)
                 continue
-            log.warning("the lake's catalog answers again after %.1f s: %s again", time.monotonic() - away_since,
-                        what)
+            log.warning("the lake's catalog answers again after %.1f s: %s again", time.monotonic() - away_since, what)
             return
 
     # -- shards, views, claims ---------------------------------------------------------------------------
@@ -263,8 +281,9 @@ class LakeStore(RowWriter):
         self._retrying("create the views", lambda: self._in_transaction(self._create_views))
 
     def _existing_shards(self) -> list[int]:
-        rows = self.con.execute("SELECT schema_name FROM duckdb_schemas() WHERE database_name = ? "
-                                "AND schema_name LIKE 'part_%'", [ALIAS]).fetchall()
+        rows = self.con.execute(
+            "SELECT schema_name FROM duckdb_schemas() WHERE database_name = ? AND schema_name LIKE 'part_%'", [ALIAS]
+        ).fetchall()
         return sorted(int(r[0].split("_", 1)[1]) for r in rows if r[0].split("_", 1)[1].isdigit())
 
     def _create_views(self) -> None:
@@ -290,7 +309,9 @@ class LakeStore(RowWriter):
             epochs = {}
             for s in shards:
                 schema = shard_schema(s)
-                epoch = int(self.con.execute(f"SELECT coalesce(max(epoch), 0) + 1 FROM {schema}.claim").fetchall()[0][0])
+                epoch = int(
+                    self.con.execute(f"SELECT coalesce(max(epoch), 0) + 1 FROM {schema}.claim").fetchall()[0][0]
+                )
                 self.con.execute(f"DELETE FROM {schema}.claim")
                 self.con.execute(f"INSERT INTO {schema}.claim VALUES (?, ?, ?, ?)", [self.owner, epoch, now, now])
                 epochs[s] = epoch
@@ -310,8 +331,11 @@ class LakeStore(RowWriter):
     def _offsets(self, shards: Iterable[int]) -> dict[tuple[str, int], int]:
         out: dict[tuple[str, int], int] = {}
         for s in shards:
-            rows = self.con.execute(f'SELECT topic, "partition", next_offset FROM {shard_schema(s)}.consumer_offsets '
-                                    "WHERE consumer_group = ?", [self.group]).fetchall()
+            rows = self.con.execute(
+                f'SELECT topic, "partition", next_offset FROM {shard_schema(s)}.consumer_offsets '
+                "WHERE consumer_group = ?",
+                [self.group],
+            ).fetchall()
             out.update({(t, p): o for t, p, o in rows})
         return out
 
@@ -330,14 +354,22 @@ class LakeStore(RowWriter):
         lost = []
         for s in shards:
             epoch = self.epochs.get(s)
-            n = 0 if epoch is None else self.con.execute(
-                f"UPDATE {shard_schema(s)}.claim SET last_commit_us = ? WHERE owner = ? AND epoch = ?",
-                [now, self.owner, epoch]).fetchall()[0][0]
+            n = (
+                0
+                if epoch is None
+                else self.con.execute(
+                    f"UPDATE {shard_schema(s)}.claim SET last_commit_us = ? WHERE owner = ? AND epoch = ?",
+                    [now, self.owner, epoch],
+                ).fetchall()[0][0]
+            )
             if n != 1:
                 lost.append(s)
         if lost:
-            raise Fenced(f"partitions {lost} were claimed by another member of group {self.group}; this member "
-                         "drops them and wrote nothing of the batch", tuple(lost))
+            raise Fenced(
+                f"partitions {lost} were claimed by another member of group {self.group}; this member "
+                "drops them and wrote nothing of the batch",
+                tuple(lost),
+            )
 
     def commit(self, deltas: Mapping[int, Delta], *, check_claims: bool = True) -> Stats:
         """Write each shard's Delta and the offsets after it, with the claim check, in one transaction.
@@ -374,21 +406,28 @@ class LakeStore(RowWriter):
     def _stored_events(self) -> str:
         # as _insert_events: an id of this batch stored with the same ts_us sits in the files of its ts_us range (an
         # id reused with another ts_us is not found here: the lake stores it as a new event)
-        return ("(SELECT * FROM main.events_seen WHERE ts_us BETWEEN (SELECT min(ts_us) FROM _d_events) "
-                "AND (SELECT max(ts_us) FROM _d_events))")
+        return (
+            "(SELECT * FROM main.events_seen WHERE ts_us BETWEEN (SELECT min(ts_us) FROM _d_events) "
+            "AND (SELECT max(ts_us) FROM _d_events))"
+        )
 
     def _insert_events(self) -> pa.Table:
         # A duplicate is the same event (same bytes, same ts_us), so only files whose ts_us range overlaps the
         # batch's can hold one: DuckLake prunes the others by the catalog's column statistics (2M events seen:
         # 147 -> 5.5 ms a commit), so the check does not grow with the lake.
         lo, hi = self.con.execute("SELECT min(ts_us), max(ts_us) FROM _d_events").fetchall()[0]
-        new = self.con.execute("""SELECT instance_id, boot_id, stage, event_id, kind FROM _d_events
+        new = self.con.execute(
+            """SELECT instance_id, boot_id, stage, event_id, kind FROM _d_events
                                   ANTI JOIN (SELECT event_id FROM main.events_seen WHERE ts_us BETWEEN ? AND ?)
-                                  USING (event_id)""", [lo, hi]).to_arrow_table()
+                                  USING (event_id)""",
+            [lo, hi],
+        ).to_arrow_table()
         if new.num_rows:
             with arrow_views(self.con, _new_events=new):
-                self.con.execute("INSERT INTO main.events_seen BY NAME SELECT * FROM _d_events "
-                                 "SEMI JOIN _new_events USING (event_id)")
+                self.con.execute(
+                    "INSERT INTO main.events_seen BY NAME SELECT * FROM _d_events "
+                    "SEMI JOIN _new_events USING (event_id)"
+                )
         return new
 
     # -- bookkeeping, maintenance, close -----------------------------------------------------------------
@@ -396,8 +435,18 @@ class LakeStore(RowWriter):
     def record_run(self) -> None:
         """This run's row of materializer_runs (its own short transaction: the table is shared by members)."""
         t = self.totals
-        row = [self.run_id, self.group, self.mode, self.started_us, self.last_commit_us, t.commits,
-               t.events_received, t.lines_written, t.duplicates_dropped, t.dead_letters]
+        row = [
+            self.run_id,
+            self.group,
+            self.mode,
+            self.started_us,
+            self.last_commit_us,
+            t.commits,
+            t.events_received,
+            t.lines_written,
+            t.duplicates_dropped,
+            t.dead_letters,
+        ]
 
         def write() -> None:
             self.con.execute("DELETE FROM main.materializer_runs WHERE run_id = ?", [self.run_id])

@@ -29,8 +29,8 @@ import pyarrow.flight as flight
 from flightrec.errors import QueryError
 
 Params = Sequence[Any] | dict[str, Any] | None
-MAX_REQUEST = 16 * 1024 * 1024   # ticket bytes a server accepts
-_NAMED = b"flightrec.named"      # schema metadata: the params struct holds named parameters
+MAX_REQUEST = 16 * 1024 * 1024  # ticket bytes a server accepts
+_NAMED = b"flightrec.named"  # schema metadata: the params struct holds named parameters
 _REFUSED = b"flightrec.refused:"  # extra_info prefix of a refusal
 
 
@@ -59,8 +59,13 @@ def encode_request(sql: str, params: Params, prelude: Sequence[str]) -> bytes:
             arr = pa.array([values])
         else:
             arr = pa.array([{}], type=pa.struct([]))
-        table = pa.table({"sql": pa.array([sql], pa.string()),
-                          "prelude": pa.array([list(prelude)], pa.list_(pa.string())), "params": arr})
+        table = pa.table(
+            {
+                "sql": pa.array([sql], pa.string()),
+                "prelude": pa.array([list(prelude)], pa.list_(pa.string())),
+                "params": arr,
+            }
+        )
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise QueryError(f"query parameters must be plain values (str, numbers, dates): {exc}") from exc
     table = table.replace_schema_metadata({_NAMED: b"1" if named else b"0"})
@@ -108,8 +113,9 @@ def _served(path: Path) -> bool:
         probe.close()
 
 
-def query_live(db: str | Path, sql: str, params: Params = None, prelude: Sequence[str] = (),
-               timeout: float = 120.0) -> pa.Table | None:
+def query_live(
+    db: str | Path, sql: str, params: Params = None, prelude: Sequence[str] = (), timeout: float = 120.0
+) -> pa.Table | None:
     """Ask the materializer serving ``db``; None when none answers (no socket, or a stale one)."""
     path = socket_path(db)
     if not path.exists() or not _served(path):
@@ -127,7 +133,7 @@ def query_live(db: str | Path, sql: str, params: Params = None, prelude: Sequenc
     except flight.FlightServerError as exc:
         info = exc.extra_info or b""
         if info.startswith(_REFUSED):
-            raise QueryError(info[len(_REFUSED):].decode("utf-8", "replace")) from None
+            raise QueryError(info[len(_REFUSED) :].decode("utf-8", "replace")) from None
         raise QueryError(f"the materializer serving {db} failed the query: {exc}") from exc
     except (flight.FlightError, pa.ArrowException, OSError) as exc:
         _client.cache_clear()  # the next read opens a fresh channel

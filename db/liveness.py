@@ -97,10 +97,14 @@ class Gap:
         return None if self.until_us is None else self.until_us - self.since_us
 
 
-def heartbeat_gaps(beats: Iterable[Mapping[str, object]], intervals: Mapping[str, float],
-                   now_us: int | None = None, sealed_boots: Iterable[str] = (),
-                   last_event_us: Mapping[str, int] | None = None,
-                   last_recv_us: Mapping[str, int | None] | None = None) -> list[Gap]:
+def heartbeat_gaps(
+    beats: Iterable[Mapping[str, object]],
+    intervals: Mapping[str, float],
+    now_us: int | None = None,
+    sealed_boots: Iterable[str] = (),
+    last_event_us: Mapping[str, int] | None = None,
+    last_recv_us: Mapping[str, int | None] | None = None,
+) -> list[Gap]:
     """Gaps longer than LOST_AFTER_INTERVALS intervals between heartbeats of one stage of one boot.
 
     ``beats`` are rows with boot_id, seq, ts_us, stage and, where known, recv_us (when Kafka received it: then the

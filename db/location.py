@@ -84,8 +84,13 @@ def mask_password(text: str) -> str:
     return _PASSWORD.sub(r"\1***", text)
 
 
-def parse_db(db: str | os.PathLike[str], data_path: str | None = None, *, writing: bool = False,
-             env: Mapping[str, str] | None = None) -> Path | LakeLocation:
+def parse_db(
+    db: str | os.PathLike[str],
+    data_path: str | None = None,
+    *,
+    writing: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> Path | LakeLocation:
     """An embedded database file (Path) or a lake (LakeLocation) from `--db` and `--data-path`.
 
     The data path comes from the flag, else ``FLIGHTREC_DATA_PATH``. ``writing=True`` (a materializer, replay)
@@ -94,30 +99,38 @@ def parse_db(db: str | os.PathLike[str], data_path: str | None = None, *, writin
     text = str(db)
     if not _is_lake(text):
         if data_path:
-            raise LakeError(f"--data-path {data_path} is for a DuckLake --db ('ducklake:…'), not for the "
-                            f"database file {text}; drop --data-path or give a ducklake: --db")
+            raise LakeError(
+                f"--data-path {data_path} is for a DuckLake --db ('ducklake:…'), not for the "
+                f"database file {text}; drop --data-path or give a ducklake: --db"
+            )
         return Path(text)
     if text.strip() == PREFIX:
-        raise LakeError("--db 'ducklake:' names no catalog: use DuckDB's ATTACH string, e.g. "
-                        "'ducklake:postgres:dbname=flightrec host=127.0.0.1 port=5432 user=flightrec' "
-                        "(`flightrec catalog start` prints one)")
+        raise LakeError(
+            "--db 'ducklake:' names no catalog: use DuckDB's ATTACH string, e.g. "
+            "'ducklake:postgres:dbname=flightrec host=127.0.0.1 port=5432 user=flightrec' "
+            "(`flightrec catalog start` prints one)"
+        )
     env = os.environ if env is None else env
     path = data_path or env.get(DATA_PATH_ENV) or None
     if writing and not path:
-        raise LakeError(f"writing a lake needs a data path for its Parquet files: pass --data-path DIR or set "
-                        f"{DATA_PATH_ENV} (a folder every writer and reader can reach, or object storage)")
+        raise LakeError(
+            f"writing a lake needs a data path for its Parquet files: pass --data-path DIR or set "
+            f"{DATA_PATH_ENV} (a folder every writer and reader can reach, or object storage)"
+        )
     if path and "://" not in path:
         path = str(Path(path).expanduser().resolve())
     return LakeLocation(attach=text, data_path=path)
 
 
-def lake_location(db: str, data_path: str | None = None, *, writing: bool = False,
-                  env: Mapping[str, str] | None = None) -> LakeLocation:
+def lake_location(
+    db: str, data_path: str | None = None, *, writing: bool = False, env: Mapping[str, str] | None = None
+) -> LakeLocation:
     """``parse_db`` for code that only handles lakes: a LakeLocation, or LakeError for a database file."""
     loc = parse_db(db, data_path, writing=writing, env=env)
     if not isinstance(loc, LakeLocation):
-        raise LakeError(f"{db} is a database file, not a lake: use --db 'ducklake:postgres:dbname=… host=… "
-                        f"port=… user=…'")
+        raise LakeError(
+            f"{db} is a database file, not a lake: use --db 'ducklake:postgres:dbname=… host=… port=… user=…'"
+        )
     return loc
 
 
@@ -136,13 +149,16 @@ def reader_location(db: str, data_path: str | None) -> "Location":
     return locate(db)
 
 
-
-
 Location = Union[FileLocation, LakeLocation]
 
 
-def locate(db: str | os.PathLike[str] | Location, data_path: str | None = None, *, writing: bool = False,
-           env: Mapping[str, str] | None = None) -> Location:
+def locate(
+    db: str | os.PathLike[str] | Location,
+    data_path: str | None = None,
+    *,
+    writing: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> Location:
     """The database ``db`` names: the one place that tells a file from a lake (``parse_db``'s Path becomes a
     FileLocation). A Location passes through unchanged. Pure but for ``env``."""
     if isinstance(db, (FileLocation, LakeLocation)):

@@ -40,24 +40,33 @@ class Migration:
 
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(1, "columns added after the first release", (
-        Column("instances", "dropped_events", "BIGINT DEFAULT 0"),
-        Column("boots", "dropped_events", "BIGINT DEFAULT 0"),
-        Column("events_seen", "fingerprint", "BIGINT"),       # NULL for events stored before it
-        Column("log_lines", "late", "BOOLEAN"),               # NULL for lines from before `late`: not late
-        Column("events_seen", "recv_us", "BIGINT"),           # NULL for events folded before: not known
-        Column("manager_events", "recv_us", "BIGINT"),
-        Column("heartbeats", "last_recv_us", "BIGINT"),
-        Column("boots", "first_recv_us", "BIGINT"),
-        Column("boots", "last_recv_us", "BIGINT"),
-        Column("boots", "clock_offset_us", "BIGINT"),
-        Column("instances", "last_recv_us", "BIGINT"),
-        Column("instances", "clock_offset_us", "BIGINT"),
-    )),
-    Migration(2, "failures.killed_by: what killed a stage, the failures rows built again to fill it", (
-        Column("failures", "killed_by", "VARCHAR"),
-        Column("failures", "killed_by_evidence", "VARCHAR"),
-    ), rebuild_failures=True),
+    Migration(
+        1,
+        "columns added after the first release",
+        (
+            Column("instances", "dropped_events", "BIGINT DEFAULT 0"),
+            Column("boots", "dropped_events", "BIGINT DEFAULT 0"),
+            Column("events_seen", "fingerprint", "BIGINT"),  # NULL for events stored before it
+            Column("log_lines", "late", "BOOLEAN"),  # NULL for lines from before `late`: not late
+            Column("events_seen", "recv_us", "BIGINT"),  # NULL for events folded before: not known
+            Column("manager_events", "recv_us", "BIGINT"),
+            Column("heartbeats", "last_recv_us", "BIGINT"),
+            Column("boots", "first_recv_us", "BIGINT"),
+            Column("boots", "last_recv_us", "BIGINT"),
+            Column("boots", "clock_offset_us", "BIGINT"),
+            Column("instances", "last_recv_us", "BIGINT"),
+            Column("instances", "clock_offset_us", "BIGINT"),
+        ),
+    ),
+    Migration(
+        2,
+        "failures.killed_by: what killed a stage, the failures rows built again to fill it",
+        (
+            Column("failures", "killed_by", "VARCHAR"),
+            Column("failures", "killed_by_evidence", "VARCHAR"),
+        ),
+        rebuild_failures=True,
+    ),
 )
 
 VERSION_TABLE = "schema_version"
@@ -71,12 +80,14 @@ def latest(migrations: Iterable[Migration] | None = None) -> int:
     return max((m.version for m in (MIGRATIONS if migrations is None else migrations)), default=0)
 
 
-def columns_sql(schema_of: Callable[[str], str | None] = lambda table: None,
-                migrations: Iterable[Migration] | None = None) -> str:
+def columns_sql(
+    schema_of: Callable[[str], str | None] = lambda table: None, migrations: Iterable[Migration] | None = None
+) -> str:
     """Every migration's ALTER statements, each table in the schema ``schema_of(table)`` gives (None: unqualified).
     Idempotent: run at every open, so a table created later (a lake's new shard) gets every column too."""
-    return "\n".join(c.sql(schema_of(c.table)) for m in (MIGRATIONS if migrations is None else migrations)
-                     for c in m.columns)
+    return "\n".join(
+        c.sql(schema_of(c.table)) for m in (MIGRATIONS if migrations is None else migrations) for c in m.columns
+    )
 
 
 def baseline(failures_columns: set[str]) -> int:
@@ -95,13 +106,17 @@ def recorded(con: duckdb.DuckDBPyConnection, table: str = VERSION_TABLE) -> int 
 
 def pending(version: int, migrations: Iterable[Migration] | None = None) -> list[Migration]:
     """The migrations newer than ``version``, oldest first."""
-    return sorted((m for m in (MIGRATIONS if migrations is None else migrations) if m.version > version),
-                  key=lambda m: m.version)
+    return sorted(
+        (m for m in (MIGRATIONS if migrations is None else migrations) if m.version > version), key=lambda m: m.version
+    )
 
 
-def record(con: duckdb.DuckDBPyConnection, done: Iterable[Migration], run_id: str, now_us: int,
-           table: str = VERSION_TABLE) -> None:
+def record(
+    con: duckdb.DuckDBPyConnection, done: Iterable[Migration], run_id: str, now_us: int, table: str = VERSION_TABLE
+) -> None:
     """Note each applied migration in the database (inside the caller's transaction)."""
     for m in done:
-        con.execute(f"INSERT INTO {table} (version, what, applied_us, run_id) VALUES (?, ?, ?, ?)",
-                    [m.version, m.what, now_us, run_id])
+        con.execute(
+            f"INSERT INTO {table} (version, what, applied_us, run_id) VALUES (?, ?, ?, ?)",
+            [m.version, m.what, now_us, run_id],
+        )

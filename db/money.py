@@ -112,18 +112,22 @@ ORDER BY dollars_lost DESC, failure_rate DESC
 # vast.ai's offer search syntax (`vastai search offers '<query>'`): `field op value`, joined by
 # spaces; `gpu_name` writes spaces as underscores and drops nvidia-smi's "NVIDIA "/"GeForce ".
 AVOID_RATE = 0.5  # a GPU model / host / driver with at least this failure rate goes into the filter ...
-AVOID_TOP = 10    # ... when it is among the 10 of its kind that lost the most money (the filter stays paste-able)
+AVOID_TOP = 10  # ... when it is among the 10 of its kind that lost the most money (the filter stays paste-able)
 
 
 def vast_value(dimension_expr: str, value_expr: str) -> str:
     """SQL: the value as vast.ai's query syntax writes it for that dimension."""
-    return (f"CASE {dimension_expr} WHEN 'gpu_model' THEN replace(regexp_replace({value_expr}, "
-            f"'^NVIDIA\\s+(GeForce\\s+)?', ''), ' ', '_') ELSE replace({value_expr}, ' ', '_') END")
+    return (
+        f"CASE {dimension_expr} WHEN 'gpu_model' THEN replace(regexp_replace({value_expr}, "
+        f"'^NVIDIA\\s+(GeForce\\s+)?', ''), ' ', '_') ELSE replace({value_expr}, ' ', '_') END"
+    )
 
 
 def vast_field(dimension_expr: str) -> str:
     """SQL: vast.ai's field name for a breakdown dimension."""
-    return f"CASE {dimension_expr} WHEN 'gpu_model' THEN 'gpu_name' WHEN 'host' THEN 'host_id' ELSE 'driver_version' END"
+    return (
+        f"CASE {dimension_expr} WHEN 'gpu_model' THEN 'gpu_name' WHEN 'host' THEN 'host_id' ELSE 'driver_version' END"
+    )
 
 
 AVOID_LIST = f"""
@@ -156,7 +160,23 @@ SELECT 'vast.ai' AS syntax,
 FROM g
 """
 
-MONEY_VIEWS: tuple[str, ...] = (INSTANCE_COST, FAILURE_COST, COST_BY_CLASS, COST_BREAKDOWN, COST_BY_GPU, COST_BY_HOST,
-                                AVOID_LIST, AVOID_FILTER)
-MONEY_VIEW_NAMES: tuple[str, ...] = ("instance_cost", "failure_cost", "cost_by_class", "cost_breakdown", "cost_by_gpu",
-                                     "cost_by_host", "avoid_list", "avoid_filter")
+MONEY_VIEWS: tuple[str, ...] = (
+    INSTANCE_COST,
+    FAILURE_COST,
+    COST_BY_CLASS,
+    COST_BREAKDOWN,
+    COST_BY_GPU,
+    COST_BY_HOST,
+    AVOID_LIST,
+    AVOID_FILTER,
+)
+MONEY_VIEW_NAMES: tuple[str, ...] = (
+    "instance_cost",
+    "failure_cost",
+    "cost_by_class",
+    "cost_breakdown",
+    "cost_by_gpu",
+    "cost_by_host",
+    "avoid_list",
+    "avoid_filter",
+)

@@ -31,22 +31,25 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
-from flightrec.db.lake import (LakeLocation, forget_reader, is_catalog_away, mask_password,
-                           reader_cursor)
+from flightrec.db.lake import LakeLocation, forget_reader, is_catalog_away, mask_password, reader_cursor
 from flightrec.db.live import Params, query_live
 from flightrec.db.location import Location, locate
 from flightrec.db.readonly import check_prelude, check_read_only
 
 log = logging.getLogger(__name__)
-GIVE_WAY_POLL_S = 0.2   # how often a file-path read looks for a materializer waiting for the file
-WRITER_START_S = 30.0   # how long a reader that gave way waits for that materializer's socket
-STARTING_S = 5.0        # how long a read retries a file it cannot open yet (a materializer may be starting)
+GIVE_WAY_POLL_S = 0.2  # how often a file-path read looks for a materializer waiting for the file
+WRITER_START_S = 30.0  # how long a reader that gave way waits for that materializer's socket
+STARTING_S = 5.0  # how long a read retries a file it cannot open yet (a materializer may be starting)
 # The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked
 # (after the time zone: the views' TIMESTAMPTZ columns come out in UTC whatever the machine's zone,
 # as the dashboard says; DuckDB takes TimeZone only as a SET, not in the connect config).
-READER_CONFIG = {"enable_external_access": False, "autoload_known_extensions": False,
-                 "autoinstall_known_extensions": False, "python_enable_replacements": False,
-                 "lock_configuration": True}
+READER_CONFIG = {
+    "enable_external_access": False,
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "python_enable_replacements": False,
+    "lock_configuration": True,
+}
 READER_TIME_ZONE = "UTC"
 
 
@@ -75,8 +78,9 @@ class _GaveWay(Exception):
     """A file-path read was interrupted because a materializer wants the file."""
 
 
-def _read_file(con: duckdb.DuckDBPyConnection, db: str | Path, sql: str, params: Params,
-               prelude: Sequence[str]) -> pa.Table:
+def _read_file(
+    con: duckdb.DuckDBPyConnection, db: str | Path, sql: str, params: Params, prelude: Sequence[str]
+) -> pa.Table:
     """Run the read on the file, interrupting it as soon as a materializer asks for the file."""
     done = threading.Event()
     asked: list[int] = []
@@ -108,15 +112,19 @@ def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
     if not path.exists():
         raise QueryError(f"no database at {path}; run `flightrec materialize --db {path}` first")
     try:
-        con = duckdb.connect(str(path), read_only=True,
-                             config={k: v for k, v in READER_CONFIG.items() if k != "lock_configuration"})
+        con = duckdb.connect(
+            str(path), read_only=True, config={k: v for k, v in READER_CONFIG.items() if k != "lock_configuration"}
+        )
     except duckdb.IOException as exc:
         raise QueryError(
-            f"{path} is held by another process and it serves no queries: {exc}" if "lock" in str(exc).lower()
-            else f"{path} is not a DuckDB database flightrec can read (check --db): {exc}") from exc
+            f"{path} is held by another process and it serves no queries: {exc}"
+            if "lock" in str(exc).lower()
+            else f"{path} is not a DuckDB database flightrec can read (check --db): {exc}"
+        ) from exc
     try:  # another open connection of this process to the file shares its instance, already set and locked
-        locked, zone = con.execute("SELECT current_setting('lock_configuration'), "
-                                   "current_setting('TimeZone')").fetchone()  # type: ignore[misc]  # a SELECT without FROM returns one row
+        locked, zone = con.execute(
+            "SELECT current_setting('lock_configuration'), current_setting('TimeZone')"
+        ).fetchone()  # type: ignore[misc]  # a SELECT without FROM returns one row
         if not locked:
             if zone != READER_TIME_ZONE:
                 con.execute(f"SET GLOBAL TimeZone = '{READER_TIME_ZONE}'")
@@ -131,8 +139,13 @@ class ResultTooLarge(QueryError):
     """A read's result passed the bytes a reader may have built for it."""
 
 
-def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params = None,
-                      prelude: Sequence[str] = (), max_bytes: int | None = None) -> pa.Table:
+def execute_read_only(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: Params = None,
+    prelude: Sequence[str] = (),
+    max_bytes: int | None = None,
+) -> pa.Table:
     """Run the checked ``prelude`` statements (temp views), then the checked user statement.
 
     ``max_bytes``: the result is built batch by batch and given up (ResultTooLarge) once it holds more
@@ -145,9 +158,11 @@ def execute_read_only(con: duckdb.DuckDBPyConnection, sql: str, params: Params =
         for stmt in prelude:
             con.execute(stmt)
     except duckdb.BinderException as exc:  # a view names a column the file's tables do not have (yet)
-        raise QueryError(f"the readers' views do not fit the tables of this database ({' '.join(str(exc).split())}): "
-                         "it was probably written by an older flightrec; a materializer adds the new columns when it "
-                         "opens it (`flightrec materialize --db …`)") from exc
+        raise QueryError(
+            f"the readers' views do not fit the tables of this database ({' '.join(str(exc).split())}): "
+            "it was probably written by an older flightrec; a materializer adds the new columns when it "
+            "opens it (`flightrec materialize --db …`)"
+        ) from exc
     except duckdb.Error as exc:
         raise QueryError(f"{type(exc).__name__}: {exc}") from exc
     try:
@@ -190,8 +205,10 @@ def run_query(db: str | Path | Location, sql: str, params: Params = None, prelud
             if time.monotonic() < deadline:
                 time.sleep(0.2)
                 continue
-            raise QueryError(f"a materializer (pid {waiting}) is taking {db} and does not serve yet; "
-                             "run the query again in a moment (it will be answered live)")
+            raise QueryError(
+                f"a materializer (pid {waiting}) is taking {db} and does not serve yet; "
+                "run the query again in a moment (it will be answered live)"
+            )
         try:
             con = open_read_only(db)
         except QueryError:
@@ -219,8 +236,10 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
             forget_reader(loc)
         hint = ""
         if "does not exist" in str(exc) and not _lake_has_tables(cur):
-            hint = (f"; the lake holds no tables yet: a materializer makes them when it starts "
-                    f"(`flightrec materialize --db '{loc.describe()}' --data-path DIR`)")
+            hint = (
+                f"; the lake holds no tables yet: a materializer makes them when it starts "
+                f"(`flightrec materialize --db '{loc.describe()}' --data-path DIR`)"
+            )
         raise QueryError(mask_password(str(exc)) + hint) from None
     finally:
         cur.close()
@@ -228,7 +247,10 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
 
 def _lake_has_tables(cur: duckdb.DuckDBPyConnection) -> bool:
     try:
-        return bool(cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()")
-                    .fetchall()[0][0])
+        return bool(
+            cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()").fetchall()[0][
+                0
+            ]
+        )
     except duckdb.Error:
         return True  # cannot tell: no hint

@@ -37,30 +37,94 @@ from flightrec.errors import QueryError
 ALLOWED_TYPES = frozenset({"SELECT", "EXPLAIN", "PRAGMA"})
 
 # PRAGMAs that only describe the database; the others change settings or state.
-READ_PRAGMAS = frozenset({"table_info", "show_tables", "show_tables_expanded", "database_list",
-                          "database_size", "storage_info", "metadata_info", "version", "platform", "functions",
-                          "collations", "user_agent"})
+READ_PRAGMAS = frozenset(
+    {
+        "table_info",
+        "show_tables",
+        "show_tables_expanded",
+        "database_list",
+        "database_size",
+        "storage_info",
+        "metadata_info",
+        "version",
+        "platform",
+        "functions",
+        "collations",
+        "user_agent",
+    }
+)
 
 # Table functions that only read (catalog listings, generators, JSON walkers). Not here, so refused:
 # checkpoint/force_checkpoint, logging/profiling switches, query()/query_table() and
 # json_execute_serialized_sql (they run SQL text the check never sees), file readers, Python scans.
-READ_TABLE_FUNCTIONS = frozenset({
-    "range", "generate_series", "unnest", "repeat", "repeat_row", "summary", "json_each", "json_tree",
-    "histogram", "histogram_values", "test_all_types", "test_vector_types", "icu_calendar_names",
-    "pg_timezone_names", "duckdb_columns", "duckdb_constraints", "duckdb_databases", "duckdb_dependencies",
-    "duckdb_functions", "duckdb_indexes", "duckdb_keywords", "duckdb_schemas", "duckdb_sequences",
-    "duckdb_settings", "duckdb_tables", "duckdb_types", "duckdb_views", "duckdb_memory",
-    "duckdb_temporary_files", "duckdb_optimizers", "duckdb_variables", "duckdb_prepared_statements",
-    "pragma_collations", "pragma_database_size", "pragma_metadata_info", "pragma_platform", "pragma_show",
-    "pragma_storage_info", "pragma_table_info", "pragma_user_agent", "pragma_version",
-    # a DuckLake's own listings (snapshots, files per table), for `flightrec sql --db 'ducklake:…'`
-    "ducklake_snapshots", "ducklake_table_info", "ducklake_current_snapshot", "ducklake_settings",
-})
+READ_TABLE_FUNCTIONS = frozenset(
+    {
+        "range",
+        "generate_series",
+        "unnest",
+        "repeat",
+        "repeat_row",
+        "summary",
+        "json_each",
+        "json_tree",
+        "histogram",
+        "histogram_values",
+        "test_all_types",
+        "test_vector_types",
+        "icu_calendar_names",
+        "pg_timezone_names",
+        "duckdb_columns",
+        "duckdb_constraints",
+        "duckdb_databases",
+        "duckdb_dependencies",
+        "duckdb_functions",
+        "duckdb_indexes",
+        "duckdb_keywords",
+        "duckdb_schemas",
+        "duckdb_sequences",
+        "duckdb_settings",
+        "duckdb_tables",
+        "duckdb_types",
+        "duckdb_views",
+        "duckdb_memory",
+        "duckdb_temporary_files",
+        "duckdb_optimizers",
+        "duckdb_variables",
+        "duckdb_prepared_statements",
+        "pragma_collations",
+        "pragma_database_size",
+        "pragma_metadata_info",
+        "pragma_platform",
+        "pragma_show",
+        "pragma_storage_info",
+        "pragma_table_info",
+        "pragma_user_agent",
+        "pragma_version",
+        # a DuckLake's own listings (snapshots, files per table), for `flightrec sql --db 'ducklake:…'`
+        "ducklake_snapshots",
+        "ducklake_table_info",
+        "ducklake_current_snapshot",
+        "ducklake_settings",
+    }
+)
 
 # Scalar functions that change state (sequences, the random seed, the log) or run SQL text.
-WRITING_FUNCTIONS = frozenset({"nextval", "setval", "setseed", "write_log", "query", "query_table", "enable_logging",
-                               "disable_logging", "truncate_duckdb_logs",
-                               "json_execute_serialized_sql", "checkpoint", "force_checkpoint"})
+WRITING_FUNCTIONS = frozenset(
+    {
+        "nextval",
+        "setval",
+        "setseed",
+        "write_log",
+        "query",
+        "query_table",
+        "enable_logging",
+        "disable_logging",
+        "truncate_duckdb_logs",
+        "json_execute_serialized_sql",
+        "checkpoint",
+        "force_checkpoint",
+    }
+)
 
 _parser_lock = threading.Lock()
 _parser: duckdb.DuckDBPyConnection | None = None
@@ -94,8 +158,10 @@ def _words(sql: str) -> list[tuple[int, Any, str]]:
     Comments are not tokens, so however they nest they can neither hide a word nor make one.
     """
     tokens = duckdb.tokenize(sql)
-    return [(pos, kind, sql[pos:tokens[i + 1][0] if i + 1 < len(tokens) else len(sql)])
-            for i, (pos, kind) in enumerate(tokens)]
+    return [
+        (pos, kind, sql[pos : tokens[i + 1][0] if i + 1 < len(tokens) else len(sql)])
+        for i, (pos, kind) in enumerate(tokens)
+    ]
 
 
 def _keyword(word: tuple[int, Any, str], *names: str) -> bool:
@@ -143,9 +209,9 @@ def _explained(sql: str) -> str:
         i += 1
     if i < len(words) and _paren(words[i]) == 1:
         i = _after_parens(words, i)
-    if i >= len(words) or not _header_is(sql[:words[i][0]], "EXPLAIN"):
+    if i >= len(words) or not _header_is(sql[: words[i][0]], "EXPLAIN"):
         return ""
-    return sql[words[i][0]:]
+    return sql[words[i][0] :]
 
 
 def _view_body(stmt: str) -> str | None:
@@ -162,9 +228,9 @@ def _view_body(stmt: str) -> str | None:
     i += 2
     while i < len(words) and not _keyword(words[i], "AS"):  # the name (dotted, quoted), then (columns)
         i = _after_parens(words, i) if _paren(words[i]) == 1 else i + 1
-    if i + 1 >= len(words) or not _header_is(stmt[:words[i + 1][0]], "CREATE"):
+    if i + 1 >= len(words) or not _header_is(stmt[: words[i + 1][0]], "CREATE"):
         return None
-    return stmt[words[i + 1][0]:]
+    return stmt[words[i + 1][0] :]
 
 
 def _syntax_tree(sql: str) -> dict[str, Any]:
@@ -205,8 +271,9 @@ def check_query(sql: str, what: str = "the query") -> None:
     _functions(tree, table, scalar)
     bad = sorted(table - READ_TABLE_FUNCTIONS)
     if bad:
-        raise QueryError(f"{what} calls table functions readers may not use: {', '.join(bad)}; "
-                         "query the tables and views instead")
+        raise QueryError(
+            f"{what} calls table functions readers may not use: {', '.join(bad)}; query the tables and views instead"
+        )
     bad = sorted(scalar & WRITING_FUNCTIONS)
     if bad:
         raise QueryError(f"{what} calls functions that change state: {', '.join(bad)}; readers may not")
@@ -246,14 +313,18 @@ def check_read_only(sql: str) -> None:
         inner_statements = _parse(inner) if inner.strip() else []
         inner_kinds = [_type(s) for s in inner_statements] or ["nothing"]
         if inner_kinds != ["SELECT"]:
-            raise QueryError(f"only read-only queries are allowed here: EXPLAIN of a SELECT, not of "
-                             f"{' and '.join(inner_kinds)} (EXPLAIN ANALYZE runs its statement)")
+            raise QueryError(
+                f"only read-only queries are allowed here: EXPLAIN of a SELECT, not of "
+                f"{' and '.join(inner_kinds)} (EXPLAIN ANALYZE runs its statement)"
+            )
         check_query(inner_statements[0].query, "the explained query")
     elif kind == "PRAGMA":  # a describing PRAGMA parses as a SELECT: this one changes something
         raise QueryError("only PRAGMAs that read are allowed here: " + ", ".join(sorted(READ_PRAGMAS)))
     else:
-        raise QueryError(f"only read-only queries are allowed here, not {kind}: "
-                         "use SELECT, EXPLAIN SELECT, or a PRAGMA that describes the database")
+        raise QueryError(
+            f"only read-only queries are allowed here, not {kind}: "
+            "use SELECT, EXPLAIN SELECT, or a PRAGMA that describes the database"
+        )
 
 
 @_cached

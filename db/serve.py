@@ -58,12 +58,24 @@ RESULT_SHARE = 0.5  # of the memory limit that one read's result may hold (it li
 # duckdb_memory() tags of what a query holds while it runs: operators (hash tables, sorts, windows), aggregate
 # states and expressions (ALLOCATOR: list(), string_agg()), materialized CTEs and results (COLUMN_DATA)
 OPERATOR_TAGS = ("HASH_TABLE", "ORDER_BY", "WINDOW", "ALLOCATOR", "COLUMN_DATA")
-TOO_LARGE = ("the query is too large for a live read ({why}): it was stopped so that the materializer keeps "
-             "committing. Narrow it (a WHERE on instance_id or ts_us, a LIMIT, fewer DISTINCT keys), or run it on a "
-             "copy of the database (`cp {db} /tmp/copy.duckdb` while no commit runs, or `flightrec replay --db "
-             "/tmp/copy.duckdb`), where it competes with nothing")
-_UNITS = {"B": 1, "BYTES": 1, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4, "KIB": 1024,
-          "MIB": 1024 ** 2, "GIB": 1024 ** 3, "TIB": 1024 ** 4}
+TOO_LARGE = (
+    "the query is too large for a live read ({why}): it was stopped so that the materializer keeps "
+    "committing. Narrow it (a WHERE on instance_id or ts_us, a LIMIT, fewer DISTINCT keys), or run it on a "
+    "copy of the database (`cp {db} /tmp/copy.duckdb` while no commit runs, or `flightrec replay --db "
+    "/tmp/copy.duckdb`), where it competes with nothing"
+)
+_UNITS = {
+    "B": 1,
+    "BYTES": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+    "TIB": 1024**4,
+}
 
 
 def memory_bytes(setting: str) -> int:
@@ -157,8 +169,9 @@ class QueryServer:
             # fails here instead of holding row locks that would make the writer's commit conflict.
             cur.execute("BEGIN TRANSACTION READ ONLY")
             try:
-                table = execute_read_only(cur, sql, params, prelude,
-                                          max_bytes=int(self.memory_limit * RESULT_SHARE) or None)
+                table = execute_read_only(
+                    cur, sql, params, prelude, max_bytes=int(self.memory_limit * RESULT_SHARE) or None
+                )
             except ResultTooLarge as exc:
                 self.count("reads_stopped")
                 raise QueryError(TOO_LARGE.format(why=str(exc), db=self.db)) from None
@@ -207,8 +220,9 @@ class QueryServer:
 
     def _usage(self) -> tuple[int, int]:
         """(bytes the query operators hold, bytes spilled to disk) in the whole database now."""
-        rows = self._probe.execute("SELECT tag, memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory()"
-                                   ).fetchall()
+        rows = self._probe.execute(
+            "SELECT tag, memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory()"
+        ).fetchall()
         return (sum(m for tag, m, _t in rows if tag in OPERATOR_TAGS), sum(t for _tag, _m, t in rows))
 
     def _watch(self) -> None:
@@ -230,8 +244,9 @@ class QueryServer:
                 log.debug("read watchdog: %s", exc)
                 return
             if budget and held > budget:
-                self.make_room(f"its hash tables and sorts passed {budget >> 20} MiB, half of the "
-                               f"materializer's memory limit")
+                self.make_room(
+                    f"its hash tables and sorts passed {budget >> 20} MiB, half of the materializer's memory limit"
+                )
             elif spilled > READER_SPILL_BYTES:
                 self.make_room(f"it spilled over {READER_SPILL_BYTES >> 20} MiB to disk next to the database")
 

@@ -34,19 +34,33 @@ CLOCK_SKEW_BOUND_S = 60
 # (an instance whose clock is ahead), or the destroy's time is after the boot's first time (an
 # instance whose events Kafka received late, from its spool, after its network was cut).
 STATUS_RULES: tuple[StatusRule, ...] = (
-    StatusRule("destroyed", "manager_kind = 'destroyed' AND (coalesce(boot_first_us, 0) <= manager_ts_us "
-                            "OR boot_first_recv_us <= manager_recv_us)",
-               "the manager said it destroyed the instance (after its latest boot began), complete or not"),
-    StatusRule("failed", "failure_class IS NOT NULL AND failure_class <> 'below_min_rate'",
-               "a stage of the latest boot failed; `failure_class` says how"),
-    StatusRule("below_min_rate",
-               "failure_class = 'below_min_rate' OR (verdict = 'fail' AND proofs_per_hour < min_rate)",
-               "the benchmark ran but measured fewer proofs/hour than MIN_RATE"),
+    StatusRule(
+        "destroyed",
+        "manager_kind = 'destroyed' AND (coalesce(boot_first_us, 0) <= manager_ts_us "
+        "OR boot_first_recv_us <= manager_recv_us)",
+        "the manager said it destroyed the instance (after its latest boot began), complete or not",
+    ),
+    StatusRule(
+        "failed",
+        "failure_class IS NOT NULL AND failure_class <> 'below_min_rate'",
+        "a stage of the latest boot failed; `failure_class` says how",
+    ),
+    StatusRule(
+        "below_min_rate",
+        "failure_class = 'below_min_rate' OR (verdict = 'fail' AND proofs_per_hour < min_rate)",
+        "the benchmark ran but measured fewer proofs/hour than MIN_RATE",
+    ),
     StatusRule("finished", "sealed", "the latest boot is sealed and nothing failed"),
-    StatusRule("lost", f"NOT sealed AND interval_s > 0 AND silent_s > {LOST_AFTER_INTERVALS} * interval_s",
-               f"not sealed and nothing heard for {LOST_AFTER_INTERVALS} heartbeat intervals"),
-    StatusRule("healthy", "running_stages IS NOT NULL AND verdict = 'pass'",
-               "the benchmark passed and a stage (the supervisor) is proving, heartbeats fresh"),
+    StatusRule(
+        "lost",
+        f"NOT sealed AND interval_s > 0 AND silent_s > {LOST_AFTER_INTERVALS} * interval_s",
+        f"not sealed and nothing heard for {LOST_AFTER_INTERVALS} heartbeat intervals",
+    ),
+    StatusRule(
+        "healthy",
+        "running_stages IS NOT NULL AND verdict = 'pass'",
+        "the benchmark passed and a stage (the supervisor) is proving, heartbeats fresh",
+    ),
     StatusRule("running", "running_stages IS NOT NULL", "a stage is in progress, heartbeats fresh"),
     StatusRule("idle", "true", "not sealed, no stage in progress, not (yet) silent for long"),
 )

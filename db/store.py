@@ -24,7 +24,7 @@ class Store(Protocol):
     """
 
     con: duckdb.DuckDBPyConnection  # the writer's connection (the writer thread only)
-    totals: Stats                   # this run's commits, summed
+    totals: Stats  # this run's commits, summed
     run_id: str
 
     def describe(self) -> str:
@@ -44,8 +44,16 @@ class Store(Protocol):
         ...
 
 
-def open_store(loc: Location, group: str, *, rules: RuleTable | None = None, replay: bool = False,
-               memory_limit: str = "512MB", lock_wait: float = 30.0, views: tuple[str, ...] = ()) -> Store:
+def open_store(
+    loc: Location,
+    group: str,
+    *,
+    rules: RuleTable | None = None,
+    replay: bool = False,
+    memory_limit: str = "512MB",
+    lock_wait: float = 30.0,
+    views: tuple[str, ...] = (),
+) -> Store:
     """The store of ``loc`` (in the writer thread). A replay builds a new database: an existing file, or a lake
     that holds events, is refused (MaterializeError) before anything is written."""
     mode = "replay" if replay else "materialize"
@@ -56,6 +64,8 @@ def open_store(loc: Location, group: str, *, rules: RuleTable | None = None, rep
     store = LakeStore(loc, group, rules, mode, memory_limit, views)
     if replay and store.holds_events():
         store.close()
-        raise MaterializeError(f"the lake {loc.describe()} already holds events; replay builds a new lake: "
-                               "give a new catalog database (`flightrec catalog` makes one per --db string)")
+        raise MaterializeError(
+            f"the lake {loc.describe()} already holds events; replay builds a new lake: "
+            "give a new catalog database (`flightrec catalog` makes one per --db string)"
+        )
     return store

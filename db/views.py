@@ -145,12 +145,25 @@ WHERE proofs_per_hour IS NOT NULL
 GROUP BY ALL
 """
 
-VIEWS: tuple[str, ...] = (INSTANCE_STATUS, FLEET, STAGE_RUNS, FAILURE_CONTEXT, LOG_VIEW, THROUGHPUT_VIEW,
-                          THROUGHPUT_SAMPLES, GPU_THROUGHPUT)
+VIEWS: tuple[str, ...] = (
+    INSTANCE_STATUS,
+    FLEET,
+    STAGE_RUNS,
+    FAILURE_CONTEXT,
+    LOG_VIEW,
+    THROUGHPUT_VIEW,
+    THROUGHPUT_SAMPLES,
+    GPU_THROUGHPUT,
+)
 
 # The names the views define, for documentation and the SQL console's help.
 VIEW_NAMES: tuple[str, ...] = (
-    "instance_status", "fleet", "stage_runs", "failure_context", "log_view", "throughput_view",
+    "instance_status",
+    "fleet",
+    "stage_runs",
+    "failure_context",
+    "log_view",
+    "throughput_view",
     "throughput_samples",  # the old name of throughput_view
     "gpu_throughput",
 )
@@ -168,8 +181,7 @@ def _named(name: str, text: str) -> bool:
 
 # For each view, the other views its statement reads.
 _DEPENDS: dict[str, tuple[str, ...]] = {
-    name: tuple(other for other in ALL_VIEW_NAMES
-                if other != name and _named(other, stmt.split(" AS", 1)[1]))
+    name: tuple(other for other in ALL_VIEW_NAMES if other != name and _named(other, stmt.split(" AS", 1)[1]))
     for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS)
 }
 
@@ -200,5 +212,5 @@ def stored_views() -> tuple[str, ...]:
         body = stmt.strip()
         if not body.startswith(_TEMP):
             raise ValueError(f"not a temp view: {body[:60]!r}")
-        out.append("CREATE OR REPLACE VIEW " + body[len(_TEMP):])
+        out.append("CREATE OR REPLACE VIEW " + body[len(_TEMP) :])
     return tuple(out)

@@ -73,8 +73,10 @@ class Losses:
             first = exc.reason not in self._said
             self._said.add(exc.reason)
         if first:
-            say(f"NOT RECORDED: {exc.reason}. The command goes on; what cannot be spooled is counted "
-                "and the count is sent with the next event that can be.")
+            say(
+                f"NOT RECORDED: {exc.reason}. The command goes on; what cannot be spooled is counted "
+                "and the count is sent with the next event that can be."
+            )
 
     def take(self) -> tuple[int, int, str, str] | None:
         """(events, lines, reason, stage) lost since the last note, or None; the counts are then noted."""
@@ -134,7 +136,9 @@ class Stage:
         self._beats.start()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if self._beats is not None:
             self._beats.stop()
         attrs = dict(self.attributes, duration_s=f"{time.monotonic() - self._t0:.3f}")
@@ -148,7 +152,9 @@ class Stage:
     async def __aenter__(self) -> "Stage":
         return self.__enter__()
 
-    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         return self.__exit__(et, exc, tb)
 
 
@@ -162,9 +168,16 @@ class _AgentBase:
     written; delivery never blocks emit, and a broker that is away only delays it.
     """
 
-    def __init__(self, instance_id: str | None = None, settings: Settings | None = None, *,
-                 spool_dir: str | None = None, new_boot: bool = False, deliver: bool = True,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        instance_id: str | None = None,
+        settings: Settings | None = None,
+        *,
+        spool_dir: str | None = None,
+        new_boot: bool = False,
+        deliver: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.settings = settings or Settings.from_env()
         self.instance_id = visible(instance_id or self.settings.instance)[0]  # non-UTF-8 bytes as \xNN
         root = spool_dir or self.settings.spool
@@ -176,8 +189,9 @@ class _AgentBase:
             say(f"NOT RECORDED: {exc}. Nothing of instance {self.instance_id} is recorded by this agent.")
             self.spool = LostSpool(root, self.instance_id, str(exc))
             deliver = False
-        self.redactor = Redactor(*_secrets(self.settings, os.environ if env is None else env),
-                                 shapes=_shapes(self.settings))
+        self.redactor = Redactor(
+            *_secrets(self.settings, os.environ if env is None else env), shapes=_shapes(self.settings)
+        )
         self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]  # a LostSpool is never delivered: deliver is False with it
         self.events_emitted = 0
         self._stage_member: Member | None = None  # the stage this agent runs (a seal does not wait for it)
@@ -199,8 +213,10 @@ class _AgentBase:
         ok = True
         if self.losses.events:
             self._note_losses()
-            say(f"NOT RECORDED in total: {self.losses.lines} log lines in {self.losses.events} events of "
-                f"instance {self.instance_id}")
+            say(
+                f"NOT RECORDED in total: {self.losses.lines} log lines in {self.losses.events} events of "
+                f"instance {self.instance_id}"
+            )
         if self.deliverer is not None:
             # at the default exit, a Kafka that does not answer is not waited for (the events are safe in the spool)
             unless_away = timeout is None
@@ -210,16 +226,29 @@ class _AgentBase:
             away = not ok and self.deliverer.away(t0)
             if not ok:
                 why = f" (last error: {self.deliverer.last_error})" if self.deliverer.last_error else ""
-                after = (f"Kafka at {self.settings.bootstrap} does not answer{why}: not waited for after "
-                         f"{time.monotonic() - t0:.1f}s" if away else f"not yet acknowledged after {timeout:g}s{why}")
-                log.warning("%d events of %s %s; they stay in %s for `flightrec agent flush` or the next agent",
-                            self.spool.pending(), self.instance_id, after, self.spool.dir)
+                after = (
+                    f"Kafka at {self.settings.bootstrap} does not answer{why}: not waited for after "
+                    f"{time.monotonic() - t0:.1f}s"
+                    if away
+                    else f"not yet acknowledged after {timeout:g}s{why}"
+                )
+                log.warning(
+                    "%d events of %s %s; they stay in %s for `flightrec agent flush` or the next agent",
+                    self.spool.pending(),
+                    self.instance_id,
+                    after,
+                    self.spool.dir,
+                )
             if away:
                 self.deliverer.say_away()
             if self.deliverer.dropped:
-                log.warning("%d events of %s were refused by Kafka for good and dropped (a Dropped marker keeps "
-                            "each one's seq): %s", len(self.deliverer.dropped), self.instance_id,
-                            "; ".join(self.deliverer.dropped))
+                log.warning(
+                    "%d events of %s were refused by Kafka for good and dropped (a Dropped marker keeps "
+                    "each one's seq): %s",
+                    len(self.deliverer.dropped),
+                    self.instance_id,
+                    "; ".join(self.deliverer.dropped),
+                )
             self.deliverer.stop(0.2 if away else 5.0)
         self.spool.close()
         self._closed = ok
@@ -239,9 +268,15 @@ class _AgentBase:
         """The boot id the next event will carry (starting the boot if none is open)."""
         return self.spool.boot()[0]
 
-    def emit_makers(self, makers: list[Callable[[str, int], Event]], once: str | None = None,
-                    encode: Callable[[Event], bytes] | None = None, sync: bool = True,
-                    scrubbed: bool = False, boot: str | None = None) -> list[Event]:
+    def emit_makers(
+        self,
+        makers: list[Callable[[str, int], Event]],
+        once: str | None = None,
+        encode: Callable[[Event], bytes] | None = None,
+        sync: bool = True,
+        scrubbed: bool = False,
+        boot: str | None = None,
+    ) -> list[Event]:
         """Spool several events in one write (one fsync; ``sync=False``: group commit, see Spool); each maker
         gets (boot_id, seq).
 
@@ -256,11 +291,13 @@ class _AgentBase:
                 if isinstance(ev, ProcessExit):  # argv and tails cut (after masking) to fit the topic's limit
                     ev = fit_exit_event(ev, self.message_limit(ProcessExit.topic))
                 return ev
+
             return build
 
         try:
-            events = self.spool.append(makers if scrubbed else [clean(m) for m in makers], once=once,
-                                       encode=encode, sync=sync, boot=boot)
+            events = self.spool.append(
+                makers if scrubbed else [clean(m) for m in makers], once=once, encode=encode, sync=sync, boot=boot
+            )
         except SpoolWriteError as exc:  # never stop the caller (a stage): count it, say it, note it later
             self.losses.add(exc)
             return exc.events
@@ -282,8 +319,21 @@ class _AgentBase:
         attrs = {"lost_events": str(events), "lost_lines": str(lines)}
 
         def make(boot: str, seq: int) -> Event:
-            return scrub(Lifecycle(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, stage=stage,
-                                   state="info", detail=detail, attributes=attrs), self.redactor, self.settings.max_line)
+            return scrub(
+                Lifecycle(
+                    event_id=eid,
+                    instance_id=iid,
+                    boot_id=boot,
+                    seq=seq,
+                    ts_us=ts,
+                    stage=stage,
+                    state="info",
+                    detail=detail,
+                    attributes=attrs,
+                ),
+                self.redactor,
+                self.settings.max_line,
+            )
 
         try:
             self.spool.append([make])
@@ -372,9 +422,13 @@ class _AgentBase:
         losses, files = take_late_losses(self.spool.dir, boot_id)
         total = 0
         for stage, (lines, size) in sorted(losses.items()):
-            self.event(stage, "info", detail=f"not recorded: {lines} lines ({size} bytes) that the stage's leftovers "
-                                             "wrote after its late-output process died (its keeper passed them on)",
-                       attributes={"lost_lines": str(lines), "lost_bytes": str(size), "late_output": "lost"})
+            self.event(
+                stage,
+                "info",
+                detail=f"not recorded: {lines} lines ({size} bytes) that the stage's leftovers "
+                "wrote after its late-output process died (its keeper passed them on)",
+                attributes={"lost_lines": str(lines), "lost_bytes": str(size), "late_output": "lost"},
+            )
             total += lines
         for p in files:
             p.unlink(missing_ok=True)
@@ -405,9 +459,12 @@ class _AgentBase:
                 time.sleep(0.05)
             late_wait = self.settings.late_wait
             for st in late_stages(self.spool.dir, boot_id):
-                self.event(st.stage, "info", detail=f"the seal waits up to {late_wait:g}s for the late output of "
-                                                    f"{still_writing(st)}",
-                           attributes={"seal_waits_for": "late_output", "late_wait_s": f"{late_wait:g}"})
+                self.event(
+                    st.stage,
+                    "info",
+                    detail=f"the seal waits up to {late_wait:g}s for the late output of {still_writing(st)}",
+                    attributes={"seal_waits_for": "late_output", "late_wait_s": f"{late_wait:g}"},
+                )
             left_late = settle_late_output(self.spool.dir, boot_id, late_wait)
             self.note_late_losses()  # what a dead late-output process's keeper passed on unrecorded, in this boot
         spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
@@ -416,15 +473,20 @@ class _AgentBase:
             left = running(spool, boot, own) if isinstance(spool, Spool) and seq >= 0 else []
             why = reason
             if left:
-                why += (f"{'; ' if why else ''}still running when sealed after waiting {wait:g}s, their later "
-                        f"events are not recorded: {', '.join(left)}")
+                why += (
+                    f"{'; ' if why else ''}still running when sealed after waiting {wait:g}s, their later "
+                    f"events are not recorded: {', '.join(left)}"
+                )
             if left_late:
-                why += (f"{'; ' if why else ''}late output still running when sealed, its later lines are not "
-                        f"recorded: {'; '.join(left_late)}")
+                why += (
+                    f"{'; ' if why else ''}late output still running when sealed, its later lines are not "
+                    f"recorded: {'; '.join(left_late)}"
+                )
             if left or left_late:
                 log.warning("sealing boot %s of %s: %s", boot, iid, why)
-            return Sealed(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, event_count=seq + 1,
-                          reason=why)
+            return Sealed(
+                event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, event_count=seq + 1, reason=why
+            )
 
         return self.emit_makers([make])[0]  # type: ignore[return-value]  # emit returns the Event base: the event made here
 
@@ -475,7 +537,9 @@ class Agent(_AgentBase):
         self._start()
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await asyncio.to_thread(self._close)
 
     async def flush(self, timeout: float | None = None, *, strict: bool = False) -> bool:

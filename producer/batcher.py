@@ -45,9 +45,19 @@ class SourceBatcher:
     ``tail_lines`` lines are kept for the exit event.
     """
 
-    def __init__(self, agent: SyncAgent, stage: str, source: str, pid: int, *, max_line: int,
-                 tail_lines: int, window: float = BATCH_WINDOW_S, max_bytes: int | None = None,
-                 boot: str | None = None) -> None:
+    def __init__(
+        self,
+        agent: SyncAgent,
+        stage: str,
+        source: str,
+        pid: int,
+        *,
+        max_line: int,
+        tail_lines: int,
+        window: float = BATCH_WINDOW_S,
+        max_bytes: int | None = None,
+        boot: str | None = None,
+    ) -> None:
         self.agent = agent
         self.boot = boot  # the boot its lines belong to (late output: never a boot begun after a seal)
         self.stage = stage
@@ -72,9 +82,25 @@ class SourceBatcher:
         self._since: float | None = None
         self._lock = threading.Lock()
         # stage and source scrubbed once here, lines as they are added: the batches need no scrub of their own
-        clean = scrub(LogBatch(event_id="", instance_id="", boot_id="", seq=0, ts_us=0, stage=stage, source=source,
-                               pid=pid, line_no=(), line_ts_us=(), text=[], truncated=(), invalid_utf8=(), late=()),
-                      agent.redactor)
+        clean = scrub(
+            LogBatch(
+                event_id="",
+                instance_id="",
+                boot_id="",
+                seq=0,
+                ts_us=0,
+                stage=stage,
+                source=source,
+                pid=pid,
+                line_no=(),
+                line_ts_us=(),
+                text=[],
+                truncated=(),
+                invalid_utf8=(),
+                late=(),
+            ),
+            agent.redactor,
+        )
         self._stage, self._source = clean.stage, clean.source  # type: ignore[attr-defined]  # scrub returns the Event base: a LogBatch in, a LogBatch out
 
     def _add(self, lines: list[bytes], trunc: list[bool] | None, ts: int, plain: bool = False) -> None:
@@ -89,7 +115,7 @@ class SourceBatcher:
                 self._texts.extend(AsciiTexts(lines))
             self._raw.extend(lines)
             if self.tail.limit > 0:
-                self.tail.extend(AsciiTexts(lines[-self.tail.limit:]))
+                self.tail.extend(AsciiTexts(lines[-self.tail.limit :]))
             self._carry = self.agent.redactor.carry_after(lines[-1])
         else:
             decoded, invalid = decode_lines(lines)
@@ -113,8 +139,9 @@ class SourceBatcher:
         over ``max_bytes`` (text plus LINE_OVERHEAD per line) or BATCH_MAX_LINES lines."""
         with self._lock:
             pending = self.splitter._buf
-            plain = (data.isascii() and pending.isascii()
-                     and not self.agent.redactor.may_need(pending, data, self._carry))
+            plain = (
+                data.isascii() and pending.isascii() and not self.agent.redactor.may_need(pending, data, self._carry)
+            )
             lines, trunc = self.splitter.feed(data)
             ts = ts or now_us()
             cum = list(accumulate(map(len, lines)))  # C speed: no Python code per line
@@ -127,8 +154,9 @@ class SourceBatcher:
             while start < n:
                 base = size(start - 1) if start else 0
                 room_lines = BATCH_MAX_LINES - len(self._raw)
-                end = min(n, start + room_lines,
-                          bisect_right(every, base + self.max_bytes - self._bytes, lo=start, key=size))
+                end = min(
+                    n, start + room_lines, bisect_right(every, base + self.max_bytes - self._bytes, lo=start, key=size)
+                )
                 if end == start:
                     if self._raw:  # the pending batch is full: spool it, then go on
                         self._flush()
@@ -139,7 +167,9 @@ class SourceBatcher:
                 start = end
                 if start < n:
                     self._flush()
-            if self._bytes >= self.max_bytes or (self._since is not None and time.monotonic() - self._since >= self.window):
+            if self._bytes >= self.max_bytes or (
+                self._since is not None and time.monotonic() - self._since >= self.window
+            ):
                 self._flush()
 
     def end_of_file(self) -> None:
@@ -192,15 +222,36 @@ class SourceBatcher:
         self._texts, self._raw, self._ts, self._trunc, self._invalid, self._late = None, [], [], [], [], []
         first = self._next_no
         self._next_no += len(texts)
-        eid, iid, stage, source, pid, now = new_event_id(), self.agent.instance_id, self._stage, self._source, self.pid, now_us()
+        eid, iid, stage, source, pid, now = (
+            new_event_id(),
+            self.agent.instance_id,
+            self._stage,
+            self._source,
+            self.pid,
+            now_us(),
+        )
 
         def make(boot: str, seq: int) -> Event:
-            return LogBatch(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=now, stage=stage,
-                            source=source, pid=pid, line_no=range(first, first + len(texts)), line_ts_us=ts,
-                            text=texts, truncated=trunc, invalid_utf8=invalid, late=late)
+            return LogBatch(
+                event_id=eid,
+                instance_id=iid,
+                boot_id=boot,
+                seq=seq,
+                ts_us=now,
+                stage=stage,
+                source=source,
+                pid=pid,
+                line_no=range(first, first + len(texts)),
+                line_ts_us=ts,
+                text=texts,
+                truncated=trunc,
+                invalid_utf8=invalid,
+                late=late,
+            )
 
-        self.agent.emit_makers([make], encode=lambda ev: encode_fast(ev, raw), sync=False,
-                               scrubbed=True, boot=self.boot)  # group commit (see Spool)
+        self.agent.emit_makers(
+            [make], encode=lambda ev: encode_fast(ev, raw), sync=False, scrubbed=True, boot=self.boot
+        )  # group commit (see Spool)
         self.batches += 1
 
 

@@ -39,12 +39,16 @@ def write_claim(spool_dir: Path, boot_id: str, path: str, claim: Claim) -> None:
     target = claim_path(spool_dir, boot_id, path)
     tmp = target.with_name(f"{target.name}.{os.getpid()}")
     try:
-        tmp.write_text(json.dumps({"token": claim.token, "ino": list(claim.ino) if claim.ino else None,
-                                   "offset": claim.offset}))
+        tmp.write_text(
+            json.dumps({"token": claim.token, "ino": list(claim.ino) if claim.ino else None, "offset": claim.offset})
+        )
         tmp.replace(target)
     except OSError as exc:
-        log.warning("cannot record that this stage follows %s (%s); an earlier stage's leftover may ship "
-                    "its new lines too", path, exc)
+        log.warning(
+            "cannot record that this stage follows %s (%s); an earlier stage's leftover may ship its new lines too",
+            path,
+            exc,
+        )
 
 
 def read_claim(spool_dir: Path, boot_id: str, path: str) -> Claim | None:

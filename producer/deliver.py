@@ -9,14 +9,20 @@ import os
 import socket
 import threading
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
-from flightrec.errors import CodecError, DeliveryError
-from flightrec.schemas import Dropped, LogBatch, default_codec
+from flightrec.errors import DeliveryError
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
 
+from flightrec.producer.fit import (
+    MIN_LIMIT,
+    TOO_LARGE,
+    Outgoing,
+    is_permanent,
+    marker_for,
+    message_size,
+    split_log_batch,
+)
 from flightrec.producer.lost import LostSpool
 from flightrec.producer.spool import Position, Record, Spool
 
@@ -42,89 +48,6 @@ def bootstrap_answers(bootstrap: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
         except (OSError, ValueError):
             continue
     return False
-MIN_LIMIT = 1024
-# errors after which sending the same record again can never succeed
-PERMANENT = ("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordException",
-             "TopicAuthorizationFailedError", "InvalidTopicError", "UnsupportedForMessageFormatError",
-             "InvalidRequiredAcksError", "RecordTooLargeError", "PolicyViolationError")
-TOO_LARGE = ("MessageSizeTooLargeError", "RecordListTooLargeError", "RecordTooLargeError")
-
-
-def message_size(key: bytes | None, value: bytes) -> int:
-    """Bytes of a one-record batch as the broker measures it against max.message.bytes."""
-    from aiokafka.record.default_records import DefaultRecordBatchBuilder
-
-    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, []))
-
-
-def is_permanent(exc: BaseException) -> bool:
-    """True for an error Kafka gives for the record itself (too large, invalid, not authorized on its topic)."""
-    return type(exc).__name__ in PERMANENT
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """One Kafka message to send for a spooled record (the record itself, a part of it, or its marker)."""
-
-    topic: str
-    key: bytes
-    value: bytes
-
-
-PART = "/part-"  # a split LogBatch's part: event id = original event id + PART + its line range
-
-
-def split_log_batch(value: bytes, key: bytes, limit: int) -> list[bytes] | None:
-    """A LogBatch message cut into consecutive parts that each fit ``limit`` (same seq, derived event ids).
-
-    A part's event id is the original's, then PART and its line range, so that consumers can count the
-    parts as the one event of their seq (the completeness proof) while each part is stored once.
-
-    None when it is not a LogBatch or one line alone does not fit. Pure and deterministic: a resend after a
-    crash makes the same parts with the same event ids, so consumers drop the repeats.
-    """
-    codec = default_codec()
-    try:
-        ev = codec.decode(value)
-    except CodecError:
-        return None
-    if not isinstance(ev, LogBatch) or len(ev) < 2:
-        return None
-    out: list[bytes] = []
-
-    def part(lo: int, hi: int) -> bool:
-        sub = LogBatch(event_id=f"{ev.event_id}{PART}{lo}-{hi}",
-                       instance_id=ev.instance_id, boot_id=ev.boot_id, seq=ev.seq, ts_us=ev.ts_us, stage=ev.stage,
-                       source=ev.source, pid=ev.pid, line_no=ev.line_no[lo:hi], line_ts_us=ev.line_ts_us[lo:hi],
-                       text=ev.text[lo:hi], truncated=ev.truncated[lo:hi], invalid_utf8=ev.invalid_utf8[lo:hi],
-                       late=ev.late[lo:hi] if ev.late else ())
-        data = codec.encode(sub)
-        if message_size(key, data) <= limit:
-            out.append(data)
-            return True
-        if hi - lo < 2:
-            return False
-        mid = (lo + hi) // 2
-        return part(lo, mid) and part(mid, hi)
-
-    return out if part(0, len(ev)) else None
-
-
-def marker_for(rec: Record, reason: str) -> bytes:
-    """The Dropped event standing in for a refused record: same instance, boot and seq; a derived event id."""
-    codec = default_codec()
-    try:
-        name, fields = codec.decode_record(rec.value)
-    except CodecError as exc:
-        name, fields = "unknown", {"event_id": "", "boot_id": "", "ts_us": 0}
-        reason = f"{reason}; the message does not decode either: {exc.reason}"
-    original_id = str(fields.get("event_id", ""))
-    ev = Dropped(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"dropped/{original_id or rec.seq}/{rec.end}")),
-                 instance_id=rec.key.decode("utf-8", "replace"), boot_id=str(fields.get("boot_id", "")), seq=rec.seq,
-                 ts_us=int(fields.get("ts_us") or 0), original_event_id=original_id, original_type=name,
-                 original_topic=rec.topic, original_bytes=len(rec.value), stage=str(fields.get("stage") or ""),
-                 reason=reason[:1000])
-    return codec.encode(ev)
 
 
 def producer_kwargs(settings: Settings, limits: dict[str, int] | None = None) -> dict[str, Any]:
@@ -191,6 +114,7 @@ class Deliverer:
         if learned is None:
             return cap or STOCK_MAX_MESSAGE_BYTES
         return min(learned, cap) if cap else learned
+
     # -- control from other threads -------------------------------------------
 
     def start(self) -> None:
@@ -219,8 +143,9 @@ class Deliverer:
         earliest); otherwise, the sender (another process) says so in the spool."""
         if self._lock_fd is not None:
             failed, attempt = self._failed_attempt, self._attempt_since
-            return ((failed is not None and failed >= since)
-                    or (attempt is not None and time.monotonic() - max(attempt, since) >= AWAY_AFTER_S))
+            return (failed is not None and failed >= since) or (
+                attempt is not None and time.monotonic() - max(attempt, since) >= AWAY_AFTER_S
+            )
         # another process sends: its note says so (a note without a live sender is stale), or nothing it sent was
         # acknowledged for AWAY_AFTER_S (an attempt of its may hang longer than that: a broker dropping packets)
         return self._lock_busy and ((self.spool.dir / AWAY).exists() or time.monotonic() - since >= AWAY_AFTER_S)
@@ -314,8 +239,12 @@ class Deliverer:
                 except Exception as exc:  # a damaged spool, a bug: the spool keeps the events
                     self.errors_total += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.error("the delivery thread hit %s; it retries in %gs (events stay in the spool %s)",
-                              self.last_error, BACKOFF_S[-1], self.spool.dir)
+                    log.error(
+                        "the delivery thread hit %s; it retries in %gs (events stay in the spool %s)",
+                        self.last_error,
+                        BACKOFF_S[-1],
+                        self.spool.dir,
+                    )
                     self._release()
                     time.sleep(BACKOFF_S[-1])
         finally:
@@ -371,8 +300,12 @@ class Deliverer:
         try:
             learned = await topic_limits(self.settings.kafka_kwargs(), TOPICS)
         except Exception as exc:  # no DescribeConfigs right, broker away: the setting or the stock limit applies
-            log.info("cannot describe the topics' max.message.bytes (%s: %s); using %d bytes",
-                     type(exc).__name__, exc, self.limit(TOPIC_LIFECYCLE))
+            log.info(
+                "cannot describe the topics' max.message.bytes (%s: %s); using %d bytes",
+                type(exc).__name__,
+                exc,
+                self.limit(TOPIC_LIFECYCLE),
+            )
             return False
         self.limits.update(learned)
         return True
@@ -388,8 +321,13 @@ class Deliverer:
         parts = split_log_batch(rec.value, rec.key, limit)
         if parts is not None:
             return [Outgoing(rec.topic, rec.key, p) for p in parts]
-        return [self._drop(rec, f"too large: the {len(rec.value)}-byte message is over {rec.topic}'s limit of "
-                                f"{limit} bytes (max.message.bytes) and cannot be split")]
+        return [
+            self._drop(
+                rec,
+                f"too large: the {len(rec.value)}-byte message is over {rec.topic}'s limit of "
+                f"{limit} bytes (max.message.bytes) and cannot be split",
+            )
+        ]
 
     def _drop(self, rec: Record, reason: str) -> Outgoing:
         line = f"seq {rec.seq} on {rec.topic} ({len(rec.value)} bytes): {reason}"
@@ -504,8 +442,12 @@ class Deliverer:
                     self.last_error = self._cause_line or f"{type(transient).__name__}: {transient}"
                     self.say_away()
                     if failures == 1:
-                        log.warning("cannot deliver to Kafka at %s (%s); events wait in the spool %s",
-                                    self.settings.bootstrap, self.last_error, self.spool.dir)
+                        log.warning(
+                            "cannot deliver to Kafka at %s (%s); events wait in the spool %s",
+                            self.settings.bootstrap,
+                            self.last_error,
+                            self.spool.dir,
+                        )
                     if producer is not None:
                         p, producer = producer, None
                         await _close(p)

@@ -63,8 +63,9 @@ def probe_gpu() -> dict[str, Any]:
     if not smi:
         return {"gpu_probe_error": "nvidia-smi not found on PATH (no NVIDIA driver in this machine or container)"}
     try:
-        out = parse_gpu_query(_run([smi, "--query-gpu=name,memory.total,driver_version,compute_cap",
-                                    "--format=csv,noheader,nounits"]))
+        out = parse_gpu_query(
+            _run([smi, "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader,nounits"])
+        )
         try:
             out["cuda_version"] = parse_cuda_version(_run([smi]))
         except (RuntimeError, OSError, subprocess.TimeoutExpired):

@@ -85,8 +85,11 @@ class Handoff:
 
     def fds(self) -> list[int]:
         """The fds that travel with the hand-off, in the order :meth:`with_fds` takes them back."""
-        return ([p.fd for p in self.pipes] + [p.out_fd for p in self.pipes if p.out_fd is not None]
-                + [f.fd for f in self.files if f.fd is not None])
+        return (
+            [p.fd for p in self.pipes]
+            + [p.out_fd for p in self.pipes if p.out_fd is not None]
+            + [f.fd for f in self.files if f.fd is not None]
+        )
 
     def with_fds(self, fds: Sequence[int]) -> "Handoff":
         """The same hand-off with the fds as received (in :meth:`fds` order) in place of the sender's numbers."""
@@ -131,8 +134,13 @@ def _typed(hint: Any, value: Any) -> Any:
     if dataclasses.is_dataclass(hint):
         hints = typing.get_type_hints(hint)
         cls: Any = hint
-        return cls(**{f.name: _typed(hints[f.name], value[f.name]) for f in dataclasses.fields(hint)
-                       if f.init and f.name in value})
+        return cls(
+            **{
+                f.name: _typed(hints[f.name], value[f.name])
+                for f in dataclasses.fields(hint)
+                if f.init and f.name in value
+            }
+        )
     return value
 
 
@@ -147,8 +155,10 @@ def decode(data: bytes) -> "Handoff":
     try:
         doc = json.loads(data)
         if doc.get("format") != FORMAT:
-            raise HandoffError(f"a hand-off of format {doc.get('format')!r}; this flightrec reads format {FORMAT}: "
-                               "run the same flightrec version for the agent and its late-output process")
+            raise HandoffError(
+                f"a hand-off of format {doc.get('format')!r}; this flightrec reads format {FORMAT}: "
+                "run the same flightrec version for the agent and its late-output process"
+            )
         return _typed(Handoff, doc["handoff"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise HandoffError(f"not a hand-off message ({type(exc).__name__}: {exc})") from exc
@@ -208,9 +218,14 @@ def _start(spool_dir: Path, addr: bytes) -> int:
     try:
         listener.bind(addr)
         listener.listen(64)
-        proc = subprocess.Popen([sys.executable, "-m", "flightrec.producer.late", str(spool_dir), str(listener.fileno())],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                pass_fds=[listener.fileno()], start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flightrec.producer.late", str(spool_dir), str(listener.fileno())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=[listener.fileno()],
+            start_new_session=True,
+        )
     finally:
         listener.close()
     (spool_dir / "late.pid").write_text(str(proc.pid))
@@ -241,7 +256,7 @@ def late_stages(spool_dir: Path, boot_id: str, gone: list[LateStage] | None = No
             continue
         if boot != boot_id:
             continue
-        st = LateStage(p.name[len("late-"):], stage[0] if stage else "?", int(pid) if pid.isdigit() else 0)
+        st = LateStage(p.name[len("late-") :], stage[0] if stage else "?", int(pid) if pid.isdigit() else 0)
         try:
             os.kill(st.late_pid, 0) if st.late_pid > 0 else None
         except OSError:
@@ -288,8 +303,11 @@ def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> list[str]:
         time.sleep(POLL_S)
         late = late_stages(spool_dir, boot_id, gone)
     request.unlink(missing_ok=True)
-    left = [f"stage {st.stage} (its late-output process, pid {st.late_pid}, is gone: what the stage's leftovers "
-            "write is passed on by the keeper, unrecorded)" for st in gone]
+    left = [
+        f"stage {st.stage} (its late-output process, pid {st.late_pid}, is gone: what the stage's leftovers "
+        "write is passed on by the keeper, unrecorded)"
+        for st in gone
+    ]
     for p in sorted(spool_dir.glob(f"{LEFT}{boot_id}-*")):
         try:
             left.append(p.read_text())
@@ -300,5 +318,3 @@ def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> list[str]:
         log.warning("%d stages of boot %s did not stop recording late output in time", len(late), boot_id)
         left += [f"{still_writing(st)}, after waiting {wait:g}s" for st in late]
     return left
-
-

@@ -31,8 +31,11 @@ _KEEP, _RELEASE, _END = b"K", b"R", b"E"
 _MSG = struct.Struct("=ci")  # kind, the late-output process's number of the pipe; a KEEP is followed by boot\tstage
 CHUNK = 1 << 16
 TITLE = "flightrec-agent keeper"
-LOST = "late-lost-"  # late-lost-BOOT-N: lines and bytes of a stage passed on unrecorded after the late-output process died
+LOST = (
+    "late-lost-"  # late-lost-BOOT-N: lines and bytes of a stage passed on unrecorded after the late-output process died
+)
 NOTE_EVERY_S = 5.0
+
 
 class Keeper:
     """The late-output process's side: fork the keeper, hand it copies, release them, end it."""
@@ -93,6 +96,7 @@ def _serve(sock: socket.socket, log_path: Path) -> None:
     """The keeper's life: hold copies until told to end, or take over when the late-output process is gone."""
     try:
         from setproctitle import setproctitle
+
         setproctitle(TITLE)
     except ImportError:
         pass
@@ -108,11 +112,11 @@ def _serve(sock: socket.socket, log_path: Path) -> None:
             msg, fds = b"", []
         if not msg:
             break  # the late-output process is gone without ending
-        kind, key = _MSG.unpack(msg[:_MSG.size])
+        kind, key = _MSG.unpack(msg[: _MSG.size])
         if kind == _KEEP and fds:
             _drop(held.pop(key, None))
             held[key] = (fds[0], fds[1] if len(fds) > 1 else None)
-            boot, _, stage = msg[_MSG.size:].decode("utf-8", "replace").partition("\t")
+            boot, _, stage = msg[_MSG.size :].decode("utf-8", "replace").partition("\t")
             owners[held[key][0]] = (boot, stage)
         elif kind == _RELEASE:
             _drop(held.pop(key, None))
@@ -148,8 +152,9 @@ def _note(spool_dir: Path, counts: dict[tuple[str, str], list[int]], noted: dict
         name = f"{LOST}{boot}-{os.getpid()}-{time.monotonic_ns()}"
         try:
             tmp = spool_dir / f".{name}"
-            tmp.write_text(json.dumps({"boot_id": boot, "stage": stage, "lines": lines - before[0],
-                                       "bytes": size - before[1]}))
+            tmp.write_text(
+                json.dumps({"boot_id": boot, "stage": stage, "lines": lines - before[0], "bytes": size - before[1]})
+            )
             tmp.rename(spool_dir / name)  # whole or not at all
             noted[(boot, stage)] = [lines, size]
         except OSError:
@@ -175,11 +180,15 @@ def take_late_losses(spool_dir: Path, boot_id: str) -> tuple[dict[str, tuple[int
     return out, files
 
 
-def _take_over(pairs: list[tuple[int, int | None]], log_path: Path,
-               owners: dict[int, tuple[str, str]] | None = None) -> None:
+def _take_over(
+    pairs: list[tuple[int, int | None]], log_path: Path, owners: dict[int, tuple[str, str]] | None = None
+) -> None:
     """Pass every pipe on to its output until its last writer closes it; record nothing, but count it per stage."""
-    _say(log_path, f"the late-output process died: {len(pairs)} pipes of the stages' leftovers are passed on "
-                   "but no longer recorded")
+    _say(
+        log_path,
+        f"the late-output process died: {len(pairs)} pipes of the stages' leftovers are passed on "
+        "but no longer recorded",
+    )
     owners = owners or {}
     outs = dict(pairs)
     poller = select.poll()
@@ -212,7 +221,7 @@ def _take_over(pairs: list[tuple[int, int | None]], log_path: Path,
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(out, view):]
+                    view = view[os.write(out, view) :]
             except OSError:  # its reader went away: read on (the writer never gets SIGPIPE), pass on nothing
                 os.close(out)
                 outs[fd] = None

@@ -15,8 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.producer.agent import SyncAgent
-from flightrec.producer.handoff import (CHUNK, HOLDER_SCAN_S, LEFT, LOG, MAX_FDS, POLL_S, REQUEST, SEAL_SCAN_S,
-                                        HandedPipe, Handoff, HandoffError, LateStage, Locked, decode, still_writing)
+from flightrec.producer.handoff import (
+    CHUNK,
+    HOLDER_SCAN_S,
+    LEFT,
+    LOG,
+    MAX_FDS,
+    POLL_S,
+    REQUEST,
+    SEAL_SCAN_S,
+    HandedPipe,
+    Handoff,
+    HandoffError,
+    LateStage,
+    Locked,
+    decode,
+    still_writing,
+)
 from flightrec.producer.tokens import alive_tokens, writers
 
 log = logging.getLogger(__name__)
@@ -114,7 +129,7 @@ class _Stage:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(p.out_fd, view):]
+                    view = view[os.write(p.out_fd, view) :]
             except OSError:  # its reader went away: it is no longer passed on (the leftover never gets SIGPIPE)
                 os.close(p.out_fd)
                 p = dataclasses.replace(p, out_fd=None)
@@ -124,12 +139,13 @@ class _Stage:
         else:
             parts = [data]
             if p.early:  # written before CMD exited, read only now
-                parts = [data[:p.early], data[p.early:]]
+                parts = [data[: p.early], data[p.early :]]
                 self.pipes[fd] = (dataclasses.replace(p, early=max(0, p.early - len(data))), b)
             for i, part in enumerate(parts):
                 b.late = i == len(parts) - 1
                 if p.strip:
                     from flightrec.producer.term import strip_control
+
                     part = strip_control(part)
                 if part:
                     b.feed(part)
@@ -286,8 +302,12 @@ class _Late:
                     st.stop_recording()
                     self.stages.remove(st)
                     if st.unrecorded_lines:
-                        log.warning("stage %s (boot %s): %d lines passed on after the seal were not recorded",
-                                    st.h.stage, st.h.boot_id, st.unrecorded_lines)
+                        log.warning(
+                            "stage %s (boot %s): %d lines passed on after the seal were not recorded",
+                            st.h.stage,
+                            st.h.boot_id,
+                            st.unrecorded_lines,
+                        )
                 if not self.stages and self._may_end():
                     if self.keeper is not None:
                         self.keeper.end()
@@ -304,6 +324,7 @@ def main() -> None:
     spool_dir, fd = Path(sys.argv[1]), int(sys.argv[2])
     try:
         from setproctitle import setproctitle
+
         setproctitle("flightrec-agent late-output")
     except ImportError:
         pass
@@ -311,10 +332,14 @@ def main() -> None:
         signal.signal(s, signal.SIG_IGN)  # a leftover's output must not be cut off by its stage's signals
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     handler = logging.handlers.RotatingFileHandler(spool_dir / LOG, maxBytes=1 << 20, backupCount=1)
-    logging.basicConfig(level=os.environ.get("FLIGHTREC_LOG_LEVEL", "INFO").upper(), handlers=[handler],
-                        format="%(asctime)s flightrec late-output %(process)d: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("FLIGHTREC_LOG_LEVEL", "INFO").upper(),
+        handlers=[handler],
+        format="%(asctime)s flightrec late-output %(process)d: %(message)s",
+    )
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the deliverer names a broker that is away, once
     from flightrec.producer.keeper import Keeper
+
     keeper = Keeper(spool_dir / LOG)  # forked now, before any thread starts
     try:
         _Late(spool_dir, socket.socket(fileno=fd), keeper).run()

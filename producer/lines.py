@@ -17,7 +17,7 @@ def _collapse_cr(segment: bytes) -> bytes:
     """
     stripped = segment.rstrip(b"\r")
     i = stripped.rfind(b"\r")
-    return segment[i + 1:] if i >= 0 else segment
+    return segment[i + 1 :] if i >= 0 else segment
 
 
 def cut_utf8(data: bytes, limit: int) -> bytes:
@@ -81,7 +81,9 @@ def fit_tails(tails: Sequence[Sequence[str]], budget: int) -> list[list[str]]:
             used += s
             kept += 1
         cut = len(tail) - kept
-        out.append([f"[cut: {cut} earlier lines left out to fit Kafka's message limit]"] + list(tail[len(tail) - kept:]))
+        out.append(
+            [f"[cut: {cut} earlier lines left out to fit Kafka's message limit]"] + list(tail[len(tail) - kept :])
+        )
     return out
 
 
@@ -206,7 +208,7 @@ class Tail:
         if self.limit <= 0:
             return
         fast = self.line_bytes // 4  # a str this long is at most line_bytes bytes of UTF-8
-        for t in texts[-self.limit:]:
+        for t in texts[-self.limit :]:
             if len(t) > fast:
                 t = cut_text(t, self.line_bytes)
             self.lines.append(t)

@@ -30,9 +30,15 @@ class LostSpool:
 
     dirty = False
 
-    def append(self, makers: Sequence[Maker], *, once: str | None = None,
-               encode: Callable[[Event], bytes] | None = None, sync: bool = True,
-               boot: str | None = None) -> list[Event]:
+    def append(
+        self,
+        makers: Sequence[Maker],
+        *,
+        once: str | None = None,
+        encode: Callable[[Event], bytes] | None = None,
+        sync: bool = True,
+        boot: str | None = None,
+    ) -> list[Event]:
         """Nothing can be written: SpoolWriteError with the events that were lost."""
         raise SpoolWriteError(self.reason, _built(makers, ""))
 

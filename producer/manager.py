@@ -27,9 +27,15 @@ def manager_spool(settings: Settings, source: str) -> Path:
     return Path(settings.spool) / "manager" / safe_name(source)
 
 
-def send_manager_event(settings: Settings, instance: str, kind: str, detail: str = "",
-                       attributes: Mapping[str, str] | None = None, source: str | None = None,
-                       timeout: float | None = None) -> tuple[ManagerEvent, bool]:
+def send_manager_event(
+    settings: Settings,
+    instance: str,
+    kind: str,
+    detail: str = "",
+    attributes: Mapping[str, str] | None = None,
+    source: str | None = None,
+    timeout: float | None = None,
+) -> tuple[ManagerEvent, bool]:
     """Spool one ManagerEvent about ``instance`` and wait up to the flush timeout for Kafka.
 
     Returns (the event, whether Kafka acknowledged it). Its boot_id and seq are the
@@ -50,13 +56,27 @@ def send_manager_event(settings: Settings, instance: str, kind: str, detail: str
         eid, ts = new_event_id(), now_us()
 
         def make(boot: str, seq: int) -> Event:
-            return ManagerEvent(event_id=eid, instance_id=instance, boot_id=boot, seq=seq, ts_us=ts,
-                                source_id=source, kind=kind, detail=text, attributes=attrs)
+            return ManagerEvent(
+                event_id=eid,
+                instance_id=instance,
+                boot_id=boot,
+                seq=seq,
+                ts_us=ts,
+                source_id=source,
+                kind=kind,
+                detail=text,
+                attributes=attrs,
+            )
 
         event = agent.emit_makers([make])[0]
         ok = agent.close(timeout)
     if not ok:
-        log.warning("manager event %s about %s is spooled in %s but not yet acknowledged; deliver it with "
-                    "`flightrec agent flush --all --spool %s`", kind, instance, agent.spool.dir,
-                    manager_spool(settings, source))
+        log.warning(
+            "manager event %s about %s is spooled in %s but not yet acknowledged; deliver it with "
+            "`flightrec agent flush --all --spool %s`",
+            kind,
+            instance,
+            agent.spool.dir,
+            manager_spool(settings, source),
+        )
     return event, ok  # type: ignore[return-value]  # emit returns the Event base: it is the ManagerEvent made here

@@ -24,7 +24,7 @@ def safe_name(value: str) -> str:
         return name.replace(".", "%2E") or "%00"
     if len(name) > MAX_NAME:
         digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        cut = name[:MAX_NAME - 18]
+        cut = name[: MAX_NAME - 18]
         pct = cut.find("%", len(cut) - 2)  # never cut inside a %XX escape
         name = (cut[:pct] if pct != -1 else cut) + "~" + digest
     return name

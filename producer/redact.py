@@ -74,7 +74,7 @@ def _split_needles(f: str) -> list[str]:
     (a first part long enough to mask), and what every second part after a shorter first part holds."""
     out = [f[:EAGER]] if len(f) > EAGER else []
     if len(f) - (EAGER - 1) >= EAGER:
-        out.append(f[EAGER - 1:])
+        out.append(f[EAGER - 1 :])
     else:  # a short secret: the split itself, the line break inside it
         out += [f[:i] + nl + f[i:] for i in range(1, min(EAGER, len(f))) for nl in ("\n", "\r\n")]
     return out
@@ -160,8 +160,9 @@ class Redactor:
     (:meth:`cut`) loses a trailing part that could be the start of a secret. Pure apart from reading the mapping.
     """
 
-    def __init__(self, names: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 shapes: Sequence[SecretShape] = ()) -> None:
+    def __init__(
+        self, names: Sequence[str] = (), env: Mapping[str, str] | None = None, shapes: Sequence[SecretShape] = ()
+    ) -> None:
         env = env if env is not None else {}
         values: set[str] = set()
         splits: set[str] = set()
@@ -170,8 +171,11 @@ class Redactor:
             if not value:
                 continue
             if len(value) < MIN_SECRET_LEN:
-                log.warning("FLIGHTREC_REDACT: the value of %s is shorter than %d characters and is not masked",
-                            name, MIN_SECRET_LEN)
+                log.warning(
+                    "FLIGHTREC_REDACT: the value of %s is shorter than %d characters and is not masked",
+                    name,
+                    MIN_SECRET_LEN,
+                )
                 continue
             forms, whole = _forms(value)
             values |= forms | base64_forms(value.encode("utf-8", "surrogateescape"))
@@ -188,18 +192,24 @@ class Redactor:
         folded = [n for s, p in zip(self.shapes, parts) if not s.case_sensitive for n in p]
         # what, found in the bytes of a read, means it may need masking (the fast path is for ASCII reads only: a
         # needle that is not ASCII cannot be in one): as written, and in bytes.lower()
-        self._raw = Finder([(n.encode("ascii"), b"") for n in raw if n.isascii()]
-                           + [(a.encode(), b.encode()) for a, b in exact])
+        self._raw = Finder(
+            [(n.encode("ascii"), b"") for n in raw if n.isascii()] + [(a.encode(), b.encode()) for a, b in exact]
+        )
         self._folded = Finder([(a.encode(), b.encode()) for a, b in folded])
         self._exact, self._needles = Finder(exact), Finder(folded)  # in the text, in str.lower()
         self._finders = [Finder(p) for p in parts]  # each shape's own
         self._split_finder = Finder([(n, "") for f in self._splits for n in _split_needles(f)])
         # a needle found -> the shapes that may match there: those with a needle whose text holds its text (the same
         # text with other followers; a needle dropped as holding a plain shorter one), of the same case rule
-        self._shapes_for = {(k, sensitive): tuple(
-            i for i, (s, p) in enumerate(zip(self.shapes, parts))
-            if s.case_sensitive == sensitive and any(k[0] in n[0] for n in p))
-            for sensitive, finder in ((True, self._exact), (False, self._needles)) for k in finder.needles}
+        self._shapes_for = {
+            (k, sensitive): tuple(
+                i
+                for i, (s, p) in enumerate(zip(self.shapes, parts))
+                if s.case_sensitive == sensitive and any(k[0] in n[0] for n in p)
+            )
+            for sensitive, finder in ((True, self._exact), (False, self._needles))
+            for k in finder.needles
+        }
         # each regex as matched in the joined lines of a batch: ^ and $ at every line's start and end
         self._joined = {s.name: re.compile(s.regex.pattern, s.regex.flags | re.MULTILINE) for s in self.shapes}
 
@@ -221,12 +231,13 @@ class Redactor:
 
     def carry_after(self, last_line: bytes) -> Carry:
         """The carry after an ASCII line that needed no masking (what the fast path keeps of it)."""
-        return Carry(last_line[-self._keep:].decode("ascii")) if self._splits and last_line else NO_CARRY
+        return Carry(last_line[-self._keep :].decode("ascii")) if self._splits and last_line else NO_CARRY
 
     # -- lines ------------------------------------------------------------------
 
-    def stream(self, texts: list[str], truncated: Sequence[bool] | None = None,
-               carry: Carry = NO_CARRY) -> tuple[list[str], Carry]:
+    def stream(
+        self, texts: list[str], truncated: Sequence[bool] | None = None, carry: Carry = NO_CARRY
+    ) -> tuple[list[str], Carry]:
         """Lines of one source in order, masked, and the carry for its next lines. ``truncated`` flags lines that
         were cut short (see :meth:`cut`). A few C-speed scans of the joined lines find the lines that need work
         (when none does, ``texts`` itself is returned); the shapes whose needles are in many lines are matched
@@ -235,7 +246,7 @@ class Redactor:
         if not n:
             return texts, carry
         follow = self._by_name.get(carry.follow) if carry.follow else None
-        after = Carry(texts[-1][-self._keep:]) if self._splits and texts[-1] else NO_CARRY
+        after = Carry(texts[-1][-self._keep :]) if self._splits and texts[-1] else NO_CARRY
         blob = "\n".join(texts)
         where = _Lines(texts)
         edges = self._edges(carry.tail, blob, where) if self._splits else {}
@@ -328,11 +339,14 @@ class Redactor:
             return found, starts
         at: dict[int, list[int] | None] = {}  # shape (its index) -> where its needles are (None: in many places)
         for sensitive, finder, text in ((True, self._exact, blob), (False, self._needles, low)):
-            for needle, positions in (finder.scan(text, FEW).items() if finder else ()):
+            for needle, positions in finder.scan(text, FEW).items() if finder else ():
                 for k in self._shapes_for[needle, sensitive]:
                     have = at.get(k, [])
-                    at[k] = None if positions is None or have is None or len(have) + len(positions) > FEW \
+                    at[k] = (
+                        None
+                        if positions is None or have is None or len(have) + len(positions) > FEW
                         else have + positions
+                    )
         for k, positions in at.items():
             shape = self.shapes[k]
             if positions is not None:
@@ -459,4 +473,3 @@ class Redactor:
     def mapping(self, values: Mapping[str, str]) -> dict[str, str]:
         """A string map with its keys and values masked."""
         return {self.text(k): self.text(v) for k, v in values.items()}
-

@@ -30,8 +30,17 @@ from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
 from flightrec.producer.handoff import HandedFile, HandedPipe, Handoff, hand_off
 from flightrec.producer.tokens import TOKEN_ENV, stage_alive, writers
-from flightrec.producer.term import (FORWARDED, Canary, PtyPair, SignalWatcher, StageSignals, die_with_parent,
-                                     read_eof, strip_control, unblock_in_child)
+from flightrec.producer.term import (
+    FORWARDED,
+    Canary,
+    PtyPair,
+    SignalWatcher,
+    StageSignals,
+    die_with_parent,
+    read_eof,
+    strip_control,
+    unblock_in_child,
+)
 from flightrec.producer.term import block as block_signals
 
 log = logging.getLogger(__name__)
@@ -46,7 +55,7 @@ PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close be
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class _Pump(threading.Thread):
@@ -234,9 +243,13 @@ def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair]) -> su
         unblock_in_child()
         die_with_parent(agent)
 
-    kw: dict = dict(env=env, bufsize=0, preexec_fn=child,
-                    stdout=ptys[1].slave if 1 in ptys else subprocess.PIPE,
-                    stderr=ptys[2].slave if 2 in ptys else subprocess.PIPE)
+    kw: dict = dict(
+        env=env,
+        bufsize=0,
+        preexec_fn=child,
+        stdout=ptys[1].slave if 1 in ptys else subprocess.PIPE,
+        stderr=ptys[2].slave if 2 in ptys else subprocess.PIPE,
+    )
     try:
         return subprocess.Popen(argv, **kw)
     except OSError as exc:
@@ -280,8 +293,15 @@ class _Run:
     late_pid: int | None = None
 
 
-def run_stage(agent: SyncAgent, stage: str, argv: Sequence[str], tails: Sequence[str] = (), *,
-              seal_on_success: bool = False, passthrough: bool = True) -> StageResult:
+def run_stage(
+    agent: SyncAgent,
+    stage: str,
+    argv: Sequence[str],
+    tails: Sequence[str] = (),
+    *,
+    seal_on_success: bool = False,
+    passthrough: bool = True,
+) -> StageResult:
     """Run ``argv`` as stage ``stage``; return the status to exit with (CMD's code, or 128+N for signal N).
 
     Guarantees: CMD inherits stdin, the environment (plus FLIGHTREC_STAGE_TOKEN) and
@@ -361,10 +381,17 @@ def _report_start_error(r: _Run, exc: OSError) -> StageResult:
     status, why = _start_error(exc, r.argv[0] if r.argv else "")
     os.write(2, f"flightrec agent run: {why}\n".encode())
     ended = now_us()
-    exit_ev = agent.emit(ProcessExit, stage=r.stage, argv=[agent.redactor.text(a) for a in r.argv], exit_code=status,
-                         start_error=why, started_us=r.started_us, ended_us=ended,
-                         duration_s=time.monotonic() - r.t0,
-                         file_tails=[FileTail(path=p, lines=(), exists=os.path.exists(p)) for p in r.tails])
+    exit_ev = agent.emit(
+        ProcessExit,
+        stage=r.stage,
+        argv=[agent.redactor.text(a) for a in r.argv],
+        exit_code=status,
+        start_error=why,
+        started_us=r.started_us,
+        ended_us=ended,
+        duration_s=time.monotonic() - r.t0,
+        file_tails=[FileTail(path=p, lines=(), exists=os.path.exists(p)) for p in r.tails],
+    )
     agent.event(r.stage, "failed", detail=f"could not start: {why} (exit {status})")
     return StageResult(status, exit_ev)  # type: ignore[arg-type]  # exit_ev: the ProcessExit emit made (typed as its Event base)
 
@@ -413,8 +440,11 @@ def _wait(r: _Run) -> None:
             t.join(0.02)
     held = [t for t in r.pumps if t.is_alive()]
     # followed files go on being followed while a process the stage started still runs
-    if held or (r.follows and not sigs.after_exit.is_set()
-                and (stage_alive(r.token) or writers({f.path for f, _b in r.follows}))):
+    if held or (
+        r.follows
+        and not sigs.after_exit.is_set()
+        and (stage_alive(r.token) or writers({f.path for f, _b in r.follows}))
+    ):
         r.late_pid = _hand_off(r.agent, r.stage, r.token, r.pumps, r.follower, r.follows)
     elif r.follower:
         r.follower.finish(r.agent.settings.follow_grace, sigs.after_exit)
@@ -428,10 +458,18 @@ def _report(r: _Run, seal_on_success: bool) -> StageResult:
     status = 128 + signum if signum else rc
     sig_name = signal.Signals(signum).name if signum and signum in signal.Signals._value2member_map_ else None
     exit_ev = agent.emit(
-        ProcessExit, stage=stage, argv=[agent.redactor.text(a) for a in r.argv], pid=proc.pid,
-        exit_code=None if signum else rc, signal=signum, signal_name=sig_name,
-        started_us=r.started_us, ended_us=r.ended_us, duration_s=r.duration,
-        stdout_tail=out_b.tail.snapshot(), stderr_tail=err_b.tail.snapshot(),
+        ProcessExit,
+        stage=stage,
+        argv=[agent.redactor.text(a) for a in r.argv],
+        pid=proc.pid,
+        exit_code=None if signum else rc,
+        signal=signum,
+        signal_name=sig_name,
+        started_us=r.started_us,
+        ended_us=r.ended_us,
+        duration_s=r.duration,
+        stdout_tail=out_b.tail.snapshot(),
+        stderr_tail=err_b.tail.snapshot(),
         file_tails=[FileTail(path=f.path, lines=b.tail.snapshot(), exists=f.exists) for f, b in r.follows],
     )
     duration = {"duration_s": f"{r.duration:.3f}"}
@@ -449,8 +487,14 @@ def _report(r: _Run, seal_on_success: bool) -> StageResult:
     return StageResult(status, exit_ev, lines, r.late_pid)  # type: ignore[arg-type]  # exit_ev: the ProcessExit emit made (typed as its Event base)
 
 
-def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], follower: _Followers | None,
-              follows: list[tuple[FileFollower, SourceBatcher]]) -> int | None:
+def _hand_off(
+    agent: SyncAgent,
+    stage: str,
+    token: str,
+    pumps: list[_Pump],
+    follower: _Followers | None,
+    follows: list[tuple[FileFollower, SourceBatcher]],
+) -> int | None:
     """CMD exited but what it started still holds its outputs (or followed files): a late-output process goes on."""
     for t in pumps:
         t.stop(handing_off=True)
@@ -462,15 +506,37 @@ def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], foll
     for t in pumps:
         if not t.eof:
             no, pending, overflow, carry = t.batcher.handoff_state()
-            pipes.append(HandedPipe(fd=t.fd, out_fd=t.out_fd, source=t.batcher.source, pid=t.batcher.pid,
-                                    next_no=no, pending=pending, overflow=overflow, carry=carry, strip=t.strip,
-                                    early=max(0, (t.late_at or 0) - t.read_total)))
+            pipes.append(
+                HandedPipe(
+                    fd=t.fd,
+                    out_fd=t.out_fd,
+                    source=t.batcher.source,
+                    pid=t.batcher.pid,
+                    next_no=no,
+                    pending=pending,
+                    overflow=overflow,
+                    carry=carry,
+                    strip=t.strip,
+                    early=max(0, (t.late_at or 0) - t.read_total),
+                )
+            )
     files = []
     for f, b in follows:
         fd, offset, ino = f.state()
         no, pending, overflow, carry = b.handoff_state()
-        files.append(HandedFile(path=f.path, fd=fd, offset=offset, ino=ino, exists=f.exists, next_no=no,
-                                pending=pending, overflow=overflow, carry=carry))
+        files.append(
+            HandedFile(
+                path=f.path,
+                fd=fd,
+                offset=offset,
+                ino=ino,
+                exists=f.exists,
+                next_no=no,
+                pending=pending,
+                overflow=overflow,
+                carry=carry,
+            )
+        )
     h = Handoff(settings=agent.settings, stage=stage, boot_id=agent.boot_id, token=token, pipes=pipes, files=files)
     try:
         pid = hand_off(h, agent.spool.dir)
@@ -481,6 +547,9 @@ def _hand_off(agent: SyncAgent, stage: str, token: str, pumps: list[_Pump], foll
         os.close(p.fd)
     for f, _b in follows:
         f.close()
-    log.info("CMD exited; %s still written by processes it left behind: a late-output process (pid %s) goes on",
-             ", ".join([p.source for p in pipes] + [f.path for f in files]), pid)
+    log.info(
+        "CMD exited; %s still written by processes it left behind: a late-output process (pid %s) goes on",
+        ", ".join([p.source for p in pipes] + [f.path for f in files]),
+        pid,
+    )
     return pid

@@ -37,12 +37,12 @@ def userinfo_len(rest: str) -> int:
     ':' before its first '/' (``https://example.com/a@b``) has no credentials.
     """
     m = _AUTHORITY_END.search(rest)
-    auth = rest[:m.start()] if m else rest
+    auth = rest[: m.start()] if m else rest
     at = auth.rfind("@")
     user = auth[:at] if at >= 0 else auth
     colon = user.find(":")
-    passwordish = colon >= 0 and not user[colon + 1:].isdigit() and not user.startswith("[")  # [IPv6]:port
-    if at >= 0 and (not passwordish or _plausible_host(auth[at + 1:])):
+    passwordish = colon >= 0 and not user[colon + 1 :].isdigit() and not user.startswith("[")  # [IPv6]:port
+    if at >= 0 and (not passwordish or _plausible_host(auth[at + 1 :])):
         return at + 1
     if not passwordish:
         return 0
@@ -82,7 +82,7 @@ def url_spans(text: str) -> list[tuple[int, int, str]]:
     for start, end in _urls(text):
         n = userinfo_len(text[start:end])
         if n:
-            out.append((start, start + n, f"{MASK}:{MASK}@" if ":" in text[start:start + n - 1] else f"{MASK}@"))
+            out.append((start, start + n, f"{MASK}:{MASK}@" if ":" in text[start : start + n - 1] else f"{MASK}@"))
     return out
 
 
@@ -93,9 +93,9 @@ def cut_url_start(text: str) -> int | None:
         if end == len(text) and start < end:
             rest = text[start:]
             m = _AUTHORITY_END.search(rest)
-            user = rest[:m.start()] if m else rest
+            user = rest[: m.start()] if m else rest
             colon = user.find(":")
-            if not m or "@" in user or (colon >= 0 and not user[colon + 1:].isdigit()):
+            if not m or "@" in user or (colon >= 0 and not user[colon + 1 :].isdigit()):
                 return start
     return None
 
@@ -109,15 +109,18 @@ def base64_forms(raw: bytes) -> set[str]:
     first_stable = ""
     for skip in range(3):
         enc = base64.b64encode(b"\0" * skip + raw).decode("ascii")
-        stable = enc[-(-8 * skip // 6):(8 * (skip + len(raw))) // 6]
+        stable = enc[-(-8 * skip // 6) : (8 * (skip + len(raw))) // 6]
         if skip == 0:
             first_stable = stable
         if len(stable) >= B64_MIN:
             out.update((stable, stable.translate(_URLSAFE)))
     for width in B64_WRAPS:
         if len(first_stable) > width:
-            out.update(p for p in (first_stable[k:k + width] for k in range(0, len(first_stable), width))
-                       if len(p) >= B64_MIN)
+            out.update(
+                p
+                for p in (first_stable[k : k + width] for k in range(0, len(first_stable), width))
+                if len(p) >= B64_MIN
+            )
     return out
 
 
@@ -147,7 +150,7 @@ def _class(after: S) -> S:
     """A regex that matches one of the characters of ``after`` (nothing: the empty regex)."""
     if not after:
         return after
-    chars = sorted({re.escape(after[i:i + 1]) for i in range(len(after))})
+    chars = sorted({re.escape(after[i : i + 1]) for i in range(len(after))})
     if isinstance(after, bytes):
         return b"[" + b"".join(chars) + b"]"
     return "[" + "".join(chars) + "]"
@@ -161,7 +164,7 @@ def _trie(needles: list[Needle]) -> Any:
     for lit, after in needles:
         node = root
         for i in range(len(lit)):
-            node = node.setdefault(lit[i:i + 1], {})
+            node = node.setdefault(lit[i : i + 1], {})
         node[end] = after
     empty = needles[0][0][:0]
     bar: Any
@@ -237,4 +240,3 @@ def _find_all(text: S, needle: S) -> Iterator[int]:
     while p >= 0:
         yield p
         p = text.find(needle, p + 1)
-

@@ -60,7 +60,9 @@ def _compile(pattern: Any, where: str, empty: bool = False) -> re.Pattern[str]:
     try:
         rx = re.compile(pattern)
     except re.error as exc:
-        raise SecretShapesError(f"{where}: bad regular expression: {exc}; fix the pattern (Python `re` syntax)") from exc
+        raise SecretShapesError(
+            f"{where}: bad regular expression: {exc}; fix the pattern (Python `re` syntax)"
+        ) from exc
     if not empty and rx.fullmatch("") is not None:
         raise SecretShapesError(f"{where}: the regular expression matches an empty text; make it require characters")
     return rx
@@ -73,8 +75,10 @@ def _mask(raw: Any, rx: re.Pattern[str], where: str) -> tuple[str, ...]:
         raise SecretShapesError(f'{where}: mask must be "match" or a list of the regex\'s named groups')
     for g in raw:
         if g not in rx.groupindex:
-            raise SecretShapesError(f"{where}: mask names no group named {g!r} in the regex; "
-                                    f"its named groups: {sorted(rx.groupindex) or 'none'}")
+            raise SecretShapesError(
+                f"{where}: mask names no group named {g!r} in the regex; "
+                f"its named groups: {sorted(rx.groupindex) or 'none'}"
+            )
     return tuple(raw)
 
 
@@ -90,20 +94,28 @@ def needle_parts(needle: str) -> tuple[str, str]:
 
 def _needles(raw: Any, where: str, sensitive: bool) -> tuple[str, ...]:
     if raw is None:
-        raise SecretShapesError(f"{where} needs needles: lowercase strings one of which every match holds "
-                                "(the fast path skips a read that holds none)")
+        raise SecretShapesError(
+            f"{where} needs needles: lowercase strings one of which every match holds "
+            "(the fast path skips a read that holds none)"
+        )
     if not isinstance(raw, list) or not raw or not all(isinstance(n, str) for n in raw):
         raise SecretShapesError(f"{where}: needles must be a list of strings")
     for n in raw:
         if not n.isascii() or (n != n.lower() and not sensitive):
-            raise SecretShapesError(f"{where}: needle {n!r} must be lowercase ASCII (it is compared with the text's "
-                                    'ASCII letters lowercased; case = "sensitive" compares it as written)')
+            raise SecretShapesError(
+                f"{where}: needle {n!r} must be lowercase ASCII (it is compared with the text's "
+                'ASCII letters lowercased; case = "sensitive" compares it as written)'
+            )
         if _NEEDLE.fullmatch(n) is None:
-            raise SecretShapesError(f"{where}: needle {n!r} must be a text, maybe followed by [characters] (one of "
-                                    "which must come next); no other brackets")
+            raise SecretShapesError(
+                f"{where}: needle {n!r} must be a text, maybe followed by [characters] (one of "
+                "which must come next); no other brackets"
+            )
         if len(needle_parts(n)[0]) < MIN_NEEDLE:
-            raise SecretShapesError(f"{where}: needle {n!r} must be at least {MIN_NEEDLE} characters (a shorter one is "
-                                    "in almost every read and would turn the fast path off)")
+            raise SecretShapesError(
+                f"{where}: needle {n!r} must be at least {MIN_NEEDLE} characters (a shorter one is "
+                "in almost every read and would turn the fast path off)"
+            )
     return tuple(dict.fromkeys(raw))
 
 
@@ -128,10 +140,16 @@ def _shape(raw: Any, where: str) -> SecretShape:
         raise SecretShapesError(f'{where}: case must be "insensitive" (the default) or "sensitive", not {case!r}')
     # a follow regex may match an empty line (the blank line inside a PEM block keeps it open)
     follow = _compile(raw["follow"], f"{where} follow", empty=True) if "follow" in raw else None
-    return SecretShape(name=name, regex=rx, mask=_mask(raw.get("mask"), rx, where),
-                       needles=_needles(raw.get("needles"), where, case == "sensitive"), reason=raw["reason"],
-                       case_sensitive=case == "sensitive", follow=follow,
-                       follow_mask=_mask(raw.get("follow_mask"), follow, f"{where} follow") if follow else ())
+    return SecretShape(
+        name=name,
+        regex=rx,
+        mask=_mask(raw.get("mask"), rx, where),
+        needles=_needles(raw.get("needles"), where, case == "sensitive"),
+        reason=raw["reason"],
+        case_sensitive=case == "sensitive",
+        follow=follow,
+        follow_mask=_mask(raw.get("follow_mask"), follow, f"{where} follow") if follow else (),
+    )
 
 
 def parse_shapes(text: str, source: str = "<shapes>") -> ShapeFile:
@@ -142,8 +160,10 @@ def parse_shapes(text: str, source: str = "<shapes>") -> ShapeFile:
         raise SecretShapesError(f"{source} is not valid TOML: {exc}") from exc
     unknown = set(data) - _TOP
     if unknown:
-        raise SecretShapesError(f"{source}: unknown top-level keys {sorted(unknown)}; allowed: [[shape]] tables "
-                                "and disable = [names of built-in shapes]")
+        raise SecretShapesError(
+            f"{source}: unknown top-level keys {sorted(unknown)}; allowed: [[shape]] tables "
+            "and disable = [names of built-in shapes]"
+        )
     raw, disable = data.get("shape", []), data.get("disable", [])
     if not isinstance(raw, list) or not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
         raise SecretShapesError(f"{source}: expected [[shape]] tables and disable = [names]")
@@ -170,8 +190,10 @@ def merge(base: tuple[SecretShape, ...], extra: ShapeFile) -> tuple[SecretShape,
     names = {s.name for s in base}
     for d in extra.disable:
         if d not in names:
-            raise SecretShapesError(f"{extra.source}: disable names no built-in shape named {d!r}; "
-                                    f"the built-in ones: {', '.join(sorted(names))}")
+            raise SecretShapesError(
+                f"{extra.source}: disable names no built-in shape named {d!r}; "
+                f"the built-in ones: {', '.join(sorted(names))}"
+            )
     mine = {s.name: s for s in extra.shapes}
     out = [mine.pop(s.name, s) for s in base if s.name not in extra.disable]
     return tuple(out) + tuple(mine.values())
@@ -187,8 +209,10 @@ def load_shapes(setting: str | None) -> tuple[SecretShape, ...]:
     try:
         text = Path(setting).read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SecretShapesError(f"cannot read the secret shapes file {setting}: {exc}; point FLIGHTREC_SECRET_SHAPES "
-                                "at a readable TOML file, or set it to 'off'") from exc
+        raise SecretShapesError(
+            f"cannot read the secret shapes file {setting}: {exc}; point FLIGHTREC_SECRET_SHAPES "
+            "at a readable TOML file, or set it to 'off'"
+        ) from exc
     shapes = merge(builtin_shapes(), parse_shapes(text, setting))
     log.debug("secret shapes: %s (the built-in list and %s)", ", ".join(s.name for s in shapes), setting)
     return shapes

@@ -37,7 +37,15 @@ from flightrec.errors import SpoolError
 from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
 
 from flightrec.producer.names import instance_dir, safe_name  # noqa: F401 (re-exported)
-from flightrec.producer.segment import BODY, REC, SEG_MAGIC, iter_records  # noqa: F401 (SEG_MAGIC: re-exported)
+from flightrec.producer.segment import (
+    BODY,
+    REC,
+    SEG_MAGIC,
+    Position,
+    Record,  # noqa: F401 - SEG_MAGIC, Position, Record: re-exported
+    iter_records,
+    read_records,
+)
 from flightrec.producer.segment import parse_header as _parse_header
 from flightrec.producer.syncer import Syncer
 
@@ -49,7 +57,6 @@ _KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 RESERVE_BYTES = 256 * 1024
 SYNC_WINDOW_S = 0.1  # group commit: log batches written with sync=False are fdatasync'd at most this long after
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_HEAD_READ = 64 * 1024  # a segment's header is read from this much of its start
 
 Maker = Callable[[str, int], Event]  # (boot_id, seq) -> the event
 T = TypeVar("T")
@@ -62,26 +69,6 @@ def kernel_boot_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
-
-
-@dataclass(frozen=True, order=True)
-class Position:
-    """A place in the spool: segment number and byte offset; later places compare greater."""
-
-    seg: int
-    offset: int
-
-
-@dataclass(frozen=True)
-class Record:
-    """One spooled event as it will be sent: topic, key, value; ``end`` is the position after it."""
-
-    seq: int
-    flags: int
-    topic: str
-    key: bytes
-    value: bytes
-    end: Position
 
 
 @dataclass
@@ -139,8 +126,15 @@ class Spool:
     :meth:`save_cursor` says Kafka acknowledged it.
     """
 
-    def __init__(self, root: str | Path, instance_id: str, *, fsync: bool = True,
-                 rotate_bytes: int = DEFAULT_ROTATE_BYTES, new_boot: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        instance_id: str,
+        *,
+        fsync: bool = True,
+        rotate_bytes: int = DEFAULT_ROTATE_BYTES,
+        new_boot: bool = False,
+    ) -> None:
         if not instance_id:
             raise SpoolError("an instance id is needed: pass --instance or set FLIGHTREC_INSTANCE")
         self.instance_id = instance_id
@@ -161,7 +155,9 @@ class Spool:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise SpoolError(f"cannot use the spool folder {self.dir}: {exc}; set FLIGHTREC_SPOOL to a writable folder") from exc
+            raise SpoolError(
+                f"cannot use the spool folder {self.dir}: {exc}; set FLIGHTREC_SPOOL to a writable folder"
+            ) from exc
         self._codec = default_codec()
         self.held: dict[str, int] = {}  # boots that stages of this process take part in (producer.members)
         self._reserve_given_up = False
@@ -248,14 +244,32 @@ class Spool:
             with open(path, "r+b") as f:
                 f.truncate(end)
                 os.fsync(f.fileno())
-        self._head = _Head(n, end, header_len, header["boot_id"], header.get("kernel_boot_id", ""),
-                           next_seq, sealed, header.get("instance_id", self.instance_id))
+        self._head = _Head(
+            n,
+            end,
+            header_len,
+            header["boot_id"],
+            header.get("kernel_boot_id", ""),
+            next_seq,
+            sealed,
+            header.get("instance_id", self.instance_id),
+        )
         return self._head
 
     def _new_segment(self, n: int, boot_id: str, first_seq: int) -> _Head:
         kboot = kernel_boot_id()
-        header = json.dumps({"instance_id": self.instance_id, "boot_id": boot_id, "kernel_boot_id": kboot,
-                             "first_seq": first_seq, "created_us": now_us()}).encode() + b"\n"
+        header = (
+            json.dumps(
+                {
+                    "instance_id": self.instance_id,
+                    "boot_id": boot_id,
+                    "kernel_boot_id": kboot,
+                    "first_seq": first_seq,
+                    "created_us": now_us(),
+                }
+            ).encode()
+            + b"\n"
+        )
         path = self._path(n)
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
@@ -275,7 +289,12 @@ class Spool:
     def _current(self) -> _Head:
         """Under the lock: the head to append to, starting a new boot or segment where needed."""
         head = self._recover()
-        if head is None or head.sealed or self._force_new_boot or (head.kernel_boot and head.kernel_boot != kernel_boot_id()):
+        if (
+            head is None
+            or head.sealed
+            or self._force_new_boot
+            or (head.kernel_boot and head.kernel_boot != kernel_boot_id())
+        ):
             self._force_new_boot = False
             n = head.seg + 1 if head else 1
             return self._new_segment(n, str(uuid.uuid4()), 0)
@@ -310,9 +329,11 @@ class Spool:
         if head is not None and head.boot_id in self.held and not head.sealed:
             return
         gone = ", ".join(sorted(self.held))
-        raise BootSealedError(f"boot {gone} was sealed while this stage was still running (a seal waits "
-                              "FLIGHTREC_SEAL_WAIT seconds for running stages); its later events are not recorded",
-                              _built(makers, gone))
+        raise BootSealedError(
+            f"boot {gone} was sealed while this stage was still running (a seal waits "
+            "FLIGHTREC_SEAL_WAIT seconds for running stages); its later events are not recorded",
+            _built(makers, gone),
+        )
 
     # -- writing ------------------------------------------------------------
 
@@ -352,7 +373,7 @@ class Spool:
         if self._fd_seg != head.seg:
             if self._fd is not None:
                 if self._dirty_since is not None:  # the old segment's unsynced records: the syncer thread
-                    self._syncer.hand(self._fd)   # fdatasyncs and closes it (the writer does not wait)
+                    self._syncer.hand(self._fd)  # fdatasyncs and closes it (the writer does not wait)
                     self._dirty_since = None
                 else:
                     os.close(self._fd)
@@ -365,7 +386,7 @@ class Spool:
             if (written := os.writev(fd, blob)) < sum(map(len, blob)):  # write (a full disk) the rest
                 view = memoryview(b"".join(blob))[written:]
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             if self.fsync:
                 if self._dirty_since is None:
                     self._dirty_since = time.monotonic()
@@ -382,9 +403,15 @@ class Spool:
                 pass
             raise
 
-    def append(self, makers: Sequence[Maker], *, once: str | None = None,
-               encode: Callable[[Event], bytes] | None = None, sync: bool = True,
-               boot: str | None = None) -> list[Event]:
+    def append(
+        self,
+        makers: Sequence[Maker],
+        *,
+        once: str | None = None,
+        encode: Callable[[Event], bytes] | None = None,
+        sync: bool = True,
+        boot: str | None = None,
+    ) -> list[Event]:
         """Assign seqs, build, encode and durably write events; return them (empty if ``once`` was done).
 
         ``sync=False`` (log batches): written at once, fdatasync'd by group commit (see the class).
@@ -403,14 +430,17 @@ class Spool:
                 if boot is not None:
                     last = self._recover()
                     if last is None or last.boot_id != boot or last.sealed:
-                        raise BootSealedError(f"boot {boot} was sealed before these lines of a stage's late output "
-                                              "were spooled; they are passed on but not recorded",
-                                              _built(makers, boot))
+                        raise BootSealedError(
+                            f"boot {boot} was sealed before these lines of a stage's late output "
+                            "were spooled; they are passed on but not recorded",
+                            _built(makers, boot),
+                        )
                 try:
                     head = self._current()
                 except OSError as exc:
-                    raise SpoolWriteError(f"cannot start a spool segment in {self.dir}: {exc}",
-                                          _built(makers, "")) from exc
+                    raise SpoolWriteError(
+                        f"cannot start a spool segment in {self.dir}: {exc}", _built(makers, "")
+                    ) from exc
                 marker = self.dir / f"once-{head.boot_id}-{once}" if once else None
                 if marker is not None and marker.exists():
                     return []
@@ -446,8 +476,11 @@ class Spool:
         """Write the parts of ``blob``; on a full disk, give up the reserve for anything but log lines; else SpoolWriteError."""
         has_lines = any(isinstance(ev, LogBatch) for ev in events)
         if has_lines and not self._room_for_lines():
-            raise SpoolWriteError(f"the disk of {self.dir} is full: log lines are dropped, the last room is kept "
-                                  "for exits and ends of stages", events)
+            raise SpoolWriteError(
+                f"the disk of {self.dir} is full: log lines are dropped, the last room is kept "
+                "for exits and ends of stages",
+                events,
+            )
         try:
             self._write(head, blob, sync)
             return
@@ -498,8 +531,11 @@ class Spool:
                 with open(self.dir / "cursor", "r+") as f:
                     f.write(text)
             except OSError:
-                log.warning("spool %s: cannot save the delivery cursor (%s); acknowledged events may be sent again",
-                            self.dir, exc)
+                log.warning(
+                    "spool %s: cannot save the delivery cursor (%s); acknowledged events may be sent again",
+                    self.dir,
+                    exc,
+                )
         for n in self.segments():
             if n < pos.seg:
                 try:
@@ -513,42 +549,7 @@ class Spool:
         The bytes before a committed end never change, so no lock is needed here.
         At least one record is returned when there is one, however big.
         """
-        out: list[Record] = []
-        total = 0
-        pos = cursor
-        for n in self.segments():
-            if n < pos.seg or n > end.seg:
-                continue
-            path = self._path(n)
-            try:
-                with open(path, "rb") as f:
-                    data = f.read(_HEAD_READ)
-                    if len(data) == _HEAD_READ and b"\n" not in data[len(SEG_MAGIC):]:
-                        data += f.read()  # a header longer than that (a very long instance id)
-                    header, header_len = _parse_header(data, path)
-                    # from the cursor on: what was sent before is not read again
-                    base = max(pos.offset, header_len) if n == pos.seg else header_len
-                    f.seek(base)
-                    data = f.read() if n < end.seg else f.read(max(0, end.offset - base))
-            except FileNotFoundError:
-                continue
-            key = str(header.get("instance_id", self.instance_id)).encode("utf-8")
-            last = 0
-            for rec_end, seq, flags, topic, value in iter_records(data, 0):
-                last = rec_end
-                out.append(Record(seq, flags, topic, key, value, Position(n, base + rec_end)))
-                total += len(value)
-                if total >= max_bytes:
-                    return out, Position(n, base + rec_end)
-            last += base
-            if n < end.seg:
-                if last < base + len(data):  # damage inside an older segment: skip the rest of it, loudly
-                    log.error("spool %s: %d unreadable bytes at offset %d skipped", path, base + len(data) - last,
-                              last)
-                pos = Position(n + 1, 0)
-            else:
-                pos = Position(n, last)
-        return out, max(pos, cursor)
+        return read_records([(n, self._path(n)) for n in self.segments()], self.instance_id, cursor, end, max_bytes)
 
     def pending(self) -> int:
         """Records spooled but not yet acknowledged (a count, for reports)."""

@@ -30,7 +30,9 @@ SAME_SENDING_S = 0.5  # the same signal from the same sender again this soon aft
 
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), other two-byte escapes, and C0 controls but TAB/LF/CR
-_CONTROL = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]")
+_CONTROL = re.compile(
+    rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]"
+)
 
 
 def strip_control(data: bytes) -> bytes:
@@ -88,8 +90,13 @@ class Canary:
         cat = shutil.which("cat") or "/bin/cat"
         r, self._w = os.pipe2(os.O_CLOEXEC)
         try:
-            self.proc = subprocess.Popen(["flightrec-signal-canary"], executable=cat, stdin=r,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                ["flightrec-signal-canary"],
+                executable=cat,
+                stdin=r,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError as exc:
             log.debug("no signal canary (%s): a group kill that CMD already took may reach it twice", exc)
             self.proc = None

@@ -84,8 +84,10 @@ def describe(pids: list[int]) -> str:
             argv = open(f"/proc/{pid}/cmdline", "rb").read().rstrip(b"\0").split(b"\0")
         except OSError:
             continue
-        cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in
-                       enumerate(x.decode("utf-8", "backslashreplace") for x in argv if x))
+        cmd = " ".join(
+            os.path.basename(a) if i == 0 else a
+            for i, a in enumerate(x.decode("utf-8", "backslashreplace") for x in argv if x)
+        )
         named.append(f"pid {pid} ({cmd[:120]})" if cmd else f"pid {pid}")
     more = len(pids) - MAX_NAMED
     return ", ".join(named) + (f" and {more} more" if more > 0 else "")

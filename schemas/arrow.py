@@ -14,8 +14,13 @@ from flightrec.errors import FlightrecError
 ENVELOPE = ("event_id", "instance_id", "boot_id", "seq", "ts_us")  # the fields every event carries, in order
 
 _PRIMITIVES: Mapping[str, pa.DataType] = {
-    "string": pa.string(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
-    "double": pa.float64(), "boolean": pa.bool_(), "bytes": pa.binary(),
+    "string": pa.string(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "bytes": pa.binary(),
 }
 
 

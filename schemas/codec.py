@@ -131,9 +131,7 @@ class Codec:
         if reader is None and not version.current:
             raise CodecError(f"schema {version.name} is no longer read by this build")
         try:
-            record = fastavro.schemaless_reader(
-                body, version.parsed, reader.parsed if reader else None
-            )
+            record = fastavro.schemaless_reader(body, version.parsed, reader.parsed if reader else None)
         except Exception as exc:  # fastavro raises many kinds for corrupt bodies
             why = _ADDRESS.sub("", f"{type(exc).__name__}: {exc}")  # the same bytes give the same reason
             raise CodecError(f"body does not decode as {version.name} ({version.source}): {why}") from exc

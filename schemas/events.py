@@ -187,9 +187,7 @@ class ProcessExit(Event):
 
     def to_record(self) -> dict[str, Any]:
         rec = Event.to_record(self)
-        rec["file_tails"] = [
-            {"path": t.path, "lines": list(t.lines), "exists": t.exists} for t in self.file_tails
-        ]
+        rec["file_tails"] = [{"path": t.path, "lines": list(t.lines), "exists": t.exists} for t in self.file_tails]
         return rec
 
     @classmethod

@@ -8,8 +8,22 @@ from typing import Sequence
 
 from flightrec.schemas import MAGIC, Event, LogBatch, default_codec
 
-_FIELDS = ("event_id", "instance_id", "boot_id", "seq", "ts_us", "stage", "source", "pid", "line_no",
-           "line_ts_us", "text", "truncated", "invalid_utf8", "late")
+_FIELDS = (
+    "event_id",
+    "instance_id",
+    "boot_id",
+    "seq",
+    "ts_us",
+    "stage",
+    "source",
+    "pid",
+    "line_no",
+    "line_ts_us",
+    "text",
+    "truncated",
+    "invalid_utf8",
+    "late",
+)
 
 
 def _schema_matches() -> bool:
@@ -54,7 +68,7 @@ def consecutive(start: int, stop: int) -> bytes:
             upper = bytes(((blk >> (7 * j)) & 0x7F) | (0x80 if j < w - 2 else 0) for j in range(w - 1))
             data = template.translate(bytes.maketrans(holders, upper))
             nxt = min(end, (blk + 1) << 6)
-            out.append(data[(i & 63) * w:(nxt - (blk << 6)) * w])
+            out.append(data[(i & 63) * w : (nxt - (blk << 6)) * w])
             i = nxt
     return b"".join(out)
 
@@ -81,7 +95,7 @@ def varints(values: Sequence[int]) -> bytes:
     g = np.arange(int(nb.max()), dtype=np.uint64)
     groups = ((z[:, None] >> (np.uint64(7) * g)[None, :]) & np.uint64(0x7F)).astype(np.uint8)
     gi = g.astype(np.int64)[None, :]
-    groups |= ((gi < nb[:, None] - 1).astype(np.uint8) << np.uint8(7))
+    groups |= (gi < nb[:, None] - 1).astype(np.uint8) << np.uint8(7)
     return groups[gi < nb[:, None]].tobytes()
 
 
@@ -149,10 +163,22 @@ class LogBatchEncoder:
         if not self._ok or type(ev) is not LogBatch:
             return self._codec.encode(ev)
         items = _str_parts(ev.text, encoded)  # a new list: the other fields go around it, one join in all
-        items[0] = b"".join((
-            self._header, _str(ev.event_id), _str(ev.instance_id), _str(ev.boot_id), _long(ev.seq),
-            _long(ev.ts_us), _str(ev.stage), _str(ev.source), _long(ev.pid), _long_array(ev.line_no),
-            _long_array(ev.line_ts_us), items[0]))
+        items[0] = b"".join(
+            (
+                self._header,
+                _str(ev.event_id),
+                _str(ev.instance_id),
+                _str(ev.boot_id),
+                _long(ev.seq),
+                _long(ev.ts_us),
+                _str(ev.stage),
+                _str(ev.source),
+                _long(ev.pid),
+                _long_array(ev.line_no),
+                _long_array(ev.line_ts_us),
+                items[0],
+            )
+        )
         items[-1] += _bool_array(ev.truncated) + _bool_array(ev.invalid_utf8) + _bool_array(ev.late)
         return b"".join(items)
 

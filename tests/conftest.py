@@ -83,7 +83,9 @@ class Kafka:
 
             from flightrec.cluster import partitions_now
 
-            parts = [TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": self.bootstrap}, topics)]
+            parts = [
+                TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": self.bootstrap}, topics)
+            ]
             if not parts:
                 return {}
             c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
@@ -123,9 +125,12 @@ class Kafka:
 
             from flightrec.cluster import partitions_now
 
-            parts = [TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": self.bootstrap}, topics)]
-            c = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                 auto_offset_reset="earliest")
+            parts = [
+                TopicPartition(t, p) for t, p in await partitions_now({"bootstrap_servers": self.bootstrap}, topics)
+            ]
+            c = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+            )
             await c.start()
             try:
                 assert parts, f"no partitions found for {topics}"
@@ -141,6 +146,7 @@ class Kafka:
                 out: list = []
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + timeout
+
                 async def behind() -> bool:
                     return any([(await c.position(tp)) < end[tp] for tp in parts])
 
@@ -174,8 +180,11 @@ def _start_service(data: Path, make: Callable[[int, Path], S], what: str) -> S:
 
 
 def _start_broker(data: Path, security: str | None = None) -> LocalBroker:
-    return _start_service(data, lambda port, d: LocalBroker(port=port, data=d, settings=Settings.from_env({}),
-                                                            security=security), f"{security or 'plain'} broker")
+    return _start_service(
+        data,
+        lambda port, d: LocalBroker(port=port, data=d, settings=Settings.from_env({}), security=security),
+        f"{security or 'plain'} broker",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -232,8 +241,9 @@ def catalog_dir(prefix: str = "flightrec-catalog-") -> Path:
 
 
 def _start_catalog(data: Path) -> LocalCatalog:
-    return _start_service(data, lambda port, d: LocalCatalog(port=port, data=d, settings=Settings.from_env({})),
-                          "catalog")
+    return _start_service(
+        data, lambda port, d: LocalCatalog(port=port, data=d, settings=Settings.from_env({})), "catalog"
+    )
 
 
 @pytest.fixture(scope="session")

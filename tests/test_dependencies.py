@@ -47,7 +47,9 @@ def _imports(folders: list[Path]) -> dict[str, list[str]]:
 
 def _local_names(folders: list[Path]) -> set[str]:
     """Modules of the checkout itself (tests import their helpers by bare name)."""
-    return {p.stem for f in folders for p in f.rglob("*.py")} | {p.name for f in folders for p in f.rglob("*") if p.is_dir()}
+    return {p.stem for f in folders for p in f.rglob("*.py")} | {
+        p.name for f in folders for p in f.rglob("*") if p.is_dir()
+    }
 
 
 def _undeclared(found: dict[str, list[str]], declared: set[str], local: set[str]) -> list[str]:

@@ -13,10 +13,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MAPPED = {"schemas": "flightrec/schemas", "producer": "flightrec/producer", "db": "flightrec/db",
-          "consumers": "flightrec/consumers",
-          "analytics": "flightrec/analytics", "cuda": "flightrec/cuda", "broker": "flightrec/broker",
-          "catalog": "flightrec/catalog", "src/flightrec": "flightrec"}
+MAPPED = {
+    "schemas": "flightrec/schemas",
+    "producer": "flightrec/producer",
+    "db": "flightrec/db",
+    "consumers": "flightrec/consumers",
+    "analytics": "flightrec/analytics",
+    "cuda": "flightrec/cuda",
+    "broker": "flightrec/broker",
+    "catalog": "flightrec/catalog",
+    "src/flightrec": "flightrec",
+}
 DATA_SUFFIXES = {".py", ".avsc", ".sql", ".toml", ".cu", ".cuh", ".xml"}
 # The layering: which part may import which. Every part may import the ground floor (GROUND, the root package's
 # own modules); only the CLI and the demo (src/flightrec/cli, src/flightrec/demo) wire the parts together.
@@ -36,8 +43,11 @@ LAYERS: dict[str, set[str]] = {
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
     (path,) = out.glob("flightrec-*.whl")
     return zipfile.ZipFile(path)
 
@@ -93,8 +103,10 @@ def _violations(part: str, folder: Path) -> list[str]:
 
 def test_each_part_imports_only_the_parts_below_it():
     bad = [v for part in LAYERS for v in _violations(part, ROOT / part)]
-    assert not bad, "a part imports only the ground floor and the parts LAYERS names; the CLI wires the rest:\n" \
+    assert not bad, (
+        "a part imports only the ground floor and the parts LAYERS names; the CLI wires the rest:\n"
         + "\n".join(sorted(bad))
+    )
 
 
 def test_the_ground_floor_imports_no_part():
@@ -145,28 +157,57 @@ def test_a_wheel_installed_elsewhere_fetches_kafka_and_runs_the_demo(wheel, tmp_
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     py = venv / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     # The dependencies come from this environment's site-packages (a plain path: its editable finder is not run).
     Path(site, "flightrec-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", wheel.filename], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", wheel.filename], check=True, capture_output=True
+    )
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_") and k != "PYTHONPATH"}
     env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONSAFEPATH="1")
-    where = subprocess.run([str(py), "-c", "import flightrec; print(flightrec.__file__)"], cwd=work, env=env,
-                           capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [str(py), "-c", "import flightrec; print(flightrec.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(site), where
     flightrec = str(venv / "bin" / "flightrec")
-    fetched = subprocess.run([flightrec, "broker", "fetch"], cwd=work, env=env, capture_output=True, text=True,
-                             timeout=600)
+    fetched = subprocess.run(
+        [flightrec, "broker", "fetch"], cwd=work, env=env, capture_output=True, text=True, timeout=600
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     libs = tmp_path / "xdg" / "flightrec" / "kafka"
     assert str(libs) in fetched.stdout and any(libs.glob("*/libs/kafka_2.13-*.jar")), fetched.stdout
-    demo = subprocess.run([flightrec, "demo", "--headless", "--instances", "2", "--port", str(_free_port()),
-                           "--home", str(work / "demo"), "--supervisor-seconds", "1"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=500)
+    demo = subprocess.run(
+        [
+            flightrec,
+            "demo",
+            "--headless",
+            "--instances",
+            "2",
+            "--port",
+            str(_free_port()),
+            "--home",
+            str(work / "demo"),
+            "--supervisor-seconds",
+            "1",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "the whole fleet is materialized" in demo.stdout
     assert "gpu_arch_unsupported" in demo.stdout  # the second instance's fate, explained
@@ -201,7 +242,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                out.append(trail[trail.index(nxt):] + [nxt])
+                out.append(trail[trail.index(nxt) :] + [nxt])
             elif nxt not in state:
                 walk(nxt, trail + [nxt])
         state[node] = 2

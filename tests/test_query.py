@@ -9,30 +9,42 @@ from flightrec.errors import QueryError
 from flightrec.db.query import check_prelude, check_read_only, run_query
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT 1", "WITH x AS (SELECT 1 AS a) SELECT * FROM x", "EXPLAIN SELECT 1", "PRAGMA show_tables",
-    "pragma table_info('t')", "PRAGMA database_size",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1",
+        "WITH x AS (SELECT 1 AS a) SELECT * FROM x",
+        "EXPLAIN SELECT 1",
+        "PRAGMA show_tables",
+        "pragma table_info('t')",
+        "PRAGMA database_size",
+    ],
+)
 def test_reads_pass(sql):
     check_read_only(sql)
 
 
-@pytest.mark.parametrize("sql, why", [
-    ("INSERT INTO t VALUES (1)", "not INSERT"),
-    ("SELECT 1; SELECT 2", "one statement"),
-    ("PRAGMA disable_checkpoint_on_shutdown", "only PRAGMAs that read"),
-    ("/* hidden */ PRAGMA enable_profiling", "only PRAGMAs that read"),
-    ("SET threads = 1", "not SET"),
-    ("ATTACH 'x.db'", "not ATTACH"),
-    ("COPY t TO 'x.csv'", "not COPY"),
-])
+@pytest.mark.parametrize(
+    "sql, why",
+    [
+        ("INSERT INTO t VALUES (1)", "not INSERT"),
+        ("SELECT 1; SELECT 2", "one statement"),
+        ("PRAGMA disable_checkpoint_on_shutdown", "only PRAGMAs that read"),
+        ("/* hidden */ PRAGMA enable_profiling", "only PRAGMAs that read"),
+        ("SET threads = 1", "not SET"),
+        ("ATTACH 'x.db'", "not ATTACH"),
+        ("COPY t TO 'x.csv'", "not COPY"),
+    ],
+)
 def test_writes_and_settings_are_refused(sql, why):
     with pytest.raises(QueryError, match=why):
         check_read_only(sql)
 
 
-@pytest.mark.parametrize("stmt", ["COMMIT", "INSERT INTO t VALUES (1)", "CREATE TABLE u (a INT)",
-                                  "CREATE TEMP VIEW v AS SELECT 1; DROP TABLE t"])
+@pytest.mark.parametrize(
+    "stmt",
+    ["COMMIT", "INSERT INTO t VALUES (1)", "CREATE TABLE u (a INT)", "CREATE TEMP VIEW v AS SELECT 1; DROP TABLE t"],
+)
 def test_a_prelude_is_only_temp_views(stmt):
     with pytest.raises(QueryError, match="prelude"):
         check_prelude(stmt)

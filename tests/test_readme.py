@@ -29,8 +29,18 @@ def readme_commands() -> list[list[str]]:
 def test_the_readme_shows_commands():
     cmds = readme_commands()
     assert len(cmds) >= 15
-    assert {c[0] for c in cmds} >= {"agent", "materialize", "replay", "timeline", "sql", "dashboard", "broker",
-                                    "topics", "wait-sealed", "prove"}
+    assert {c[0] for c in cmds} >= {
+        "agent",
+        "materialize",
+        "replay",
+        "timeline",
+        "sql",
+        "dashboard",
+        "broker",
+        "topics",
+        "wait-sealed",
+        "prove",
+    }
 
 
 @pytest.mark.parametrize("argv", readme_commands(), ids=lambda a: " ".join(a)[:60])

@@ -12,15 +12,36 @@ from flightrec.db.query import check_read_only
 
 # What the check must refuse: statements that change state, and reads that call what changes state or runs SQL text.
 REFUSED = [
-    "CHECKPOINT", "SELECT * FROM checkpoint()", "SELECT * FROM force_checkpoint()", "SELECT * FROM enable_logging()",
-    "SELECT * FROM disable_logging()", "SELECT * FROM truncate_duckdb_logs()", "CALL enable_logging()",
-    "SELECT * FROM query('SELECT 7')", "SELECT * FROM query($$SELECT 7$$)", "SELECT * FROM query_table('instances')",
-    "SELECT nextval('s')", "SELECT setseed(0.5)", "SET threads = 1", "PRAGMA enable_profiling",
-    "DELETE FROM instances", "EXPLAIN ANALYZE CHECKPOINT", "EXPLAIN ANALYZE SELECT * FROM enable_logging()",
-    "EXPLAIN ANALYZE DELETE FROM instances", "INSERT INTO t VALUES (1)", "ATTACH ':memory:' AS x",
+    "CHECKPOINT",
+    "SELECT * FROM checkpoint()",
+    "SELECT * FROM force_checkpoint()",
+    "SELECT * FROM enable_logging()",
+    "SELECT * FROM disable_logging()",
+    "SELECT * FROM truncate_duckdb_logs()",
+    "CALL enable_logging()",
+    "SELECT * FROM query('SELECT 7')",
+    "SELECT * FROM query($$SELECT 7$$)",
+    "SELECT * FROM query_table('instances')",
+    "SELECT nextval('s')",
+    "SELECT setseed(0.5)",
+    "SET threads = 1",
+    "PRAGMA enable_profiling",
+    "DELETE FROM instances",
+    "EXPLAIN ANALYZE CHECKPOINT",
+    "EXPLAIN ANALYZE SELECT * FROM enable_logging()",
+    "EXPLAIN ANALYZE DELETE FROM instances",
+    "INSERT INTO t VALUES (1)",
+    "ATTACH ':memory:' AS x",
 ]
-ALLOWED = ["SELECT 1", "PRAGMA version", "PRAGMA show_tables", "PRAGMA table_info('t')", "EXPLAIN SELECT 1",
-           "EXPLAIN ANALYZE SELECT 1", "SELECT * FROM range(3)"]
+ALLOWED = [
+    "SELECT 1",
+    "PRAGMA version",
+    "PRAGMA show_tables",
+    "PRAGMA table_info('t')",
+    "EXPLAIN SELECT 1",
+    "EXPLAIN ANALYZE SELECT 1",
+    "SELECT * FROM range(3)",
+]
 
 # The attacks that fooled the text patterns (DuckDB nests /* */ comments; a regex did not).
 TRICKS = [
@@ -102,9 +123,12 @@ def test_tricks_change_nothing_on_the_live_path(tmp_path) -> None:
     db = tmp_path / "fr.duckdb"
     store = FileStore(db, "g")
     try:
+
         def state() -> tuple:
-            return (store.con.execute("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall(),
-                    store.con.execute("SELECT count(*) FROM duckdb_logs").fetchall())
+            return (
+                store.con.execute("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall(),
+                store.con.execute("SELECT count(*) FROM duckdb_logs").fetchall(),
+            )
 
         before = state()
         with QueryServer(store.con.cursor(), db):
@@ -128,15 +152,22 @@ REVIEW = [
     "EXPLAIN ANALYZE (FORMAT json) /* ( */ INSERT INTO t ( /* ) ) */ SELECT 1)",
     "EXPLAIN (FORMAT json) /* ( */ CREATE TEMP TABLE x AS /* ) */ SELECT 1",
     "EXPLAIN (ANALYZE, FORMAT json) -- (\n SELECT * FROM enable_logging() WHERE 1 = -- )\n (SELECT 1)",
-    "SUMMARIZE SELECT * FROM query('CHECKPOINT')", "DESCRIBE SELECT * FROM query('CHECKPOINT')",
-    "SUMMARIZE (SELECT * FROM query('CHECKPOINT'))", "SHOW SELECT * FROM query('SELECT 1')",
-    "DESCRIBE FROM query_table('x')", "SUMMARIZE FROM checkpoint()", "FROM checkpoint()",
-    "SELECT * FROM (FROM checkpoint())", "PIVOT (FROM query('SELECT 1 AS a, 2 AS b')) ON a USING sum(b)",
+    "SUMMARIZE SELECT * FROM query('CHECKPOINT')",
+    "DESCRIBE SELECT * FROM query('CHECKPOINT')",
+    "SUMMARIZE (SELECT * FROM query('CHECKPOINT'))",
+    "SHOW SELECT * FROM query('SELECT 1')",
+    "DESCRIBE FROM query_table('x')",
+    "SUMMARIZE FROM checkpoint()",
+    "FROM checkpoint()",
+    "SELECT * FROM (FROM checkpoint())",
+    "PIVOT (FROM query('SELECT 1 AS a, 2 AS b')) ON a USING sum(b)",
     "UNPIVOT (FROM query('SELECT 1 AS a')) ON a INTO NAME n VALUE v",
     "WITH x AS (FROM query('CHECKPOINT')) SELECT * FROM x",
     "WITH RECURSIVE x AS (SELECT 1 UNION ALL FROM query('SELECT 1')) SELECT * FROM x",
-    "SELECT list_transform([1], x -> nextval('s'))", "SELECT (SELECT nextval('s'))",
-    "SELECT * FROM range(1) WHERE EXISTS (FROM query('CHECKPOINT'))", "SELECT 1 UNION ALL FROM query('CHECKPOINT')",
+    "SELECT list_transform([1], x -> nextval('s'))",
+    "SELECT (SELECT nextval('s'))",
+    "SELECT * FROM range(1) WHERE EXISTS (FROM query('CHECKPOINT'))",
+    "SELECT 1 UNION ALL FROM query('CHECKPOINT')",
 ]
 
 
@@ -146,11 +177,14 @@ def test_what_the_review_tried_is_refused(sql: str) -> None:
         check_read_only(sql)
 
 
-@pytest.mark.parametrize("stmt", [
-    "CREATE TEMP VIEW v ( /* ) */ a) AS SELECT * FROM checkpoint()",
-    "CREATE TEMP VIEW v /* AS SELECT 1 */ AS SELECT * FROM query('CHECKPOINT')",
-    "CREATE TEMP VIEW v (a /* ( */) AS SELECT * FROM (SELECT 1) WHERE 1 = /* ) */ (SELECT * FROM enable_logging())",
-])
+@pytest.mark.parametrize(
+    "stmt",
+    [
+        "CREATE TEMP VIEW v ( /* ) */ a) AS SELECT * FROM checkpoint()",
+        "CREATE TEMP VIEW v /* AS SELECT 1 */ AS SELECT * FROM query('CHECKPOINT')",
+        "CREATE TEMP VIEW v (a /* ( */) AS SELECT * FROM (SELECT 1) WHERE 1 = /* ) */ (SELECT * FROM enable_logging())",
+    ],
+)
 def test_prelude_views_with_commented_parentheses_are_judged_whole(stmt: str) -> None:
     from flightrec.db.query import check_prelude
 
@@ -162,8 +196,12 @@ _option_blank = st.sampled_from([" ", "/* ( */", "/* ) */", "-- (\n", "-- )\n", 
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(a=_option_blank, b=_option_blank, c=_option_blank, bad=st.sampled_from(["enable_logging()", "checkpoint()",
-                                                                               "query('SELECT 1')"]))
+@given(
+    a=_option_blank,
+    b=_option_blank,
+    c=_option_blank,
+    bad=st.sampled_from(["enable_logging()", "checkpoint()", "query('SELECT 1')"]),
+)
 def test_comments_inside_explain_options_change_no_verdict(a: str, b: str, c: str, bad: str) -> None:
     text = f"EXPLAIN ({a}ANALYZE{b}){c} SELECT * FROM {bad} WHERE 1 = {b} (SELECT 1)"
     try:

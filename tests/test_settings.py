@@ -39,11 +39,13 @@ def test_every_setting_is_read_from_its_variable():
 
     for f in dataclasses.fields(Settings):
         kind = str(f.type).replace(" | None", "")
-        raw = {"int": "7", "float": "2.5", "tuple[str, ...]": "A, B"}.get(kind, "SASL_SSL" if f.name == "security_protocol"
-                                                                              else "debug")
+        raw = {"int": "7", "float": "2.5", "tuple[str, ...]": "A, B"}.get(
+            kind, "SASL_SSL" if f.name == "security_protocol" else "debug"
+        )
         value = getattr(Settings.from_env({f.metadata["setting"].env: raw}), f.name)
         assert value == {"int": 7, "float": 2.5, "tuple[str, ...]": ("A", "B")}.get(
-            kind, "SASL_SSL" if f.name == "security_protocol" else "DEBUG" if f.name == "log_level" else "debug"), f.name
+            kind, "SASL_SSL" if f.name == "security_protocol" else "DEBUG" if f.name == "log_level" else "debug"
+        ), f.name
 
 
 def test_every_env_var_the_code_reads_is_a_declared_setting():
@@ -59,8 +61,14 @@ def test_every_env_var_the_code_reads_is_a_declared_setting():
 
 
 def test_env_then_defaults():
-    s = Settings.from_env({"FLIGHTREC_BOOTSTRAP": "k1:9093,k2:9093", "FLIGHTREC_PARTITIONS": "12",
-                           "FLIGHTREC_REDACT": "API_KEY, TOKEN", "FLIGHTREC_DB": ""})
+    s = Settings.from_env(
+        {
+            "FLIGHTREC_BOOTSTRAP": "k1:9093,k2:9093",
+            "FLIGHTREC_PARTITIONS": "12",
+            "FLIGHTREC_REDACT": "API_KEY, TOKEN",
+            "FLIGHTREC_DB": "",
+        }
+    )
     assert s.bootstrap == "k1:9093,k2:9093"
     assert s.partitions == 12
     assert s.redact == ("API_KEY", "TOKEN")
@@ -82,7 +90,13 @@ def test_bad_values_say_what_to_do():
 
 
 def test_sasl_settings_reach_the_kafka_client_arguments():
-    kw = Settings.from_env({"FLIGHTREC_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "FLIGHTREC_SASL_MECHANISM": "PLAIN",
-                            "FLIGHTREC_SASL_USERNAME": "u", "FLIGHTREC_SASL_PASSWORD": "p"}).kafka_kwargs()
+    kw = Settings.from_env(
+        {
+            "FLIGHTREC_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "FLIGHTREC_SASL_MECHANISM": "PLAIN",
+            "FLIGHTREC_SASL_USERNAME": "u",
+            "FLIGHTREC_SASL_PASSWORD": "p",
+        }
+    ).kafka_kwargs()
     assert kw["sasl_mechanism"] == "PLAIN" and kw["sasl_plain_username"] == "u"
     assert kw["security_protocol"] == "SASL_PLAINTEXT"

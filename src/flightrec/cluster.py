@@ -11,8 +11,9 @@ from aiokafka.errors import KafkaError
 from flightrec.settings import TOPICS
 
 
-async def describe_topic_configs(admin: AIOKafkaAdminClient, topics: Iterable[str],
-                                 timeout: float = 10.0) -> dict[str, dict[str, str]]:
+async def describe_topic_configs(
+    admin: AIOKafkaAdminClient, topics: Iterable[str], timeout: float = 10.0
+) -> dict[str, dict[str, str]]:
     """Each topic's configuration as the cluster describes it (name -> value; broker defaults included), through a
     started admin client. A topic the cluster does not know is absent. Raises KafkaError (or a timeout) when the
     configs cannot be described, e.g. without DescribeConfigs rights."""
@@ -20,7 +21,8 @@ async def describe_topic_configs(admin: AIOKafkaAdminClient, topics: Iterable[st
 
     names = list(topics)
     responses = await asyncio.wait_for(
-        admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in names]), timeout)
+        admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in names]), timeout
+    )
     out: dict[str, dict[str, str]] = {}
     for resp in responses:
         for res in resp.resources:
@@ -31,8 +33,9 @@ async def describe_topic_configs(admin: AIOKafkaAdminClient, topics: Iterable[st
     return out
 
 
-async def topic_limits(kafka_kwargs: dict[str, Any], topics: Iterable[str] = TOPICS,
-                       timeout: float = 10.0) -> dict[str, int]:
+async def topic_limits(
+    kafka_kwargs: dict[str, Any], topics: Iterable[str] = TOPICS, timeout: float = 10.0
+) -> dict[str, int]:
     """Each topic's ``max.message.bytes`` as the cluster describes it (the broker default when not overridden).
 
     Raises KafkaError (or a timeout) when the configs cannot be described, e.g. without DescribeConfigs rights.
@@ -58,12 +61,17 @@ def create_time_warning(types: dict[str, str], bootstrap: str) -> str | None:
     stale = sorted(t for t, kind in types.items() if kind != LOG_APPEND_TIME)
     if not stale:
         return None
-    fix = "; ".join(f"kafka-configs.sh --bootstrap-server {bootstrap} --alter --entity-type topics --entity-name {t} "
-                    f"--add-config {TIMESTAMP_TYPE}={LOG_APPEND_TIME}" for t in stale)
-    return (f"topics {', '.join(stale)} stamp records with the sender's clock ({TIMESTAMP_TYPE}="
-            f"{types[stale[0]]}), so flightrec cannot tell when it received their events: liveness (`lost`) and the "
-            "clock offsets fall back to the instances' own clocks, which a wrong clock moves. Switch them to "
-            f"{LOG_APPEND_TIME} (it applies to records appended from then on): {fix}")
+    fix = "; ".join(
+        f"kafka-configs.sh --bootstrap-server {bootstrap} --alter --entity-type topics --entity-name {t} "
+        f"--add-config {TIMESTAMP_TYPE}={LOG_APPEND_TIME}"
+        for t in stale
+    )
+    return (
+        f"topics {', '.join(stale)} stamp records with the sender's clock ({TIMESTAMP_TYPE}="
+        f"{types[stale[0]]}), so flightrec cannot tell when it received their events: liveness (`lost`) and the "
+        "clock offsets fall back to the instances' own clocks, which a wrong clock moves. Switch them to "
+        f"{LOG_APPEND_TIME} (it applies to records appended from then on): {fix}"
+    )
 
 
 async def connection_cause(kafka_kwargs: Mapping[str, object], timeout: float = 10.0) -> str | None:
@@ -86,29 +94,41 @@ async def connection_cause(kafka_kwargs: Mapping[str, object], timeout: float = 
         host, _, port = hostport.strip().rpartition(":")
         where = hostport.strip()
         try:
-            conn = await asyncio.wait_for(create_conn(host or "localhost", int(port),
-                                                      request_timeout_ms=int(timeout * 1000), **conn_kwargs), timeout)
+            conn = await asyncio.wait_for(
+                create_conn(host or "localhost", int(port), request_timeout_ms=int(timeout * 1000), **conn_kwargs),
+                timeout,
+            )
         except (SaslAuthenticationFailed, AuthenticationFailedError) as exc:
             user = kafka_kwargs.get("sasl_plain_username")
-            causes.append(f"the broker at {where} refused the SASL credentials of user {user!r} "
-                          f"({kafka_kwargs.get('sasl_mechanism')}): wrong user or password; check "
-                          f"FLIGHTREC_SASL_USERNAME and FLIGHTREC_SASL_PASSWORD_FILE ({exc})")
+            causes.append(
+                f"the broker at {where} refused the SASL credentials of user {user!r} "
+                f"({kafka_kwargs.get('sasl_mechanism')}): wrong user or password; check "
+                f"FLIGHTREC_SASL_USERNAME and FLIGHTREC_SASL_PASSWORD_FILE ({exc})"
+            )
         except ssl.SSLCertVerificationError as exc:
-            causes.append(f"the broker at {where} has a TLS certificate this client does not trust "
-                          f"({exc.verify_message}): set FLIGHTREC_SSL_CAFILE to the CA that signed it")
+            causes.append(
+                f"the broker at {where} has a TLS certificate this client does not trust "
+                f"({exc.verify_message}): set FLIGHTREC_SSL_CAFILE to the CA that signed it"
+            )
         except ssl.SSLError as exc:
-            causes.append(f"TLS with the broker at {where} failed ({exc.reason or exc}): it may not speak TLS on "
-                          "this port; check FLIGHTREC_SECURITY_PROTOCOL")
+            causes.append(
+                f"TLS with the broker at {where} failed ({exc.reason or exc}): it may not speak TLS on "
+                "this port; check FLIGHTREC_SECURITY_PROTOCOL"
+            )
         except (ConnectionRefusedError, OSError) as exc:
             if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == 111:
-                causes.append(f"no Kafka broker answered at {where} (nothing listens there): start one "
-                              "(`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP")
+                causes.append(
+                    f"no Kafka broker answered at {where} (nothing listens there): start one "
+                    "(`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP"
+                )
             else:
                 causes.append(f"cannot connect to {where}: {exc}")
         except (KafkaError, asyncio.TimeoutError, ValueError) as exc:
             if protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
-                causes.append(f"the broker at {where} closed a {protocol} connection: it expects TLS "
-                              "(set FLIGHTREC_SECURITY_PROTOCOL=SASL_SSL or SSL, and FLIGHTREC_SSL_CAFILE)")
+                causes.append(
+                    f"the broker at {where} closed a {protocol} connection: it expects TLS "
+                    "(set FLIGHTREC_SECURITY_PROTOCOL=SASL_SSL or SSL, and FLIGHTREC_SSL_CAFILE)"
+                )
             else:
                 causes.append(f"the broker at {where} does not answer as Kafka ({type(exc).__name__}: {exc})")
         else:
@@ -122,8 +142,12 @@ def partitions_of(described: Iterable[dict[str, Any]], topics: Iterable[str]) ->
 
     A topic the answer does not hold (not created yet) has no partitions."""
     wanted = set(topics)
-    return sorted((t["topic"], int(p["partition"])) for t in described
-                  if t.get("topic") in wanted and not t.get("error_code") for p in t.get("partitions") or ())
+    return sorted(
+        (t["topic"], int(p["partition"]))
+        for t in described
+        if t.get("topic") in wanted and not t.get("error_code")
+        for p in t.get("partitions") or ()
+    )
 
 
 async def topic_partitions(admin: AIOKafkaAdminClient, topics: Iterable[str]) -> list[tuple[str, int]]:

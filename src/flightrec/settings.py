@@ -48,8 +48,10 @@ def _upper(raw: str) -> str:
 def _protocol(raw: str) -> str:
     protocol = raw.upper()
     if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
-        raise ConfigError(f"FLIGHTREC_SECURITY_PROTOCOL={protocol!r} is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, "
-                          "SASL_SSL; set it to one of them or unset it")
+        raise ConfigError(
+            f"FLIGHTREC_SECURITY_PROTOCOL={protocol!r} is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, "
+            "SASL_SSL; set it to one of them or unset it"
+        )
     return protocol
 
 
@@ -61,8 +63,16 @@ def _shown(default: Any) -> str:
     return str(default)
 
 
-def setting(env: str, default: Any = None, help: str = "", *, factory: Callable[[], Any] | None = None,
-            shown: str | None = None, parse: Callable[[str], Any] | None = None, repr: bool = True) -> Any:
+def setting(
+    env: str,
+    default: Any = None,
+    help: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    shown: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    repr: bool = True,
+) -> Any:
     """A field of Settings defined once: its environment variable, default, meaning (docs/settings.md is made from
     it: `make docs`), and how its text is read when the type alone does not say (``parse``)."""
     meta = {"setting": Setting(env, _shown(default) if shown is None else shown, help), "parse": parse}
@@ -102,179 +112,217 @@ class Settings:
     """
 
     bootstrap: str = setting(
-        "FLIGHTREC_BOOTSTRAP", "localhost:9092",
-        'Kafka bootstrap servers, comma separated.',
+        "FLIGHTREC_BOOTSTRAP",
+        "localhost:9092",
+        "Kafka bootstrap servers, comma separated.",
     )
     db: str = setting(
-        "FLIGHTREC_DB", "flightrec.duckdb",
-        'Path of the DuckDB database the materializer writes and readers read, or a DuckLake: '
-        '`ducklake:postgres:dbname=… host=… port=… user=…` ([lake.md](lake.md)).',
+        "FLIGHTREC_DB",
+        "flightrec.duckdb",
+        "Path of the DuckDB database the materializer writes and readers read, or a DuckLake: "
+        "`ducklake:postgres:dbname=… host=… port=… user=…` ([lake.md](lake.md)).",
     )
     data_path: str | None = setting(
-        "FLIGHTREC_DATA_PATH", None,
-        'Data folder (or object-storage URL) of a DuckLake `--db` (`ducklake:…`), where its Parquet files go; '
+        "FLIGHTREC_DATA_PATH",
+        None,
+        "Data folder (or object-storage URL) of a DuckLake `--db` (`ducklake:…`), where its Parquet files go; "
         "same as `--data-path`. Writers need it; readers take the one the lake's catalog recorded (docs/lake.md).",
     )
     instance: str = setting(
-        "FLIGHTREC_INSTANCE", None,
+        "FLIGHTREC_INSTANCE",
+        None,
         "This instance's id, used by the agent when --instance is not given.",
-        factory=socket.gethostname, shown='<hostname>',
+        factory=socket.gethostname,
+        shown="<hostname>",
     )
     spool: str = setting(
-        "FLIGHTREC_SPOOL", None,
+        "FLIGHTREC_SPOOL",
+        None,
         "The agent's durable spool folder (boot id, seq counter, unsent events).",
-        factory=_default_spool, shown='$XDG_STATE_HOME/flightrec/spool',
+        factory=_default_spool,
+        shown="$XDG_STATE_HOME/flightrec/spool",
     )
     home: str = setting(
-        "FLIGHTREC_HOME", ".flightrec",
-        'Folder for local state of `flightrec broker` and `flightrec demo` (broker data, demo databases).',
+        "FLIGHTREC_HOME",
+        ".flightrec",
+        "Folder for local state of `flightrec broker` and `flightrec demo` (broker data, demo databases).",
     )
     cache: str = setting(
-        "FLIGHTREC_CACHE", None,
+        "FLIGHTREC_CACHE",
+        None,
         "Folder for what flightrec downloads or builds once (Kafka's jars, the compiled CUDA kernels); `make` and"
         " the tests set it to the checkout's `.cache`.",
-        factory=_default_cache_dir, shown='$XDG_CACHE_HOME/flightrec',
+        factory=_default_cache_dir,
+        shown="$XDG_CACHE_HOME/flightrec",
     )
     kafka_libs: str | None = setting(
-        "FLIGHTREC_KAFKA_LIBS", None,
+        "FLIGHTREC_KAFKA_LIBS",
+        None,
         "Where Kafka's jars are cached once fetched with Maven.",
-        shown='$FLIGHTREC_CACHE/kafka/<version>/libs',
+        shown="$FLIGHTREC_CACHE/kafka/<version>/libs",
     )
     partitions: int = setting(
-        "FLIGHTREC_PARTITIONS", 6,
-        'Partitions per topic when flightrec creates its topics.',
+        "FLIGHTREC_PARTITIONS",
+        6,
+        "Partitions per topic when flightrec creates its topics.",
     )
     replication: int = setting(
-        "FLIGHTREC_REPLICATION", 1,
-        'Replication factor when flightrec creates its topics.',
+        "FLIGHTREC_REPLICATION",
+        1,
+        "Replication factor when flightrec creates its topics.",
     )
     retention_ms: int = setting(
-        "FLIGHTREC_RETENTION_MS", -1,
-        'Topic retention in milliseconds when flightrec creates its topics; -1 keeps everything so replay always '
-        'works.',
+        "FLIGHTREC_RETENTION_MS",
+        -1,
+        "Topic retention in milliseconds when flightrec creates its topics; -1 keeps everything so replay always "
+        "works.",
     )
     redact: tuple[str, ...] = setting(
-        "FLIGHTREC_REDACT", (),
-        'Comma-separated names of environment variables whose values are masked in every shipped line.',
+        "FLIGHTREC_REDACT",
+        (),
+        "Comma-separated names of environment variables whose values are masked in every shipped line.",
     )
     secret_shapes: str | None = setting(
-        "FLIGHTREC_SECRET_SHAPES", None,
-        'Secrets masked by their shape (AWS keys, GitHub/GitLab tokens, Authorization headers, private keys, '
-        'password=/token= values...): unset, the built-in list (`producer/secret_shapes.toml`); a path, a TOML '
-        'file of more shapes in the same format (it may also `disable` built-in ones by name); `off`, none (names'
+        "FLIGHTREC_SECRET_SHAPES",
+        None,
+        "Secrets masked by their shape (AWS keys, GitHub/GitLab tokens, Authorization headers, private keys, "
+        "password=/token= values...): unset, the built-in list (`producer/secret_shapes.toml`); a path, a TOML "
+        "file of more shapes in the same format (it may also `disable` built-in ones by name); `off`, none (names"
         " and URL credentials are still masked). A file that cannot be used is said on the agent's stderr and the"
         ' built-in list masks instead. See docs/agent.md, "Secrets".',
     )
     security_protocol: str = setting(
-        "FLIGHTREC_SECURITY_PROTOCOL", "PLAINTEXT",
-        'Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.',
+        "FLIGHTREC_SECURITY_PROTOCOL",
+        "PLAINTEXT",
+        "Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.",
         parse=_protocol,
     )
     sasl_mechanism: str | None = setting(
-        "FLIGHTREC_SASL_MECHANISM", None,
-        'SASL mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) when a SASL protocol is used.',
+        "FLIGHTREC_SASL_MECHANISM",
+        None,
+        "SASL mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) when a SASL protocol is used.",
     )
     sasl_username: str | None = setting(
-        "FLIGHTREC_SASL_USERNAME", None,
-        'SASL user name.',
+        "FLIGHTREC_SASL_USERNAME",
+        None,
+        "SASL user name.",
     )
     sasl_password: str | None = setting(
-        "FLIGHTREC_SASL_PASSWORD", None,
-        'SASL password (prefer FLIGHTREC_SASL_PASSWORD_FILE: an environment is easy to leak). Never shown by '
-        '`repr(Settings)`.',
+        "FLIGHTREC_SASL_PASSWORD",
+        None,
+        "SASL password (prefer FLIGHTREC_SASL_PASSWORD_FILE: an environment is easy to leak). Never shown by "
+        "`repr(Settings)`.",
         repr=False,
     )
     sasl_password_file: str | None = setting(
-        "FLIGHTREC_SASL_PASSWORD_FILE", None,
-        'File holding the SASL password (its first line); used when FLIGHTREC_SASL_PASSWORD is not set. '
-        '`flightrec broker start --security sasl_ssl` writes one.',
+        "FLIGHTREC_SASL_PASSWORD_FILE",
+        None,
+        "File holding the SASL password (its first line); used when FLIGHTREC_SASL_PASSWORD is not set. "
+        "`flightrec broker start --security sasl_ssl` writes one.",
     )
     ssl_cafile: str | None = setting(
-        "FLIGHTREC_SSL_CAFILE", None,
+        "FLIGHTREC_SSL_CAFILE",
+        None,
         "CA bundle to verify the brokers' TLS certificates.",
     )
     ssl_certfile: str | None = setting(
-        "FLIGHTREC_SSL_CERTFILE", None,
-        'Client certificate for TLS client authentication.',
+        "FLIGHTREC_SSL_CERTFILE",
+        None,
+        "Client certificate for TLS client authentication.",
     )
     ssl_keyfile: str | None = setting(
-        "FLIGHTREC_SSL_KEYFILE", None,
-        'Client key for TLS client authentication.',
+        "FLIGHTREC_SSL_KEYFILE",
+        None,
+        "Client key for TLS client authentication.",
     )
     facts: str | None = setting(
-        "FLIGHTREC_FACTS", None,
+        "FLIGHTREC_FACTS",
+        None,
         "JSON file of InstanceFacts fields that override the agent's probe (e.g. a simulated RTX 4090 on a CPU "
-        'machine); GPU fields there skip nvidia-smi. See docs/agent.md.',
+        "machine); GPU fields there skip nvidia-smi. See docs/agent.md.",
     )
     flush_timeout: float = setting(
-        "FLIGHTREC_FLUSH_TIMEOUT", 10.0,
-        'Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool. Not '
-        'waited for when Kafka does not answer (an attempt made at exit fails, or one has not come back for 2 s, '
-        'and no bootstrap address accepts a TCP connection): the stage ends as fast as without the agent.',
+        "FLIGHTREC_FLUSH_TIMEOUT",
+        10.0,
+        "Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool. Not "
+        "waited for when Kafka does not answer (an attempt made at exit fails, or one has not come back for 2 s, "
+        "and no bootstrap address accepts a TCP connection): the stage ends as fast as without the agent.",
     )
     max_message_bytes: int | None = setting(
-        "FLIGHTREC_MAX_MESSAGE_BYTES", None,
+        "FLIGHTREC_MAX_MESSAGE_BYTES",
+        None,
         "Largest Kafka message the agent builds, in bytes. Unset: each topic's `max.message.bytes` as the cluster"
         " describes it, else Kafka's stock 1048588. Set it where the agent may not describe topic configs, or to "
-        'stay below them.',
+        "stay below them.",
     )
     max_line: int = setting(
-        "FLIGHTREC_MAX_LINE", 65536,
-        'Longest log line shipped, in bytes; longer lines are cut and flagged truncated.',
+        "FLIGHTREC_MAX_LINE",
+        65536,
+        "Longest log line shipped, in bytes; longer lines are cut and flagged truncated.",
     )
     tail_lines: int = setting(
-        "FLIGHTREC_TAIL_LINES", 100,
-        'Lines of stdout, stderr and each followed file kept in a process-exit event.',
+        "FLIGHTREC_TAIL_LINES",
+        100,
+        "Lines of stdout, stderr and each followed file kept in a process-exit event.",
     )
     follow_grace: float = setting(
-        "FLIGHTREC_FOLLOW_GRACE", 2.0,
-        'Seconds at most that `agent run` keeps reading followed files after CMD exits when no process the stage '
-        'started still runs (it stops once they were read to their end: 0.2 s without new bytes).',
+        "FLIGHTREC_FOLLOW_GRACE",
+        2.0,
+        "Seconds at most that `agent run` keeps reading followed files after CMD exits when no process the stage "
+        "started still runs (it stops once they were read to their end: 0.2 s without new bytes).",
     )
     seal_wait: float = setting(
-        "FLIGHTREC_SEAL_WAIT", 10.0,
+        "FLIGHTREC_SEAL_WAIT",
+        10.0,
         "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow"
-        ' nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded.',
+        " nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded.",
     )
     heartbeat_s: float = setting(
-        "FLIGHTREC_HEARTBEAT_S", 30.0,
+        "FLIGHTREC_HEARTBEAT_S",
+        30.0,
         "Seconds between the agent's heartbeats while a stage runs (0: none). The interval travels in each "
-        'heartbeat, so readers know it: an unsealed instance silent for 3 intervals has status `lost`.',
+        "heartbeat, so readers know it: an unsealed instance silent for 3 intervals has status `lost`.",
     )
     late_wait: float = setting(
-        "FLIGHTREC_LATE_WAIT", 60.0,
-        'Seconds a seal waits at most for late output: until every process a stage left behind that can still '
-        'write it (holds its pipes, or carries its token while its files are followed) has ended. Quiet is not an'
-        ' end: a proving daemon loads tens of GB of parameters for seconds before a GPU error. What still writes '
-        'then is named in the seal; its later lines are passed on but not recorded.',
+        "FLIGHTREC_LATE_WAIT",
+        60.0,
+        "Seconds a seal waits at most for late output: until every process a stage left behind that can still "
+        "write it (holds its pipes, or carries its token while its files are followed) has ended. Quiet is not an"
+        " end: a proving daemon loads tens of GB of parameters for seconds before a GPU error. What still writes "
+        "then is named in the seal; its later lines are passed on but not recorded.",
     )
     webhook: str | None = setting(
-        "FLIGHTREC_WEBHOOK", None,
-        'The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL '
+        "FLIGHTREC_WEBHOOK",
+        None,
+        "The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL "
         '(same as `materialize --webhook`; see docs/materializer.md, "Alerts").',
     )
     alert_on: str | None = setting(
-        "FLIGHTREC_ALERT_ON", None,
-        'Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).',
-        shown='failed,lost,below_min_rate,incomplete',
+        "FLIGHTREC_ALERT_ON",
+        None,
+        "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).",
+        shown="failed,lost,below_min_rate,incomplete",
     )
     dashboard_url: str = setting(
-        "FLIGHTREC_DASHBOARD_URL", "http://localhost:8501",
+        "FLIGHTREC_DASHBOARD_URL",
+        "http://localhost:8501",
         "The dashboard's address, for the links in alerts.",
     )
     clock_offset_s: float = setting(
-        "FLIGHTREC_CLOCK_OFFSET_S", 0.0,
-        'Testing and diagnostics only: seconds added to every timestamp the agent stamps on its events '
-        '(`flightrec.schemas.now_us`), to play an instance whose clock is wrong (negative: behind) without '
+        "FLIGHTREC_CLOCK_OFFSET_S",
+        0.0,
+        "Testing and diagnostics only: seconds added to every timestamp the agent stamps on its events "
+        "(`flightrec.schemas.now_us`), to play an instance whose clock is wrong (negative: behind) without "
         "touching the machine's clock; read once per process, an unreadable value is no shift. Liveness does not "
-        'follow it: the materializer judges `lost` by when Kafka received the events; the instance page shows the'
+        "follow it: the materializer judges `lost` by when Kafka received the events; the instance page shows the"
         ' offset (docs/materializer.md, "Clocks").',
     )
     log_level: str = setting(
-        "FLIGHTREC_LOG_LEVEL", "INFO",
+        "FLIGHTREC_LOG_LEVEL",
+        "INFO",
         "Level of flightrec's own log on stderr (DEBUG, INFO, WARNING, ERROR). Kafka client (aiokafka) warnings "
-        'and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines'
-        ' only at DEBUG.',
+        "and errors, such as refused credentials or an untrusted certificate, are shown once each; its INFO lines"
+        " only at DEBUG.",
         parse=_upper,
     )
 
@@ -331,8 +379,10 @@ class Settings:
             with open(self.sasl_password_file, encoding="utf-8") as f:
                 return f.readline().rstrip("\r\n") or None
         except OSError as exc:
-            raise ConfigError(f"cannot read FLIGHTREC_SASL_PASSWORD_FILE {self.sasl_password_file}: {exc.strerror}; "
-                              "point it at a readable file holding the password") from exc
+            raise ConfigError(
+                f"cannot read FLIGHTREC_SASL_PASSWORD_FILE {self.sasl_password_file}: {exc.strerror}; "
+                "point it at a readable file holding the password"
+            ) from exc
 
 
 def __getattr__(name: str) -> Any:
@@ -351,10 +401,12 @@ SETTINGS: tuple[Setting, ...] = tuple(f.metadata["setting"] for f in dataclasses
 def markdown() -> str:
     """docs/settings.md, made from the definitions (`make docs`; a test checks it is current)."""
     rows = "\n".join(f"| `{s.env}` | {f'`{s.default}`' if s.default else ''} | {s.help} |" for s in SETTINGS)
-    return ("# Settings\n\nflightrec reads its configuration from flags first, then these environment\n"
-            "variables, then the defaults below. Each is defined once, as a field of `Settings` in\n"
-            "`src/flightrec/settings.py`; this page is made from those definitions (`make docs`).\n\n"
-            "| variable | default | meaning |\n| --- | --- | --- |\n" + rows + "\n")
+    return (
+        "# Settings\n\nflightrec reads its configuration from flags first, then these environment\n"
+        "variables, then the defaults below. Each is defined once, as a field of `Settings` in\n"
+        "`src/flightrec/settings.py`; this page is made from those definitions (`make docs`).\n\n"
+        "| variable | default | meaning |\n| --- | --- | --- |\n" + rows + "\n"
+    )
 
 
 if __name__ == "__main__":

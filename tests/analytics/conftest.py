@@ -88,13 +88,54 @@ def build_pipeline_db(kafka: Any, work: Path) -> dict[str, Any]:
     daemon_log = work / "daemon.log"
     daemon_log.write_text("")
     steps = [
-        (0, "agent", "run", "--instance", nok, "--stage", "fetch_params", "--", "echo", "downloading params 100% done_ok"),
-        (1, "agent", "run", "--instance", nok, "--stage", "benchmark", "--tail", str(daemon_log), "--",
-         "sh", str(script), str(daemon_log)),
+        (
+            0,
+            "agent",
+            "run",
+            "--instance",
+            nok,
+            "--stage",
+            "fetch_params",
+            "--",
+            "echo",
+            "downloading params 100% done_ok",
+        ),
+        (
+            1,
+            "agent",
+            "run",
+            "--instance",
+            nok,
+            "--stage",
+            "benchmark",
+            "--tail",
+            str(daemon_log),
+            "--",
+            "sh",
+            str(script),
+            str(daemon_log),
+        ),
         (0, "agent", "run", "--instance", ok, "--stage", "fetch_params", "--", "echo", "params ok"),
         (0, "agent", "run", "--instance", ok, "--stage", "benchmark", "--", "echo", "benchmark ok"),
-        (0, "prove", "bench", "--instance", ok, "--backend", "cpu", "--k", "10", "--width", "4", "--warmup", "1",
-         "--proofs", "2", "--min-rate", "1"),
+        (
+            0,
+            "prove",
+            "bench",
+            "--instance",
+            ok,
+            "--backend",
+            "cpu",
+            "--k",
+            "10",
+            "--width",
+            "4",
+            "--warmup",
+            "1",
+            "--proofs",
+            "2",
+            "--min-rate",
+            "1",
+        ),
     ]
     for expected, *args in steps:
         done = _flightrec(*args, env=env)
@@ -112,8 +153,9 @@ def pipeline_db(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     ids = build_pipeline_db(kafka, work)
     con = duckdb.connect(str(ids["db"]), read_only=True)
     try:
-        row = con.execute("SELECT failure_id FROM failures WHERE instance_id = ? ORDER BY ts_us DESC LIMIT 1",
-                          [ids["no_kernel"]]).fetchone()
+        row = con.execute(
+            "SELECT failure_id FROM failures WHERE instance_id = ? ORDER BY ts_us DESC LIMIT 1", [ids["no_kernel"]]
+        ).fetchone()
     finally:
         con.close()
     assert row, f"the materializer recorded no failure for {ids['no_kernel']}"

@@ -33,6 +33,7 @@ NO_KERNEL = "CUDA error: no kernel image is available for execution on the devic
 DAEMON_LOG = "/var/log/prover/daemon.log"
 STAGES = ("tunnel", "register", "fetch_params", "benchmark", "supervisor")
 
+
 class Boot:
     """One boot of one instance as the agent numbers it (gap-free seq); each event at a time the test chooses."""
 
@@ -44,20 +45,41 @@ class Boot:
     def add(self, cls: type, at_us: int | None = None, event_id: str | None = None, **fields: Any) -> Event:
         """Append one event at ``at_us`` (default: 1 ms after the previous one), its id ``event_id`` if given."""
         self.t = self.t + 1000 if at_us is None else at_us
-        ev = cls(event_id=event_id or f"{self.prefix}-{len(self.events)}", instance_id=self.instance,
-                 boot_id=self.boot, seq=len(self.events), ts_us=self.t, **fields)
+        ev = cls(
+            event_id=event_id or f"{self.prefix}-{len(self.events)}",
+            instance_id=self.instance,
+            boot_id=self.boot,
+            seq=len(self.events),
+            ts_us=self.t,
+            **fields,
+        )
         self.events.append(ev)
         return ev
 
-    def lines(self, stage: str, source: str, texts: list[str], at_us: int | None = None, step_us: int = 1_000_000,
-              first_line: int = 1) -> Event:
+    def lines(
+        self,
+        stage: str,
+        source: str,
+        texts: list[str],
+        at_us: int | None = None,
+        step_us: int = 1_000_000,
+        first_line: int = 1,
+    ) -> Event:
         """A LogBatch whose lines are ``step_us`` apart, the first at ``at_us``."""
         start = self.t + 1000 if at_us is None else at_us
         n = len(texts)
-        ev = self.add(LogBatch, start + max(n - 1, 0) * step_us, stage=stage, source=source, pid=42,
-                      line_no=list(range(first_line, first_line + n)),
-                      line_ts_us=[start + i * step_us for i in range(n)], text=list(texts),
-                      truncated=[False] * n, invalid_utf8=[False] * n)
+        ev = self.add(
+            LogBatch,
+            start + max(n - 1, 0) * step_us,
+            stage=stage,
+            source=source,
+            pid=42,
+            line_no=list(range(first_line, first_line + n)),
+            line_ts_us=[start + i * step_us for i in range(n)],
+            text=list(texts),
+            truncated=[False] * n,
+            invalid_utf8=[False] * n,
+        )
         return ev
 
     def seal(self, at_us: int | None = None) -> Event:
@@ -78,8 +100,17 @@ def commit(path: Path, boots: list[Boot]) -> None:
 
 
 def facts(b: Boot, gpu_model: str, cc: str, price: float) -> None:
-    b.add(InstanceFacts, gpu_model=gpu_model, gpu_count=1, gpu_memory_mib=81920, driver_version="570.86",
-          cuda_version="12.8", compute_capability=cc, host=f"host-{b.instance}", price_per_hour=price)
+    b.add(
+        InstanceFacts,
+        gpu_model=gpu_model,
+        gpu_count=1,
+        gpu_memory_mib=81920,
+        driver_version="570.86",
+        cuda_version="12.8",
+        compute_capability=cc,
+        host=f"host-{b.instance}",
+        price_per_hour=price,
+    )
 
 
 def stages_ok(b: Boot, upto: str, at_us: int) -> int:
@@ -99,8 +130,9 @@ def stages_ok(b: Boot, upto: str, at_us: int) -> int:
 def first_failure_id(path: Path, instance_id: str) -> str:
     con = duckdb.connect(str(path), read_only=True)
     try:
-        row = con.execute("SELECT failure_id FROM failures WHERE instance_id = ? ORDER BY ts_us DESC LIMIT 1",
-                          [instance_id]).fetchone()
+        row = con.execute(
+            "SELECT failure_id FROM failures WHERE instance_id = ? ORDER BY ts_us DESC LIMIT 1", [instance_id]
+        ).fetchone()
     finally:
         con.close()
     assert row, f"the fold recorded no failure for {instance_id}"
@@ -121,10 +153,28 @@ def build_arrow_db(path: Path) -> dict[str, Any]:
     a.add(Lifecycle, t, stage="benchmark", state="started")
     a.lines("benchmark", "stdout", ["starting prover daemon", "warm-up proof 1/3"], t + 1000)
     for n in range(3):
-        a.add(Throughput, t + (n + 1) * 20_000_000, stage="benchmark", backend="cuda", device="H100", proofs=25,
-              seconds=60.0, proofs_per_hour=1400.0 + 50 * n, phase="measured")
-    a.add(BenchmarkResult, t + MIN - 1000, stage="benchmark", backend="cuda", device="H100", proofs=75,
-          proofs_per_hour=1500.0, min_rate=1000.0, verdict="pass")
+        a.add(
+            Throughput,
+            t + (n + 1) * 20_000_000,
+            stage="benchmark",
+            backend="cuda",
+            device="H100",
+            proofs=25,
+            seconds=60.0,
+            proofs_per_hour=1400.0 + 50 * n,
+            phase="measured",
+        )
+    a.add(
+        BenchmarkResult,
+        t + MIN - 1000,
+        stage="benchmark",
+        backend="cuda",
+        device="H100",
+        proofs=75,
+        proofs_per_hour=1500.0,
+        min_rate=1000.0,
+        verdict="pass",
+    )
     a.add(Lifecycle, t + MIN, stage="benchmark", state="succeeded")
     a.add(Lifecycle, t + 2 * MIN, stage="supervisor", state="started")
     a.lines("supervisor", "stdout", [f"proof {n} done" for n in range(50)], t + 2 * MIN + 1000)
@@ -137,12 +187,32 @@ def build_arrow_db(path: Path) -> dict[str, Any]:
     daemon = ["daemon: device 0 NVIDIA GeForce RTX 5090 sm_120", NO_KERNEL, "daemon: shutting down"]
     b.lines("benchmark", DAEMON_LOG, daemon, t + 10_000_000)
     b.lines("benchmark", "stderr", ["benchmark exited with error"], t + 30_000_000)
-    b.add(BenchmarkResult, t + 40_000_000, stage="benchmark", backend="cuda", device="gpu0", proofs=0,
-          proofs_per_hour=0.0, min_rate=1000.0, verdict="error", detail="0 proofs completed")
-    b.add(ProcessExit, t + 50_000_000, stage="benchmark", argv=["bench.sh", "--min-rate", "1000"], pid=42,
-          exit_code=1, started_us=t, ended_us=t + 50_000_000, duration_s=50.0,
-          stderr_tail=["benchmark exited with error"], stdout_tail=["starting prover daemon", "warm-up proof 1/3"],
-          file_tails=[FileTail(DAEMON_LOG, daemon)])
+    b.add(
+        BenchmarkResult,
+        t + 40_000_000,
+        stage="benchmark",
+        backend="cuda",
+        device="gpu0",
+        proofs=0,
+        proofs_per_hour=0.0,
+        min_rate=1000.0,
+        verdict="error",
+        detail="0 proofs completed",
+    )
+    b.add(
+        ProcessExit,
+        t + 50_000_000,
+        stage="benchmark",
+        argv=["bench.sh", "--min-rate", "1000"],
+        pid=42,
+        exit_code=1,
+        started_us=t,
+        ended_us=t + 50_000_000,
+        duration_s=50.0,
+        stderr_tail=["benchmark exited with error"],
+        stdout_tail=["starting prover daemon", "warm-up proof 1/3"],
+        file_tails=[FileTail(DAEMON_LOG, daemon)],
+    )
     b.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail="benchmark exited with error")
     b.seal()
 
@@ -150,24 +220,55 @@ def build_arrow_db(path: Path) -> dict[str, Any]:
     facts(c, "NVIDIA A100-SXM4-40GB", "8.0", 1.2)
     t = stages_ok(c, "benchmark", BASE_US)
     c.add(Lifecycle, t, stage="benchmark", state="started")
-    c.lines("benchmark", "stdout", ["starting prover daemon", "warm-up proof 1/3", "measured 640.0 proofs/hour"],
-            t + 1000)
-    c.add(BenchmarkResult, t + 50_000_000, stage="benchmark", backend="cuda", device="gpu0", proofs=10,
-          proofs_per_hour=640.0, min_rate=1000.0, verdict="fail", detail="640.0 proofs/hour < MIN_RATE 1000")
+    c.lines(
+        "benchmark", "stdout", ["starting prover daemon", "warm-up proof 1/3", "measured 640.0 proofs/hour"], t + 1000
+    )
+    c.add(
+        BenchmarkResult,
+        t + 50_000_000,
+        stage="benchmark",
+        backend="cuda",
+        device="gpu0",
+        proofs=10,
+        proofs_per_hour=640.0,
+        min_rate=1000.0,
+        verdict="fail",
+        detail="640.0 proofs/hour < MIN_RATE 1000",
+    )
     c.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail="640.0 proofs/hour < MIN_RATE 1000")
     c.seal()
 
     commit(path, [a, b, c])
-    return {"ok": ok, "no_kernel": nok, "slow": slow, "no_kernel_failure": first_failure_id(path, nok),
-            "slow_failure": first_failure_id(path, slow)}
+    return {
+        "ok": ok,
+        "no_kernel": nok,
+        "slow": slow,
+        "no_kernel_failure": first_failure_id(path, nok),
+        "slow_failure": first_failure_id(path, slow),
+    }
 
 
 SEGV = "rtxpro4000-0a1b2c3d4e5f60718293"  # a long id: the table must not cut it
 SEGV_GPU = "NVIDIA RTX PRO 4000 Blackwell Generation"
 SEGV_LINE = "fatal error: unexpected signal during runtime execution [signal SIGSEGV: segmentation violation]"
-SEGV_ARGV = ["python", "-m", "flightrec.demo.fleet", "benchmark", "--fate", "daemon_signal", "--log",
-             "/tmp/flightrec-demo-4f2a/.flightrec/rtxpro4000-0/prover-daemon.log", "--k", "10", "--proofs", "2",
-             "--min-rate", "1.0", "--end-marker", "END-OF-COMMAND"]
+SEGV_ARGV = [
+    "python",
+    "-m",
+    "flightrec.demo.fleet",
+    "benchmark",
+    "--fate",
+    "daemon_signal",
+    "--log",
+    "/tmp/flightrec-demo-4f2a/.flightrec/rtxpro4000-0/prover-daemon.log",
+    "--k",
+    "10",
+    "--proofs",
+    "2",
+    "--min-rate",
+    "1.0",
+    "--end-marker",
+    "END-OF-COMMAND",
+]
 SEGV_LOG = "/tmp/flightrec-demo-4f2a/.flightrec/rtxpro4000-0/prover-daemon.log"
 
 
@@ -180,26 +281,52 @@ def segv_boot(start_us: int = BASE_US + 40 * MIN) -> Boot:
     facts(b, SEGV_GPU, "12.0", 0.35)
     t = stages_ok(b, "benchmark", start_us)
     b.add(Lifecycle, t, stage="benchmark", state="started")
-    daemon = ([f"proof {n} done in 0.8 s" for n in range(1, 60)] + [SEGV_LINE]
-              + [f"goroutine {n} [running]: runtime.sigpanic()" for n in range(30)])
+    daemon = (
+        [f"proof {n} done in 0.8 s" for n in range(1, 60)]
+        + [SEGV_LINE]
+        + [f"goroutine {n} [running]: runtime.sigpanic()" for n in range(30)]
+    )
     b.lines("benchmark", SEGV_LOG, daemon, t + 1000, step_us=100_000)
     stderr = ["prover daemon (pid 4242) was killed by signal SIGSEGV (core dumped)", "benchmark exited with error"]
     b.lines("benchmark", "stderr", stderr, t + 20_000_000)
-    b.add(ProcessExit, t + 25_000_000, stage="benchmark", argv=SEGV_ARGV, pid=4241, exit_code=1, started_us=t,
-          ended_us=t + 25_000_000, duration_s=25.0, stderr_tail=stderr, file_tails=[FileTail(SEGV_LOG, daemon)])
+    b.add(
+        ProcessExit,
+        t + 25_000_000,
+        stage="benchmark",
+        argv=SEGV_ARGV,
+        pid=4241,
+        exit_code=1,
+        started_us=t,
+        ended_us=t + 25_000_000,
+        duration_s=25.0,
+        stderr_tail=stderr,
+        file_tails=[FileTail(SEGV_LOG, daemon)],
+    )
     b.add(Lifecycle, t + 26_000_000, stage="benchmark", state="failed", detail="benchmark exited with error")
     b.seal()
     return b
 
 
-def append_lines(path: Path, instance_id: str, stage: str, texts: list[str], ts_us: int, seq: int,
-                 boot_id: str | None = None) -> None:
+def append_lines(
+    path: Path, instance_id: str, stage: str, texts: list[str], ts_us: int, seq: int, boot_id: str | None = None
+) -> None:
     """What the materializer does when more log lines of a running stage arrive: fold and commit one LogBatch."""
     n = len(texts)
-    ev = LogBatch(event_id=f"{instance_id}-late-{seq}", instance_id=instance_id, boot_id=boot_id or f"boot-{instance_id}",
-                  seq=seq, ts_us=ts_us, stage=stage, source="stdout", pid=42, line_no=list(range(1000 + seq, 1000 + seq + n)),
-                  line_ts_us=[ts_us + i for i in range(n)], text=list(texts), truncated=[False] * n,
-                  invalid_utf8=[False] * n)
+    ev = LogBatch(
+        event_id=f"{instance_id}-late-{seq}",
+        instance_id=instance_id,
+        boot_id=boot_id or f"boot-{instance_id}",
+        seq=seq,
+        ts_us=ts_us,
+        stage=stage,
+        source="stdout",
+        pid=42,
+        line_no=list(range(1000 + seq, 1000 + seq + n)),
+        line_ts_us=[ts_us + i for i in range(n)],
+        text=list(texts),
+        truncated=[False] * n,
+        invalid_utf8=[False] * n,
+    )
     store = FileStore(path, group="dashboard-tests")
     try:
         store.commit(fold([RawMessage(ev.topic, 0, 10_000 + seq, instance_id.encode(), encode(ev))]))
@@ -221,8 +348,18 @@ def manager_events(instance: str, *events: tuple[str, int, dict[str, str]]) -> B
 
 
 def _money_facts(b: Boot, gpu_model: str, host: str, driver: str, price: float) -> None:
-    b.add(InstanceFacts, BASE_US, gpu_model=gpu_model, gpu_count=1, gpu_memory_mib=24564, driver_version=driver,
-          cuda_version="12.8", compute_capability="8.9", host=host, price_per_hour=price)
+    b.add(
+        InstanceFacts,
+        BASE_US,
+        gpu_model=gpu_model,
+        gpu_count=1,
+        gpu_memory_mib=24564,
+        driver_version=driver,
+        cuda_version="12.8",
+        compute_capability="8.9",
+        host=host,
+        price_per_hour=price,
+    )
 
 
 def money_boots() -> list[Boot]:
@@ -239,23 +376,49 @@ def money_boots() -> list[Boot]:
     _money_facts(a, RTX4090, "h-a", "570.86", 0.50)
     a.add(Lifecycle, BASE_US + MIN, stage="benchmark", state="started")
     a.lines("benchmark", "stderr", [NO_KERNEL], BASE_US + HOUR - MIN)
-    a.add(Lifecycle, BASE_US + HOUR, event_id="fa", stage="benchmark", state="failed",
-          detail="benchmark exited with error")
+    a.add(
+        Lifecycle,
+        BASE_US + HOUR,
+        event_id="fa",
+        stage="benchmark",
+        state="failed",
+        detail="benchmark exited with error",
+    )
     a.seal(BASE_US + 2 * HOUR)
 
     b1 = Boot("b", BASE_US, boot="boot-b-1")
     _money_facts(b1, RTX4090, "h-b", "570.86", 0.50)
     b1.add(Lifecycle, BASE_US + MIN, stage="benchmark", state="started")
-    b1.lines("benchmark", "stderr", ["RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"],
-             BASE_US + HOUR // 2 - MIN)
-    b1.add(Lifecycle, BASE_US + HOUR // 2, event_id="fb1", stage="benchmark", state="failed",
-           detail="benchmark exited with error")
+    b1.lines(
+        "benchmark",
+        "stderr",
+        ["RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"],
+        BASE_US + HOUR // 2 - MIN,
+    )
+    b1.add(
+        Lifecycle,
+        BASE_US + HOUR // 2,
+        event_id="fb1",
+        stage="benchmark",
+        state="failed",
+        detail="benchmark exited with error",
+    )
     b1.seal(BASE_US + HOUR // 2 + MIN)
     b2 = Boot("b", BASE_US + 40 * MIN, boot="boot-b-2")
     b2.add(Lifecycle, BASE_US + 40 * MIN, stage="benchmark", state="started")
-    b2.add(BenchmarkResult, BASE_US + HOUR, event_id="fb2", stage="benchmark", backend="cuda", device="gpu0",
-           proofs=10, proofs_per_hour=400.0, min_rate=1000.0, verdict="fail",
-           detail="400.0 proofs/hour < MIN_RATE 1000")
+    b2.add(
+        BenchmarkResult,
+        BASE_US + HOUR,
+        event_id="fb2",
+        stage="benchmark",
+        backend="cuda",
+        device="gpu0",
+        proofs=10,
+        proofs_per_hour=400.0,
+        min_rate=1000.0,
+        verdict="fail",
+        detail="400.0 proofs/hour < MIN_RATE 1000",
+    )
 
     c = Boot("c", BASE_US)
     _money_facts(c, "NVIDIA H100 80GB HBM3", "h-c", "550.54", 2.0)
@@ -263,9 +426,14 @@ def money_boots() -> list[Boot]:
     c.add(Lifecycle, t, stage="supervisor", state="started")
     c.seal(BASE_US + 4 * HOUR)
 
-    return [a, b1, b2, c,
-            manager_events("a", ("rented", BASE_US, {"price_per_hour": "0.40", "host_id": "123"})),
-            manager_events("b", ("rented", BASE_US, {"host_id": "456"}), ("destroyed", BASE_US + 3 * HOUR, {}))]
+    return [
+        a,
+        b1,
+        b2,
+        c,
+        manager_events("a", ("rented", BASE_US, {"price_per_hour": "0.40", "host_id": "123"})),
+        manager_events("b", ("rented", BASE_US, {"host_id": "456"}), ("destroyed", BASE_US + 3 * HOUR, {})),
+    ]
 
 
 # An id a hostile or careless operator might use: quotes, %, markdown and LaTeX marks, unicode, a URL's own signs.
@@ -280,8 +448,12 @@ def hostile_boot() -> Boot:
     facts(b, "NVIDIA 'GPU' $9 *9*", "9.0", 1.25)
     t = stages_ok(b, "benchmark", BASE_US)
     b.add(Lifecycle, t, stage="benchmark", state="started")
-    b.lines("benchmark", "stderr", ["ünïcødé ✓ \x1b[31mred\x1b[0m", LONG_LINE,
-                                    "worker $5 *x* [l](u) was killed by signal SIGSEGV $6"], t + 1000)
+    b.lines(
+        "benchmark",
+        "stderr",
+        ["ünïcødé ✓ \x1b[31mred\x1b[0m", LONG_LINE, "worker $5 *x* [l](u) was killed by signal SIGSEGV $6"],
+        t + 1000,
+    )
     b.lines("benchmark", "/tmp/it's 100%/dæmon $1.log", ["y" * 10_000], t + 5_000_000)
     b.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail=PRICED_DETAIL + " " + "z" * 10_000)
     return b

@@ -10,8 +10,6 @@ NO_KERNEL = "CUDA error: no kernel image is available for execution on the devic
 pytestmark = pytest.mark.integration
 
 
-
-
 def test_failure_drill_down_shows_the_daemons_line(pipeline_db, open_page):
     db, ids = pipeline_db
     at = open_page(db, "failures", failure=ids["no_kernel_failure"])
@@ -58,5 +56,6 @@ def test_throughput_and_sql_pages_render(pipeline_db, open_page):
     assert per_instance.loc[ids["ok"], "meets_min_rate"]
     at = open_page(db, "sql")
     next(iter(at.text_area)).input(
-        "SELECT instance_id, failure_class FROM failure_context WHERE failure_class = 'gpu_arch_unsupported'").run()
+        "SELECT instance_id, failure_class FROM failure_context WHERE failure_class = 'gpu_arch_unsupported'"
+    ).run()
     assert ids["no_kernel"] in set(at.dataframe[0].value["instance_id"])

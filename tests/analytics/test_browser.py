@@ -19,8 +19,16 @@ from flightrec.broker.local import free_port
 
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-dev-shm-usage",
+]
 
 
 def flightrec_bin() -> str:
@@ -42,8 +50,13 @@ def dashboard(served_db) -> Iterator[str]:
     db = served_db
     port = free_port()
     env = dict(os.environ, PYTHONSAFEPATH="1")
-    proc = subprocess.Popen([flightrec_bin(), "dashboard", "--db", str(db), "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
+    proc = subprocess.Popen(
+        [flightrec_bin(), "dashboard", "--db", str(db), "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tempfile.gettempdir(),
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -80,7 +93,8 @@ def shoot(page, name: str, out: Path) -> None:
     """A screenshot of the whole page: grow the viewport to the content's height first."""
     height = page.evaluate(
         "() => { const m = document.querySelector('[data-testid=\"stMain\"]') || document.body;"
-        " return Math.max(m.scrollHeight, 900); }")
+        " return Math.max(m.scrollHeight, 900); }"
+    )
     page.set_viewport_size({"width": 1400, "height": min(int(height) + 40, 4000)})
     page.wait_for_timeout(500)
     page.screenshot(path=str(out / f"{name}.png"))
@@ -112,8 +126,7 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
     shots = tmp_path / "shots"
     shots.mkdir()
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-                                    chromium_sandbox=False)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, chromium_sandbox=False)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(60_000)
@@ -125,8 +138,12 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
             shoot(page, "fleet", shots)
 
             # Fleet -> its failure -> its instance, by the links of the instance's row.
-            row = page.get_by_test_id("stHorizontalBlock").filter(has_text=ids["no_kernel"]).filter(
-                has=page.get_by_role("link", name="failure")).last
+            row = (
+                page.get_by_test_id("stHorizontalBlock")
+                .filter(has_text=ids["no_kernel"])
+                .filter(has=page.get_by_role("link", name="failure"))
+                .last
+            )
             row.get_by_role("link", name="failure").click()
             settle(page, "text=Events that led up to it")
             assert "failure=" in page.url
@@ -145,8 +162,15 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
             page.get_by_text("Live tail").click()
             settle(page)
             fresh = f"proof from the live tail {time.time_ns()}"
-            append_lines(served_db, ids["ok"], "supervisor", [fresh], time.time_ns() // 1000, seq=90_000,
-                         boot_id=boot_of(served_db, ids["ok"]))
+            append_lines(
+                served_db,
+                ids["ok"],
+                "supervisor",
+                [fresh],
+                time.time_ns() // 1000,
+                seq=90_000,
+                boot_id=boot_of(served_db, ids["ok"]),
+            )
             # The grid draws on a canvas; its accessible table holds the cells' text.
             expect(page.locator("[data-testid='stDataFrame'] td").filter(has_text=fresh).first).to_be_attached()
 
@@ -174,8 +198,11 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
             assert ids["no_kernel"] in page.url
             shoot(page, "instance", shots)
 
-            for path, heading, name in (("throughput", "Throughput", "throughput"), ("cost", "Cost", "cost"),
-                                        ("sql", "SQL", "sql")):
+            for path, heading, name in (
+                ("throughput", "Throughput", "throughput"),
+                ("cost", "Cost", "cost"),
+                ("sql", "SQL", "sql"),
+            ):
                 page.goto(f"{dashboard}/{path}")
                 settle(page)
                 expect(page.get_by_role("heading", name=heading, exact=True)).to_be_visible()
@@ -184,5 +211,11 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
         finally:
             browser.close()
     assert sorted(p.name for p in shots.glob("*.png")) == [
-        "cost.png", "failures.png", "fleet.png", "instance.png", "sql.png", "throughput.png"]
+        "cost.png",
+        "failures.png",
+        "fleet.png",
+        "instance.png",
+        "sql.png",
+        "throughput.png",
+    ]
     # docs/screenshots/ are made from the demo's richer database by scripts/screenshots.py.

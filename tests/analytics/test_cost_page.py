@@ -12,17 +12,23 @@ def _metric(at: AppTest, label: str) -> str:
 def test_cost_page_shows_paid_lost_and_what_to_avoid(money_db, open_page):
     at = open_page(money_db, "cost")
     assert at.title[0].value == "Cost"
-    assert _metric(at, "Paid") == "$10.30"            # 0.80 + 1.50 + 8.00
+    assert _metric(at, "Paid") == "$10.30"  # 0.80 + 1.50 + 8.00
     assert _metric(at, "Lost before failures") == "$0.65"
     assert _metric(at, "Failed instances") == "2 of 3"
     assert [c.value for c in at.code] == ["gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"]
     frames = [df.value for df in at.dataframe]
     avoid = next(f for f in frames if "offer_filter" in f.columns)
-    assert set(avoid["offer_filter"]) == {"gpu_name!=RTX_4090", "driver_version!=570.86", "host_id!=123",
-                                          "host_id!=456"}
+    assert set(avoid["offer_filter"]) == {
+        "gpu_name!=RTX_4090",
+        "driver_version!=570.86",
+        "host_id!=123",
+        "host_id!=456",
+    }
     by_class = next(f for f in frames if list(f.columns[:2]) == ["failure_class", "instances"])
     assert dict(zip(by_class["failure_class"], by_class["dollars_lost"].round(2))) == {
-        "gpu_arch_unsupported": 0.40, "cuda_out_of_memory": 0.25}
+        "gpu_arch_unsupported": 0.40,
+        "cuda_out_of_memory": 0.25,
+    }
     per_failure = next(f for f in frames if "dollars_before_failure" in f.columns)
     assert len(per_failure) == 3 and per_failure["open"].str.contains("failure=fb2").any()
     by_gpu = next(f for f in frames if "gpu_model" in f.columns and "failure_rate" in f.columns)
@@ -40,7 +46,8 @@ def test_sql_console_sees_the_money_views_too(money_db, open_page):
     next(t for t in at.text_area).input("SELECT offer_filter FROM avoid_filter").run()
     assert not at.error, at.error[0].value
     assert list(at.dataframe[0].value["offer_filter"]) == [
-        "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"]
+        "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"
+    ]
     next(t for t in at.text_area).input("SELECT failure_id FROM failure_cost ORDER BY failure_id").run()
     assert list(at.dataframe[0].value["failure_id"]) == ["fa", "fb1", "fb2"]
     from flightrec.db.views import ALL_VIEW_NAMES

@@ -21,15 +21,18 @@ def charts(at: AppTest) -> list[tuple[dict[str, Any], pd.DataFrame]]:
     out = []
     for el in at.get("vega_lite_chart"):
         spec = json.loads(el.proto.spec)
-        data = (convert_arrow_bytes_to_pandas_df(el.proto.datasets[0].data.data) if el.proto.datasets
-                else pd.DataFrame())
+        data = convert_arrow_bytes_to_pandas_df(el.proto.datasets[0].data.data) if el.proto.datasets else pd.DataFrame()
         out.append((spec, data))
     return out
 
 
 def chart(at: AppTest, title_part: str) -> tuple[dict[str, Any], pd.DataFrame]:
-    found = [(s, d) for s, d in charts(at) if title_part in json.dumps(s.get("title", ""))
-             or any(title_part in json.dumps(layer.get("title", "")) for layer in s.get("layer", []))]
+    found = [
+        (s, d)
+        for s, d in charts(at)
+        if title_part in json.dumps(s.get("title", ""))
+        or any(title_part in json.dumps(layer.get("title", "")) for layer in s.get("layer", []))
+    ]
     assert found, f"no chart titled {title_part!r}: {[s.get('title') for s, _ in charts(at)]}"
     return found[0]
 
@@ -56,6 +59,7 @@ def text_of(at: AppTest) -> str:
 
 # ---- every page ------------------------------------------------------------------------
 
+
 def test_dashboard_starts_streamlit_without_the_deploy_button():
     from flightrec.cli.analytics import streamlit_command
 
@@ -81,6 +85,7 @@ def test_time_range_picker_is_shared_by_all_pages(glance_db, open_page):
 
 
 # ---- Fleet -----------------------------------------------------------------------------
+
 
 def test_fleet_rows_show_status_first_class_and_links(glance_db, open_page):
     db, ids = glance_db
@@ -131,6 +136,7 @@ def test_fleet_and_detail_pages_refresh_by_themselves(glance_db, open_page):
 
 # ---- Instance --------------------------------------------------------------------------
 
+
 def test_instance_stage_chart_labels_every_stage_and_times_read(glance_db, open_page):
     db, ids = glance_db
     at = open_page(db, "instance", instance=ids["ok"])
@@ -178,6 +184,7 @@ def test_instance_live_tail_shows_new_lines_first(live_db, open_page):
 
 # ---- Failures --------------------------------------------------------------------------
 
+
 def test_failure_of_a_daemon_sigsegv_shows_the_signal_and_whole_gpu_name(glance_db, open_page):
     db, ids = glance_db
     at = open_page(db, "failures", failure=ids["segv_failure"])
@@ -216,6 +223,7 @@ def test_failures_chart_uses_minutes_when_hours_say_nothing(glance_db, open_page
 
 
 # ---- Throughput ------------------------------------------------------------------------
+
 
 def test_throughput_distribution_labels_every_gpu_and_minutes_over_time(glance_db, open_page):
     db, _ = glance_db

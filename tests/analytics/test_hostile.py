@@ -31,8 +31,9 @@ def _unescaped(texts: list[str], pattern: str) -> list[str]:
 def test_dollars_and_markup_in_ids_and_details_show_literally(hostile_db, open_page, page):
     """`$5 … $6` would render as LaTeX and `*x*` in italics: every such sign reaches Markdown escaped."""
     db, ids = hostile_db
-    params = ({"instance": ids["id"]} if page == "instance" else
-              {"failure": ids["failure"]} if page == "failures" else {})
+    params = (
+        {"instance": ids["id"]} if page == "instance" else {"failure": ids["failure"]} if page == "failures" else {}
+    )
     at = open_page(db, page, **params)
     texts = _markdown(at)
     assert any("日本🚀" in t for t in texts), "the id is shown"
@@ -110,7 +111,9 @@ def test_md_escapes_markup_and_keeps_plain_text():
     assert md("x" * 400, limit=300) == "x" * 300 + "… (100 more characters)"
 
 
-@pytest.mark.parametrize("sql", ["PRAGMA show_tables", "-- the tables\nPRAGMA show_tables", "pragma table_info('fleet')"])
+@pytest.mark.parametrize(
+    "sql", ["PRAGMA show_tables", "-- the tables\nPRAGMA show_tables", "pragma table_info('fleet')"]
+)
 def test_sql_console_runs_a_describing_pragma(arrow_db, open_page, sql):
     """A PRAGMA that describes is allowed (docs/dashboard.md): it must not be wrapped into a SELECT that cannot parse."""
     db, _ = arrow_db
@@ -120,9 +123,14 @@ def test_sql_console_runs_a_describing_pragma(arrow_db, open_page, sql):
     assert len(at.dataframe[0].value) > 0
 
 
-@pytest.mark.parametrize("sql", ["/* /* */ PRAGMA version(' */ SELECT * FROM query($$SELECT 7$$) --')",
-                                 "EXPLAIN ANALYZE /* /* */ SELECT 1 --*/ CHECKPOINT",
-                                 "/* /* */ pragma version(' */ SELECT * FROM enable_logging() --')"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "/* /* */ PRAGMA version(' */ SELECT * FROM query($$SELECT 7$$) --')",
+        "EXPLAIN ANALYZE /* /* */ SELECT 1 --*/ CHECKPOINT",
+        "/* /* */ pragma version(' */ SELECT * FROM enable_logging() --')",
+    ],
+)
 def test_sql_console_refuses_what_nested_comments_hide(arrow_db, open_page, sql):
     """DuckDB nests /* */ comments: the console's check is DuckDB's parse, so the hidden statement is refused."""
     db, _ = arrow_db

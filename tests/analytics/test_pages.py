@@ -12,8 +12,6 @@ from streamlit.testing.v1 import AppTest
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
 
 
-
-
 def all_text(at: AppTest) -> str:
     """Markdown, captions, code blocks, metrics and alerts on the page, joined."""
     parts: list[str] = []
@@ -149,10 +147,13 @@ def test_sql_console_runs_examples_and_refuses_writes(arrow_db, open_page):
     assert at.get("download_button"), "the result can be downloaded as CSV"
     at.selectbox(key="sql_example").select("Throughput by GPU model").run()
     assert len(at.dataframe[0].value) == 3
-    for bad in ("DROP TABLE instances", "DELETE FROM failures",
-                "COPY instances TO '/tmp/flightrec-leak.csv'",
-                "SELECT * FROM read_csv('/etc/passwd')",
-                "SELECT 1; DROP TABLE instances"):
+    for bad in (
+        "DROP TABLE instances",
+        "DELETE FROM failures",
+        "COPY instances TO '/tmp/flightrec-leak.csv'",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT 1; DROP TABLE instances",
+    ):
         box = next(t for t in at.text_area)
         box.input(bad)
         at.button(key="sql_run").click().run()

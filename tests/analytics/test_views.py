@@ -24,11 +24,19 @@ def test_every_view_is_a_temp_view_and_answers(arrow_db):
 
 def test_stage_runs_pair_starts_with_outcomes(arrow_db):
     db, ids = arrow_db
-    runs = run_query(db, "SELECT stage, outcome, duration_s FROM stage_runs WHERE instance_id = $id ORDER BY started_us",
-                     {"id": ids["ok"]}, prelude=VIEWS).to_pylist()
+    runs = run_query(
+        db,
+        "SELECT stage, outcome, duration_s FROM stage_runs WHERE instance_id = $id ORDER BY started_us",
+        {"id": ids["ok"]},
+        prelude=VIEWS,
+    ).to_pylist()
     assert [(r["stage"], r["outcome"]) for r in runs] == [
-        ("tunnel", "succeeded"), ("register", "succeeded"), ("fetch_params", "succeeded"),
-        ("benchmark", "succeeded"), ("supervisor", "running")]
+        ("tunnel", "succeeded"),
+        ("register", "succeeded"),
+        ("fetch_params", "succeeded"),
+        ("benchmark", "succeeded"),
+        ("supervisor", "running"),
+    ]
     assert runs[0]["duration_s"] == 60.0 and runs[-1]["duration_s"] is None
 
 
@@ -42,8 +50,12 @@ def test_cost_per_proof_is_price_over_rate(arrow_db):
 
 def test_console_refuses_what_is_not_one_read(arrow_db):
     db, _ = arrow_db
-    for bad in ("INSERT INTO instances (instance_id) VALUES ('x')", "ATTACH '/tmp/x.duckdb' AS x",
-                "SELECT 1; SELECT 2", "SELECT * FROM '/etc/passwd'"):
+    for bad in (
+        "INSERT INTO instances (instance_id) VALUES ('x')",
+        "ATTACH '/tmp/x.duckdb' AS x",
+        "SELECT 1; SELECT 2",
+        "SELECT * FROM '/etc/passwd'",
+    ):
         with pytest.raises(QueryError):
             queries.console(db, bad)
     table, cut = queries.console(db, "SELECT * FROM fleet;", max_rows=2)
@@ -53,9 +65,12 @@ def test_console_refuses_what_is_not_one_read(arrow_db):
 def test_flightrec_sql_offers_the_same_views(arrow_db):
     db, ids = arrow_db
     exe = str(Path(sys.executable).with_name("flightrec"))
-    done = subprocess.run([exe, "sql", "--db", str(db),
-                           "SELECT instance_id, failure_class FROM failure_context ORDER BY instance_id"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [exe, "sql", "--db", str(db), "SELECT instance_id, failure_class FROM failure_context ORDER BY instance_id"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert ids["no_kernel"] in done.stdout and "gpu_arch_unsupported" in done.stdout
 
@@ -66,12 +81,16 @@ def _rows(db: Path, sql: str) -> list[dict]:
 
 def test_every_money_view_answers_with_only_the_views_it_reads(arrow_db):
     db, _ = arrow_db
-    assert ALL_VIEWS[:len(VIEWS)] == VIEWS and len(ALL_VIEWS) == len(ALL_VIEW_NAMES)
+    assert ALL_VIEWS[: len(VIEWS)] == VIEWS and len(ALL_VIEWS) == len(ALL_VIEW_NAMES)
     for name in ALL_VIEW_NAMES:
         sql = f"SELECT count(*) AS n FROM {name}"
         assert run_query(db, sql, prelude=prelude_for(sql)).column("n")[0].as_py() > 0, name
     assert [s.split(" AS", 1)[0].split()[-1] for s in prelude_for("FROM avoid_filter")] == [
-        "instance_cost", "cost_breakdown", "avoid_list", "avoid_filter"]
+        "instance_cost",
+        "cost_breakdown",
+        "avoid_list",
+        "avoid_filter",
+    ]
     assert prelude_for("SELECT 1") == () and len(prelude_for("from fleet")) == 2
 
 
@@ -84,7 +103,9 @@ def test_what_each_instance_and_failure_cost(money_db):
     assert b["hours_paid"] == pytest.approx(3.0) and b["dollars_paid"] == pytest.approx(1.50)  # destroyed at 3 h
     assert c["dollars_paid"] == pytest.approx(8.0) and not c["failed"] and c["dollars_lost"] is None
     assert a["dollars_lost"] == pytest.approx(0.40) and b["dollars_lost"] == pytest.approx(0.25)  # up to 1st failure
-    assert a["rented_at"].isoformat().startswith("2025-06-01T12:00:00") and a["rented_at"].utcoffset().total_seconds() == 0
+    assert (
+        a["rented_at"].isoformat().startswith("2025-06-01T12:00:00") and a["rented_at"].utcoffset().total_seconds() == 0
+    )
 
     per_failure = {r["failure_id"]: r for r in _rows(money_db, "FROM failure_cost")}
     assert per_failure["fb2"]["hours_before_failure"] == pytest.approx(1.0)
@@ -108,26 +129,41 @@ def test_dollars_by_class_gpu_and_host_count_each_instance_once(money_db):
 def test_avoid_list_ranks_by_money_lost_and_gives_the_offer_filter(money_db):
     ranked = _rows(money_db, "SELECT dimension, value, offer_filter FROM avoid_list ORDER BY rank")
     assert ranked[0]["offer_filter"] in ("gpu_name!=RTX_4090", "driver_version!=570.86")  # $0.65 lost each
-    assert {r["offer_filter"] for r in ranked} == {"gpu_name!=RTX_4090", "driver_version!=570.86", "host_id!=123",
-                                                   "host_id!=456"}
+    assert {r["offer_filter"] for r in ranked} == {
+        "gpu_name!=RTX_4090",
+        "driver_version!=570.86",
+        "host_id!=123",
+        "host_id!=456",
+    }
     assert not any(r["value"] == "NVIDIA H100 80GB HBM3" for r in ranked)
     (f,) = _rows(money_db, "FROM avoid_filter")
     assert f["offer_filter"] == "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"
     exe = str(Path(sys.executable).with_name("flightrec"))
-    done = subprocess.run([exe, "sql", "--db", str(money_db), "SELECT offer_filter FROM avoid_filter"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [exe, "sql", "--db", str(money_db), "SELECT offer_filter FROM avoid_filter"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "host_id notin [123,456]" in done.stdout
 
 
 def test_flightrec_readers_give_times_in_utc_whatever_the_machine_zone(money_db):
     """The dashboard says "Times are UTC": the TIMESTAMPTZ columns reach it in UTC even on a Tokyo machine."""
-    code = ("from flightrec.db.query import run_query\nfrom flightrec.db.views import ALL_VIEWS\n"
-            f"t = run_query({str(money_db)!r}, 'SELECT rented_at FROM instance_cost ORDER BY instance_id LIMIT 1', "
-            "prelude=ALL_VIEWS)\nprint(t.schema.field('rented_at').type.tz, t.column(0)[0].as_py().hour)\n")
+    code = (
+        "from flightrec.db.query import run_query\nfrom flightrec.db.views import ALL_VIEWS\n"
+        f"t = run_query({str(money_db)!r}, 'SELECT rented_at FROM instance_cost ORDER BY instance_id LIMIT 1', "
+        "prelude=ALL_VIEWS)\nprint(t.schema.field('rented_at').type.tz, t.column(0)[0].as_py().hour)\n"
+    )
     import os
 
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TZ": "Asia/Tokyo", "PYTHONSAFEPATH": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TZ": "Asia/Tokyo", "PYTHONSAFEPATH": "1"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["UTC", "12"]  # 2025-06-01 12:00 UTC, not 21:00 Tokyo

@@ -34,14 +34,28 @@ def _one_of_each(instance: str) -> list:
     return [
         InstanceFacts(**env(0), gpu_model="NVIDIA RTX PRO 4000", gpu_count=1, compute_capability="12.0"),
         Lifecycle(**env(1), stage="benchmark", state="started"),
-        LogBatch(**env(2), stage="benchmark", source="/var/log/prover.log", line_no=[1], line_ts_us=[3],
-                 text=["CUDA error: no kernel image is available for execution on the device"],
-                 truncated=[False], invalid_utf8=[False]),
-        ProcessExit(**env(3), stage="benchmark", argv=["bench"], exit_code=1, started_us=1, ended_us=2,
-                    duration_s=1.0, file_tails=(FileTail("/var/log/prover.log", ["no kernel image"]),)),
+        LogBatch(
+            **env(2),
+            stage="benchmark",
+            source="/var/log/prover.log",
+            line_no=[1],
+            line_ts_us=[3],
+            text=["CUDA error: no kernel image is available for execution on the device"],
+            truncated=[False],
+            invalid_utf8=[False],
+        ),
+        ProcessExit(
+            **env(3),
+            stage="benchmark",
+            argv=["bench"],
+            exit_code=1,
+            started_us=1,
+            ended_us=2,
+            duration_s=1.0,
+            file_tails=(FileTail("/var/log/prover.log", ["no kernel image"]),),
+        ),
         Throughput(**env(4), stage="benchmark", backend="cpu", proofs=1, seconds=2.0, proofs_per_hour=1800.0),
-        BenchmarkResult(**env(5), stage="benchmark", backend="cpu", proofs_per_hour=0.0, min_rate=30.0,
-                        verdict="fail"),
+        BenchmarkResult(**env(5), stage="benchmark", backend="cpu", proofs_per_hour=0.0, min_rate=30.0, verdict="fail"),
         Sealed(**env(6), event_count=7),
     ]
 
@@ -95,8 +109,17 @@ def test_keys_keep_one_instances_events_on_one_partition_in_order(kafka):
     events = []
     for seq in range(20):
         for inst in instances:
-            events.append(Lifecycle(event_id=str(uuid.uuid4()), instance_id=inst, boot_id="b", seq=seq, ts_us=seq,
-                                    stage="supervisor", state="info"))
+            events.append(
+                Lifecycle(
+                    event_id=str(uuid.uuid4()),
+                    instance_id=inst,
+                    boot_id="b",
+                    seq=seq,
+                    ts_us=seq,
+                    stage="supervisor",
+                    state="info",
+                )
+            )
     asyncio.run(_publish(kafka.bootstrap, events))
     keys = {inst.encode() for inst in instances}  # other tests' keys need not even be UTF-8
     msgs = [m for m in kafka.consume(("flightrec.lifecycle",)) if m.key in keys]
@@ -195,7 +218,7 @@ def test_missing_java_says_what_to_install(monkeypatch, tmp_path):
 
 def test_old_java_is_refused(monkeypatch, tmp_path):
     fake = tmp_path / "java"
-    fake.write_text('#!/bin/sh\necho \'openjdk version "11.0.2" 2019-01-15\' >&2\n')
+    fake.write_text("#!/bin/sh\necho 'openjdk version \"11.0.2\" 2019-01-15' >&2\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("JAVA_HOME", raising=False)

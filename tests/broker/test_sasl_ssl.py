@@ -22,8 +22,9 @@ PY = sys.executable
 def _env(broker, tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")}
     env.update(read_env_file(broker.secure.env_file))
-    env.update(PYTHONSAFEPATH="1", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS="",
-               FLIGHTREC_FLUSH_TIMEOUT="30")
+    env.update(
+        PYTHONSAFEPATH="1", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS="", FLIGHTREC_FLUSH_TIMEOUT="30"
+    )
     env.update(extra)
     return env
 
@@ -42,8 +43,9 @@ def test_the_env_file_points_a_shell_at_the_broker(sasl_kafka):
     password = Path(values["FLIGHTREC_SASL_PASSWORD_FILE"]).read_text().strip()
     assert password and password not in text, "the password stays in its own file"
     assert oct(Path(values["FLIGHTREC_SASL_PASSWORD_FILE"]).stat().st_mode & 0o777) == "0o600"
-    sourced = subprocess.run(["sh", "-c", f". {sasl_kafka.secure.env_file} && echo $FLIGHTREC_BOOTSTRAP"],
-                             capture_output=True, text=True)
+    sourced = subprocess.run(
+        ["sh", "-c", f". {sasl_kafka.secure.env_file} && echo $FLIGHTREC_BOOTSTRAP"], capture_output=True, text=True
+    )
     assert sourced.stdout.strip() == sasl_kafka.bootstrap
 
 
@@ -66,8 +68,17 @@ def test_every_command_works_over_sasl_ssl(sasl_kafka, tmp_path: Path):
         return r
 
     ok("topics", "create")
-    r = ok("agent", "run", "--stage", "benchmark", "--", PY, "-c",
-           "import sys; print('warming up'); sys.stderr.write('CUDA error: no kernel image\\n'); sys.exit(1)", expect=1)
+    r = ok(
+        "agent",
+        "run",
+        "--stage",
+        "benchmark",
+        "--",
+        PY,
+        "-c",
+        "import sys; print('warming up'); sys.stderr.write('CUDA error: no kernel image\\n'); sys.exit(1)",
+        expect=1,
+    )
     assert "not yet acknowledged" not in r.stderr and "cannot deliver" not in r.stderr, r.stderr
     ok("agent", "event", "--stage", "later", "--state", "info", "--detail", "after the benchmark")
     ok("agent", "seal")
@@ -75,7 +86,9 @@ def test_every_command_works_over_sasl_ssl(sasl_kafka, tmp_path: Path):
     db = tmp_path / "fleet.duckdb"
     ok("materialize", "--db", str(db), "--until-idle", "2", "--no-serve")
     assert "complete" in ok("wait-sealed", instance, "--db", str(db), "--timeout", "10").stdout
-    assert "benchmark" in ok("sql", "--db", str(db), f"SELECT stage FROM failures WHERE instance_id = '{instance}'").stdout
+    assert (
+        "benchmark" in ok("sql", "--db", str(db), f"SELECT stage FROM failures WHERE instance_id = '{instance}'").stdout
+    )
     replayed = tmp_path / "replayed.duckdb"
     ok("replay", "--db", str(replayed), "--instance", instance)
     assert "complete" in ok("wait-sealed", instance, "--db", str(replayed), "--timeout", "10").stdout
@@ -83,8 +96,19 @@ def test_every_command_works_over_sasl_ssl(sasl_kafka, tmp_path: Path):
     assert "CUDA error: no kernel image" in timeline and "after the benchmark" in timeline
     assert not any(password in text for text in outputs), "the password never appears in output or logs"
     # a stage that prints the password (its own output passes through unchanged) ships it masked
-    leak = _run("agent", "run", "--instance", instance + "-leak", "--stage", "leak", "--", "sh", "-c",
-                'echo "pw=$(cat "$FLIGHTREC_SASL_PASSWORD_FILE")"', env=env)
+    leak = _run(
+        "agent",
+        "run",
+        "--instance",
+        instance + "-leak",
+        "--stage",
+        "leak",
+        "--",
+        "sh",
+        "-c",
+        'echo "pw=$(cat "$FLIGHTREC_SASL_PASSWORD_FILE")"',
+        env=env,
+    )
     assert leak.returncode == 0 and password in leak.stdout and password not in leak.stderr
     shipped = ok("timeline", instance + "-leak", "--from-topics", "--db", str(tmp_path / "none.duckdb")).stdout
     assert "pw=***" in shipped and password not in shipped
@@ -94,9 +118,26 @@ def test_every_command_works_over_sasl_ssl(sasl_kafka, tmp_path: Path):
 def other_ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA that did not sign the broker's certificate."""
     d = tmp_path_factory.mktemp("other-ca")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "ca.key"),
-                    "-out", str(d / "ca.pem"), "-days", "2", "-subj", "/CN=some other CA"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(d / "ca.key"),
+            "-out",
+            str(d / "ca.pem"),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=some other CA",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return d / "ca.pem"
 
 
@@ -107,7 +148,10 @@ def test_a_misconfigured_client_gets_one_line_naming_the_cause(sasl_kafka, tmp_p
     extra, cause = {
         "wrong password": ({"FLIGHTREC_SASL_PASSWORD_FILE": str(wrong)}, "refused the SASL credentials of user"),
         "unknown CA": ({"FLIGHTREC_SSL_CAFILE": str(other_ca)}, "has a TLS certificate this client does not trust"),
-        "plaintext client": ({"FLIGHTREC_SECURITY_PROTOCOL": "PLAINTEXT"}, "closed a PLAINTEXT connection: it expects TLS"),
+        "plaintext client": (
+            {"FLIGHTREC_SECURITY_PROTOCOL": "PLAINTEXT"},
+            "closed a PLAINTEXT connection: it expects TLS",
+        ),
     }[case]
     env = _env(sasl_kafka, tmp_path, FLIGHTREC_INSTANCE=f"bad-{uuid.uuid4().hex[:8]}", **extra)
     r = _run("topics", "create", env=env, timeout=120)
@@ -128,9 +172,27 @@ def test_the_demo_runs_over_sasl_ssl(tmp_path: Path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")}
     env["PYTHONSAFEPATH"] = "1"
-    r = subprocess.run([FLIGHTREC, "demo", "--instances", "3", "--headless", "--port", str(free_port()),
-                        "--home", str(tmp_path / "demo"), "--security", "sasl_ssl", "--supervisor-seconds", "2"],
-                       env=env, capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [
+            FLIGHTREC,
+            "demo",
+            "--instances",
+            "3",
+            "--headless",
+            "--port",
+            str(free_port()),
+            "--home",
+            str(tmp_path / "demo"),
+            "--security",
+            "sasl_ssl",
+            "--supervisor-seconds",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "SASL_SSL (SCRAM-SHA-512)" in r.stdout
     assert "the whole fleet is materialized" in r.stdout

@@ -27,8 +27,12 @@ def copy_into_lake(file: Path, db: str, data_path: str) -> list[str]:
     con = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
     try:
         con.execute(f"ATTACH '{file}' AS src (READ_ONLY)")
-        names = [r[0] for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'src' ORDER BY 1").fetchall()]
+        names = [
+            r[0]
+            for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = 'src' ORDER BY 1"
+            ).fetchall()
+        ]
         con.execute("BEGIN")
         for name in names:
             con.execute(f'CREATE TABLE lake."{name}" AS FROM src."{name}"')

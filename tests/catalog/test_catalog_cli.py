@@ -17,8 +17,13 @@ from flightrec.errors import CatalogError
 
 
 def flightrec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flightrec", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONSAFEPATH": "1", **(env or {})}, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "flightrec", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1", **(env or {})},
+        timeout=180,
+    )
 
 
 def test_start_status_stop_round_trip_and_the_db_string_works(pg_dir, tmp_path):
@@ -137,11 +142,13 @@ def test_log_cause_names_what_explains_the_fatal_line():
     from flightrec.catalog.local import _START_MARK, log_cause
 
     old = '2026-12-01 LOG:  unrecognized configuration parameter "old" in file "x" line 1\n'
-    text = (old + f"{_START_MARK} on port 1 ===\n"
-            "2026-12-02 UTC [1] LOG:  starting PostgreSQL 15.18\n"
-            '2026-12-02 UTC [1] LOG:  could not bind IPv4 address "127.0.0.1": Address already in use\n'
-            '2026-12-02 UTC [1] WARNING:  could not create listen socket for "127.0.0.1"\n'
-            "2026-12-02 UTC [1] FATAL:  could not create any TCP/IP sockets\n")
+    text = (
+        old + f"{_START_MARK} on port 1 ===\n"
+        "2026-12-02 UTC [1] LOG:  starting PostgreSQL 15.18\n"
+        '2026-12-02 UTC [1] LOG:  could not bind IPv4 address "127.0.0.1": Address already in use\n'
+        '2026-12-02 UTC [1] WARNING:  could not create listen socket for "127.0.0.1"\n'
+        "2026-12-02 UTC [1] FATAL:  could not create any TCP/IP sockets\n"
+    )
     cause = log_cause(text)
     assert cause.startswith('could not bind IPv4 address "127.0.0.1": Address already in use')
     assert cause.endswith("could not create any TCP/IP sockets") and '"old"' not in cause

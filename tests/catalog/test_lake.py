@@ -75,8 +75,12 @@ def test_a_missing_extension_wheel_says_what_to_pip_install():
 def test_an_unreachable_catalog_is_named(tmp_path):
     from flightrec.broker.local import free_port
 
-    loc = lakes.parse_db(f"ducklake:postgres:dbname=x host=127.0.0.1 port={free_port()} user=flightrec "
-                         f"password=hidden connect_timeout=3", str(tmp_path), env={})
+    loc = lakes.parse_db(
+        f"ducklake:postgres:dbname=x host=127.0.0.1 port={free_port()} user=flightrec "
+        f"password=hidden connect_timeout=3",
+        str(tmp_path),
+        env={},
+    )
     with pytest.raises(LakeError, match="(?s)cannot attach the lake .*Connection refused.*catalog status") as err:
         lakes.connect(loc)  # type: ignore[arg-type]
     assert "hidden" not in str(err.value) and "password=***" in str(err.value)
@@ -97,22 +101,26 @@ def test_attach_write_then_read_only(lake):
 
 
 def test_is_catalog_away_reads_postgresql_s_words():
-    away = ['IO Error: Failed to query most recent snapshot for DuckLake: Unable to connect to Postgres at "dbname=x": '
-            'connection to server at "127.0.0.1", port 5432 failed: Connection refused',
-            "IO Error: server closed the connection unexpectedly\n\tThis probably means the server terminated",
-            "FATAL: terminating connection due to administrator command",
-            "FATAL: the database system is shutting down",
-            "FATAL: the database system is starting up",
-            "Connection Error: Connection already closed!",
-            "IO Error: SSL connection has been closed unexpectedly",
-            "IO Error: SSL SYSCALL error: EOF detected",
-            'connection to server at "10.0.0.7", port 5432 failed: Connection timed out']
-    other = ["TransactionContext Error: Transaction conflict: cannot update a table deleted by another transaction",
-             "Catalog Error: Table with name nope does not exist!",
-             "Permission Error: permission denied for table ducklake_snapshot",
-             "Invalid Input Error: data_path is not set",
-             'IO Error: Unable to connect to Postgres at "x": connection to server at "127.0.0.1", port 5432 failed: '
-             'FATAL:  password authentication failed for user "flightrec"',
-             'connection to server at "127.0.0.1", port 5432 failed: FATAL:  database "nope" does not exist']
+    away = [
+        'IO Error: Failed to query most recent snapshot for DuckLake: Unable to connect to Postgres at "dbname=x": '
+        'connection to server at "127.0.0.1", port 5432 failed: Connection refused',
+        "IO Error: server closed the connection unexpectedly\n\tThis probably means the server terminated",
+        "FATAL: terminating connection due to administrator command",
+        "FATAL: the database system is shutting down",
+        "FATAL: the database system is starting up",
+        "Connection Error: Connection already closed!",
+        "IO Error: SSL connection has been closed unexpectedly",
+        "IO Error: SSL SYSCALL error: EOF detected",
+        'connection to server at "10.0.0.7", port 5432 failed: Connection timed out',
+    ]
+    other = [
+        "TransactionContext Error: Transaction conflict: cannot update a table deleted by another transaction",
+        "Catalog Error: Table with name nope does not exist!",
+        "Permission Error: permission denied for table ducklake_snapshot",
+        "Invalid Input Error: data_path is not set",
+        'IO Error: Unable to connect to Postgres at "x": connection to server at "127.0.0.1", port 5432 failed: '
+        'FATAL:  password authentication failed for user "flightrec"',
+        'connection to server at "127.0.0.1", port 5432 failed: FATAL:  database "nope" does not exist',
+    ]
     assert all(lakes.is_catalog_away(RuntimeError(t)) for t in away)
     assert not any(lakes.is_catalog_away(RuntimeError(t)) for t in other)

@@ -22,8 +22,13 @@ NO_KERNEL = "CUDA error: no kernel image is available for execution on the devic
 
 
 def flightrec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flightrec", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONSAFEPATH": "1", **(env or {})}, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "flightrec", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1", **(env or {})},
+        timeout=180,
+    )
 
 
 def writer(db: str) -> duckdb.DuckDBPyConnection:
@@ -51,18 +56,25 @@ def test_sql_reads_a_lake(fleet_lake):
 
 def test_every_view_answers_the_same_on_the_lake_as_on_the_file(lake_file_pair):
     db, file = lake_file_pair
-    names = [r[0] for r in duckdb.connect().execute(
-        "SELECT unnest(regexp_extract_all(?, 'VIEW\\s+(\\w+)', 1))", ["\n".join(VIEWS)]).fetchall()]
+    names = [
+        r[0]
+        for r in duckdb.connect()
+        .execute("SELECT unnest(regexp_extract_all(?, 'VIEW\\s+(\\w+)', 1))", ["\n".join(VIEWS)])
+        .fetchall()
+    ]
     assert "fleet" in names and "failure_context" in names
     for name in names + ["instances", "log_lines", "failures", "throughput", "process_exits"]:
         sql = f"SELECT * FROM {name}"
         on_file = run_query(file, sql, prelude=VIEWS)
         on_lake = run_query(db, sql, prelude=VIEWS)
-        key = [c for c in on_file.column_names if c not in ("now_us", "age_s", "silent_s", "age_hours")]  # read-time ages: now() moves between the two reads
+        key = [
+            c for c in on_file.column_names if c not in ("now_us", "age_s", "silent_s", "age_hours")
+        ]  # read-time ages: now() moves between the two reads
         assert on_lake.schema.names == on_file.schema.names, name
         # each value as text: the same instant reads as UTC from a file and as Etc/UTC from the lake
-        lake_rows, file_rows = (sorted(str([str(v) for v in row.values()]) for row in t.select(key).to_pylist())
-                                for t in (on_lake, on_file))
+        lake_rows, file_rows = (
+            sorted(str([str(v) for v in row.values()]) for row in t.select(key).to_pylist()) for t in (on_lake, on_file)
+        )
         assert lake_rows == file_rows, name
 
 
@@ -78,8 +90,10 @@ HOSTILE = [
     ("DROP TABLE instances", "DROP"),
     ("CALL ducklake_expire_snapshots('lake', older_than => now())", "CALL"),
     ("SELECT * FROM ducklake_expire_snapshots('lake', older_than => now())", "ducklake_expire_snapshots"),
-    ("SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT pg_read_file(''/etc/passwd'')')",
-     "postgres_query"),
+    (
+        "SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT pg_read_file(''/etc/passwd'')')",
+        "postgres_query",
+    ),
     ("CALL postgres_execute('__ducklake_metadata_lake', 'DROP TABLE ducklake_snapshot')", "CALL"),
     ("SELECT * FROM read_parquet('/etc/*.parquet')", "read_parquet"),
     ("USE memory", "USE"),
@@ -108,13 +122,19 @@ def test_the_reader_connection_itself_holds_the_walls(fleet_lake, tmp_path):
     try:
         assert cur.execute("SELECT count(*) FROM instances").fetchone() == (3,)
         assert cur.execute("SELECT count(*) FROM log_lines").fetchone()[0] > 0  # Parquet files of the lake: allowed
-        for sql in (f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'", "SELECT * FROM read_csv('/etc/passwd')",
-                    f"ATTACH '{tmp_path / 'y.duckdb'}' AS y", "SET enable_external_access = true",
-                    f"ATTACH '{db.replace('dbname=', 'dbname=other_')}' AS other",
-                    "ATTACH 'postgres:dbname=postgres host=127.0.0.1' AS pg (TYPE postgres)",
-                    "SET lock_configuration = false", "LOAD httpfs", "INSERT INTO instances (instance_id) VALUES ('x')",
-                    "CALL ducklake_expire_snapshots('lake', older_than => now())",
-                    "CALL postgres_execute('__ducklake_metadata_lake', 'DROP TABLE ducklake_snapshot')"):
+        for sql in (
+            f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'",
+            "SELECT * FROM read_csv('/etc/passwd')",
+            f"ATTACH '{tmp_path / 'y.duckdb'}' AS y",
+            "SET enable_external_access = true",
+            f"ATTACH '{db.replace('dbname=', 'dbname=other_')}' AS other",
+            "ATTACH 'postgres:dbname=postgres host=127.0.0.1' AS pg (TYPE postgres)",
+            "SET lock_configuration = false",
+            "LOAD httpfs",
+            "INSERT INTO instances (instance_id) VALUES ('x')",
+            "CALL ducklake_expire_snapshots('lake', older_than => now())",
+            "CALL postgres_execute('__ducklake_metadata_lake', 'DROP TABLE ducklake_snapshot')",
+        ):
             with pytest.raises(duckdb.Error):
                 cur.execute(sql)
                 cur.fetchall()
@@ -129,8 +149,10 @@ def test_a_reader_sees_each_new_commit(fleet_lake):
     assert run_query(db, "SELECT count(*) AS n FROM lifecycle_events").to_pylist()[0]["n"] > 0
     before = run_query(db, "SELECT count(*) AS n FROM log_lines").to_pylist()[0]["n"]
     w = writer(db)
-    w.execute("INSERT INTO log_lines (instance_id, boot_id, event_id, seq, stage, source, line_no, ts_us, text) "
-              "VALUES ('i-new', 'b', 'e', 1, 's', 'stdout', 1, 1, 'hello')")
+    w.execute(
+        "INSERT INTO log_lines (instance_id, boot_id, event_id, seq, stage, source, line_no, ts_us, text) "
+        "VALUES ('i-new', 'b', 'e', 1, 's', 'stdout', 1, 1, 'hello')"
+    )
     w.execute("CREATE TABLE later AS SELECT 42 AS answer")
     w.close()
     assert run_query(db, "SELECT count(*) AS n FROM log_lines").to_pylist()[0]["n"] == before + 1
@@ -175,6 +197,7 @@ def test_an_unreachable_lake_is_said_once_and_recovers(fleet_lake):
 
 
 # -- the dashboard ------------------------------------------------------------------
+
 
 def _text(at) -> str:
     parts: list[str] = []
@@ -242,9 +265,13 @@ def test_dashboard_command_serves_a_lake(fleet_lake):
 
     db, data_path, _ = fleet_lake
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "flightrec", "dashboard", "--db", db, "--data-path", data_path,
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONSAFEPATH": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flightrec", "dashboard", "--db", db, "--data-path", data_path, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -277,8 +304,13 @@ def test_the_lake_s_own_listings_are_readable(fleet_lake):
     db, _, _ = fleet_lake
     r = flightrec("sql", "--db", db, "--json", "SELECT count(*) AS n FROM ducklake_snapshots('lake')")
     assert r.returncode == 0 and json.loads(r.stdout)["n"] >= 2, r.stderr
-    r = flightrec("sql", "--db", db, "--json",
-                  "SELECT sum(file_count) AS files FROM ducklake_table_info('lake') WHERE table_name = 'log_lines'")
+    r = flightrec(
+        "sql",
+        "--db",
+        db,
+        "--json",
+        "SELECT sum(file_count) AS files FROM ducklake_table_info('lake') WHERE table_name = 'log_lines'",
+    )
     assert r.returncode == 0 and int(json.loads(r.stdout)["files"]) == 1, r.stderr
 
 

@@ -47,8 +47,13 @@ def test_maintenance_while_a_writer_appends(lake):
     con = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
     con.execute("CREATE TABLE events (id BIGINT, text VARCHAR)")
     commits = 80
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, db, data_path, str(commits)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, db, data_path, str(commits)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
     passes = []
     most_files = 0
     try:
@@ -64,8 +69,10 @@ def test_maintenance_while_a_writer_appends(lake):
     assert json.loads(out)["commits"] == commits
     most_files = max(most_files, lakes.live_files(con))
     final = lakes.maintain(con, keep_snapshots=timedelta(0), file_grace=timedelta(0))
-    print(f"passes={len(passes)} conflicts={sum(p.conflicts_retried for p in passes)} writer={out.strip()} "
-          f"most_files={most_files} final={final}")
+    print(
+        f"passes={len(passes)} conflicts={sum(p.conflicts_retried for p in passes)} writer={out.strip()} "
+        f"most_files={most_files} final={final}"
+    )
     assert len(passes) >= 2, "maintenance ran while the writer wrote"
     assert sum(p.files_merged for p in passes) > 0
     # every file the writer made (one per larger commit) and every flush's file was merged away at some pass
@@ -82,7 +89,8 @@ def test_maintenance_while_a_writer_appends(lake):
     con.close()
     # a reader agrees
     assert lakes.connect(lakes.parse_db(db), read_only=True).execute(  # type: ignore[arg-type]
-        "SELECT count(*) FROM events").fetchone() == (n,)
+        "SELECT count(*) FROM events"
+    ).fetchone() == (n,)
 
 
 def test_maintenance_keeps_recent_snapshots_and_their_files(lake):
@@ -128,11 +136,21 @@ def test_a_reader_process_reads_throughout_writes_and_maintenance(lake, tmp_path
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     stop = tmp_path / "stop"
     reader_db = db.replace("user=flightrec", "user=flightrec_reader")
-    reader = subprocess.Popen([sys.executable, "-c", READER, reader_db, str(stop)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, reader_db, str(stop)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     commits = 60
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, db, data_path, str(commits)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, db, data_path, str(commits)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         while writer.poll() is None:
             lakes.maintain(con, keep_snapshots=timedelta(0), file_grace=timedelta(seconds=60))

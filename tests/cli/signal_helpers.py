@@ -32,8 +32,9 @@ def signals_lost(db: Path, reader_code: str, count: int, seed: int, stopped: tup
     reader = None
     try:
         assert server.stdout is not None and server.stdout.readline() == b"serving\n"
-        reader = subprocess.Popen([sys.executable, "-c", reader_code, str(db)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=env)
+        reader = subprocess.Popen(
+            [sys.executable, "-c", reader_code, str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
         assert reader.stdout is not None and reader.stdout.readline() == b"reading\n"
         rng = random.Random(seed)
         lost = []
@@ -46,8 +47,9 @@ def signals_lost(db: Path, reader_code: str, count: int, seed: int, stopped: tup
                 lost.append(sig.name)
                 continue
             line = reader.stdout.readline()
-            assert line.startswith(stopped), \
+            assert line.startswith(stopped), (
                 f"after {n + 1} signals: {line!r} {reader.stderr.read() if reader.poll() is not None else b''!r}"
+            )
         assert reader.poll() is None
         return lost
     finally:

@@ -14,8 +14,13 @@ pytestmark = pytest.mark.integration
 
 
 def flightrec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flightrec", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONSAFEPATH": "1", **(env or {})}, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "flightrec", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1", **(env or {})},
+        timeout=180,
+    )
 
 
 def test_start_status_stop_round_trip(tmp_path):

@@ -25,9 +25,27 @@ EXPECTED_CLASS = {
 
 
 def run_demo(home, port: int, instances: int) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "flightrec", "demo", "--instances", str(instances), "--headless",
-                        "--port", str(port), "--home", str(home), "--supervisor-seconds", "2"],
-                       capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flightrec",
+            "demo",
+            "--instances",
+            str(instances),
+            "--headless",
+            "--port",
+            str(port),
+            "--home",
+            str(home),
+            "--supervisor-seconds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
@@ -41,25 +59,30 @@ def demo(tmp_path_factory):
 
 def test_every_failure_fate_is_explained_with_its_class(demo):
     db, *_ = demo
-    rows = run_query(db, "SELECT i.instance_id, f.failure_class, f.stage FROM instances i "
-                         "JOIN failures f USING (instance_id)").to_pylist()
+    rows = run_query(
+        db, "SELECT i.instance_id, f.failure_class, f.stage FROM instances i JOIN failures f USING (instance_id)"
+    ).to_pylist()
     by_instance: dict[str, set[str]] = {}
     for r in rows:
         by_instance.setdefault(r["instance_id"], set()).add(r["failure_class"])
     fate_of = {i.instance_id: i.fate for i in _plan()}
-    counts = {r["instance_id"]: r["failures"] for r in run_query(db, "SELECT instance_id, failures FROM instances")
-              .to_pylist()}
+    counts = {
+        r["instance_id"]: r["failures"]
+        for r in run_query(db, "SELECT instance_id, failures FROM instances").to_pylist()
+    }
     for inst, fate in fate_of.items():  # one failure per failed instance: the entrypoint's stop is no second one
         assert counts[inst] == (1 if fate in EXPECTED_CLASS else 0), (inst, fate, by_instance.get(inst))
     for fate, klass in EXPECTED_CLASS.items():
-        assert any(klass in classes for inst, classes in by_instance.items() if fate_of.get(inst) == fate), \
+        assert any(klass in classes for inst, classes in by_instance.items() if fate_of.get(inst) == fate), (
             f"{fate}: expected a failure of class {klass}; got {by_instance}"
+        )
 
 
 def test_the_motivating_case_shows_the_daemon_line(demo):
     db, *_ = demo
-    rows = run_query(db, "SELECT matched_line, exit_code, stage FROM failures "
-                         "WHERE failure_class = 'gpu_arch_unsupported'").to_pylist()
+    rows = run_query(
+        db, "SELECT matched_line, exit_code, stage FROM failures WHERE failure_class = 'gpu_arch_unsupported'"
+    ).to_pylist()
     assert rows and "no kernel image is available" in rows[0]["matched_line"]
     assert rows[0]["exit_code"] == 1 and rows[0]["stage"] == "benchmark"
 
@@ -67,11 +90,18 @@ def test_the_motivating_case_shows_the_daemon_line(demo):
 def test_healthy_instances_have_throughput_and_complete_evidence(demo):
     db, *_ = demo
     healthy = [i.instance_id for i in _plan() if i.fate in ("healthy", "destroyed")]
-    rows = run_query(db, "SELECT instance_id, count(*) AS n FROM throughput WHERE kind = 'sample' "
-                         "AND list_contains(?, instance_id) GROUP BY ALL", [healthy]).to_pylist()
+    rows = run_query(
+        db,
+        "SELECT instance_id, count(*) AS n FROM throughput WHERE kind = 'sample' "
+        "AND list_contains(?, instance_id) GROUP BY ALL",
+        [healthy],
+    ).to_pylist()
     assert {r["instance_id"] for r in rows} == set(healthy)
-    sealed = run_query(db, "SELECT instance_id, complete, failures FROM instances WHERE list_contains(?, instance_id)",
-                       [[i.instance_id for i in _plan() if i.fate == "healthy"]]).to_pylist()
+    sealed = run_query(
+        db,
+        "SELECT instance_id, complete, failures FROM instances WHERE list_contains(?, instance_id)",
+        [[i.instance_id for i in _plan() if i.fate == "healthy"]],
+    ).to_pylist()
     assert sealed and all(r["complete"] and r["failures"] == 0 for r in sealed)
 
 
@@ -83,8 +113,9 @@ def test_the_destroyed_instances_late_events_arrived(demo):
     assert len(late) == 1 and re.search(r"\(exit \d+\)$", late[0]), "no second message glued on the line"
     rows = run_query(db, "SELECT stage, state FROM lifecycle_events WHERE instance_id = ?", [inst]).to_pylist()
     assert {"stage": "supervisor", "state": "started"} in rows
-    (row,) = run_query(db, "SELECT complete, incomplete_reason FROM instances WHERE instance_id = ?",
-                       [inst]).to_pylist()
+    (row,) = run_query(
+        db, "SELECT complete, incomplete_reason FROM instances WHERE instance_id = ?", [inst]
+    ).to_pylist()
     assert not row["complete"] and "not sealed" in row["incomplete_reason"]
 
 
@@ -117,8 +148,11 @@ def test_one_honest_status_per_instance_and_failed_now_counts_them(demo):
     rented = run_query(db, "SELECT count(DISTINCT instance_id) AS n FROM manager_events WHERE kind = 'rented'")
     assert rented.to_pylist()[0]["n"] >= len(_plan())
     # the money: every instance priced by its `rented` event; the Blackwell cards that never ran are to avoid
-    priced = run_query(db, "SELECT count(*) FILTER (WHERE price_source = 'manager') AS priced, count(*) AS n "
-                           "FROM instance_cost", prelude=ALL_VIEWS).to_pylist()[0]
+    priced = run_query(
+        db,
+        "SELECT count(*) FILTER (WHERE price_source = 'manager') AS priced, count(*) AS n FROM instance_cost",
+        prelude=ALL_VIEWS,
+    ).to_pylist()[0]
     assert priced["priced"] == priced["n"] > 0
     (avoid,) = run_query(db, "SELECT offer_filter FROM avoid_filter", prelude=ALL_VIEWS).to_pylist()
     assert "RTX_PRO_4000_Blackwell" in avoid["offer_filter"], avoid

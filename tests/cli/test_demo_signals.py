@@ -58,10 +58,27 @@ def _signal_the_demo(tmp_path: Path, sig: signal.Signals, when: str, after: floa
     home = tmp_path / "demo"
     out = tmp_path / "demo.out"
     with open(out, "wb") as f:
-        demo = subprocess.Popen([sys.executable, "-m", "flightrec", "demo", "--instances", "2",
-                                 "--port", str(free_port()), "--dashboard-port", str(free_port()), "--home", str(home),
-                                 "--supervisor-seconds", "60"],
-                                stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONSAFEPATH": "1"})
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "flightrec",
+                "demo",
+                "--instances",
+                "2",
+                "--port",
+                str(free_port()),
+                "--dashboard-port",
+                str(free_port()),
+                "--home",
+                str(home),
+                "--supervisor-seconds",
+                "60",
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONSAFEPATH": "1"},
+        )
     try:
         deadline = time.monotonic() + 240
         while when not in out.read_text(errors="replace"):
@@ -94,8 +111,11 @@ def test_the_demo_stops_everything_it_started_on(sig, tmp_path):
     assert left == [], f"left running after {sig.name}:\n" + "\n".join(left)
 
 
-@pytest.mark.parametrize(("when", "after"), [("broker:", 0.0), ("broker:", 1.0), ("materializer:", 0.0)],
-                         ids=["broker-up", "materializer-starting", "materializer-up"])
+@pytest.mark.parametrize(
+    ("when", "after"),
+    [("broker:", 0.0), ("broker:", 1.0), ("materializer:", 0.0)],
+    ids=["broker-up", "materializer-starting", "materializer-up"],
+)
 def test_ctrl_c_while_the_demo_starts_stops_what_it_started(when, after, tmp_path):
     """SIGINT as soon as the broker is up, while the materializer starts (reads on the file: DuckDB's
     own interrupt handling) and as soon as it is up stops the demo and everything it started too."""

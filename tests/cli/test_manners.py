@@ -45,16 +45,26 @@ def db(tmp_path_factory) -> Path:
     events: list = []
 
     def add(cls: type, ts_us: int, **fields: object) -> None:
-        events.append(cls(event_id=f"e{len(events)}", instance_id="h100-01", boot_id="b1", seq=len(events),
-                          ts_us=ts_us, **fields))
+        events.append(
+            cls(event_id=f"e{len(events)}", instance_id="h100-01", boot_id="b1", seq=len(events), ts_us=ts_us, **fields)
+        )
 
     for stage, state in [("tunnel", "started"), ("tunnel", "succeeded"), ("benchmark", "started")]:
         add(Lifecycle, T0 + len(events), stage=stage, state=state)
     for k, source in enumerate(("stdout", "stderr", DAEMON)):  # line i of 3000 goes to source i % 3
         nos = list(range(k, 3000, 3))
-        add(LogBatch, T0 + 1000 + nos[-1], stage="benchmark", source=source, pid=100, line_no=nos,
-            line_ts_us=[T0 + 1000 + i for i in nos], text=[f"proof {i} done" for i in nos],
-            truncated=[False] * len(nos), invalid_utf8=[False] * len(nos))
+        add(
+            LogBatch,
+            T0 + 1000 + nos[-1],
+            stage="benchmark",
+            source=source,
+            pid=100,
+            line_no=nos,
+            line_ts_us=[T0 + 1000 + i for i in nos],
+            text=[f"proof {i} done" for i in nos],
+            truncated=[False] * len(nos),
+            invalid_utf8=[False] * len(nos),
+        )
     add(Lifecycle, T0 + 5000, stage="benchmark", state="failed")
     delta = fold([RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(events)])
     assert delta.dead.num_rows == 0, delta.dead.to_pylist()
@@ -70,22 +80,35 @@ def _flightrec() -> str:
     return str(Path(sys.executable).with_name("flightrec"))
 
 
-@pytest.mark.parametrize("command, head", [
-    ("sql --db {db} 'SELECT * FROM range(200000)'", 1),
-    ("timeline h100-01 --db {db} --max-lines 0", 5),
-])
+@pytest.mark.parametrize(
+    "command, head",
+    [
+        ("sql --db {db} 'SELECT * FROM range(200000)'", 1),
+        ("timeline h100-01 --db {db} --max-lines 0", 5),
+    ],
+)
 def test_a_closed_pipe_ends_quietly(db, command, head):
     cmd = f"{_flightrec()} {command.format(db=db)} | head -{head}"
-    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120,
-                       env={"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1", "HOME": str(db.parent)})
+    r = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", cmd],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1", "HOME": str(db.parent)},
+    )
     assert len(r.stdout.splitlines()) == head
     assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
     assert r.returncode in (0, 141), (r.returncode, r.stderr)  # 141: SIGPIPE, as `yes | head -1` ends
 
 
 def test_timeline_shows_each_file_path_once_in_a_legend(db):
-    r = subprocess.run([_flightrec(), "timeline", "h100-01", "--db", str(db), "--max-lines", "0"],
-                       capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1"})
+    r = subprocess.run(
+        [_flightrec(), "timeline", "h100-01", "--db", str(db), "--max-lines", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1"},
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert out.count(DAEMON) == 1, "the full path belongs in the legend only"
@@ -102,8 +125,12 @@ def test_timeline_shows_each_file_path_once_in_a_legend(db):
 def test_colour_only_on_a_terminal_and_never_with_no_color(db, no_color):
     leader, follower = pty.openpty()
     env = {"PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1", **({"NO_COLOR": "1"} if no_color else {})}
-    proc = subprocess.Popen([_flightrec(), "timeline", "h100-01", "--db", str(db), "--max-lines", "5"],
-                            stdout=follower, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [_flightrec(), "timeline", "h100-01", "--db", str(db), "--max-lines", "5"],
+        stdout=follower,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     os.close(follower)
     out = b""
     while True:

@@ -22,4 +22,3 @@ def env_for(kafka: Any):  # noqa: ANN201
         return kafka.env(FLIGHTREC_LOG_LEVEL="WARNING", **extra)
 
     return make
-

@@ -41,11 +41,22 @@ def varied_fleet(n_healthy: int = 4) -> tuple[list[Any], list[tuple[str, bytes |
     boots.append(again)
     events = [e for b in boots for e in b.events]
     events.append(events[3])  # the agent re-sent one event
-    events.append(ManagerEvent(event_id=str(uuid.uuid4()), instance_id=boots[0].instance, boot_id="mgr", seq=0,
-                               ts_us=boots[0].t0 + 99_000_000, source_id="manager@ctl", kind="destroyed",
-                               detail="benchmark failed"))
-    raw = [("flightrec.logs", boots[2].instance.encode(), b"not avro at all"),
-           ("flightrec.exits", None, b"\xc3\x01garbage")]
+    events.append(
+        ManagerEvent(
+            event_id=str(uuid.uuid4()),
+            instance_id=boots[0].instance,
+            boot_id="mgr",
+            seq=0,
+            ts_us=boots[0].t0 + 99_000_000,
+            source_id="manager@ctl",
+            kind="destroyed",
+            detail="benchmark failed",
+        )
+    )
+    raw = [
+        ("flightrec.logs", boots[2].instance.encode(), b"not avro at all"),
+        ("flightrec.exits", None, b"\xc3\x01garbage"),
+    ]
     return events, raw
 
 
@@ -60,8 +71,9 @@ def run_lake(kafka: Any, db: str, data_path: str, idle: float = 2.0, **opts: Any
     opts.setdefault("views", stored_views())
 
     async def go() -> Any:
-        async with GroupMaterializer(kafka.settings.kafka_kwargs(),
-                                     Options(db=db, data_path=data_path, until_idle=idle, **opts)) as m:
+        async with GroupMaterializer(
+            kafka.settings.kafka_kwargs(), Options(db=db, data_path=data_path, until_idle=idle, **opts)
+        ) as m:
             return await m.run()
 
     return asyncio.run(go())

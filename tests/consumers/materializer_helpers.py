@@ -37,8 +37,13 @@ class Boot:
 
     def _env(self) -> dict[str, Any]:
         seq = len(self.events)
-        return dict(event_id=str(uuid.uuid4()), instance_id=self.instance, boot_id=self.boot, seq=seq,
-                    ts_us=self.t0 + seq * 1000)
+        return dict(
+            event_id=str(uuid.uuid4()),
+            instance_id=self.instance,
+            boot_id=self.boot,
+            seq=seq,
+            ts_us=self.t0 + seq * 1000,
+        )
 
     def add(self, cls: type, **fields: Any) -> Event:
         ev = cls(**self._env(), **fields)
@@ -46,23 +51,56 @@ class Boot:
         return ev
 
     def facts(self, **fields: Any) -> Event:
-        base = dict(gpu_model="NVIDIA RTX PRO 4000 Blackwell", gpu_count=1, gpu_memory_mib=24000,
-                    driver_version="570.86", cuda_version="12.8", compute_capability="12.0", host="host-1",
-                    price_per_hour=0.35)
+        base = dict(
+            gpu_model="NVIDIA RTX PRO 4000 Blackwell",
+            gpu_count=1,
+            gpu_memory_mib=24000,
+            driver_version="570.86",
+            cuda_version="12.8",
+            compute_capability="12.0",
+            host="host-1",
+            price_per_hour=0.35,
+        )
         return self.add(InstanceFacts, **{**base, **fields})
 
     def lines(self, stage: str, source: str, texts: list[str], first_line: int = 1, pid: int = 100) -> Event:
         n = len(texts)
         base = self.t0 + len(self.events) * 1000
-        return self.add(LogBatch, stage=stage, source=source, pid=pid, line_no=list(range(first_line, first_line + n)),
-                        line_ts_us=[base + i for i in range(n)], text=texts, truncated=[False] * n,
-                        invalid_utf8=[False] * n)
+        return self.add(
+            LogBatch,
+            stage=stage,
+            source=source,
+            pid=pid,
+            line_no=list(range(first_line, first_line + n)),
+            line_ts_us=[base + i for i in range(n)],
+            text=texts,
+            truncated=[False] * n,
+            invalid_utf8=[False] * n,
+        )
 
-    def exit(self, stage: str, code: int | None = 0, signal: int | None = None, stderr: Iterable[str] = (),
-             files: Iterable[FileTail] = (), **kw: Any) -> Event:
-        return self.add(ProcessExit, stage=stage, argv=[stage, "--run"], pid=100, exit_code=code, signal=signal,
-                        started_us=self.t0, ended_us=self.t0 + 5_000_000, duration_s=5.0, stderr_tail=list(stderr),
-                        file_tails=list(files), **kw)
+    def exit(
+        self,
+        stage: str,
+        code: int | None = 0,
+        signal: int | None = None,
+        stderr: Iterable[str] = (),
+        files: Iterable[FileTail] = (),
+        **kw: Any,
+    ) -> Event:
+        return self.add(
+            ProcessExit,
+            stage=stage,
+            argv=[stage, "--run"],
+            pid=100,
+            exit_code=code,
+            signal=signal,
+            started_us=self.t0,
+            ended_us=self.t0 + 5_000_000,
+            duration_s=5.0,
+            stderr_tail=list(stderr),
+            file_tails=list(files),
+            **kw,
+        )
 
     def stage_ok(self, stage: str, texts: list[str] | None = None) -> None:
         self.add(Lifecycle, stage=stage, state="started")
@@ -75,10 +113,27 @@ class Boot:
         return self.add(Sealed, event_count=len(self.events) + 1, reason="entrypoint ended")
 
     def benchmark(self, pph: float, min_rate: float, verdict: str, detail: str = "") -> Event:
-        self.add(Throughput, stage="benchmark", backend="cuda", device="gpu0", proofs=3, seconds=10.0,
-                 proofs_per_hour=pph, phase="measured")
-        return self.add(BenchmarkResult, stage="benchmark", backend="cuda", device="gpu0", proofs=3,
-                        proofs_per_hour=pph, min_rate=min_rate, verdict=verdict, detail=detail)
+        self.add(
+            Throughput,
+            stage="benchmark",
+            backend="cuda",
+            device="gpu0",
+            proofs=3,
+            seconds=10.0,
+            proofs_per_hour=pph,
+            phase="measured",
+        )
+        return self.add(
+            BenchmarkResult,
+            stage="benchmark",
+            backend="cuda",
+            device="gpu0",
+            proofs=3,
+            proofs_per_hour=pph,
+            min_rate=min_rate,
+            verdict=verdict,
+            detail=detail,
+        )
 
 
 def motivating_boot() -> Boot:
@@ -95,19 +150,26 @@ def motivating_boot() -> Boot:
     b.lines("benchmark", log, ["daemon v1.4.2 starting", "loading params", cuda, "daemon exiting"])
     b.lines("benchmark", "stderr", ["benchmark exited with error"])
     b.benchmark(0.0, 10.0, "error", "0 proofs completed")
-    b.exit("benchmark", 1, stderr=["benchmark exited with error"],
-           files=[FileTail(log, ["loading params", cuda, "daemon exiting"])])
+    b.exit(
+        "benchmark",
+        1,
+        stderr=["benchmark exited with error"],
+        files=[FileTail(log, ["loading params", cuda, "daemon exiting"])],
+    )
     b.add(Lifecycle, stage="benchmark", state="failed", detail="benchmark exited with error")
     b.seal()
     return b
 
 
-async def publish_async(bootstrap: str, events: Iterable[Event], raw: Iterable[tuple[str, bytes | None, bytes | None]] = ()) -> None:
+async def publish_async(
+    bootstrap: str, events: Iterable[Event], raw: Iterable[tuple[str, bytes | None, bytes | None]] = ()
+) -> None:
     """Publish like the agent: acks=all, idempotent, key = instance id, each event on its topic."""
     from aiokafka import AIOKafkaProducer
 
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
-                         max_request_size=8 << 20)
+    p = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5, max_request_size=8 << 20
+    )
     await p.start()
     try:
         futs = [await p.send(e.topic, encode(e), key=e.instance_id.encode()) for e in events]
@@ -119,15 +181,18 @@ async def publish_async(bootstrap: str, events: Iterable[Event], raw: Iterable[t
         await p.stop()
 
 
-def publish(bootstrap: str, events: Iterable[Event], raw: Iterable[tuple[str, bytes | None, bytes | None]] = ()) -> None:
+def publish(
+    bootstrap: str, events: Iterable[Event], raw: Iterable[tuple[str, bytes | None, bytes | None]] = ()
+) -> None:
     asyncio.run(publish_async(bootstrap, list(events), list(raw)))
 
 
 def flightrec(*args: str, env: dict[str, str], timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
     """Run the real `flightrec` command in a subprocess."""
     exe = Path(sys.executable).with_name("flightrec")
-    proc = subprocess.run([str(exe), *args], env={**env, "PYTHONSAFEPATH": "1"}, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [str(exe), *args], env={**env, "PYTHONSAFEPATH": "1"}, capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"flightrec {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -141,6 +206,7 @@ def materialize(kafka: Any, db: Path, idle: float = 1.5, from_mark: bool = True,
 
     if from_mark and not opts.get("replay"):
         kafka.seed_at_mark(db, opts.get("group"))
+
     async def go() -> Any:
         async with Materializer(kafka.settings.kafka_kwargs(), Options(db=str(db), until_idle=idle, **opts)) as m:
             return await m.run()

@@ -12,7 +12,7 @@ from flightrec.db.fold import RawMessage, fold
 from flightrec.db.query import run_query
 from flightrec.schemas import Lifecycle, encode
 
-ABSURD = -2**63 + 5
+ABSURD = -(2**63) + 5
 
 
 def _no_traceback(out) -> None:
@@ -24,8 +24,10 @@ def test_the_fold_dead_letters_absurd_envelopes():
     b = Boot()
     b.add(Lifecycle, stage="tunnel", state="started")
     good = b.events[-1]
-    bad = [dataclasses.replace(good, event_id=f"bad-{i}", **change) for i, change in enumerate(
-        [{"ts_us": ABSURD}, {"ts_us": 2**62}, {"ts_us": -1}, {"seq": 2**62}])]
+    bad = [
+        dataclasses.replace(good, event_id=f"bad-{i}", **change)
+        for i, change in enumerate([{"ts_us": ABSURD}, {"ts_us": 2**62}, {"ts_us": -1}, {"seq": 2**62}])
+    ]
     b.lines("tunnel", "stdout", ["x"])
     lines = b.events[-1]
     bad.append(dataclasses.replace(lines, event_id="bad-line", line_ts_us=[ABSURD]))
@@ -71,16 +73,27 @@ def test_readers_format_absurd_values_already_stored(db, env_for):
 
     store = FileStore(db, "g")
     try:
-        store.con.execute("INSERT INTO instances (instance_id, state, first_event_us, last_event_us) "
-                          "VALUES ('i-old', 'started', ?, ?)", [ABSURD, 2**62])
-        store.con.execute("INSERT INTO lifecycle_events (event_id, instance_id, boot_id, seq, ts_us, kind, stage, state) "
-                          "VALUES ('e1', 'i-old', 'b', 0, ?, 'lifecycle', 'tunnel', 'started'), "
-                          "('e2', 'i-old', 'b', 1, ?, 'lifecycle', 'tunnel', 'failed')", [ABSURD, 2**62])
-        store.con.execute("INSERT INTO log_lines (instance_id, boot_id, event_id, seq, stage, source, line_no, ts_us, text) "
-                          "VALUES ('i-old', 'b', 'e3', 2, 'tunnel', 'stdout', 1, ?, 'a line')", [ABSURD])
-        store.con.execute("INSERT INTO process_exits (event_id, instance_id, boot_id, seq, ts_us, stage, exit_code, "
-                          "started_us, ended_us, duration_s) VALUES ('e4', 'i-old', 'b', 3, ?, 'tunnel', 1, ?, ?, 1e300)",
-                          [2**62, ABSURD, 2**62])
+        store.con.execute(
+            "INSERT INTO instances (instance_id, state, first_event_us, last_event_us) "
+            "VALUES ('i-old', 'started', ?, ?)",
+            [ABSURD, 2**62],
+        )
+        store.con.execute(
+            "INSERT INTO lifecycle_events (event_id, instance_id, boot_id, seq, ts_us, kind, stage, state) "
+            "VALUES ('e1', 'i-old', 'b', 0, ?, 'lifecycle', 'tunnel', 'started'), "
+            "('e2', 'i-old', 'b', 1, ?, 'lifecycle', 'tunnel', 'failed')",
+            [ABSURD, 2**62],
+        )
+        store.con.execute(
+            "INSERT INTO log_lines (instance_id, boot_id, event_id, seq, stage, source, line_no, ts_us, text) "
+            "VALUES ('i-old', 'b', 'e3', 2, 'tunnel', 'stdout', 1, ?, 'a line')",
+            [ABSURD],
+        )
+        store.con.execute(
+            "INSERT INTO process_exits (event_id, instance_id, boot_id, seq, ts_us, stage, exit_code, "
+            "started_us, ended_us, duration_s) VALUES ('e4', 'i-old', 'b', 3, ?, 'tunnel', 1, ?, ?, 1e300)",
+            [2**62, ABSURD, 2**62],
+        )
     finally:
         store.close()
     for view in ("fleet", "stage_runs", "log_view", "failure_context", "throughput_samples"):
@@ -88,8 +101,12 @@ def test_readers_format_absurd_values_already_stored(db, env_for):
     queries.fleet_table(db)
     queries.fleet_counts(db)
     env = env_for()
-    for sql in ("SELECT * FROM fleet", "SELECT * FROM stage_runs", "SELECT * FROM log_view",
-                "SELECT TIMESTAMP '20000-01-01 00:00:00' AS far, DATE '-5000-01-01' AS early"):
+    for sql in (
+        "SELECT * FROM fleet",
+        "SELECT * FROM stage_runs",
+        "SELECT * FROM log_view",
+        "SELECT TIMESTAMP '20000-01-01 00:00:00' AS far, DATE '-5000-01-01' AS early",
+    ):
         for fmt in ((), ("--json",), ("--csv",)):
             _no_traceback(flightrec("sql", "--db", str(db), *fmt, sql, env=env, check=False))
     out = flightrec("timeline", "i-old", "--db", str(db), env=env, check=False)

@@ -73,9 +73,19 @@ def _dead_url() -> str:
 
 
 def test_what_each_answer_proves():
-    assert [webhook.judge_status(c) for c in (200, 204, 408, 429, 503, 400, 404, 410, 500, 502, 504)] == \
-        ["delivered", "delivered", "retry", "retry", "retry", "refused", "refused", "refused",
-         "unknown", "unknown", "unknown"]
+    assert [webhook.judge_status(c) for c in (200, 204, 408, 429, 503, 400, 404, 410, 500, 502, 504)] == [
+        "delivered",
+        "delivered",
+        "retry",
+        "retry",
+        "retry",
+        "refused",
+        "refused",
+        "refused",
+        "unknown",
+        "unknown",
+        "unknown",
+    ]
     key = webhook.idempotency_key("lost:i-1:b-1:1750000000000000")
     assert key == webhook.idempotency_key("lost:i-1:b-1:1750000000000000") != webhook.idempotency_key("f-2")
     assert len(key) == 36 and key.count("-") == 4  # a UUID: header-safe whatever the instance id holds
@@ -100,8 +110,15 @@ def test_one_post_tells_delivered_refused_retry_and_unknown(server_for):
 
 
 def _row(instance: str, boot: str, last: int, alerted: int | None, clock: str, recorded: bool = False) -> dict:
-    return {"instance_id": instance, "boot_id": boot, "last_sign_us": last, "alerted_us": alerted,
-            "liveness_clock": clock, "recorded": recorded, "failure_id": f"lost:{instance}:{boot}:{last}"}
+    return {
+        "instance_id": instance,
+        "boot_id": boot,
+        "last_sign_us": last,
+        "alerted_us": alerted,
+        "liveness_clock": clock,
+        "recorded": recorded,
+        "failure_id": f"lost:{instance}:{boot}:{last}",
+    }
 
 
 def test_one_alert_per_silence_whatever_the_heartbeats_say():

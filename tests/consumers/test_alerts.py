@@ -112,8 +112,9 @@ def test_a_server_error_is_not_sent_again(kafka, db):
         publish(kafka.bootstrap, b.events)
         materialize(kafka, db, idle=0.5, webhook=hook.url, alert_backoff=0.05)
         assert [m["flightrec"]["instance_id"] for m in hook.attempts].count(b.instance) == 1
-        (row,) = run_query(db, "SELECT sent_us, outcome, error, attempts FROM alerts WHERE instance_id = ?",
-                           [b.instance]).to_pylist()
+        (row,) = run_query(
+            db, "SELECT sent_us, outcome, error, attempts FROM alerts WHERE instance_id = ?", [b.instance]
+        ).to_pylist()
         assert row["outcome"] == "unknown" and row["sent_us"] is None and "HTTP 500" in row["error"]
         assert row["attempts"] == 1
         materialize(kafka, db, idle=0.5, webhook=hook.url, alert_backoff=0.05)  # a restart does not send it either
@@ -131,8 +132,11 @@ def test_a_receiver_slower_than_the_timeout_gets_each_alert_once(kafka, db):
         time.sleep(4.5)  # any attempt under way lands
         for b in boots:
             assert [m["flightrec"]["instance_id"] for m in hook.attempts].count(b.instance) == 1, hook.attempts
-        rows = run_query(db, "SELECT outcome, error, sent_us, attempted_us FROM alerts WHERE list_contains(?, "
-                             "instance_id)", [[b.instance for b in boots]]).to_pylist()
+        rows = run_query(
+            db,
+            "SELECT outcome, error, sent_us, attempted_us FROM alerts WHERE list_contains(?, instance_id)",
+            [[b.instance for b in boots]],
+        ).to_pylist()
         assert [r["outcome"] for r in rows] == ["unknown", "unknown"], rows
         assert all("no answer" in r["error"] and r["attempted_us"] is None for r in rows)
         materialize(kafka, db, idle=2, webhook=hook.url, alert_timeout=1.0)  # a restart sends neither again
@@ -150,8 +154,9 @@ def test_a_dead_server_does_not_stop_materialization_and_is_sent_to_later(kafka,
     t0 = time.monotonic()
     materialize(kafka, db, idle=0.5, webhook=dead, alert_backoff=0.05, alert_drain=1.0)
     assert time.monotonic() - t0 < 60
-    assert run_query(db, "SELECT count(*) AS n FROM failures WHERE instance_id = ?", [b.instance]).to_pylist() == \
-        [{"n": 1}]
+    assert run_query(db, "SELECT count(*) AS n FROM failures WHERE instance_id = ?", [b.instance]).to_pylist() == [
+        {"n": 1}
+    ]
     (row,) = run_query(db, "SELECT sent_us FROM alerts WHERE instance_id = ?", [b.instance]).to_pylist()
     assert row["sent_us"] is None  # remembered as not sent ...
     hook = Hook()
@@ -180,8 +185,17 @@ def test_the_materialize_command_takes_the_webhook_from_the_environment(kafka, d
     b = _failed_boot()
     publish(kafka.bootstrap, b.events)
     kafka.seed_at_mark(db)
-    flightrec("materialize", "--db", str(db), "--until-idle", "1", "--no-serve", "--alert-on", "failed",
-              env=env_for(FLIGHTREC_WEBHOOK=hook.url))
+    flightrec(
+        "materialize",
+        "--db",
+        str(db),
+        "--until-idle",
+        "1",
+        "--no-serve",
+        "--alert-on",
+        "failed",
+        env=env_for(FLIGHTREC_WEBHOOK=hook.url),
+    )
     assert [m["flightrec"]["instance_id"] for m in hook.delivered].count(b.instance) == 1
 
 

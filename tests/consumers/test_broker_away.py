@@ -19,8 +19,16 @@ pytestmark = pytest.mark.integration
 
 
 def test_no_broker_at_start_is_a_clear_error(tmp_path, env_for_no_broker):
-    out = flightrec("materialize", "--db", str(tmp_path / "x.duckdb"), "--until-idle", "1",
-                    env=env_for_no_broker, check=False, timeout=120)
+    out = flightrec(
+        "materialize",
+        "--db",
+        str(tmp_path / "x.duckdb"),
+        "--until-idle",
+        "1",
+        env=env_for_no_broker,
+        check=False,
+        timeout=120,
+    )
     assert out.returncode == 1
     assert "no Kafka broker answered" in out.stderr and "FLIGHTREC_BOOTSTRAP" in out.stderr
 
@@ -36,7 +44,9 @@ def _wait_count(db: Path, instance: str, n: int, proc: subprocess.Popen, timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1].decode()
         try:
-            got = run_query(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", [instance]).to_pylist()[0]["n"]
+            got = run_query(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", [instance]).to_pylist()[0][
+                "n"
+            ]
         except QueryError:
             got = None
         if got == n:
@@ -53,8 +63,9 @@ def test_broker_away_and_back_mid_run(fresh_kafka, tmp_path):
     b.lines("supervisor", "stdout", [f"before {i}" for i in range(10)])
     publish(fresh_kafka.bootstrap, b.events)
     exe = Path(sys.executable).with_name("flightrec")
-    proc = subprocess.Popen([str(exe), "materialize", "--db", str(db)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(exe), "materialize", "--db", str(db)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         _wait_count(db, b.instance, 10, proc)
         fresh_kafka.broker.stop()
@@ -69,5 +80,6 @@ def test_broker_away_and_back_mid_run(fresh_kafka, tmp_path):
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
-    assert run_query(db, "SELECT complete FROM instances WHERE instance_id = ?", [b.instance]).to_pylist() == \
-        [{"complete": True}]
+    assert run_query(db, "SELECT complete FROM instances WHERE instance_id = ?", [b.instance]).to_pylist() == [
+        {"complete": True}
+    ]

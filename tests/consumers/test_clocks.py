@@ -27,13 +27,23 @@ def _now() -> int:
     return time.time_ns() // 1000
 
 
-def _msgs(events: list[Any], recv_us: list[int | None] | int | None, kind: int = LOG_APPEND_TIME,
-          first_offset: int = 0) -> list[RawMessage]:
+def _msgs(
+    events: list[Any], recv_us: list[int | None] | int | None, kind: int = LOG_APPEND_TIME, first_offset: int = 0
+) -> list[RawMessage]:
     """Records as a consumer reads them: each with Kafka's timestamp (ms) of ``kind``, or none."""
     times = recv_us if isinstance(recv_us, list) else [recv_us] * len(events)
-    return [RawMessage(e.topic, 0, first_offset + n, e.instance_id.encode(), encode(e),
-                       None if t is None else t // 1000, None if t is None else kind)
-            for n, (e, t) in enumerate(zip(events, times))]
+    return [
+        RawMessage(
+            e.topic,
+            0,
+            first_offset + n,
+            e.instance_id.encode(),
+            encode(e),
+            None if t is None else t // 1000,
+            None if t is None else kind,
+        )
+        for n, (e, t) in enumerate(zip(events, times))
+    ]
 
 
 def _commit(db: Path, *batches: list[RawMessage]) -> None:
@@ -79,8 +89,8 @@ def test_the_fold_keeps_the_brokers_time_and_only_that():
 def test_a_clock_an_hour_behind_heartbeating_is_running_and_one_ahead_and_silent_is_lost(tmp_path):
     db = tmp_path / "f.duckdb"
     now = _now()
-    behind = _running(now - HOUR)               # beats now, stamps an hour ago
-    ahead = _running(now + HOUR)                # stamps an hour ahead, heard from last a minute ago
+    behind = _running(now - HOUR)  # beats now, stamps an hour ago
+    ahead = _running(now + HOUR)  # stamps an hour ahead, heard from last a minute ago
     quiet_ok = _running(now - 60 * S, interval=3600.0)  # a right clock: silent a minute at a 1 h interval
     _commit(db, _msgs(behind.events, now), _msgs(ahead.events, now - 60 * S), _msgs(quiet_ok.events, now - 60 * S))
     b, a, q = _status(db, behind.instance), _status(db, ahead.instance), _status(db, quiet_ok.instance)
@@ -91,11 +101,15 @@ def test_a_clock_an_hour_behind_heartbeating_is_running_and_one_ahead_and_silent
     assert a["clock_offset_s"] == pytest.approx(3660, abs=1) and a["clock_skewed"]
     assert abs(q["clock_offset_s"]) < 1
     assert a["last_heard_us"] == (now - 60 * S) // 1000 * 1000  # the broker's time of the last event, ms precision
-    boots = run_query(db, "SELECT instance_id, first_recv_us, last_recv_us, clock_offset_us FROM boots "
-                          "WHERE instance_id = ?", [behind.instance]).to_pylist()
+    boots = run_query(
+        db,
+        "SELECT instance_id, first_recv_us, last_recv_us, clock_offset_us FROM boots WHERE instance_id = ?",
+        [behind.instance],
+    ).to_pylist()
     assert boots[0]["last_recv_us"] == now // 1000 * 1000 and boots[0]["clock_offset_us"] < -HOUR + 2 * S
-    inst = run_query(db, "SELECT last_recv_us, clock_offset_us FROM instances WHERE instance_id = ?",
-                     [ahead.instance]).to_pylist()[0]
+    inst = run_query(
+        db, "SELECT last_recv_us, clock_offset_us FROM instances WHERE instance_id = ?", [ahead.instance]
+    ).to_pylist()[0]
     assert inst["last_recv_us"] == (now - 60 * S) // 1000 * 1000 and inst["clock_offset_us"] > HOUR
 
 
@@ -138,10 +152,11 @@ def test_the_offset_is_the_median_of_the_latest_events_robust_to_late_ones_and_f
     # the same events in other batches give the same rows (replay equals live)
     other = tmp_path / "other.duckdb"
     msgs = _msgs(b.events, recv) + _msgs(new, [e.ts_us for e in new], first_offset=n)
-    _commit(other, *[msgs[i:i + 7] for i in range(0, len(msgs), 7)][::-1])
+    _commit(other, *[msgs[i : i + 7] for i in range(0, len(msgs), 7)][::-1])
     for table in ("boots", "instances", "heartbeats", "events_seen"):
         assert run_query(db, f"SELECT * FROM {table} ORDER BY ALL").equals(
-            run_query(other, f"SELECT * FROM {table} ORDER BY ALL")), table
+            run_query(other, f"SELECT * FROM {table} ORDER BY ALL")
+        ), table
 
 
 def test_the_latest_boot_and_the_destroy_rule_follow_the_receive_time(tmp_path):
@@ -149,7 +164,7 @@ def test_the_latest_boot_and_the_destroy_rule_follow_the_receive_time(tmp_path):
     db = tmp_path / "f.duckdb"
     now = _now()
     inst = f"i-{uuid.uuid4().hex[:8]}"
-    first = _running(now + HOUR)                  # booted with a clock an hour ahead ...
+    first = _running(now + HOUR)  # booted with a clock an hour ahead ...
     first.instance = inst
     first.events = []
     first.add(Lifecycle, stage="benchmark", state="started")
@@ -157,19 +172,34 @@ def test_the_latest_boot_and_the_destroy_rule_follow_the_receive_time(tmp_path):
     second.add(Lifecycle, stage="supervisor", state="started")
     second.add(Heartbeat, stage="supervisor", interval_s=3600.0)
     _commit(db, _msgs(first.events, now - 600 * S), _msgs(second.events, now - 5 * S, first_offset=10))
-    assert run_query(db, "SELECT boot_id FROM instances WHERE instance_id = ?", [inst]).to_pylist() == \
-        [{"boot_id": second.boot}]
+    assert run_query(db, "SELECT boot_id FROM instances WHERE instance_id = ?", [inst]).to_pylist() == [
+        {"boot_id": second.boot}
+    ]
     assert _status(db, inst)["status"] == "running"
     # the manager destroys it (its clock right, the instance's an hour ahead): destroyed, not lost
     ahead = _running(now + HOUR, interval=3600.0)
-    gone = ManagerEvent(event_id=str(uuid.uuid4()), instance_id=ahead.instance, boot_id="mgr", seq=0, ts_us=now,
-                        source_id="manager@test", kind="destroyed")
+    gone = ManagerEvent(
+        event_id=str(uuid.uuid4()),
+        instance_id=ahead.instance,
+        boot_id="mgr",
+        seq=0,
+        ts_us=now,
+        source_id="manager@test",
+        kind="destroyed",
+    )
     _commit(db, _msgs(ahead.events, now - 30 * S, first_offset=20), _msgs([gone], now, first_offset=40))
     assert _status(db, ahead.instance)["status"] == "destroyed"
     # its network cut, its events reach Kafka from its spool only after the manager destroyed it: still destroyed
     cut = _running(now - 600 * S, interval=3600.0)
-    gone = ManagerEvent(event_id=str(uuid.uuid4()), instance_id=cut.instance, boot_id="mgr", seq=1, ts_us=now - 60 * S,
-                        source_id="manager@test", kind="destroyed")
+    gone = ManagerEvent(
+        event_id=str(uuid.uuid4()),
+        instance_id=cut.instance,
+        boot_id="mgr",
+        seq=1,
+        ts_us=now - 60 * S,
+        source_id="manager@test",
+        kind="destroyed",
+    )
     _commit(db, _msgs([gone], now - 60 * S, first_offset=50), _msgs(cut.events, now, first_offset=60))
     assert _status(db, cut.instance)["status"] == "destroyed"
 
@@ -180,9 +210,16 @@ def test_a_database_made_before_receive_times_gains_them_at_the_first_open(tmp_p
     b = _running(now - HOUR)
     _commit(db, _msgs(b.events, None))
     con = duckdb.connect(str(db))
-    for table, column in (("events_seen", "recv_us"), ("manager_events", "recv_us"), ("heartbeats", "last_recv_us"),
-                          ("boots", "first_recv_us"), ("boots", "last_recv_us"), ("boots", "clock_offset_us"),
-                          ("instances", "last_recv_us"), ("instances", "clock_offset_us")):
+    for table, column in (
+        ("events_seen", "recv_us"),
+        ("manager_events", "recv_us"),
+        ("heartbeats", "last_recv_us"),
+        ("boots", "first_recv_us"),
+        ("boots", "last_recv_us"),
+        ("boots", "clock_offset_us"),
+        ("instances", "last_recv_us"),
+        ("instances", "clock_offset_us"),
+    ):
         con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")  # as the release before them made the file
     before = con.execute("SELECT * FROM boots").fetchall()
     con.close()
@@ -192,7 +229,9 @@ def test_a_database_made_before_receive_times_gains_them_at_the_first_open(tmp_p
     row = _status(db, b.instance)
     assert row["liveness_clock"] == "instance" and row["status"] == "lost"  # no receive time known: as before
     con = duckdb.connect(str(db), read_only=True)
-    assert con.execute("SELECT * EXCLUDE (first_recv_us, last_recv_us, clock_offset_us) FROM boots").fetchall() == before
+    assert (
+        con.execute("SELECT * EXCLUDE (first_recv_us, last_recv_us, clock_offset_us) FROM boots").fetchall() == before
+    )
     con.close()
     more = Boot(instance=b.instance, boot=b.boot, t0=now - HOUR)
     more.events = list(b.events)
@@ -208,8 +247,10 @@ def test_the_timelines_silences_are_measured_on_the_receivers_clock():
     from flightrec.consumers.timeline import liveness_entries
 
     # beats 30 s apart by Kafka's clock; the instance's clock jumped an hour ahead between the first two
-    beats = [{"boot_id": "b", "seq": i, "ts_us": t, "stage": "s", "recv_us": r}
-             for i, (t, r) in enumerate([(0, 0), (HOUR, 30 * S), (HOUR + 30 * S, 60 * S)])]
+    beats = [
+        {"boot_id": "b", "seq": i, "ts_us": t, "stage": "s", "recv_us": r}
+        for i, (t, r) in enumerate([(0, 0), (HOUR, 30 * S), (HOUR + 30 * S, 60 * S)])
+    ]
     assert heartbeat_gaps(beats, {"b": 30.0}) == []  # a jump of its clock is no silence
     # dead since Kafka last heard of it 140 s ago: an open gap, though its own clock is an hour ahead of now
     gaps = heartbeat_gaps(beats, {"b": 30.0}, now_us=200 * S, last_recv_us={"b": 60 * S})

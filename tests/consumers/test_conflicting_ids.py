@@ -81,8 +81,15 @@ def test_a_dropped_marker_sent_again_with_another_reason_is_a_duplicate(store: F
     from flightrec.schemas import Dropped
 
     boot = Boot()
-    first = boot.add(Dropped, original_event_id="x", original_type="LogBatch", original_topic="flightrec.logs",
-                     original_bytes=2_000_000, stage="benchmark", reason="too large: over 1048588 bytes")
+    first = boot.add(
+        Dropped,
+        original_event_id="x",
+        original_type="LogBatch",
+        original_topic="flightrec.logs",
+        original_bytes=2_000_000,
+        stage="benchmark",
+        reason="too large: over 1048588 bytes",
+    )
     again = dataclasses.replace(first, reason="too large: over 524288 bytes")
     store.commit(fold(_msgs([first])))
     stats = store.commit(fold(_msgs([again], first_offset=5)))
@@ -94,8 +101,16 @@ def test_a_manager_event_id_seen_again_is_judged_the_same_in_one_batch_and_acros
     """(Found by review.) Manager events are not in events_seen: a repeat of their id is a duplicate either way."""
     from flightrec.schemas import ManagerEvent
 
-    me = ManagerEvent(event_id="m-1", instance_id="i-1", boot_id="mgr", seq=0, ts_us=1_750_000_000_000_000,
-                      source_id="manager@x", kind="rented", detail="")
+    me = ManagerEvent(
+        event_id="m-1",
+        instance_id="i-1",
+        boot_id="mgr",
+        seq=0,
+        ts_us=1_750_000_000_000_000,
+        source_id="manager@x",
+        kind="rented",
+        detail="",
+    )
     other = dataclasses.replace(me, kind="destroyed")
     one_batch = fold(_msgs([me, other]))
     assert one_batch.dead.num_rows == 0 and one_batch.duplicates == 1

@@ -61,7 +61,8 @@ def test_log_lines_left_by_a_cut_commit_are_dropped_when_the_writer_starts_again
         assert store.offsets()[("flightrec.logs", 0)] == 2
         stats = store.commit(rest)
         n, distinct = store.con.execute(
-            "SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines").fetchone()
+            "SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines"
+        ).fetchone()
     finally:
         store.close()
     assert (n, distinct) == (3 * LINES, 3 * LINES)

@@ -40,8 +40,7 @@ def _events() -> list:
 def _tables(path) -> dict[str, list[str]]:
     con = duckdb.connect(str(path), read_only=True)
     try:
-        return {t: sorted(repr(r) for r in con.execute(f"SELECT * FROM {t}").fetchall())
-                for t in MATERIALIZED_TABLES}
+        return {t: sorted(repr(r) for r in con.execute(f"SELECT * FROM {t}").fetchall()) for t in MATERIALIZED_TABLES}
     finally:
         con.close()
 
@@ -51,8 +50,14 @@ def _store(path, batches: list[list]) -> dict[str, list[str]]:
     offset = 0
     try:
         for events in batches:
-            store.commit(fold([RawMessage(e.topic, 0, offset + i, e.instance_id.encode(), encode(e))
-                               for i, e in enumerate(events)]))
+            store.commit(
+                fold(
+                    [
+                        RawMessage(e.topic, 0, offset + i, e.instance_id.encode(), encode(e))
+                        for i, e in enumerate(events)
+                    ]
+                )
+            )
             offset += len(events)
     finally:
         store.close()
@@ -66,7 +71,7 @@ def test_derived_tables_are_the_same_whatever_the_batching(tmp_path):
     singles = _store(tmp_path / "singles.duckdb", [[e] for e in events])
     shuffled = list(events)
     random.Random(16).shuffle(shuffled)
-    mixed = _store(tmp_path / "mixed.duckdb", [shuffled[i:i + 3] for i in range(0, len(shuffled), 3)])
+    mixed = _store(tmp_path / "mixed.duckdb", [shuffled[i : i + 3] for i in range(0, len(shuffled), 3)])
     for table in DERIVED + MATERIALIZED_TABLES:
         assert singles[table] == whole[table], table
         assert mixed[table] == whole[table], table

@@ -26,15 +26,26 @@ def test_the_duckdb_cli_and_the_python_client_read_a_materialized_file(kafka, db
 
     version = subprocess.run([str(_duckdb_cli()), "-version"], capture_output=True, text=True, timeout=60)
     assert version.stdout.startswith("v1.5."), version.stdout
-    r = subprocess.run([str(_duckdb_cli()), "-readonly", "-csv", str(db), "-c",
-                        f"SELECT instance_id, failures FROM instances WHERE instance_id = '{b.instance}'"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            str(_duckdb_cli()),
+            "-readonly",
+            "-csv",
+            str(db),
+            "-c",
+            f"SELECT instance_id, failures FROM instances WHERE instance_id = '{b.instance}'",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["instance_id,failures", f"{b.instance},1"]
 
     con = duckdb.connect(str(db), read_only=True)
     try:
-        assert con.execute("SELECT failure_class FROM failures WHERE instance_id = ?",
-                           [b.instance]).fetchall() == [("gpu_arch_unsupported",)]
+        assert con.execute("SELECT failure_class FROM failures WHERE instance_id = ?", [b.instance]).fetchall() == [
+            ("gpu_arch_unsupported",)
+        ]
     finally:
         con.close()

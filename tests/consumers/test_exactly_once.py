@@ -29,8 +29,12 @@ def _backlog() -> list[Boot]:
         b = Boot()
         b.facts()
         for n in range(BATCHES):
-            b.lines("supervisor", "stdout" if n % 3 else "/var/log/daemon.log",
-                    [f"instance {k} batch {n} line {i} " + "x" * 40 for i in range(LINES)], first_line=n * LINES + 1)
+            b.lines(
+                "supervisor",
+                "stdout" if n % 3 else "/var/log/daemon.log",
+                [f"instance {k} batch {n} line {i} " + "x" * 40 for i in range(LINES)],
+                first_line=n * LINES + 1,
+            )
         b.seal()
         boots.append(b)
     return boots
@@ -45,8 +49,12 @@ def _live_count(db: Path) -> int | None:
 
 def _start(db: Path, env: dict[str, str]) -> subprocess.Popen:
     exe = Path(sys.executable).with_name("flightrec")
-    return subprocess.Popen([str(exe), "materialize", "--db", str(db), "--until-idle", "3"],
-                            env={**env, "PYTHONSAFEPATH": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [str(exe), "materialize", "--db", str(db), "--until-idle", "3"],
+        env={**env, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _kill_after(db: Path, env: dict[str, str], more_than: int, total: int) -> int:
@@ -87,11 +95,15 @@ def test_sigkill_twice_during_backlog_then_every_line_exactly_once(fresh_kafka, 
     assert first < second < total
 
     flightrec("materialize", "--db", str(db), "--until-idle", "3", env=env)
-    rows = run_query(db, """SELECT count(*) AS n, count(DISTINCT (event_id, line_no)) AS distinct_lines,
-                                   count(DISTINCT event_id) AS batches FROM log_lines""").to_pylist()[0]
+    rows = run_query(
+        db,
+        """SELECT count(*) AS n, count(DISTINCT (event_id, line_no)) AS distinct_lines,
+                                   count(DISTINCT event_id) AS batches FROM log_lines""",
+    ).to_pylist()[0]
     assert rows == {"n": total, "distinct_lines": total, "batches": INSTANCES * BATCHES}
-    inst = run_query(db, "SELECT count(*) AS n FROM instances WHERE complete AND events = ?",
-                     [BATCHES + 2]).to_pylist()[0]["n"]
+    inst = run_query(
+        db, "SELECT count(*) AS n FROM instances WHERE complete AND events = ?", [BATCHES + 2]
+    ).to_pylist()[0]["n"]
     assert inst == INSTANCES
     # Offsets stored with the rows: a further run finds nothing new to write.
     out = flightrec("materialize", "--db", str(db), "--until-idle", "1", env=env)

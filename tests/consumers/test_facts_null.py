@@ -14,15 +14,26 @@ class _Msg:
 
 
 def _facts(**kw: object) -> InstanceFacts:
-    return InstanceFacts(event_id=str(uuid.uuid4()), instance_id="i-1", boot_id="b-1", seq=0,
-                         ts_us=1_750_000_000_000_000, **kw)
+    return InstanceFacts(
+        event_id=str(uuid.uuid4()), instance_id="i-1", boot_id="b-1", seq=0, ts_us=1_750_000_000_000_000, **kw
+    )
 
 
 def test_a_failed_gpu_probe_folds_to_null_facts_not_empty_strings():
     probe_failed = _facts(gpu_probe_error="nvidia-smi not found on PATH", host="h-1")  # '' / 0 for every GPU field
     (row,) = fold([_Msg(encode(probe_failed), 0)]).facts.to_pylist()
-    for name in ("gpu_model", "gpu_count", "gpu_memory_mib", "driver_version", "cuda_version", "compute_capability",
-                 "cpu_model", "cpu_count", "ram_mib", "image"):
+    for name in (
+        "gpu_model",
+        "gpu_count",
+        "gpu_memory_mib",
+        "driver_version",
+        "cuda_version",
+        "compute_capability",
+        "cpu_model",
+        "cpu_count",
+        "ram_mib",
+        "image",
+    ):
         assert row[name] is None, name
     assert row["host"] == "h-1" and row["gpu_probe_error"] == "nvidia-smi not found on PATH"
 

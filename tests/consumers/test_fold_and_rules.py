@@ -31,7 +31,9 @@ def test_fold_lays_lines_out_as_arrow_columns_and_drops_repeats_in_a_batch():
     assert d.events.num_rows == len(b.events)
     assert d.logs.num_rows == 3 + 2 + 4 + 1  # one line per ok stage, stdout, daemon log, stderr
     assert d.logs.column("source").to_pylist().count("/var/log/prover-daemon.log") == 4
-    assert d.offsets == {(t, 0): max(i for i, m in enumerate(msgs) if m.topic == t) + 1 for t in {m.topic for m in msgs}}
+    assert d.offsets == {
+        (t, 0): max(i for i, m in enumerate(msgs) if m.topic == t) + 1 for t in {m.topic for m in msgs}
+    }
     assert d.exits.num_rows == 4 and d.facts.num_rows == 1 and d.throughput.num_rows == 2
     assert d.dead.num_rows == 0
 
@@ -40,9 +42,11 @@ def test_fold_offsets_are_the_next_offset_per_partition():
     b = Boot()
     b.facts()
     b.lines("s", "stdout", ["a"])
-    msgs = [RawMessage(b.events[0].topic, 3, 41, None, encode(b.events[0])),
-            RawMessage(b.events[1].topic, 1, 7, None, encode(b.events[1])),
-            RawMessage(b.events[1].topic, 1, 8, None, b"bad")]
+    msgs = [
+        RawMessage(b.events[0].topic, 3, 41, None, encode(b.events[0])),
+        RawMessage(b.events[1].topic, 1, 7, None, encode(b.events[1])),
+        RawMessage(b.events[1].topic, 1, 8, None, b"bad"),
+    ]
     d = fold(msgs)
     assert d.offsets == {("flightrec.lifecycle", 3): 42, ("flightrec.logs", 1): 9}
     assert d.dead.to_pylist()[0]["offset"] == 8
@@ -50,7 +54,9 @@ def test_fold_offsets_are_the_next_offset_per_partition():
 
 def test_filter_keeps_one_instance_since_a_time():
     a, b = Boot(), Boot()
-    a.facts(); a.lines("s", "stdout", ["x"]); b.facts()
+    a.facts()
+    a.lines("s", "stdout", ["x"])
+    b.facts()
     keep = event_filter(a.instance, a.events[1].ts_us)
     d = fold(_msgs(a.events + b.events), keep=keep)
     assert d.events.column("event_id").to_pylist() == [a.events[1].event_id]
@@ -76,15 +82,18 @@ def test_incomplete_reason_text():
     assert "and 2 more ranges" in incomplete_reason(100, [(i * 3, i * 3) for i in range(7)])
 
 
-@pytest.mark.parametrize("line, cls", [
-    ("CUDA error: no kernel image is available for execution on the device", "gpu_arch_unsupported"),
-    ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", "cuda_out_of_memory"),
-    ("CUDA driver version is insufficient for CUDA runtime version", "driver_mismatch"),
-    ("cuInit failed: CUDA_ERROR_NO_DEVICE", "cuda_init_failed"),
-    ("Out of memory: Killed process 4242 (prover)", "oom_killed"),
-    ("error: protocol version mismatch: manager speaks v3, worker v2", "protocol_mismatch"),
-    ("something nobody has seen before", "unknown"),
-])
+@pytest.mark.parametrize(
+    "line, cls",
+    [
+        ("CUDA error: no kernel image is available for execution on the device", "gpu_arch_unsupported"),
+        ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", "cuda_out_of_memory"),
+        ("CUDA driver version is insufficient for CUDA runtime version", "driver_mismatch"),
+        ("cuInit failed: CUDA_ERROR_NO_DEVICE", "cuda_init_failed"),
+        ("Out of memory: Killed process 4242 (prover)", "oom_killed"),
+        ("error: protocol version mismatch: manager speaks v3, worker v2", "protocol_mismatch"),
+        ("something nobody has seen before", "unknown"),
+    ],
+)
 def test_rules_classify_lines(line, cls):
     ev = FailureEvidence(stage="benchmark", exit_code=1, file_tails=[("/var/log/d.log", ["ok", line])])
     got = RULES.classify(ev)
@@ -99,32 +108,51 @@ def test_rules_classify_exits_and_results():
     assert c(FailureEvidence(stage="supervisor", signal=11)).failure_class == "daemon_crashed"
     assert c(FailureEvidence(stage="supervisor", signal=15, timed_out=True)).failure_class == "timeout"
     assert c(FailureEvidence(stage="params", exit_code=22)).failure_class == "params_download_failed"
-    assert c(FailureEvidence(stage="benchmark", exit_code=1, verdict="fail", proofs_per_hour=3.0,
-                             stderr_tail=["CUDA out of memory"])).failure_class == "below_min_rate"
+    assert (
+        c(
+            FailureEvidence(
+                stage="benchmark", exit_code=1, verdict="fail", proofs_per_hour=3.0, stderr_tail=["CUDA out of memory"]
+            )
+        ).failure_class
+        == "below_min_rate"
+    )
     # Zero proofs is not "slow": it falls through to what the lines say.
-    assert c(FailureEvidence(stage="benchmark", exit_code=1, verdict="fail", proofs_per_hour=0.0,
-                             stderr_tail=["CUDA out of memory"])).failure_class == "cuda_out_of_memory"
-    assert c(FailureEvidence(stage="x", start_error="No such file or directory: 'prove'")).failure_class \
+    assert (
+        c(
+            FailureEvidence(
+                stage="benchmark", exit_code=1, verdict="fail", proofs_per_hour=0.0, stderr_tail=["CUDA out of memory"]
+            )
+        ).failure_class
+        == "cuda_out_of_memory"
+    )
+    assert (
+        c(FailureEvidence(stage="x", start_error="No such file or directory: 'prove'")).failure_class
         == "process_start_failed"
+    )
 
 
 def test_adding_a_rule_needs_no_code_change(tmp_path):
     path = tmp_path / "rules.toml"
-    path.write_text('[[rule]]\nclass = "disk_full"\nhint = "Free some disk."\nlines = ["No space left on device"]\n'
-                    + (load_rules.__globals__["resources"].files("flightrec.db") / "rules.toml").read_text())
+    path.write_text(
+        '[[rule]]\nclass = "disk_full"\nhint = "Free some disk."\nlines = ["No space left on device"]\n'
+        + (load_rules.__globals__["resources"].files("flightrec.db") / "rules.toml").read_text()
+    )
     rules = load_rules(path)
     ev = FailureEvidence(stage="supervisor", exit_code=1, stderr_tail=["write: No space left on device"])
     assert rules.classify(ev).failure_class == "disk_full"
     assert RULES.classify(ev).failure_class != "disk_full"
 
 
-@pytest.mark.parametrize("text, why", [
-    ("[[rule]]\nhint = 'x'\n", "needs a class"),
-    ("[[rule]]\nclass = 'a'\nhint = 'x'\nlines = ['(']\n", "bad regular expression"),
-    ("[[rule]]\nclass = 'a'\nhint = 'x'\ncolour = 'red'\n", "unknown keys"),
-    ("not toml = = =", "not valid TOML"),
-    ("", "no [[rule]]"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("[[rule]]\nhint = 'x'\n", "needs a class"),
+        ("[[rule]]\nclass = 'a'\nhint = 'x'\nlines = ['(']\n", "bad regular expression"),
+        ("[[rule]]\nclass = 'a'\nhint = 'x'\ncolour = 'red'\n", "unknown keys"),
+        ("not toml = = =", "not valid TOML"),
+        ("", "no [[rule]]"),
+    ],
+)
 def test_bad_rule_tables_are_refused_with_the_reason(text, why):
     with pytest.raises(ConfigError, match=why.replace("[", r"\[")):
         parse_rules(text)
@@ -141,17 +169,27 @@ def test_failure_builder_is_order_independent_and_none_without_failure():
     results = [r for r, e in zip(recs, b.events) if e.name.endswith("BenchmarkResult")]
     kw = dict(exits=exits, results=results, facts=recs[0], log_tails={}, rules=RULES)
     one = build_failure(b.instance, b.boot, "benchmark", lifecycle=life, **kw)
-    two = build_failure(b.instance, b.boot, "benchmark", lifecycle=list(reversed(life)),
-                        **{**kw, "exits": list(reversed(exits))})
+    two = build_failure(
+        b.instance, b.boot, "benchmark", lifecycle=list(reversed(life)), **{**kw, "exits": list(reversed(exits))}
+    )
     assert one == two and one["failure_class"] == "gpu_arch_unsupported"
-    assert build_failure(b.instance, b.boot, "tunnel", lifecycle=life, exits=[], results=[], facts=None,
-                         log_tails={}, rules=RULES) is None
+    assert (
+        build_failure(
+            b.instance, b.boot, "tunnel", lifecycle=life, exits=[], results=[], facts=None, log_tails={}, rules=RULES
+        )
+        is None
+    )
 
 
 def test_a_failed_event_that_reports_another_stages_failure_is_no_failure_of_its_own():
     b = Boot()
-    stopped = b.add(Lifecycle, stage="entrypoint", state="failed", detail="stage benchmark failed",
-                    attributes={"failed_stage": "benchmark"}).to_record()
+    stopped = b.add(
+        Lifecycle,
+        stage="entrypoint",
+        state="failed",
+        detail="stage benchmark failed",
+        attributes={"failed_stage": "benchmark"},
+    ).to_record()
     plain = b.add(Lifecycle, stage="entrypoint", state="failed", detail="exited outside any stage").to_record()
     kw = dict(exits=[], results=[], facts=None, log_tails={}, rules=RULES)
     assert build_failure(b.instance, b.boot, "entrypoint", lifecycle=[{**stopped, "kind": "lifecycle"}], **kw) is None
@@ -179,18 +217,31 @@ def test_killed_by_reads_the_stage_a_shell_code_or_a_wrapper_report():
     assert killed_by(None, None, 1, ["exit status 1", "SIGNALS are fine"]) == (None, None)
     assert killed_by(None, None, 1, ["sending SIGTERM to the workers", "exit status 1"]) == (None, None)
     assert killed_by(None, None, 1, ["received SIGTERM, shutting down"])[0] == "SIGTERM"
-    for calm in ("ignoring SIGPIPE signal", "received SIGHUP, reloading configuration",
-                 "SIGCHLD received from child 7 (exit 0)", "Sending signal SIGTERM to pid 42", "transaction aborted",
-                 "connection aborted by peer", "installed a handler for SIGSEGV"):
+    for calm in (
+        "ignoring SIGPIPE signal",
+        "received SIGHUP, reloading configuration",
+        "SIGCHLD received from child 7 (exit 0)",
+        "Sending signal SIGTERM to pid 42",
+        "transaction aborted",
+        "connection aborted by peer",
+        "installed a handler for SIGSEGV",
+    ):
         assert killed_by(None, None, 1, [calm]) == (None, None), calm
-    for line, sig in (("the prover was killed by signal 11", "SIGSEGV"), ("Killed", "SIGKILL"),
-                      ("run.sh: line 3:  4242 Killed                  prover --daemon", "SIGKILL"),
-                      ("Terminated", "SIGTERM"), ("Aborted (core dumped)", "SIGABRT"),
-                      ("worker died of SIGUSR1", "SIGUSR1"), ("Bus error (core dumped)", "SIGBUS")):
+    for line, sig in (
+        ("the prover was killed by signal 11", "SIGSEGV"),
+        ("Killed", "SIGKILL"),
+        ("run.sh: line 3:  4242 Killed                  prover --daemon", "SIGKILL"),
+        ("Terminated", "SIGTERM"),
+        ("Aborted (core dumped)", "SIGABRT"),
+        ("worker died of SIGUSR1", "SIGUSR1"),
+        ("Bus error (core dumped)", "SIGBUS"),
+    ):
         assert killed_by(None, None, 1, [line])[0] == sig, line
     assert killed_by(None, None, 1, ["child died of SIGTERM", "prover killed by signal SIGSEGV"])[0] == "SIGTERM"
-    assert killed_by(None, None, 1, ["fatal error: unexpected signal [signal SIGSEGV: segmentation violation]"])[0] \
+    assert (
+        killed_by(None, None, 1, ["fatal error: unexpected signal [signal SIGSEGV: segmentation violation]"])[0]
         == "SIGSEGV"
+    )
     assert killed_by(None, None, 0, []) == (None, None)
 
 
@@ -262,7 +313,9 @@ def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_p
     finally:
         store_mod.recompute_failures = real
     FileStore(db, group="t").close()
-    assert run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS).to_pylist() == [{"killed_by": "SIGSEGV"}]
+    assert run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS).to_pylist() == [
+        {"killed_by": "SIGSEGV"}
+    ]
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT killed_by FROM failures").fetchall() == [("SIGSEGV",)]
     assert con.execute("SELECT * EXCLUDE (killed_by, killed_by_evidence) FROM failures").fetchall() == before

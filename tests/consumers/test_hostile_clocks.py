@@ -97,20 +97,32 @@ def test_flightrec_makes_its_topics_stamp_the_brokers_clock(kafka):
     assert {t: c[TIMESTAMP_TYPE] for t, c in configs.items()} == {t: LOG_APPEND_TIME for t in TOPICS}
 
 
-def test_an_hour_behind_stays_running_an_hour_ahead_is_lost_once_and_the_offset_shows(kafka, tmp_path, db, env_for,
-                                                                                   open_page):
+def test_an_hour_behind_stays_running_an_hour_ahead_is_lost_once_and_the_offset_shows(
+    kafka, tmp_path, db, env_for, open_page
+):
     hook = Counting()
-    base = env_for(FLIGHTREC_HEARTBEAT_S="1", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS="",
-                   PYTHONSAFEPATH="1")
+    base = env_for(
+        FLIGHTREC_HEARTBEAT_S="1", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS="", PYTHONSAFEPATH="1"
+    )
     behind, ahead = f"behind-{uuid.uuid4().hex[:8]}", f"ahead-{uuid.uuid4().hex[:8]}"
     offsets = {behind: "-3600", ahead: "3600"}
     kafka.seed_at_mark(db)
-    mat = subprocess.Popen([EXE, "materialize", "--db", str(db), "--webhook", hook.url], env=base,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    agents = {i: subprocess.Popen([EXE, "agent", "run", "--instance", i, "--stage", "benchmark", "--", "sleep", "300"],
-                                  env={**base, "FLIGHTREC_CLOCK_OFFSET_S": offsets[i]}, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
-              for i in (behind, ahead)}
+    mat = subprocess.Popen(
+        [EXE, "materialize", "--db", str(db), "--webhook", hook.url],
+        env=base,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    agents = {
+        i: subprocess.Popen(
+            [EXE, "agent", "run", "--instance", i, "--stage", "benchmark", "--", "sleep", "300"],
+            env={**base, "FLIGHTREC_CLOCK_OFFSET_S": offsets[i]},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for i in (behind, ahead)
+    }
     try:
         for i in (behind, ahead):
             _wait_status(db, i, "running", 90)
@@ -181,8 +193,13 @@ def test_topics_that_stamp_create_time_are_named_with_the_fix_and_liveness_falls
                 await asyncio.sleep(0.2)
             for _ in range(100):  # deletion completes in the background: retry until the names are free
                 try:
-                    await admin.create_topics([NewTopic(t, 2, 1, topic_configs={TIMESTAMP_TYPE: "CreateTime"})
-                                               for t in TOPICS if t not in await admin.list_topics()])
+                    await admin.create_topics(
+                        [
+                            NewTopic(t, 2, 1, topic_configs={TIMESTAMP_TYPE: "CreateTime"})
+                            for t in TOPICS
+                            if t not in await admin.list_topics()
+                        ]
+                    )
                 except Exception:  # noqa: BLE001 - TopicAlreadyExists while the old one is being removed
                     await asyncio.sleep(0.2)
                     continue

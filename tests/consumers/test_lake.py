@@ -26,8 +26,18 @@ def test_the_lake_equals_a_file_of_the_same_topics(kafka, lake, tmp_path):
     stats = run_lake(kafka, db, data_path)
     assert stats.commits >= 1 and stats.fenced == 0
     counts = assert_lake_equals_file(db, file)
-    for table in ("instances", "boots", "failures", "heartbeats", "running_stages", "manager_events", "dead_letters",
-                  "log_lines", "throughput", "process_exits"):
+    for table in (
+        "instances",
+        "boots",
+        "failures",
+        "heartbeats",
+        "running_stages",
+        "manager_events",
+        "dead_letters",
+        "log_lines",
+        "throughput",
+        "process_exits",
+    ):
         assert counts[table] > 0, table
     con = lake_con(db)
     try:  # the readers' views are stored in the lake, as in a file
@@ -56,8 +66,12 @@ def test_replay_into_a_lake(kafka, lake, tmp_path, env_for):
 
 
 def _delta(boot: Boot, partition: int = 0, first_offset: int = 0):
-    return fold([RawMessage(e.topic, partition, first_offset + i,
-                            e.instance_id.encode(), encode(e)) for i, e in enumerate(boot.events)])
+    return fold(
+        [
+            RawMessage(e.topic, partition, first_offset + i, e.instance_id.encode(), encode(e))
+            for i, e in enumerate(boot.events)
+        ]
+    )
 
 
 def _boot(lines: int = 10) -> Boot:
@@ -122,7 +136,9 @@ def test_an_event_sent_again_later_is_stored_once(lake):
         again = store.commit({0: _delta(first, first_offset=offset)})  # the first boot's events, sent again
         assert again.duplicates_dropped == len(first.events) and again.lines_written == 0
         assert _count(store, "SELECT count(*) FROM log_lines") == 10 + 3 * 5
-        assert _count(store, "SELECT count(*) FROM events_seen") == len(first.events) + sum(len(b.events) for b in later)
+        assert _count(store, "SELECT count(*) FROM events_seen") == len(first.events) + sum(
+            len(b.events) for b in later
+        )
     finally:
         store.close()
 
@@ -209,8 +225,19 @@ def test_two_members_creating_a_new_lake_at_once(lake):
 
 def test_webhook_alerts_are_refused_on_a_lake(kafka, lake, env_for):
     db, data_path = lake
-    r = flightrec("materialize", "--db", db, "--data-path", data_path, "--webhook", "http://127.0.0.1:9/x",
-                  "--until-idle", "1", env=env_for(), check=False)
+    r = flightrec(
+        "materialize",
+        "--db",
+        db,
+        "--data-path",
+        data_path,
+        "--webhook",
+        "http://127.0.0.1:9/x",
+        "--until-idle",
+        "1",
+        env=env_for(),
+        check=False,
+    )
     assert r.returncode == 1 and "webhook" in r.stderr.lower() and "lake" in r.stderr
 
 
@@ -265,13 +292,19 @@ def test_a_member_rides_out_a_catalog_restart(kafka, pg_dir, tmp_path, caplog):
         con = lake_con(catalog.db)
         try:
             for boot in (before, during):
-                n, distinct = con.execute("""SELECT count(*), count(DISTINCT line_no) FROM log_lines
-                                             WHERE instance_id = ?""", [boot.instance]).fetchone()
+                n, distinct = con.execute(
+                    """SELECT count(*), count(DISTINCT line_no) FROM log_lines
+                                             WHERE instance_id = ?""",
+                    [boot.instance],
+                ).fetchone()
                 assert (n, distinct) == (40, 40), boot.instance
-                assert con.execute("SELECT count(*) FROM events_seen WHERE instance_id = ?",
-                                   [boot.instance]).fetchone()[0] == len(boot.events)
-            assert con.execute("SELECT complete FROM instances WHERE instance_id = ?",
-                               [during.instance]).fetchone() is not None
+                assert con.execute(
+                    "SELECT count(*) FROM events_seen WHERE instance_id = ?", [boot.instance]
+                ).fetchone()[0] == len(boot.events)
+            assert (
+                con.execute("SELECT complete FROM instances WHERE instance_id = ?", [during.instance]).fetchone()
+                is not None
+            )
         finally:
             con.close()
         assert out["stats"].catalog_waits >= 1  # type: ignore[attr-defined]
@@ -335,9 +368,13 @@ def test_sigterm_while_the_catalog_is_away_stops_the_member_at_once(kafka, pg_di
     publish(kafka.bootstrap, before.events)
     exe = Path(sys.executable).with_name("flightrec")
     log = tmp_path / "member.log"
-    member = subprocess.Popen([str(exe), "materialize", "--db", catalog.db, "--data-path", str(tmp_path / "files")],
-                              env={**env_for(), "PYTHONSAFEPATH": "1"}, stdout=subprocess.DEVNULL,
-                              stderr=log.open("w"), text=True)
+    member = subprocess.Popen(
+        [str(exe), "materialize", "--db", catalog.db, "--data-path", str(tmp_path / "files")],
+        env={**env_for(), "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while lake_count(catalog.db, "SELECT count(*) FROM log_lines WHERE instance_id = ?", [before.instance]) < 5:

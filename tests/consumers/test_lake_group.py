@@ -18,7 +18,7 @@ from materializer_helpers import Boot, materialize, publish
 
 INSTANCES = 20
 BATCHES = 20
-LINES = 500   # 20 * 20 * 500 = 200,000 lines
+LINES = 500  # 20 * 20 * 500 = 200,000 lines
 PRODUCE_S = 30.0  # the lines arrive over this long, so the kills fall mid-run
 
 READER = r"""
@@ -44,8 +44,12 @@ def _boots(prefix: str) -> list[Boot]:
         b = Boot(instance=f"{prefix}{k:02d}")
         b.facts()
         for n in range(BATCHES):
-            b.lines("supervisor", "stdout", [f"instance {k} batch {n} line {i}" for i in range(LINES)],
-                    first_line=n * LINES + 1)
+            b.lines(
+                "supervisor",
+                "stdout",
+                [f"instance {k} batch {n} line {i}" for i in range(LINES)],
+                first_line=n * LINES + 1,
+            )
         b.seal()
         boots.append(b)
     return boots
@@ -61,9 +65,12 @@ def _produce(bootstrap: str, boots: list[Boot]) -> None:
 
 def _member(db: str, data_path: str, group: str, env: dict[str, str], log: Path) -> subprocess.Popen:
     exe = Path(sys.executable).with_name("flightrec")
-    return subprocess.Popen([str(exe), "materialize", "--db", db, "--data-path", data_path, "--group", group,
-                             "--until-idle", "15"], env={**env, "PYTHONSAFEPATH": "1", "FLIGHTREC_LOG_LEVEL": "INFO"},
-                            stdout=subprocess.DEVNULL, stderr=log.open("ab"))
+    return subprocess.Popen(
+        [str(exe), "materialize", "--db", db, "--data-path", data_path, "--group", group, "--until-idle", "15"],
+        env={**env, "PYTHONSAFEPATH": "1", "FLIGHTREC_LOG_LEVEL": "INFO"},
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("ab"),
+    )
 
 
 def _lines(db: str, data_path: str, prefix: str) -> int:
@@ -80,9 +87,13 @@ def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page)
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     producer = threading.Thread(target=_produce, args=(kafka.bootstrap, boots))
     procs: list[subprocess.Popen] = []
-    reader = subprocess.Popen([sys.executable, "-c", READER, db, prefix, str(time.time() + PRODUCE_S + 40)],
-                              env={**env, "PYTHONSAFEPATH": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, db, prefix, str(time.time() + PRODUCE_S + 40)],
+        env={**env, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         a = _member(db, data_path, group, env, logs[0])
         b = _member(db, data_path, group, env, logs[1])
@@ -120,10 +131,13 @@ def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page)
     try:
         n, distinct, batches = con.execute(
             """SELECT count(*), count(DISTINCT (event_id, line_no)), count(DISTINCT event_id) FROM log_lines
-               WHERE starts_with(instance_id, ?)""", [prefix]).fetchone()
+               WHERE starts_with(instance_id, ?)""",
+            [prefix],
+        ).fetchone()
         assert (n, distinct, batches) == (total, total, INSTANCES * BATCHES)
-        complete = con.execute("SELECT count(*) FROM instances WHERE starts_with(instance_id, ?) AND complete",
-                               [prefix]).fetchone()[0]
+        complete = con.execute(
+            "SELECT count(*) FROM instances WHERE starts_with(instance_id, ?) AND complete", [prefix]
+        ).fetchone()[0]
         assert complete == INSTANCES
         epochs = con.execute("SELECT max(epoch), count(DISTINCT owner) FROM claims").fetchone()
         assert epochs[0] >= 2, "no shard changed hands"

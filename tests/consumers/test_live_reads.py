@@ -57,8 +57,12 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
     b.facts()
     exe = Path(sys.executable).with_name("flightrec")
     kafka.seed_at_mark(db)
-    proc = subprocess.Popen([str(exe), "materialize", "--db", str(db)], env={**env, "PYTHONSAFEPATH": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(exe), "materialize", "--db", str(db)],
+        env={**env, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         seen = []
         for round_ in range(3):
@@ -68,8 +72,14 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
             while True:
                 assert proc.poll() is None, proc.communicate()[1].decode()
                 if socket_path(db).exists():
-                    out = flightrec("sql", "--db", str(db), "--json",
-                                    f"SELECT count(*) AS n FROM log_lines WHERE instance_id = '{b.instance}'", env=env)
+                    out = flightrec(
+                        "sql",
+                        "--db",
+                        str(db),
+                        "--json",
+                        f"SELECT count(*) AS n FROM log_lines WHERE instance_id = '{b.instance}'",
+                        env=env,
+                    )
                     n = json.loads(out.stdout.splitlines()[0])["n"]
                     if n == 100 * (round_ + 1):
                         seen.append(n)
@@ -79,8 +89,13 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
         assert seen == [100, 200, 300]
 
         # The text table, through the CLI, live.
-        out = flightrec("sql", "--db", str(db), f"SELECT instance_id, events FROM instances WHERE instance_id = '{b.instance}'",
-                        env=env)
+        out = flightrec(
+            "sql",
+            "--db",
+            str(db),
+            f"SELECT instance_id, events FROM instances WHERE instance_id = '{b.instance}'",
+            env=env,
+        )
         assert out.stdout.splitlines()[0].split() == ["instance_id", "events"]
         assert b.instance in out.stdout and "(1 row)" in out.stdout
 
@@ -90,8 +105,14 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
                 run_query(db, sql)
             reply = _raw_request(db, {"sql": sql, "params": None, "prelude": []})
             assert reply[:1] == b"E" and why.encode() in reply, (sql, reply)
-        reply = _raw_request(db, {"sql": "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?",
-                                  "params": [b.instance], "prelude": ["CREATE OR REPLACE TEMP VIEW v AS SELECT 1 AS one"]})
+        reply = _raw_request(
+            db,
+            {
+                "sql": "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?",
+                "params": [b.instance],
+                "prelude": ["CREATE OR REPLACE TEMP VIEW v AS SELECT 1 AS one"],
+            },
+        )
         assert reply[:1] == b"A"
         assert not Path("/tmp/flightrec-leak.csv").exists()
         # The CLI says no, with a non-zero exit.
@@ -109,8 +130,14 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
     for sql, why in FORBIDDEN:
         with pytest.raises(QueryError, match=why):
             run_query(db, sql)
-    out = flightrec("sql", "--db", str(db), "--csv", f"SELECT count(*) AS n FROM log_lines WHERE instance_id = '{b.instance}'",
-                    env=env)
+    out = flightrec(
+        "sql",
+        "--db",
+        str(db),
+        "--csv",
+        f"SELECT count(*) AS n FROM log_lines WHERE instance_id = '{b.instance}'",
+        env=env,
+    )
     assert out.stdout.splitlines() == ["n", "300"]
 
 
@@ -131,9 +158,14 @@ def test_prelude_views_and_params_on_the_live_path(kafka, db):
     store = FileStore(db, "g")
     try:
         with QueryServer(store.con.cursor(), db):
-            t = run_query(db, "SELECT n FROM three WHERE instance_id = $i", {"i": b.instance},
-                          prelude=["CREATE OR REPLACE TEMP VIEW three AS "
-                                   "SELECT instance_id, count(*) AS n FROM log_lines GROUP BY ALL"])
+            t = run_query(
+                db,
+                "SELECT n FROM three WHERE instance_id = $i",
+                {"i": b.instance},
+                prelude=[
+                    "CREATE OR REPLACE TEMP VIEW three AS SELECT instance_id, count(*) AS n FROM log_lines GROUP BY ALL"
+                ],
+            )
             assert t.to_pylist() == [{"n": 3}]
             # Temp views of one request do not leak into the next.
             with pytest.raises(QueryError, match="three"):
@@ -150,18 +182,27 @@ def test_the_prelude_is_no_way_around_the_read_only_check(db):
     from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
 
-    evil = """INSERT INTO dead_letters (topic, "partition", "offset", reason) VALUES ('x', 0, 0, 'written by a reader')"""
+    evil = (
+        """INSERT INTO dead_letters (topic, "partition", "offset", reason) VALUES ('x', 0, 0, 'written by a reader')"""
+    )
     store = FileStore(db, "g")
     try:
         with QueryServer(store.con.cursor(), db):
-            for prelude in (["COMMIT", evil], [evil, "COMMIT"], ["CREATE OR REPLACE TEMP VIEW v AS SELECT 1; COMMIT", evil],
-                            ["CREATE TABLE kept AS SELECT 1 AS x", "COMMIT"], ["SET threads = 1"]):
+            for prelude in (
+                ["COMMIT", evil],
+                [evil, "COMMIT"],
+                ["CREATE OR REPLACE TEMP VIEW v AS SELECT 1; COMMIT", evil],
+                ["CREATE TABLE kept AS SELECT 1 AS x", "COMMIT"],
+                ["SET threads = 1"],
+            ):
                 reply = _raw_request(db, {"sql": "SELECT 1 AS one", "params": None, "prelude": prelude})
                 assert reply[:1] == b"E" and b"CREATE TEMP VIEW" in reply, (prelude, reply)
                 with pytest.raises(QueryError, match="CREATE TEMP VIEW"):
                     run_query(db, "SELECT 1 AS one", prelude=prelude)
             assert store.con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
-            assert store.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'kept'").fetchone()[0] == 0
+            assert (
+                store.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'kept'").fetchone()[0] == 0
+            )
             t = run_query(db, "SELECT * FROM v", prelude=["create temporary view v as select 1 as one"])
             assert t.to_pylist() == [{"one": 1}]
     finally:
@@ -178,10 +219,15 @@ def test_a_write_hidden_in_explain_analyze_is_refused_on_the_live_path(db):
     try:
         store.con.execute("INSERT INTO instances (instance_id) VALUES ('i-1')")
         with QueryServer(store.con.cursor(), db):
-            for sql in ("EXPLAIN ANALYZE DELETE FROM instances", "EXPLAIN ANALYZE INSERT INTO instances (instance_id) VALUES ('x')"):
+            for sql in (
+                "EXPLAIN ANALYZE DELETE FROM instances",
+                "EXPLAIN ANALYZE INSERT INTO instances (instance_id) VALUES ('x')",
+            ):
                 reply = _raw_request(db, {"sql": sql, "params": None, "prelude": []})
                 assert reply[:1] == b"E" and b"read-only" in reply, (sql, reply)
-            reply = _raw_request(db, {"sql": "EXPLAIN ANALYZE SELECT count(*) FROM instances", "params": None, "prelude": []})
+            reply = _raw_request(
+                db, {"sql": "EXPLAIN ANALYZE SELECT count(*) FROM instances", "params": None, "prelude": []}
+            )
             assert reply[:1] == b"A"
         assert store.con.execute("SELECT count(*) FROM instances").fetchone()[0] == 1
     finally:

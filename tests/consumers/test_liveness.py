@@ -45,15 +45,24 @@ def _wait_status(db: Path, instance: str, want: str, within: float) -> dict:
 
 
 def test_sigkilled_agent_is_lost_at_once_while_a_live_one_stays_running(kafka, tmp_path, db, env_for):
-    env = env_for(FLIGHTREC_HEARTBEAT_S="1", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS="",
-                  PYTHONSAFEPATH="1")
+    env = env_for(
+        FLIGHTREC_HEARTBEAT_S="1", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS="", PYTHONSAFEPATH="1"
+    )
     dead, alive = f"lost-{uuid.uuid4().hex[:8]}", f"alive-{uuid.uuid4().hex[:8]}"
     kafka.seed_at_mark(db)
-    mat = subprocess.Popen([EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    agents = {i: subprocess.Popen([EXE, "agent", "run", "--instance", i, "--stage", "benchmark", "--", "sleep", "120"],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-              for i in (dead, alive)}
+    mat = subprocess.Popen(
+        [EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    agents = {
+        i: subprocess.Popen(
+            [EXE, "agent", "run", "--instance", i, "--stage", "benchmark", "--", "sleep", "120"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for i in (dead, alive)
+    }
     try:
         for i in (dead, alive):
             _wait_status(db, i, "running", 90)
@@ -101,12 +110,30 @@ def test_manager_destroyed_event_status_timeline_completeness(kafka, tmp_path, d
     # decide: that would be the instance's clock)
     _wait_status(db, b.instance, "lost", 30)
     before = run_query(db, "SELECT * FROM boots WHERE instance_id = ? ORDER BY ALL", [b.instance])
-    inst_before = run_query(db, "SELECT events, sealed, complete, incomplete_reason, boot_id FROM instances "
-                                "WHERE instance_id = ?", [b.instance])
-    assert run_query(db, "SELECT beats FROM heartbeats WHERE instance_id = ?", [b.instance]).to_pylist() == [{"beats": 3}]
+    inst_before = run_query(
+        db,
+        "SELECT events, sealed, complete, incomplete_reason, boot_id FROM instances WHERE instance_id = ?",
+        [b.instance],
+    )
+    assert run_query(db, "SELECT beats FROM heartbeats WHERE instance_id = ?", [b.instance]).to_pylist() == [
+        {"beats": 3}
+    ]
 
-    out = flightrec("manager", "event", "--instance", b.instance, "--kind", "destroyed", "--detail",
-                    "benchmark below MIN_RATE", "--attr", "price=0.35", "--source", "manager@test", env=env)
+    out = flightrec(
+        "manager",
+        "event",
+        "--instance",
+        b.instance,
+        "--kind",
+        "destroyed",
+        "--detail",
+        "benchmark below MIN_RATE",
+        "--attr",
+        "price=0.35",
+        "--source",
+        "manager@test",
+        env=env,
+    )
     assert "destroyed" in out.stdout
     materialize(kafka, db, idle=0.5)
     row = _fleet(db, b.instance)
@@ -115,13 +142,17 @@ def test_manager_destroyed_event_status_timeline_completeness(kafka, tmp_path, d
     assert row["status_detail"].endswith(": benchmark below MIN_RATE")
     # the boot's completeness is untouched: the manager's event has its own source, boot and seq
     assert run_query(db, "SELECT * FROM boots WHERE instance_id = ? ORDER BY ALL", [b.instance]).equals(before)
-    assert run_query(db, "SELECT events, sealed, complete, incomplete_reason, boot_id FROM instances "
-                         "WHERE instance_id = ?", [b.instance]).equals(inst_before)
+    assert run_query(
+        db,
+        "SELECT events, sealed, complete, incomplete_reason, boot_id FROM instances WHERE instance_id = ?",
+        [b.instance],
+    ).equals(inst_before)
     m = run_query(db, "SELECT * FROM manager_events WHERE instance_id = ?", [b.instance]).to_pylist()
     assert len(m) == 1 and m[0]["source_id"] == "manager@test" and m[0]["boot_id"] != b.boot
     assert dict(m[0]["attributes"]) == {"price": "0.35"}
-    assert run_query(db, "SELECT count(*) AS n FROM events_seen WHERE event_id = ?",
-                     [m[0]["event_id"]]).to_pylist() == [{"n": 0}]
+    assert run_query(
+        db, "SELECT count(*) AS n FROM events_seen WHERE event_id = ?", [m[0]["event_id"]]
+    ).to_pylist() == [{"n": 0}]
 
     for args in ((), ("--from-topics",)):
         text = flightrec("timeline", b.instance, "--db", str(db), *args, env=env).stdout
@@ -173,8 +204,19 @@ def test_every_status_and_replay_gives_identical_tables(kafka, tmp_path, db, env
     publish(kafka.bootstrap, [e for b in [*boots.values(), gone] for e in b.events])
     # tiny transactions: the heartbeat summary merges (this test's events only: the replay below is compared on them)
     materialize(kafka, db, idle=0.5, batch_messages=2)
-    flightrec("manager", "event", "--instance", gone.instance, "--kind", "note", "--detail", "slow to answer",
-              "--source", "manager@t", env=env_for(FLIGHTREC_SPOOL=str(tmp_path / "spool")))
+    flightrec(
+        "manager",
+        "event",
+        "--instance",
+        gone.instance,
+        "--kind",
+        "note",
+        "--detail",
+        "slow to answer",
+        "--source",
+        "manager@t",
+        env=env_for(FLIGHTREC_SPOOL=str(tmp_path / "spool")),
+    )
     materialize(kafka, db, idle=0.5, batch_messages=2)
     for want, b in boots.items():
         assert _fleet(db, b.instance)["status"] == want, (want, _fleet(db, b.instance))
@@ -184,15 +226,22 @@ def test_every_status_and_replay_gives_identical_tables(kafka, tmp_path, db, env
     hb = run_query(db, "SELECT beats, interval_s, stage FROM heartbeats WHERE instance_id = ?", [gone.instance])
     assert hb.to_pylist() == [{"beats": 2, "interval_s": 1.0, "stage": "benchmark"}]
     # `flightrec sql` speaks the same status
-    out = flightrec("sql", "--db", str(db), f"SELECT status FROM fleet WHERE instance_id = '{boots['healthy'].instance}'",
-                    env=env_for()).stdout
+    out = flightrec(
+        "sql",
+        "--db",
+        str(db),
+        f"SELECT status FROM fleet WHERE instance_id = '{boots['healthy'].instance}'",
+        env=env_for(),
+    ).stdout
     assert "healthy" in out
 
     replayed = tmp_path / "replayed.duckdb"  # the whole topics (the session's every test), in big transactions
     flightrec("replay", "--db", str(replayed), env=env_for())
     ours = [b.instance for b in [*boots.values(), gone]]
     for name in MATERIALIZED_TABLES:
-        if name == "dead_letters":  # no instance: the shared topics' garbage (tests/consumers/test_replay_timeline_gate.py)
+        if (
+            name == "dead_letters"
+        ):  # no instance: the shared topics' garbage (tests/consumers/test_replay_timeline_gate.py)
             continue
         a = run_query(db, f"SELECT * FROM {name} WHERE list_contains(?, instance_id) ORDER BY ALL", [ours])
         r = run_query(replayed, f"SELECT * FROM {name} WHERE list_contains(?, instance_id) ORDER BY ALL", [ours])

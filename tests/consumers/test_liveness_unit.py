@@ -23,21 +23,45 @@ def test_gaps_between_heartbeats_and_the_open_gap_of_a_silent_boot():
     assert [g.until_us for g in heartbeat_gaps(beats, {"b1": 30.0}, 500 * S, (), {"b1": 490 * S})] == [300 * S]
     # within 3 intervals is no gap; a new stage starting later is no gap of the old one
     assert heartbeat_gaps(_beats("b2", [0, 80]), {"b2": 30.0}) == []
-    assert heartbeat_gaps(_beats("b3", [0]) + [{"boot_id": "b3", "seq": 5, "ts_us": 500 * S, "stage": "x"}],
-                          {"b3": 30.0}) == []
+    assert (
+        heartbeat_gaps(_beats("b3", [0]) + [{"boot_id": "b3", "seq": 5, "ts_us": 500 * S, "stage": "x"}], {"b3": 30.0})
+        == []
+    )
     assert heartbeat_gaps(beats, {}) == []  # no interval known: no verdict
     assert (ago(42), ago(240), ago(4 * 3600), ago(3 * 86400)) == ("42 s", "4 min", "4 h", "3 d")
 
 
 def test_heartbeats_count_in_the_boot_and_manager_events_do_not():
     hb = Heartbeat(event_id="h1", instance_id="i", boot_id="b", seq=3, ts_us=5, stage="bench", interval_s=30.0, pid=7)
-    me = ManagerEvent(event_id="m1", instance_id="i", boot_id="mgr", seq=0, ts_us=6, source_id="manager@x",
-                      kind="destroyed", detail="why", attributes={"k": "v"})
-    d = fold([RawMessage("flightrec.lifecycle", 0, n, b"i", encode(e), 1_700_000_000_000 + n, 1)  # LogAppendTime
-              for n, e in enumerate([hb, me, hb])])
+    me = ManagerEvent(
+        event_id="m1",
+        instance_id="i",
+        boot_id="mgr",
+        seq=0,
+        ts_us=6,
+        source_id="manager@x",
+        kind="destroyed",
+        detail="why",
+        attributes={"k": "v"},
+    )
+    d = fold(
+        [
+            RawMessage("flightrec.lifecycle", 0, n, b"i", encode(e), 1_700_000_000_000 + n, 1)  # LogAppendTime
+            for n, e in enumerate([hb, me, hb])
+        ]
+    )
     assert d.events.drop_columns(["fingerprint"]).to_pylist() == [
-        {"event_id": "h1", "instance_id": "i", "boot_id": "b", "seq": 3, "ts_us": 5, "kind": "heartbeat", "stage": "bench",
-         "recv_us": 1_700_000_000_000_000}]
+        {
+            "event_id": "h1",
+            "instance_id": "i",
+            "boot_id": "b",
+            "seq": 3,
+            "ts_us": 5,
+            "kind": "heartbeat",
+            "stage": "bench",
+            "recv_us": 1_700_000_000_000_000,
+        }
+    ]
     assert d.manager.column("recv_us").to_pylist() == [1_700_000_000_001_000]
     assert d.heartbeats.column("interval_s").to_pylist() == [30.0] and d.duplicates == 1
     assert d.manager.to_pylist()[0]["kind"] == "destroyed" and d.lifecycle.num_rows == 0

@@ -48,8 +48,12 @@ def test_motivating_case_failure_row_holds_the_daemon_log_line(kafka, db):
     assert i["verdict"] == "error" and i["gpu_count"] == 1
     assert i["first_event_us"] == b.events[0].ts_us and i["last_event_us"] == b.events[-1].ts_us
 
-    lines = run_query(db, """SELECT source, line_no, text FROM log_lines WHERE instance_id = ?
-                             ORDER BY seq, line_no""", [b.instance]).to_pylist()
+    lines = run_query(
+        db,
+        """SELECT source, line_no, text FROM log_lines WHERE instance_id = ?
+                             ORDER BY seq, line_no""",
+        [b.instance],
+    ).to_pylist()
     daemon_lines = [r["text"] for r in lines if r["source"] == "/var/log/prover-daemon.log"]
     assert len(daemon_lines) == 4 and "no kernel image" in daemon_lines[2]
 
@@ -62,14 +66,13 @@ def test_cross_topic_order_does_not_matter(kafka, db):
         boot.add(Lifecycle, stage="params", state="started")
         boot.lines("params", "stderr", ["curl: (6) Could not resolve host: params.example"])
         boot.exit("params", 6, stderr=["curl: (6) Could not resolve host: params.example"])
-        boot.add(Lifecycle, stage="params", state="failed",
-                 detail="fetch failed")
+        boot.add(Lifecycle, stage="params", state="failed", detail="fetch failed")
     life_a = [e for e in a.events if e.topic == TOPIC_LIFECYCLE]
     rest_a = [e for e in a.events if e.topic != TOPIC_LIFECYCLE]
-    publish(kafka.bootstrap, life_a)          # a: lifecycle (failed) first...
+    publish(kafka.bootstrap, life_a)  # a: lifecycle (failed) first...
     materialize(kafka, db, idle=0.5)
     first = one(db, "SELECT failure_class, exit_code FROM failures WHERE instance_id = ?", a.instance)
-    assert first["exit_code"] is None         # ...so far only the failed lifecycle is known
+    assert first["exit_code"] is None  # ...so far only the failed lifecycle is known
     publish(kafka.bootstrap, rest_a + list(reversed(b.events)))  # b: everything in reverse
     materialize(kafka, db, idle=0.5)
     for boot in (a, b):
@@ -129,8 +132,11 @@ def test_below_min_rate_is_kept_apart_from_crashes(kafka, db):
     assert s["failure_class"] == "below_min_rate" and s["proofs_per_hour"] == 4.2 and s["min_rate"] == 10.0
     c = one(db, "SELECT * FROM failures WHERE instance_id = ?", crash.instance)
     assert c["failure_class"] == "daemon_crashed" and c["signal_name"] == "SIGSEGV"
-    i = one(db, "SELECT proofs_per_hour, verdict, state, complete, incomplete_reason FROM instances WHERE instance_id = ?",
-            slow.instance)
+    i = one(
+        db,
+        "SELECT proofs_per_hour, verdict, state, complete, incomplete_reason FROM instances WHERE instance_id = ?",
+        slow.instance,
+    )
     assert i["verdict"] == "fail" and i["proofs_per_hour"] == 4.2 and i["state"] == "failed"
     assert not i["complete"] and i["incomplete_reason"] == "not sealed"
 
@@ -145,8 +151,10 @@ def test_redelivered_event_counts_once(kafka, db):
     assert stats.duplicates_dropped >= 3
     assert one(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", b.instance)["n"] == 50
     assert one(db, "SELECT count(*) AS n FROM instance_facts WHERE instance_id = ?", b.instance)["n"] == 1
-    assert one(db, "SELECT events, complete FROM instances WHERE instance_id = ?", b.instance) == \
-        {"events": 3, "complete": True}
+    assert one(db, "SELECT events, complete FROM instances WHERE instance_id = ?", b.instance) == {
+        "events": 3,
+        "complete": True,
+    }
     publish(kafka.bootstrap, [batch])  # and redelivered in a later run, after a commit
     materialize(kafka, db, idle=0.5)
     assert one(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", b.instance)["n"] == 50
@@ -171,22 +179,38 @@ def test_gap_in_seq_leaves_instance_incomplete(kafka, db):
 
 def _bad_messages(topic: str, instance: str) -> list[tuple[str, bytes | None, bytes | None]]:
     key = instance.encode()
-    good = encode(LogBatch(event_id=str(uuid.uuid4()), instance_id=instance, boot_id="b", seq=0, ts_us=1,
-                           stage="s", source="stdout", line_no=[1], line_ts_us=[1], text=["x"], truncated=[False],
-                           invalid_utf8=[False]))
-    unequal = encode(LogBatch(event_id=str(uuid.uuid4()), instance_id=instance, boot_id="b", seq=0, ts_us=1,
-                              stage="s", source="stdout"))
+    good = encode(
+        LogBatch(
+            event_id=str(uuid.uuid4()),
+            instance_id=instance,
+            boot_id="b",
+            seq=0,
+            ts_us=1,
+            stage="s",
+            source="stdout",
+            line_no=[1],
+            line_ts_us=[1],
+            text=["x"],
+            truncated=[False],
+            invalid_utf8=[False],
+        )
+    )
+    unequal = encode(
+        LogBatch(
+            event_id=str(uuid.uuid4()), instance_id=instance, boot_id="b", seq=0, ts_us=1, stage="s", source="stdout"
+        )
+    )
     # Rewrite the empty arrays: line_no gets one element while text stays empty (lengths differ).
     body = unequal[10:]
     unequal = unequal[:10] + body.replace(b"\x00\x00\x00\x00\x00", b"\x02\x02\x00\x00\x00\x00\x00", 1)
     return [
-        (topic, key, b""),                                   # empty
-        (topic, key, b"\xc3"),                               # truncated header
-        (topic, key, b"{\"json\": true, \"not\": \"avro\"}"),  # wrong magic
+        (topic, key, b""),  # empty
+        (topic, key, b"\xc3"),  # truncated header
+        (topic, key, b'{"json": true, "not": "avro"}'),  # wrong magic
         (topic, key, MAGIC + struct.pack("<Q", 0xDEADBEEF) + b"\x00"),  # unknown fingerprint
-        (topic, key, good[:-3]),                             # truncated body
-        (topic, key, good + b"\x00\x00"),                    # trailing bytes
-        (topic, key, unequal),                               # decodes, but cannot be folded
+        (topic, key, good[:-3]),  # truncated body
+        (topic, key, good + b"\x00\x00"),  # trailing bytes
+        (topic, key, unequal),  # decodes, but cannot be folded
     ]
 
 
@@ -198,21 +222,40 @@ def test_undecodable_messages_become_dead_letters_and_the_rest_is_materialized(k
     instance_bad = f"bad-{uuid.uuid4().hex[:8]}"
     raw = [m for topic in TOPICS for m in _bad_messages(topic, instance_bad)]
     # A well-formed event on the wrong topic is a dead letter too.
-    wrong = ProcessExit(event_id=str(uuid.uuid4()), instance_id=instance_bad, boot_id="b", seq=0, ts_us=1,
-                        stage="s", argv=["x"], started_us=0, ended_us=1, duration_s=0.0)
+    wrong = ProcessExit(
+        event_id=str(uuid.uuid4()),
+        instance_id=instance_bad,
+        boot_id="b",
+        seq=0,
+        ts_us=1,
+        stage="s",
+        argv=["x"],
+        started_us=0,
+        ended_us=1,
+        duration_s=0.0,
+    )
     raw.append((TOPIC_METRICS, instance_bad.encode(), encode(wrong)))
-    raw.append((TOPIC_LOGS, instance_bad.encode(), None))    # a tombstone
+    raw.append((TOPIC_LOGS, instance_bad.encode(), None))  # a tombstone
     half = len(b.events) // 2
     publish(kafka.bootstrap, b.events[:half], raw)
     publish(kafka.bootstrap, b.events[half:])
     materialize(kafka, db, idle=0.5)
-    dead = run_query(db, "SELECT topic, reason, value FROM dead_letters WHERE key = ?",
-                     [instance_bad.encode()]).to_pylist()
+    dead = run_query(
+        db, "SELECT topic, reason, value FROM dead_letters WHERE key = ?", [instance_bad.encode()]
+    ).to_pylist()
     assert len(dead) == len(raw)
     assert {d["topic"] for d in dead} == set(TOPICS)
     reasons = " | ".join(d["reason"] for d in dead)
-    for expected in ("empty message", "truncated header", "magic", "unknown schema fingerprint", "does not decode",
-                     "trailing bytes", "different lengths", "belongs on flightrec.exits"):
+    for expected in (
+        "empty message",
+        "truncated header",
+        "magic",
+        "unknown schema fingerprint",
+        "does not decode",
+        "trailing bytes",
+        "different lengths",
+        "belongs on flightrec.exits",
+    ):
         assert expected in reasons, (expected, reasons)
     assert any(d["value"] == b"\xc3" for d in dead)  # the raw bytes are kept
     i = one(db, "SELECT complete, events FROM instances WHERE instance_id = ?", b.instance)

@@ -46,15 +46,21 @@ def test_a_long_file_read_gives_way_to_a_starting_materializer(kafka, db, env_fo
     materialize(kafka, db, idle=0.5)
     env = env_for()
     exe = Path(sys.executable).with_name("flightrec")
-    reader = subprocess.Popen([str(exe), "sql", "--db", str(db), HEAVY], env={**env, "PYTHONSAFEPATH": "1"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader = subprocess.Popen(
+        [str(exe), "sql", "--db", str(db), HEAVY],
+        env={**env, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_until(lambda: _holds(reader.pid, db), 60, "the reader never opened the file")
         time.sleep(1.0)
         assert reader.poll() is None  # still reading
         started = time.monotonic()
-        m = flightrec("materialize", "--db", str(db), "--no-serve", "--until-idle", "1", env=env, check=False,
-                      timeout=120)
+        m = flightrec(
+            "materialize", "--db", str(db), "--no-serve", "--until-idle", "1", env=env, check=False, timeout=120
+        )
         took = time.monotonic() - started
         assert m.returncode == 0, m.stderr
         # Before, the store waited its 30 s for the lock and then exited 1 ("Conflicting lock").
@@ -69,13 +75,30 @@ def test_a_long_file_read_gives_way_to_a_starting_materializer(kafka, db, env_fo
 def test_a_holder_that_does_not_leave_is_named(kafka, db, env_for):
     materialize(kafka, db, idle=0.5)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True); "
-                               "print('holding', flush=True); time.sleep(300)", str(db)],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True); "
+            "print('holding', flush=True); time.sleep(300)",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "holding"
-        m = flightrec("materialize", "--db", str(db), "--until-idle", "1", "--lock-wait", "2", env=env_for(),
-                      check=False, timeout=120)
+        m = flightrec(
+            "materialize",
+            "--db",
+            str(db),
+            "--until-idle",
+            "1",
+            "--lock-wait",
+            "2",
+            env=env_for(),
+            check=False,
+            timeout=120,
+        )
         assert m.returncode == 1
         assert f"pid {holder.pid}" in m.stderr and "duckdb.connect" in m.stderr, m.stderr
         assert "Traceback" not in m.stderr
@@ -93,8 +116,13 @@ def test_a_reader_that_gave_way_asks_again_live(db):
 
     FileStore(db, "g").close()
     exe = Path(sys.executable).with_name("flightrec")
-    reader = subprocess.Popen([str(exe), "sql", "--db", str(db), HEAVY], env={**os.environ, "PYTHONSAFEPATH": "1"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader = subprocess.Popen(
+        [str(exe), "sql", "--db", str(db), HEAVY],
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_until(lambda: _holds(reader.pid, db), 60, "the reader never opened the file")
         started = time.monotonic()

@@ -75,23 +75,44 @@ SAMPLES: list[tuple[str, str]] = [
     ("ATTACH", "ATTACH ':memory:' AS evil"),
     ("DETACH", "DETACH evil"),
     ("CREATE", "PIVOT instances ON state"),  # DuckDB 1.5: CREATE (an enum type) then SELECT
-    ("MERGE_INTO", "MERGE INTO instances USING (SELECT 'i-1' AS instance_id) s USING (instance_id) "
-                   "WHEN MATCHED THEN DELETE"),
+    (
+        "MERGE_INTO",
+        "MERGE INTO instances USING (SELECT 'i-1' AS instance_id) s USING (instance_id) WHEN MATCHED THEN DELETE",
+    ),
     ("UNKNOWN", "UPDATE EXTENSIONS"),
 ]
 # Types DuckDB's parser never yields for SQL text (built by the client APIs, or text of them parses as
 # another type: ANALYZE as VACUUM, SET VARIABLE as SET, CREATE MACRO as CREATE, COPY FROM DATABASE as
 # PRAGMA); they are refused because they are not on the allow-list.
-NOT_FROM_TEXT = {"INVALID", "RELATION", "LOGICAL_PLAN", "EXTENSION", "ANALYZE", "VARIABLE_SET", "CREATE_FUNC",
-                 "COPY_DATABASE", "MULTI"}
+NOT_FROM_TEXT = {
+    "INVALID",
+    "RELATION",
+    "LOGICAL_PLAN",
+    "EXTENSION",
+    "ANALYZE",
+    "VARIABLE_SET",
+    "CREATE_FUNC",
+    "COPY_DATABASE",
+    "MULTI",
+}
 MUST_REFUSE = {sql for kind, sql in SAMPLES if kind not in ("SELECT", "EXPLAIN", "PRAGMA")} | {
-    "SELECT * FROM checkpoint()", "SELECT * FROM force_checkpoint()", "SELECT * FROM enable_logging()",
-    "SELECT * FROM truncate_duckdb_logs()", "SELECT * FROM query('SELECT * FROM checkpoint()')",
-    "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))", "SELECT setseed(0.5)",
-    "EXPLAIN ANALYZE SET GLOBAL memory_limit = '2MB'", "EXPLAIN ANALYZE SET default_order = 'DESC'",
-    "EXPLAIN ANALYZE SET lock_configuration = true", "EXPLAIN ANALYZE SET threads = 1", "EXPLAIN ANALYZE CHECKPOINT",
-    "EXPLAIN ANALYZE DELETE FROM instances", "EXPLAIN ANALYZE SELECT * FROM checkpoint()",
-    "PRAGMA enable_profiling", "PRAGMA threads = 1"}
+    "SELECT * FROM checkpoint()",
+    "SELECT * FROM force_checkpoint()",
+    "SELECT * FROM enable_logging()",
+    "SELECT * FROM truncate_duckdb_logs()",
+    "SELECT * FROM query('SELECT * FROM checkpoint()')",
+    "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))",
+    "SELECT setseed(0.5)",
+    "EXPLAIN ANALYZE SET GLOBAL memory_limit = '2MB'",
+    "EXPLAIN ANALYZE SET default_order = 'DESC'",
+    "EXPLAIN ANALYZE SET lock_configuration = true",
+    "EXPLAIN ANALYZE SET threads = 1",
+    "EXPLAIN ANALYZE CHECKPOINT",
+    "EXPLAIN ANALYZE DELETE FROM instances",
+    "EXPLAIN ANALYZE SELECT * FROM checkpoint()",
+    "PRAGMA enable_profiling",
+    "PRAGMA threads = 1",
+}
 ALLOWED = {"SELECT", "EXPLAIN", "PRAGMA"}
 
 
@@ -150,8 +171,9 @@ def _digest(path: Path) -> str:
 def _state(con: duckdb.DuckDBPyConnection) -> tuple:
     settings = con.execute("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall()
     data = con.execute("SELECT * FROM instances ORDER BY ALL").fetchall()
-    catalog = con.execute("SELECT database_name, schema_name, table_name FROM duckdb_tables() "
-                          "WHERE NOT temporary ORDER BY ALL").fetchall()
+    catalog = con.execute(
+        "SELECT database_name, schema_name, table_name FROM duckdb_tables() WHERE NOT temporary ORDER BY ALL"
+    ).fetchall()
     seqs = con.execute("SELECT count(*) FROM duckdb_sequences()").fetchall()
     return settings, data, catalog, seqs
 
@@ -196,8 +218,13 @@ def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_misse
     store = FileStore(db, "g")
     try:
         cur = store.con.cursor()
-        for sql in ("SET GLOBAL memory_limit = '2MB'", "SET default_order = 'DESC'", "SET threads = 1",
-                    "SET lock_configuration = false", "SET enable_external_access = true"):
+        for sql in (
+            "SET GLOBAL memory_limit = '2MB'",
+            "SET default_order = 'DESC'",
+            "SET threads = 1",
+            "SET lock_configuration = false",
+            "SET enable_external_access = true",
+        ):
             with pytest.raises(duckdb.Error, match="locked"):
                 cur.execute(sql)
         for sql in ("SELECT * FROM read_text('/etc/hostname')", "SELECT * FROM glob('/etc/*')"):
@@ -225,8 +252,9 @@ def test_the_flight_endpoint_answers_checked_reads_and_nothing_else(db):
                     "do_action": lambda: list(client.do_action(flight.Action("shutdown", b""))),
                     "get_flight_info": lambda: client.get_flight_info(flight.FlightDescriptor.for_command(b"x")),
                     "get_schema": lambda: client.get_schema(flight.FlightDescriptor.for_command(b"x")),
-                    "do_put": lambda: client.do_put(flight.FlightDescriptor.for_path("instances"),
-                                                    pa.schema([("instance_id", pa.string())]))[0].close(),
+                    "do_put": lambda: client.do_put(
+                        flight.FlightDescriptor.for_path("instances"), pa.schema([("instance_id", pa.string())])
+                    )[0].close(),
                     "do_exchange": lambda: client.do_exchange(flight.FlightDescriptor.for_command(b"x"))[0].close(),
                 }
                 for name, call in calls.items():
@@ -237,7 +265,9 @@ def test_the_flight_endpoint_answers_checked_reads_and_nothing_else(db):
                     with pytest.raises(flight.FlightServerError, match="bad request"):
                         client.do_get(flight.Ticket(garbage)).read_all()
                 with pytest.raises(flight.FlightServerError, match="read_text"):
-                    client.do_get(flight.Ticket(encode_request(f"SELECT * FROM read_text('{LEAK}')", None, []))).read_all()
+                    client.do_get(
+                        flight.Ticket(encode_request(f"SELECT * FROM read_text('{LEAK}')", None, []))
+                    ).read_all()
                 ok = client.do_get(flight.Ticket(encode_request("SELECT ? + 1 AS n", [41], []))).read_all()
                 assert ok.to_pylist() == [{"n": 42}]
             finally:

@@ -31,10 +31,20 @@ def test_replay_equals_live_table_by_table(kafka, tmp_path, env_for):
     boots[1].seal()
     boots[2].facts()
     boots[2].lines("params", "stderr", ["sha256 checksum mismatch for params.bin"])
-    destroyed = ManagerEvent(event_id=str(uuid.uuid4()), instance_id=boots[2].instance, boot_id="manager-boot", seq=0,
-                             ts_us=boots[2].t0 + 10**6, source_id="manager@test", kind="destroyed")
-    publish(kafka.bootstrap, [e for b in boots for e in b.events] + [destroyed],
-            raw=[("flightrec.logs", b"junk", b"\x00junk")])
+    destroyed = ManagerEvent(
+        event_id=str(uuid.uuid4()),
+        instance_id=boots[2].instance,
+        boot_id="manager-boot",
+        seq=0,
+        ts_us=boots[2].t0 + 10**6,
+        source_id="manager@test",
+        kind="destroyed",
+    )
+    publish(
+        kafka.bootstrap,
+        [e for b in boots for e in b.events] + [destroyed],
+        raw=[("flightrec.logs", b"junk", b"\x00junk")],
+    )
     live = tmp_path / "live.duckdb"
     # Live in tiny transactions (many batch boundaries), replay in the default big ones.
     materialize(kafka, live, idle=0.5, batch_messages=3, from_mark=False)  # the replay below reads everything
@@ -42,17 +52,24 @@ def test_replay_equals_live_table_by_table(kafka, tmp_path, env_for):
     flightrec("replay", "--db", str(replayed), env=env_for())
     # Dead letters are the shared topics' whole garbage: compare the replay up to the offsets the live run had
     # read (a process of an earlier test may still publish after the live run went idle).
-    read = run_query(live, "SELECT topic, \"partition\", next_offset FROM consumer_offsets").to_pylist()
-    upto = " OR ".join(f"(topic = '{r['topic']}' AND \"partition\" = {r['partition']} AND \"offset\" < {r['next_offset']})"
-                       for r in read) or "false"
+    read = run_query(live, 'SELECT topic, "partition", next_offset FROM consumer_offsets').to_pylist()
+    upto = (
+        " OR ".join(
+            f'(topic = \'{r["topic"]}\' AND "partition" = {r["partition"]} AND "offset" < {r["next_offset"]})'
+            for r in read
+        )
+        or "false"
+    )
     for name in MATERIALIZED_TABLES:
         where = f"WHERE {upto}" if name == "dead_letters" else ""
         a, b = _table(live, name, where), _table(replayed, name, where)
         assert a.num_rows > 0, name
         if not a.equals(b):
             ra, rb = a.to_pylist(), b.to_pylist()
-            raise AssertionError(f"{name} differs between live and replay: only live {[r for r in ra if r not in rb][:3]}"
-                                 f", only replay {[r for r in rb if r not in ra][:3]}")
+            raise AssertionError(
+                f"{name} differs between live and replay: only live {[r for r in ra if r not in rb][:3]}"
+                f", only replay {[r for r in rb if r not in ra][:3]}"
+            )
     again = flightrec("replay", "--db", str(replayed), env=env_for(), check=False)
     assert again.returncode == 1 and "exists" in again.stderr
 
@@ -106,13 +123,21 @@ def test_wait_sealed_gate(kafka, db, env_for):
 
     # Completed while a materializer runs: the gate opens (live read through the socket).
     exe = Path(sys.executable).with_name("flightrec")
-    proc = subprocess.Popen([str(exe), "materialize", "--db", str(db)], env={**env, "PYTHONSAFEPATH": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(exe), "materialize", "--db", str(db)],
+        env={**env, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(0.5)
-        gate = subprocess.Popen([str(exe), "wait-sealed", b.instance, "--db", str(db), "--timeout", "90"],
-                                env={**env, "PYTHONSAFEPATH": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        gate = subprocess.Popen(
+            [str(exe), "wait-sealed", b.instance, "--db", str(db), "--timeout", "90"],
+            env={**env, "PYTHONSAFEPATH": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         publish(kafka.bootstrap, [held_back])
         out_text, err_text = gate.communicate(timeout=120)
         assert gate.returncode == 0, err_text

@@ -21,8 +21,9 @@ def test_each_commit_counts_its_batch_and_the_run_row_holds_the_sum(tmp_path):
     b.stage_ok("tunnel", ["up", "ready"])
     b.exit("prove", 3, stderr=["boom"])
     first = _messages(b.events)
-    again = _messages(b.events[:2], start=len(first)) + [RawMessage(b.events[0].topic, 0, len(first) + 2,
-                                                                   b"k", b"not an event")]
+    again = _messages(b.events[:2], start=len(first)) + [
+        RawMessage(b.events[0].topic, 0, len(first) + 2, b"k", b"not an event")
+    ]
     store = FileStore(tmp_path / "fr.duckdb", "g")
     try:
         s1 = store.commit(fold(first))

@@ -21,21 +21,38 @@ from flightrec.schemas import EVENT_BY_NAME, EVENT_TYPES, Dropped, Heartbeat, Ma
 from flightrec.schemas.arrow import element_field, event_fields
 
 # Tables written from an Arrow schema (the fold's, the derived tables', the offsets').
-WRITTEN: dict[str, pa.Schema] = {**fold_mod.TABLES, "failures": derive.FAILURES, "boots": derive.BOOTS,
-                                 "consumer_offsets": OFFSETS}
+WRITTEN: dict[str, pa.Schema] = {
+    **fold_mod.TABLES,
+    "failures": derive.FAILURES,
+    "boots": derive.BOOTS,
+    "consumer_offsets": OFFSETS,
+}
 # Tables made by SQL over the others (their event-named columns are checked against the .avsc below).
 BY_SQL = {"instances", "heartbeats", "running_stages", "materializer_runs", "schema_version"}
 # LogBatch's per-line arrays land one element per log_lines row (line_ts_us as ts_us).
-PER_LINE = {"line_no": "line_no", "ts_us": "line_ts_us", "text": "text", "truncated": "truncated",
-            "invalid_utf8": "invalid_utf8", "late": "late"}
+PER_LINE = {
+    "line_no": "line_no",
+    "ts_us": "line_ts_us",
+    "text": "text",
+    "truncated": "truncated",
+    "invalid_utf8": "invalid_utf8",
+    "late": "late",
+}
 
 
 @pytest.fixture(scope="module")
 def con(tmp_path_factory: pytest.TempPathFactory) -> Any:
     b = motivating_boot()
     b.add(Heartbeat, stage="benchmark", interval_s=30.0, pid=100)
-    b.add(Dropped, original_event_id="e-1", original_type="flightrec.v1.LogBatch", original_topic="flightrec.logs",
-          original_bytes=2_000_000, stage="benchmark", reason="MessageSizeTooLargeError")
+    b.add(
+        Dropped,
+        original_event_id="e-1",
+        original_type="flightrec.v1.LogBatch",
+        original_topic="flightrec.logs",
+        original_bytes=2_000_000,
+        stage="benchmark",
+        reason="MessageSizeTooLargeError",
+    )
     b.add(ManagerEvent, source_id="manager@ctl", kind="destroyed", detail="gone", attributes={"why": "test"})
     assert {type(e) for e in b.events} == set(EVENT_TYPES), "materialize every event type"
     msgs = [RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(b.events)]
@@ -80,8 +97,18 @@ def test_describe_equals_the_arrow_schema_that_writes_it(con: Any, table: str) -
 @pytest.mark.parametrize("table", sorted(set(WRITTEN) | BY_SQL))
 def test_columns_named_like_event_fields_have_the_avsc_type(con: Any, table: str) -> None:
     types: dict[str, pa.DataType] = {}
-    for record in ("Lifecycle", "InstanceFacts", "ProcessExit", "Throughput", "BenchmarkResult", "Sealed",
-                   "Dropped", "Heartbeat", "ManagerEvent", "LogBatch"):
+    for record in (
+        "Lifecycle",
+        "InstanceFacts",
+        "ProcessExit",
+        "Throughput",
+        "BenchmarkResult",
+        "Sealed",
+        "Dropped",
+        "Heartbeat",
+        "ManagerEvent",
+        "LogBatch",
+    ):
         for f in event_fields(record):
             types.setdefault(f.name, f.type)
     if table == "log_lines":

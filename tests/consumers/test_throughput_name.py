@@ -24,8 +24,9 @@ def _db(tmp_path: Path) -> tuple[Boot, Path]:
     db = tmp_path / "flightrec.duckdb"
     store = FileStore(db, group="test")
     try:
-        store.commit(fold([RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e))
-                           for i, e in enumerate(b.events)]))
+        store.commit(
+            fold([RawMessage(e.topic, 0, i, e.instance_id.encode(), encode(e)) for i, e in enumerate(b.events)])
+        )
     finally:
         store.close()
     return b, db

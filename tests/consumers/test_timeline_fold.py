@@ -17,8 +17,12 @@ def _timed_out_boot() -> Boot:
     """Exits a timeout ended: code 0 (the command obeyed SIGTERM), code 124 (timeout(1)), a signal; and one clean."""
     b = Boot()
     b.facts()
-    for stage, kw in (("obeyed", dict(code=0)), ("coreutils", dict(code=124)), ("killed", dict(code=None, signal=9)),
-                      ("clean", dict(code=0, timed_out=False))):
+    for stage, kw in (
+        ("obeyed", dict(code=0)),
+        ("coreutils", dict(code=124)),
+        ("killed", dict(code=None, signal=9)),
+        ("clean", dict(code=0, timed_out=False)),
+    ):
         b.add(Lifecycle, stage=stage, state="started")
         b.lines(stage, "stdout", [f"{stage} working"])
         b.exit(stage, **{"timed_out": True, **kw})
@@ -32,8 +36,9 @@ def _records(b: Boot) -> list[tuple[str, dict]]:
 
 def _comparable(entries: list[Entry]) -> list[tuple]:
     # GAP entries depend on the wall clock ("lost contact ... ago"): compare everything else
-    return [(e.ts_us, e.seq, e.line_no, e.kind, e.stage, e.text, e.highlight, e.source) for e in entries
-            if e.kind != "GAP"]
+    return [
+        (e.ts_us, e.seq, e.line_no, e.kind, e.stage, e.text, e.highlight, e.source) for e in entries if e.kind != "GAP"
+    ]
 
 
 def test_timed_out_exit_is_highlighted_exactly_when_the_failures_table_counts_it() -> None:
@@ -44,8 +49,9 @@ def test_timed_out_exit_is_highlighted_exactly_when_the_failures_table_counts_it
     for ev in b.events:
         if ev.name.endswith("ProcessExit"):
             counted = exit_failed(ev.to_record())
-            assert exits[ev.stage].highlight == counted, f"{ev.stage}: highlight {exits[ev.stage].highlight}, " \
-                                                         f"failures table counts it: {counted}"
+            assert exits[ev.stage].highlight == counted, (
+                f"{ev.stage}: highlight {exits[ev.stage].highlight}, failures table counts it: {counted}"
+            )
             assert (ev.stage in failed) == counted, ev.stage
     assert failed == {"obeyed", "coreutils", "killed"}
 
@@ -57,13 +63,28 @@ def _richer_boots() -> list[Boot]:
     second.facts()
     second.add(Lifecycle, stage="supervisor", state="started")
     second.add(Heartbeat, stage="supervisor", interval_s=30.0, pid=7)
-    second.add(Dropped, original_event_id="e-1", original_type="flightrec.v1.LogBatch",
-               original_topic="flightrec.logs", original_bytes=2_000_000, stage="supervisor",
-               reason="MessageSizeTooLargeError")
+    second.add(
+        Dropped,
+        original_event_id="e-1",
+        original_type="flightrec.v1.LogBatch",
+        original_topic="flightrec.logs",
+        original_bytes=2_000_000,
+        stage="supervisor",
+        reason="MessageSizeTooLargeError",
+    )
     second.exit("supervisor", code=None, signal=11, stderr=["segfault"])
-    second.add(LogBatch, stage="supervisor", source="stderr", pid=7, line_no=[1, 2], line_ts_us=[second.t0, second.t0 + 1],
-               text=["left behind", "still talking"], truncated=[False, False], invalid_utf8=[False, False],
-               late=[True, True])
+    second.add(
+        LogBatch,
+        stage="supervisor",
+        source="stderr",
+        pid=7,
+        line_no=[1, 2],
+        line_ts_us=[second.t0, second.t0 + 1],
+        text=["left behind", "still talking"],
+        truncated=[False, False],
+        invalid_utf8=[False, False],
+        late=[True, True],
+    )
     second.add(ManagerEvent, source_id="manager@ctl", kind="destroyed", detail="segfaults")
     second.seal()
     return [first, second]
@@ -84,8 +105,9 @@ def test_timeline_from_topics_equals_timeline_from_the_database(tmp_path: Path) 
     for n, boots in enumerate(([_timed_out_boot()], _richer_boots())):
         db = _stored(tmp_path / str(n), boots)
         for max_lines in (2000, 3):
-            from_topics, left_topics = entries_from_records([r for b in boots for r in _records(b)],
-                                                            max_lines=max_lines)
+            from_topics, left_topics = entries_from_records(
+                [r for b in boots for r in _records(b)], max_lines=max_lines
+            )
             stored, left_db = from_db(db, boots[0].instance, max_lines)
             assert _comparable(from_topics) == _comparable(stored)
             assert left_topics == left_db

@@ -24,8 +24,9 @@ HOG = "SELECT count(DISTINCT (a.range::varchar || repeat('y', 50))) FROM range(3
 
 
 def _delta(boot: Boot, first_offset: int = 0):  # noqa: ANN202
-    return fold([RawMessage(e.topic, 0, first_offset + i, e.instance_id.encode(), encode(e))
-                 for i, e in enumerate(boot.events)])
+    return fold(
+        [RawMessage(e.topic, 0, first_offset + i, e.instance_id.encode(), encode(e)) for i, e in enumerate(boot.events)]
+    )
 
 
 def test_a_read_too_large_for_a_live_read_is_stopped_and_told_so(tmp_path: Path) -> None:
@@ -84,8 +85,11 @@ def test_a_commit_out_of_memory_stops_the_reads_and_commits_again(tmp_path: Path
         assert store.totals.lines_written == 100
 
         tries["n"] = -10  # from now on every try fails: the commit gives up with the reason, nothing written
-        monkeypatch.setattr(store, "_write", lambda d: (_ for _ in ()).throw(
-            duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate")))
+        monkeypatch.setattr(
+            store,
+            "_write",
+            lambda d: (_ for _ in ()).throw(duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate")),
+        )
         again = Boot()
         again.lines("benchmark", "stdout", ["never"])
         with pytest.raises(MaterializeError, match="tried 3 times"):
@@ -98,16 +102,22 @@ def test_a_commit_out_of_memory_stops_the_reads_and_commits_again(tmp_path: Path
 @pytest.mark.integration
 def test_the_hog_from_flightrec_sql_leaves_a_live_materializer_committing(kafka, tmp_path: Path) -> None:
     db = tmp_path / "fr.duckdb"
-    env = kafka.env(PYTHONSAFEPATH="1", FLIGHTREC_LOG_LEVEL="WARNING", FLIGHTREC_SPOOL=str(tmp_path / "spool"),
-                    FLIGHTREC_FACTS="")
+    env = kafka.env(
+        PYTHONSAFEPATH="1", FLIGHTREC_LOG_LEVEL="WARNING", FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_FACTS=""
+    )
     kafka.seed_at_mark(db)
-    mat = subprocess.Popen([EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
+    mat = subprocess.Popen(
+        [EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     instance = f"writer-wins-{uuid.uuid4().hex[:8]}"
     n = 400
     ticker = f"import time\nfor i in range({n}):\n    print('tick', i, flush=True)\n    time.sleep(0.025)\n"
-    agent = subprocess.Popen([EXE, "agent", "run", "--instance", instance, "--stage", "s", "--", sys.executable, "-c",
-                              ticker], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent = subprocess.Popen(
+        [EXE, "agent", "run", "--instance", instance, "--stage", "s", "--", sys.executable, "-c", ticker],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "fr.duckdb.sock").exists() and time.monotonic() < deadline:
@@ -116,8 +126,9 @@ def test_the_hog_from_flightrec_sql_leaves_a_live_materializer_committing(kafka,
 
         def run_hog() -> None:
             t0 = time.monotonic()
-            hog["r"] = subprocess.run([EXE, "sql", "--db", str(db), HOG], env=env, capture_output=True, text=True,
-                                      timeout=300)
+            hog["r"] = subprocess.run(
+                [EXE, "sql", "--db", str(db), HOG], env=env, capture_output=True, text=True, timeout=300
+            )
             hog["s"] = time.monotonic() - t0
 
         t = threading.Thread(target=run_hog)
@@ -131,8 +142,9 @@ def test_the_hog_from_flightrec_sql_leaves_a_live_materializer_committing(kafka,
         deadline = time.monotonic() + 60
         got = 0
         while time.monotonic() < deadline:
-            got = run_query(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?",
-                            [instance]).to_pylist()[0]["n"]
+            got = run_query(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", [instance]).to_pylist()[0][
+                "n"
+            ]
             if got == n or mat.poll() is not None:
                 break
             time.sleep(0.3)

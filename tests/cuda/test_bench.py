@@ -31,8 +31,14 @@ class Collector:
         self.boot = new_event_id()
 
     def __call__(self, cls: type[Event], **fields: Any) -> Event:
-        event = cls(event_id=new_event_id(), instance_id="test", boot_id=self.boot, seq=len(self.events),
-                    ts_us=now_us(), **fields)
+        event = cls(
+            event_id=new_event_id(),
+            instance_id="test",
+            boot_id=self.boot,
+            seq=len(self.events),
+            ts_us=now_us(),
+            **fields,
+        )
         assert decode(encode(event)) == event  # every emitted event is a valid wire event
         self.events.append(event)
         return event
@@ -115,12 +121,16 @@ def _fake_pycuda(monkeypatch: pytest.MonkeyPatch, init_error: str | None = None,
         @staticmethod
         def count() -> int:
             return 1
+
         def name(self) -> str:
             return "NVIDIA H100 80GB HBM3"
+
         def compute_capability(self) -> tuple[int, int]:
             return (9, 0)
+
         def total_memory(self) -> int:
             return 80 << 30
+
         def make_context(self) -> Any:
             return types.SimpleNamespace(pop=lambda: None, detach=lambda: None)
 
@@ -158,7 +168,11 @@ def test_too_little_device_memory_is_refused_before_allocating(monkeypatch: pyte
     (failed,) = emit.of(Lifecycle)
     attrs = failed.attributes
     assert (attrs["cause"], attrs["device"], attrs["compute_capability"], attrs["driver_version"]) == (
-        "out-of-memory", "NVIDIA H100 80GB HBM3", "9.0", "12.4")
+        "out-of-memory",
+        "NVIDIA H100 80GB HBM3",
+        "9.0",
+        "12.4",
+    )
     assert "GiB" in attrs["cuda_error"] and "lower --k" in failed.detail
     (result,) = emit.of(BenchmarkResult)
     assert result.verdict == "error" and result.device == "NVIDIA H100 80GB HBM3"
@@ -189,8 +203,9 @@ class FailingGpu:
 def test_a_kernel_error_mid_benchmark_is_reported_and_the_device_released() -> None:
     gpu = FailingGpu()
     emit = Collector()
-    out = bench.run_benchmark(SMALL, backend="cuda", warmup=1, proofs=2, emit=emit,
-                              open_fn=lambda backend, params: (gpu, ""))
+    out = bench.run_benchmark(
+        SMALL, backend="cuda", warmup=1, proofs=2, emit=emit, open_fn=lambda backend, params: (gpu, "")
+    )
     assert len(emit.of(Throughput)) == 1
     (failed,) = emit.of(Lifecycle)
     assert failed.attributes["cuda_error"].endswith("illegal memory access was encountered")

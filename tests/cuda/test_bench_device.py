@@ -26,13 +26,18 @@ SMALL_RUN = ["--backend", "cpu", "--roots-k", "8,10", "--seeds", "2", "--cpu-k",
 
 def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    return subprocess.run([sys.executable, "-m", "flightrec.cuda.bench_device", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "flightrec.cuda.bench_device", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _result(stdout: str) -> dict:
     (line,) = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_rehearsal_checks_roots_times_sizes_and_compares_with_the_cpu(tmp_path: Path) -> None:
@@ -62,7 +67,10 @@ def test_past_the_budget_no_new_size_starts_and_the_summary_is_printed() -> None
     res = _result(proc.stdout)
     assert res["roots"] == [] and res["timings"] == [] and res["cpu"] == []
     assert [s.split(":")[0] for s in res["stopped"]] == [
-        "stopped before roots k=8", "stopped before timing k=10", "stopped before CPU comparison k=10"]
+        "stopped before roots k=8",
+        "stopped before timing k=10",
+        "stopped before CPU comparison k=10",
+    ]
     assert "== summary" in proc.stdout
 
 
@@ -75,7 +83,7 @@ def test_an_error_midway_still_prints_what_was_measured() -> None:
     assert len(res["roots"]) == 4 and res["roots_equal"]
     assert res["error"].startswith("ValueError") and "k=31" in res["error"]
     assert "Traceback" in proc.stdout and "exit status 2" in proc.stdout
-    summary = proc.stdout[proc.stdout.index("== summary"):]
+    summary = proc.stdout[proc.stdout.index("== summary") :]
     assert "\n 10 " in summary and "error: ValueError" in summary
 
 
@@ -96,11 +104,22 @@ def test_a_bad_size_list_is_refused_by_the_parser() -> None:
 def test_the_wrapper_rehearses_every_step_of_the_gpu_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "FLIGHTREC_DEVICE_WHEELS": str(tmp_path / "none")}
-    proc = subprocess.run(["sh", str(ROOT / "scripts" / "device_run.sh"), "--rehearse", "--budget-s", "100"],
-                          capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        ["sh", str(ROOT / "scripts" / "device_run.sh"), "--rehearse", "--budget-s", "100"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "bench_device.json", "bench_device.txt", "device_run.txt", "prove_bench.txt", "test_gpu.txt"]
+        "bench_device.json",
+        "bench_device.txt",
+        "device_run.txt",
+        "prove_bench.txt",
+        "test_gpu.txt",
+    ]
     assert json.loads((out / "bench_device.json").read_text())["roots_equal"]
     assert "skipped" in (out / "test_gpu.txt").read_text().splitlines()[-1]
     events = [json.loads(x) for x in (out / "prove_bench.txt").read_text().splitlines() if x.startswith("{")]

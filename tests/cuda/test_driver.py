@@ -100,14 +100,20 @@ def test_errors_carry_the_cuda_error_name_and_classify(fake: ctypes.CDLL) -> Non
         driver.memcpy_htod(driver.mem_alloc(64), np.zeros((4, 4), dtype=np.uint64)[:, ::2])
 
 
-@pytest.mark.skipif(cc.load_nvrtc() is None and cc.nvcc_path() is None, reason="no NVRTC or nvcc to compile the kernels")
+@pytest.mark.skipif(
+    cc.load_nvrtc() is None and cc.nvcc_path() is None, reason="no NVRTC or nvcc to compile the kernels"
+)
 def test_the_cuda_prover_runs_on_the_binding_from_init_to_close(fake: ctypes.CDLL) -> None:
     params = ProofParams(width=8, log_n=20, log_blowup=2)
     with CudaProver(params, driver="ctypes") as gpu:
         assert gpu.driver == "ctypes" and gpu.arch == "sm_90"
         facts = gpu.facts
         assert (facts["device"], facts["compute_capability"], facts["driver_version"], facts["cuda_driver_api"]) == (
-            "Fake H200", "9.0", "13.0", "ctypes")
+            "Fake H200",
+            "9.0",
+            "13.0",
+            "ctypes",
+        )
         assert gpu.peak_bandwidth_gbs() == pytest.approx(3201e6 * 2 * 6144 / 8 / 1e9)
         before, _ = _last_launch(fake)
         gpu.forward_ntt()
@@ -120,8 +126,9 @@ def test_the_cuda_prover_runs_on_the_binding_from_init_to_close(fake: ctypes.CDL
     assert fake.fake_context_depth() == 0
 
 
-def test_an_init_failure_becomes_a_device_error_with_the_driver_version(fake: ctypes.CDLL,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_init_failure_becomes_a_device_error_with_the_driver_version(
+    fake: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_CUDA_INIT_ERROR", "1")
     with pytest.raises(DeviceError) as err:
         CudaProver(ProofParams(width=4, log_n=8), driver="ctypes")
@@ -148,11 +155,34 @@ def test_the_wrapper_runs_the_cuda_branch_on_the_stand_in_driver(fake_lib: Path,
     import sys
 
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "LD_LIBRARY_PATH": str(fake_lib.parent),
-           "FLIGHTREC_DEVICE_WHEELS": str(tmp_path / "none")}
-    proc = subprocess.run(["sh", str(HERE.parents[1] / "scripts" / "device_run.sh"), "--roots-k", "8", "--seeds", "1",
-                           "--ks", "10", "--cpu-k", "10", "--budget-s", "60"],
-                          capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "LD_LIBRARY_PATH": str(fake_lib.parent),
+        "FLIGHTREC_DEVICE_WHEELS": str(tmp_path / "none"),
+    }
+    proc = subprocess.run(
+        [
+            "sh",
+            str(HERE.parents[1] / "scripts" / "device_run.sh"),
+            "--roots-k",
+            "8",
+            "--seeds",
+            "1",
+            "--ks",
+            "10",
+            "--cpu-k",
+            "10",
+            "--budget-s",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     res = json.loads((out / "bench_device.json").read_text())
     assert res["facts"]["device"] == "Fake H200" and res["facts"]["cuda_driver_api"] == "ctypes"

@@ -65,8 +65,9 @@ def test_extension_evaluates_the_interpolant_on_the_coset() -> None:
     for c in range(params.width):
         vals = [int(v) for v in t[c]]
         # Coefficients by a naive inverse DFT, then the polynomial evaluated at 7 * w_m^i by Horner.
-        coeffs = [sum(v * pow(w_n, -i * j % (P - 1), P) for i, v in enumerate(vals)) * n_inv % P
-                  for j in range(params.n)]
+        coeffs = [
+            sum(v * pow(w_n, -i * j % (P - 1), P) for i, v in enumerate(vals)) * n_inv % P for j in range(params.n)
+        ]
         for i in range(params.m):
             x = field.GENERATOR * pow(w_m, i, P) % P
             acc = 0

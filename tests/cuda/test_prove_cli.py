@@ -18,8 +18,13 @@ FLIGHTREC = str(Path(sys.executable).with_name("flightrec"))
 
 def _bench(kafka, tmp_path: Path, instance: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = kafka.env(FLIGHTREC_SPOOL=str(tmp_path / f"spool-{instance}"), PYTHONSAFEPATH="1")
-    return subprocess.run([FLIGHTREC, "prove", "bench", "--instance", instance, *args],
-                          env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [FLIGHTREC, "prove", "bench", "--instance", instance, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def _events(kafka, instance: str, topics: tuple[str, ...]) -> list:
@@ -71,13 +76,22 @@ def test_materializer_turns_the_benchmark_into_throughput_rows(kafka, tmp_path: 
     assert proc.returncode == 0, proc.stderr
     db = tmp_path / "fr.duckdb"
     kafka.seed_at_mark(db)
-    mat = subprocess.run([FLIGHTREC, "materialize", "--db", str(db), "--until-idle", "3", "--no-serve"],
-                         env=kafka.env(PYTHONSAFEPATH="1"), capture_output=True, text=True, timeout=240)
+    mat = subprocess.run(
+        [FLIGHTREC, "materialize", "--db", str(db), "--until-idle", "3", "--no-serve"],
+        env=kafka.env(PYTHONSAFEPATH="1"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert mat.returncode == 0, mat.stderr
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute(
             "SELECT kind, phase, backend, proofs, proofs_per_hour FROM throughput WHERE instance_id = ? ORDER BY seq",
-            [instance]).fetchall()
+            [instance],
+        ).fetchall()
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
-        ("sample", "measured", "cpu", 1), ("sample", "measured", "cpu", 1), ("result", None, "cpu", 2)]
+        ("sample", "measured", "cpu", 1),
+        ("sample", "measured", "cpu", 1),
+        ("result", None, "cpu", 2),
+    ]
     assert all(r[4] > 0 for r in rows)

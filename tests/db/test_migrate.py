@@ -12,9 +12,15 @@ from flightrec.errors import MaterializeError
 
 
 def _with_a_new_column(monkeypatch: pytest.MonkeyPatch, **extra: object) -> migrate.Migration:
-    new = migrate.Migration(migrate.latest() + 1, "a test column",
-                            (migrate.Column("instances", "test_note", "VARCHAR DEFAULT 'noted'"),
-                             migrate.Column("log_lines", "test_flag", "BOOLEAN")), **extra)  # type: ignore[arg-type]
+    new = migrate.Migration(
+        migrate.latest() + 1,
+        "a test column",
+        (
+            migrate.Column("instances", "test_note", "VARCHAR DEFAULT 'noted'"),
+            migrate.Column("log_lines", "test_flag", "BOOLEAN"),
+        ),
+        **extra,
+    )  # type: ignore[arg-type]
     monkeypatch.setattr(migrate, "MIGRATIONS", migrate.MIGRATIONS + (new,))
     return new
 
@@ -58,8 +64,9 @@ def test_every_migration_column_is_in_the_tables_a_new_file_gets(tmp_path):
     db = tmp_path / "f.duckdb"
     FileStore(db, group="t").close()
     con = duckdb.connect(str(db), read_only=True)
-    missing = [f"{c.table}.{c.name}" for m in migrate.MIGRATIONS for c in m.columns
-               if c.name not in _columns(con, c.table)]
+    missing = [
+        f"{c.table}.{c.name}" for m in migrate.MIGRATIONS for c in m.columns if c.name not in _columns(con, c.table)
+    ]
     con.close()
     assert missing == []
 

@@ -34,8 +34,12 @@ class AgentEnv:
     spool: Path
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = self.kafka.env(FLIGHTREC_SPOOL=str(self.spool), FLIGHTREC_INSTANCE=self.instance,
-                             FLIGHTREC_FLUSH_TIMEOUT="30", FLIGHTREC_FACTS="")
+        env = self.kafka.env(
+            FLIGHTREC_SPOOL=str(self.spool),
+            FLIGHTREC_INSTANCE=self.instance,
+            FLIGHTREC_FLUSH_TIMEOUT="30",
+            FLIGHTREC_FACTS="",
+        )
         env.update(extra)
         return env
 
@@ -57,14 +61,15 @@ class AgentEnv:
     def of(self, cls: type, instance: str | None = None) -> list[Any]:
         return [e for e in self.events(instance) if isinstance(e, cls)]
 
-    def lines(self, source: str, instance: str | None = None, stage: str | None = None) -> list[tuple[int, str, bool, bool]]:
+    def lines(
+        self, source: str, instance: str | None = None, stage: str | None = None
+    ) -> list[tuple[int, str, bool, bool]]:
         """(line_no, text, truncated, invalid_utf8) of one source, in seq order."""
         out: list[tuple[int, str, bool, bool]] = []
         for b in self.of(LogBatch, instance):
             if b.source == source and (stage is None or b.stage == stage):
                 out.extend(zip(b.line_no, b.text, b.truncated, b.invalid_utf8))
         return out
-
 
     def late_lines(self, source: str, stage: str | None = None) -> list[tuple[int, str, bool]]:
         """(line_no, text, late) of one source, in seq order."""
@@ -97,9 +102,11 @@ def spool_events(root: Path, instance: str) -> list[Event]:
 
 # What an agent with no broker says on its own stderr about that (and only that): aiokafka's refused
 # connection, the deliverer's "cannot deliver", the agent's "not yet acknowledged ... they stay in".
-_AWAY_LOG = re.compile(rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ (aiokafka[\w.]*|flightrec\.producer\.deliver"
-                       rb"|flightrec\.producer\.agent(?=: \d+ events of .* (?:not yet acknowledged|Kafka at .* does not answer))): [^\n]*\n",
-                       re.M)
+_AWAY_LOG = re.compile(
+    rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ (aiokafka[\w.]*|flightrec\.producer\.deliver"
+    rb"|flightrec\.producer\.agent(?=: \d+ events of .* (?:not yet acknowledged|Kafka at .* does not answer))): [^\n]*\n",
+    re.M,
+)
 
 
 def without_away_log(stderr: bytes) -> bytes:
@@ -120,8 +127,13 @@ class SpoolEnv(AgentEnv):
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(FLIGHTREC_BOOTSTRAP=self.away, FLIGHTREC_SPOOL=str(self.spool), FLIGHTREC_INSTANCE=self.instance,
-                   FLIGHTREC_FLUSH_TIMEOUT="0", FLIGHTREC_FACTS="")
+        env.update(
+            FLIGHTREC_BOOTSTRAP=self.away,
+            FLIGHTREC_SPOOL=str(self.spool),
+            FLIGHTREC_INSTANCE=self.instance,
+            FLIGHTREC_FLUSH_TIMEOUT="0",
+            FLIGHTREC_FACTS="",
+        )
         env.update(extra)
         return env
 
@@ -146,8 +158,9 @@ def spool_env(tmp_path: Path) -> Iterator[SpoolEnv]:
     and no broker started meanwhile (by this or a parallel test session) can take it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
         held.bind(("127.0.0.1", 0))
-        yield SpoolEnv(None, tmp_path, f"test-{uuid.uuid4()}", tmp_path / "spool",
-                       away=f"127.0.0.1:{held.getsockname()[1]}")
+        yield SpoolEnv(
+            None, tmp_path, f"test-{uuid.uuid4()}", tmp_path / "spool", away=f"127.0.0.1:{held.getsockname()[1]}"
+        )
 
 
 @pytest.fixture

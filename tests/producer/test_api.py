@@ -20,7 +20,6 @@ from flightrec.producer.facts import parse_cuda_version, parse_gpu_query
 from flightrec.schemas import Heartbeat, InstanceFacts, Lifecycle, Sealed, Throughput
 
 
-
 def _settings(agent_env, **kw):
     return dataclasses.replace(agent_env.kafka.settings, spool=str(agent_env.spool), flush_timeout=30.0, **kw)
 
@@ -41,13 +40,19 @@ def test_sync_api_emit_stage_seal(agent_env) -> None:
     assert [e.seq for e in evs] == list(range(8))  # each stage sends a heartbeat as it starts
     assert [(e.stage, e.interval_s) for e in evs if isinstance(e, Heartbeat)] == [("benchmark", 30.0), ("prove", 30.0)]
     assert [(e.stage, e.state) for e in evs if isinstance(e, Lifecycle)] == [
-        ("benchmark", "started"), ("benchmark", "succeeded"), ("prove", "started"), ("prove", "failed")]
+        ("benchmark", "started"),
+        ("benchmark", "succeeded"),
+        ("prove", "started"),
+        ("prove", "failed"),
+    ]
     failed = [e for e in evs if isinstance(e, Lifecycle)][-1]
     assert failed.detail == "RuntimeError: no GPU"
     assert isinstance(evs[-1], Sealed) and evs[-1] == sealed and sealed.event_count == 8
     assert len({e.boot_id for e in evs}) == 1
     with pytest.raises(TypeError, match="fills seq"):
-        open_agent(instance_id=agent_env.instance, settings=s, deliver=False).emit(Lifecycle, seq=3, stage="x", state="info")
+        open_agent(instance_id=agent_env.instance, settings=s, deliver=False).emit(
+            Lifecycle, seq=3, stage="x", state="info"
+        )
 
 
 def test_a_huge_detail_is_cut_so_the_event_still_fits_a_kafka_message(agent_env) -> None:
@@ -83,21 +88,50 @@ def test_after_a_seal_a_new_boot_begins(agent_env) -> None:
 
 
 def test_event_cli_with_attributes(spool_env) -> None:
-    r = spool_env.run("event", "--stage", "register", "--state", "succeeded", "--detail", "id 42",
-                      "--attr", "manager=m1", "--attr", "slot=3", "--no-facts")
+    r = spool_env.run(
+        "event",
+        "--stage",
+        "register",
+        "--state",
+        "succeeded",
+        "--detail",
+        "id 42",
+        "--attr",
+        "manager=m1",
+        "--attr",
+        "slot=3",
+        "--no-facts",
+    )
     assert r.returncode == 0, r.stderr
     (ev,) = spool_env.of(Lifecycle)
-    assert (ev.stage, ev.state, ev.detail, dict(ev.attributes)) == ("register", "succeeded", "id 42",
-                                                                     {"manager": "m1", "slot": "3"})
+    assert (ev.stage, ev.state, ev.detail, dict(ev.attributes)) == (
+        "register",
+        "succeeded",
+        "id 42",
+        {"manager": "m1", "slot": "3"},
+    )
     bad = spool_env.run("event", "--stage", "x", "--state", "exploded")
     assert bad.returncode == 1 and b"not one of" in bad.stderr
 
 
 def test_concurrent_agents_share_boot_and_gap_free_seq_then_seal(spool_env) -> None:
-    procs = [subprocess.Popen(spool_env.argv("event", "--stage", f"s{i}", "--state", "info"), env=spool_env.env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(6)]
-    procs.append(subprocess.Popen(spool_env.argv("run", "--stage", "r", "--", "sh", "-c", "seq 1 2000"),
-                                  env=spool_env.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    procs = [
+        subprocess.Popen(
+            spool_env.argv("event", "--stage", f"s{i}", "--state", "info"),
+            env=spool_env.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(6)
+    ]
+    procs.append(
+        subprocess.Popen(
+            spool_env.argv("run", "--stage", "r", "--", "sh", "-c", "seq 1 2000"),
+            env=spool_env.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    )
     assert [p.wait(120) for p in procs] == [0] * 7
     r = spool_env.run("seal")
     assert r.returncode == 0, r.stderr
@@ -135,34 +169,61 @@ def test_facts_without_nvidia_smi_say_so(spool_env, tmp_path: Path) -> None:
 
 
 def test_facts_when_nvidia_smi_fails(spool_env, tmp_path: Path) -> None:
-    env = spool_env.env(**_fake_smi(tmp_path, "echo 'NVIDIA-SMI has failed because it could not communicate "
-                                              "with the NVIDIA driver.' >&2\nexit 9\n"))
+    env = spool_env.env(
+        **_fake_smi(
+            tmp_path,
+            "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.' >&2\nexit 9\n",
+        )
+    )
     assert spool_env.run("facts", env=env).returncode == 0
     (f,) = spool_env.of(InstanceFacts)
     assert "exited with code 9" in f.gpu_probe_error and "NVIDIA driver" in f.gpu_probe_error
 
 
 def test_facts_from_nvidia_smi(spool_env, tmp_path: Path) -> None:
-    body = ('case "$1" in --query-gpu*) echo "NVIDIA H100 80GB HBM3, 81559, 550.54.15, 9.0";'
-            ' echo "NVIDIA H100 80GB HBM3, 81559, 550.54.15, 9.0";;\n'
-            '*) echo "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |";; esac\n')
+    body = (
+        'case "$1" in --query-gpu*) echo "NVIDIA H100 80GB HBM3, 81559, 550.54.15, 9.0";'
+        ' echo "NVIDIA H100 80GB HBM3, 81559, 550.54.15, 9.0";;\n'
+        '*) echo "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |";; esac\n'
+    )
     assert spool_env.run("facts", env=spool_env.env(**_fake_smi(tmp_path, body))).returncode == 0
     (f,) = spool_env.of(InstanceFacts)
-    assert (f.gpu_model, f.gpu_count, f.gpu_memory_mib, f.driver_version, f.cuda_version, f.compute_capability,
-            f.gpu_probe_error) == ("NVIDIA H100 80GB HBM3", 2, 81559, "550.54.15", "12.4", "9.0", None)
+    assert (
+        f.gpu_model,
+        f.gpu_count,
+        f.gpu_memory_mib,
+        f.driver_version,
+        f.cuda_version,
+        f.compute_capability,
+        f.gpu_probe_error,
+    ) == ("NVIDIA H100 80GB HBM3", 2, 81559, "550.54.15", "12.4", "9.0", None)
     again = spool_env.run("facts", env=spool_env.env(**_fake_smi(tmp_path, body)))
     assert b"already has" in again.stdout and len(spool_env.of(InstanceFacts)) == 1
 
 
 def test_facts_override_file(spool_env, tmp_path: Path) -> None:
     path = tmp_path / "facts.json"
-    path.write_text(json.dumps({"gpu_model": "NVIDIA GeForce RTX 4090", "gpu_count": 1, "gpu_memory_mib": 24564,
-                                "price_per_hour": 0.35, "attributes": {"region": "eu"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "gpu_model": "NVIDIA GeForce RTX 4090",
+                "gpu_count": 1,
+                "gpu_memory_mib": 24564,
+                "price_per_hour": 0.35,
+                "attributes": {"region": "eu"},
+            }
+        )
+    )
     r = spool_env.run("run", "--stage", "tunnel", "--", "true", env=spool_env.env(FLIGHTREC_FACTS=str(path)))
     assert r.returncode == 0
     (f,) = spool_env.of(InstanceFacts)
     assert (f.gpu_model, f.gpu_memory_mib, f.price_per_hour, f.gpu_probe_error, dict(f.attributes)) == (
-        "NVIDIA GeForce RTX 4090", 24564, 0.35, None, {"region": "eu"})
+        "NVIDIA GeForce RTX 4090",
+        24564,
+        0.35,
+        None,
+        {"region": "eu"},
+    )
     path.write_text(json.dumps({"gpu_modle": "typo"}))
     bad = spool_env.run("facts", "--force", env=spool_env.env(FLIGHTREC_FACTS=str(path)))
     assert bad.returncode == 1 and b"unknown fields" in bad.stderr
@@ -170,9 +231,13 @@ def test_facts_override_file(spool_env, tmp_path: Path) -> None:
 
 def test_parse_nvidia_smi_output() -> None:
     mixed = "NVIDIA A100, 40960, 535.1, 8.0\nNVIDIA A10, 23028, 535.1, 8.6\n"
-    assert parse_gpu_query(mixed) == {"gpu_model": "NVIDIA A100 + NVIDIA A10", "gpu_count": 2,
-                                      "gpu_memory_mib": 23028, "driver_version": "535.1",
-                                      "compute_capability": "8.0,8.6"}
+    assert parse_gpu_query(mixed) == {
+        "gpu_model": "NVIDIA A100 + NVIDIA A10",
+        "gpu_count": 2,
+        "gpu_memory_mib": 23028,
+        "driver_version": "535.1",
+        "compute_capability": "8.0,8.6",
+    }
     assert parse_cuda_version("CUDA Version: 12.2 ") == "12.2" and parse_cuda_version("nothing") == ""
     with pytest.raises(ValueError):
         parse_gpu_query("")

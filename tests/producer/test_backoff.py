@@ -13,7 +13,9 @@ from pathlib import Path
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 SECONDS = 4.0
 # a busy stage: a line every 20 ms (each one wakes the deliverer)
-BUSY = "import time\nfor i in range(%d):\n    print(f'line {i}', flush=True)\n    time.sleep(0.02)\n" % int(SECONDS / 0.02)
+BUSY = "import time\nfor i in range(%d):\n    print(f'line {i}', flush=True)\n    time.sleep(0.02)\n" % int(
+    SECONDS / 0.02
+)
 
 
 class Refuser:
@@ -37,10 +39,20 @@ class Refuser:
 
 def test_a_busy_stage_does_not_hammer_a_broker_that_is_away(tmp_path: Path) -> None:
     refuser = Refuser()
-    env = dict(os.environ, FLIGHTREC_SPOOL=str(tmp_path / "spool"), FLIGHTREC_INSTANCE=f"test-{uuid.uuid4()}",
-               FLIGHTREC_BOOTSTRAP=f"127.0.0.1:{refuser.port}", FLIGHTREC_FLUSH_TIMEOUT="0", FLIGHTREC_FACTS="")
-    r = subprocess.run([FLIGHTREC, "agent", "run", "--stage", "busy", "--", sys.executable, "-c", BUSY],
-                       env=env, capture_output=True, timeout=120)
+    env = dict(
+        os.environ,
+        FLIGHTREC_SPOOL=str(tmp_path / "spool"),
+        FLIGHTREC_INSTANCE=f"test-{uuid.uuid4()}",
+        FLIGHTREC_BOOTSTRAP=f"127.0.0.1:{refuser.port}",
+        FLIGHTREC_FLUSH_TIMEOUT="0",
+        FLIGHTREC_FACTS="",
+    )
+    r = subprocess.run(
+        [FLIGHTREC, "agent", "run", "--stage", "busy", "--", sys.executable, "-c", BUSY],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert r.stdout.decode().count("line ") == int(SECONDS / 0.02)
     # the backoff (0.2, 0.5, 1, 2, 3 s) allows about 5 attempts in 4 s, each a few connections

@@ -10,7 +10,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from flightrec.producer import open_agent
-from flightrec.producer.deliver import message_size
+from flightrec.producer.fit import message_size
 from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.spool import SYNC_WINDOW_S, Position, Spool
 from flightrec.schemas import LogBatch, Lifecycle, decode, new_event_id, now_us
@@ -23,9 +23,22 @@ def log_batch(instance: str, n: int = 100):
     eid, ts = new_event_id(), now_us()
 
     def make(boot: str, seq: int) -> LogBatch:
-        return LogBatch(event_id=eid, instance_id=instance, boot_id=boot, seq=seq, ts_us=ts, stage="s",
-                        source="stdout", pid=1, line_no=range(1, n + 1), line_ts_us=[ts] * n,
-                        text=["x" * 60] * n, truncated=[False] * n, invalid_utf8=[False] * n, late=())
+        return LogBatch(
+            event_id=eid,
+            instance_id=instance,
+            boot_id=boot,
+            seq=seq,
+            ts_us=ts,
+            stage="s",
+            source="stdout",
+            pid=1,
+            line_no=range(1, n + 1),
+            line_ts_us=[ts] * n,
+            text=["x" * 60] * n,
+            truncated=[False] * n,
+            invalid_utf8=[False] * n,
+            late=(),
+        )
 
     return make
 
@@ -34,8 +47,9 @@ def lifecycle(instance: str):
     eid = new_event_id()
 
     def make(boot: str, seq: int) -> Lifecycle:
-        return Lifecycle(event_id=eid, instance_id=instance, boot_id=boot, seq=seq, ts_us=now_us(), stage="s",
-                         state="info")
+        return Lifecycle(
+            event_id=eid, instance_id=instance, boot_id=boot, seq=seq, ts_us=now_us(), stage="s", state="info"
+        )
 
     return make
 
@@ -123,10 +137,29 @@ def test_the_syncer_thread_ends_when_idle(tmp_path: Path) -> None:
 
 
 SECRET = "s3cr3t-Value-42"
-PIECES = [b"plain text ", b"0000123 worker 3: batch done ", SECRET.encode(), SECRET[:6].encode(), SECRET[6:].encode(),
-          SECRET[:2].encode(), SECRET[2:].encode(), b"\n", b"\n", b"caf\xc3\xa9 ", b"\xff", b"see http://user:pw@host/x ",
-          b"x" * 300, b"\t", b"", b"token: 512 ", b"password=hunter2 ", b"AKIA" + b"IOSFODNN7EXAMPLE ",
-          b"-----BEGIN RSA PRIVATE KEY-----", b"MIIEowIBAAKCAQEA", b"-----END RSA PRIVATE KEY-----"]
+PIECES = [
+    b"plain text ",
+    b"0000123 worker 3: batch done ",
+    SECRET.encode(),
+    SECRET[:6].encode(),
+    SECRET[6:].encode(),
+    SECRET[:2].encode(),
+    SECRET[2:].encode(),
+    b"\n",
+    b"\n",
+    b"caf\xc3\xa9 ",
+    b"\xff",
+    b"see http://user:pw@host/x ",
+    b"x" * 300,
+    b"\t",
+    b"",
+    b"token: 512 ",
+    b"password=hunter2 ",
+    b"AKIA" + b"IOSFODNN7EXAMPLE ",
+    b"-----BEGIN RSA PRIVATE KEY-----",
+    b"MIIEowIBAAKCAQEA",
+    b"-----END RSA PRIVATE KEY-----",
+]
 
 
 @hyp_settings(max_examples=150, deadline=None)
@@ -144,9 +177,16 @@ def test_ascii_chunks_take_the_fast_path_with_the_same_lines(pieces: list[bytes]
 
     data = b"".join(pieces)
     bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
-    with tempfile.TemporaryDirectory() as tmp, \
-            open_agent("fast-1", Settings.from_env({"FLIGHTREC_REDACT": "MY_SECRET"}), spool_dir=tmp, deliver=False,
-                       env={"MY_SECRET": SECRET}) as agent:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open_agent(
+            "fast-1",
+            Settings.from_env({"FLIGHTREC_REDACT": "MY_SECRET"}),
+            spool_dir=tmp,
+            deliver=False,
+            env={"MY_SECRET": SECRET},
+        ) as agent,
+    ):
         b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=5, max_bytes=64 * 1024)
         for lo, hi in zip(bounds, bounds[1:]):
             b.feed(data[lo:hi])

@@ -45,9 +45,12 @@ def _wait_for_line(stream, want: bytes, timeout: float = 60) -> None:
 def test_broker_stopped_mid_stream_every_line_arrives_once_in_order(fresh_agent_env) -> None:
     env = fresh_agent_env
     back = env.tmp / "broker-back"  # CMD holds at tick 300 until the broker is back: it runs through the restart
-    p = subprocess.Popen(env.argv("run", "--stage", "supervisor-ish", "--", PY, "-c", TICKER, "400", "0.02", "5",
-                                  str(back)),
-                         env=env.env(FLIGHTREC_FLUSH_TIMEOUT="90"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        env.argv("run", "--stage", "supervisor-ish", "--", PY, "-c", TICKER, "400", "0.02", "5", str(back)),
+        env=env.env(FLIGHTREC_FLUSH_TIMEOUT="90"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert p.stdout is not None
     _wait_for_line(p.stdout, b"tick 50\n")
     env.kafka.broker.stop()  # a clean stop: the broker is away for several seconds
@@ -71,9 +74,12 @@ def test_broker_stopped_mid_stream_every_line_arrives_once_in_order(fresh_agent_
 
 def test_agent_sigkilled_then_flush_delivers_everything_spooled(agent_env, tmp_path: Path) -> None:
     away = f"localhost:{free_port()}"  # nothing listens: every event stays in the spool
-    p = subprocess.Popen(agent_env.argv("run", "--stage", "benchmark", "--", PY, "-c", TICKER, "100000", "0.001", "0"),
-                         env=agent_env.env(FLIGHTREC_BOOTSTRAP=away), stdout=subprocess.PIPE,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        agent_env.argv("run", "--stage", "benchmark", "--", PY, "-c", TICKER, "100000", "0.001", "0"),
+        env=agent_env.env(FLIGHTREC_BOOTSTRAP=away),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     assert p.stdout is not None
     _wait_for_line(p.stdout, b"tick 2000\n")
     time.sleep(0.3)  # let a batch or two reach the spool
@@ -137,8 +143,12 @@ def test_a_broker_that_drops_packets_costs_a_stage_beside_the_sender_a_few_secon
         fill.append(s)
     time.sleep(0.5)
     env = spool_env.env(FLIGHTREC_BOOTSTRAP=f"127.0.0.1:{port}", FLIGHTREC_FLUSH_TIMEOUT="10")
-    tunnel = subprocess.Popen(spool_env.argv("run", "--stage", "tunnel", "--no-facts", "--", "sleep", "60"), env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tunnel = subprocess.Popen(
+        spool_env.argv("run", "--stage", "tunnel", "--no-facts", "--", "sleep", "60"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(3)  # it holds the lock, its first attempt hangs
         took = []

@@ -46,6 +46,7 @@ def materialize(kafka: Any, db: Path) -> None:
     from flightrec.consumers.materializer import Materializer, Options
 
     kafka.seed_at_mark(db)
+
     async def go() -> Any:
         async with Materializer(kafka.settings.kafka_kwargs(), Options(db=str(db), until_idle=1.5)) as m:
             return await m.run()
@@ -89,8 +90,9 @@ def test_a_daemon_outlives_its_stage_and_is_recorded_late(agent_env, tmp_path: P
     wait_gone(int((tmp_path / "d.pid").read_text()))
 
     env = agent_env.env(**base, PIDFILE=str(tmp_path / "a.pid"), ENDFILE=str(tmp_path / "a.end"))
-    code, ended, agent_out = run_to_files(agent_env.argv("run", "--stage", "benchmark", "--", "sh", "-c", STAGE),
-                                          env, tmp_path, "agent")
+    code, ended, agent_out = run_to_files(
+        agent_env.argv("run", "--stage", "benchmark", "--", "sh", "-c", STAGE), env, tmp_path, "agent"
+    )
     assert code == 1
     script_ended = float((tmp_path / "a.end").read_text())
     # the agent's own exit latency, from the timestamp the script wrote as it exited (~0.2-0.6 s on a loaded
@@ -109,8 +111,12 @@ def test_a_daemon_outlives_its_stage_and_is_recorded_late(agent_env, tmp_path: P
     lines = agent_env.wait_for_line("stdout", "daemon line 100")
     db = tmp_path / "fr.duckdb"
     materialize(agent_env.kafka, db)
-    rows = query(db, """SELECT text, count(*), bool_or(late), any_value(stage) FROM log_lines
-                        WHERE instance_id = ? AND source = 'stdout' GROUP BY text""", agent_env.instance)
+    rows = query(
+        db,
+        """SELECT text, count(*), bool_or(late), any_value(stage) FROM log_lines
+                        WHERE instance_id = ? AND source = 'stdout' GROUP BY text""",
+        agent_env.instance,
+    )
     by_text = {t: (n, late, stage) for t, n, late, stage in rows}
     for i in range(1, 101):
         n, _late, stage = by_text[f"daemon line {i}"]
@@ -121,10 +127,10 @@ def test_a_daemon_outlives_its_stage_and_is_recorded_late(agent_env, tmp_path: P
 
 
 # each command wrapped stage by stage, as `${AGENT:+...}` does in the images; without AGENT: the plain script
-W = '${AGENT:+$AGENT agent run --stage %s --}'
+W = "${AGENT:+$AGENT agent run --stage %s --}"
 CURIO = f"""
 set -euo pipefail
-{W % 'curio'} "$PY" -c 'import time, signal, sys
+{W % "curio"} "$PY" -c 'import time, signal, sys
 signal.signal(signal.SIGTERM, lambda *a: (print("curio: graceful shutdown", flush=True), sys.exit(0)))
 print("curio: running", flush=True)
 time.sleep(30)' &
@@ -133,15 +139,15 @@ sleep 2
 echo "stage: stopping curio"
 kill -15 $PID || kill -9 $PID
 wait $PID || true
-exec {W % 'last'} sh -c 'echo "stage: last command"; exit 3'
+exec {W % "last"} sh -c 'echo "stage: last command"; exit 3'
 """
 
 CUZK = f"""
-{W % 'daemon'} "$PY" -c 'import time
+{W % "daemon"} "$PY" -c 'import time
 for i in range(400):
     print(f"cuzk-daemon: tick {{i}}", flush=True); time.sleep(0.05)' > "$LOGFILE" 2>&1 &
 DPID=$!
-{W % 'bench'} timeout 2 "$PY" -c 'import time; print("bench: proving", flush=True); time.sleep(30)' || echo "bench: timed out"
+{W % "bench"} timeout 2 "$PY" -c 'import time; print("bench: proving", flush=True); time.sleep(30)' || echo "bench: timed out"
 pkill -9 -f 'cuzk-daemon' || true
 kill $DPID 2>/dev/null; wait $DPID 2>/dev/null
 echo "stage: done"
@@ -149,28 +155,35 @@ exit 4
 """
 
 
-@pytest.mark.parametrize("script, code, failures", [
-    (CURIO, 3, {("last", 3, None)}),
-    (CUZK, 4, {("bench", 124, None), ("daemon", None, 9)}),
-], ids=["curio", "cuzk"])
-def test_real_entrypoint_patterns_behave_as_without_the_agent(agent_env, tmp_path: Path, script: str, code: int,
-                                                              failures: set) -> None:
+@pytest.mark.parametrize(
+    "script, code, failures",
+    [
+        (CURIO, 3, {("last", 3, None)}),
+        (CUZK, 4, {("bench", 124, None), ("daemon", None, 9)}),
+    ],
+    ids=["curio", "cuzk"],
+)
+def test_real_entrypoint_patterns_behave_as_without_the_agent(
+    agent_env, tmp_path: Path, script: str, code: int, failures: set
+) -> None:
     log = tmp_path / "cuzk.log"
     env = agent_env.env(PY=PY, LOGFILE=str(log))
     stage = tmp_path / "stage.sh"  # a script file, as in the images: `pkill -f cuzk-daemon` matches the daemon only
     stage.write_text(script)
     direct = subprocess.run(["bash", str(stage)], env=env, capture_output=True, timeout=120)
     direct_log = log.read_bytes() if log.exists() else b""
-    r = subprocess.run(["bash", str(stage)], env={**env, "AGENT": agent_env.argv("run")[0]}, capture_output=True,
-                       timeout=120)
+    r = subprocess.run(
+        ["bash", str(stage)], env={**env, "AGENT": agent_env.argv("run")[0]}, capture_output=True, timeout=120
+    )
     assert (direct.returncode, r.returncode) == (code, code), r.stderr
     assert r.stdout == direct.stdout
     if direct_log:  # the daemon's output file: the same ticks, however many it got to write before pkill
         assert log.read_bytes().startswith(b"cuzk-daemon: tick 0\n")
     db = tmp_path / "fr.duckdb"
     materialize(agent_env.kafka, db)
-    rows = query(db, "SELECT stage, exit_code, signal, failure_class FROM failures WHERE instance_id = ?",
-                 agent_env.instance)
+    rows = query(
+        db, "SELECT stage, exit_code, signal, failure_class FROM failures WHERE instance_id = ?", agent_env.instance
+    )
     assert {r[:3] for r in rows} == failures
     assert all(r[3] for r in rows)
 
@@ -194,9 +207,13 @@ print(" ".join(signal.Signals(n).name for n in os.read(r, 100)), flush=True)
 
 def _start_signals(agent_env, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     ready = tmp_path / "ready"
-    p = subprocess.Popen(agent_env.argv("run", "--stage", "s", "--", PY, "-c", SIGNALS, str(ready)),
-                         env=agent_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)  # no terminal, as an entrypoint in a container
+    p = subprocess.Popen(
+        agent_env.argv("run", "--stage", "s", "--", PY, "-c", SIGNALS, str(ready)),
+        env=agent_env.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # no terminal, as an entrypoint in a container
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -211,12 +228,15 @@ def test_sigterm_to_the_agent_alone_reaches_cmd_once(spool_env, tmp_path: Path) 
     assert out.decode().split() == ["SIGTERM"], err.decode()[-2000:]
 
 
-TERMINAL_SIGNALS = SIGNALS.replace('open(sys.argv[1], "w").write("ready")',
-                                   'open(sys.argv[1], "w").write("ready")\nprint("tty", os.isatty(1), flush=True)')
+TERMINAL_SIGNALS = SIGNALS.replace(
+    'open(sys.argv[1], "w").write("ready")',
+    'open(sys.argv[1], "w").write("ready")\nprint("tty", os.isatty(1), flush=True)',
+)
 
 
-def _pty_run(argv: list[str], env: dict[str, str], *, send: bytes = b"", ready: Path | None = None,
-             cols: int = 0) -> tuple[int, bytes]:
+def _pty_run(
+    argv: list[str], env: dict[str, str], *, send: bytes = b"", ready: Path | None = None, cols: int = 0
+) -> tuple[int, bytes]:
     """Run ``argv`` as a session leader on a new pseudo-terminal (a terminal window); return (code, bytes seen)."""
     import fcntl
     import pty
@@ -230,8 +250,9 @@ def _pty_run(argv: list[str], env: dict[str, str], *, send: bytes = b"", ready: 
     def ctty() -> None:
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    p = subprocess.Popen(argv, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-                         preexec_fn=ctty)
+    p = subprocess.Popen(
+        argv, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, preexec_fn=ctty
+    )
     os.close(slave)
     seen = b""
     sent = not send
@@ -242,6 +263,7 @@ def _pty_run(argv: list[str], env: dict[str, str], *, send: bytes = b"", ready: 
             sent = True
         try:
             import select
+
             if select.select([master], [], [], 0.05)[0]:
                 data = os.read(master, 65536)
                 if not data:
@@ -257,8 +279,12 @@ def _pty_run(argv: list[str], env: dict[str, str], *, send: bytes = b"", ready: 
 
 def test_ctrl_c_to_the_terminal_s_process_group_reaches_cmd_once(agent_env, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    code, seen = _pty_run(agent_env.argv("run", "--stage", "s", "--", PY, "-c", TERMINAL_SIGNALS, str(ready)),
-                          agent_env.env(), send=b"\x03", ready=ready)
+    code, seen = _pty_run(
+        agent_env.argv("run", "--stage", "s", "--", PY, "-c", TERMINAL_SIGNALS, str(ready)),
+        agent_env.env(),
+        send=b"\x03",
+        ready=ready,
+    )
     text = seen.decode(errors="replace")
     assert re.findall(r"SIG[A-Z]+", text) == ["SIGINT"], text  # from the terminal; the agent did not add one
     # the terminal's echo of ^C lands wherever the command's output is at that moment
@@ -296,9 +322,22 @@ def test_piped_output_stays_a_pipe(spool_env) -> None:
 def test_pkill_f_does_not_match_the_agent(spool_env, tmp_path: Path) -> None:
     name = f"cuzk-daemon-{os.getpid()}"
     ready = tmp_path / "ready"
-    p = subprocess.Popen(spool_env.argv("run", "--stage", "bench", "--", PY, "-c",
-                                        "import sys, time; open(sys.argv[1], 'w'); time.sleep(30)", str(ready), name),
-                         env=spool_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        spool_env.argv(
+            "run",
+            "--stage",
+            "bench",
+            "--",
+            PY,
+            "-c",
+            "import sys, time; open(sys.argv[1], 'w'); time.sleep(30)",
+            str(ready),
+            name,
+        ),
+        env=spool_env.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -336,8 +375,17 @@ def test_a_big_existing_followed_file_ships_only_new_lines(spool_env, tmp_path: 
     with open(log, "wb") as f:
         line = b"old line from an earlier boot " + b"x" * 70 + b"\n"
         f.write(line * (100 * 1024 * 1024 // len(line)))
-    r = spool_env.run("run", "--stage", "s", "--tail", str(log), "--", "sh", "-c",
-                      f'echo "new line 1" >> "{log}"; echo "new line 2" >> "{log}"')
+    r = spool_env.run(
+        "run",
+        "--stage",
+        "s",
+        "--tail",
+        str(log),
+        "--",
+        "sh",
+        "-c",
+        f'echo "new line 1" >> "{log}"; echo "new line 2" >> "{log}"',
+    )
     assert r.returncode == 0
     assert [(n, t) for n, t, *_ in spool_env.lines(str(log))] == [(1, "new line 1"), (2, "new line 2")]
     (ex,) = spool_env.of(ProcessExit)
@@ -360,24 +408,35 @@ def test_the_delayed_decisive_line_is_classified(agent_env, tmp_path: Path) -> N
     env = agent_env.env(PY=PY, DAEMON=SEED_DAEMON, LOG=str(log))
     # the entrypoint's first stage follows the daemon log too: no line may be stored twice nor under it
     assert agent_env.run("run", "--stage", "params", "--tail", str(log), "--", "true", env=env).returncode == 0
-    r = agent_env.run("run", "--stage", "benchmark", "--tail", str(log), "--", "sh", "-c",
-                      '"$PY" -c "$DAEMON" "$LOG" > /dev/null 2>&1 & sleep 0.2; echo "benchmark: failed" >&2; exit 1',
-                      env=env)
+    r = agent_env.run(
+        "run",
+        "--stage",
+        "benchmark",
+        "--tail",
+        str(log),
+        "--",
+        "sh",
+        "-c",
+        '"$PY" -c "$DAEMON" "$LOG" > /dev/null 2>&1 & sleep 0.2; echo "benchmark: failed" >&2; exit 1',
+        env=env,
+    )
     assert r.returncode == 1
     # the entrypoint's exit trap seals the boot at once: the seal waits for the late line
     assert agent_env.run("seal", env=env).returncode == 0
     lines = agent_env.wait_for_line(str(log), "no kernel image")
     texts = [t for _, t, _ in lines]
     assert texts == [f"daemon: step {i}" for i in range(1, 15)] + [
-        "daemon: CUDA error: no kernel image is available for execution on the device"]
+        "daemon: CUDA error: no kernel image is available for execution on the device"
+    ]
     assert lines[-1][2] is True
     assert {b.stage for b in agent_env.of(LogBatch) if b.source == str(log)} == {"benchmark"}
     db = tmp_path / "fr.duckdb"
     materialize(agent_env.kafka, db)
     (row,) = query(db, "SELECT stage, failure_class FROM failures WHERE instance_id = ?", agent_env.instance)
     assert row == ("benchmark", "gpu_arch_unsupported")
-    (n,) = query(db, "SELECT count(*) FROM log_lines WHERE instance_id = ? AND text LIKE '%no kernel image%'",
-                 agent_env.instance)[0]
+    (n,) = query(
+        db, "SELECT count(*) FROM log_lines WHERE instance_id = ? AND text LIKE '%no kernel image%'", agent_env.instance
+    )[0]
     assert n == 1
 
 
@@ -385,7 +444,9 @@ def test_the_delayed_decisive_line_is_classified(agent_env, tmp_path: Path) -> N
 N_STAGES = 6
 N_LINES = 40
 # a daemon (a subshell: it carries the stage's token) printing a numbered line every 0.1 s on the inherited stdout
-MANY_STAGE = '(for i in $(seq 1 %d); do echo "$NAME line $i"; sleep 0.1; done) & echo "$NAME: started"; exit 0' % N_LINES
+MANY_STAGE = (
+    '(for i in $(seq 1 %d); do echo "$NAME line $i"; sleep 0.1; done) & echo "$NAME: started"; exit 0' % N_LINES
+)
 
 
 def late_processes(spool: Path) -> dict[int, tuple[int, int]]:
@@ -401,8 +462,11 @@ def late_processes(spool: Path) -> dict[int, tuple[int, int]]:
             fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
             if not any(fd.startswith(str(spool)) for fd in fds):
                 continue
-            rss = next(int(x.split()[1]) for x in Path(f"/proc/{pid}/status").read_text().splitlines()
-                       if x.startswith("VmRSS:"))
+            rss = next(
+                int(x.split()[1])
+                for x in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if x.startswith("VmRSS:")
+            )
             out[int(pid)] = (rss, len(fds))
         except (OSError, StopIteration):
             continue
@@ -414,8 +478,19 @@ def test_stages_leaving_daemons_share_one_bounded_late_output_process(agent_env,
     for n in range(1, N_STAGES + 1):
         env = agent_env.env(NAME=f"d{n}")
         with open(tmp_path / "out", "ab") as out:  # a file, as a container's log: the run does not wait for it
-            r = agent_env.run("run", "--stage", f"s{n}", "--", "sh", "-c", MANY_STAGE, env=env, capture_output=False,
-                              stdout=out, stderr=out)
+            r = agent_env.run(
+                "run",
+                "--stage",
+                f"s{n}",
+                "--",
+                "sh",
+                "-c",
+                MANY_STAGE,
+                env=env,
+                capture_output=False,
+                stdout=out,
+                stderr=out,
+            )
         assert r.returncode == 0, (tmp_path / "out").read_text()[-2000:]
         seen.append(late_processes(agent_env.spool))
     deadline = time.monotonic() + 60
@@ -437,8 +512,12 @@ def test_stages_leaving_daemons_share_one_bounded_late_output_process(agent_env,
     agent_env.wait_for_line("stdout", f"d{N_STAGES} line {N_LINES}")
     db = tmp_path / "fr.duckdb"
     materialize(agent_env.kafka, db)
-    rows = query(db, """SELECT stage, text, count(*), bool_or(late) FROM log_lines
-                        WHERE instance_id = ? AND source = 'stdout' GROUP BY stage, text""", agent_env.instance)
+    rows = query(
+        db,
+        """SELECT stage, text, count(*), bool_or(late) FROM log_lines
+                        WHERE instance_id = ? AND source = 'stdout' GROUP BY stage, text""",
+        agent_env.instance,
+    )
     got = {(stage, text): (count, late) for stage, text, count, late in rows}
     want = {(f"s{n}", f"d{n} line {i}") for n in range(1, N_STAGES + 1) for i in range(1, N_LINES + 1)}
     want |= {(f"s{n}", f"d{n}: started") for n in range(1, N_STAGES + 1)}
@@ -453,8 +532,19 @@ def test_a_seal_waits_for_the_late_output_of_every_stage(agent_env, tmp_path: Pa
     with open(tmp_path / "out", "ab") as out:
         for n in (1, 2):  # two stages of the boot whose daemons write for ~2 s after their stage ended
             stage = '(for i in $(seq 1 20); do echo "$NAME line $i"; sleep 0.1; done) & exit 0'
-            r = agent_env.run("run", "--stage", f"s{n}", "--", "sh", "-c", stage, env=agent_env.env(NAME=f"d{n}"),
-                              capture_output=False, stdout=out, stderr=out)
+            r = agent_env.run(
+                "run",
+                "--stage",
+                f"s{n}",
+                "--",
+                "sh",
+                "-c",
+                stage,
+                env=agent_env.env(NAME=f"d{n}"),
+                capture_output=False,
+                stdout=out,
+                stderr=out,
+            )
             assert r.returncode == 0
     assert agent_env.run("seal").returncode == 0
     evs = agent_env.events()

@@ -16,8 +16,9 @@ ENTRYPOINT = Path(__file__).resolve().parents[2] / "examples" / "entrypoint.sh"
 
 def _env(agent_env, tmp_path: Path, **extra: str) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
-    return agent_env.env(PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(tmp_path / "work"),
-                         MANAGER_TOKEN="mgr-token-5e2f9a", **extra)
+    return agent_env.env(
+        PATH=f"{bin_dir}:{os.environ['PATH']}", WORK=str(tmp_path / "work"), MANAGER_TOKEN="mgr-token-5e2f9a", **extra
+    )
 
 
 def test_entrypoint_good_boot_is_sealed_and_complete(agent_env, tmp_path: Path) -> None:
@@ -36,14 +37,16 @@ def test_entrypoint_good_boot_is_sealed_and_complete(agent_env, tmp_path: Path) 
     shipped = b"".join(m.value for m in agent_env.kafka.consume() if m.key == agent_env.instance.encode())
     assert b"mgr-token-5e2f9a" not in shipped
     assert ["params: downloading 100%", "params: ready in " + str(tmp_path / "work" / "params")] == [
-        t for _, t, *_ in agent_env.lines("stdout", stage="params")]
+        t for _, t, *_ in agent_env.lines("stdout", stage="params")
+    ]
 
 
 def test_entrypoint_gpu_failure_is_explained(agent_env, tmp_path: Path) -> None:
     import subprocess
 
-    p = subprocess.run(["bash", str(ENTRYPOINT)], env=_env(agent_env, tmp_path, FAKE_GPU_FAIL="1"),
-                       capture_output=True, timeout=180)
+    p = subprocess.run(
+        ["bash", str(ENTRYPOINT)], env=_env(agent_env, tmp_path, FAKE_GPU_FAIL="1"), capture_output=True, timeout=180
+    )
     assert p.returncode == 1
     evs = agent_env.events()
     (ex,) = [e for e in evs if isinstance(e, ProcessExit) and e.stage == "benchmark"]
@@ -81,8 +84,9 @@ def test_broker_away_costs_the_entrypoint_nothing_and_flush_delivers_everything_
 
     def timed(env: dict[str, str]) -> float:
         t0 = time.monotonic()
-        p = subprocess.run(["bash", str(ENTRYPOINT)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           timeout=300)
+        p = subprocess.run(
+            ["bash", str(ENTRYPOINT)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300
+        )
         assert p.returncode == 0, p.stderr.decode()[-3000:]
         return time.monotonic() - t0
 
@@ -102,5 +106,6 @@ def test_broker_away_costs_the_entrypoint_nothing_and_flush_delivers_everything_
     assert evs and isinstance(evs[-1], Sealed)
     assert [e.seq for e in evs] == list(range(len(evs))) == list(range(evs[-1].event_count))  # each once, none lost
     assert len({e.event_id for e in evs}) == len(evs)
-    assert {decode(m.value).event_id for m in agent_env.kafka.consume() if m.key == agent_env.instance.encode()} \
-        == {e.event_id for e in evs}
+    assert {decode(m.value).event_id for m in agent_env.kafka.consume() if m.key == agent_env.instance.encode()} == {
+        e.event_id for e in evs
+    }

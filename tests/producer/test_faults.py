@@ -82,7 +82,9 @@ def test_a_spool_on_a_disk_already_full_does_not_stop_the_command(spool_env, tin
 
 
 N = 60_000
-SPEW = f"import sys\nfor i in range({N}): sys.stdout.write('line %06d of a stage that fills the disk\\n' % i)\nsys.exit(3)"
+SPEW = (
+    f"import sys\nfor i in range({N}): sys.stdout.write('line %06d of a stage that fills the disk\\n' % i)\nsys.exit(3)"
+)
 
 
 def test_a_disk_that_fills_mid_run_loses_lines_but_says_how_many(agent_env, tiny_disk: Path) -> None:
@@ -107,13 +109,14 @@ def test_the_delivery_thread_outlives_a_damaged_spool(agent_env, caplog) -> None
     from flightrec.producer.agent import open_agent
     from flightrec.producer.spool import SEG_MAGIC
 
-    with open_agent(settings=agent_env.kafka.settings.with_overrides(
-            instance=agent_env.instance, spool=str(agent_env.spool))) as agent:
+    with open_agent(
+        settings=agent_env.kafka.settings.with_overrides(instance=agent_env.instance, spool=str(agent_env.spool))
+    ) as agent:
         agent.event("s", "info", detail="one")
         assert agent.flush(30)
         seg = sorted(agent.spool.dir.glob("*.seg"))[-1]
         good = seg.read_bytes()
-        seg.write_bytes(b"GARBAGE!" + good[len(SEG_MAGIC) - 1:] + b"torn")  # another process damaged it
+        seg.write_bytes(b"GARBAGE!" + good[len(SEG_MAGIC) - 1 :] + b"torn")  # another process damaged it
         agent.deliverer.notify()
         time.sleep(1.5)
         assert agent.deliverer._thread.is_alive()

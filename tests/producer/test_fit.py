@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 
 from flightrec.producer import open_agent
-from flightrec.producer.deliver import marker_for, message_size, split_log_batch
+from flightrec.producer.fit import marker_for, message_size, split_log_batch
 from flightrec.producer.fit import fit_exit
 from flightrec.producer.lines import Tail, cut_text, fit_tails
 from flightrec.producer.batcher import BATCH_MAX_BYTES, SourceBatcher
@@ -17,7 +17,7 @@ from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
 
 def test_tail_lines_are_cut_by_bytes_on_a_character_boundary() -> None:
     t = Tail(limit=3, line_bytes=4096)
-    t.extend(["\u2588" * 4096, "\U0001F600" * 4096, "short"])
+    t.extend(["\u2588" * 4096, "\U0001f600" * 4096, "short"])
     cut = t.snapshot()
     for line in cut[:2]:
         assert line.endswith(" [cut]")
@@ -40,10 +40,17 @@ def test_fit_tails_shares_the_budget_and_says_what_was_cut() -> None:
 
 
 def test_a_huge_exit_event_fits_the_stock_limit() -> None:
-    line = "\U0001F600" * 1024  # 4 KB
-    fields = dict(stage="s", argv=["x" * 100_000] * 300, started_us=1, ended_us=2, duration_s=1.0,
-                  stdout_tail=[line] * 100, stderr_tail=[line] * 100,
-                  file_tails=[FileTail(f"/f{i}", [line] * 100) for i in range(4)])
+    line = "\U0001f600" * 1024  # 4 KB
+    fields = dict(
+        stage="s",
+        argv=["x" * 100_000] * 300,
+        started_us=1,
+        ended_us=2,
+        duration_s=1.0,
+        stdout_tail=[line] * 100,
+        stderr_tail=[line] * 100,
+        file_tails=[FileTail(f"/f{i}", [line] * 100) for i in range(4)],
+    )
     fitted = fit_exit(fields, STOCK_MAX_MESSAGE_BYTES)
     ev = ProcessExit(event_id=str(uuid.uuid4()), instance_id="i", boot_id="b", seq=1, ts_us=1, **fitted)
     assert message_size(b"i", encode(ev)) <= STOCK_MAX_MESSAGE_BYTES
@@ -71,9 +78,21 @@ def _record(ev, topic: str) -> Record:
 
 def test_a_refused_log_batch_is_split_into_parts_that_fit_with_the_same_seq() -> None:
     n = 40
-    ev = LogBatch(event_id=str(uuid.uuid4()), instance_id="i", boot_id="b", seq=7, ts_us=1, stage="s", source="stdout",
-                  line_no=range(1, n + 1), line_ts_us=[1] * n, text=["z" * 500] * n, truncated=[False] * n,
-                  invalid_utf8=[False] * n, late=[i >= n // 2 for i in range(n)])
+    ev = LogBatch(
+        event_id=str(uuid.uuid4()),
+        instance_id="i",
+        boot_id="b",
+        seq=7,
+        ts_us=1,
+        stage="s",
+        source="stdout",
+        line_no=range(1, n + 1),
+        line_ts_us=[1] * n,
+        text=["z" * 500] * n,
+        truncated=[False] * n,
+        invalid_utf8=[False] * n,
+        late=[i >= n // 2 for i in range(n)],
+    )
     value = encode(ev)
     parts = split_log_batch(value, b"i", 4096)
     assert parts is not None and len(parts) > 1
@@ -84,14 +103,36 @@ def test_a_refused_log_batch_is_split_into_parts_that_fit_with_the_same_seq() ->
     assert [x for d in decoded for x in d.line_no] == list(range(1, n + 1))
     assert [x for d in decoded for x in d.late] == list(ev.late), "the parts keep each line's late flag"
     assert split_log_batch(value, b"i", 4096) == parts, "deterministic: a resend makes the same event ids"
-    one = LogBatch(event_id="e", instance_id="i", boot_id="b", seq=1, ts_us=1, stage="s", source="stdout",
-                   line_no=[1], line_ts_us=[1], text=["z" * 9000], truncated=[False], invalid_utf8=[False])
+    one = LogBatch(
+        event_id="e",
+        instance_id="i",
+        boot_id="b",
+        seq=1,
+        ts_us=1,
+        stage="s",
+        source="stdout",
+        line_no=[1],
+        line_ts_us=[1],
+        text=["z" * 9000],
+        truncated=[False],
+        invalid_utf8=[False],
+    )
     assert split_log_batch(encode(one), b"i", 4096) is None, "one line alone cannot be split"
 
 
 def test_a_marker_keeps_the_seq_and_says_what_was_lost() -> None:
-    ev = ProcessExit(event_id="orig", instance_id="i", boot_id="b", seq=9, ts_us=5, stage="bench", argv=["x"],
-                     started_us=1, ended_us=2, duration_s=1.0)
+    ev = ProcessExit(
+        event_id="orig",
+        instance_id="i",
+        boot_id="b",
+        seq=9,
+        ts_us=5,
+        stage="bench",
+        argv=["x"],
+        started_us=1,
+        ended_us=2,
+        duration_s=1.0,
+    )
     rec = _record(ev, ev.topic)
     m = decode(marker_for(rec, "MessageSizeTooLargeError"))
     assert isinstance(m, Dropped)

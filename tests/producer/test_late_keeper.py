@@ -13,13 +13,20 @@ from pathlib import Path
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 N_LINES = 200  # 10 s: it still runs when the late-output process is killed
 # a daemon (a subshell) writing a numbered line every 0.05 s on the stage's stdout, then leaving a mark
-DAEMON = ('(for i in $(seq 1 %d); do echo "daemon line $i"; sleep 0.05; done; echo finished > "$MARK") & '
-          'echo started; exit 0') % N_LINES
+DAEMON = (
+    '(for i in $(seq 1 %d); do echo "daemon line $i"; sleep 0.05; done; echo finished > "$MARK") & echo started; exit 0'
+) % N_LINES
 
 
 def _env(tmp: Path, instance: str, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, FLIGHTREC_SPOOL=str(tmp / "spool"), FLIGHTREC_INSTANCE=instance,
-               FLIGHTREC_BOOTSTRAP="127.0.0.1:1", FLIGHTREC_FLUSH_TIMEOUT="1", FLIGHTREC_FACTS="")
+    env = dict(
+        os.environ,
+        FLIGHTREC_SPOOL=str(tmp / "spool"),
+        FLIGHTREC_INSTANCE=instance,
+        FLIGHTREC_BOOTSTRAP="127.0.0.1:1",
+        FLIGHTREC_FLUSH_TIMEOUT="1",
+        FLIGHTREC_FACTS="",
+    )
     env.update(extra)
     return env
 
@@ -58,8 +65,13 @@ def _run_daemon(tmp_path: Path, lines: int) -> tuple[Path, Path, Path, int]:
     mark, out, err = tmp_path / "mark", tmp_path / "out", tmp_path / "err"
     script = DAEMON.replace(str(N_LINES), str(lines), 1)
     with open(out, "wb") as f, open(err, "wb") as e:  # files, as a container's log: the run does not wait for them
-        r = subprocess.run([FLIGHTREC, "agent", "run", "--stage", "benchmark", "--", "sh", "-c", script],
-                           env=_env(tmp_path, instance, MARK=str(mark)), stdout=f, stderr=e, timeout=60)
+        r = subprocess.run(
+            [FLIGHTREC, "agent", "run", "--stage", "benchmark", "--", "sh", "-c", script],
+            env=_env(tmp_path, instance, MARK=str(mark)),
+            stdout=f,
+            stderr=e,
+            timeout=60,
+        )
     assert r.returncode == 0, err.read_text()[-2000:]
     pid_file = spool / "late.pid"
     assert _wait(pid_file.exists, 10), "no late-output process took the daemon's output"
@@ -88,7 +100,8 @@ def test_sigkill_of_the_late_output_process_leaves_the_daemon_running_and_passed
     assert not mark.exists(), "the daemon ended before the test could kill the late-output process"
     os.kill(late, signal.SIGKILL)  # as the OOM killer would
     assert _wait(mark.exists, 30), (
-        "the daemon died with the late-output process (SIGPIPE on its stdout); it wrote:\n" + out.read_text()[-500:])
+        "the daemon died with the late-output process (SIGPIPE on its stdout); it wrote:\n" + out.read_text()[-500:]
+    )
     text = out.read_text().splitlines()
     assert all(text.count(f"daemon line {i}") == 1 for i in range(1, N_LINES + 1)), text
     log = (spool / "late.log").read_text()
@@ -111,6 +124,7 @@ def test_what_the_keeper_passed_on_unrecorded_becomes_an_event_of_the_boot(tmp_p
     lines = 100  # 5 s of daemon lines
     spool, out, mark, late = _run_daemon(tmp_path, lines)
     log_file = spool / "late.log"
+
     def daemon_lines() -> int:
         return sum(1 for b in spooled() if isinstance(b, LogBatch) for t in b.text if t.startswith("daemon line"))
 
@@ -129,7 +143,9 @@ def test_what_the_keeper_passed_on_unrecorded_becomes_an_event_of_the_boot(tmp_p
     recorded = sum(1 for b in evs if isinstance(b, LogBatch) for t in b.text if t.startswith("daemon line"))
     (note,) = [e for e in evs if isinstance(e, Lifecycle) and e.attributes.get("late_output") == "lost"]
     lost = int(note.attributes["lost_lines"])
-    assert note.stage == "benchmark" and lost > 0 and int(note.attributes["lost_bytes"]) >= lost * len("daemon line 1\n")
+    assert (
+        note.stage == "benchmark" and lost > 0 and int(note.attributes["lost_bytes"]) >= lost * len("daemon line 1\n")
+    )
     # every daemon line is either recorded or counted as lost, but for the few the dead process had read and
     # not yet spooled (a batch leaves within 0.1 s of its first line: at 20 lines/s, a handful at most)
     assert lines - 5 <= recorded + lost <= lines, (recorded, lost)

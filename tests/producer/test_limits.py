@@ -22,8 +22,13 @@ STOCK_TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 def _materialize(agent_env, db: Path) -> None:
     agent_env.kafka.seed_at_mark(db)
-    r = subprocess.run([FLIGHTREC, "materialize", "--db", str(db), "--until-idle", "2", "--no-serve"],
-                       env=agent_env.env(), capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [FLIGHTREC, "materialize", "--db", str(db), "--until-idle", "2", "--no-serve"],
+        env=agent_env.env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -58,26 +63,36 @@ def test_a_huge_exit_event_never_wedges_the_instance(agent_env, tmp_path: Path) 
 
     db = tmp_path / "fleet.duckdb"
     _materialize(agent_env, db)
-    assert _sql(db, "SELECT count(*) FROM failures WHERE instance_id = ? AND stage = 'big'", agent_env.instance) == [(1,)]
-    assert _sql(db, "SELECT count(*) FROM lifecycle_events WHERE instance_id = ? AND stage = 'later'",
-                agent_env.instance) == [(1,)]
-    assert _sql(db, "SELECT complete, dropped_events FROM instances WHERE instance_id = ?",
-                agent_env.instance) == [(True, 0)]
-    cut = _sql(db, "SELECT len(list_filter(stdout_tail, lambda l: l LIKE '%[cut]%')) FROM process_exits WHERE instance_id = ?",
-               agent_env.instance)
+    assert _sql(db, "SELECT count(*) FROM failures WHERE instance_id = ? AND stage = 'big'", agent_env.instance) == [
+        (1,)
+    ]
+    assert _sql(
+        db, "SELECT count(*) FROM lifecycle_events WHERE instance_id = ? AND stage = 'later'", agent_env.instance
+    ) == [(1,)]
+    assert _sql(db, "SELECT complete, dropped_events FROM instances WHERE instance_id = ?", agent_env.instance) == [
+        (True, 0)
+    ]
+    cut = _sql(
+        db,
+        "SELECT len(list_filter(stdout_tail, lambda l: l LIKE '%[cut]%')) FROM process_exits WHERE instance_id = ?",
+        agent_env.instance,
+    )
     assert cut[0][0] > 0
 
 
 def test_huge_lines_on_every_source_stay_under_the_limit(agent_env, tmp_path: Path) -> None:
     # 100 lines of 4,096 emoji (4 bytes each) on stdout, stderr and four followed files: a 9.8 MB exit event before
     files = [tmp_path / f"f{i}.log" for i in range(4)]
-    script = ("import sys\nline = '\\U0001F600' * 4096 + '\\n'\n"
-              "sys.stdout.write(line * 100); sys.stdout.flush(); sys.stderr.write(line * 100)\n"
-              f"for p in {[str(f) for f in files]!r}:\n    open(p, 'w').write(line * 100)\n"
-              "sys.exit(1)\n")
+    script = (
+        "import sys\nline = '\\U0001F600' * 4096 + '\\n'\n"
+        "sys.stdout.write(line * 100); sys.stdout.flush(); sys.stderr.write(line * 100)\n"
+        f"for p in {[str(f) for f in files]!r}:\n    open(p, 'w').write(line * 100)\n"
+        "sys.exit(1)\n"
+    )
     tails = [a for f in files for a in ("--tail", str(f))]
-    r = agent_env.run("run", "--stage", "emoji", *tails, "--", PY, "-c", script,
-                      env=agent_env.env(FLIGHTREC_FOLLOW_GRACE="3"))
+    r = agent_env.run(
+        "run", "--stage", "emoji", *tails, "--", PY, "-c", script, env=agent_env.env(FLIGHTREC_FOLLOW_GRACE="3")
+    )
     assert r.returncode == 1
     assert b"not yet acknowledged" not in r.stderr, r.stderr.decode()[-2000:]
     r = agent_env.run("seal")
@@ -109,18 +124,20 @@ async def _set_max_message_bytes(bootstrap: str, topic: str, value: int | None) 
 
 def test_a_record_refused_for_good_becomes_a_marker_and_later_events_flow(agent_env, tmp_path: Path) -> None:
     # the topic's limit drops below the batch size while the stage runs (as when an operator changes it)
-    shrink = ("import asyncio, os, time\n"
-              "from aiokafka.admin import AIOKafkaAdminClient\n"
-              "from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType\n"
-              "async def go():\n"
-              "    admin = AIOKafkaAdminClient(bootstrap_servers=os.environ['FLIGHTREC_BOOTSTRAP'])\n"
-              "    await admin.start()\n"
-              f"    cfg = {{**{STOCK_TOPIC_CONFIG!r}, 'max.message.bytes': '2048'}}\n"
-              f"    await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, {TOPIC_LOGS!r}, configs=cfg)])\n"
-              "    await admin.close()\n"
-              "asyncio.run(go())\n"
-              "time.sleep(1)\n"
-              "print('x' * 6000)\n")
+    shrink = (
+        "import asyncio, os, time\n"
+        "from aiokafka.admin import AIOKafkaAdminClient\n"
+        "from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType\n"
+        "async def go():\n"
+        "    admin = AIOKafkaAdminClient(bootstrap_servers=os.environ['FLIGHTREC_BOOTSTRAP'])\n"
+        "    await admin.start()\n"
+        f"    cfg = {{**{STOCK_TOPIC_CONFIG!r}, 'max.message.bytes': '2048'}}\n"
+        f"    await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, {TOPIC_LOGS!r}, configs=cfg)])\n"
+        "    await admin.close()\n"
+        "asyncio.run(go())\n"
+        "time.sleep(1)\n"
+        "print('x' * 6000)\n"
+    )
     env = agent_env.env()
     try:
         r = agent_env.run("run", "--stage", "shrunk", "--", PY, "-c", shrink, env=env)
@@ -139,17 +156,30 @@ def test_a_record_refused_for_good_becomes_a_marker_and_later_events_flow(agent_
     assert [e.seq for e in events] == list(range(len(events))), "the marker keeps the seq: no gap"
     assert any(isinstance(e, Lifecycle) and e.stage == "later" for e in events)
     raw = [m for m in agent_env.kafka.consume() if m.key == agent_env.instance.encode()]
-    assert len(raw) == len(events) == len({e.event_id for e in events}), "a retry never re-sends what Kafka acknowledged"
+    assert len(raw) == len(events) == len({e.event_id for e in events}), (
+        "a retry never re-sends what Kafka acknowledged"
+    )
 
     db = tmp_path / "fleet.duckdb"
     _materialize(agent_env, db)
-    assert _sql(db, "SELECT complete, dropped_events FROM instances WHERE instance_id = ?",
-                agent_env.instance) == [(True, 1)]
-    w = subprocess.run([FLIGHTREC, "wait-sealed", agent_env.instance, "--db", str(db), "--timeout", "5"],
-                       env=agent_env.env(), capture_output=True, text=True, timeout=60)
+    assert _sql(db, "SELECT complete, dropped_events FROM instances WHERE instance_id = ?", agent_env.instance) == [
+        (True, 1)
+    ]
+    w = subprocess.run(
+        [FLIGHTREC, "wait-sealed", agent_env.instance, "--db", str(db), "--timeout", "5"],
+        env=agent_env.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert w.returncode == 0, w.stderr
     assert "1 event dropped" in w.stdout and f"seq {m.seq}" in w.stdout and "LogBatch" in w.stdout, w.stdout
     for source in (["--db", str(db)], ["--from-topics", "--db", str(tmp_path / "none.duckdb")]):
-        t = subprocess.run([FLIGHTREC, "timeline", agent_env.instance, *source], env=agent_env.env(),
-                           capture_output=True, text=True, timeout=120)
+        t = subprocess.run(
+            [FLIGHTREC, "timeline", agent_env.instance, *source],
+            env=agent_env.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert t.returncode == 0 and "DROPPED LogBatch of" in t.stdout, t.stdout + t.stderr

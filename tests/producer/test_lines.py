@@ -91,14 +91,16 @@ def test_tail_keeps_last_lines_and_cuts_long_ones() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(max_size=50).map(lambda b: b.replace(b"\r", b"")), max_size=20),
-       st.lists(st.integers(min_value=1, max_value=30), max_size=10))
+@given(
+    st.lists(st.binary(max_size=50).map(lambda b: b.replace(b"\r", b"")), max_size=20),
+    st.lists(st.integers(min_value=1, max_value=30), max_size=10),
+)
 def test_split_matches_bytes_split_for_any_chunking(lines: list[bytes], cuts: list[int]) -> None:
     """Without CRs or long lines, any chunking gives exactly bytes.split's lines."""
     data = b"\n".join(lines) + b"\n" if lines else b""
     chunks, pos = [], 0
     for c in cuts:
-        chunks.append(data[pos:pos + c])
+        chunks.append(data[pos : pos + c])
         pos += c
     chunks.append(data[pos:])
     got, flags = split_all(chunks, max_line=1000)

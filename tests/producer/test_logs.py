@@ -36,8 +36,20 @@ sys.exit(1)
 
 def test_daemon_error_only_in_followed_file_is_in_the_exit_tail(agent_env, tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"  # does not exist when the stage starts: it is waited for
-    r = agent_env.run("run", "--stage", "benchmark", "--tail", str(log), "--tail", str(tmp_path / "never.log"),
-                      "--", PY, "-c", BENCHMARK, str(log))
+    r = agent_env.run(
+        "run",
+        "--stage",
+        "benchmark",
+        "--tail",
+        str(log),
+        "--tail",
+        str(tmp_path / "never.log"),
+        "--",
+        PY,
+        "-c",
+        BENCHMARK,
+        str(log),
+    )
     assert r.returncode == 1
     ex = agent_env.of(ProcessExit)[0]
     tails = {t.path: t for t in ex.file_tails}
@@ -74,8 +86,9 @@ def test_followed_file_rotation_and_truncation(spool_env, tmp_path: Path) -> Non
     r = spool_env.run("run", "--stage", "s", "--tail", str(log), "--", PY, "-c", ROTATE, str(log))
     assert r.returncode == 0, r.stderr
     texts = [t for _, t, *_ in spool_env.lines(str(log))]
-    assert texts == [f"line {i}" for i in range(1, 6)] + ["line 6 (late write to the old file)"] + \
-        [f"line {i}" for i in range(7, 13)]
+    assert texts == [f"line {i}" for i in range(1, 6)] + ["line 6 (late write to the old file)"] + [
+        f"line {i}" for i in range(7, 13)
+    ]
     nos = [n for n, *_ in spool_env.lines(str(log))]
     assert nos == list(range(1, len(nos) + 1))
 
@@ -84,7 +97,10 @@ def test_a_10_mb_line_is_cut_and_flagged(spool_env) -> None:
     code = "import sys; w=sys.stdout.buffer.write; w(b'before\\n'); w(b'x' * 10_000_000 + b'\\n'); w(b'after\\n')"
     r = spool_env.run("run", "--stage", "s", "--", PY, "-c", code)
     assert r.returncode == 0
-    assert hashlib.sha256(r.stdout).hexdigest() == hashlib.sha256(b"before\n" + b"x" * 10_000_000 + b"\nafter\n").hexdigest()
+    assert (
+        hashlib.sha256(r.stdout).hexdigest()
+        == hashlib.sha256(b"before\n" + b"x" * 10_000_000 + b"\nafter\n").hexdigest()
+    )
     out = spool_env.lines("stdout")
     assert [(n, len(t), cut) for n, t, cut, _ in out] == [(1, 6, False), (2, 65536, True), (3, 5, False)]
     assert out[1][1] == "x" * 65536
@@ -97,7 +113,10 @@ def test_invalid_utf8_is_kept_visibly_and_flagged(spool_env) -> None:
     r = spool_env.run("run", "--stage", "s", "--", PY, "-c", code)
     assert r.returncode == 0
     assert [(t, inv) for _, t, _, inv in spool_env.lines("stdout")] == [
-        ("ok é", False), ("bad \\xff\\xfe end", True), ("latin1 caf\\xe9", True)]
+        ("ok é", False),
+        ("bad \\xff\\xfe end", True),
+        ("latin1 caf\\xe9", True),
+    ]
 
 
 def test_progress_bar_does_not_flood(spool_env) -> None:
@@ -109,8 +128,10 @@ def test_progress_bar_does_not_flood(spool_env) -> None:
 
 def test_secrets_in_env_and_urls_are_masked(agent_env) -> None:
     secret = "tok_7f3a9c2e51d04b"
-    code = ("import os,sys; t=os.environ['MANAGER_TOKEN']; print('token is', t); "
-            "print('GET https://operator:hunter2pass@manager.example/register', file=sys.stderr)")
+    code = (
+        "import os,sys; t=os.environ['MANAGER_TOKEN']; print('token is', t); "
+        "print('GET https://operator:hunter2pass@manager.example/register', file=sys.stderr)"
+    )
     env = agent_env.env(MANAGER_TOKEN=secret, FLIGHTREC_REDACT="MANAGER_TOKEN,UNSET_VAR")
     r = agent_env.run("run", "--stage", "register", "--", PY, "-c", code, f"--token={secret}", env=env)
     assert r.returncode == 0
@@ -139,8 +160,18 @@ def test_a_burst_of_empty_lines_is_split_into_deliverable_batches(agent_env, tmp
     # chunk would be ~14 MB, over aiokafka's max_request_size; it must never block delivery
     src, log = tmp_path / "blank.src", tmp_path / "blank.log"  # the stage writes the followed file
     src.write_bytes(b"\n" * 2_000_000 + b"last\n")
-    r = agent_env.run("run", "--stage", "s", "--tail", str(log), "--", "cp", str(src), str(log),
-                      env=agent_env.env(FLIGHTREC_FLUSH_TIMEOUT="15"))
+    r = agent_env.run(
+        "run",
+        "--stage",
+        "s",
+        "--tail",
+        str(log),
+        "--",
+        "cp",
+        str(src),
+        str(log),
+        env=agent_env.env(FLIGHTREC_FLUSH_TIMEOUT="15"),
+    )
     assert r.returncode == 0
     assert b"not yet acknowledged" not in r.stderr, r.stderr.decode()[-2000:]
     out = agent_env.lines(str(log))

@@ -13,7 +13,6 @@ import pytest
 from flightrec.schemas import Lifecycle, ProcessExit
 
 
-
 def test_a_non_utf8_argument(spool_env) -> None:
     r = spool_env.run("run", "--stage", "s", "--", b"echo", b"caf\xe9")
     assert r.returncode == 0, r.stderr
@@ -92,8 +91,12 @@ def test_no_manager_source_leaves_the_spool_folder(spool_env, tmp_path: Path, so
     root = tmp_path / "box" / "spool"
     root.mkdir(parents=True)
     env = spool_env.env(FLIGHTREC_SPOOL=str(root))
-    r = subprocess.run([spool_env.argv("event")[0], "manager", "event", "--instance", "i-1", "--kind", "note",
-                        "--source", source], env=env, capture_output=True, timeout=60)
+    r = subprocess.run(
+        [spool_env.argv("event")[0], "manager", "event", "--instance", "i-1", "--kind", "note", "--source", source],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     segments = list((tmp_path / "box").rglob("*.seg"))
     assert segments, r.stderr
     for seg in segments:  # <spool>/manager/<source>/<instance>/NNN.seg
@@ -108,16 +111,30 @@ def test_flush_all_finds_the_manager_s_undelivered_events(spool_env, tmp_path: P
     root = tmp_path / "spool"
     env = spool_env.env(FLIGHTREC_SPOOL=str(root))
     exe = spool_env.argv("event")[0]
-    r = subprocess.run([exe, "manager", "event", "--instance", "i-1", "--kind", "destroyed", "--source", "mgr-a"],
-                       env=env, capture_output=True, timeout=60)
+    r = subprocess.run(
+        [exe, "manager", "event", "--instance", "i-1", "--kind", "destroyed", "--source", "mgr-a"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     assert b"not yet delivered" in r.stdout + r.stderr  # nothing listens: it waits in the manager's spool
     for where in (root / "manager", root):
-        f = subprocess.run([exe, "agent", "flush", "--all", "--timeout", "1", "--spool", str(where)], env=env,
-                           capture_output=True, text=True, timeout=120)
+        f = subprocess.run(
+            [exe, "agent", "flush", "--all", "--timeout", "1", "--spool", str(where)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert f.returncode == 1, (where, f.stdout, f.stderr)
         assert "i-1: 0 events delivered, 1 left in" in f.stdout and "mgr-a" in f.stdout, (where, f.stdout)
-    empty = subprocess.run([exe, "agent", "flush", "--all", "--spool", str(tmp_path / "nothing")], env=env,
-                           capture_output=True, text=True, timeout=60)
+    empty = subprocess.run(
+        [exe, "agent", "flush", "--all", "--spool", str(tmp_path / "nothing")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert empty.returncode == 0 and "no spooled instances" in empty.stdout + empty.stderr
 
 
@@ -128,9 +145,18 @@ def test_an_instance_named_manager_hides_no_manager_event_from_flush_all(spool_e
     root = tmp_path / "spool"
     env = spool_env.env(FLIGHTREC_SPOOL=str(root))
     exe = spool_env.argv("event")[0]
-    subprocess.run([exe, "manager", "event", "--instance", "gpu-1", "--kind", "destroyed", "--source", "mgr-a"],
-                   env=env, capture_output=True, timeout=60)
+    subprocess.run(
+        [exe, "manager", "event", "--instance", "gpu-1", "--kind", "destroyed", "--source", "mgr-a"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     assert spool_env.run("event", "--instance", "manager", "--stage", "s", "--state", "info", env=env).returncode == 0
-    f = subprocess.run([exe, "agent", "flush", "--all", "--timeout", "1", "--spool", str(root)], env=env,
-                       capture_output=True, text=True, timeout=120)
+    f = subprocess.run(
+        [exe, "agent", "flush", "--all", "--timeout", "1", "--spool", str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "gpu-1: 0 events delivered, 1 left in" in f.stdout and "manager: 0 events delivered" in f.stdout, f.stdout

@@ -32,7 +32,10 @@ def test_url_credentials_are_masked() -> None:
     assert r.text("GET https://bob:hunter2@example.com/x ok") == "GET https://***:***@example.com/x ok"
     assert r.text("postgres://u:p@db:5432/x") == "postgres://***:***@db:5432/x"
     # a user alone may be a token (https://TOKEN@host): it is masked too
-    assert r.text("ssh://git@github.com/repo and http://example.com/a@b") == "ssh://***@github.com/repo and http://example.com/a@b"
+    assert (
+        r.text("ssh://git@github.com/repo and http://example.com/a@b")
+        == "ssh://***@github.com/repo and http://example.com/a@b"
+    )
 
 
 def test_lines_fast_path_returns_same_list() -> None:
@@ -54,41 +57,57 @@ R = Redactor(shapes=SHAPES)
 AWS = "AKIA" + "IOSFODNN7EXAMPLE"
 
 
-@pytest.mark.parametrize("line,want", [
-    (f"export AWS_ACCESS_KEY_ID={AWS}", "export AWS_ACCESS_KEY_ID=***"),
-    (f"key{AWS}x", "key***x"),  # glued to other letters: still masked
-    ('{"user": "bob", "password": "hunter2", "n": 1}', '{"user": "bob", "password": "***", "n": 1}'),
-    ('{"note": "a \\"quoted\\" one", "secret": "a\\"b c"}', '{"note": "a \\"quoted\\" one", "secret": "***"}'),
-    ("Authorization: Bearer abcdefgh12345678", "Authorization: Bearer ***"),
-    ("{'Authorization': 'Basic dXNlcjpwYXNzd29yZA=='}", "{'Authorization': 'Basic ***'}"),
-    ("-----BEGIN RSA PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----"),
-    ('"private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBg\\n-----END PRIVATE KEY-----\\n"',
-     '"private_key": "***"'),
-    ("key -----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBg\\n-----END PRIVATE KEY-----\\n",
-     "key -----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----\\n"),
-    ("mysql --password hunter2 -h db", "mysql --password *** -h db"),
-    ("token=abcdefgh12&user=x", "token=***&user=x"),
-    ("PASSWORD: x", "PASSWORD: ***"),
-    ("Server=db;Password=abc;User=sa", "Server=db;Password=***;User=sa"),
-    ("url?user=bob&password=hunter2&x=1", "url?user=bob&password=***"),  # the rest of the query string too
-])
+@pytest.mark.parametrize(
+    "line,want",
+    [
+        (f"export AWS_ACCESS_KEY_ID={AWS}", "export AWS_ACCESS_KEY_ID=***"),
+        (f"key{AWS}x", "key***x"),  # glued to other letters: still masked
+        ('{"user": "bob", "password": "hunter2", "n": 1}', '{"user": "bob", "password": "***", "n": 1}'),
+        ('{"note": "a \\"quoted\\" one", "secret": "a\\"b c"}', '{"note": "a \\"quoted\\" one", "secret": "***"}'),
+        ("Authorization: Bearer abcdefgh12345678", "Authorization: Bearer ***"),
+        ("{'Authorization': 'Basic dXNlcjpwYXNzd29yZA=='}", "{'Authorization': 'Basic ***'}"),
+        ("-----BEGIN RSA PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----"),
+        (
+            '"private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBg\\n-----END PRIVATE KEY-----\\n"',
+            '"private_key": "***"',
+        ),
+        (
+            "key -----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBg\\n-----END PRIVATE KEY-----\\n",
+            "key -----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----\\n",
+        ),
+        ("mysql --password hunter2 -h db", "mysql --password *** -h db"),
+        ("token=abcdefgh12&user=x", "token=***&user=x"),
+        ("PASSWORD: x", "PASSWORD: ***"),
+        ("Server=db;Password=abc;User=sa", "Server=db;Password=***;User=sa"),
+        ("url?user=bob&password=hunter2&x=1", "url?user=bob&password=***"),  # the rest of the query string too
+    ],
+)
 def test_shapes_mask_the_secret_part(line: str, want: str) -> None:
     assert R.text(line) == want
 
 
 FALSE_POSITIVES = [
     "password reset email sent to bob@example.com",
-    "token count: 512", "max_tokens=4096 tokens/s=5120.5 token: 512", "token_count=7",
-    "passwords: 3 rotated, password_policy=strict, Enter password:", "password: null",
+    "token count: 512",
+    "max_tokens=4096 tokens/s=5120.5 token: 512",
+    "token_count=7",
+    "passwords: 3 rotated, password_policy=strict, Enter password:",
+    "password: null",
     "commit 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b",
     "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     "request 550e8400-e29b-41d4-a716-446655440000 done",
     '{"proof": "c29tZSBwcm9vZiBieXRlcyBoZXJl", "size": 4096}',
-    "401: authorization required", "Authorization failed for user bob",
-    "-----BEGIN CERTIFICATE-----", "-----BEGIN PUBLIC KEY-----",
-    "the secret sauce is batching; secrets: 0", "tokenizer: bpe --token-file /etc/tok --password-stdin",
-    "Asia/Tokyo AKIAFOO ghp_short glpat-short github_pat_x", "api_key_id=42",
-    "git@github.com:org/repo.git", "https://example.com/a@b", "http://host:8080/path@x",
+    "401: authorization required",
+    "Authorization failed for user bob",
+    "-----BEGIN CERTIFICATE-----",
+    "-----BEGIN PUBLIC KEY-----",
+    "the secret sauce is batching; secrets: 0",
+    "tokenizer: bpe --token-file /etc/tok --password-stdin",
+    "Asia/Tokyo AKIAFOO ghp_short glpat-short github_pat_x",
+    "api_key_id=42",
+    "git@github.com:org/repo.git",
+    "https://example.com/a@b",
+    "http://host:8080/path@x",
     "0000123 worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5",
 ]
 
@@ -100,12 +119,30 @@ def test_ordinary_lines_are_not_masked(line: str) -> None:
 
 
 def test_a_private_key_body_follows_its_header_up_to_the_end() -> None:
-    lines = ["loading", "-----BEGIN EC PRIVATE KEY-----", "Proc-Type: 4,ENCRYPTED", "DEK-Info: AES-128-CBC,3F17F5",
-             "", "MHcCAQEEIBkgWmG7ZZq+7vG2lA5Br3n/Lrwm5Fiv", "2024-01-01 INFO " + "QmFzZTY0" * 6, "AwEHoU==",
-             "-----END EC PRIVATE KEY-----", "done"]
-    assert R.lines(lines) == ["loading", "-----BEGIN EC PRIVATE KEY-----", "Proc-Type: 4,ENCRYPTED",
-                              "DEK-Info: AES-128-CBC,3F17F5", "", "***", "2024-01-01 INFO ***", "***",
-                              "-----END EC PRIVATE KEY-----", "done"]
+    lines = [
+        "loading",
+        "-----BEGIN EC PRIVATE KEY-----",
+        "Proc-Type: 4,ENCRYPTED",
+        "DEK-Info: AES-128-CBC,3F17F5",
+        "",
+        "MHcCAQEEIBkgWmG7ZZq+7vG2lA5Br3n/Lrwm5Fiv",
+        "2024-01-01 INFO " + "QmFzZTY0" * 6,
+        "AwEHoU==",
+        "-----END EC PRIVATE KEY-----",
+        "done",
+    ]
+    assert R.lines(lines) == [
+        "loading",
+        "-----BEGIN EC PRIVATE KEY-----",
+        "Proc-Type: 4,ENCRYPTED",
+        "DEK-Info: AES-128-CBC,3F17F5",
+        "",
+        "***",
+        "2024-01-01 INFO ***",
+        "***",
+        "-----END EC PRIVATE KEY-----",
+        "done",
+    ]
 
 
 def test_a_private_key_body_goes_on_in_the_next_read_with_the_carry() -> None:
@@ -174,17 +211,20 @@ def test_a_long_secrets_base64_wrapped_at_76_columns_is_masked_line_by_line() ->
     assert all(line == "***" or len(line) < 16 for line in r.lines(enc))
 
 
-@pytest.mark.parametrize("url,want", [
-    ("postgres://user:p@ss/word@host/db", "postgres://***:***@host/db"),
-    ("mysql://root:a/b:c@d@db.internal:3306/x?y=1", "mysql://***:***@db.internal:3306/x?y=1"),
-    ("https://u:pw@host.example/path@v2", "https://***:***@host.example/path@v2"),
-    ("https://u:pw@postgres/path@v2", "https://***:***@v2"),  # no dot, no port: the safe reading masks more
-    ("https://tok@registry.npmjs.org/@scope%2fpkg", "https://***@registry.npmjs.org/@scope%2fpkg"),
-    ("https://example.com/a@b", "https://example.com/a@b"),
-    ("http://host:8080/path@x", "http://host:8080/path@x"),
-    ("https://[::1]:8443/a@b", "https://[::1]:8443/a@b"),
-    ('"https://user:p/w@host/x"', '"https://***:***@host/x"'),
-])
+@pytest.mark.parametrize(
+    "url,want",
+    [
+        ("postgres://user:p@ss/word@host/db", "postgres://***:***@host/db"),
+        ("mysql://root:a/b:c@d@db.internal:3306/x?y=1", "mysql://***:***@db.internal:3306/x?y=1"),
+        ("https://u:pw@host.example/path@v2", "https://***:***@host.example/path@v2"),
+        ("https://u:pw@postgres/path@v2", "https://***:***@v2"),  # no dot, no port: the safe reading masks more
+        ("https://tok@registry.npmjs.org/@scope%2fpkg", "https://***@registry.npmjs.org/@scope%2fpkg"),
+        ("https://example.com/a@b", "https://example.com/a@b"),
+        ("http://host:8080/path@x", "http://host:8080/path@x"),
+        ("https://[::1]:8443/a@b", "https://[::1]:8443/a@b"),
+        ('"https://user:p/w@host/x"', '"https://***:***@host/x"'),
+    ],
+)
 def test_url_credentials_whatever_they_hold(url: str, want: str) -> None:
     assert Redactor().text(url) == want
 
@@ -203,9 +243,27 @@ def test_a_cut_url_with_a_password_holding_a_slash_masks_what_is_left() -> None:
     assert Redactor().cut("see postgres://user:p@ss/wo") == "see postgres://***"
 
 
-VOCAB = [b"plain ", b"ok\n", b"\n", b"token: 512 ", b"password=", b"hunter2 ", AWS.encode(), b"AKIA", b"ghp_",
-         b"-----BEGIN RSA PRIVATE KEY-----", b"MIIEowIBAAKCAQEA", b"-----END RSA PRIVATE KEY-----", b"Authorization: ",
-         b"Bearer abcdefgh1234 ", SPLIT[:6].encode(), SPLIT[6:].encode(), SPLIT.encode(), b"x://", b"u:p@h "]
+VOCAB = [
+    b"plain ",
+    b"ok\n",
+    b"\n",
+    b"token: 512 ",
+    b"password=",
+    b"hunter2 ",
+    AWS.encode(),
+    b"AKIA",
+    b"ghp_",
+    b"-----BEGIN RSA PRIVATE KEY-----",
+    b"MIIEowIBAAKCAQEA",
+    b"-----END RSA PRIVATE KEY-----",
+    b"Authorization: ",
+    b"Bearer abcdefgh1234 ",
+    SPLIT[:6].encode(),
+    SPLIT[6:].encode(),
+    SPLIT.encode(),
+    b"x://",
+    b"u:p@h ",
+]
 
 
 @hsettings(max_examples=300, deadline=None)
@@ -221,9 +279,24 @@ def test_a_read_the_fast_path_skips_holds_nothing_to_mask(before: list[bytes], p
         assert r.stream(lines, carry=carry)[0] == lines
 
 
-PIECES = ["token=abcdefgh123", "tokens/s=512", "password: hunter2", "x", AWS, "Authorization: Bearer abcdefghijkl",
-          "--token abcdef12345", '"secret": "s3cr3t value"', "secret_key=abc", "gh" + "p_" + "aB3" * 12, "passwords: 3",
-          "url https://u:p@h/x", "api_key='abcdefgh12'", "token: 5", "TOKEN=ABCDEFGH99", "é token=ünïcode-42"]
+PIECES = [
+    "token=abcdefgh123",
+    "tokens/s=512",
+    "password: hunter2",
+    "x",
+    AWS,
+    "Authorization: Bearer abcdefghijkl",
+    "--token abcdef12345",
+    '"secret": "s3cr3t value"',
+    "secret_key=abc",
+    "gh" + "p_" + "aB3" * 12,
+    "passwords: 3",
+    "url https://u:p@h/x",
+    "api_key='abcdefgh12'",
+    "token: 5",
+    "TOKEN=ABCDEFGH99",
+    "é token=ünïcode-42",
+]
 LINES = st.lists(st.sampled_from(PIECES), min_size=1, max_size=4).map(" ".join)
 
 

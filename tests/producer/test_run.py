@@ -46,8 +46,15 @@ def test_exit_code_tails_and_states_reach_kafka(agent_env) -> None:
 
 
 def _check_death_by_signal(agent_env, sig: signal.Signals) -> None:
-    r = agent_env.run("run", "--stage", "daemon", "--", PY, "-c",
-                      f"import os,sys; print('dying', flush=True); os.kill(os.getpid(), {int(sig)})")
+    r = agent_env.run(
+        "run",
+        "--stage",
+        "daemon",
+        "--",
+        PY,
+        "-c",
+        f"import os,sys; print('dying', flush=True); os.kill(os.getpid(), {int(sig)})",
+    )
     assert r.returncode == 128 + sig
     ex = agent_env.of(ProcessExit)[0]
     assert (ex.exit_code, ex.signal, ex.signal_name) == (None, int(sig), sig.name)
@@ -79,8 +86,12 @@ sys.exit(99)
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_to_the_agent_reaches_cmd(spool_env, sig: signal.Signals) -> None:
-    p = subprocess.Popen(spool_env.argv("run", "--stage", "sup", "--", PY, "-c", TRAP), env=spool_env.env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        spool_env.argv("run", "--stage", "sup", "--", PY, "-c", TRAP),
+        env=spool_env.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert p.stdout is not None
     assert p.stdout.readline() == b"ready\n"
     p.send_signal(sig)
@@ -92,16 +103,32 @@ def test_signal_to_the_agent_reaches_cmd(spool_env, sig: signal.Signals) -> None
 
 def test_stdin_passes_through(spool_env) -> None:
     data = os.urandom(300_000) + b"\nlast line\n"
-    r = spool_env.run("run", "--stage", "s", "--", PY, "-c",
-                      "import sys,hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
-                      input=data)
+    r = spool_env.run(
+        "run",
+        "--stage",
+        "s",
+        "--",
+        PY,
+        "-c",
+        "import sys,hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
+        input=data,
+    )
     assert r.returncode == 0
     assert r.stdout.decode().strip() == hashlib.sha256(data).hexdigest()
 
 
 def test_environment_and_working_folder_pass_through(spool_env, tmp_path: Path) -> None:
-    r = spool_env.run("run", "--stage", "s", "--", "sh", "-c", 'echo "$MY_VAR"; pwd',
-                      env=spool_env.env(MY_VAR="hello env"), cwd=tmp_path)
+    r = spool_env.run(
+        "run",
+        "--stage",
+        "s",
+        "--",
+        "sh",
+        "-c",
+        'echo "$MY_VAR"; pwd',
+        env=spool_env.env(MY_VAR="hello env"),
+        cwd=tmp_path,
+    )
     assert r.stdout.decode().splitlines() == ["hello env", str(tmp_path)]
 
 
@@ -153,9 +180,14 @@ def test_command_not_executable_gives_126(spool_env, tmp_path: Path) -> None:
 
 def test_lines_are_shipped_while_cmd_runs(agent_env) -> None:
     """A line reaches Kafka while CMD still runs (batches leave within ~100 ms, not at exit)."""
-    p = subprocess.Popen(agent_env.argv("run", "--stage", "s", "--", PY, "-c",
-                                        "import time; print('early', flush=True); time.sleep(60)"),
-                         env=agent_env.env(), stdout=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        agent_env.argv(
+            "run", "--stage", "s", "--", PY, "-c", "import time; print('early', flush=True); time.sleep(60)"
+        ),
+        env=agent_env.env(),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         assert p.stdout is not None and p.stdout.readline() == b"early\n"
         deadline = time.monotonic() + 30
@@ -171,8 +203,9 @@ def test_lines_are_shipped_while_cmd_runs(agent_env) -> None:
 def test_heartbeats_while_a_stage_runs_counted_in_seq(spool_env) -> None:
     from flightrec.schemas import Heartbeat
 
-    r = spool_env.run("run", "--stage", "bench", "--seal", "--", "sleep", "1.2",
-                      env=spool_env.env(FLIGHTREC_HEARTBEAT_S="0.25"))
+    r = spool_env.run(
+        "run", "--stage", "bench", "--seal", "--", "sleep", "1.2", env=spool_env.env(FLIGHTREC_HEARTBEAT_S="0.25")
+    )
     assert r.returncode == 0, r.stderr
     beats = spool_env.of(Heartbeat)
     assert 3 <= len(beats) <= 8, len(beats)

@@ -14,7 +14,9 @@ from pathlib import Path
 from flightrec.schemas import InstanceFacts, Lifecycle, ProcessExit, Sealed
 
 PY = sys.executable
-TUNNEL = "import sys, time\nprint('tunnel up', flush=True)\ntime.sleep({s})\nprint('tunnel down', flush=True)\nsys.exit(2)"
+TUNNEL = (
+    "import sys, time\nprint('tunnel up', flush=True)\ntime.sleep({s})\nprint('tunnel down', flush=True)\nsys.exit(2)"
+)
 
 
 def _one_sealed_boot(evs: list) -> Sealed:
@@ -26,9 +28,12 @@ def _one_sealed_boot(evs: list) -> Sealed:
 
 
 def _start_tunnel(agent_env, env: dict[str, str], seconds: float) -> subprocess.Popen:
-    p = subprocess.Popen(agent_env.argv("run", "--stage", "tunnel", "--no-facts", "--", PY, "-c",
-                                        TUNNEL.format(s=seconds)),
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        agent_env.argv("run", "--stage", "tunnel", "--no-facts", "--", PY, "-c", TUNNEL.format(s=seconds)),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert p.stdout is not None and p.stdout.readline() == b"tunnel up\n"
     return p
 
@@ -45,7 +50,10 @@ def test_the_seal_waits_for_a_background_stage(agent_env) -> None:
     assert "still running" not in seal.reason
     assert [e.exit_code for e in evs if isinstance(e, ProcessExit) and e.stage == "tunnel"] == [2]
     assert ("tunnel", "failed") in [(e.stage, e.state) for e in evs if isinstance(e, Lifecycle)]
-    assert agent_env.lines("stdout", stage="tunnel") == [(1, "tunnel up", False, False), (2, "tunnel down", False, False)]
+    assert agent_env.lines("stdout", stage="tunnel") == [
+        (1, "tunnel up", False, False),
+        (2, "tunnel down", False, False),
+    ]
 
 
 def test_a_stage_outliving_the_wait_is_named_in_the_seal_and_opens_no_new_boot(spool_env) -> None:
@@ -65,8 +73,10 @@ def test_the_seal_waits_for_a_slow_nvidia_smi(spool_env, tmp_path: Path) -> None
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"  # a real process standing in for a slow driver (no GPU here)
-    smi.write_text('#!/bin/sh\ncase "$1" in\n  --query-gpu*) sleep 3; echo "NVIDIA H200, 143771, 550.54, 9.0";;\n'
-                   '  *) echo "| NVIDIA-SMI 550.54   Driver Version: 550.54   CUDA Version: 12.4 |";;\nesac\n')
+    smi.write_text(
+        '#!/bin/sh\ncase "$1" in\n  --query-gpu*) sleep 3; echo "NVIDIA H200, 143771, 550.54, 9.0";;\n'
+        '  *) echo "| NVIDIA-SMI 550.54   Driver Version: 550.54   CUDA Version: 12.4 |";;\nesac\n'
+    )
     smi.chmod(0o755)
     env = spool_env.env(PATH=f"{bin_dir}:/usr/bin:/bin", FLIGHTREC_SEAL_WAIT="60")
     r = spool_env.run("run", "--stage", "supervisor", "--", "true", env=env)
@@ -84,8 +94,20 @@ def test_a_daemon_meant_to_live_on_holds_a_healthy_seal_at_most_the_late_wait(sp
     script = f'sleep 30 & echo $! > {pidfile}; echo "supervisor: prover started"; exit 0'
     with open(tmp_path / "out", "wb") as out:  # a file, as a container's log (a pipe would wait for the prover)
         t0 = time.monotonic()
-        r = spool_env.run("run", "--stage", "supervisor", "--no-facts", "--", "sh", "-c", script, env=env,
-                          capture_output=False, stdout=out, stderr=out)
+        r = spool_env.run(
+            "run",
+            "--stage",
+            "supervisor",
+            "--no-facts",
+            "--",
+            "sh",
+            "-c",
+            script,
+            env=env,
+            capture_output=False,
+            stdout=out,
+            stderr=out,
+        )
         took = time.monotonic() - t0
     prover = int(pidfile.read_text())
     try:
@@ -111,8 +133,19 @@ def _late_lines(evs: list, sealed: Sealed) -> list[str]:
 def test_a_seal_killed_while_it_waits_does_not_stop_the_recording(spool_env, tmp_path: Path) -> None:
     env = spool_env.env(FLIGHTREC_LATE_WAIT="1")
     with open(tmp_path / "out", "wb") as out:
-        r = spool_env.run("run", "--stage", "benchmark", "--", "sh", "-c", LATE_STAGE.format(delay=3), env=env,
-                          capture_output=False, stdout=out, stderr=out)
+        r = spool_env.run(
+            "run",
+            "--stage",
+            "benchmark",
+            "--",
+            "sh",
+            "-c",
+            LATE_STAGE.format(delay=3),
+            env=env,
+            capture_output=False,
+            stdout=out,
+            stderr=out,
+        )
     assert r.returncode == 1
     seal = subprocess.Popen(spool_env.argv("seal"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.6)  # it asked the late-output process to finish the stage, and waits
@@ -128,8 +161,19 @@ def test_a_seal_killed_while_it_waits_does_not_stop_the_recording(spool_env, tmp
 def test_a_late_output_process_killed_while_the_seal_waits_is_named(spool_env, tmp_path: Path) -> None:
     env = spool_env.env(FLIGHTREC_LATE_WAIT="30")
     with open(tmp_path / "out", "wb") as out:
-        r = spool_env.run("run", "--stage", "benchmark", "--", "sh", "-c", LATE_STAGE.format(delay=5), env=env,
-                          capture_output=False, stdout=out, stderr=out)
+        r = spool_env.run(
+            "run",
+            "--stage",
+            "benchmark",
+            "--",
+            "sh",
+            "-c",
+            LATE_STAGE.format(delay=5),
+            env=env,
+            capture_output=False,
+            stdout=out,
+            stderr=out,
+        )
     assert r.returncode == 1
     inst = spool_env.spool / spool_env.instance
     deadline = time.monotonic() + 30
@@ -170,8 +214,22 @@ def test_a_daemon_that_hides_its_token_is_still_waited_for(spool_env, tmp_path: 
     env = spool_env.env(FLIGHTREC_LATE_WAIT="30")
     script = f'setsid "{PY}" "{daemon}" "{log}" </dev/null >/dev/null 2>&1 & sleep 0.3; exit 1'
     with open(tmp_path / "out", "wb") as out:
-        r = spool_env.run("run", "--stage", "benchmark", "--tail", str(log), "--no-facts", "--", "sh", "-c", script,
-                          env=env, capture_output=False, stdout=out, stderr=out)
+        r = spool_env.run(
+            "run",
+            "--stage",
+            "benchmark",
+            "--tail",
+            str(log),
+            "--no-facts",
+            "--",
+            "sh",
+            "-c",
+            script,
+            env=env,
+            capture_output=False,
+            stdout=out,
+            stderr=out,
+        )
     assert r.returncode == 1
     assert spool_env.run("seal", env=env).returncode == 0
     evs = spool_env.events()
@@ -185,8 +243,20 @@ def test_late_lines_after_the_seal_never_open_a_boot_of_their_own(spool_env, tmp
     writes after the seal is passed on and not recorded, never spooled as a new boot."""
     ticker = '(for i in $(seq 1 16); do echo "tick $i"; sleep 0.5; done) & exit 0'
     with open(tmp_path / "out", "wb") as out:
-        r = spool_env.run("run", "--stage", "s", "--no-facts", "--", "sh", "-c", ticker,
-                          env=spool_env.env(FLIGHTREC_LATE_WAIT="30"), capture_output=False, stdout=out, stderr=out)
+        r = spool_env.run(
+            "run",
+            "--stage",
+            "s",
+            "--no-facts",
+            "--",
+            "sh",
+            "-c",
+            ticker,
+            env=spool_env.env(FLIGHTREC_LATE_WAIT="30"),
+            capture_output=False,
+            stdout=out,
+            stderr=out,
+        )
         assert r.returncode == 0
         t0 = time.monotonic()
         seal = spool_env.run("seal", env=spool_env.env(FLIGHTREC_LATE_WAIT="2"))

@@ -23,10 +23,12 @@ from flightrec.schemas import FileTail, Lifecycle, LogBatch, ProcessExit, decode
 from flightrec.settings import Settings
 
 PY = sys.executable
-PEM = ("-----BEGIN OPENSSH PRIVATE KEY-----\n"
-       "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
-       "QyNTUxOQAAACD7xQz9YV1mNq3W8kF6sPnR2aJtLhGcX0uE5iBvTdYyOwAAAJgAAAAAAAAA\n"
-       "-----END OPENSSH PRIVATE KEY-----")
+PEM = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+    "QyNTUxOQAAACD7xQz9YV1mNq3W8kF6sPnR2aJtLhGcX0uE5iBvTdYyOwAAAJgAAAAAAAAA\n"
+    "-----END OPENSSH PRIVATE KEY-----"
+)
 
 
 def _agent(tmp: Path, env: dict[str, str], **kw: object) -> SyncAgent:
@@ -61,9 +63,19 @@ def test_every_field_is_masked(tmp_path: Path) -> None:
     a = _agent(tmp_path, {"TOK": secret})
     with a:
         a.event("st", "info", detail=f"d {secret}", attributes={f"k-{secret}": f"v {secret}"})
-        a.emit(ProcessExit, stage="st", argv=["x", secret], exit_code=127, start_error=f"{secret}: not found",
-               started_us=1, ended_us=2, duration_s=0.0, stdout_tail=[secret], stderr_tail=[f"e {secret}"],
-               file_tails=[FileTail(path=f"/p/{secret}", lines=[secret], exists=False)])
+        a.emit(
+            ProcessExit,
+            stage="st",
+            argv=["x", secret],
+            exit_code=127,
+            start_error=f"{secret}: not found",
+            started_us=1,
+            ended_us=2,
+            duration_s=0.0,
+            stdout_tail=[secret],
+            stderr_tail=[f"e {secret}"],
+            file_tails=[FileTail(path=f"/p/{secret}", lines=[secret], exists=False)],
+        )
         a.seal(f"ended with {secret}")
     _assert_absent(secret, _spooled(tmp_path))
 
@@ -110,14 +122,18 @@ AWS = "AKIA" + "IOSFODNN7EXAMPLE"  # AWS's own documented example key id
 SHAPED = [
     (f"export AWS_ACCESS_KEY_ID={AWS}", AWS),
     ("temporary ASIA" + "Y3FZ7EXAMPLE2TMP issued", "ASIA" + "Y3FZ7EXAMPLE2TMP"),
-    ('curl -H "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl" https://api.example/v1',
-     "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"),
+    (
+        'curl -H "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl" https://api.example/v1',
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl",
+    ),
     ("Authorization: Basic dXNlcjpodW50ZXIyMjI=", "dXNlcjpodW50ZXIyMjI="),
     (f"git remote set-url origin {_fake('gh' + 'p_', 36)} done", _fake("gh" + "p_", 36)),
     (f"oauth {_fake('gh' + 'o_', 36, seed=2)}", _fake("gh" + "o_", 36, seed=2)),
     (f"app token {_fake('gh' + 's_', 36, seed=3)}", _fake("gh" + "s_", 36, seed=3)),
-    (f"GH_TOKEN {_fake('github' + '_pat_', 82, string.ascii_letters + string.digits + '_')}",
-     _fake("github" + "_pat_", 82, string.ascii_letters + string.digits + "_")),
+    (
+        f"GH_TOKEN {_fake('github' + '_pat_', 82, string.ascii_letters + string.digits + '_')}",
+        _fake("github" + "_pat_", 82, string.ascii_letters + string.digits + "_"),
+    ),
     (f"gitlab {_fake('gl' + 'pat-', 20, seed=4)} ok", _fake("gl" + "pat-", 20, seed=4)),
     ('{"user": "bob", "password": "hunter2-horse"}', "hunter2-horse"),
     ('{"client_secret": "Zm9vYmFyYmF6cXV4"}', "Zm9vYmFyYmF6cXV4"),
@@ -153,8 +169,9 @@ def test_a_private_key_printed_by_a_stage_keeps_only_its_header_and_footer(tmp_p
     monkeypatch.setenv("KEY", PEM)
     a = _agent(tmp_path, {})
     with a:
-        run_stage(a, "pem", ["sh", "-c", 'echo "loading key"; printf "%s\\n" "$KEY"; echo "key loaded"'],
-                  passthrough=False)
+        run_stage(
+            a, "pem", ["sh", "-c", 'echo "loading key"; printf "%s\\n" "$KEY"; echo "key loaded"'], passthrough=False
+        )
     data = _spooled(tmp_path)
     for body in PEM.splitlines()[1:-1]:
         assert body.encode() not in data and body[:12].encode() not in data
@@ -218,19 +235,30 @@ def test_the_base64_of_a_named_secret_is_masked(tmp_path: Path, monkeypatch, sec
     # encoded alone (base64 wraps its output at 76 columns), after a user name (Basic auth, a docker config),
     # without wrapping, and URL-safe
     monkeypatch.setenv("TOK", secret)
-    code = ("import base64, os, sys; t = os.environ['TOK'].encode()\n"
-            "for pre in (b'', b'u:', b'bob:', b'ab:'):\n"
-            "    print('b64', base64.b64encode(pre + t).decode(), 'url', base64.urlsafe_b64encode(pre + t).decode())\n")
+    code = (
+        "import base64, os, sys; t = os.environ['TOK'].encode()\n"
+        "for pre in (b'', b'u:', b'bob:', b'ab:'):\n"
+        "    print('b64', base64.b64encode(pre + t).decode(), 'url', base64.urlsafe_b64encode(pre + t).decode())\n"
+    )
     a = _agent(tmp_path, {"TOK": secret})
     with a:
-        run_stage(a, "b64", ["sh", "-c", 'printf "%s" "$TOK" | base64; printf "%s\\n" "$TOK" | base64 -w 0; echo; '
-                             + f'"{PY}" -c "$0"', code], passthrough=False)
+        run_stage(
+            a,
+            "b64",
+            [
+                "sh",
+                "-c",
+                'printf "%s" "$TOK" | base64; printf "%s\\n" "$TOK" | base64 -w 0; echo; ' + f'"{PY}" -c "$0"',
+                code,
+            ],
+            passthrough=False,
+        )
     data = _spooled(tmp_path).decode("utf-8", "replace")
     for skip in (0, 1, 2):
         stable = _stable_base64(secret.encode(), skip)
         for form in (stable, stable.replace("+", "-").replace("/", "_")):
             for i in range(0, len(form) - 16, 4):
-                assert form[i:i + 16] not in data, (skip, form)
+                assert form[i : i + 16] not in data, (skip, form)
     wrapped = subprocess.run(["base64"], input=secret.encode(), capture_output=True, check=True).stdout.decode()
     for line in wrapped.splitlines():
         if len(line) >= 16:
@@ -239,13 +267,13 @@ def test_the_base64_of_a_named_secret_is_masked(tmp_path: Path, monkeypatch, sec
 
 def test_the_shapes_setting_adds_shapes_and_turns_them_off(tmp_path: Path) -> None:
     extra = tmp_path / "shapes.toml"
-    extra.write_text('''[[shape]]
+    extra.write_text("""[[shape]]
 name = "acme-key"
 regex = 'ACME-[0-9]{8}'
 mask = "match"
 needles = ["acme-"]
 reason = "our own licence keys"
-''')
+""")
     line = f"licence ACME-12345678 and {AWS}"
     a = _agent(tmp_path / "on", {}, secret_shapes=str(extra))
     with a:
@@ -273,8 +301,9 @@ def test_a_bad_shapes_file_never_stops_the_stage(tmp_path: Path, capsys) -> None
 def test_a_bad_shapes_file_is_said_by_agent_run_without_a_traceback(spool_env, tmp_path: Path) -> None:
     extra = tmp_path / "bad.toml"
     extra.write_text("[[shape]]\nname = 'x'\n")
-    r = spool_env.run("run", "--stage", "s", "--", "sh", "-c", "exit 5",
-                      env=spool_env.env(FLIGHTREC_SECRET_SHAPES=str(extra)))
+    r = spool_env.run(
+        "run", "--stage", "s", "--", "sh", "-c", "exit 5", env=spool_env.env(FLIGHTREC_SECRET_SHAPES=str(extra))
+    )
     assert r.returncode == 5
     assert b"FLIGHTREC_SECRET_SHAPES" in r.stderr and b"Traceback" not in r.stderr
 
@@ -325,19 +354,40 @@ def test_url_credentials_of_every_shape() -> None:
 SECRET_CHARS = string.ascii_uppercase + string.digits + "'\"@:/!$%&()*+,;=?[]{}|~^ \\"
 secrets = st.one_of(
     st.text(SECRET_CHARS, min_size=8, max_size=40).filter(lambda s: sum(c.isalpha() for c in s) >= 4),
-    st.lists(st.text(string.ascii_uppercase + string.digits + "+/=", min_size=8, max_size=30),
-             min_size=2, max_size=4).map("\n".join),
+    st.lists(
+        st.text(string.ascii_uppercase + string.digits + "+/=", min_size=8, max_size=30), min_size=2, max_size=4
+    ).map("\n".join),
 )
 filler = st.text(string.ascii_lowercase + " .-", max_size=20)
-FIELDS = ("detail", "attr_key", "attr_value", "argv", "start_error", "stdout_tail", "file_path", "seal", "line",
-          "url_password", "split_line", "base64")
+FIELDS = (
+    "detail",
+    "attr_key",
+    "attr_value",
+    "argv",
+    "start_error",
+    "stdout_tail",
+    "file_path",
+    "seal",
+    "line",
+    "url_password",
+    "split_line",
+    "base64",
+)
 
 
 @hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(secret=secrets, where=st.sampled_from(FIELDS), pre=filler, post=filler, max_line=st.integers(16, 80),
-       at=st.integers(1, 40), skip=st.integers(0, 5))
-def test_no_generated_secret_reaches_the_spool(tmp_path_factory, secret: str, where: str, pre: str, post: str,
-                                               max_line: int, at: int, skip: int) -> None:
+@given(
+    secret=secrets,
+    where=st.sampled_from(FIELDS),
+    pre=filler,
+    post=filler,
+    max_line=st.integers(16, 80),
+    at=st.integers(1, 40),
+    skip=st.integers(0, 5),
+)
+def test_no_generated_secret_reaches_the_spool(
+    tmp_path_factory, secret: str, where: str, pre: str, post: str, max_line: int, at: int, skip: int
+) -> None:
     tmp = tmp_path_factory.mktemp("prop")
     env = {"TOK": secret}
     text = f"{pre}{secret}{post}"
@@ -361,20 +411,32 @@ def test_no_generated_secret_reaches_the_spool(tmp_path_factory, secret: str, wh
         raw = pre.encode()[:skip] + secret.encode()
         text = f"{base64.b64encode(raw).decode()} {base64.urlsafe_b64encode(raw).decode()}"
         stable = _stable_base64(secret.encode(), len(pre.encode()[:skip]))
-        pieces = [stable[i:i + 16] for i in range(0, len(stable) - 16, 4)]
+        pieces = [stable[i : i + 16] for i in range(0, len(stable) - 16, 4)]
         pieces += [p.replace("+", "-").replace("/", "_") for p in pieces]
         max_line = 65536
     a = _agent(tmp, env, max_line=max_line)
     with a:
         if where in ("detail", "attr_key", "attr_value", "url_password"):
             attrs = {text: "v"} if where == "attr_key" else {"k": text} if where == "attr_value" else {}
-            a.emit(Lifecycle, stage="s", state="info", detail=text if where in ("detail", "url_password") else "",
-                   attributes=attrs)
+            a.emit(
+                Lifecycle,
+                stage="s",
+                state="info",
+                detail=text if where in ("detail", "url_password") else "",
+                attributes=attrs,
+            )
         elif where in ("argv", "start_error", "stdout_tail", "file_path"):
-            a.emit(ProcessExit, stage="s", argv=["cmd", text] if where == "argv" else ["cmd"],
-                   start_error=text if where == "start_error" else None, started_us=1, ended_us=2, duration_s=0.0,
-                   stdout_tail=[text] if where == "stdout_tail" else [],
-                   file_tails=[FileTail(path=text, lines=[], exists=False)] if where == "file_path" else [])
+            a.emit(
+                ProcessExit,
+                stage="s",
+                argv=["cmd", text] if where == "argv" else ["cmd"],
+                start_error=text if where == "start_error" else None,
+                started_us=1,
+                ended_us=2,
+                duration_s=0.0,
+                stdout_tail=[text] if where == "stdout_tail" else [],
+                file_tails=[FileTail(path=text, lines=[], exists=False)] if where == "file_path" else [],
+            )
         elif where == "seal":
             a.seal(text)
         else:
@@ -400,23 +462,55 @@ def _shaped() -> st.SearchStrategy[tuple[str, str]]:
     fine = st.text(alnum + "_", min_size=22, max_size=82).map(lambda t: "github_pat_" + t)
     gitlab = st.text(alnum + "-_", min_size=20, max_size=30).map(lambda t: "glpat-" + t)
     plain = st.one_of(aws, github, fine, gitlab).map(lambda t: (t, t))
-    auth = st.tuples(st.sampled_from(["Authorization: Bearer ", "authorization: Basic ", "'Authorization': 'Bearer ",
-                                      "Proxy-Authorization: token ", "AUTHORIZATION="]), value)
-    key = st.sampled_from(["password", "PASSWORD", "db_password", "Passwd", "client_secret", "SECRET_KEY", "secret",
-                           "private_key", "token", "access_token", "X-Api-Key", "api_key", "apiKey"])
+    auth = st.tuples(
+        st.sampled_from(
+            [
+                "Authorization: Bearer ",
+                "authorization: Basic ",
+                "'Authorization': 'Bearer ",
+                "Proxy-Authorization: token ",
+                "AUTHORIZATION=",
+            ]
+        ),
+        value,
+    )
+    key = st.sampled_from(
+        [
+            "password",
+            "PASSWORD",
+            "db_password",
+            "Passwd",
+            "client_secret",
+            "SECRET_KEY",
+            "secret",
+            "private_key",
+            "token",
+            "access_token",
+            "X-Api-Key",
+            "api_key",
+            "apiKey",
+        ]
+    )
     sep = st.sampled_from(["=", ": ", " = ", ":"])
     kv = st.tuples(key, sep, value).map(lambda t: (f"{t[0]}{t[1]}{t[2]}", t[2]))
     js = st.tuples(key, value).map(lambda t: (f'{{"{t[0]}": "{t[1]}", "n": 1}}', t[1]))
-    flag = st.tuples(st.sampled_from(["--password ", "--db-token ", "--api-key ", "--secret "]), value.filter(
-        lambda v: not v.startswith("-"))).map(lambda t: ("".join(t), t[1]))
+    flag = st.tuples(
+        st.sampled_from(["--password ", "--db-token ", "--api-key ", "--secret "]),
+        value.filter(lambda v: not v.startswith("-")),
+    ).map(lambda t: ("".join(t), t[1]))
     return st.one_of(plain, auth.map(lambda t: ("".join(t), t[1])), kv, js, flag)
 
 
 @hsettings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(shaped=_shaped(), where=st.sampled_from(["detail", "argv", "line", "stdout_tail", "attr_value"]), pre=filler,
-       post=st.sampled_from(["", " ", " done", ", next", "\tx"]))
-def test_no_generated_shaped_secret_reaches_the_spool(tmp_path_factory, shaped: tuple[str, str], where: str, pre: str,
-                                                      post: str) -> None:
+@given(
+    shaped=_shaped(),
+    where=st.sampled_from(["detail", "argv", "line", "stdout_tail", "attr_value"]),
+    pre=filler,
+    post=st.sampled_from(["", " ", " done", ", next", "\tx"]),
+)
+def test_no_generated_shaped_secret_reaches_the_spool(
+    tmp_path_factory, shaped: tuple[str, str], where: str, pre: str, post: str
+) -> None:
     # secrets nobody named (no FLIGHTREC_REDACT): their shape alone keeps them out of every field
     text, secret = shaped
     if secret in pre:  # the filler happens to spell it: not a leak
@@ -430,9 +524,22 @@ def test_no_generated_shaped_secret_reaches_the_spool(tmp_path_factory, shaped: 
             b.feed(text.encode() + b"\n")
             b.close()
         elif where in ("argv", "stdout_tail"):
-            a.emit(ProcessExit, stage="s", argv=["cmd", text] if where == "argv" else ["cmd"], started_us=1,
-                   ended_us=2, duration_s=0.0, stdout_tail=[text] if where == "stdout_tail" else [], file_tails=[])
+            a.emit(
+                ProcessExit,
+                stage="s",
+                argv=["cmd", text] if where == "argv" else ["cmd"],
+                started_us=1,
+                ended_us=2,
+                duration_s=0.0,
+                stdout_tail=[text] if where == "stdout_tail" else [],
+                file_tails=[],
+            )
         else:
-            a.emit(Lifecycle, stage="s", state="info", detail=text if where == "detail" else "",
-                   attributes={"k": text} if where == "attr_value" else {})
+            a.emit(
+                Lifecycle,
+                stage="s",
+                state="info",
+                detail=text if where == "detail" else "",
+                attributes={"k": text} if where == "attr_value" else {},
+            )
     assert secret.encode() not in _spooled(tmp), text

@@ -46,8 +46,9 @@ exit 1
 
 def _live_materializer(kafka: Any, db: Path, env: dict[str, str]) -> subprocess.Popen:
     kafka.seed_at_mark(db)
-    return subprocess.Popen([EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def _scene(tmp: Path, env: dict[str, str], db: Path, delay: float, launch: str, late_wait: float) -> dict[str, Any]:
@@ -59,42 +60,88 @@ def _scene(tmp: Path, env: dict[str, str], db: Path, delay: float, launch: str, 
     daemon.write_text(DAEMON)
     daemon.chmod(0o755)
     log = work / "daemon.log"
-    env = dict(env, FLIGHTREC_INSTANCE=instance, FLIGHTREC_SPOOL=str(tmp / "spool"), FLIGHTREC_FACTS="",
-               FLIGHTREC_LATE_WAIT=str(late_wait), DAEMON=str(daemon), LOG=str(log), DELAY=str(delay))
+    env = dict(
+        env,
+        FLIGHTREC_INSTANCE=instance,
+        FLIGHTREC_SPOOL=str(tmp / "spool"),
+        FLIGHTREC_FACTS="",
+        FLIGHTREC_LATE_WAIT=str(late_wait),
+        DAEMON=str(daemon),
+        LOG=str(log),
+        DELAY=str(delay),
+    )
     started = time.monotonic()
     with open(work / "out", "wb") as o, open(work / "err", "wb") as e:  # files, as a container's log: the
         # late-output process passes the daemon's output on to them, and a pipe would wait for it
-        run = subprocess.run([EXE, "agent", "run", "--stage", "benchmark", "--tail", str(log), "--", "sh", "-c",
-                              BENCHMARK.format(launch=LAUNCH[launch])], env=env, stdout=o, stderr=e, timeout=120)
+        run = subprocess.run(
+            [
+                EXE,
+                "agent",
+                "run",
+                "--stage",
+                "benchmark",
+                "--tail",
+                str(log),
+                "--",
+                "sh",
+                "-c",
+                BENCHMARK.format(launch=LAUNCH[launch]),
+            ],
+            env=env,
+            stdout=o,
+            stderr=e,
+            timeout=120,
+        )
     exited = time.monotonic()
     out: dict[str, Any] = {"instance": instance, "run": run, "run_s": exited - started}
     if delay >= 8:  # while the seal waits: the gate is not open, and says what it waits for
-        gate = subprocess.Popen([EXE, "wait-sealed", instance, "--db", str(db), "--timeout", str(delay / 2),
-                                 "--poll", "0.2"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seal = subprocess.run([EXE, "agent", "seal", "--reason", "entrypoint exited with 1"], env=env,
-                          capture_output=True, text=True, timeout=120)
+        gate = subprocess.Popen(
+            [EXE, "wait-sealed", instance, "--db", str(db), "--timeout", str(delay / 2), "--poll", "0.2"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    seal = subprocess.run(
+        [EXE, "agent", "seal", "--reason", "entrypoint exited with 1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out.update(seal=seal, seal_s=time.monotonic() - exited)
     if delay >= 8:
         out["gate_done_before_seal"] = gate.poll() is not None
         out["early_gate"] = gate.communicate(timeout=60)
         out["early_gate_rc"] = gate.returncode
-    gate_run = subprocess.run([EXE, "wait-sealed", instance, "--db", str(db), "--timeout", "90", "--poll", "0.2"],
-                              env=env, capture_output=True, text=True, timeout=120)
+    gate_run = subprocess.run(
+        [EXE, "wait-sealed", instance, "--db", str(db), "--timeout", "90", "--poll", "0.2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     # right when the gate opened: the decisive line is in the database (or the seal said it stopped waiting)
-    out["at_open"] = run_query(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ? AND text = ?",
-                               [instance, DECISIVE]).to_pylist()[0]["n"]
+    out["at_open"] = run_query(
+        db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ? AND text = ?", [instance, DECISIVE]
+    ).to_pylist()[0]["n"]
     out["gate"] = gate_run
-    out["destroy"] = subprocess.run([EXE, "manager", "event", "--instance", instance, "--kind", "destroyed"],
-                                    env=env, capture_output=True, text=True, timeout=120)
+    out["destroy"] = subprocess.run(
+        [EXE, "manager", "event", "--instance", instance, "--kind", "destroyed"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return out
 
 
 def _wait_status(db: Path, instance: str, want: str, within: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + within
     while True:
-        rows = run_query(db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance],
-                         prelude=_views()).to_pylist()
+        rows = run_query(
+            db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance], prelude=_views()
+        ).to_pylist()
         if rows and rows[0]["status"] == want or time.monotonic() > deadline:
             assert rows and rows[0]["status"] == want, rows
             return rows[0]
@@ -125,18 +172,29 @@ def test_the_decisive_line_late_by_seconds_is_recorded_before_the_gate_opens(kaf
             assert "still" not in s["seal"].stdout + s["seal"].stderr, (what, s["seal"])
             if "early_gate" in s:  # the gate during the seal's wait: not open, and it says why
                 _out, err = s["early_gate"]
-                assert s["early_gate_rc"] == 3, (s["early_gate"], what, s["run_s"], s["seal_s"], s["gate_done_before_seal"])
+                assert s["early_gate_rc"] == 3, (
+                    s["early_gate"],
+                    what,
+                    s["run_s"],
+                    s["seal_s"],
+                    s["gate_done_before_seal"],
+                )
                 assert "late output of stage benchmark" in err, (err, what)
             assert s["gate"].returncode == 0, (s["gate"].stderr, what)
             assert "complete" in s["gate"].stdout
             assert s["at_open"] == 1, f"the gate opened before the decisive line was stored ({what})"
             assert s["destroy"].returncode == 0, s["destroy"].stderr
-            rows = run_query(db, """SELECT stage, source, late, seq FROM log_lines
-                                    WHERE instance_id = ? AND text = ?""", [i, DECISIVE]).to_pylist()
+            rows = run_query(
+                db,
+                """SELECT stage, source, late, seq FROM log_lines
+                                    WHERE instance_id = ? AND text = ?""",
+                [i, DECISIVE],
+            ).to_pylist()
             log = str(tmp_path / i / "daemon.log")
             assert [(r["stage"], r["source"], r["late"]) for r in rows] == [("benchmark", log, True)], (rows, what)
-            (sealed,) = run_query(db, "SELECT seq FROM lifecycle_events WHERE instance_id = ? AND kind = 'sealed'",
-                                  [i]).to_pylist()
+            (sealed,) = run_query(
+                db, "SELECT seq FROM lifecycle_events WHERE instance_id = ? AND kind = 'sealed'", [i]
+            ).to_pylist()
             assert rows[0]["seq"] < sealed["seq"]  # inside the sealed count: the gate could not open without it
             (f,) = run_query(db, "SELECT stage, failure_class FROM failures WHERE instance_id = ?", [i]).to_pylist()
             assert f == {"stage": "benchmark", "failure_class": "gpu_arch_unsupported"}, (f, what)

@@ -15,13 +15,13 @@ from flightrec.producer.redact import Redactor
 from flightrec.producer.secret_forms import Finder
 from flightrec.producer.shapes import SecretShapesError, builtin_shapes, load_shapes, needle_parts, parse_shapes
 
-GOOD = '''[[shape]]
+GOOD = """[[shape]]
 name = "acme-key"
 regex = 'ACME-(?P<id>[0-9]{8})'
 mask = ["id"]
 needles = ["acme-"]
 reason = "our own licence keys"
-'''
+"""
 
 
 def test_the_built_in_list_ships_as_package_data_and_parses() -> None:
@@ -52,26 +52,32 @@ def test_a_needle_with_followers_counts_only_where_one_follows() -> None:
     assert not r.may_need(b"", b"acme: 12345678 acmes\n") and r.may_need(b"", b"the ACME-1\n")
 
 
-@pytest.mark.parametrize("text,says", [
-    ("[[shape]\nname=", "is not valid TOML"),
-    ("title = 'x'\n", "unknown top-level keys"),
-    ("", "holds no [[shape]]"),
-    (GOOD.replace('reason = "our own licence keys"', 'reason = "r"\ncolour = "red"'), "unknown keys"),
-    (GOOD.replace('reason = "our own licence keys"\n', ""), "needs a reason"),
-    (GOOD.replace('needles = ["acme-"]\n', ""), "needs needles"),
-    (GOOD.replace("ACME-(?P<id>[0-9]{8})", "ACME-(?P<id>[0-9]{8}"), "bad regular expression"),
-    (GOOD.replace('["acme-"]', '["ACME-"]'), "lowercase"),
-    (GOOD.replace('["acme-"]', '["ACME-"]\ncase = "upper"'), 'case must be "insensitive"'),
-    (GOOD.replace('["acme-"]', '["ac"]'), "at least 3"),
-    (GOOD.replace('["acme-"]', '["ac[-_]"]'), "at least 3"),
-    (GOOD.replace('["acme-"]', '["acme[-"]'), "no other brackets"),
-    (GOOD.replace('["acme-"]', '"acme-"'), "a list of strings"),
-    (GOOD.replace('["id"]', '["nope"]'), "no group named 'nope'"),
-    (GOOD.replace('["id"]', '"all"'), 'mask must be "match" or a list'),
-    (GOOD.replace("ACME-(?P<id>[0-9]{8})", "(?P<id>x*)"), "matches an empty text"),
-    (GOOD + GOOD, "twice"),
-    (GOOD.replace('reason = "our own licence keys"', 'reason = "r"\nfollow = "(x"'), "follow: bad regular expression"),
-])
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ("[[shape]\nname=", "is not valid TOML"),
+        ("title = 'x'\n", "unknown top-level keys"),
+        ("", "holds no [[shape]]"),
+        (GOOD.replace('reason = "our own licence keys"', 'reason = "r"\ncolour = "red"'), "unknown keys"),
+        (GOOD.replace('reason = "our own licence keys"\n', ""), "needs a reason"),
+        (GOOD.replace('needles = ["acme-"]\n', ""), "needs needles"),
+        (GOOD.replace("ACME-(?P<id>[0-9]{8})", "ACME-(?P<id>[0-9]{8}"), "bad regular expression"),
+        (GOOD.replace('["acme-"]', '["ACME-"]'), "lowercase"),
+        (GOOD.replace('["acme-"]', '["ACME-"]\ncase = "upper"'), 'case must be "insensitive"'),
+        (GOOD.replace('["acme-"]', '["ac"]'), "at least 3"),
+        (GOOD.replace('["acme-"]', '["ac[-_]"]'), "at least 3"),
+        (GOOD.replace('["acme-"]', '["acme[-"]'), "no other brackets"),
+        (GOOD.replace('["acme-"]', '"acme-"'), "a list of strings"),
+        (GOOD.replace('["id"]', '["nope"]'), "no group named 'nope'"),
+        (GOOD.replace('["id"]', '"all"'), 'mask must be "match" or a list'),
+        (GOOD.replace("ACME-(?P<id>[0-9]{8})", "(?P<id>x*)"), "matches an empty text"),
+        (GOOD + GOOD, "twice"),
+        (
+            GOOD.replace('reason = "our own licence keys"', 'reason = "r"\nfollow = "(x"'),
+            "follow: bad regular expression",
+        ),
+    ],
+)
 def test_a_bad_file_says_which_shape_and_what_to_fix(text: str, says: str) -> None:
     with pytest.raises(SecretShapesError, match=re.escape(says)) as info:
         parse_shapes(text, "extra.toml")
@@ -101,9 +107,27 @@ def test_an_unreadable_file_or_unknown_disabled_name_says_so(tmp_path: Path) -> 
 
 # what the shapes' regexes start with, and what may follow: repeated, or followed by long runs, they make a
 # regex that can backtrack do so
-KEYWORDS = ["password", "PASSWORD", "secret", "client_secret", "token", "api_key", "X-Api-Key", "authorization",
-            "Authorization: Bearer ", "--password ", "--a-b-token ", "AKIA", "ghp_", "github_pat_", "glpat-", "AIza",
-            "-----BEGIN RSA PRIVATE KEY-----", "https://u:p@h", "://"]
+KEYWORDS = [
+    "password",
+    "PASSWORD",
+    "secret",
+    "client_secret",
+    "token",
+    "api_key",
+    "X-Api-Key",
+    "authorization",
+    "Authorization: Bearer ",
+    "--password ",
+    "--a-b-token ",
+    "AKIA",
+    "ghp_",
+    "github_pat_",
+    "glpat-",
+    "AIza",
+    "-----BEGIN RSA PRIVATE KEY-----",
+    "https://u:p@h",
+    "://",
+]
 SEPARATORS = ["", "=", ": ", '="', "='", '": "', " ", ":", "\\", "@", "/", "-"]
 RUNS = ["a", "A", "0", " ", "-", "_", "=", '"', "\\", "'", "a-", "a ", "aaaaaaa ", "A" * 39 + " ", "\\a", ":"]
 
@@ -140,8 +164,11 @@ _LOOKAROUND = re.compile(r"\(\?<?[!=][^()]*\)")
 
 
 @pytest.mark.parametrize("shape", builtin_shapes(), ids=lambda s: s.name)
-@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                    HealthCheck.filter_too_much])
+@hsettings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 @given(data=st.data())
 def test_every_match_of_a_built_in_shape_holds_one_of_its_needles(shape, data) -> None:
     # the fast path skips a read with no needle: a match without one would leak

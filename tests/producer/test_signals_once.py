@@ -61,8 +61,13 @@ def _alive(pid: int) -> bool:
 def test_a_signal_to_the_whole_process_group_reaches_cmd_once(spool_env, tmp_path: Path, signum: int) -> None:
     # `setsid flightrec agent run -- CMD`, then another process sends `kill -INT -- -PGID` (tini -g, a script)
     ready = tmp_path / "ready"
-    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
-                         env=spool_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
+        env=spool_env.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     _wait_ready(ready, p)
     os.killpg(p.pid, signum)
     out, err = p.communicate(timeout=60)
@@ -73,9 +78,13 @@ def test_a_signal_to_the_whole_process_group_reaches_cmd_once(spool_env, tmp_pat
 def test_gnu_timeout_gives_cmd_one_sigterm(spool_env, tmp_path: Path) -> None:
     # timeout signals the agent, then its whole process group, then sends SIGCONT to both
     ready = tmp_path / "ready"
-    r = subprocess.run(["timeout", "3", *spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready),
-                                                       "30")],
-                       env=spool_env.env(), capture_output=True, timeout=120, start_new_session=True)
+    r = subprocess.run(
+        ["timeout", "3", *spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30")],
+        env=spool_env.env(),
+        capture_output=True,
+        timeout=120,
+        start_new_session=True,
+    )
     assert r.stdout.decode().split() == ["SIGTERM"], r.stderr.decode()[-2000:]
     assert r.returncode == 124  # timed out
 
@@ -85,8 +94,13 @@ def test_timeout_k_ends_a_stage_that_ignores_sigterm(spool_env, tmp_path: Path) 
     pids = tmp_path / "pids"
     script = f'trap "" TERM; sleep 60 & echo "$$ $!" > {pids}; wait'
     t0 = time.monotonic()
-    r = subprocess.run(["timeout", "-k", "1", "2", *spool_env.argv("run", "--stage", "s", "--", "sh", "-c", script)],
-                       env=spool_env.env(), capture_output=True, timeout=120, start_new_session=True)
+    r = subprocess.run(
+        ["timeout", "-k", "1", "2", *spool_env.argv("run", "--stage", "s", "--", "sh", "-c", script)],
+        env=spool_env.env(),
+        capture_output=True,
+        timeout=120,
+        start_new_session=True,
+    )
     assert r.returncode in (137, -signal.SIGKILL), r.stderr  # timeout killed the group, itself included
     assert time.monotonic() - t0 < 20
     left = [int(x) for x in pids.read_text().split()]
@@ -102,8 +116,13 @@ def test_sigkill_of_the_agent_takes_cmd_with_it(spool_env, tmp_path: Path) -> No
     pids = tmp_path / "pids"
     ready = tmp_path / "ready"
     script = f'sleep 60 & echo "$$ $!" > {pids}; touch {ready}; wait'
-    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", "sh", "-c", script), env=spool_env.env(),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        spool_env.argv("run", "--stage", "s", "--", "sh", "-c", script),
+        env=spool_env.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     _wait_ready(ready, p)
     cmd, child = (int(x) for x in pids.read_text().split())
     try:
@@ -144,10 +163,13 @@ def test_a_sigterm_to_the_agent_reaches_cmd_alone_not_its_children(spool_env, tm
     # kill AGENT (a container runtime's stop) is kill CMD: a supervisor that passes it to its worker must not have
     # the worker get a second one from the agent
     ready = tmp_path / "ready"
-    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", "bash", "-c", SUPERVISOR),
-                         env=spool_env.env(READY=str(ready), WORKER=WORKER), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        spool_env.argv("run", "--stage", "s", "--", "bash", "-c", SUPERVISOR),
+        env=spool_env.env(READY=str(ready), WORKER=WORKER),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     _wait_ready(ready, p)
     os.kill(p.pid, signal.SIGTERM)
     out, err = p.communicate(timeout=60)
@@ -156,10 +178,14 @@ def test_a_sigterm_to_the_agent_reaches_cmd_alone_not_its_children(spool_env, tm
 
 def test_a_usr1_to_the_agent_leaves_cmd_s_children_alone(spool_env, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    script = (f'trap "echo cmd got USR1" USR1; sleep 3 & s=$!; touch {ready}; wait $s; wait $s; '
-              'echo "child ended $?"')
-    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", "bash", "-c", script), env=spool_env.env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    script = f'trap "echo cmd got USR1" USR1; sleep 3 & s=$!; touch {ready}; wait $s; wait $s; echo "child ended $?"'
+    p = subprocess.Popen(
+        spool_env.argv("run", "--stage", "s", "--", "bash", "-c", script),
+        env=spool_env.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     _wait_ready(ready, p)
     time.sleep(0.2)
     os.kill(p.pid, signal.SIGUSR1)
@@ -182,9 +208,15 @@ def test_a_group_kill_in_a_container_with_a_terminal_reaches_cmd_once(spool_env,
 
     out = tmp_path / "out"
     with open(out, "wb") as o:
-        p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
-                             env=spool_env.env(), stdin=slave, stdout=o, stderr=subprocess.DEVNULL,
-                             start_new_session=True, preexec_fn=ctty)
+        p = subprocess.Popen(
+            spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
+            env=spool_env.env(),
+            stdin=slave,
+            stdout=o,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=ctty,
+        )
     os.close(slave)
     try:
         _wait_ready(ready, p)
@@ -198,8 +230,13 @@ def test_a_group_kill_in_a_container_with_a_terminal_reaches_cmd_once(spool_env,
 def test_a_cgroup_wide_stop_reaches_cmd_once(spool_env, tmp_path: Path) -> None:
     # systemd's KillMode=control-group: SIGTERM to every process of the unit, one by one
     ready = tmp_path / "ready"
-    p = subprocess.Popen(spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
-                         env=spool_env.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        spool_env.argv("run", "--stage", "s", "--", PY, "-c", COUNTER, str(ready), "30"),
+        env=spool_env.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     _wait_ready(ready, p)
     unit = [int(x) for x in os.listdir("/proc") if x.isdigit() and _session(int(x)) == p.pid]
     for pid in sorted(unit):
@@ -222,10 +259,14 @@ def test_a_daemon_the_stage_leaves_behind_outlives_a_normal_end(spool_env, tmp_p
     # the guard that ends a SIGKILLed agent's stage must not end what a stage that ended normally left running
     pidfile = tmp_path / "pid"
     with open(tmp_path / "out", "wb") as out:
-        r = subprocess.run(spool_env.argv("run", "--stage", "s", "--", "sh", "-c",
-                                          f"sleep 60 > /dev/null 2>&1 & echo $! > {pidfile}"),
-                           env=spool_env.env(FLIGHTREC_FOLLOW_GRACE="0"), stdout=out, stderr=out, timeout=60,
-                           start_new_session=True)
+        r = subprocess.run(
+            spool_env.argv("run", "--stage", "s", "--", "sh", "-c", f"sleep 60 > /dev/null 2>&1 & echo $! > {pidfile}"),
+            env=spool_env.env(FLIGHTREC_FOLLOW_GRACE="0"),
+            stdout=out,
+            stderr=out,
+            timeout=60,
+            start_new_session=True,
+        )
     pid = int(pidfile.read_text())
     try:
         assert r.returncode == 0
@@ -246,8 +287,15 @@ def _pty_shell(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     def ctty() -> None:
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    p = subprocess.Popen(["bash", "--norc", "--noprofile", "-i"], env={**env, "PS1": "$ ", "TERM": "dumb"},
-                         stdin=slave, stdout=slave, stderr=slave, start_new_session=True, preexec_fn=ctty)
+    p = subprocess.Popen(
+        ["bash", "--norc", "--noprofile", "-i"],
+        env={**env, "PS1": "$ ", "TERM": "dumb"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=ctty,
+    )
     os.close(slave)
     return p, master
 

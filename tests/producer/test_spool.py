@@ -18,16 +18,25 @@ def lifecycle(instance: str, detail: str = ""):
     eid = new_event_id()
 
     def make(boot: str, seq: int) -> Lifecycle:
-        return Lifecycle(event_id=eid, instance_id=instance, boot_id=boot, seq=seq, ts_us=now_us(),
-                         stage="s", state="info", detail=detail)
+        return Lifecycle(
+            event_id=eid,
+            instance_id=instance,
+            boot_id=boot,
+            seq=seq,
+            ts_us=now_us(),
+            stage="s",
+            state="info",
+            detail=detail,
+        )
 
     return make
 
 
 def sealed(instance: str):
     def make(boot: str, seq: int) -> Sealed:
-        return Sealed(event_id=new_event_id(), instance_id=instance, boot_id=boot, seq=seq, ts_us=now_us(),
-                      event_count=seq + 1)
+        return Sealed(
+            event_id=new_event_id(), instance_id=instance, boot_id=boot, seq=seq, ts_us=now_us(), event_count=seq + 1
+        )
 
     return make
 

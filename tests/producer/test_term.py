@@ -48,8 +48,9 @@ def test_the_canary_tells_a_group_kill_from_one_to_the_agent_alone() -> None:
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", CANARY_PROBE], capture_output=True, text=True, timeout=60,
-                       start_new_session=True)  # a group of its own: the test's group gets nothing
+    r = subprocess.run(
+        [sys.executable, "-c", CANARY_PROBE], capture_output=True, text=True, timeout=60, start_new_session=True
+    )  # a group of its own: the test's group gets nothing
     assert r.stdout.strip() == "[True, False, False, True, False]", r.stderr
 
 
@@ -62,8 +63,15 @@ def test_pending_signals_are_read_from_proc() -> None:
     import subprocess
     import sys
 
-    p = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.pthread_sigmask(signal.SIG_BLOCK, "
-                          "{signal.SIGUSR1}); print('ok', flush=True); time.sleep(30)"], stdout=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.pthread_sigmask(signal.SIG_BLOCK, "
+            "{signal.SIGUSR1}); print('ok', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert p.stdout is not None and p.stdout.readline() == b"ok\n"
         assert pending_in(p.pid, signal.SIGUSR1) is False

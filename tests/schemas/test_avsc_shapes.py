@@ -95,8 +95,13 @@ def test_schemas_depend_on_nothing_but_the_error_types() -> None:
         if not entry.name.endswith(".py"):
             continue
         for node in ast.walk(ast.parse(entry.read_text("utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 if name.startswith("flightrec"):
                     assert name == "flightrec.errors" or name.startswith("flightrec.schemas"), (entry.name, name)
@@ -129,11 +134,13 @@ def test_a_changed_schema_keeps_every_released_version_readable() -> None:
         fp = codec.current(cls.name).fingerprint.hex()
         assert fp in RELEASED.get(cls.name, ()), (
             f"{cls.name} changed (fingerprint {fp}): copy its released .avsc to schemas/previous/"
-            f"{cls.name.rsplit('.', 1)[-1]}.vN.avsc, then add {fp} to RELEASED here")
+            f"{cls.name.rsplit('.', 1)[-1]}.vN.avsc, then add {fp} to RELEASED here"
+        )
     for name, fps in RELEASED.items():
         for fp in fps:
-            assert fp in known and known[fp].name == name, \
+            assert fp in known and known[fp].name == name, (
                 f"released {name} {fp} no longer decodes: restore its .avsc in schemas/previous/"
+            )
 
 
 def test_every_event_opens_with_the_same_envelope() -> None:
@@ -141,8 +148,9 @@ def test_every_event_opens_with_the_same_envelope() -> None:
 
     for cls in EVENT_TYPES:  # names and types; the docs may say what an id means for this event
         fields = _avsc(cls.name.rsplit(".", 1)[-1])["fields"][: len(ENVELOPE)]
-        assert [(f["name"], f["type"]) for f in fields] == list(zip(ENVELOPE, ("string",) * 3 + ("long",) * 2)), \
+        assert [(f["name"], f["type"]) for f in fields] == list(zip(ENVELOPE, ("string",) * 3 + ("long",) * 2)), (
             cls.__name__
+        )
 
 
 def test_a_field_name_has_one_type_in_every_event() -> None:

@@ -31,6 +31,7 @@ def test_every_test_the_contributing_guide_names_exists() -> None:
 
 def test_every_file_the_contributing_guide_names_exists() -> None:
     text = DOC.read_text("utf-8")
-    for path in re.findall(r"`((?:schemas|consumers|analytics|producer|src/flightrec|docs)/[\w/.]+\.(?:py|sql|toml|md))`",
-                           text):
+    for path in re.findall(
+        r"`((?:schemas|consumers|analytics|producer|src/flightrec|docs)/[\w/.]+\.(?:py|sql|toml|md))`", text
+    ):
         assert (ROOT / path).exists(), f"docs/contributing.md names {path}, which is gone"

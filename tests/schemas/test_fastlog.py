@@ -15,16 +15,22 @@ longs = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 def batches(draw):
     n = draw(st.integers(min_value=0, max_value=40))
     text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)
-    return LogBatch(event_id=draw(st.text(max_size=40)), instance_id=draw(st.text(max_size=20)),
-                    boot_id=draw(st.text(max_size=40)), seq=draw(longs), ts_us=draw(longs),
-                    stage=draw(st.text(max_size=10)), source=draw(st.text(max_size=30)),
-                    pid=draw(st.integers(min_value=-(2**31), max_value=2**31 - 1)),
-                    line_no=draw(st.lists(longs, min_size=n, max_size=n)),
-                    line_ts_us=draw(st.lists(longs, min_size=n, max_size=n)),
-                    text=draw(st.lists(text, min_size=n, max_size=n)),
-                    truncated=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
-                    invalid_utf8=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
-                    late=draw(st.one_of(st.just(()), st.lists(st.booleans(), min_size=n, max_size=n))))
+    return LogBatch(
+        event_id=draw(st.text(max_size=40)),
+        instance_id=draw(st.text(max_size=20)),
+        boot_id=draw(st.text(max_size=40)),
+        seq=draw(longs),
+        ts_us=draw(longs),
+        stage=draw(st.text(max_size=10)),
+        source=draw(st.text(max_size=30)),
+        pid=draw(st.integers(min_value=-(2**31), max_value=2**31 - 1)),
+        line_no=draw(st.lists(longs, min_size=n, max_size=n)),
+        line_ts_us=draw(st.lists(longs, min_size=n, max_size=n)),
+        text=draw(st.lists(text, min_size=n, max_size=n)),
+        truncated=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+        invalid_utf8=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+        late=draw(st.one_of(st.just(()), st.lists(st.booleans(), min_size=n, max_size=n))),
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -37,9 +43,21 @@ def test_fast_encoding_is_byte_identical(batch: LogBatch) -> None:
 def test_big_batch_with_long_lines_and_newlines() -> None:
     texts = [f"line {i} " + "x" * (i % 300) for i in range(5000)] + ["has\nnewline", "é" * 100]
     n = len(texts)
-    b = LogBatch(event_id="e", instance_id="i", boot_id="b", seq=7, ts_us=1_700_000_000_000_000, stage="s",
-                 source="stdout", pid=4242, line_no=range(1, n + 1), line_ts_us=[1_700_000_000_000_123] * n,
-                 text=texts, truncated=[i % 7 == 0 for i in range(n)], invalid_utf8=[False] * n)
+    b = LogBatch(
+        event_id="e",
+        instance_id="i",
+        boot_id="b",
+        seq=7,
+        ts_us=1_700_000_000_000_000,
+        stage="s",
+        source="stdout",
+        pid=4242,
+        line_no=range(1, n + 1),
+        line_ts_us=[1_700_000_000_000_123] * n,
+        text=texts,
+        truncated=[i % 7 == 0 for i in range(n)],
+        invalid_utf8=[False] * n,
+    )
     assert encode_fast(b) == encode(b)
 
 
@@ -67,9 +85,21 @@ def test_a_batch_of_several_reads_and_one_varint_width() -> None:
     texts = [f"{i:07d} worker 3: batch done" for i in range(n)]
     ts = [1_700_000_000_000_000 + (i // 5000) for i in range(n)]  # three reads: three read times
     for first in (1, 10_000, 2**20 - 5_000):  # all 2 bytes; all 3 bytes; 3 then 4 bytes
-        b = LogBatch(event_id="e", instance_id="i", boot_id="b", seq=7, ts_us=1, stage="s", source="stdout", pid=1,
-                     line_no=range(first, first + n), line_ts_us=ts, text=texts, truncated=[False] * n,
-                     invalid_utf8=[False] * n)
+        b = LogBatch(
+            event_id="e",
+            instance_id="i",
+            boot_id="b",
+            seq=7,
+            ts_us=1,
+            stage="s",
+            source="stdout",
+            pid=1,
+            line_no=range(first, first + n),
+            line_ts_us=ts,
+            text=texts,
+            truncated=[False] * n,
+            invalid_utf8=[False] * n,
+        )
         assert encode_fast(b, [t.encode() for t in texts]) == encode(b) == encode_fast(b)
         assert varints(list(range(first, first + n))) == b"".join(_long(v) for v in range(first, first + n))
 

@@ -19,18 +19,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.add_argument("--instance", default=None, help="instance id (default $FLIGHTREC_INSTANCE, else the host name)")
         a.add_argument("--spool", default=None, help="spool folder (default $FLIGHTREC_SPOOL)")
         a.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default $FLIGHTREC_BOOTSTRAP)")
-        a.add_argument("--flush-timeout", type=float, default=None, metavar="S",
-                       help="seconds to wait for Kafka at exit (default $FLIGHTREC_FLUSH_TIMEOUT, 10)")
+        a.add_argument(
+            "--flush-timeout",
+            type=float,
+            default=None,
+            metavar="S",
+            help="seconds to wait for Kafka at exit (default $FLIGHTREC_FLUSH_TIMEOUT, 10)",
+        )
 
-    run = actions.add_parser("run", help="run CMD as a stage and publish its lines and exit",
-                             usage="flightrec agent run --stage NAME [--tail PATH]... [--seal] -- CMD [ARGS]")
+    run = actions.add_parser(
+        "run",
+        help="run CMD as a stage and publish its lines and exit",
+        usage="flightrec agent run --stage NAME [--tail PATH]... [--seal] -- CMD [ARGS]",
+    )
     common(run)
     run.add_argument("--stage", required=True, help="the stage name this command runs as (tunnel, benchmark, ...)")
     run.add_argument("--tail", action="append", default=[], metavar="PATH", help="follow this file too (repeatable)")
-    run.add_argument("--seal", action="store_true",
-                     help="seal the boot when CMD exits 0 (implied for the stage named 'supervisor')")
+    run.add_argument(
+        "--seal", action="store_true", help="seal the boot when CMD exits 0 (implied for the stage named 'supervisor')"
+    )
     run.add_argument("--no-seal", action="store_true", help="do not seal, even for the stage named 'supervisor'")
-    run.add_argument("--no-facts", action="store_true", help="do not send instance facts (sent once per boot otherwise)")
+    run.add_argument(
+        "--no-facts", action="store_true", help="do not send instance facts (sent once per boot otherwise)"
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
     run.set_defaults(func=_run)
     ev = actions.add_parser("event", help="publish one lifecycle event")
@@ -48,17 +59,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     fl = actions.add_parser("flush", help="deliver what an earlier agent left in the spool; exit 1 if some is left")
     common(fl)
     fl.add_argument("--all", action="store_true", help="every instance found in the spool folder")
-    fl.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds (default 30; at once when Kafka does not answer)")
+    fl.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="give up after S seconds (default 30; at once when Kafka does not answer)",
+    )
     fl.set_defaults(func=_flush)
     se = actions.add_parser("seal", help="send the sealed event closing this boot")
     common(se)
-    se.add_argument("--reason", default="sealed by `flightrec agent seal`", help="why the boot ends, kept with the sealed event")
+    se.add_argument(
+        "--reason", default="sealed by `flightrec agent seal`", help="why the boot ends, kept with the sealed event"
+    )
     se.set_defaults(func=_seal)
 
 
 def _settings(args: argparse.Namespace, settings: Settings) -> Settings:
-    return settings.with_overrides(instance=args.instance, spool=args.spool, bootstrap=args.bootstrap,
-                                   flush_timeout=args.flush_timeout)
+    return settings.with_overrides(
+        instance=args.instance, spool=args.spool, bootstrap=args.bootstrap, flush_timeout=args.flush_timeout
+    )
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -85,8 +105,13 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
                 facts = threading.Thread(target=_facts_quietly, args=(agent, agent.join("facts")), daemon=True)
                 facts.start()
             with agent.running_stage(args.stage):
-                result = run_stage(agent, args.stage, cmd, args.tail,
-                                   seal_on_success=(args.seal or args.stage == "supervisor") and not args.no_seal)
+                result = run_stage(
+                    agent,
+                    args.stage,
+                    cmd,
+                    args.tail,
+                    seal_on_success=(args.seal or args.stage == "supervisor") and not args.no_seal,
+                )
             if facts is not None:
                 facts.join(20)
     finally:
@@ -199,13 +224,19 @@ def _flush(args: argparse.Namespace, settings: Settings) -> int:
             ok = agent.flush(timeout, unless_away=True)  # nothing answers: say so now, not after the timeout
             after = agent.pending()
             d = agent.deliverer
-            dropped = f", {len(d.dropped)} refused by Kafka for good and replaced by Dropped markers " \
-                      f"({'; '.join(d.dropped)})" if d is not None and d.dropped else ""
+            dropped = (
+                f", {len(d.dropped)} refused by Kafka for good and replaced by Dropped markers ({'; '.join(d.dropped)})"
+                if d is not None and d.dropped
+                else ""
+            )
             print(f"{iid}: {before - after} events delivered, {after} left in {agent.spool.dir}{dropped}")
             if not ok:
                 left += after
-                print(f"{iid}: not everything was acknowledged within {timeout:g}s "
-                      f"(last error: {agent.deliverer.last_error if agent.deliverer else None})", file=sys.stderr)
+                print(
+                    f"{iid}: not everything was acknowledged within {timeout:g}s "
+                    f"(last error: {agent.deliverer.last_error if agent.deliverer else None})",
+                    file=sys.stderr,
+                )
     return 1 if left else 0
 
 

@@ -21,9 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.add_argument("--port", type=int, default=9092, help="the PLAINTEXT port (default 9092)")
         a.add_argument("--data", default=None, help="data folder (default $FLIGHTREC_HOME/broker-PORT)")
         if name == "start":
-            a.add_argument("--security", choices=["plaintext", "sasl_ssl"], default=None,
-                           help="plaintext (default for a new data folder), or sasl_ssl: SCRAM-SHA-512 over TLS with "
-                                "certificates made on the spot; client settings go to DATA/client.env")
+            a.add_argument(
+                "--security",
+                choices=["plaintext", "sasl_ssl"],
+                default=None,
+                help="plaintext (default for a new data folder), or sasl_ssl: SCRAM-SHA-512 over TLS with "
+                "certificates made on the spot; client settings go to DATA/client.env",
+            )
         a.set_defaults(func=_broker)
     t = sub.add_parser("topics", help="create the flightrec topics on any Kafka cluster")
     t.add_argument("action", choices=["create"], help="create: make the four topics if they do not exist")
@@ -55,9 +59,14 @@ def _broker(args: argparse.Namespace, settings: Settings) -> int:
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.broker import ensure_topics
 
-    s = settings.with_overrides(bootstrap=args.bootstrap, partitions=args.partitions,
-                                replication=args.replication, retention_ms=args.retention_ms)
-    created = asyncio.run(ensure_topics(s.kafka_kwargs(), partitions=s.partitions,
-                                        replication=s.replication, retention_ms=s.retention_ms))
+    s = settings.with_overrides(
+        bootstrap=args.bootstrap,
+        partitions=args.partitions,
+        replication=args.replication,
+        retention_ms=args.retention_ms,
+    )
+    created = asyncio.run(
+        ensure_topics(s.kafka_kwargs(), partitions=s.partitions, replication=s.replication, retention_ms=s.retention_ms)
+    )
     print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
     return 0

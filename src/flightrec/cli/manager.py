@@ -19,12 +19,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--kind", required=True, choices=MANAGER_KINDS, help="what the manager did or says")
     ev.add_argument("--detail", default="", help="why, in words (shown in the timeline and the dashboard)")
     ev.add_argument("--attr", action="append", default=[], metavar="K=V", help="an attribute (repeatable)")
-    ev.add_argument("--source", default=None,
-                    help="this manager's source id (default manager@<host name>); it has its own spool and seq")
+    ev.add_argument(
+        "--source",
+        default=None,
+        help="this manager's source id (default manager@<host name>); it has its own spool and seq",
+    )
     ev.add_argument("--spool", default=None, help="spool root (default $FLIGHTREC_SPOOL); events go under manager/")
     ev.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default $FLIGHTREC_BOOTSTRAP)")
-    ev.add_argument("--flush-timeout", type=float, default=None, metavar="S",
-                    help="seconds to wait for Kafka (default $FLIGHTREC_FLUSH_TIMEOUT, 10)")
+    ev.add_argument(
+        "--flush-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds to wait for Kafka (default $FLIGHTREC_FLUSH_TIMEOUT, 10)",
+    )
     ev.set_defaults(func=_event)
 
 

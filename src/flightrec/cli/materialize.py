@@ -15,63 +15,113 @@ from flightrec.cli.options import add_read_db
 from flightrec.settings import Settings
 
 if TYPE_CHECKING:
-    from flightrec.consumers.materializer import Options
+    from flightrec.consumers.options import Options
     from flightrec.db.location import Location
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from flightrec.consumers.options import Options  # the defaults are the materializer's own (a light module)
+
     m = sub.add_parser("materialize", help="consume all topics into DuckDB")
-    m.add_argument("--db", default=None, help="database file, or a DuckLake written by a consumer group: "
-                   "'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)")
-    m.add_argument("--data-path", default=None, metavar="DIR",
-                   help="a DuckLake --db's data folder for its Parquet files (default $FLIGHTREC_DATA_PATH); "
-                        "every writer of the lake must reach it")
-    m.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
-                   help="exit once caught up and no message came for SECONDS")
-    m.add_argument("--group", default=None, help="name of the offsets kept in the database; on a lake also the "
-                   "Kafka consumer group whose members share the partitions")
+    m.add_argument(
+        "--db",
+        default=None,
+        help="database file, or a DuckLake written by a consumer group: "
+        "'ducklake:postgres:dbname=… host=… port=… user=…' (default $FLIGHTREC_DB)",
+    )
+    m.add_argument(
+        "--data-path",
+        default=None,
+        metavar="DIR",
+        help="a DuckLake --db's data folder for its Parquet files (default $FLIGHTREC_DATA_PATH); "
+        "every writer of the lake must reach it",
+    )
+    m.add_argument(
+        "--until-idle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="exit once caught up and no message came for SECONDS",
+    )
+    m.add_argument(
+        "--group",
+        default=None,
+        help="name of the offsets kept in the database; on a lake also the "
+        "Kafka consumer group whose members share the partitions",
+    )
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
     m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
-    m.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
-    m.add_argument("--lock-wait", type=float, default=30.0, metavar="SECONDS",
-                   help="how long to wait for another process holding the file (flightrec readers leave "
-                        "at once); then exit 1 naming it")
-    m.add_argument("--webhook", default=None, metavar="URL",
-                   help="post a Slack-compatible JSON message per new failure or status change here "
-                        "(default $FLIGHTREC_WEBHOOK)")
-    m.add_argument("--alert-on", default=None, metavar="KINDS",
-                   help="which alerts, comma separated: failed,lost,below_min_rate,incomplete "
-                        "(default $FLIGHTREC_ALERT_ON, else all)")
+    m.add_argument(
+        "--memory-limit",
+        default=Options.memory_limit,
+        help=f"DuckDB memory limit of the writer (default {Options.memory_limit})",
+    )
+    m.add_argument(
+        "--lock-wait",
+        type=float,
+        default=Options.lock_wait,
+        metavar="SECONDS",
+        help="how long to wait for another process holding the file (flightrec readers leave "
+        "at once); then exit 1 naming it",
+    )
+    m.add_argument(
+        "--webhook",
+        default=None,
+        metavar="URL",
+        help="post a Slack-compatible JSON message per new failure or status change here (default $FLIGHTREC_WEBHOOK)",
+    )
+    m.add_argument(
+        "--alert-on",
+        default=None,
+        metavar="KINDS",
+        help="which alerts, comma separated: failed,lost,below_min_rate,incomplete "
+        "(default $FLIGHTREC_ALERT_ON, else all)",
+    )
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
-    r.add_argument("--db", default=None, help="the NEW database file to build, or a DuckLake holding no events yet "
-                   "('ducklake:postgres:dbname=… host=… port=… user=…')")
-    r.add_argument("--data-path", default=None, metavar="DIR",
-                   help="a DuckLake --db's data folder for its Parquet files (default $FLIGHTREC_DATA_PATH); "
-                        "every writer of the lake must reach it")
+    r.add_argument(
+        "--db",
+        default=None,
+        help="the NEW database file to build, or a DuckLake holding no events yet "
+        "('ducklake:postgres:dbname=… host=… port=… user=…')",
+    )
+    r.add_argument(
+        "--data-path",
+        default=None,
+        metavar="DIR",
+        help="a DuckLake --db's data folder for its Parquet files (default $FLIGHTREC_DATA_PATH); "
+        "every writer of the lake must reach it",
+    )
     r.add_argument("--since", default=None, help="only events at/after TIME (ISO-8601, epoch s, or an age: 2h)")
     r.add_argument("--instance", default=None, help="only this instance's events")
     r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
     r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
-    r.add_argument("--memory-limit", default="512MB", help="DuckDB memory limit of the writer")
+    r.add_argument(
+        "--memory-limit",
+        default=Options.memory_limit,
+        help=f"DuckDB memory limit of the writer (default {Options.memory_limit})",
+    )
     r.set_defaults(func=_replay)
     t = sub.add_parser("timeline", help="print one instance's life")
     t.add_argument("instance", help="the instance id")
     add_read_db(t)
     t.add_argument("--from-topics", action="store_true", help="read the topics even if the database exists")
     t.add_argument("--max-lines", type=int, default=2000, help="log lines shown, the latest (0: all)")
-    t.add_argument("--rules", default=None, metavar="FILE",
-                   help="failure rule table for --from-topics (default: db/rules.toml)")
+    t.add_argument(
+        "--rules", default=None, metavar="FILE", help="failure rule table for --from-topics (default: db/rules.toml)"
+    )
     t.set_defaults(func=_timeline)
     w = sub.add_parser("wait-sealed", help="wait until an instance's evidence is complete")
     w.add_argument("instance", help="the instance id")
     add_read_db(w)
-    w.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="give up after SECONDS (exit 3; default 60)")
-    w.add_argument("--poll", type=float, default=0.5, metavar="SECONDS",
-                   help="read the database again every SECONDS (default 0.5)")
+    w.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS", help="give up after SECONDS (exit 3; default 60)"
+    )
+    w.add_argument(
+        "--poll", type=float, default=0.5, metavar="SECONDS", help="read the database again every SECONDS (default 0.5)"
+    )
     w.set_defaults(func=_wait_sealed)
 
 
@@ -79,9 +129,17 @@ def _ensure_topics(settings: Settings) -> None:
     from flightrec.broker.topics import ensure_topics
 
     try:
-        asyncio.run(asyncio.wait_for(ensure_topics(settings.kafka_kwargs(), partitions=settings.partitions,
-                                                    replication=settings.replication,
-                                                    retention_ms=settings.retention_ms), 20.0))
+        asyncio.run(
+            asyncio.wait_for(
+                ensure_topics(
+                    settings.kafka_kwargs(),
+                    partitions=settings.partitions,
+                    replication=settings.replication,
+                    retention_ms=settings.retention_ms,
+                ),
+                20.0,
+            )
+        )
     except Exception as exc:  # noqa: BLE001 - the materializer reports an absent broker itself
         log.warning("could not make sure the topics exist: %s", exc)
 
@@ -106,13 +164,19 @@ def _run(opts: "Options", loc: "Location", settings: Settings) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, m.stop)
             stats = await m.run()
-        print(f"events_received={stats.events_received} lines_written={stats.lines_written} "
-              f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
-              f"commits={stats.commits}"
-              + (f" conflicts_retried={stats.conflicts_retried} fenced={stats.fenced} "
-                 f"catalog_waits={stats.catalog_waits}" if loc.shared else "")
-              + (f" oom_retried={stats.oom_retried}" if stats.oom_retried else ""),
-              file=sys.stderr)
+        print(
+            f"events_received={stats.events_received} lines_written={stats.lines_written} "
+            f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
+            f"commits={stats.commits}"
+            + (
+                f" conflicts_retried={stats.conflicts_retried} fenced={stats.fenced} "
+                f"catalog_waits={stats.catalog_waits}"
+                if loc.shared
+                else ""
+            )
+            + (f" oom_retried={stats.oom_retried}" if stats.oom_retried else ""),
+            file=sys.stderr,
+        )
         return 0
 
     return asyncio.run(go())
@@ -129,16 +193,26 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     kinds = parse_kinds(settings.alert_on)
     loc = locate(settings.db, args.data_path, writing=True)
     if loc.shared and settings.webhook:
-        raise ConfigError("--webhook/FLIGHTREC_WEBHOOK: alerts are sent by a materializer on a database file only "
-                          "(on a lake no single member sees every instance's changes); unset it for the lake, or run "
-                          "a materializer on a file for alerts")
+        raise ConfigError(
+            "--webhook/FLIGHTREC_WEBHOOK: alerts are sent by a materializer on a database file only "
+            "(on a lake no single member sees every instance's changes); unset it for the lake, or run "
+            "a materializer on a file for alerts"
+        )
     _ensure_topics(settings)
-    opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, until_idle=args.until_idle,
-                   rules=load_rules(args.rules), serve=not args.no_serve and not loc.shared,
-                   memory_limit=args.memory_limit,
-                   lock_wait=args.lock_wait,
-                   webhook=settings.webhook, alert_on=kinds, dashboard_url=settings.dashboard_url,
-                   views=stored_views(), data_path=getattr(loc, "data_path", None))
+    opts = Options(
+        db=settings.db,
+        group=args.group or DEFAULT_GROUP,
+        until_idle=args.until_idle,
+        rules=load_rules(args.rules),
+        serve=not args.no_serve and not loc.shared,
+        memory_limit=args.memory_limit,
+        lock_wait=args.lock_wait,
+        webhook=settings.webhook,
+        alert_on=kinds,
+        dashboard_url=settings.dashboard_url,
+        views=stored_views(),
+        data_path=getattr(loc, "data_path", None),
+    )
     return _run(opts, loc, settings)
 
 
@@ -150,10 +224,18 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     settings = settings.with_overrides(db=args.db)
     loc = locate(settings.db, args.data_path, writing=True)
-    opts = Options(db=settings.db, group=args.group or DEFAULT_GROUP, replay=True, instance=args.instance,
-                   since_us=parse_time(args.since) if args.since else None, rules=load_rules(args.rules),
-                   memory_limit=args.memory_limit, views=stored_views(), serve=not loc.shared,
-                   data_path=getattr(loc, "data_path", None))
+    opts = Options(
+        db=settings.db,
+        group=args.group or DEFAULT_GROUP,
+        replay=True,
+        instance=args.instance,
+        since_us=parse_time(args.since) if args.since else None,
+        rules=load_rules(args.rules),
+        memory_limit=args.memory_limit,
+        views=stored_views(),
+        serve=not loc.shared,
+        data_path=getattr(loc, "data_path", None),
+    )
     return _run(opts, loc, settings)
 
 
@@ -170,8 +252,11 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
         if not args.from_topics:
             print(f"no database at {settings.db}; reading the topics at {settings.bootstrap}", file=sys.stderr)
         messages = asyncio.run(timeline.read_instance_messages(settings.kafka_kwargs(), args.instance, TOPICS))
-        entries, left_out = (timeline.entries_from_messages(messages, args.instance, load_rules(args.rules),
-                                                             args.max_lines) if messages else ([], 0))
+        entries, left_out = (
+            timeline.entries_from_messages(messages, args.instance, load_rules(args.rules), args.max_lines)
+            if messages
+            else ([], 0)
+        )
     if not entries:
         print(f"flightrec timeline: no events of instance {args.instance}", file=sys.stderr)
         return 1
@@ -194,6 +279,7 @@ def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
     if result.status is not None:  # lost / destroyed: the missing events will not come
         print(f"flightrec wait-sealed: {args.instance} is {result.reason}", file=sys.stderr)
         return 3
-    print(f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}",
-          file=sys.stderr)
+    print(
+        f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}", file=sys.stderr
+    )
     return 3

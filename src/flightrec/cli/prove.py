@@ -22,8 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "BenchmarkResult. Exit status: 0 pass, 1 below --min-rate, 2 the backend could not run.",
     )
     b.add_argument("--instance", default=None, help="instance id (default: FLIGHTREC_INSTANCE, then the host name)")
-    b.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto",
-                   help="cuda, cpu, or auto: cuda where a GPU and pycuda exist (default auto)")
+    b.add_argument(
+        "--backend",
+        choices=["auto", "cuda", "cpu"],
+        default="auto",
+        help="cuda, cpu, or auto: cuda where a GPU and pycuda exist (default auto)",
+    )
     b.add_argument("--k", type=int, default=20, help="log2 of the trace's rows (default 20)")
     b.add_argument("--width", type=int, default=8, help="trace columns (default 8)")
     b.add_argument("--blowup", type=int, default=4, help="extension factor, a power of two (default 4)")
@@ -31,8 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--proofs", type=int, default=3, help="measured proofs (default 3)")
     b.add_argument("--min-rate", type=float, default=0.0, help="minimum proofs/hour to pass (default 0)")
     b.add_argument("--seed", type=int, default=1, help="seed of the first proof's trace; proof i uses seed+i")
-    b.add_argument("--print", dest="print_events", action="store_true",
-                   help="print the events as JSON lines on stdout instead of sending them")
+    b.add_argument(
+        "--print",
+        dest="print_events",
+        action="store_true",
+        help="print the events as JSON lines on stdout instead of sending them",
+    )
     b.set_defaults(func=_bench)
 
 
@@ -44,7 +52,9 @@ def _printer(instance: str) -> Iterator[Callable[..., Any]]:
     seq = iter(range(1 << 62))
 
     def emit(cls: type[Event], **fields: Any) -> Any:
-        event = cls(event_id=new_event_id(), instance_id=instance, boot_id=boot, seq=next(seq), ts_us=now_us(), **fields)
+        event = cls(
+            event_id=new_event_id(), instance_id=instance, boot_id=boot, seq=next(seq), ts_us=now_us(), **fields
+        )
         print(json.dumps({"name": cls.name, **event.to_record()}, default=dict), flush=True)
         return event
 
@@ -77,9 +87,18 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     instance = args.instance or settings.instance
     sink = _printer(instance) if args.print_events else _agent(instance, settings)
     with sink as emit:
-        outcome = run_benchmark(params, backend=args.backend, warmup=args.warmup, proofs=args.proofs,
-                                min_rate=args.min_rate, seed=args.seed, emit=emit)
+        outcome = run_benchmark(
+            params,
+            backend=args.backend,
+            warmup=args.warmup,
+            proofs=args.proofs,
+            min_rate=args.min_rate,
+            seed=args.seed,
+            emit=emit,
+        )
     stream = sys.stderr
-    print(f"flightrec prove bench: {outcome.verdict} on {outcome.backend} ({outcome.device}): "
-          f"{outcome.detail}", file=stream)
+    print(
+        f"flightrec prove bench: {outcome.verdict} on {outcome.backend} ({outcome.device}): {outcome.detail}",
+        file=stream,
+    )
     return outcome.exit_code

@@ -36,9 +36,13 @@ def _help(parser: argparse.ArgumentParser) -> str:
 
 def render(parser: argparse.ArgumentParser) -> str:
     """Markdown with every command's --help, in the parser's order."""
-    parts = ["# Command reference", "",
-             "Generated from the parser by `make docs` (`python -m flightrec.cli.reference`);",
-             "a test checks it is current.", ""]
+    parts = [
+        "# Command reference",
+        "",
+        "Generated from the parser by `make docs` (`python -m flightrec.cli.reference`);",
+        "a test checks it is current.",
+        "",
+    ]
     for prefix, sub in _walk(parser, "flightrec"):
         parts += [f"## `{prefix}`", "", "```", _help(sub), "```", ""]
     return "\n".join(parts)

@@ -32,8 +32,13 @@ def _cell(value: Any) -> str:
         return "NULL"
     if isinstance(value, bytes):
         return value.hex()
-    text = value if isinstance(value, str) else json.dumps(value, default=str) if isinstance(value, (list, dict)) \
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, default=str)
+        if isinstance(value, (list, dict))
         else str(value)
+    )
     text = text.replace("\n", "\\n")
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
@@ -77,10 +82,13 @@ def format_table(table: pa.Table) -> str:
     names = table.column_names
     rows = [[_cell(v) for v in row.values()] for row in table_rows(table)]
     widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
-    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
-               for f in table.schema]
+    numeric = [
+        pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type) for f in table.schema
+    ]
+
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)).rstrip()
+
     out = [line(names), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in rows]
     out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
@@ -99,8 +107,12 @@ def _sql(args: argparse.Namespace, settings: Settings) -> int:
         w = csv.writer(sys.stdout)
         w.writerow(table.column_names)
         for row in table_rows(table):
-            w.writerow(["" if v is None else json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
-                        for v in row.values()])
+            w.writerow(
+                [
+                    "" if v is None else json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
+                    for v in row.values()
+                ]
+            )
     elif args.json:
         for row in table_rows(table):
             print(json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))

@@ -77,7 +77,7 @@ def tunnel(args: argparse.Namespace) -> int:
 
 def register(args: argparse.Namespace) -> int:
     instance = os.environ.get("FLIGHTREC_INSTANCE", "instance")
-    _say(f"POST {args.manager}/v1/instances {{\"id\": \"{instance}\", \"protocol\": 3}}", "registered: 201 Created")
+    _say(f'POST {args.manager}/v1/instances {{"id": "{instance}", "protocol": 3}}', "registered: 201 Created")
     return 0
 
 
@@ -134,8 +134,12 @@ def benchmark(args: argparse.Namespace) -> int:
     """Start the daemon, check it is up, then measure proofs/hour with the real proving core."""
     _say(f"starting prover daemon (log {args.log})")
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "flightrec.demo.fleet", "daemon", "--fate", args.fate, "--log", args.log],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flightrec.demo.fleet", "daemon", "--fate", args.fate, "--log", args.log],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     log = Path(args.log)
     ready = False
@@ -159,8 +163,23 @@ def benchmark(args: argparse.Namespace) -> int:
         _say("benchmark: 0 proofs in 1.0 s (0 proofs/hour)", "benchmark exited with error", err=True)
         return 1
     try:
-        cmd = [sys.executable, "-m", "flightrec", "prove", "bench", "--backend", "cpu", "--k", str(args.k),
-               "--warmup", "1", "--proofs", str(args.proofs), "--min-rate", str(args.min_rate)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "flightrec",
+            "prove",
+            "bench",
+            "--backend",
+            "cpu",
+            "--k",
+            str(args.k),
+            "--warmup",
+            "1",
+            "--proofs",
+            str(args.proofs),
+            "--min-rate",
+            str(args.min_rate),
+        ]
         return subprocess.call(cmd)
     finally:
         proc.terminate()
@@ -191,8 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return {"tunnel": tunnel, "register": register, "params": params, "daemon": daemon,
-            "benchmark": benchmark, "supervisor": supervisor}[args.stage](args)
+    return {
+        "tunnel": tunnel,
+        "register": register,
+        "params": params,
+        "daemon": daemon,
+        "benchmark": benchmark,
+        "supervisor": supervisor,
+    }[args.stage](args)
 
 
 if __name__ == "__main__":

@@ -160,8 +160,10 @@ def entrypoint() -> Path:
     (in a checkout, a link to examples/entrypoint.sh)."""
     path = Path(str(resources.files("flightrec.demo") / "entrypoint.sh"))
     if not path.is_file():
-        raise FlightrecError(f"the demo's entrypoint {path} is missing from the installed package; "
-                             "reinstall flightrec (pip install --force-reinstall flightrec)")
+        raise FlightrecError(
+            f"the demo's entrypoint {path} is missing from the installed package; "
+            "reinstall flightrec (pip install --force-reinstall flightrec)"
+        )
     return path
 
 
@@ -202,14 +204,28 @@ class Demo:
         env.update(extra)
         return env
 
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str], instance: Instance | None = None,
-               new_session: bool = False, log_path: Path | None = None) -> Running:
+    def _spawn(
+        self,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str],
+        instance: Instance | None = None,
+        new_session: bool = False,
+        log_path: Path | None = None,
+    ) -> Running:
         log_path = log_path or self.home / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.stops.held():  # started and recorded, or neither: stop() stops what is recorded
             out = open(log_path, "ab")
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                    cwd=self.home, start_new_session=new_session)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.home,
+                start_new_session=new_session,
+            )
             running = Running(name, proc, log_path, out, instance)
             self.procs.append(running)
         return running
@@ -225,12 +241,16 @@ class Demo:
             self.broker.stop()
             shutil.rmtree(self.home, ignore_errors=True)
             self.broker = LocalBroker(port=self.port, data=self.home / "broker", settings=self.settings)
-        if self.broker.security != self.security and (self.broker.status().running or
-                                                      (self.home / "broker" / "logs").exists()):
-            raise ConfigError(f"the demo's broker in {self.home / 'broker'} is {self.broker.security}; "
-                              f"run `flightrec demo --fresh --security {self.security}` to start over")
-        self.broker = LocalBroker(port=self.port, data=self.home / "broker", settings=self.settings,
-                                  security=self.security)
+        if self.broker.security != self.security and (
+            self.broker.status().running or (self.home / "broker" / "logs").exists()
+        ):
+            raise ConfigError(
+                f"the demo's broker in {self.home / 'broker'} is {self.broker.security}; "
+                f"run `flightrec demo --fresh --security {self.security}` to start over"
+            )
+        self.broker = LocalBroker(
+            port=self.port, data=self.home / "broker", settings=self.settings, security=self.security
+        )
         self.home.mkdir(parents=True, exist_ok=True)
         was_running = self.broker.status().running
         self.started_broker = not was_running  # before start(): a signal while it starts still stops it
@@ -251,8 +271,11 @@ class Demo:
         raise FlightrecError("the materializer did not come up within 90 s")
 
     def start_dashboard(self) -> None:
-        self._spawn("dashboard", [self.flightrec, "dashboard", "--db", str(self.db), "--port", str(self.dashboard_port)],
-                    self._env())
+        self._spawn(
+            "dashboard",
+            [self.flightrec, "dashboard", "--db", str(self.db), "--port", str(self.dashboard_port)],
+            self._env(),
+        )
         self.say(f"dashboard:    http://localhost:{self.dashboard_port}  (starting)")
 
     def start_fleet(self, run_dir: Path) -> list[Instance]:
@@ -263,36 +286,58 @@ class Demo:
             work = run_dir / inst.instance_id
             work.mkdir(parents=True, exist_ok=True)
             facts = work / "facts.json"
-            facts.write_text(json.dumps({
-                "gpu_model": gpu.model, "gpu_count": 1, "gpu_memory_mib": gpu.memory_mib,
-                "driver_version": "570.133.07", "cuda_version": "12.8", "compute_capability": gpu.compute_capability,
-                "price_per_hour": gpu.price_per_hour, "image": "prover:2026.11.3",
-                "attributes": {"fate": inst.fate, "simulated": "true"},
-            }))
+            facts.write_text(
+                json.dumps(
+                    {
+                        "gpu_model": gpu.model,
+                        "gpu_count": 1,
+                        "gpu_memory_mib": gpu.memory_mib,
+                        "driver_version": "570.133.07",
+                        "cuda_version": "12.8",
+                        "compute_capability": gpu.compute_capability,
+                        "price_per_hour": gpu.price_per_hour,
+                        "image": "prover:2026.11.3",
+                        "attributes": {"fate": inst.fate, "simulated": "true"},
+                    }
+                )
+            )
             fleet_cmd = f"{self.py} -m flightrec.demo.fleet"
             daemon_log = work / "prover-daemon.log"
             k = PROOF_K.get(inst.fate, DEFAULT_PROOF_K)
             destroyed = inst.fate == "destroyed"
             env = self._env(
-                FLIGHTREC_INSTANCE=inst.instance_id, FLIGHTREC_SPOOL=str(work / "spool"),
-                FLIGHTREC_FACTS=str(facts), FLIGHTREC=self.flightrec, WORK=str(work),
-                DAEMON_LOG=str(daemon_log), MIN_RATE=str(MIN_RATE), IMAGE="prover:2026.11.3",
+                FLIGHTREC_INSTANCE=inst.instance_id,
+                FLIGHTREC_SPOOL=str(work / "spool"),
+                FLIGHTREC_FACTS=str(facts),
+                FLIGHTREC=self.flightrec,
+                WORK=str(work),
+                DAEMON_LOG=str(daemon_log),
+                MIN_RATE=str(MIN_RATE),
+                IMAGE="prover:2026.11.3",
                 MANAGER_TOKEN="demo-secret-token",
                 TUNNEL_CMD=f"{fleet_cmd} tunnel --fate {inst.fate}",
                 REGISTER_CMD=f"{fleet_cmd} register --fate {inst.fate}",
                 PARAMS_CMD=f"{fleet_cmd} params --fate {inst.fate}",
                 BENCHMARK_CMD=f"{fleet_cmd} benchmark --fate {inst.fate} --log {daemon_log} --k {k} --proofs 2 "
-                              f"--min-rate {MIN_RATE:g}",
+                f"--min-rate {MIN_RATE:g}",
                 SUPERVISOR_CMD=f"{fleet_cmd} supervisor --fate {inst.fate} "
-                               f"--seconds {600 if destroyed else self.supervisor_seconds}",
+                f"--seconds {600 if destroyed else self.supervisor_seconds}",
             )
             if destroyed:  # its network is cut: every event stays in its spool until flushed later
                 env.update(FLIGHTREC_BOOTSTRAP=DEAD_BOOTSTRAP, FLIGHTREC_FLUSH_TIMEOUT="0.2")
-            self.manager_event(inst.instance_id, "rented", f"{gpu.model} at ${gpu.price_per_hour:.2f}/hour",
-                               {"gpu": inst.gpu, "price_per_hour": f"{gpu.price_per_hour:.2f}",  # the Cost page
-                                "host_id": str(DEMO_HOST_ID + n)})
-            self._spawn(inst.instance_id, ["bash", str(script)], env, inst,
-                        new_session=True, log_path=work / "console.log")
+            self.manager_event(
+                inst.instance_id,
+                "rented",
+                f"{gpu.model} at ${gpu.price_per_hour:.2f}/hour",
+                {
+                    "gpu": inst.gpu,
+                    "price_per_hour": f"{gpu.price_per_hour:.2f}",  # the Cost page
+                    "host_id": str(DEMO_HOST_ID + n),
+                },
+            )
+            self._spawn(
+                inst.instance_id, ["bash", str(script)], env, inst, new_session=True, log_path=work / "console.log"
+            )
             self._pause(0.3)  # a staggered start, as a real fleet comes up
         self.say(f"fleet:        {len(fleet)} instances started ({', '.join(sorted({i.fate for i in fleet}))})")
         return fleet
@@ -303,13 +348,23 @@ class Demo:
         """One line of progress, counting this run only: its instances, events at or after ``since_us``."""
         ids = [i.instance_id for i in fleet or []]
         try:
-            rows = run_query(self.db, "SELECT coalesce(stage, '?') AS stage, coalesce(state, '?') AS state, "
-                                      "count(*) AS n FROM instances WHERE list_contains(?, instance_id) "
-                                      "AND last_event_us >= ? GROUP BY ALL ORDER BY ALL", [ids, since_us]).to_pylist()
-            lines = run_query(self.db, "SELECT count(*) AS n FROM log_lines WHERE list_contains(?, instance_id) "
-                                       "AND ts_us >= ?", [ids, since_us]).to_pylist()[0]["n"]
-            fails = run_query(self.db, "SELECT count(*) AS n FROM failures WHERE list_contains(?, instance_id) "
-                                       "AND ts_us >= ?", [ids, since_us]).to_pylist()[0]["n"]
+            rows = run_query(
+                self.db,
+                "SELECT coalesce(stage, '?') AS stage, coalesce(state, '?') AS state, "
+                "count(*) AS n FROM instances WHERE list_contains(?, instance_id) "
+                "AND last_event_us >= ? GROUP BY ALL ORDER BY ALL",
+                [ids, since_us],
+            ).to_pylist()
+            lines = run_query(
+                self.db,
+                "SELECT count(*) AS n FROM log_lines WHERE list_contains(?, instance_id) AND ts_us >= ?",
+                [ids, since_us],
+            ).to_pylist()[0]["n"]
+            fails = run_query(
+                self.db,
+                "SELECT count(*) AS n FROM failures WHERE list_contains(?, instance_id) AND ts_us >= ?",
+                [ids, since_us],
+            ).to_pylist()[0]["n"]
         except QueryError as exc:
             return f"[{time.monotonic() - t0:5.0f}s] waiting for the materializer ({exc})"
         by = ", ".join(f"{r['n']} {r['stage']}/{r['state']}" for r in rows) or "none seen yet"
@@ -331,8 +386,9 @@ class Demo:
         """What the manager did, as `flightrec manager event` publishes it (from the demo's own manager spool)."""
         from flightrec.producer.manager import send_manager_event
 
-        settings = dataclasses.replace(self.settings, bootstrap=self.broker.bootstrap,
-                                       spool=str(self.home / "manager-spool"))
+        settings = dataclasses.replace(
+            self.settings, bootstrap=self.broker.bootstrap, spool=str(self.home / "manager-spool")
+        )
         try:
             send_manager_event(settings, instance, kind, detail, attrs, source=MANAGER_SOURCE)
         except FlightrecError as exc:  # the demo goes on; the event stays spooled
@@ -340,10 +396,26 @@ class Demo:
 
     def _flush_spool(self, inst: Instance, run_dir: Path) -> None:
         spool = run_dir / inst.instance_id / "spool"
-        r = subprocess.run([self.flightrec, "agent", "flush", "--instance", inst.instance_id, "--spool", str(spool),
-                            "--timeout", "60"], env=self._env(), capture_output=True, text=True)
-        self.say(f"fleet:        {inst.instance_id}'s spooled events delivered late by `flightrec agent flush` "
-                 f"(exit {r.returncode})")
+        r = subprocess.run(
+            [
+                self.flightrec,
+                "agent",
+                "flush",
+                "--instance",
+                inst.instance_id,
+                "--spool",
+                str(spool),
+                "--timeout",
+                "60",
+            ],
+            env=self._env(),
+            capture_output=True,
+            text=True,
+        )
+        self.say(
+            f"fleet:        {inst.instance_id}'s spooled events delivered late by `flightrec agent flush` "
+            f"(exit {r.returncode})"
+        )
         for line in r.stdout.strip().splitlines()[-5:]:  # its own words, each on a line of its own
             self.say(f"              {line[:200]}")
 
@@ -353,8 +425,9 @@ class Demo:
         want = {i.instance_id for i in fleet if i.fate != "destroyed"}
         while time.monotonic() < deadline:
             try:  # rows of an earlier demo run (same instance ids) do not count
-                rows = run_query(self.db, "SELECT instance_id, complete FROM instances WHERE last_event_us >= ?",
-                                 [since_us]).to_pylist()
+                rows = run_query(
+                    self.db, "SELECT instance_id, complete FROM instances WHERE last_event_us >= ?", [since_us]
+                ).to_pylist()
                 done = {r["instance_id"] for r in rows if r["complete"]}
                 seen = {r["instance_id"] for r in rows}
                 if want <= done and {i.instance_id for i in fleet} <= seen:
@@ -362,24 +435,32 @@ class Demo:
             except QueryError:
                 pass
             self._pause(0.5)
-        raise FlightrecError(f"the fleet's events were not all materialized within {timeout:.0f} s; "
-                             f"see {self.home / 'logs'} and each instance's console.log")
+        raise FlightrecError(
+            f"the fleet's events were not all materialized within {timeout:.0f} s; "
+            f"see {self.home / 'logs'} and each instance's console.log"
+        )
 
     def summary(self, fleet: list[Instance]) -> None:
         ids = [i.instance_id for i in fleet]
         from flightrec.db.views import VIEWS
 
-        rows = run_query(self.db, """
+        rows = run_query(
+            self.db,
+            """
             SELECT i.instance_id, i.gpu_model, i.status, i.complete, round(i.proofs_per_hour) AS proofs_per_hour,
                    string_agg(f.failure_class, ',') AS classes
             FROM fleet i LEFT JOIN failures f ON f.instance_id = i.instance_id AND f.boot_id = i.boot_id
-            WHERE list_contains(?, i.instance_id) GROUP BY ALL ORDER BY i.instance_id""", [ids],
-                         prelude=VIEWS).to_pylist()
+            WHERE list_contains(?, i.instance_id) GROUP BY ALL ORDER BY i.instance_id""",
+            [ids],
+            prelude=VIEWS,
+        ).to_pylist()
         self.say("")
         self.say(f"{'instance':18} {'gpu':32} {'status':14} {'complete':9} {'proofs/h':>9}  failure class")
         for r in rows:
-            self.say(f"{r['instance_id']:18} {r['gpu_model'] or '?':32} {r['status'] or '?':14} "
-                     f"{str(r['complete']):9} {r['proofs_per_hour'] or 0:9.0f}  {r['classes'] or ''}")
+            self.say(
+                f"{r['instance_id']:18} {r['gpu_model'] or '?':32} {r['status'] or '?':14} "
+                f"{str(r['complete']):9} {r['proofs_per_hour'] or 0:9.0f}  {r['classes'] or ''}"
+            )
 
     # -- the whole run --------------------------------------------------------------
 
