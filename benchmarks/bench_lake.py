@@ -23,13 +23,13 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
 
-from bench_materialize import BATCH, env_for, flightrec_cmd, pct, probe_latency, produce_backlog  # noqa: E402
+from bench_materialize import BATCH, env_for, flightrec_cmd, pct, probe_latency, produce_backlog
 
-from flightrec.db import lake as lakes  # noqa: E402
-from flightrec.broker import LocalBroker  # noqa: E402
-from flightrec.catalog import LocalCatalog  # noqa: E402
-from flightrec.localservice import free_port  # noqa: E402
-from flightrec.settings import Settings  # noqa: E402
+from flightrec.db import lake as lakes
+from flightrec.broker import LocalBroker
+from flightrec.catalog import LocalCatalog
+from flightrec.localservice import free_port
+from flightrec.settings import Settings
 
 
 def file_run(bootstrap: str, work: Path, n: int) -> float:
@@ -77,7 +77,7 @@ def lake_run(bootstrap: str, catalog: LocalCatalog, work: Path, members: int, n:
             raise SystemExit(f"a lake member failed:\n{err[-3000:]}")
         conflicts += int(err.rsplit("conflicts_retried=", 1)[1].split()[0]) if "conflicts_retried=" in err else 0
     wall = time.perf_counter() - t0
-    con = lakes.connect(lakes.parse_db(db, str(data)))  # type: ignore[arg-type]
+    con = lakes.connect(lakes.parse_db(db, str(data)))
     try:
         lines, run_s = con.execute("""SELECT (SELECT count(*) FROM log_lines),
             (SELECT (max(last_commit_us) - min(started_us)) / 1e6 FROM materializer_runs WHERE commits > 0)""").fetchone()

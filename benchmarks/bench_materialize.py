@@ -74,7 +74,7 @@ def failing_instance() -> list:
         event_id=str(uuid.uuid4()),
         instance_id=inst,
         boot_id=boot,
-        seq=s,  # noqa: E731
+        seq=s,
         ts_us=time.time_ns() // 1000,
     )
     cuda = "CUDA error: no kernel image is available for execution on the device"

@@ -20,7 +20,7 @@ from flightrec.settings import Settings
 try:  # absent from the code before secret shapes: then only the configurations without shapes are measured
     from flightrec.producer.shapes import builtin_shapes
 except ImportError:
-    builtin_shapes = None  # type: ignore[assignment]
+    builtin_shapes = None
 
 READ = 1 << 20  # what the agent reads from a pipe or a file at most at once (producer/run.py CHUNK)
 NAMES = {"API_TOKEN": "tok-9f8e7d6c5b4a39281706", "DB_PASSWORD": "correct-horse-battery-staple"}
@@ -135,7 +135,7 @@ def batcher_all(names: list[str], env: dict[str, str], shapes: str | None, chunk
     if "secret_shapes" in inspect.signature(Settings).parameters:
         fields["secret_shapes"] = shapes
     with tempfile.TemporaryDirectory(prefix="bench-redact-") as tmp:
-        settings = Settings(instance="bench", spool=tmp, **fields)  # type: ignore[arg-type]
+        settings = Settings(instance="bench", spool=tmp, **fields)
         with open_agent("bench", settings, deliver=False, env=env) as agent:
             b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=100)
             for c in chunks:

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/analytics only, for dashdata
 
-from dashdata import (  # noqa: E402
+from dashdata import (
     BASE_US,
     HOSTILE,
     NO_KERNEL,

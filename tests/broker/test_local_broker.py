@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 
 def _one_of_each(instance: str) -> list:
-    env = lambda seq: dict(event_id=str(uuid.uuid4()), instance_id=instance, boot_id="boot-1", seq=seq, ts_us=seq)  # noqa: E731
+    env = lambda seq: dict(event_id=str(uuid.uuid4()), instance_id=instance, boot_id="boot-1", seq=seq, ts_us=seq)
     return [
         InstanceFacts(**env(0), gpu_model="NVIDIA RTX PRO 4000", gpu_count=1, compute_capability="12.0"),
         Lifecycle(**env(1), stage="benchmark", state="started"),

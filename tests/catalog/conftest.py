@@ -24,7 +24,7 @@ def _analytics_fixtures() -> Any:
 
 def copy_into_lake(file: Path, db: str, data_path: str) -> list[str]:
     """Every table of the DuckDB file ``file`` copied into the lake (CREATE TABLE … AS FROM); their names."""
-    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))
     try:
         con.execute(f"ATTACH '{file}' AS src (READ_ONLY)")
         names = [

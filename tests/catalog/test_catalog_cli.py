@@ -41,10 +41,10 @@ def test_start_status_stop_round_trip_and_the_db_string_works(pg_dir, tmp_path):
         r = flightrec("catalog", "status", "--port", port, "--data", data)
         assert r.returncode == 0 and "running and answering" in r.stdout
         # the printed string is what `--db` takes: a lake made through it keeps its rows
-        con = lakes.connect(lakes.parse_db(db, str(tmp_path / "files"), writing=True))  # type: ignore[arg-type]
+        con = lakes.connect(lakes.parse_db(db, str(tmp_path / "files"), writing=True))
         con.execute("CREATE TABLE t AS SELECT range AS i FROM range(5)")
         con.close()
-        con = lakes.connect(lakes.parse_db(db), read_only=True)  # type: ignore[arg-type]
+        con = lakes.connect(lakes.parse_db(db), read_only=True)
         assert con.execute("SELECT sum(i) FROM t").fetchone() == (10,)
         con.close()
     finally:
@@ -58,7 +58,7 @@ def test_start_status_stop_round_trip_and_the_db_string_works(pg_dir, tmp_path):
     try:
         r = flightrec("catalog", "start", "--port", port, "--data", data)
         assert r.returncode == 0, r.stderr
-        con = lakes.connect(lakes.parse_db(db), read_only=True)  # type: ignore[arg-type]
+        con = lakes.connect(lakes.parse_db(db), read_only=True)
         assert con.execute("SELECT count(*) FROM t").fetchone() == (5,)
         con.close()
     finally:
@@ -132,7 +132,7 @@ def test_databases_for_lakes(pg_catalog):
 def test_lake_fixture_gives_a_fresh_lake_each_time(lake):
     db, data_path = lake
     con = duckdb.connect()
-    lakes.attach(con, lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    lakes.attach(con, lakes.parse_db(db, data_path, writing=True))
     assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake'").fetchone() == (0,)
     con.execute("CREATE TABLE fresh AS SELECT 1 AS x")
     con.close()
@@ -157,21 +157,21 @@ def test_log_cause_names_what_explains_the_fatal_line():
 
 def test_the_reader_role_reads_and_nothing_else(pg_catalog, lake, tmp_path):
     db, data_path = lake
-    w = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    w = lakes.connect(lakes.parse_db(db, data_path, writing=True))
     w.execute("CREATE TABLE t AS SELECT range AS i FROM range(3)")
     w.close()
     reader_db = db.replace("user=flightrec", f"user={READER}")
     assert reader_db.endswith(f"user={READER}")
-    r = lakes.connect(lakes.parse_db(reader_db), read_only=True)  # type: ignore[arg-type]
+    r = lakes.connect(lakes.parse_db(reader_db), read_only=True)
     assert r.execute("SELECT sum(i) FROM t").fetchone() == (3,)
     with pytest.raises(duckdb.Error, match="permission denied"):  # PostgreSQL itself refuses server files
         r.execute("SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT pg_read_file(''/etc/hostname'')')")
     r.close()
     # a writer through the reader's role cannot commit: PostgreSQL refuses the catalog rows
-    w = lakes.connect(lakes.parse_db(reader_db, data_path, writing=True))  # type: ignore[arg-type]
+    w = lakes.connect(lakes.parse_db(reader_db, data_path, writing=True))
     with pytest.raises(duckdb.Error):
         w.execute("INSERT INTO t VALUES (99)")
     w.close()
-    check = lakes.connect(lakes.parse_db(db), read_only=True)  # type: ignore[arg-type]
+    check = lakes.connect(lakes.parse_db(db), read_only=True)
     assert check.execute("SELECT count(*) FROM t").fetchone() == (3,)
     check.close()

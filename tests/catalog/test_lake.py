@@ -25,12 +25,12 @@ def test_the_db_string_names_a_lake_or_a_file():
 def test_parse_db_file_and_lake(tmp_path):
     assert lakes.parse_db("a/flightrec.duckdb", env={}) == Path("a/flightrec.duckdb")
     loc = lakes.parse_db(DB, str(tmp_path / "d"), env={})
-    assert loc == lakes.LakeLocation(attach=DB, data_path=str(tmp_path / "d")) and loc.db == DB  # type: ignore[union-attr]
+    assert loc == lakes.LakeLocation(attach=DB, data_path=str(tmp_path / "d")) and loc.db == DB
     # the environment stands in for the flag, the flag beats it; relative folders become absolute
-    assert lakes.parse_db(DB, env={"FLIGHTREC_DATA_PATH": "/srv/lake"}).data_path == "/srv/lake"  # type: ignore[union-attr]
-    assert lakes.parse_db(DB, "/a", env={"FLIGHTREC_DATA_PATH": "/srv/lake"}).data_path == "/a"  # type: ignore[union-attr]
-    assert lakes.parse_db(DB, "rel", env={}).data_path == str(Path("rel").resolve())  # type: ignore[union-attr]
-    assert lakes.parse_db(DB, "s3://bucket/lake", env={}).data_path == "s3://bucket/lake"  # type: ignore[union-attr]
+    assert lakes.parse_db(DB, env={"FLIGHTREC_DATA_PATH": "/srv/lake"}).data_path == "/srv/lake"
+    assert lakes.parse_db(DB, "/a", env={"FLIGHTREC_DATA_PATH": "/srv/lake"}).data_path == "/a"
+    assert lakes.parse_db(DB, "rel", env={}).data_path == str(Path("rel").resolve())
+    assert lakes.parse_db(DB, "s3://bucket/lake", env={}).data_path == "s3://bucket/lake"
     # a reader needs no data path (the catalog recorded it); a writer does
     assert lakes.parse_db(DB, env={}) == lakes.LakeLocation(attach=DB, data_path=None)
     with pytest.raises(LakeError, match="--data-path DIR or set FLIGHTREC_DATA_PATH"):
@@ -82,18 +82,18 @@ def test_an_unreachable_catalog_is_named(tmp_path):
         env={},
     )
     with pytest.raises(LakeError, match="(?s)cannot attach the lake .*Connection refused.*catalog status") as err:
-        lakes.connect(loc)  # type: ignore[arg-type]
+        lakes.connect(loc)
     assert "hidden" not in str(err.value) and "password=***" in str(err.value)
     assert lakes.mask_password("a password='x y' b PASSWORD=z") == "a password=*** b PASSWORD=***"
 
 
 def test_attach_write_then_read_only(lake):
     db, data_path = lake
-    w = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    w = lakes.connect(lakes.parse_db(db, data_path, writing=True))
     w.execute("CREATE TABLE events AS SELECT range AS i, 'line ' || range AS text FROM range(1000)")
     w.close()
     assert any(Path(data_path).rglob("*.parquet"))
-    r = lakes.connect(lakes.parse_db(db, env={}), read_only=True)  # type: ignore[arg-type]
+    r = lakes.connect(lakes.parse_db(db, env={}), read_only=True)
     assert r.execute("SELECT count(*), sum(i) FROM events").fetchone() == (1000, 499500)
     with pytest.raises(duckdb.Error, match="read-only"):
         r.execute("INSERT INTO events VALUES (1, 'x')")

@@ -32,7 +32,7 @@ def flightrec(*args: str, env: dict | None = None) -> subprocess.CompletedProces
 
 
 def writer(db: str) -> duckdb.DuckDBPyConnection:
-    return lakes.connect(lakes.parse_db(db))  # type: ignore[arg-type]
+    return lakes.connect(lakes.parse_db(db))
 
 
 def snapshots(db: str) -> int:
@@ -118,7 +118,7 @@ def test_hostile_sql_on_a_lake_is_refused(fleet_lake, tmp_path):
 def test_the_reader_connection_itself_holds_the_walls(fleet_lake, tmp_path):
     """Past the statement check (as if it had a hole): the reader's own DuckDB refuses files, writes, settings."""
     db, _, _ = fleet_lake
-    cur = lakes.reader_cursor(lakes.parse_db(db))  # type: ignore[arg-type]
+    cur = lakes.reader_cursor(lakes.parse_db(db))
     try:
         assert cur.execute("SELECT count(*) FROM instances").fetchone() == (3,)
         assert cur.execute("SELECT count(*) FROM log_lines").fetchone()[0] > 0  # Parquet files of the lake: allowed
@@ -243,7 +243,7 @@ def test_a_reader_survives_a_catalog_restart(pg_dir, tmp_path):
     c = LocalCatalog(port=free_port(), data=pg_dir / "c")
     c.start()
     try:
-        w = lakes.connect(lakes.parse_db(c.db, str(tmp_path / "files"), writing=True))  # type: ignore[arg-type]
+        w = lakes.connect(lakes.parse_db(c.db, str(tmp_path / "files"), writing=True))
         w.execute("CREATE TABLE t AS SELECT range AS i FROM range(10)")
         w.close()
         assert run_query(c.reader_db, "SELECT sum(i) AS s FROM t").to_pylist() == [{"s": 45}]

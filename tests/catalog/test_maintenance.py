@@ -44,7 +44,7 @@ def expected(commits: int) -> tuple[int, int]:
 
 def test_maintenance_while_a_writer_appends(lake):
     db, data_path = lake
-    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))
     con.execute("CREATE TABLE events (id BIGINT, text VARCHAR)")
     commits = 80
     writer = subprocess.Popen(
@@ -88,14 +88,12 @@ def test_maintenance_while_a_writer_appends(lake):
     assert len(on_disk) == final.files_after, on_disk
     con.close()
     # a reader agrees
-    assert lakes.connect(lakes.parse_db(db), read_only=True).execute(  # type: ignore[arg-type]
-        "SELECT count(*) FROM events"
-    ).fetchone() == (n,)
+    assert lakes.connect(lakes.parse_db(db), read_only=True).execute("SELECT count(*) FROM events").fetchone() == (n,)
 
 
 def test_maintenance_keeps_recent_snapshots_and_their_files(lake):
     db, data_path = lake
-    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))
     con.execute("CREATE TABLE t AS SELECT range AS i FROM range(500)")
     for n in range(3):
         con.execute("INSERT INTO t SELECT range FROM range(500)")
@@ -131,7 +129,7 @@ print(json.dumps({"seen": seen, "errors": errors[:5]}))
 def test_a_reader_process_reads_throughout_writes_and_maintenance(lake, tmp_path):
     """Writer, maintenance and a reader process at once: the reader never fails and never sees rows vanish."""
     db, data_path = lake
-    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))
     con.execute("CREATE TABLE events (id BIGINT, text VARCHAR)")
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     stop = tmp_path / "stop"
@@ -178,7 +176,7 @@ def test_orphaned_files_are_deleted_once_old(lake):
     """A Parquet file no snapshot names (a transaction that never committed) goes once older than the orphan
     grace; a young one stays (it may be another writer's uncommitted transaction)."""
     db, data_path = lake
-    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))  # type: ignore[arg-type]
+    con = lakes.connect(lakes.parse_db(db, data_path, writing=True))
     con.execute("CREATE TABLE t AS SELECT range AS i FROM range(1000)")
     live = sorted(Path(data_path).rglob("*.parquet"))
     assert len(live) == 1

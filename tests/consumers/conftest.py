@@ -17,7 +17,7 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def env_for(kafka: Any):  # noqa: ANN201
+def env_for(kafka: Any):
     def make(**extra: str) -> dict[str, str]:
         return kafka.env(FLIGHTREC_LOG_LEVEL="WARNING", **extra)
 

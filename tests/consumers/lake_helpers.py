@@ -80,7 +80,7 @@ def run_lake(kafka: Any, db: str, data_path: str, idle: float = 2.0, **opts: Any
 
 
 def lake_con(db: str, data_path: str | None = None) -> duckdb.DuckDBPyConnection:
-    return lakes.connect(lakes.parse_db(db, data_path))  # type: ignore[arg-type]
+    return lakes.connect(lakes.parse_db(db, data_path))
 
 
 def lake_count(db: str, sql: str, params: list[Any] | None = None, data_path: str | None = None) -> int:

@@ -18,7 +18,7 @@ def _msgs(events: list, first_offset: int = 0) -> list[RawMessage]:
 
 
 @pytest.fixture
-def store(tmp_path: Path):  # noqa: ANN201
+def store(tmp_path: Path):
     s = FileStore(tmp_path / "fr.duckdb", "g")
     yield s
     s.close()

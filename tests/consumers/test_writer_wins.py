@@ -23,7 +23,7 @@ EXE = str(Path(sys.executable).with_name("flightrec"))
 HOG = "SELECT count(DISTINCT (a.range::varchar || repeat('y', 50))) FROM range(300000000) a"
 
 
-def _delta(boot: Boot, first_offset: int = 0):  # noqa: ANN202
+def _delta(boot: Boot, first_offset: int = 0):
     return fold(
         [RawMessage(e.topic, 0, first_offset + i, e.instance_id.encode(), encode(e)) for i, e in enumerate(boot.events)]
     )
@@ -68,7 +68,7 @@ def test_a_commit_out_of_memory_stops_the_reads_and_commits_again(tmp_path: Path
     real = store._write
     tries = {"n": 0}
 
-    def failing_first(delta):  # noqa: ANN001, ANN202
+    def failing_first(delta):
         out = real(delta)
         tries["n"] += 1
         if tries["n"] == 1:
@@ -169,7 +169,7 @@ def test_an_oom_retry_keeps_the_totals_of_earlier_commits(tmp_path: Path, monkey
         store.commit(_delta(a))
         real, tries = store._write, {"n": 0}
 
-        def failing_first(delta):  # noqa: ANN001, ANN202
+        def failing_first(delta):
             out = real(delta)
             tries["n"] += 1
             if tries["n"] == 1:

@@ -139,12 +139,12 @@ def _fake_pycuda(monkeypatch: pytest.MonkeyPatch, init_error: str | None = None,
             raise RuntimeError(init_error)
 
     drv = types.ModuleType("pycuda.driver")
-    drv.init = init  # type: ignore[attr-defined]
-    drv.get_driver_version = lambda: 12040  # type: ignore[attr-defined]
-    drv.Device = Dev  # type: ignore[attr-defined]
-    drv.mem_get_info = lambda: (free, 80 << 30)  # type: ignore[attr-defined]
+    drv.init = init
+    drv.get_driver_version = lambda: 12040
+    drv.Device = Dev
+    drv.mem_get_info = lambda: (free, 80 << 30)
     pkg = types.ModuleType("pycuda")
-    pkg.driver = drv  # type: ignore[attr-defined]
+    pkg.driver = drv
     monkeypatch.setitem(sys.modules, "pycuda", pkg)
     monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
 

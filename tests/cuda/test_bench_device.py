@@ -135,7 +135,7 @@ def test_the_ctypes_driver_without_libcuda_names_what_to_install() -> None:
 
 
 def test_kernel_argument_codes_are_checked_before_any_launch() -> None:
-    fn = driver.Function(handle=None, name="ntt_pass")  # type: ignore[arg-type]
+    fn = driver.Function(handle=None, name="ntt_pass")
     with pytest.raises(driver.DriverError, match="not supported"):
         fn.prepare("PZ")
     with pytest.raises(driver.DriverError, match="prepare"):

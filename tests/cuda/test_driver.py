@@ -139,7 +139,7 @@ def test_an_init_failure_becomes_a_device_error_with_the_driver_version(
 
 def test_asking_for_pycuda_where_it_is_missing_says_so() -> None:
     try:
-        import pycuda  # noqa: F401
+        import pycuda  # noqa: F401 - imported to see whether it is installed
     except ImportError:
         with pytest.raises(DeviceError, match="pycuda is not installed"):
             CudaProver(ProofParams(width=4, log_n=8), driver="pycuda")

@@ -20,7 +20,7 @@ def _with_a_new_column(monkeypatch: pytest.MonkeyPatch, **extra: object) -> migr
             migrate.Column("log_lines", "test_flag", "BOOLEAN"),
         ),
         **extra,
-    )  # type: ignore[arg-type]
+    )
     monkeypatch.setattr(migrate, "MIGRATIONS", migrate.MIGRATIONS + (new,))
     return new
 

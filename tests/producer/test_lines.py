@@ -12,7 +12,7 @@ def split_all(chunks: list[bytes], max_line: int = 64) -> tuple[list[bytes], lis
     s = LineSplitter(max_line)
     lines: list[bytes] = []
     flags: list[bool] = []
-    for c in chunks + [None]:  # type: ignore[list-item]
+    for c in chunks + [None]:
         got, trunc = s.feed(c) if c is not None else s.finish()
         lines.extend(got)
         flags.extend(trunc if trunc is not None else [False] * len(got))

@@ -32,7 +32,7 @@ PEM = (
 
 
 def _agent(tmp: Path, env: dict[str, str], **kw: object) -> SyncAgent:
-    s = Settings(instance="sec-test", spool=str(tmp / "spool"), redact=tuple(env), **kw)  # type: ignore[arg-type]
+    s = Settings(instance="sec-test", spool=str(tmp / "spool"), redact=tuple(env), **kw)
     return SyncAgent(settings=s, deliver=False, env=env)
 
 

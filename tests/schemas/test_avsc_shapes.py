@@ -31,8 +31,8 @@ def _plain(value: Any) -> Any:
 def _dataclass_default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return _plain(f.default)
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return _plain(f.default_factory())  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return _plain(f.default_factory())
     return dataclasses.MISSING
 
 
