@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import os
 import subprocess
 import sys
@@ -263,3 +264,19 @@ def test_no_import_circle_within_a_part(part):
 def test_the_circle_test_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+_MARKER = re.compile(r"#\s*(type: ignore(\[[a-z, -]+\])?|noqa(: [A-Z0-9, ]+)?)(?P<rest>.*)$")
+
+
+def test_every_type_ignore_and_noqa_says_why():
+    bare = []
+    for folder in [*MAPPED, "tests", "benchmarks", "scripts"]:
+        for path in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            for no, line in enumerate(path.read_text().splitlines(), 1):
+                m = _MARKER.search(line)
+                if m and not re.match(r"\s*(-|#|\()\s*\w", m.group("rest")):
+                    bare.append(f"{path.relative_to(ROOT)}:{no}: {line.strip()}")
+    assert not bare, "say why after the marker (`# type: ignore[code]  # why`):\n" + "\n".join(bare)
