@@ -23,6 +23,7 @@ _KNOWN_KEYS = {
     "verdict",
     "min_proofs_per_hour",
     "stages",
+    "deterministic",
 }
 
 
@@ -40,6 +41,7 @@ class Rule:
     verdict: str | None = None
     min_proofs_per_hour: float | None = None
     stages: tuple[re.Pattern[str], ...] = ()
+    deterministic: bool = False  # the class follows from the GPU model or the image: the same offer fails again
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,7 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleTable:
                 verdict=raw.get("verdict"),
                 min_proofs_per_hour=raw.get("min_proofs_per_hour"),
                 stages=_compile(raw.get("stages", []), where + " stages"),
+                deterministic=bool(raw.get("deterministic", False)),
             )
         )
     if not rules:

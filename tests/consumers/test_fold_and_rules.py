@@ -134,13 +134,13 @@ def test_rules_classify_exits_and_results():
 def test_adding_a_rule_needs_no_code_change(tmp_path):
     path = tmp_path / "rules.toml"
     path.write_text(
-        '[[rule]]\nclass = "disk_full"\nhint = "Free some disk."\nlines = ["No space left on device"]\n'
+        '[[rule]]\nclass = "license_expired"\nhint = "Renew the license."\nlines = ["license has expired"]\n'
         + (load_rules.__globals__["resources"].files("flightrec.db") / "rules.toml").read_text()
     )
     rules = load_rules(path)
-    ev = FailureEvidence(stage="supervisor", exit_code=1, stderr_tail=["write: No space left on device"])
-    assert rules.classify(ev).failure_class == "disk_full"
-    assert RULES.classify(ev).failure_class != "disk_full"
+    ev = FailureEvidence(stage="supervisor", exit_code=1, stderr_tail=["prover: license has expired"])
+    assert rules.classify(ev).failure_class == "license_expired"
+    assert RULES.classify(ev).failure_class != "license_expired"
 
 
 @pytest.mark.parametrize(
