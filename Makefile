@@ -33,14 +33,14 @@ demo: setup
 test: setup system-packages
 	$(VENV)/bin/pytest
 
-# The edit-test loop: every test that needs no broker or PostgreSQL (tests using their fixtures are marked integration),
-# four workers (many tests wait on real processes, so two per core overlap their waits), each test file on one
-# worker (its module fixtures built once).
+# The edit-test loop: every test that needs no broker or PostgreSQL (tests using their fixtures are marked
+# integration) and takes under about 3 s (the slower ones are marked slow: `make test` runs them), on four workers
+# (many tests wait on real processes, so two per core overlap their waits), each test file on one worker.
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/typecheck.py
-	$(VENV)/bin/pytest -q -m "not integration" -n 4 --dist loadfile
+	$(VENV)/bin/pytest -q -m "not integration and not slow" -n 4 --dist loadfile
 
 bench: setup system-packages
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -291,7 +291,7 @@ SERVICE_FIXTURES = BROKER_FIXTURES | {"pg_catalog", "lake", "pg_dir"}  # a real 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that needs a broker or PostgreSQL, directly or through another fixture, is an integration test
-    (marked or not), so `make check` (`-m "not integration"`) starts neither."""
+    (marked or not), so `make check` (`-m "not integration and not slow"`) starts neither."""
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import pandas as pd
 import streamlit as st
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
@@ -68,6 +69,7 @@ def test_dashboard_starts_streamlit_without_the_deploy_button():
     assert cmd.index("--client.toolbarMode") < cmd.index("--")  # a streamlit option, not one of the app's
 
 
+@pytest.mark.slow
 def test_time_range_picker_is_shared_by_all_pages(glance_db, open_page):
     db, ids = glance_db
     at = open_page(db)
@@ -168,6 +170,7 @@ def test_instance_shows_the_cuda_error_above_the_fold_and_whole_commands(glance_
     assert " ".join(SEGV_ARGV) in list(exits["command"])
 
 
+@pytest.mark.slow
 def test_instance_live_tail_shows_new_lines_first(live_db, open_page):
     db, ids = live_db
     iid = ids["ok"]

@@ -27,6 +27,7 @@ def _unescaped(texts: list[str], pattern: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["fleet", "instance", "failures"])
 def test_dollars_and_markup_in_ids_and_details_show_literally(hostile_db, open_page, page):
     """`$5 … $6` would render as LaTeX and `*x*` in italics: every such sign reaches Markdown escaped."""

@@ -29,6 +29,7 @@ def metric(at: AppTest, label: str) -> Any:
     return next(m.value for m in at.metric if m.label == label)
 
 
+@pytest.mark.slow
 def test_fleet_shows_counts_and_table(arrow_db, open_page):
     db, ids = arrow_db
     at = open_page(db)  # Fleet is the default page

@@ -159,6 +159,7 @@ def _outbox(store: FileStore) -> tuple:
     return store.con.execute("SELECT outcome, sent_us, attempts, attempted_us FROM alerts").fetchone()
 
 
+@pytest.mark.slow
 def test_a_slow_receiver_gets_one_post_and_a_restart_sends_nothing(tmp_path, server_for):
     slow = server_for(200, delay=2.5)  # answers, but after the client's timeout
     store = _store_with_a_failure(tmp_path / "f.duckdb")
@@ -190,6 +191,7 @@ def test_a_post_in_flight_when_the_materializer_died_is_never_sent_again(tmp_pat
         store.close()
 
 
+@pytest.mark.slow
 def test_a_receiver_that_cannot_be_reached_is_retried_then_gets_it_once(tmp_path, server_for):
     store = _store_with_a_failure(tmp_path / "f.duckdb")
     try:

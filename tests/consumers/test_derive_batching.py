@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import duckdb
 from lake_helpers import varied_fleet
 from materializer_helpers import Boot
@@ -64,6 +65,7 @@ def _store(path, batches: list[list]) -> dict[str, list[str]]:
     return _tables(path)
 
 
+@pytest.mark.slow
 def test_derived_tables_are_the_same_whatever_the_batching(tmp_path):
     events = _events()
     whole = _store(tmp_path / "whole.duckdb", [events])

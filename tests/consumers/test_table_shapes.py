@@ -94,6 +94,7 @@ def test_describe_equals_the_arrow_schema_that_writes_it(con: Any, table: str) -
     assert _describe(con, table) == _duckdb_types(WRITTEN[table])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", sorted(set(WRITTEN) | BY_SQL))
 def test_columns_named_like_event_fields_have_the_avsc_type(con: Any, table: str) -> None:
     types: dict[str, pa.DataType] = {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from materializer_helpers import Boot, motivating_boot
 
 from flightrec.db.failures import exit_failed
@@ -101,6 +103,7 @@ def _stored(tmp_path: Path, boots: list[Boot]) -> Path:
     return db
 
 
+@pytest.mark.slow
 def test_timeline_from_topics_equals_timeline_from_the_database(tmp_path: Path) -> None:
     for n, boots in enumerate(([_timed_out_boot()], _richer_boots())):
         db = _stored(tmp_path / str(n), boots)

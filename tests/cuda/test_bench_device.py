@@ -74,6 +74,7 @@ def test_past_the_budget_no_new_size_starts_and_the_summary_is_printed() -> None
     assert "== summary" in proc.stdout
 
 
+@pytest.mark.slow
 def test_an_error_midway_still_prints_what_was_measured() -> None:
     # k = 31 with blowup 4 is past the field's two-adicity: ProofParams raises in the middle of the run.
     proc = _run(*SMALL_RUN, "--ks", "10,31,11", "--budget-s", "200")
@@ -101,6 +102,7 @@ def test_a_bad_size_list_is_refused_by_the_parser() -> None:
     assert proc.returncode == 2 and "comma-separated list of integers" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_wrapper_rehearses_every_step_of_the_gpu_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "FLIGHTREC_DEVICE_WHEELS": str(tmp_path / "none")}

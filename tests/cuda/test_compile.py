@@ -17,6 +17,7 @@ NVRTC = cc.load_nvrtc()
 needs_nvrtc = pytest.mark.skipif(NVRTC is None, reason="no NVRTC here: pip install nvidia-cuda-nvrtc-cu12")
 
 
+@pytest.mark.slow
 @needs_nvrtc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_kernels_compile_to_cubin_without_spills(arch: str) -> None:
@@ -48,6 +49,7 @@ def test_sources_ship_with_the_package() -> None:
         assert (cc.source_dir() / header).is_file()
 
 
+@pytest.mark.slow
 @needs_nvrtc
 def test_a_compiled_cubin_is_kept_on_disk_for_the_next_process(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FLIGHTREC_CACHE", str(tmp_path))
@@ -67,6 +69,7 @@ def test_a_compiled_cubin_is_kept_on_disk_for_the_next_process(tmp_path, monkeyp
     cc.compile_cubin_any.cache_clear()
 
 
+@pytest.mark.slow
 @needs_nvrtc
 def test_the_kept_cubin_follows_the_sources_and_an_unwritable_cache_only_costs_time(tmp_path, monkeypatch) -> None:
     import shutil

@@ -147,6 +147,7 @@ def test_asking_for_pycuda_where_it_is_missing_says_so() -> None:
         pytest.skip("pycuda is installed here")
 
 
+@pytest.mark.slow
 def test_the_wrapper_runs_the_cuda_branch_on_the_stand_in_driver(fake_lib: Path, tmp_path: Path) -> None:
     """scripts/device_run.sh's GPU branch end to end: every step runs; the stand-in computes nothing,
     so bench_device and test_gpu.py must both report the roots as different (they can fail)."""

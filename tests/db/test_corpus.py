@@ -117,6 +117,7 @@ def test_the_corpus_is_real_and_varied():
     assert max(per_class.values()) <= len(all_cases) / 10, per_class  # no class more than a tenth
 
 
+@pytest.mark.slow
 def test_the_classifier_explains_the_real_failures(classified, capsys):
     all_cases = cases()
     known = {r.failure_class for r in load_rules().rules}
@@ -135,6 +136,7 @@ def test_the_classifier_explains_the_real_failures(classified, capsys):
     assert len(right) >= GOAL * len(all_cases)
 
 
+@pytest.mark.slow
 def test_the_matched_line_is_the_decisive_one(classified):
     """The line that decided a case's class is one of its quoted lines (not the agent's own words)."""
     for c in cases():

@@ -10,6 +10,8 @@ import threading
 import uuid
 from pathlib import Path
 
+import pytest
+
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 SECONDS = 4.0
 # a busy stage: a line every 20 ms (each one wakes the deliverer)
@@ -37,6 +39,7 @@ class Refuser:
             conn.close()
 
 
+@pytest.mark.slow
 def test_a_busy_stage_does_not_hammer_a_broker_that_is_away(tmp_path: Path) -> None:
     refuser = Refuser()
     env = dict(

@@ -10,6 +10,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 N_LINES = 200  # 10 s: it still runs when the late-output process is killed
 # a daemon (a subshell) writing a numbered line every 0.05 s on the stage's stdout, then leaving a mark
@@ -78,6 +80,7 @@ def _run_daemon(tmp_path: Path, lines: int) -> tuple[Path, Path, Path, int]:
     return spool, out, mark, int(pid_file.read_text())
 
 
+@pytest.mark.slow
 def test_the_keeper_ends_with_the_late_output_process(tmp_path: Path) -> None:
     spool, out, mark, late = _run_daemon(tmp_path, 80)
     assert _wait(lambda: bool(_children(late)), 10)
@@ -91,6 +94,7 @@ def test_the_keeper_ends_with_the_late_output_process(tmp_path: Path) -> None:
     assert "flightrec keeper" not in (spool / "late.log").read_text()  # it never took over
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_late_output_process_leaves_the_daemon_running_and_passed_on(tmp_path: Path) -> None:
     spool, out, mark, late = _run_daemon(tmp_path, N_LINES)
     assert _wait(lambda: b"daemon line 3\n" in out.read_bytes(), 10)
@@ -109,6 +113,7 @@ def test_sigkill_of_the_late_output_process_leaves_the_daemon_running_and_passed
     assert _wait(lambda: "bytes were passed on unrecorded" in (spool / "late.log").read_text(), 10)
 
 
+@pytest.mark.slow
 def test_what_the_keeper_passed_on_unrecorded_becomes_an_event_of_the_boot(tmp_path: Path) -> None:
     from flightrec.producer.segment import iter_records, parse_header
     from flightrec.schemas import Lifecycle, LogBatch, Sealed, decode

@@ -68,6 +68,7 @@ def test_a_non_utf8_instance_id(agent_env) -> None:
     assert [e.exit_code for e in agent_env.of(ProcessExit, instance=agent_env.instance + "\\xff")] == [6]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("instance", ["..", ".", "../escape", "a/../../b", "%2E%2E", "x" * 300])
 def test_no_instance_id_leaves_the_spool_folder(spool_env, tmp_path: Path, instance: str) -> None:
     root = tmp_path / "box" / "spool"

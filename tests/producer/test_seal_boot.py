@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from flightrec.schemas import InstanceFacts, Lifecycle, ProcessExit, Sealed
 
 PY = sys.executable
@@ -56,6 +58,7 @@ def test_the_seal_waits_for_a_background_stage(agent_env) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_stage_outliving_the_wait_is_named_in_the_seal_and_opens_no_new_boot(spool_env) -> None:
     env = spool_env.env(FLIGHTREC_SEAL_WAIT="1")
     tunnel = _start_tunnel(spool_env, env, 5)
@@ -69,6 +72,7 @@ def test_a_stage_outliving_the_wait_is_named_in_the_seal_and_opens_no_new_boot(s
     assert "still running" in seal.reason and "tunnel" in seal.reason
 
 
+@pytest.mark.slow
 def test_the_seal_waits_for_a_slow_nvidia_smi(spool_env, tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -130,6 +134,7 @@ def _late_lines(evs: list, sealed: Sealed) -> list[str]:
     return [t for b in evs if isinstance(b, LogBatch) and b.seq < sealed.seq for t in b.text]
 
 
+@pytest.mark.slow
 def test_a_seal_killed_while_it_waits_does_not_stop_the_recording(spool_env, tmp_path: Path) -> None:
     env = spool_env.env(FLIGHTREC_LATE_WAIT="1")
     with open(tmp_path / "out", "wb") as out:
@@ -158,6 +163,7 @@ def test_a_seal_killed_while_it_waits_does_not_stop_the_recording(spool_env, tmp
     assert "daemon: the decisive line" in _late_lines(evs, sealed), sealed.reason
 
 
+@pytest.mark.slow
 def test_a_late_output_process_killed_while_the_seal_waits_is_named(spool_env, tmp_path: Path) -> None:
     env = spool_env.env(FLIGHTREC_LATE_WAIT="30")
     with open(tmp_path / "out", "wb") as out:
@@ -204,6 +210,7 @@ log.write("daemon: CUDA error: no kernel image is available for execution on the
 """
 
 
+@pytest.mark.slow
 def test_a_daemon_that_hides_its_token_is_still_waited_for(spool_env, tmp_path: Path) -> None:
     from flightrec.schemas import LogBatch
 
@@ -238,6 +245,7 @@ def test_a_daemon_that_hides_its_token_is_still_waited_for(spool_env, tmp_path: 
     assert "daemon: CUDA error: no kernel image is available for execution on the device" in lines, lines
 
 
+@pytest.mark.slow
 def test_late_lines_after_the_seal_never_open_a_boot_of_their_own(spool_env, tmp_path: Path) -> None:
     """(Found by review.) The seal waits its own FLIGHTREC_LATE_WAIT, whatever the stage's was; what the leftover
     writes after the seal is passed on and not recorded, never spooled as a new boot."""

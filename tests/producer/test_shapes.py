@@ -146,6 +146,7 @@ def _hostile(needle: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", builtin_shapes(), ids=lambda s: s.name)
 def test_no_shape_backtracks_on_a_hostile_64_kib_line(shape) -> None:
     r = Redactor(shapes=(shape,))
@@ -163,6 +164,7 @@ def test_no_shape_backtracks_on_a_hostile_64_kib_line(shape) -> None:
 _LOOKAROUND = re.compile(r"\(\?<?[!=][^()]*\)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", builtin_shapes(), ids=lambda s: s.name)
 @hsettings(
     max_examples=150,

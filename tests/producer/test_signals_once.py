@@ -57,6 +57,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_the_whole_process_group_reaches_cmd_once(spool_env, tmp_path: Path, signum: int) -> None:
     # `setsid flightrec agent run -- CMD`, then another process sends `kill -INT -- -PGID` (tini -g, a script)
@@ -75,6 +76,7 @@ def test_a_signal_to_the_whole_process_group_reaches_cmd_once(spool_env, tmp_pat
     assert p.returncode == 0
 
 
+@pytest.mark.slow
 def test_gnu_timeout_gives_cmd_one_sigterm(spool_env, tmp_path: Path) -> None:
     # timeout signals the agent, then its whole process group, then sends SIGCONT to both
     ready = tmp_path / "ready"

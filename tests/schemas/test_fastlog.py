@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,6 +34,7 @@ def batches(draw):
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(batches())
 def test_fast_encoding_is_byte_identical(batch: LogBatch) -> None:
