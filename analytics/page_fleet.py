@@ -46,6 +46,30 @@ def attention(since: int | None) -> None:
         )
 
 
+def trust() -> None:
+    """Events refused in an instance's name (forged, revoked, untagged), and which instances are unauthenticated."""
+    rows = fetch(queries.instance_trust).to_pylist()
+    refused = [r for r in rows if r["refused_events"]]
+    if refused:
+        total = sum(r["refused_events"] for r in refused)
+        named = "; ".join(
+            f"{md(r['instance_id'])}: {r['refused_events']:,} ({md(r['last_refusal'])})" for r in refused[:SILENT_SHOWN]
+        )
+        st.error(
+            f"{total:,} event(s) refused as forged, revoked or unauthenticated, claiming {len(refused):,} "
+            f"instance(s): {named}. They changed nothing; each is in `dead_letters` (docs/security.md)."
+        )
+    heard = [r for r in rows if r["heard"]]
+    open_ = [r["instance_id"] for r in heard if not r["authenticated"]]
+    if open_ and len(open_) < len(heard):
+        st.warning(
+            f"{len(open_):,} instance(s) unauthenticated (their events carry no tag, so anyone with the agent's "
+            f"Kafka login could have written them): {', '.join(md(i) for i in open_[:SILENT_SHOWN])}"
+        )
+    elif open_:
+        st.caption("Unauthenticated fleet: no instance tags its events (enroll them: docs/security.md).")
+
+
 def silent(since: int | None) -> None:
     """Instances the manager rented whose agent never spoke: paid for, and in no other table."""
     rows = fetch(queries.manager_only_instances, since_us=since).to_pylist()
@@ -70,6 +94,7 @@ def overview() -> None:
     cols[4].metric("Benchmark passed", f"{counts['passed']:,}")
     cols[5].metric("Lost or destroyed", f"{counts['gone']:,}")
     silent(since)
+    trust()
     if not counts["instances"]:
         if since is not None and fetch(queries.instance_ids):
             st.info("No instances heard from in this time range (sidebar): widen it to see older ones.")

@@ -215,6 +215,29 @@ def instance_rejected(db: Db, instance_id: str) -> pa.Table:
     )
 
 
+def instance_trust(db: Db) -> pa.Table:
+    """Who wrote the fleet's events (db/trust.py): instances tagged by a key, unauthenticated ones, and the events
+    refused in each one's name. No rows from a database a materializer has not yet migrated to version 3."""
+    has = (
+        run_query(
+            db,
+            "SELECT count(*) AS n FROM duckdb_columns() WHERE table_name = 'events_seen' AND column_name = 'key_id'",
+        )
+        .column("n")[0]
+        .as_py()
+    )
+    if not has:
+        return pa.table({"instance_id": pa.array([], pa.string())})
+    return run_query(
+        db,
+        """
+        SELECT t.instance_id, t.authenticated, t.refused_events, t.last_refusal,
+               t.instance_id IN (SELECT instance_id FROM instances) AS heard
+        FROM instance_trust t ORDER BY t.refused_events DESC, t.instance_id""",
+        prelude=prelude_for("instance_trust"),
+    )
+
+
 def manager_only_instances(db: Db, since_us: int | None = None) -> pa.Table:
     """Instances the manager rented (and did not give back) whose agent never sent an event: paid for, silent."""
     return q(

@@ -110,6 +110,18 @@ FROM boots b LEFT JOIN instances i USING (instance_id)
 WHERE b.sealed_count IS NOT NULL AND NOT b.complete
   AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.alert_id = 'incomplete:' || b.instance_id || ':' || b.boot_id)
 ORDER BY b.last_event_us"""
+# Events refused as forged, revoked or unauthenticated (db/trust.py), one alert per claimed instance ever: an
+# attack or a misconfigured agent is said once, its count on the dashboard (the instance_trust view).
+_NEW_REFUSED = """
+SELECT 'refused' AS kind, 'refused:' || d.instance_id AS failure_id, d.instance_id, NULL AS boot_id,
+       NULL AS stage, CAST(epoch_us(now()) AS BIGINT) AS ts_us, count(*) AS refused_events,
+       arg_max(d.reason, d."offset") AS detail, NULL AS gpu_model, NULL AS host
+FROM dead_letters d
+WHERE d.instance_id IS NOT NULL
+  AND (d.reason LIKE 'forged:%' OR d.reason LIKE 'revoked:%' OR d.reason LIKE 'unauthenticated:%')
+  AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.alert_id = 'refused:' || d.instance_id)
+GROUP BY d.instance_id
+ORDER BY d.instance_id"""
 # Every instance the stored status view calls lost now, keyed by its silence (the last sign of life), with when
 # the latest lost alert of the same boot was made (NULL: none) and whether this silence's key is recorded.
 # ``s.*``: a view stored by an older flightrec lacks liveness_clock (then: the instance's clock).
@@ -189,6 +201,10 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
         link = f"{base}/instance?instance={inst}"
         klass, hint, matched = "lost", row.get("status_detail") or "", ""
         text = f"flightrec: {inst} is lost: {hint}"
+    elif kind == "refused":
+        link = f"{base}/instance?instance={inst}"
+        klass, hint, matched = "refused", f"{row.get('refused_events')} event(s) refused: {row.get('detail')}", ""
+        text = f"flightrec: events claiming {inst} were refused (forged, revoked or unauthenticated): {hint}"
     elif kind == "incomplete":
         link = f"{base}/instance?instance={inst}"
         klass, hint = (
@@ -315,9 +331,16 @@ class Alerter:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, values)) for values in cur.fetchall()]
 
+    def _refused(self, con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+        """The new refused-events rows; none from a database made before dead letters named their instance."""
+        has = con.execute(
+            "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'dead_letters' AND column_name = 'instance_id'"
+        ).fetchall()[0][0]
+        return self._rows(con, _NEW_REFUSED) if has else []
+
     def _record_new(self, con: duckdb.DuckDBPyConnection, sent_us: int | None) -> None:
         now = time.time_ns() // 1000
-        found = self._rows(con, _NEW_FAILURES) + self._rows(con, _NEW_INCOMPLETE)
+        found = self._rows(con, _NEW_FAILURES) + self._rows(con, _NEW_INCOMPLETE) + self._refused(con)
         if time.monotonic() >= self._status_due and ("lost" in self.config.kinds or sent_us is not None):
             self._status_due = time.monotonic() + self.config.status_interval
             if self._has_status_view(con):

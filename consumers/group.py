@@ -194,7 +194,7 @@ class GroupMaterializer(Materializer):
         by_shard: dict[int, list[Record]] = defaultdict(list)
         for r in pending.take():
             by_shard[r.partition].append(r)
-        deltas = {s: fold(records, keep=self._keep) for s, records in by_shard.items()}
+        deltas = {s: fold(records, keep=self._keep, trust=self._trust) for s, records in by_shard.items()}
         if self._inflight is not None:
             await self._inflight
         self._inflight = asyncio.ensure_future(self._commit_shards(deltas))

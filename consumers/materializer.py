@@ -29,6 +29,7 @@ from flightrec.db.serve import QueryServer
 from flightrec.db.stats import Stats
 from flightrec.db.filestore import FileStore
 from flightrec.db.store import Store, open_store
+from flightrec.db.trust import Trust, load_state
 from flightrec.cluster import (
     LOG_APPEND_TIME as APPEND_TIME_CONFIG,
     TIMESTAMP_TYPE,
@@ -148,6 +149,7 @@ class Materializer:
         self._inflight: asyncio.Future[None] | None = None  # the commit being written
         self._pending = Pending(options)  # read, not yet folded (run() starts it afresh)
         self._clocks = _ClockWatch()
+        self._trust = Trust(options.trust)  # the writers' tags judged (db/trust.py); its state grows per fold
 
     async def _in_writer(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.wrap_future(self._writer.submit(fn, *args, **kwargs))
@@ -156,6 +158,7 @@ class Materializer:
         opts = self.opts
         try:
             self._store = await self._in_writer(self._open_store)
+            await self._in_writer(load_state, self._trust, self._store.con)
             if opts.webhook and not opts.replay:
                 self._alerts = Alerter(
                     AlertConfig(
@@ -330,7 +333,7 @@ class Materializer:
         """Fold what is pending and start committing it, once the previous commit is done (one at a time)."""
         if not pending.records:
             return
-        delta = fold(pending.take(), keep=self._keep)
+        delta = fold(pending.take(), keep=self._keep, trust=self._trust)
         if self._inflight is not None:
             await self._inflight
         self._inflight = asyncio.ensure_future(self._commit(delta))

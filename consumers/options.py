@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from flightrec.db.location import Location, locate
+from flightrec.db.trust import TrustConfig
 
 if TYPE_CHECKING:
     from flightrec.db.classify import RuleTable
@@ -19,7 +20,13 @@ def _topics() -> tuple[str, ...]:
     return TOPICS
 
 
-ALERT_KINDS: tuple[str, ...] = ("failed", "lost", "below_min_rate", "incomplete")  # what a webhook may be sent
+ALERT_KINDS: tuple[str, ...] = (
+    "failed",
+    "lost",
+    "below_min_rate",
+    "incomplete",
+    "refused",
+)  # what a webhook may be sent
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Options:
     data_path: str | None = None  # a lake's data folder (--data-path); None for a file
     session_timeout: float = 10.0  # a lake's group: seconds before a silent member's partitions move
     status_interval: float = 15.0  # seconds between evaluations of instance status (lost alerts)
+    trust: TrustConfig = field(default_factory=TrustConfig)  # the fleet key and what untagged events get
 
     @property
     def location(self) -> Location:

@@ -24,6 +24,7 @@ from flightrec.errors import CodecError
 from flightrec.schemas import EVENT_BY_NAME, Codec, default_codec
 from flightrec.schemas.arrow import ENVELOPE, element_field, event_fields, event_schema
 from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
+from flightrec.db.trust import Trust
 
 STR = pa.string()
 I32 = pa.int32()
@@ -42,7 +43,8 @@ _ENVELOPE = event_fields("Lifecycle", *ENVELOPE)
 _KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND below)
 _RECV = pa.field("recv_us", I64)  # when Kafka appended the record (its LogAppendTime), NULL when unknown
 
-EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64), _RECV])
+_KEY_ID = pa.field("key_id", STR)  # the key whose tag proved the event's writer (schemas/auth.py); NULL: untagged
+EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64), _RECV, _KEY_ID])
 LIFECYCLE = pa.schema(
     _ENVELOPE
     + [_KIND]
@@ -63,9 +65,17 @@ LOGS = pa.schema(
     + [element_field("LogBatch", n) for n in ("text", "truncated", "invalid_utf8", "late")]
 )
 HEARTBEATS = pa.schema(list(event_schema("Heartbeat")) + [_RECV])
-MANAGER = pa.schema(list(event_schema("ManagerEvent")) + [_RECV])
+MANAGER = pa.schema(list(event_schema("ManagerEvent")) + [_RECV, _KEY_ID])
 DEAD = pa.schema(
-    [("topic", STR), ("partition", I32), ("offset", I64), ("key", pa.binary()), ("value", pa.binary()), ("reason", STR)]
+    [
+        ("topic", STR),
+        ("partition", I32),
+        ("offset", I64),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("reason", STR),
+        ("instance_id", STR),  # the instance the event claims (NULL: it could not be decoded)
+    ]
 )
 
 # The table each schema's rows land in (heartbeats are summarised per boot by the store instead).
@@ -160,6 +170,7 @@ class RawMessage:
     value: bytes | None
     timestamp: int | None = None
     timestamp_type: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()  # the Kafka record's headers (the writer's tag among them)
 
 
 def received_us(msg: Message) -> int | None:
@@ -337,7 +348,9 @@ def reused(event_id: str, stored: tuple[int, str], seq: int, kind: str) -> str:
     )
 
 
-def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int | None = None) -> None:
+def _fold_one(
+    b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int | None = None, key_id: str | None = None
+) -> None:
     """Append one decoded record's rows; raises FoldError (nothing appended) when it cannot."""
     env = {**_envelope(rec), "recv_us": recv_us}
     kind = KIND[name]
@@ -351,6 +364,7 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int
                 "kind": rec["kind"],
                 "detail": rec.get("detail", ""),
                 "attributes": _items(rec.get("attributes")),
+                "key_id": key_id,
             },
         )
         return
@@ -430,17 +444,21 @@ def _fold_one(b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int
                 "detail": rec.get("detail"),
             },
         )
-    b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp})
+    b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp, "key_id": key_id})
 
 
 def fold(
-    messages: Iterable[Message], codec: Codec | None = None, keep: Callable[[str, int | None], bool] | None = None
+    messages: Iterable[Message],
+    codec: Codec | None = None,
+    keep: Callable[[str, int | None], bool] | None = None,
+    trust: Trust | None = None,
 ) -> Delta:
     """Fold messages (in consumption order) into one Delta.
 
     ``keep(instance_id, ts_us)`` filters events (replay --instance/--since);
     dead letters are asked with ts_us None and their key as instance id.
-    Filtered messages still advance the offsets. Bad messages become dead letters.
+    Filtered messages still advance the offsets. Bad messages become dead letters, and so do events ``trust``
+    refuses (a tag missing, forged or revoked: db/trust.py), with the reason and the claimed instance.
     """
     codec = codec or default_codec()
     b = _Builder()
@@ -450,6 +468,7 @@ def fold(
     n = dups = skipped = 0
     for msg in messages:
         n += 1
+        rec: dict[str, Any] = {}
         tp = (msg.topic, msg.partition)
         if msg.offset + 1 > offsets.get(tp, -1):
             offsets[tp] = msg.offset + 1
@@ -461,21 +480,43 @@ def fold(
             if keep is not None and not keep(rec.get("instance_id", ""), rec.get("ts_us", 0)):
                 skipped += 1
                 continue
+            key_id = None
+            if trust is not None and trust.verifying:
+                key_id, refusal = trust.judge(
+                    KIND.get(name, name),
+                    rec,
+                    msg.topic,
+                    msg.key,
+                    msg.value or b"",
+                    getattr(msg, "headers", ()),
+                    received_us(msg),
+                )
+                if refusal is not None:
+                    _dead(b, msg, refusal, keep, rec.get("instance_id"))
+                    continue
             fp = fingerprint(msg.value or b"")
             first = seen.get(rec.get("event_id"))  # type: ignore[arg-type]  # a decoded record always has its event_id (a str)
             if first is not None:
                 if first[0] == fp or KIND.get(name) in UNCOMPARED:
                     dups += 1
                 else:
-                    _dead(b, msg, reused(rec["event_id"], first[1:], rec.get("seq", -1), KIND.get(name, name)), keep)
+                    _dead(
+                        b,
+                        msg,
+                        reused(rec["event_id"], first[1:], rec.get("seq", -1), KIND.get(name, name)),
+                        keep,
+                        rec.get("instance_id"),
+                    )
                 continue
-            _fold_one(b, name, rec, fp, received_us(msg))
+            _fold_one(b, name, rec, fp, received_us(msg), key_id)
+            if trust is not None and KIND.get(name) == "manager":
+                trust.folded_manager_event(rec, received_us(msg))
             seen[rec["event_id"]] = (fp, rec["seq"], KIND[name])
             origins[rec["event_id"]] = (msg.topic, msg.partition, msg.offset, msg.key, msg.value)
         except CodecError as exc:
             _dead(b, msg, f"decode: {exc.reason}", keep)
         except (FoldError, KeyError, TypeError, ValueError) as exc:
-            _dead(b, msg, f"fold: {type(exc).__name__}: {exc}", keep)
+            _dead(b, msg, f"fold: {type(exc).__name__}: {exc}", keep, rec.get("instance_id"))
     return Delta(
         events=b.table("events", EVENTS),
         lifecycle=b.table("lifecycle", LIFECYCLE),
@@ -494,7 +535,13 @@ def fold(
     )
 
 
-def _dead(b: _Builder, msg: Message, reason: str, keep: Callable[[str, int | None], bool] | None) -> None:
+def _dead(
+    b: _Builder,
+    msg: Message,
+    reason: str,
+    keep: Callable[[str, int | None], bool] | None,
+    instance_id: str | None = None,
+) -> None:
     if keep is not None:
         key = msg.key.decode("utf-8", "replace") if msg.key else ""
         if not keep(key, None):
@@ -508,5 +555,6 @@ def _dead(b: _Builder, msg: Message, reason: str, keep: Callable[[str, int | Non
             "key": msg.key,
             "value": msg.value if msg.value is not None else None,
             "reason": reason,
+            "instance_id": instance_id,
         },
     )

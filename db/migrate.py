@@ -67,6 +67,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
         rebuild_failures=True,
     ),
+    Migration(
+        3,
+        "who wrote an event: the key that tagged it (untrusted hosts), the instance a dead letter claims",
+        (
+            Column("events_seen", "key_id", "VARCHAR"),  # NULL: untagged (unauthenticated)
+            Column("manager_events", "key_id", "VARCHAR"),
+            Column("dead_letters", "instance_id", "VARCHAR"),  # NULL: not decoded, or folded before version 3
+        ),
+    ),
 )
 
 VERSION_TABLE = "schema_version"

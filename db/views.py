@@ -168,11 +168,33 @@ VIEW_NAMES: tuple[str, ...] = (
     "gpu_throughput",
 )
 
+# Who wrote each instance's events (db/trust.py): authenticated when a valid key tagged them, and the events
+# refused in its name (forged, revoked, untagged). Needs schema version 3 (events_seen.key_id): kept out of VIEWS,
+# which every page binds, so a reader of a file a materializer has not yet migrated still reads the rest.
+INSTANCE_TRUST = """
+CREATE OR REPLACE TEMP VIEW instance_trust AS
+WITH tagged AS (
+    SELECT instance_id, count(DISTINCT key_id) AS keys, arg_max(key_id, ts_us) AS key_id
+    FROM events_seen WHERE key_id IS NOT NULL GROUP BY instance_id
+), refused AS (
+    SELECT instance_id, count(*) AS refused_events, arg_max(reason, "offset") AS last_refusal
+    FROM dead_letters
+    WHERE instance_id IS NOT NULL
+      AND (reason LIKE 'forged:%' OR reason LIKE 'revoked:%' OR reason LIKE 'unauthenticated:%')
+    GROUP BY instance_id
+), named AS (
+    SELECT instance_id FROM instances UNION SELECT instance_id FROM refused
+)
+SELECT n.instance_id, t.instance_id IS NOT NULL AS authenticated, t.key_id, coalesce(t.keys, 0) AS keys,
+       coalesce(r.refused_events, 0) AS refused_events, r.last_refusal
+FROM named n LEFT JOIN tagged t USING (instance_id) LEFT JOIN refused r USING (instance_id)
+"""
+
 # Every shared view, the money too (db/money.py). Binding a view costs a few ms and
 # the money views nest several deep, so a reader passes only what its statement names
 # (``prelude_for``); the pages' queries pass VIEWS, which they all use.
-ALL_VIEWS: tuple[str, ...] = VIEWS + MONEY_VIEWS
-ALL_VIEW_NAMES: tuple[str, ...] = VIEW_NAMES + MONEY_VIEW_NAMES
+ALL_VIEWS: tuple[str, ...] = VIEWS + MONEY_VIEWS + (INSTANCE_TRUST,)
+ALL_VIEW_NAMES: tuple[str, ...] = VIEW_NAMES + MONEY_VIEW_NAMES + ("instance_trust",)
 
 
 def _named(name: str, text: str) -> bool:

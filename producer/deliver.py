@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from flightrec.errors import DeliveryError
+from flightrec.errors import ConfigError, DeliveryError
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
 
 from flightrec.producer.fit import (
@@ -23,6 +23,7 @@ from flightrec.producer.fit import (
     message_size,
     split_log_batch,
 )
+from flightrec.schemas.auth import Signer, parse_fleet_key
 from flightrec.producer.lost import LostSpool
 from flightrec.producer.spool import Position, Record, Spool
 
@@ -65,7 +66,23 @@ def producer_kwargs(settings: Settings, limits: dict[str, int] | None = None) ->
         request_timeout_ms=30000,
         retry_backoff_ms=200,
         metadata_max_age_ms=60000,
+        client_id=f"flightrec-agent:{settings.instance}",  # the broker's per-instance produce quota keys on it
     )
+
+
+def signer_for(settings: Settings) -> Signer | None:
+    """Who tags this process's messages (schemas/auth.py): the instance's enrolled key, else the manager's key
+    where the fleet key is at hand (the operator's side), else nobody (an unauthenticated fleet). A key that
+    cannot be read is said on stderr and the messages go untagged: the stage is never stopped for it (the
+    materializer then refuses them as unauthenticated, saying why)."""
+    try:
+        if settings.instance_key:
+            return Signer.from_token(settings.instance_key)
+        if settings.fleet_key:
+            return Signer.manager(parse_fleet_key(settings.fleet_key))
+    except ConfigError as exc:
+        log.error("flightrec: %s; messages go untagged", exc)
+    return None
 
 
 class Deliverer:
@@ -106,6 +123,7 @@ class Deliverer:
         self._retry_now = False  # cut the current backoff short once (an exiting agent's last try)
         self._lock_busy = False  # another process held deliver.lock when this one last tried it
         self._probed: tuple[float, bool] | None = None  # (when, away) of the last connection probe
+        self._signer = signer_for(settings)
 
     def limit(self, topic: str) -> int:
         """The largest message this agent may build for ``topic`` (learned, else the setting, else stock)."""
@@ -346,7 +364,8 @@ class Deliverer:
             futures = []
             for out in self._outgoing(rec):
                 try:
-                    futures.append(await producer.send(out.topic, out.value, key=out.key))
+                    headers = [self._signer.header(out.topic, out.key, out.value)] if self._signer else None
+                    futures.append(await producer.send(out.topic, out.value, key=out.key, headers=headers))
                 except Exception as exc:  # refused before sending (size) or the producer is unusable
                     futures.append(exc)
             plans.append((rec, futures))

@@ -39,12 +39,11 @@ def test_every_setting_is_read_from_its_variable():
 
     for f in dataclasses.fields(Settings):
         kind = str(f.type).replace(" | None", "")
-        raw = {"int": "7", "float": "2.5", "tuple[str, ...]": "A, B"}.get(
-            kind, "SASL_SSL" if f.name == "security_protocol" else "debug"
-        )
+        special = {"security_protocol": ("SASL_SSL", "SASL_SSL"), "unauthenticated": ("Refuse", "refuse")}
+        raw = {"int": "7", "float": "2.5", "tuple[str, ...]": "A, B"}.get(kind, special.get(f.name, ("debug",))[0])
         value = getattr(Settings.from_env({f.metadata["setting"].env: raw}), f.name)
         assert value == {"int": 7, "float": 2.5, "tuple[str, ...]": ("A", "B")}.get(
-            kind, "SASL_SSL" if f.name == "security_protocol" else "DEBUG" if f.name == "log_level" else "debug"
+            kind, special[f.name][1] if f.name in special else "DEBUG" if f.name == "log_level" else "debug"
         ), f.name
 
 

@@ -81,6 +81,13 @@ def setting(
     return field(default=default, metadata=meta, repr=repr)
 
 
+def _unauthenticated(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("accept", "refuse"):
+        raise ConfigError(f"FLIGHTREC_UNAUTHENTICATED={text!r}: choose accept or refuse")
+    return value
+
+
 def _default_spool() -> str:
     return str(Path(_default_state_dir()) / "spool")
 
@@ -235,6 +242,31 @@ class Settings:
         None,
         "Client key for TLS client authentication.",
     )
+    instance_key: str | None = setting(
+        "FLIGHTREC_INSTANCE_KEY",
+        None,
+        "This instance's key, as `flightrec manager enroll --instance ID` printed it: the agent tags every "
+        "message with it so the materializer can tell its events from forged ones (docs/security.md). Never "
+        "shown by `repr(Settings)`, never written to the spool or a log.",
+        repr=False,
+    )
+    fleet_key: str | None = setting(
+        "FLIGHTREC_FLEET_KEY",
+        None,
+        "The operator's fleet key (hex, from `flightrec manager fleet-key`): the materializer verifies every "
+        "message's tag with it, `flightrec manager` signs with it and enrolls instances. Never put it into an "
+        "instance. Never shown by `repr(Settings)`.",
+        repr=False,
+    )
+    unauthenticated: str | None = setting(
+        "FLIGHTREC_UNAUTHENTICATED",
+        None,
+        "What the materializer does with an event that carries no tag: `accept` (folded; its instance shown as "
+        "unauthenticated) or `refuse` (a dead letter). Default: `refuse` when FLIGHTREC_FLEET_KEY is set, "
+        "`accept` without (nothing can be verified then).",
+        shown="refuse with a fleet key, else accept",
+        parse=_unauthenticated,
+    )
     facts: str | None = setting(
         "FLIGHTREC_FACTS",
         None,
@@ -301,7 +333,7 @@ class Settings:
         "FLIGHTREC_ALERT_ON",
         None,
         "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).",
-        shown="failed,lost,below_min_rate,incomplete",
+        shown="failed,lost,below_min_rate,incomplete,refused",
     )
     dashboard_url: str = setting(
         "FLIGHTREC_DASHBOARD_URL",

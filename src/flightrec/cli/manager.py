@@ -1,8 +1,9 @@
-"""`flightrec manager event`: events about an instance from the controller's side (never in its boot seq)."""
+"""`flightrec manager event|enroll|fleet-key`: the controller's side: events about an instance, and its keys."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from flightrec.cli.agent import parse_attrs
@@ -34,6 +35,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds to wait for Kafka (default $FLIGHTREC_FLUSH_TIMEOUT, 10)",
     )
     ev.set_defaults(func=_event)
+    en = actions.add_parser(
+        "enroll",
+        help="make an instance's key (needs FLIGHTREC_FLEET_KEY); prints the NAME=value lines for its environment",
+    )
+    en.add_argument("--instance", required=True, help="the instance being rented (its FLIGHTREC_INSTANCE)")
+    en.set_defaults(func=_enroll)
+    fk = actions.add_parser(
+        "fleet-key",
+        help="print a new fleet key (FLIGHTREC_FLEET_KEY=…) for the operator's side; never put it into an instance",
+    )
+    fk.set_defaults(func=_fleet_key)
 
 
 def _event(args: argparse.Namespace, settings: Settings) -> int:
@@ -41,7 +53,38 @@ def _event(args: argparse.Namespace, settings: Settings) -> int:
 
     attrs = parse_attrs(args.attr)
     s = settings.with_overrides(spool=args.spool, bootstrap=args.bootstrap, flush_timeout=args.flush_timeout)
+    s = dataclasses.replace(s, instance_key=None)  # the manager's events carry the manager's tag, never an instance's
     ev, ok = send_manager_event(s, args.instance, args.kind, args.detail, attrs, args.source)
     where = "delivered" if ok else "spooled, not yet delivered"
     print(f"{ev.kind} {ev.instance_id} by {ev.source_id}: {where}", file=sys.stdout if ok else sys.stderr)
+    return 0
+
+
+def _fleet_key_bytes(settings: Settings) -> bytes:
+    from flightrec.errors import ConfigError
+    from flightrec.schemas.auth import parse_fleet_key
+
+    if not settings.fleet_key:
+        raise ConfigError(
+            "FLIGHTREC_FLEET_KEY is not set: make one with `flightrec manager fleet-key`, keep it on the "
+            "operator's side (beside client.env), and set it for the manager and the materializer"
+        )
+    return parse_fleet_key(settings.fleet_key)
+
+
+def _enroll(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.schemas import now_us
+    from flightrec.schemas.auth import enroll
+
+    signer = enroll(_fleet_key_bytes(settings), args.instance, now_us())
+    print(f"FLIGHTREC_INSTANCE={args.instance}")
+    print(f"FLIGHTREC_INSTANCE_KEY={signer.token}")
+    print(f"enrolled {args.instance}: key {signer.key_id}; put both lines into its environment", file=sys.stderr)
+    return 0
+
+
+def _fleet_key(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.schemas.auth import new_fleet_key
+
+    print(f"FLIGHTREC_FLEET_KEY={new_fleet_key()}")
     return 0

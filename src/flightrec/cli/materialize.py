@@ -17,6 +17,7 @@ from flightrec.settings import Settings
 if TYPE_CHECKING:
     from flightrec.consumers.options import Options
     from flightrec.db.location import Location
+    from flightrec.db.trust import TrustConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--alert-on",
         default=None,
         metavar="KINDS",
-        help="which alerts, comma separated: failed,lost,below_min_rate,incomplete "
+        help="which alerts, comma separated: failed,lost,below_min_rate,incomplete,refused "
         "(default $FLIGHTREC_ALERT_ON, else all)",
     )
     m.set_defaults(func=_materialize)
@@ -212,8 +213,25 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
         dashboard_url=settings.dashboard_url,
         views=stored_views(),
         data_path=getattr(loc, "data_path", None),
+        trust=trust_config(settings),
     )
     return _run(opts, loc, settings)
+
+
+def trust_config(settings: Settings) -> "TrustConfig":
+    """What the materializer verifies with (db/trust.py): the fleet key, and what an untagged event gets."""
+    from flightrec.db.trust import TrustConfig
+    from flightrec.schemas.auth import parse_fleet_key
+
+    if not settings.fleet_key:
+        if settings.unauthenticated == "refuse":
+            raise ConfigError(
+                "FLIGHTREC_UNAUTHENTICATED=refuse needs FLIGHTREC_FLEET_KEY (without it no tag can be checked)"
+            )
+        return TrustConfig(None, "accept")
+    return TrustConfig(
+        parse_fleet_key(settings.fleet_key), "accept" if settings.unauthenticated == "accept" else "refuse"
+    )
 
 
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
@@ -235,6 +253,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         views=stored_views(),
         serve=not loc.shared,
         data_path=getattr(loc, "data_path", None),
+        trust=trust_config(settings),
     )
     return _run(opts, loc, settings)
 

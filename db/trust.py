@@ -1,0 +1,128 @@
+"""Which events the fold may believe: each one held to the key that tagged it (schemas/auth.py), refusals said.
+
+Guarantees (with a fleet key):
+
+- An event is folded only when its tag is valid for a key that may write it: an instance's key writes only
+  events carrying its own instance id and never manager events; manager events need the manager's key.
+- A key enrolled before its instance's ``destroyed`` (the manager's clock) writes nothing that Kafka received
+  after that ``destroyed`` (the broker's clock): a destroyed instance's key is revoked. A key enrolled later
+  (the instance id rented again) writes.
+- An event without a tag is folded only in the plainly named unauthenticated mode (``accept``), and even then
+  not for an instance that has shown a valid tag before, nor as a manager event.
+- Every refusal is a reason the fold writes to ``dead_letters`` with the claimed instance id.
+
+Without a fleet key nothing can be verified: every event is folded and counts as unauthenticated. The state
+(revocations, instances seen tagged) is kept across batches and loaded from the database at start, so a
+restart or a replay judges alike; one limit: an event read before its instance's ``destroyed`` was read (a
+partition of another topic behind) is judged without that revocation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from flightrec.schemas.auth import Verdict, header_of, verify
+
+Unauthenticated = Literal["accept", "refuse"]
+UNAUTHENTICATED_MODES: tuple[str, ...] = ("accept", "refuse")
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    """What the materializer was told: the fleet key (None: verify nothing) and what an untagged event gets."""
+
+    fleet_key: bytes | None = field(default=None, repr=False)
+    unauthenticated: Unauthenticated = "accept"
+
+
+@dataclass
+class Trust:
+    """The fold's judge of tags; its state grows as valid events are folded (one per materializer)."""
+
+    config: TrustConfig = field(default_factory=TrustConfig)
+    revoked: dict[str, tuple[int, int]] = field(default_factory=dict)  # instance -> (destroyed ts µs, recv µs)
+    tagged: set[str] = field(default_factory=set)  # instances that have shown a valid instance key
+
+    @property
+    def verifying(self) -> bool:
+        return self.config.fleet_key is not None
+
+    def judge(
+        self,
+        kind: str,
+        rec: dict[str, Any],
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: object,
+        recv_us: int | None,
+    ) -> tuple[str | None, str | None]:
+        """(key id that wrote it, None) to fold the event; (None, reason) to refuse it. ``kind`` is the fold's
+        short kind of the event (``manager`` for the manager's)."""
+        if self.config.fleet_key is None:
+            return None, None
+        claimed = str(rec.get("instance_id", ""))
+        verdict = verify(self.config.fleet_key, header_of(headers), topic, key, value)
+        if verdict.problem is not None:
+            return None, f"forged: {verdict.problem} (claims instance {claimed!r})"
+        if verdict.key_id is None:
+            return self._untagged(kind, claimed)
+        if verdict.manager:
+            return verdict.key_id, None
+        return self._instance_key(kind, claimed, verdict, recv_us)
+
+    def _untagged(self, kind: str, claimed: str) -> tuple[str | None, str | None]:
+        if kind == "manager":
+            return None, f"unauthenticated: a manager event about {claimed!r} without the manager's tag"
+        if self.config.unauthenticated == "refuse":
+            return None, (
+                f"unauthenticated: no tag (claims instance {claimed!r}); enroll the instance "
+                "(`flightrec manager enroll`) or run the materializer with FLIGHTREC_UNAUTHENTICATED=accept"
+            )
+        if claimed in self.tagged:
+            return None, f"unauthenticated: no tag, and instance {claimed!r} tags its events"
+        return None, None
+
+    def _instance_key(
+        self, kind: str, claimed: str, verdict: Verdict, recv_us: int | None
+    ) -> tuple[str | None, str | None]:
+        owner = verdict.instance_id
+        if kind == "manager":
+            return None, f"forged: instance {owner!r}'s key wrote a manager event about {claimed!r}"
+        if owner != claimed:
+            return None, f"forged: instance {owner!r}'s key wrote an event claiming instance {claimed!r}"
+        destroyed = self.revoked.get(claimed)
+        if destroyed is not None and verdict.enrolled_us <= destroyed[0]:
+            if recv_us is None or recv_us > destroyed[1]:
+                return None, f"revoked: instance {claimed!r} was destroyed; its key ({verdict.key_id}) writes no more"
+        self.tagged.add(claimed)
+        return verdict.key_id, None
+
+    def folded_manager_event(self, rec: dict[str, Any], recv_us: int | None) -> None:
+        """Learn from a manager event the fold accepted: ``destroyed`` revokes the instance's earlier keys."""
+        if self.config.fleet_key is None or rec.get("kind") != "destroyed":
+            return
+        inst = str(rec.get("instance_id", ""))
+        ts = int(rec.get("ts_us") or 0)
+        recv = recv_us if recv_us is not None else ts
+        if inst not in self.revoked or self.revoked[inst][0] < ts:
+            self.revoked[inst] = (ts, recv)
+
+
+# What a database already knows (loaded at start): the latest destroyed per instance, the instances seen tagged.
+STATE_SQL = {
+    "revoked": """
+        SELECT instance_id, max(ts_us) AS ts_us, arg_max(coalesce(recv_us, ts_us), ts_us) AS recv_us
+        FROM manager_events WHERE kind = 'destroyed' GROUP BY instance_id""",
+    "tagged": "SELECT DISTINCT instance_id FROM events_seen WHERE key_id IS NOT NULL AND key_id <> 'manager'",
+}
+
+
+def load_state(trust: Trust, con: Any) -> None:
+    """Fill ``trust`` from a database's tables (``con``: a DuckDB connection whose search path has them)."""
+    if trust.config.fleet_key is None:
+        return
+    for inst, ts, recv in con.execute(STATE_SQL["revoked"]).fetchall():
+        trust.revoked[inst] = (int(ts), int(recv))
+    trust.tagged.update(r[0] for r in con.execute(STATE_SQL["tagged"]).fetchall())

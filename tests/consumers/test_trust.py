@@ -1,0 +1,194 @@
+"""Untrusted hosts: the fold believes an event only with a valid tag from a key that may write it (db/trust.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from materializer_helpers import Boot
+
+from flightrec.db.filestore import FileStore
+from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
+from flightrec.db.trust import Trust, TrustConfig, load_state
+from flightrec.errors import ConfigError
+from flightrec.schemas import Event, Lifecycle, ManagerEvent, Sealed, encode
+from flightrec.schemas.auth import HEADER, Signer, enroll, new_fleet_key, parse_fleet_key, tag, verify
+
+FLEET = parse_fleet_key(new_fleet_key())
+T_ENROLL = 1_700_000_000_000_000
+
+
+def _msg(ev: Event, offset: int, signer: Signer | None, recv_ms: int | None = None) -> RawMessage:
+    key, value = ev.instance_id.encode(), encode(ev)
+    headers = (signer.header(ev.topic, key, value),) if signer else ()
+    return RawMessage(ev.topic, 0, offset, key, value, recv_ms, LOG_APPEND_TIME if recv_ms else None, headers)
+
+
+def _trust(mode: str = "refuse") -> Trust:
+    return Trust(TrustConfig(FLEET, mode))  # type: ignore[arg-type]  # the literal is one of the two modes
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = FileStore(tmp_path / "fr.duckdb", "g")
+    yield s
+    s.close()
+
+
+def _manager(instance: str, kind: str, ts_us: int) -> ManagerEvent:
+    return ManagerEvent(
+        event_id=f"m-{instance}-{kind}-{ts_us}",
+        instance_id=instance,
+        boot_id="manager-boot",
+        seq=0,
+        ts_us=ts_us,
+        source_id="manager@test",
+        kind=kind,
+    )
+
+
+def test_a_tag_proves_its_key_and_nothing_else() -> None:
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    value = b"\xc3\x01payload"
+    _, header = a.header("flightrec.logs", b"inst-a", value)
+    assert verify(FLEET, header, "flightrec.logs", b"inst-a", value).instance_id == "inst-a"
+    for topic, key, val in (("flightrec.exits", b"inst-a", value), ("flightrec.logs", b"x", value)):
+        assert verify(FLEET, header, topic, key, val).problem, "the tag covers the topic and the key"
+    assert verify(FLEET, header, "flightrec.logs", b"inst-a", value + b"!").problem, "and the value"
+    other_fleet = parse_fleet_key(new_fleet_key())
+    assert verify(other_fleet, header, "flightrec.logs", b"inst-a", value).problem
+    # a host that knows its own secret cannot make a key id of another instance verify
+    b_id = a.key_id.replace("inst-a", "inst-b")
+    forged = f"{b_id} {tag(a.secret, 'flightrec.logs', b'inst-a', value)}".encode()
+    assert verify(FLEET, forged, "flightrec.logs", b"inst-a", value).problem
+    assert verify(FLEET, b"\xff\xfe", "flightrec.logs", None, value).problem
+    assert verify(FLEET, None, "flightrec.logs", None, value).key_id is None
+
+
+def test_the_secret_is_never_in_a_repr_or_a_header() -> None:
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    assert a.secret.hex() not in repr(a)
+    assert a.secret.hex() not in a.header("t", b"k", b"v")[1].decode()
+    assert a.secret.hex() in a.token and Signer.from_token(a.token) == a
+    for bad in ("", "v2." + a.token[3:], a.token[:-4], a.token.replace(".", "x")):
+        with pytest.raises(ConfigError) as err:
+            Signer.from_token(bad)
+        assert a.secret.hex() not in str(err.value)
+    from flightrec.settings import Settings
+
+    s = Settings.from_env({"FLIGHTREC_INSTANCE_KEY": a.token, "FLIGHTREC_FLEET_KEY": FLEET.hex()})
+    assert a.secret.hex() not in repr(s) and FLEET.hex() not in repr(s)
+
+
+def test_an_enrolled_instance_s_events_are_folded_with_their_key(store: FileStore) -> None:
+    boot = Boot(instance="inst-a")
+    boot.add(Lifecycle, stage="benchmark", state="started")
+    boot.add(Lifecycle, stage="benchmark", state="failed", detail="exit 1")
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    stats = store.commit(fold([_msg(e, i, a) for i, e in enumerate(boot.events)], trust=_trust()))
+    assert stats.dead_letters == 0
+    keys = store.con.execute("SELECT DISTINCT key_id FROM events_seen WHERE instance_id = 'inst-a'").fetchall()
+    assert keys == [(a.key_id,)]
+
+
+def test_forgeries_by_an_enrolled_host_are_dead_letters_with_the_claimed_instance(store: FileStore) -> None:
+    victim = Boot(instance="victim")
+    victim.add(Lifecycle, stage="benchmark", state="started")
+    v = enroll(FLEET, "victim", T_ENROLL)
+    store.commit(fold([_msg(e, i, v) for i, e in enumerate(victim.events)], trust=(trust := _trust())))
+
+    attacker = enroll(FLEET, "attacker", T_ENROLL)
+    fake_failure = Lifecycle(**{**_env(victim, 1), "stage": "benchmark", "state": "failed", "detail": "CUDA error"})
+    fake_seal = Sealed(**_env(victim, 2), event_count=3)
+    fake_destroy = _manager("victim", "destroyed", T_ENROLL + 5)
+    untagged = Lifecycle(**{**_env(victim, 3), "stage": "benchmark", "state": "failed"})
+    forged = [_msg(fake_failure, 10, attacker), _msg(fake_seal, 11, attacker), _msg(fake_destroy, 12, attacker)]
+    forged.append(_msg(untagged, 13, None))
+    # a tag copied from a real message onto other bytes
+    real = _msg(victim.events[0], 0, v)
+    forged.append(dataclasses.replace(_msg(fake_failure, 14, None), headers=real.headers))
+    stats = store.commit(fold(forged, trust=trust))
+    assert stats.dead_letters == 5 and stats.events_written == 0
+    rows = store.con.execute('SELECT instance_id, reason FROM dead_letters ORDER BY "offset"').fetchall()
+    assert {r[0] for r in rows} == {"victim"}
+    reasons = [r[1] for r in rows]
+    assert "instance 'attacker''s key wrote an event claiming instance 'victim'" in reasons[0]
+    assert "instance 'attacker''s key wrote a manager event about 'victim'" in reasons[2]
+    assert reasons[3].startswith("unauthenticated: no tag")
+    assert reasons[4].startswith("forged: its tag does not match")
+    assert store.con.execute("SELECT count(*) FROM manager_events").fetchone() == (0,)
+    assert store.con.execute("SELECT state FROM instances WHERE instance_id = 'victim'").fetchone() != ("failed",)
+
+
+def _env(boot: Boot, seq: int) -> dict:
+    return dict(
+        event_id=f"{boot.instance}-forged-{seq}",
+        instance_id=boot.instance,
+        boot_id=boot.boot,
+        seq=seq,
+        ts_us=boot.t0 + seq * 1000,
+    )
+
+
+def test_destroyed_revokes_the_key_for_what_kafka_receives_after_it(store: FileStore, tmp_path: Path) -> None:
+    boot = Boot(instance="inst-a")
+    early = boot.add(Lifecycle, stage="benchmark", state="started")
+    late = boot.add(Lifecycle, stage="benchmark", state="succeeded")
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    manager = Signer.manager(FLEET)
+    destroyed = _manager("inst-a", "destroyed", T_ENROLL + 60_000_000)
+    t_destroy_ms = 1_700_000_100_000
+    msgs = [
+        _msg(early, 0, a, t_destroy_ms - 5_000),  # received before the destroy: the evidence, kept
+        _msg(destroyed, 1, manager, t_destroy_ms),
+        _msg(late, 2, a, t_destroy_ms + 5_000),  # received after: refused
+    ]
+    trust = _trust()
+    stats = store.commit(fold(msgs, trust=trust))
+    assert stats.dead_letters == 1
+    (reason,) = store.con.execute("SELECT reason FROM dead_letters").fetchone()
+    assert reason.startswith("revoked: instance 'inst-a' was destroyed")
+    # a materializer started afresh learns the revocation from the database
+    fresh = _trust()
+    load_state(fresh, store.con)
+    assert "inst-a" in fresh.revoked and "inst-a" in fresh.tagged
+    again = Lifecycle(**{**_env(boot, 5), "stage": "x", "state": "started"})
+    assert store.commit(fold([_msg(again, 3, a, t_destroy_ms + 9_000)], trust=fresh)).dead_letters == 1
+    # the same instance id rented again: a key enrolled after the destroy writes
+    rerented = enroll(FLEET, "inst-a", T_ENROLL + 120_000_000)
+    new_boot = Boot(instance="inst-a")
+    new_boot.add(Lifecycle, stage="tunnel", state="started")
+    stats = store.commit(fold([_msg(new_boot.events[0], 4, rerented, t_destroy_ms + 60_000)], trust=fresh))
+    assert stats.dead_letters == 0 and stats.events_written == 1
+
+
+def test_unauthenticated_modes(store: FileStore) -> None:
+    boot = Boot(instance="old-style")
+    boot.add(Lifecycle, stage="benchmark", state="started")
+    untagged = [_msg(e, i, None) for i, e in enumerate(boot.events)]
+    assert store.commit(fold(untagged, trust=Trust())).dead_letters == 0, "no fleet key: nothing to verify"
+    accept = _trust("accept")
+    other = Boot(instance="legacy")
+    other.add(Lifecycle, stage="benchmark", state="started")
+    assert store.commit(fold([_msg(other.events[0], 5, None)], trust=accept)).dead_letters == 0
+    # an instance that tags its events loses nothing to an untagged forger, even in accept mode
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    tagged = Boot(instance="inst-a")
+    tagged.add(Lifecycle, stage="benchmark", state="started")
+    tagged.add(Lifecycle, stage="benchmark", state="failed")
+    store.commit(fold([_msg(tagged.events[0], 6, a)], trust=accept))
+    assert store.commit(fold([_msg(tagged.events[1], 7, None)], trust=accept)).dead_letters == 1
+    # and manager events need the manager's tag in any mode
+    assert (
+        store.commit(fold([_msg(_manager("legacy", "destroyed", T_ENROLL), 8, None)], trust=accept)).dead_letters == 1
+    )
+
+
+def test_headers_are_read_as_aiokafka_gives_them() -> None:
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    boot = Boot(instance="inst-a")
+    ev = boot.add(Lifecycle, stage="s", state="started")
+    m = _msg(ev, 0, a)
+    listed = dataclasses.replace(m, headers=[("other", b"x"), (HEADER, m.headers[0][1])])  # type: ignore[arg-type]  # a list, as some clients give
+    assert fold([listed], trust=_trust()).dead.num_rows == 0

@@ -1,0 +1,130 @@
+"""The malicious host, end to end: real agents with enrolled keys, a host forging in other instances' names with
+its own key, a revoked key after `destroyed`, a real materializer with the fleet key, the webhook, and the secrets
+nowhere in the spool, the topics, the database or the logs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from materializer_helpers import flightrec, materialize
+from test_alerts import Hook
+
+from flightrec.db.query import run_query
+from flightrec.db.trust import TrustConfig
+from flightrec.db.views import prelude_for
+from flightrec.schemas import Lifecycle, ManagerEvent, Sealed, encode, new_event_id, now_us
+from flightrec.schemas.auth import Signer, new_fleet_key, parse_fleet_key
+
+pytestmark = pytest.mark.integration
+
+
+def _enroll(instance: str, env: dict[str, str]) -> dict[str, str]:
+    out = flightrec("manager", "enroll", "--instance", instance, env=env).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _send_as_host(bootstrap: str, signer: Signer | None, events: list) -> None:
+    """What a host holding an instance's key can do: sign anything it likes with it and send it."""
+
+    async def go() -> None:
+        from aiokafka import AIOKafkaProducer
+
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+        await p.start()
+        try:
+            for ev in events:
+                key, value = ev.instance_id.encode(), encode(ev)
+                headers = [signer.header(ev.topic, key, value)] if signer else None
+                await p.send_and_wait(ev.topic, value, key=key, headers=headers)
+        finally:
+            await p.stop()
+
+    asyncio.run(go())
+
+
+def _bytes_under(root: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file())
+
+
+def test_a_host_with_one_instance_s_key_forges_nothing_and_leaks_no_secret(kafka, tmp_path: Path) -> None:
+    fleet_hex = new_fleet_key()
+    operator = kafka.env(FLIGHTREC_FLEET_KEY=fleet_hex, FLIGHTREC_SPOOL=str(tmp_path / "manager-spool"))
+    victim_env = _enroll("victim-7", operator)
+    evil_env = _enroll("evil-3", operator)
+    logs: list[str] = []
+
+    def agent(instance_env: dict[str, str], *args: str, check: bool = True):
+        env = kafka.env(FLIGHTREC_SPOOL=str(tmp_path / f"spool-{instance_env['FLIGHTREC_INSTANCE']}"), **instance_env)
+        env.pop("FLIGHTREC_FLEET_KEY", None)  # an instance never holds it
+        proc = flightrec("agent", *args, env={**env, "FLIGHTREC_FACTS": ""}, check=check)
+        logs.extend([proc.stdout, proc.stderr])
+        return proc
+
+    # the victim: a healthy benchmark; the evil host: a real stage of its own, then forgeries
+    assert agent(victim_env, "run", "--stage", "benchmark", "--", "sh", "-c", "echo proof 1 done").returncode == 0
+    assert agent(evil_env, "run", "--stage", "benchmark", "--", "sh", "-c", "echo warming up").returncode == 0
+    evil = Signer.from_token(evil_env["FLIGHTREC_INSTANCE_KEY"])
+    t = now_us()
+    env_of = dict(instance_id="victim-7", boot_id="forged-boot", ts_us=t)
+    _send_as_host(
+        kafka.bootstrap,
+        evil,
+        [
+            Lifecycle(event_id=new_event_id(), seq=0, stage="benchmark", state="failed", detail="CUDA error", **env_of),
+            Sealed(event_id=new_event_id(), seq=1, event_count=2, **env_of),
+            ManagerEvent(event_id=new_event_id(), seq=0, source_id="manager@evil", kind="destroyed", **env_of),
+        ],
+    )
+    _send_as_host(
+        kafka.bootstrap, None, [Lifecycle(event_id=new_event_id(), seq=2, stage="x", state="failed", **env_of)]
+    )
+    # the manager destroys the evil instance; what its key writes afterwards is refused
+    logs.append(flightrec("manager", "event", "--instance", "evil-3", "--kind", "destroyed", env=operator).stderr)
+    agent(evil_env, "event", "--stage", "benchmark", "--state", "failed", "--detail", "after the destroy")
+
+    hook = Hook()
+    db = tmp_path / "fleet.duckdb"
+    try:
+        stats = materialize(
+            kafka, db, idle=2.0, webhook=hook.url, trust=TrustConfig(parse_fleet_key(fleet_hex), "refuse")
+        )
+        import time
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(a["flightrec"]["kind"] == "refused" for a in hook.delivered):
+            time.sleep(0.2)
+    finally:
+        hook.close()
+    assert stats.dead_letters == 5, stats
+
+    def sql(query: str) -> list[tuple]:
+        table = run_query(str(db), query, prelude=prelude_for(query))
+        return [tuple(r.values()) for r in table.to_pylist()]
+
+    assert sql("SELECT status FROM fleet WHERE instance_id = 'victim-7'")[0][0] not in ("failed", "destroyed", "lost")
+    assert sql("SELECT count(*) FROM lifecycle_events WHERE boot_id = 'forged-boot'") == [(0,)]
+    assert sql("SELECT count(*) FROM manager_events WHERE instance_id = 'victim-7'") == [(0,)]
+    rows = sql("SELECT instance_id, reason FROM dead_letters ORDER BY reason")
+    assert [r[0] for r in rows].count("victim-7") == 4 and [r[0] for r in rows].count("evil-3") == 1
+    reasons = " | ".join(r[1] for r in rows)
+    assert "instance 'evil-3''s key wrote an event claiming instance 'victim-7'" in reasons
+    assert "instance 'evil-3''s key wrote a manager event about 'victim-7'" in reasons
+    assert "revoked: instance 'evil-3' was destroyed" in reasons
+    assert sql("SELECT authenticated, refused_events FROM instance_trust WHERE instance_id = 'victim-7'") == [(True, 4)]
+
+    refused = [a["flightrec"] for a in hook.delivered if a["flightrec"]["kind"] == "refused"]
+    assert sorted(r["instance_id"] for r in refused) == ["evil-3", "victim-7"], "one alert per claimed instance"
+
+    # the secrets: nowhere but where they were put
+    secrets = [parse_fleet_key(fleet_hex), evil.secret, Signer.from_token(victim_env["FLIGHTREC_INSTANCE_KEY"]).secret]
+    seen = _bytes_under(tmp_path / "spool-evil-3") + _bytes_under(tmp_path / "spool-victim-7")
+    seen += _bytes_under(tmp_path / "manager-spool") + db.read_bytes() + "".join(logs).encode()
+    for rec in kafka.consume():
+        seen += (rec.value or b"") + b"".join(v for _, v in rec.headers or ())
+    assert len(seen) > 10_000
+    for s in secrets:
+        assert s not in seen and s.hex().encode() not in seen and s.hex().upper().encode() not in seen
+    assert os.environ.get("FLIGHTREC_FLEET_KEY") is None
