@@ -172,7 +172,9 @@ def _comparable(events: list[Event]) -> list[tuple[str, dict[str, Any]]]:
 def test_the_single_file_without_python_sends_what_the_pip_agent_sends(pair: Pair) -> None:
     log = f"{pair.work}/daemon.log"
     stage = (
-        f"echo one; echo two >&2; echo 'tailed 1' >> {log}; sleep 0.3; echo 'tailed 2' >> {log}; sleep 0.3; "
+        # the caller's environment, not the single file's loader's (its LD_LIBRARY_PATH, its _PYI_ variables)
+        'echo "one ${LD_LIBRARY_PATH-} ${_PYI_APPLICATION_HOME_DIR-}"; '
+        f"echo two >&2; echo 'tailed 1' >> {log}; sleep 0.3; echo 'tailed 2' >> {log}; sleep 0.3; "
         "echo 'bytes é and a long line'; exit 3"
     )
     argv = ("run", "--stage", "benchmark", "--tail", log, "--", "sh", "-c", stage)
@@ -182,7 +184,7 @@ def test_the_single_file_without_python_sends_what_the_pip_agent_sends(pair: Pai
         p = start(*argv, instance=instance, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = p.communicate(timeout=120)
         ran[name] = (p.returncode, out, instance, err)
-    assert ran["binary"][:2] == ran["pip"][:2] == (3, "one\nbytes é and a long line\n".encode()), ran
+    assert ran["binary"][:2] == ran["pip"][:2] == (3, "one  \nbytes é and a long line\n".encode()), ran
     binary, pip = pair.events(ran["binary"][2]), pair.events(ran["pip"][2])
     assert {type(e).__name__ for e in pip} >= {"Lifecycle", "LogBatch", "ProcessExit", "InstanceFacts"}, pip
     assert _comparable(binary) == _comparable(pip)
