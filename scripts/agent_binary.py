@@ -57,6 +57,18 @@ EXCLUDED = (
 )
 
 
+# PyInstaller's spec (its Python): onefile, stripped; what it unpacks at every start is stored, not compressed (21 MB
+# instead of 9 MB, but no inflating of 18 MB per run: start-up near the pip agent's; docs/agent-binary.md).
+SPEC = """
+a = Analysis([{script!r}], pathex=[{site!r}], datas={datas!r}, hiddenimports=["flightrec.producer.late"],
+             excludes={excludes!r})
+pyz = PYZ(a.pure)
+exe = EXE(pyz, a.scripts, a.binaries, a.datas, [], name="flightrec-agent", strip=True, upx=False, console=True,
+          cdict={{"EXTENSION": False, "BINARY": False, "DATA": False, "EXECUTABLE": False, "PYZ": False,
+                 "SYMLINK": False, "PYSOURCE": True, "PYMODULE": True}})
+"""
+
+
 def newest_source() -> float:
     """The newest modification time among the files the binary is built from."""
     newest = 0.0
@@ -93,32 +105,28 @@ def build() -> Path:
         check=True,
         env=env,
     )
-    excludes = [arg for name in EXCLUDED for arg in ("--exclude-module", name)]
+    spec = WORK / "flightrec-agent.spec"
+    spec.write_text(
+        SPEC.format(
+            script=str(site / "flightrec" / "cli" / "standalone.py"),
+            site=str(site),
+            datas=_data(site),
+            excludes=list(EXCLUDED),
+        )
+    )
     subprocess.run(
         [
             sys.executable,
             "-m",
             "PyInstaller",
-            "--onefile",
-            "--strip",
             "--noconfirm",
             "--log-level",
             "WARN",
-            "--name",
-            "flightrec-agent",
             "--distpath",
             str(OUT.parent),
             "--workpath",
             str(WORK / "work"),
-            "--specpath",
-            str(WORK),
-            "--paths",
-            str(site),
-            "--hidden-import",
-            "flightrec.producer.late",
-            *_data(site),
-            *excludes,
-            str(site / "flightrec" / "cli" / "standalone.py"),
+            str(spec),
         ],
         check=True,
         env=env,
@@ -127,7 +135,7 @@ def build() -> Path:
     return OUT
 
 
-def _data(site: Path) -> list[str]:
+def _data(site: Path) -> list[tuple[str, str]]:
     """The package data the agent reads (importlib.resources): the schemas, current and previous, the secret shapes."""
     pkg = site / "flightrec"
     pairs = [
@@ -135,7 +143,7 @@ def _data(site: Path) -> list[str]:
         (pkg / "producer" / "secret_shapes.toml", "flightrec/producer"),
     ]
     pairs += [(p, "flightrec/schemas") for p in sorted((pkg / "schemas").glob("*.avsc"))]
-    return [arg for src, dest in pairs for arg in ("--add-data", f"{src}{os.pathsep}{dest}")]
+    return [(str(src), dest) for src, dest in pairs]
 
 
 def main() -> int:
