@@ -53,7 +53,9 @@ def newest_glibc(binary: Path) -> tuple[str, str]:
     """The newest GLIBC_ symbol version the loader and every bundled library need, and which file needs it."""
     from PyInstaller.archive.readers import CArchiveReader
 
-    key = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
+    def key(version: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in version.split("."))
+
     best = ("0", "")
     with tempfile.TemporaryDirectory() as tmp:
         files = [(binary.name, binary)]

@@ -71,7 +71,7 @@ def test_every_import_of_the_package_is_a_declared_dependency():
 
 
 def test_every_import_of_the_tests_and_benchmarks_is_declared():
-    assert _undeclared(_imports(CHECKOUT_DIRS), _declared("gpu", "test"), _local_names(CHECKOUT_DIRS)) == []
+    assert _undeclared(_imports(CHECKOUT_DIRS), _declared("gpu", "server", "test"), _local_names(CHECKOUT_DIRS)) == []
 
 
 def test_no_private_kafka_client_calls():

@@ -110,10 +110,14 @@ def test_a_command_of_the_server_extra_says_in_one_line_which_extra_to_install(
     ), err
 
 
+def norm(requirement: str) -> str:
+    """A requirement's distribution name, normalised."""
+    return re.split(r"[\s<>=!~;\[(]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
 def test_every_module_of_an_extra_names_its_extra() -> None:
     """EXTRA_OF_MODULE (the one-line message) agrees with pyproject's extras and the installed distributions."""
     providers = md.packages_distributions()
-    norm = lambda d: re.split(r"[\s<>=!~;\[(]", d.strip(), maxsplit=1)[0].lower().replace("_", "-")  # noqa: E731
     base = {norm(d) for d in PYPROJECT["project"]["dependencies"]}
     for extra in ("server", "gpu"):
         dists = {norm(d) for d in PYPROJECT["project"]["optional-dependencies"][extra]}

@@ -88,9 +88,9 @@ def rootfs(agent_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     os.mknod(root / "dev" / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     assert not [p for p in root.rglob("*python*")], "the root filesystem must hold no Python"
     try:
-        subprocess.run(["chroot", str(root), "/bin/true"], check=True, capture_output=True)
+        subprocess.run(["/bin/true"], check=True, capture_output=True, preexec_fn=lambda: os.chroot(root))
         subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         pytest.skip(f"cannot enter a root filesystem here (chroot or mounting /proc failed: {exc})")
     try:
         yield root

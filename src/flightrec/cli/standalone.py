@@ -39,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from flightrec.producer import late
 
             sys.argv = [LATE, *args[2:]]
-            return int(late.main() or 0)
+            late.main()
+            return 0
     return run_command(build_parser(), args)
 
 
