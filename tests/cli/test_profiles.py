@@ -34,7 +34,10 @@ class Refuse:
 
 sys.meta_path.insert(0, Refuse())
 sys.argv = [sys.argv[2], *sys.argv[3:]]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+if sys.argv[0].endswith(".py"):
+    runpy.run_path(sys.argv[0], run_name="__main__")
+else:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 
@@ -175,3 +178,18 @@ def test_the_wheel_without_extras_is_a_small_venv_with_a_working_agent(tmp_path:
     size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
     print(f"fresh venv with `pip install flightrec`: {size / 1e6:.1f} MB")
     assert size < 60e6, f"the venv holds {size / 1e6:.1f} MB"
+
+
+def test_the_agents_log_encoder_needs_no_numpy(tmp_path: Path) -> None:
+    """A batch with more than 1024 distinct read times takes the encoder's many-values path, which used numpy."""
+    from flightrec.schemas.fastlog import varints
+
+    values = [1_700_000_000_000_000 + 37 * i for i in range(3000)] + [-5, 0, 2**62]
+    script = tmp_path / "encode.py"
+    script.write_text(
+        "import sys\n"
+        "from flightrec.schemas.fastlog import varints\n"
+        f"sys.stdout.write(varints({values!r}).hex())\n"
+    )
+    p = _blocked(str(script), tmp=tmp_path)
+    assert p.stdout.decode() == varints(values).hex()
