@@ -187,9 +187,7 @@ def test_the_agents_log_encoder_needs_no_numpy(tmp_path: Path) -> None:
     values = [1_700_000_000_000_000 + 37 * i for i in range(3000)] + [-5, 0, 2**62]
     script = tmp_path / "encode.py"
     script.write_text(
-        "import sys\n"
-        "from flightrec.schemas.fastlog import varints\n"
-        f"sys.stdout.write(varints({values!r}).hex())\n"
+        f"import sys\nfrom flightrec.schemas.fastlog import varints\nsys.stdout.write(varints({values!r}).hex())\n"
     )
     p = _blocked(str(script), tmp=tmp_path)
     assert p.stdout.decode() == varints(values).hex()
