@@ -8,14 +8,14 @@ export PYTHONSAFEPATH := 1
 # Kafka's jars (and other downloads) stay in this checkout's .cache, not the user's cache folder.
 export FLIGHTREC_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup demo test check bench docs clean system-packages device-wheels
+.PHONY: setup demo test check bench docs clean system-packages device-wheels agent-binary
 
 setup: $(VENV)/.installed .cache/kafka/.fetched
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[server,test]'
 	touch $@
 
 .cache/kafka/.fetched: broker/pom.xml $(VENV)/.installed
@@ -44,6 +44,10 @@ check: setup
 
 bench: setup system-packages
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# The agent as one file that needs no Python (PyInstaller onefile; docs/agent-binary.md): dist/flightrec-agent.
+agent-binary: setup
+	$(PY) scripts/agent_binary.py
 
 docs: setup
 	$(PY) -m flightrec.cli.reference > docs/cli.md

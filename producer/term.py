@@ -27,6 +27,9 @@ HANDLED = FORWARDED + (signal.SIGWINCH,)
 SI_USER = 0  # siginfo si_code of kill() / killpg()
 SETTLE_S = 0.02  # a group kill reaches every member in one kill() call: look at the canary this much later
 SAME_SENDING_S = 0.5  # the same signal from the same sender again this soon after a group kill: that kill's copy
+# The single file's loader (PyInstaller onefile: a parent process that passes on every signal it gets), set by
+# flightrec.cli.standalone; None in a Python install.
+LOADER_PID: int | None = None
 
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), other two-byte escapes, and C0 controls but TAB/LF/CR
@@ -139,6 +142,7 @@ class StageSignals:
         self.after_exit = threading.Event()  # a signal came after CMD exited: stop waiting, end now
         self.exited = False
         self._group: dict[int, tuple[int, float]] = {}  # signum -> (sender, when) of the last group kill seen
+        self._seen: dict[int, tuple[int, float]] = {}  # signum -> (sender, when) of the last one, under a loader
 
     def __call__(self, signum: int, si_code: int, si_pid: int = 0) -> None:
         proc = self.proc
@@ -148,12 +152,24 @@ class StageSignals:
             if proc is not None and not self.exited and self.ptys:
                 _kill(proc.pid, signal.SIGWINCH)  # after the resize, so CMD reads the new size
             return
+        if LOADER_PID is not None and self._loaders_copy(signum, si_pid):
+            return
         if proc is None:
             self.pending.append((signum, si_code, si_pid))
         elif self.exited or proc.returncode is not None:
             self.after_exit.set()
         elif should_forward(signum, si_code, pending_in(proc.pid, signum), self._group_got_it(signum, si_code, si_pid)):
             _kill(proc.pid, signum)
+
+    def _loaders_copy(self, signum: int, si_pid: int) -> bool:
+        """Whether ``signum`` is the single file's loader passing on a signal this process got itself too (a group
+        kill or ``pkill -f flightrec-agent`` reaches both), or the reverse order of the two: one sending, once."""
+        now = time.monotonic()
+        last = self._seen.get(signum)
+        self._seen[signum] = (si_pid, now)
+        if last is None or now - last[1] >= SAME_SENDING_S:
+            return False
+        return (si_pid == LOADER_PID) != (last[0] == LOADER_PID)
 
     def _group_got_it(self, signum: int, si_code: int, si_pid: int) -> bool:
         """Whether ``signum`` from ``si_pid`` went to the whole group (then CMD has it already)."""

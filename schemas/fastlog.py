@@ -74,8 +74,11 @@ def consecutive(start: int, stop: int) -> bytes:
 
 
 def varints(values: Sequence[int]) -> bytes:
-    """Zigzag varints of many longs at once (numpy), concatenated."""
-    import numpy as np  # only here: the agent's usual batches never need it, and it costs ~40 ms to import
+    """Zigzag varints of many longs at once (numpy where installed), concatenated."""
+    try:
+        import numpy as np  # only here: the agent's usual batches never need it, and it costs ~40 ms to import
+    except ModuleNotFoundError:  # `pip install flightrec` and the single file have no numpy: one at a time
+        return b"".join(map(_long, values))
 
     v = np.asarray(values, dtype=np.int64)
     z = ((v << 1) ^ (v >> 63)).view(np.uint64)

@@ -16,6 +16,15 @@ class ConfigError(FlightrecError):
     """A flag, environment variable or file holds a value flightrec cannot use."""
 
 
+class MissingExtraError(FlightrecError):
+    """A command needs a package of an extra (``server``, ``gpu``) that this installation lacks: install the extra."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(f"needs the {extra} extra ({module} is not installed): pip install 'flightrec[{extra}]'")
+        self.module = module
+        self.extra = extra
+
+
 class SecretShapesError(ConfigError):
     """A file of secret shapes (FLIGHTREC_SECRET_SHAPES) cannot be used; the message names the shape and the fix."""
 

@@ -17,13 +17,22 @@ _TOPIC_NAMES = ("TOPIC_LIFECYCLE", "TOPIC_LOGS", "TOPIC_EXITS", "TOPIC_METRICS",
 STOCK_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's default message.max.bytes (and so each topic's max.message.bytes)
 
 
+def _home() -> Path:
+    """The user's home folder; /var/tmp where there is none to find (no $HOME and a user id that /etc/passwd does
+    not list: a container started as an arbitrary user, an image without /etc/passwd)."""
+    try:
+        return Path.home()
+    except (RuntimeError, KeyError):
+        return Path("/var/tmp")
+
+
 def _default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME") or str(_home() / ".cache")
     return str(Path(base) / "flightrec")
 
 
 def _default_state_dir() -> str:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    base = os.environ.get("XDG_STATE_HOME") or str(_home() / ".local" / "state")
     return str(Path(base) / "flightrec")
 
 

@@ -10,10 +10,25 @@ from typing import Sequence
 
 from flightrec import __version__
 from flightrec.cli import agent, analytics, broker, catalog, demo, manager, materialize, prove, sql
-from flightrec.errors import FlightrecError
+from flightrec.errors import FlightrecError, MissingExtraError
 from flightrec.settings import Settings
 
 GROUPS = (broker, catalog, agent, manager, materialize, sql, analytics, prove, demo)
+# The top-level modules of the packages an extra brings (pyproject.toml [project.optional-dependencies]); a command
+# that imports one where it is absent says which extra to install (tests/cli/test_profiles.py keeps this current).
+EXTRA_OF_MODULE = {
+    "duckdb": "server",
+    "adbc_driver_duckdb": "server",
+    "duckdb_extension_ducklake": "server",
+    "duckdb_extension_postgres_scanner": "server",
+    "pyarrow": "server",
+    "streamlit": "server",
+    "altair": "server",
+    "pandas": "server",
+    "numpy": "server",
+    "pytz": "server",
+    "pycuda": "gpu",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,13 +78,24 @@ class OncePerMessage(logging.Filter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; FlightrecError becomes a one-line message and exit status 1; a closed pipe ends quietly."""
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser(), argv)
+
+
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` with ``parser`` and run the chosen command (shared by `flightrec` and `flightrec-agent`)."""
+    args = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
         _configure_logging(settings.log_level)
         return int(args.func(args, settings) or 0)
     except FlightrecError as exc:
-        print(f"flightrec {args.command}: {exc}", file=sys.stderr)
+        print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"{parser.prog} {args.command}: {MissingExtraError(exc.name or '', extra)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -13,7 +13,11 @@ from flightrec.settings import Settings
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="the instance agent: wrap stages, publish events")
-    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add_actions(p.add_subparsers(dest="action", metavar="ACTION", required=True), "flightrec agent")
+
+
+def add_actions(actions: argparse._SubParsersAction, prog: str) -> None:
+    """`run`, `event`, `facts`, `flush` and `seal` under ``actions`` (`flightrec agent …` or `flightrec-agent …`)."""
 
     def common(a: argparse.ArgumentParser) -> None:
         a.add_argument("--instance", default=None, help="instance id (default $FLIGHTREC_INSTANCE, else the host name)")
@@ -30,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = actions.add_parser(
         "run",
         help="run CMD as a stage and publish its lines and exit",
-        usage="flightrec agent run --stage NAME [--tail PATH]... [--seal] -- CMD [ARGS]",
+        usage=f"{prog} run --stage NAME [--tail PATH]... [--seal] -- CMD [ARGS]",
     )
     common(run)
     run.add_argument("--stage", required=True, help="the stage name this command runs as (tunnel, benchmark, ...)")
