@@ -163,8 +163,11 @@ def test_a_misconfigured_client_gets_one_line_naming_the_cause(sasl_kafka, tmp_p
     r = _run("agent", "event", "--stage", "s", "--state", "info", "--flush-timeout", "3", env=env, timeout=120)
     assert r.returncode == 0
     assert cause in r.stderr.strip().splitlines()[-1], r.stderr
-    r = _run("materialize", "--db", str(tmp_path / "x.duckdb"), "--until-idle", "1", "--no-serve", env=env, timeout=120)
+    db = tmp_path / "x.duckdb"
+    r = _run("materialize", "--db", str(db), "--until-idle", "1", "--no-serve", env=env, timeout=120)
     assert r.returncode != 0 and cause in r.stderr.strip().splitlines()[-1], r.stderr
+    assert r.stderr.count(cause) == 1, f"the cause said more than once: {r.stderr}"
+    assert not db.exists() and not list(tmp_path.glob("x.duckdb*")), "a refused materializer left a database file"
 
 
 def test_the_demo_runs_over_sasl_ssl(tmp_path: Path):

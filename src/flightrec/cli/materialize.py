@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from flightrec.errors import ConfigError
+from flightrec.errors import ConfigError, MaterializeError
 from flightrec.cli.options import add_read_db
 from flightrec.settings import Settings
 
@@ -126,7 +126,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ensure_topics(settings: Settings) -> None:
+    """Create the topics where missing. When Kafka cannot be reached or refuses this client (login, TLS), stop
+    here with that one cause, before the store makes a database file; anything else only warns (an ACL that
+    forbids creating topics to this principal, say: the materializer reads topics made by another)."""
     from flightrec.broker.topics import ensure_topics
+    from flightrec.cluster import connection_cause
 
     try:
         asyncio.run(
@@ -140,7 +144,10 @@ def _ensure_topics(settings: Settings) -> None:
                 20.0,
             )
         )
-    except Exception as exc:  # noqa: BLE001 - the materializer reports an absent broker itself
+    except Exception as exc:  # noqa: BLE001 - why is told below: the cause that stops us, or a warning
+        cause = asyncio.run(connection_cause(settings.kafka_kwargs()))
+        if cause:
+            raise MaterializeError(f"cannot read Kafka: {cause}") from exc
         log.warning("could not make sure the topics exist: %s", exc)
 
 
