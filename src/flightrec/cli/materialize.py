@@ -79,6 +79,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="which alerts, comma separated: failed,lost,below_min_rate,incomplete "
         "(default $FLIGHTREC_ALERT_ON, else all)",
     )
+    m.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve Prometheus metrics on http://ADDRESS:N/metrics (lag, folds, commits, dead letters, alerts, "
+        "instances by status; docs/materializer.md)",
+    )
+    m.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="the address /metrics listens on (default 0.0.0.0: every interface; 127.0.0.1: this host only)",
+    )
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
     r.add_argument(
@@ -205,6 +219,11 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
             "(on a lake no single member sees every instance's changes); unset it for the lake, or run "
             "a materializer on a file for alerts"
         )
+    if loc.shared and args.metrics_port is not None:
+        raise ConfigError(
+            "--metrics-port: metrics are served by a materializer on a database file only (a lake's members "
+            "each see a share of the partitions); leave it out for the lake"
+        )
     _ensure_topics(settings)
     opts = Options(
         db=settings.db,
@@ -219,6 +238,8 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
         dashboard_url=settings.dashboard_url,
         views=stored_views(),
         data_path=getattr(loc, "data_path", None),
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
     )
     return _run(opts, loc, settings)
 
