@@ -152,8 +152,9 @@ def data_on_port(port: int) -> Path | None:
         if "kafka.Kafka" not in argv or not argv[-1].endswith("server.properties"):
             continue
         config = Path(argv[-1])
-        try:
+        try:  # flightrec's pid file names it, and it is this user's (another user's broker cannot be stopped)
             ours = int((config.parent / "broker.pid").read_text().strip()) == int(entry)
+            ours = ours and os.stat(f"/proc/{entry}").st_uid == os.getuid()
         except (OSError, ValueError):
             ours = False
         if ours and _listens_on(config, port):

@@ -287,5 +287,16 @@ def test_browser_needs_attention_on_the_demo_lists_the_destroyed_incomplete_inst
             settle(page)
             assert f"instance={gone}" in page.url
             assert_no_exception(page)
+            # The Exits table fits the page: no column cut off on the right (it was, in half the width)
+            expect(page.get_by_role("heading", name="Exits")).to_be_visible()
+            overflow = page.evaluate(
+                """() => [...document.querySelectorAll("[data-testid='stTable']")].map(t => {
+                       const table = t.querySelector('table'), main = document.querySelector("[data-testid='stMain']");
+                       return [table.getBoundingClientRect().right, t.getBoundingClientRect().right,
+                               main.getBoundingClientRect().right, table.scrollWidth - t.clientWidth]; })"""
+            )
+            assert overflow, "no Exits table"
+            for table_right, box_right, main_right, hidden in overflow:
+                assert table_right <= box_right + 1 and box_right <= main_right + 1 and hidden <= 1, overflow
         finally:
             browser.close()

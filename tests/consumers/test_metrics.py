@@ -122,3 +122,21 @@ def test_dead_letter_reasons_are_a_bounded_label():
     assert dead_letter_reason("fold: ValueError: bad") == "fold"
     assert dead_letter_reason("a reason with spaces and no colon") == "other"
     assert dead_letter_reason(None) == "other"
+
+
+def test_a_metrics_port_out_of_range_is_refused_before_anything(tmp_path):
+    import os
+
+    db = tmp_path / "m.duckdb"
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name("flightrec")), "materialize", "--db", str(db), "--metrics-port", "70000"],
+        env={**os.environ, "PYTHONSAFEPATH": "1", "FLIGHTREC_BOOTSTRAP": "127.0.0.1:9"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        r.returncode == 1
+        and r.stderr.strip() == "flightrec materialize: --metrics-port 70000: a TCP port is 1 to 65535"
+    )
+    assert not db.exists()

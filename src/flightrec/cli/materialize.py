@@ -219,6 +219,8 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
             "(on a lake no single member sees every instance's changes); unset it for the lake, or run "
             "a materializer on a file for alerts"
         )
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {args.metrics_port}: a TCP port is 1 to 65535")
     if loc.shared and args.metrics_port is not None:
         raise ConfigError(
             "--metrics-port: metrics are served by a materializer on a database file only (a lake's members "
