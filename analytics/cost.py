@@ -52,11 +52,11 @@ def by_host(db: str | Path, limit: int = 200) -> pa.Table:
 
 
 def avoid(db: str | Path) -> pa.Table:
-    """The ranked avoid list, each item with its own offer-filter clause."""
+    """The ranked avoid list: each item's counts, interval, verdict and why, and its own offer-filter clause."""
     return _q(
         db,
-        """SELECT rank, dimension, value, failure_rate, dollars_lost, failed_instances, instances,
-                            failure_classes, in_filter, offer_filter FROM avoid_list ORDER BY rank LIMIT 200""",
+        """SELECT rank, dimension, value, banned, failed_instances, instances, rate_low, rate_high, why,
+                  failure_classes, dollars_lost, in_filter, offer_filter FROM avoid_list ORDER BY rank LIMIT 200""",
     )
 
 

@@ -6,7 +6,8 @@ import altair as alt
 import streamlit as st
 
 from flightrec.analytics import cost
-from flightrec.db.money import AVOID_RATE, AVOID_TOP
+from flightrec.db.avoid import AVOID_RATE, MIN_INSTANCES
+from flightrec.db.money import AVOID_TOP
 from flightrec.analytics.ui import fetch, page_link_url, table_height
 
 MONEY = st.column_config.NumberColumn(format="$%.2f")
@@ -35,11 +36,16 @@ def avoid_these() -> None:
     """The ranked avoid list and the expression to paste into the provider's offer search."""
     st.subheader("Avoid these")
     f = fetch(cost.offer_filter).to_pylist()[0]
+    st.caption(
+        "Banned: a GPU model or driver after one failure of a class deterministic for it (rules.toml's "
+        f"`deterministic`, e.g. gpu_arch_unsupported); anything else only after {MIN_INSTANCES} or more rentals "
+        f"whose failure rate is at least {AVOID_RATE:.0%} with 95 % confidence (the low end of the Wilson "
+        "interval). One flaky failure bans nothing. See docs/cost.md."
+    )
     if f["items"]:
         st.caption(
-            f"Paste into vast.ai's offer search (`vastai search offers '…'`): every GPU model, host and "
-            f"driver with a failure rate of {AVOID_RATE:.0%} or more "
-            f"(the {AVOID_TOP} of each kind that lost the most)."
+            "Paste into vast.ai's offer search (`vastai search offers '…'`): the banned GPU models, hosts and "
+            f"drivers (the {AVOID_TOP} of each kind that lost the most)."
         )
         st.code(f["offer_filter"], language=None)
     ranked = fetch(cost.avoid)
@@ -52,6 +58,11 @@ def avoid_these() -> None:
         width="stretch",
         height=table_height(ranked.num_rows, 320),
         column_config={
+            "banned": st.column_config.CheckboxColumn("banned"),
+            "why": st.column_config.TextColumn("why", width="large"),
+            "failed_instances": st.column_config.NumberColumn("failed"),
+            "rate_low": st.column_config.NumberColumn("rate ≥ (95 %)", format="percent"),
+            "rate_high": st.column_config.NumberColumn("rate ≤ (95 %)", format="percent"),
             "failure_rate": RATE,
             "dollars_lost": st.column_config.NumberColumn("$ lost", format="$%.2f"),
             "in_filter": st.column_config.CheckboxColumn("in filter"),

@@ -33,7 +33,10 @@ def attention(since: int | None) -> None:
     rows = fetch(queries.fleet_attention, since_us=since).to_pylist()
     if not rows:
         return
-    st.markdown("**Needs attention** (most recent first)")
+    st.markdown(
+        "**Needs attention** (most recent first): every instance failed, below the minimum rate, lost, or "
+        "destroyed with its evidence incomplete"
+    )
     for r in rows:
         c1, c2, c3 = st.columns([5, 1, 1])
         c1.markdown(f"`{r['status']}` **{md(r['instance_id'])}** · {md(r['failure_class'])} · {md(r['status_detail'])}")
@@ -43,6 +46,10 @@ def attention(since: int | None) -> None:
             )
         c3.page_link(
             "page_instance.py", label="instance", icon=":material/memory:", query_params={"instance": r["instance_id"]}
+        )
+    if rows[-1]["more"] > 0:
+        st.warning(
+            f"{rows[-1]['more']:,} more need attention, not listed here: filter the instances table below by status."
         )
 
 

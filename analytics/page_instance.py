@@ -186,14 +186,14 @@ def timeline(instance_id: str) -> None:
 
 
 def exits_and_throughput(instance_id: str) -> None:
-    """Its subprocess exits and its throughput over time, side by side."""
-    left, right = st.columns(2)
-    left.subheader("Exits")
+    """Its subprocess exits (the page's whole width: eight columns cut off in half of it), then its throughput."""
+    st.subheader("Exits")
     exits = fetch(queries.instance_exits, instance_id)
     if exits.num_rows:
-        left.table(exits.to_pandas())  # a static table wraps: the whole command shows
+        st.table(exits.to_pandas())  # a static table wraps: the whole command shows
     else:
-        left.caption("No subprocess exits.")
+        st.caption("No subprocess exits.")
+    right = st.container()
     right.subheader("Throughput")
     tp = fetch(queries.instance_throughput, instance_id)
     if tp.num_rows:

@@ -133,21 +133,28 @@ def fleet_table(
     )
 
 
-ATTENTION = ("failed", "below_min_rate", "lost")  # statuses the Fleet page lists first, with links
+ATTENTION = ("failed", "below_min_rate", "lost")  # statuses the Fleet page lists first, with links ...
+ATTENTION_LIMIT = 200  # ... and destroyed ones whose evidence is incomplete; past this many it says how many more
 
 
-def fleet_attention(db: Db, since_us: int | None = None, limit: int = 8) -> pa.Table:
-    """The instances that need a look (failed, too slow, lost), most recent first, with their latest failure."""
+def fleet_attention(db: Db, since_us: int | None = None, limit: int = ATTENTION_LIMIT) -> pa.Table:
+    """Every instance that needs a look (failed, too slow, lost, or destroyed with its evidence incomplete),
+    most recent first, with its latest failure; ``more`` counts those past ``limit``."""
     return q(
         db,
         """
         WITH lf AS (SELECT instance_id, arg_max(failure_id, ts_us) AS failure_id,
                            arg_max(failure_class, ts_us) AS last_class
-                    FROM failures GROUP BY instance_id)
-        SELECT status, instance_id, coalesce(failure_class, last_class) AS failure_class, lf.failure_id, status_detail
-        FROM fleet LEFT JOIN lf USING (instance_id)
-        WHERE list_contains($statuses, status) AND ($since IS NULL OR last_event_us >= $since)
-        ORDER BY last_event_us DESC NULLS LAST, instance_id LIMIT $limit""",
+                    FROM failures GROUP BY instance_id),
+        a AS (SELECT status, instance_id, coalesce(failure_class, last_class) AS failure_class, lf.failure_id,
+                     CASE WHEN status = 'destroyed' THEN status_detail || ' · evidence incomplete: '
+                          || coalesce(incomplete_reason, 'not sealed') ELSE status_detail END AS status_detail,
+                     last_event_us
+              FROM fleet LEFT JOIN lf USING (instance_id)
+              WHERE (list_contains($statuses, status) OR (status = 'destroyed' AND NOT coalesce(complete, false)))
+                AND ($since IS NULL OR last_event_us >= $since))
+        SELECT status, instance_id, failure_class, failure_id, status_detail, count(*) OVER () - $limit AS more
+        FROM a ORDER BY last_event_us DESC NULLS LAST, instance_id LIMIT $limit""",
         {"statuses": list(ATTENTION), "since": since_us, "limit": int(limit)},
     )
 

@@ -123,6 +123,45 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _listens_on(config: Path, port: int) -> bool:
+    """Whether the server.properties at ``config`` has a client listener (not the controller's) on ``port``."""
+    try:
+        text = config.read_text()
+    except OSError:
+        return False
+    m = re.search(r"^listeners=(.*)$", text, re.MULTILINE)
+    entries = m.group(1).split(",") if m else []
+    return any(not e.startswith("CONTROLLER:") and e.rsplit(":", 1)[-1].strip() == str(port) for e in entries)
+
+
+def data_on_port(port: int) -> Path | None:
+    """The data folder of the broker flightrec started that listens on ``port`` (whatever ``--data`` it was given),
+    read from the running Kafka processes' own configuration; None when no such broker runs."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        argv = _argv(int(entry))
+        if "kafka.Kafka" not in argv or not argv[-1].endswith("server.properties"):
+            continue
+        config = Path(argv[-1])
+        try:  # flightrec's pid file names it, and it is this user's (another user's broker cannot be stopped)
+            ours = int((config.parent / "broker.pid").read_text().strip()) == int(entry)
+            ours = ours and os.stat(f"/proc/{entry}").st_uid == os.getuid()
+        except (OSError, ValueError):
+            ours = False
+        if ours and _listens_on(config, port):
+            return config.parent
+    return None
+
+
 @dataclass(frozen=True)
 class BrokerStatus:
     """What `flightrec broker status` reports."""
@@ -173,6 +212,27 @@ class LocalBroker:
             )
         self.security = security or formatted or "plaintext"
         self.secure = Secure(self.data)
+
+    @classmethod
+    def on_port(cls, port: int, settings: Settings | None = None) -> "LocalBroker":
+        """The broker for ``port`` when no ``--data`` is given: the default data folder's, else the one flightrec
+        started on that port with its data elsewhere. BrokerError when another process holds the port."""
+        default = cls(port=port, settings=settings)
+        if default.running_pid() is not None:
+            return default
+        found = data_on_port(port)
+        if found is not None:
+            return cls(port=port, data=found, settings=settings)
+        if not port_free(port):
+            raise BrokerError(
+                f"port {port} is in use, but not by a broker flightrec started with data {default.data} or any "
+                "other data folder it can see: give the broker's own --data DIR (the folder it was started with)"
+            )
+        return default
+
+    def running_pid(self) -> int | None:
+        """The pid of this data folder's broker when it runs, else None."""
+        return self._pid()
 
     def _formatted_security(self) -> str | None:
         try:
@@ -419,7 +479,7 @@ class LocalBroker:
                 time.sleep(0.05)
             how = "killed (did not stop within %.0fs)" % timeout
         self._pid_path.unlink(missing_ok=True)
-        return f"Kafka on {self.bootstrap} {how}"
+        return f"Kafka on {self.bootstrap} {how} (data {self.data})"
 
     def _still_running(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:

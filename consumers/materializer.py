@@ -17,12 +17,14 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Mapping, ParamSpec, TypeAlias, TypeVar
 
+import duckdb
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from flightrec.consumers.alerts import AlertConfig, Alerter
+from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.db.serve import QueryServer
@@ -43,6 +45,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 Record: TypeAlias = ConsumerRecord[bytes, bytes]  # a Kafka record as read: key and value are bytes (no deserializer)
 log = logging.getLogger(__name__)
+METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's figures on /metrics
 
 
 class Pending:
@@ -150,6 +153,9 @@ class Materializer:
         self._pending = Pending(options)  # read, not yet folded (run() starts it afresh)
         self._clocks = _ClockWatch()
         self._trust = Trust(options.trust)  # the writers' tags judged (db/trust.py); its state grows per fold
+        self._metrics: Metrics | None = None  # Prometheus /metrics (--metrics-port)
+        self._committed: dict[tuple[str, int], int] = {}  # next offset the database holds, per partition
+        self._errors_counted = 0  # stats.errors_total already added to the metrics
 
     async def _in_writer(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.wrap_future(self._writer.submit(fn, *args, **kwargs))
@@ -157,6 +163,9 @@ class Materializer:
     async def __aenter__(self) -> "Materializer":
         opts = self.opts
         try:
+            if opts.metrics_port is not None:  # first: a port in use stops the run before a database file is made
+                self._metrics = Metrics(opts.metrics_port, opts.metrics_address)
+                self._metrics.start()
             self._store = await self._in_writer(self._open_store)
             await self._in_writer(load_state, self._trust, self._store.con)
             if opts.webhook and not opts.replay:
@@ -269,6 +278,9 @@ class Materializer:
             store, self._store = self._store, None
             await self._in_writer(store.close)
         self._writer.shutdown(wait=True)
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
 
     def stop(self) -> None:
         """Ask the run loop to commit what it holds and return (signal handlers call this)."""
@@ -287,6 +299,7 @@ class Materializer:
             return False
         current = {tp: await c.position(tp) for tp in self._parts} if self._parts else {}
         stored = await self._in_writer(self._store.offsets)
+        self._committed.update({k: v for k, v in stored.items() if v is not None})
         c.assign(parts)
         await self._seek(parts, {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts})
         self._parts = parts
@@ -319,8 +332,29 @@ class Materializer:
 
     async def _commit(self, delta: Delta) -> None:
         assert self._store is not None
-        self.stats += await self._in_writer(self._store.commit, {0: delta})  # a file holds every partition
+        started = time.monotonic()
+        stats = await self._in_writer(self._store.commit, {0: delta})  # a file holds every partition
+        self.stats += stats
+        if self._metrics is not None:
+            self._metrics.observe_commit(delta, stats, time.monotonic() - started)
+            self._committed.update(delta.offsets)
         await self._sync_alerts()
+
+    async def _update_metrics(self) -> None:
+        """Lag per partition (one end-offsets request) and the database's figures; the broker away skips the lag."""
+        if self._metrics is None or self._consumer is None or self._store is None:
+            return
+        self._metrics.count_errors(self.stats.errors_total - self._errors_counted)
+        self._errors_counted = self.stats.errors_total
+        try:
+            ends = await self._consumer.end_offsets(self._parts)
+            self._metrics.set_lag({(tp.topic, tp.partition): end for tp, end in ends.items()}, self._committed)
+        except (KafkaError, OSError) as exc:
+            log.debug("metrics: no end offsets (%s)", exc)
+        try:
+            await self._in_writer(self._metrics.read_database, self._store.con)
+        except duckdb.Error as exc:
+            log.warning("metrics: could not read the database's figures: %s", exc)
 
     async def _sync_alerts(self) -> None:
         if self._alerts is not None and self._store is not None:
@@ -390,11 +424,15 @@ class Materializer:
         loop = asyncio.get_running_loop()
         targets = await c.end_offsets(self._parts) if self.opts.replay else None
         pending = self._pending = Pending(self.opts)
-        last_data = last_refresh = last_report = kafka_ok = loop.time()
+        last_data = last_refresh = last_report = last_metrics = kafka_ok = loop.time()
+        await self._update_metrics()
         try:
             while not self._stop.is_set():
                 data = await self._read()
                 now = loop.time()
+                if self._metrics is not None and now - last_metrics >= METRICS_INTERVAL:
+                    last_metrics = now
+                    await self._update_metrics()
                 for records in data.values():
                     pending.add(records, now)
                 if data:

@@ -58,6 +58,8 @@ class Options:
     session_timeout: float = 10.0  # a lake's group: seconds before a silent member's partitions move
     status_interval: float = 15.0  # seconds between evaluations of instance status (lost alerts)
     trust: TrustConfig = field(default_factory=TrustConfig)  # the fleet key and what untagged events get
+    metrics_port: int | None = None  # serve Prometheus /metrics there (consumers/metrics.py); a file only
+    metrics_address: str = "0.0.0.0"  # the address /metrics listens on
 
     @property
     def location(self) -> Location:

@@ -24,7 +24,7 @@ from flightrec.db.filestore import FileStore
 from flightrec.db.location import Location
 from flightrec.db.query import run_query
 from flightrec.schemas import EVENT_BY_NAME, default_codec
-from flightrec.errors import CodecError
+from flightrec.errors import CodecError, MaterializeError
 
 Row = Mapping[str, Any]
 
@@ -265,8 +265,22 @@ async def read_instance_messages(
 
     codec = default_codec()
     key = instance.encode()
+    from aiokafka.errors import KafkaError
+
+    from flightrec.cluster import connection_cause
+
     c = AIOKafkaConsumer(**kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
-    await c.start()
+    try:
+        await c.start()
+    except (KafkaError, OSError) as exc:
+        await c.stop()
+        cause = await connection_cause(kafka_kwargs)
+        raise MaterializeError(
+            f"cannot read the topics: {cause}"
+            if cause
+            else f"cannot read the topics at {kafka_kwargs.get('bootstrap_servers')}: {exc}; start Kafka "
+            "(`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP"
+        ) from exc
     try:
         parts = [TopicPartition(t, p) for t, p in await partitions_now(kafka_kwargs, topics)]
         out: list[RawMessage] = []

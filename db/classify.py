@@ -42,6 +42,7 @@ class Rule:
     min_proofs_per_hour: float | None = None
     stages: tuple[re.Pattern[str], ...] = ()
     deterministic: bool = False  # the class follows from the GPU model or the image: the same offer fails again
+    deterministic_for: str | None = None  # what it follows from: gpu_model, driver_version or image (rules.toml)
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,27 @@ def _compile(patterns: Any, where: str) -> tuple[re.Pattern[str], ...]:
         raise ConfigError(f"{where}: bad regular expression: {exc}; fix the pattern") from exc
 
 
+DETERMINISTIC_FOR = ("gpu_model", "driver_version", "image")
+
+
+def _deterministic(value: Any, where: str) -> str | None:
+    """``deterministic = true`` (the GPU model) or the name of what the class follows from; None when false."""
+    if value is False:
+        return None
+    if value is True:
+        return "gpu_model"
+    if isinstance(value, str) and value in DETERMINISTIC_FOR:
+        return value
+    raise ConfigError(f"{where}: deterministic must be true, false or one of {list(DETERMINISTIC_FOR)}, not {value!r}")
+
+
+def deterministic_classes(table: RuleTable) -> dict[str, tuple[str, ...]]:
+    """For each of gpu_model, driver_version, image: the classes a rule marks deterministic for it (sorted)."""
+    return {
+        d: tuple(sorted({r.failure_class for r in table.rules if r.deterministic_for == d})) for d in DETERMINISTIC_FOR
+    }
+
+
 def parse_rules(text: str, source: str = "<rules>") -> RuleTable:
     """Parse a rule table from TOML text; ConfigError names the bad rule."""
     try:
@@ -229,6 +251,7 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleTable:
         if not raw.get("class") or not raw.get("hint"):
             raise ConfigError(f"{where}: every rule needs a class and a hint")
         sigs = raw.get("signal", [])
+        det = _deterministic(raw.get("deterministic", False), where)
         rules.append(
             Rule(
                 failure_class=str(raw["class"]),
@@ -241,7 +264,8 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleTable:
                 verdict=raw.get("verdict"),
                 min_proofs_per_hour=raw.get("min_proofs_per_hour"),
                 stages=_compile(raw.get("stages", []), where + " stages"),
-                deterministic=bool(raw.get("deterministic", False)),
+                deterministic=det is not None,
+                deterministic_for=det,
             )
         )
     if not rules:

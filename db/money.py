@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from flightrec.db.avoid import AVOID_RATE, MIN_INSTANCES, because_sql, wilson_sql
+from flightrec.db.classify import deterministic_classes, load_rules
+
 # Where the price comes from: the latest `rented` manager event's `price_per_hour` attribute
 # (`flightrec manager event --instance ID --kind rented --attr price_per_hour=1.85`: the
 # controller knows what it pays), else the instance facts' `price_per_hour` (FLIGHTREC_FACTS).
@@ -27,8 +30,12 @@ WITH mg AS (
     FROM manager_events GROUP BY instance_id),
 ff AS (
     SELECT instance_id, arg_min(failure_class, (ts_us, failure_id)) AS first_failure_class,
-           min(ts_us) AS first_failure_us, count(*) AS failures
+           min(ts_us) AS first_failure_us, count(*) AS failures,
+           list_sort(list(DISTINCT coalesce(failure_class, 'unclassified'))) AS all_failure_classes
     FROM failures GROUP BY instance_id),
+im AS (
+    SELECT instance_id, arg_max(image, ts_us) FILTER (WHERE coalesce(image, '') <> '') AS image
+    FROM instance_facts GROUP BY instance_id),
 c AS (
     SELECT i.instance_id, nullif(i.gpu_model, '') AS gpu_model, nullif(i.host, '') AS host,
            coalesce(mg.host_id, nullif(i.host, '')) AS host_id, nullif(i.driver_version, '') AS driver_version,
@@ -40,12 +47,14 @@ c AS (
                 WHEN i.sealed THEN i.last_event_us
                 ELSE epoch_us(now()) END AS ended_us,
            mg.gone_us IS NULL AND NOT i.sealed AS still_paid,
-           ff.first_failure_class AS failure_class, ff.first_failure_us, coalesce(ff.failures, 0) AS failures
+           ff.first_failure_class AS failure_class, ff.first_failure_us, coalesce(ff.failures, 0) AS failures,
+           coalesce(ff.all_failure_classes, []::VARCHAR[]) AS all_failure_classes, im.image
     FROM instances i
     LEFT JOIN mg USING (instance_id)
-    LEFT JOIN ff USING (instance_id))
-SELECT instance_id, gpu_model, host, host_id, driver_version, price_per_hour, price_source, failure_class,
-       failures, failures > 0 AS failed, still_paid,
+    LEFT JOIN ff USING (instance_id)
+    LEFT JOIN im USING (instance_id))
+SELECT instance_id, gpu_model, host, host_id, driver_version, image, price_per_hour, price_source, failure_class,
+       all_failure_classes, failures, failures > 0 AS failed, still_paid,
        rented_us, make_timestamptz(rented_us) AS rented_at, ended_us, make_timestamptz(ended_us) AS ended_at,
        first_failure_us, make_timestamptz(first_failure_us) AS first_failure_at,
        greatest(ended_us - rented_us, 0) / 3600e6 AS hours_paid,
@@ -81,18 +90,31 @@ GROUP BY failure_class
 ORDER BY dollars_lost DESC NULLS LAST, instances DESC
 """
 
-# Per GPU model, host and driver version: how many failed, what was paid and what was lost.
-COST_BREAKDOWN = """
+# Per GPU model, host, driver version and image: how many failed, what was paid and what was lost, and how many
+# failed with a class deterministic for that dimension (db/rules.toml's `deterministic`; hosts have none).
+_DETERMINISTIC = deterministic_classes(load_rules())
+
+
+def _det(dimension: str) -> str:
+    """SQL: the instance's failure classes that are deterministic for ``dimension``."""
+    classes = ", ".join("'" + c.replace("'", "''") + "'" for c in _DETERMINISTIC.get(dimension, ()))
+    return f"list_filter(all_failure_classes, c -> list_contains([{classes}]::VARCHAR[], c))"
+
+
+COST_BREAKDOWN = f"""
 CREATE OR REPLACE TEMP VIEW cost_breakdown AS
 WITH d AS (
-    SELECT 'gpu_model' AS dimension, gpu_model AS value, * FROM instance_cost
-    UNION ALL SELECT 'host', host_id, * FROM instance_cost
-    UNION ALL SELECT 'driver_version', driver_version, * FROM instance_cost)
+    SELECT 'gpu_model' AS dimension, gpu_model AS value, {_det("gpu_model")} AS det, * FROM instance_cost
+    UNION ALL SELECT 'host', host_id, []::VARCHAR[], * FROM instance_cost
+    UNION ALL SELECT 'driver_version', driver_version, {_det("driver_version")}, * FROM instance_cost
+    UNION ALL SELECT 'image', image, {_det("image")}, * FROM instance_cost)
 SELECT dimension, value, count(*) AS instances, count(*) FILTER (WHERE failed) AS failed_instances,
        count(*) FILTER (WHERE failed) / count(*) AS failure_rate,
        sum(hours_paid) AS hours_paid, sum(dollars_paid) AS dollars_paid,
        coalesce(sum(dollars_lost) FILTER (WHERE failed), 0) AS dollars_lost,
-       string_agg(DISTINCT failure_class, ', ' ORDER BY failure_class) FILTER (WHERE failed) AS failure_classes
+       string_agg(DISTINCT failure_class, ', ' ORDER BY failure_class) FILTER (WHERE failed) AS failure_classes,
+       count(*) FILTER (WHERE len(det) > 0) AS deterministic_failed,
+       array_to_string(list_sort(list_distinct(flatten(list(det)))), ', ') AS deterministic_classes
 FROM d WHERE value IS NOT NULL
 GROUP BY dimension, value
 """
@@ -111,8 +133,7 @@ ORDER BY dollars_lost DESC, failure_rate DESC
 
 # vast.ai's offer search syntax (`vastai search offers '<query>'`): `field op value`, joined by
 # spaces; `gpu_name` writes spaces as underscores and drops nvidia-smi's "NVIDIA "/"GeForce ".
-AVOID_RATE = 0.5  # a GPU model / host / driver with at least this failure rate goes into the filter ...
-AVOID_TOP = 10  # ... when it is among the 10 of its kind that lost the most money (the filter stays paste-able)
+AVOID_TOP = 10  # at most this many of each kind, those that lost the most, go into the filter (it stays paste-able)
 
 
 def vast_value(dimension_expr: str, value_expr: str) -> str:
@@ -124,23 +145,53 @@ def vast_value(dimension_expr: str, value_expr: str) -> str:
 
 
 def vast_field(dimension_expr: str) -> str:
-    """SQL: vast.ai's field name for a breakdown dimension."""
+    """SQL: vast.ai's field name for a breakdown dimension (NULL for an image: the offer does not choose it)."""
     return (
-        f"CASE {dimension_expr} WHEN 'gpu_model' THEN 'gpu_name' WHEN 'host' THEN 'host_id' ELSE 'driver_version' END"
+        f"CASE {dimension_expr} WHEN 'gpu_model' THEN 'gpu_name' WHEN 'host' THEN 'host_id' "
+        "WHEN 'driver_version' THEN 'driver_version' END"
     )
 
 
+def _pct(expr: str) -> str:
+    return f"round(100 * ({expr}))::INTEGER"
+
+
+# Every GPU model, host, driver and image with a failure, judged by db/avoid.py's rule (`because`, `banned`),
+# with the Wilson interval of its failure rate and a sentence saying why it is or is not banned.
 AVOID_LIST = f"""
 CREATE OR REPLACE TEMP VIEW avoid_list AS
-SELECT row_number() OVER (ORDER BY dollars_lost DESC, failure_rate DESC, failed_instances DESC, dimension, value)
-           AS rank,
-       dimension, value, instances, failed_instances, failure_rate, dollars_lost, dollars_paid, failure_classes,
-       failure_rate >= {AVOID_RATE}
-           AND row_number() OVER (PARTITION BY dimension, failure_rate >= {AVOID_RATE}
+WITH w AS (
+    SELECT *, {wilson_sql("failed_instances", "instances", -1)} AS rate_low,
+           {wilson_sql("failed_instances", "instances", 1)} AS rate_high
+    FROM cost_breakdown WHERE failed_instances > 0),
+j AS (
+    SELECT *, {because_sql("instances", "failed_instances", "deterministic_failed", "rate_low")} AS because,
+           printf('%d of %d failed (95 %% interval %d–%d %%)', failed_instances, instances,
+                  {_pct("rate_low")}, {_pct("rate_high")}) AS counted
+    FROM w),
+b AS (SELECT *, because IN ('deterministic', 'rate') AS banned FROM j)
+SELECT row_number() OVER (ORDER BY banned DESC, dollars_lost DESC, failure_rate DESC, failed_instances DESC,
+                                   dimension, value) AS rank,
+       dimension, value, banned,
+       CASE because
+           WHEN 'deterministic' THEN printf('%s: %s is deterministic for the %s (%d failed so), one is enough',
+                                            counted, deterministic_classes, replace(dimension, '_', ' '),
+                                            deterministic_failed)
+           WHEN 'rate' THEN printf('%s: the rate is at least %d %% with 95 %% confidence (ban at {round(AVOID_RATE * 100)} %%)',
+                                   counted, {_pct("rate_low")})
+           WHEN 'too_few' THEN printf('%s: too few to judge, a ban on a flaky class needs {MIN_INSTANCES} rentals',
+                                      counted)
+           ELSE printf('%s: the rate may be as low as %d %% (ban at {round(AVOID_RATE * 100)} %%)', counted,
+                       {_pct("rate_low")})
+       END AS why,
+       because, instances, failed_instances, failure_rate, rate_low, rate_high, deterministic_failed,
+       deterministic_classes, dollars_lost, dollars_paid, failure_classes,
+       banned AND dimension <> 'image'
+           AND row_number() OVER (PARTITION BY dimension, banned
                                   ORDER BY dollars_lost DESC, failure_rate DESC, failed_instances DESC, value)
                <= {AVOID_TOP} AS in_filter,
        {vast_field("dimension")} || '!=' || {vast_value("dimension", "value")} AS offer_filter
-FROM cost_breakdown WHERE failed_instances > 0
+FROM b
 ORDER BY rank
 """
 

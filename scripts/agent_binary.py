@@ -35,6 +35,7 @@ EXCLUDED = (
     "numpy",
     "altair",
     "pytz",
+    "prometheus_client",
     "pycuda",
     # what the agent never imports (each one unpacked costs start-up time at every run)
     "tkinter",

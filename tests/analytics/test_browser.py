@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -47,7 +48,13 @@ def served_db(acceptance_db, tmp_path) -> Path:
 @pytest.fixture
 def dashboard(served_db) -> Iterator[str]:
     """`flightrec dashboard` on a free port, serving a copy of the acceptance database; yields its URL."""
-    db = served_db
+    with serve(served_db) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve(db: Path) -> Iterator[str]:
+    """`flightrec dashboard --db DB` on a free port until the block ends; yields its URL."""
     port = free_port()
     env = dict(os.environ, PYTHONSAFEPATH="1")
     proc = subprocess.Popen(
@@ -219,3 +226,77 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
         "throughput.png",
     ]
     # docs/screenshots/ are made from the demo's richer database by scripts/screenshots.py.
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory) -> Path:
+    """The database of a real `flightrec demo --headless` run (its own broker, 7 instances, h100-01 destroyed)."""
+    home = tmp_path_factory.mktemp("demo")
+    r = subprocess.run(
+        [
+            flightrec_bin(),
+            "demo",
+            "--headless",
+            "--instances",
+            "7",
+            "--port",
+            str(free_port()),
+            "--home",
+            str(home),
+            "--supervisor-seconds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ, PYTHONSAFEPATH="1"),
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return home / "flightrec.duckdb"
+
+
+@pytest.mark.integration
+def test_browser_needs_attention_on_the_demo_lists_the_destroyed_incomplete_instance(demo_db):
+    """Every instance failed, below the minimum rate, lost or destroyed with incomplete evidence is listed,
+    with a link to its page: h100-01 (destroyed mid-supervisor, not sealed) among them."""
+    import duckdb
+    from playwright.sync_api import expect, sync_playwright
+
+    con = duckdb.connect(str(demo_db), read_only=True)
+    try:
+        (gone,) = con.execute("SELECT instance_id FROM instances WHERE NOT complete").fetchone()
+        failed = [r[0] for r in con.execute("SELECT instance_id FROM instances WHERE failures > 0").fetchall()]
+    finally:
+        con.close()
+    assert gone == "h100-01" and len(failed) == 5
+    with serve(demo_db) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, chromium_sandbox=False)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            page.goto(url)
+            settle(page)
+            assert_no_exception(page)
+            rows = page.get_by_test_id("stHorizontalBlock").filter(has=page.get_by_role("link", name="instance"))
+            for inst in [gone, *failed]:
+                expect(rows.filter(has_text=inst).first).to_be_visible()
+            row = rows.filter(has_text=gone).first
+            expect(row).to_contain_text("destroyed")
+            expect(row).to_contain_text("evidence incomplete")
+            row.get_by_role("link", name="instance").click()
+            settle(page)
+            assert f"instance={gone}" in page.url
+            assert_no_exception(page)
+            # The Exits table fits the page: no column cut off on the right (it was, in half the width)
+            expect(page.get_by_role("heading", name="Exits")).to_be_visible()
+            overflow = page.evaluate(
+                """() => [...document.querySelectorAll("[data-testid='stTable']")].map(t => {
+                       const table = t.querySelector('table'), main = document.querySelector("[data-testid='stMain']");
+                       return [table.getBoundingClientRect().right, t.getBoundingClientRect().right,
+                               main.getBoundingClientRect().right, table.scrollWidth - t.clientWidth]; })"""
+            )
+            assert overflow, "no Exits table"
+            for table_right, box_right, main_right, hidden in overflow:
+                assert table_right <= box_right + 1 and box_right <= main_right + 1 and hidden <= 1, overflow
+        finally:
+            browser.close()

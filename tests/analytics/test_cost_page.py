@@ -15,15 +15,18 @@ def test_cost_page_shows_paid_lost_and_what_to_avoid(money_db, open_page):
     assert _metric(at, "Paid") == "$10.30"  # 0.80 + 1.50 + 8.00
     assert _metric(at, "Lost before failures") == "$0.65"
     assert _metric(at, "Failed instances") == "2 of 3"
-    assert [c.value for c in at.code] == ["gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"]
+    assert [c.value for c in at.code] == ["gpu_name!=RTX_4090"]
     frames = [df.value for df in at.dataframe]
-    avoid = next(f for f in frames if "offer_filter" in f.columns)
-    assert set(avoid["offer_filter"]) == {
-        "gpu_name!=RTX_4090",
-        "driver_version!=570.86",
-        "host_id!=123",
-        "host_id!=456",
-    }
+    avoid = next(f for f in frames if "offer_filter" in f.columns).set_index("offer_filter")
+    assert set(avoid.index) == {"gpu_name!=RTX_4090", "driver_version!=570.86", "host_id!=123", "host_id!=456"}
+    # the count, the interval and why, for what is banned and for what is not
+    rtx, host = avoid.loc["gpu_name!=RTX_4090"], avoid.loc["host_id!=123"]
+    assert (bool(rtx["banned"]), rtx["failed_instances"], rtx["instances"]) == (True, 2, 2)
+    assert "gpu_arch_unsupported is deterministic for the gpu model" in rtx["why"]
+    assert (bool(host["banned"]), host["failed_instances"], host["instances"]) == (False, 1, 1)
+    assert (round(host["rate_low"], 3), host["rate_high"]) == (0.207, 1.0)
+    assert "1 of 1 failed (95 % interval 21–100 %): too few to judge" in host["why"]
+    assert any("One flaky failure bans nothing" in c.value for c in at.caption)
     by_class = next(f for f in frames if list(f.columns[:2]) == ["failure_class", "instances"])
     assert dict(zip(by_class["failure_class"], by_class["dollars_lost"].round(2))) == {
         "gpu_arch_unsupported": 0.40,
@@ -45,9 +48,7 @@ def test_sql_console_sees_the_money_views_too(money_db, open_page):
     at = open_page(money_db, "sql")
     next(t for t in at.text_area).input("SELECT offer_filter FROM avoid_filter").run()
     assert not at.error, at.error[0].value
-    assert list(at.dataframe[0].value["offer_filter"]) == [
-        "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"
-    ]
+    assert list(at.dataframe[0].value["offer_filter"]) == ["gpu_name!=RTX_4090"]
     next(t for t in at.text_area).input("SELECT failure_id FROM failure_cost ORDER BY failure_id").run()
     assert list(at.dataframe[0].value["failure_id"]) == ["fa", "fb1", "fb2"]
     from flightrec.db.views import ALL_VIEW_NAMES

@@ -282,3 +282,52 @@ def test_instance_picker_follows_the_time_range_but_keeps_a_linked_instance(glan
     at.selectbox(key=TIME_RANGE).select("Last 15 min").run()
     picker = next(s for s in at.selectbox if s.label == "Instance")
     assert picker.options == [ids["segv"]] and picker.value == ids["segv"]  # the linked one, nothing else
+
+
+def test_needs_attention_lists_every_instance_that_needs_a_look(tmp_path, open_page):
+    """Ten failed instances and an older destroyed one whose boot never sealed: all eleven listed, none cut off;
+    a destroyed instance whose evidence is complete and a finished one are not."""
+    from dashdata import Boot, commit, facts, manager_events, stages_ok
+    from flightrec.schemas.events import Lifecycle, ProcessExit
+
+    boots = []
+    for n in range(10):
+        b = Boot(f"fail-{n:02d}", BASE_US + (n + 10) * 10 * MIN)
+        facts(b, "NVIDIA A40", "8.6", 0.4)
+        t = stages_ok(b, "benchmark", b.t)
+        b.add(Lifecycle, t, stage="benchmark", state="started")
+        b.add(
+            ProcessExit,
+            t + MIN,
+            stage="benchmark",
+            argv=["bench"],
+            pid=7,
+            exit_code=1,
+            started_us=t,
+            ended_us=t + MIN,
+            duration_s=60.0,
+            stderr_tail=["out of memory"],
+        )
+        b.add(Lifecycle, t + MIN + 1000, stage="benchmark", state="failed", detail="benchmark exited with error")
+        b.seal()
+        boots.append(b)
+    gone = Boot("gone-01", BASE_US)  # destroyed mid-supervisor, never sealed: the evidence is incomplete
+    facts(gone, "NVIDIA H100 80GB HBM3", "9.0", 2.0)
+    t = stages_ok(gone, "supervisor", BASE_US)
+    gone.add(Lifecycle, t, stage="supervisor", state="started")
+    done = Boot("done-01", BASE_US)  # destroyed after its boot sealed: nothing missing
+    facts(done, "NVIDIA H100 80GB HBM3", "9.0", 2.0)
+    done.seal(stages_ok(done, "supervisor", BASE_US))
+    boots += [gone, done, manager_events("gone-01", ("destroyed", t + 5 * MIN, {}))]
+    boots += [manager_events("done-01", ("destroyed", t + 5 * MIN, {}))]
+    db = tmp_path / "fleet.duckdb"
+    commit(db, boots)
+    at = open_page(db)
+    listed = {
+        q.removeprefix("instance=")
+        for label, q in [(el.proto.label, el.proto.query_string) for el in at.get("page_link")]
+        if label == "instance"
+    }
+    assert listed == {f"fail-{n:02d}" for n in range(10)} | {"gone-01"}, listed
+    text = " ".join(m.value for m in at.markdown)
+    assert "evidence incomplete" in text and "not sealed" in text, text

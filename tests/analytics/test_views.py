@@ -126,18 +126,28 @@ def test_dollars_by_class_gpu_and_host_count_each_instance_once(money_db):
     assert {r["host"] for r in _rows(money_db, "FROM cost_by_host")} == {"123", "456", "h-c"}
 
 
-def test_avoid_list_ranks_by_money_lost_and_gives_the_offer_filter(money_db):
-    ranked = _rows(money_db, "SELECT dimension, value, offer_filter FROM avoid_list ORDER BY rank")
-    assert ranked[0]["offer_filter"] in ("gpu_name!=RTX_4090", "driver_version!=570.86")  # $0.65 lost each
-    assert {r["offer_filter"] for r in ranked} == {
-        "gpu_name!=RTX_4090",
-        "driver_version!=570.86",
-        "host_id!=123",
-        "host_id!=456",
+def test_avoid_list_bans_on_a_deterministic_class_or_a_confident_rate_and_says_why(money_db):
+    """RTX 4090: a gpu_arch_unsupported (deterministic for the GPU model) bans it; a driver, hosts with 1 or 2
+    flaky failures are listed with their counts and interval, not banned (db/avoid.py's rule)."""
+    ranked = _rows(money_db, "FROM avoid_list ORDER BY rank")
+    got = {r["offer_filter"]: (r["banned"], r["because"], r["failed_instances"], r["instances"]) for r in ranked}
+    assert got == {
+        "gpu_name!=RTX_4090": (True, "deterministic", 2, 2),
+        "driver_version!=570.86": (False, "too_few", 2, 2),
+        "host_id!=123": (False, "too_few", 1, 1),
+        "host_id!=456": (False, "too_few", 1, 1),
     }
+    assert ranked[0]["offer_filter"] == "gpu_name!=RTX_4090" and ranked[0]["in_filter"]
+    assert ranked[0]["why"] == (
+        "2 of 2 failed (95 % interval 34–100 %): gpu_arch_unsupported is deterministic for the gpu model "
+        "(1 failed so), one is enough"
+    )
+    host = next(r for r in ranked if r["value"] == "123")
+    assert host["rate_low"] == pytest.approx(0.2065, abs=1e-3) and host["rate_high"] == 1.0
+    assert host["why"].startswith("1 of 1 failed (95 % interval 21–100 %): too few to judge")
     assert not any(r["value"] == "NVIDIA H100 80GB HBM3" for r in ranked)
     (f,) = _rows(money_db, "FROM avoid_filter")
-    assert f["offer_filter"] == "gpu_name!=RTX_4090 host_id notin [123,456] driver_version!=570.86"
+    assert f["offer_filter"] == "gpu_name!=RTX_4090"
     exe = str(Path(sys.executable).with_name("flightrec"))
     done = subprocess.run(
         [exe, "sql", "--db", str(money_db), "SELECT offer_filter FROM avoid_filter"],
@@ -146,7 +156,7 @@ def test_avoid_list_ranks_by_money_lost_and_gives_the_offer_filter(money_db):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "host_id notin [123,456]" in done.stdout
+    assert "gpu_name!=RTX_4090" in done.stdout
 
 
 def test_flightrec_readers_give_times_in_utc_whatever_the_machine_zone(money_db):

@@ -49,3 +49,43 @@ def test_the_duckdb_cli_and_the_python_client_read_a_materialized_file(kafka, db
         ]
     finally:
         con.close()
+
+
+def test_while_a_materializer_runs_the_duckdb_cli_is_refused_and_flightrec_sql_reads(kafka, db, env_for):
+    """What the README says where it says any client reads the file: DuckDB's lock refuses the plain CLI (even
+    -readonly) while the materializer holds the file; `flightrec sql` reads through the materializer."""
+    import time
+
+    from materializer_helpers import flightrec
+
+    from flightrec.db.live import socket_path
+
+    b = motivating_boot()
+    publish(kafka.bootstrap, b.events)
+    materialize(kafka, db, idle=0.5)
+    env = env_for()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("flightrec")), "materialize", "--db", str(db)],
+        env={**env, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not socket_path(db).exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()
+            time.sleep(0.2)
+        r = subprocess.run(
+            [str(_duckdb_cli()), "-readonly", "-csv", str(db), "-c", "SELECT count(*) FROM instances"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode != 0 and "lock" in (r.stdout + r.stderr).lower(), r
+        out = flightrec("sql", "--db", str(db), "--csv", "SELECT count(*) AS n FROM instances", env=env)
+        assert out.stdout.splitlines()[1:] == ["1"], out.stdout
+    finally:
+        proc.send_signal(2)
+        proc.wait(timeout=60)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "**but not while a materializer runs**" in readme and "`flightrec sql` (it reads through" in readme

@@ -27,6 +27,7 @@ EXTRA_OF_MODULE = {
     "pandas": "server",
     "numpy": "server",
     "pytz": "server",
+    "prometheus_client": "server",
     "pycuda": "gpu",
 }
 

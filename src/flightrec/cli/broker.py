@@ -19,7 +19,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     ):
         a = actions.add_parser(name, help=help_)
         a.add_argument("--port", type=int, default=9092, help="the PLAINTEXT port (default 9092)")
-        a.add_argument("--data", default=None, help="data folder (default $FLIGHTREC_HOME/broker-PORT)")
+        a.add_argument(
+            "--data",
+            default=None,
+            help="data folder (default $FLIGHTREC_HOME/broker-PORT; stop and status without it find the "
+            "broker flightrec started on --port, wherever its data lives)",
+        )
         if name == "start":
             a.add_argument(
                 "--security",
@@ -40,20 +45,31 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _broker(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.broker import LocalBroker, fetch_kafka
+    from flightrec.errors import BrokerError
 
     if args.action == "fetch":
         print(f"Kafka jars in {fetch_kafka(settings)}")
         return 0
-    b = LocalBroker(port=args.port, data=args.data, settings=settings, security=getattr(args, "security", None))
     if args.action == "start":
+        b = LocalBroker(port=args.port, data=args.data, settings=settings, security=getattr(args, "security", None))
         print(b.start())
-    elif args.action == "stop":
-        print(b.stop())
+        return 0
+    if args.data is None:  # find the broker on --port, wherever its data lives
+        try:
+            b = LocalBroker.on_port(args.port, settings)
+        except BrokerError as exc:
+            if args.action == "stop":
+                raise
+            print(str(exc))  # status: not answering for us; say why and which flag helps
+            return 3
     else:
-        status = b.status()
-        print(status.line())
-        return 0 if status.answering else 3
-    return 0
+        b = LocalBroker(port=args.port, data=args.data, settings=settings)
+    if args.action == "stop":
+        print(b.stop())
+        return 0
+    status = b.status()
+    print(status.line())
+    return 0 if status.answering else 3
 
 
 def _topics(args: argparse.Namespace, settings: Settings) -> int:

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from flightrec.errors import ConfigError
+from flightrec.errors import ConfigError, MaterializeError
 from flightrec.cli.options import add_read_db
 from flightrec.settings import Settings
 
@@ -80,6 +80,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="which alerts, comma separated: failed,lost,below_min_rate,incomplete,refused "
         "(default $FLIGHTREC_ALERT_ON, else all)",
     )
+    m.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve Prometheus metrics on http://ADDRESS:N/metrics (lag, folds, commits, dead letters, alerts, "
+        "instances by status; docs/materializer.md)",
+    )
+    m.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="the address /metrics listens on (default 0.0.0.0: every interface; 127.0.0.1: this host only)",
+    )
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
     r.add_argument(
@@ -127,7 +141,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ensure_topics(settings: Settings) -> None:
+    """Create the topics where missing. When Kafka cannot be reached or refuses this client (login, TLS), stop
+    here with that one cause, before the store makes a database file; anything else only warns (an ACL that
+    forbids creating topics to this principal, say: the materializer reads topics made by another)."""
     from flightrec.broker.topics import ensure_topics
+    from flightrec.cluster import connection_cause
 
     try:
         asyncio.run(
@@ -141,7 +159,10 @@ def _ensure_topics(settings: Settings) -> None:
                 20.0,
             )
         )
-    except Exception as exc:  # noqa: BLE001 - the materializer reports an absent broker itself
+    except Exception as exc:  # noqa: BLE001 - why is told below: the cause that stops us, or a warning
+        cause = asyncio.run(connection_cause(settings.kafka_kwargs()))
+        if cause:
+            raise MaterializeError(f"cannot read Kafka: {cause}") from exc
         log.warning("could not make sure the topics exist: %s", exc)
 
 
@@ -199,6 +220,13 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
             "(on a lake no single member sees every instance's changes); unset it for the lake, or run "
             "a materializer on a file for alerts"
         )
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {args.metrics_port}: a TCP port is 1 to 65535")
+    if loc.shared and args.metrics_port is not None:
+        raise ConfigError(
+            "--metrics-port: metrics are served by a materializer on a database file only (a lake's members "
+            "each see a share of the partitions); leave it out for the lake"
+        )
     _ensure_topics(settings)
     opts = Options(
         db=settings.db,
@@ -214,6 +242,8 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
         views=stored_views(),
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
     )
     return _run(opts, loc, settings)
 

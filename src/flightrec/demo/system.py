@@ -47,6 +47,16 @@ DEMO_HOST_ID = 41000  # simulated provider host ids (manager `rented` events), o
 # The first six instances meet the six failure fates (the destroyed one is healthy
 # through its benchmark); every further instance is healthy.
 FLEET_PLAN = ("destroyed", "no_kernel_image", "cuda_oom", "params_download", "too_slow", "daemon_signal")
+# What each fate ends as, in the words the database and the README's table use: a failure class or a status.
+FATE_ENDS_AS = {
+    "no_kernel_image": "gpu_arch_unsupported",
+    "cuda_oom": "cuda_out_of_memory",
+    "params_download": "params_download_failed",
+    "too_slow": "below_min_rate",
+    "daemon_signal": "daemon_crashed",
+    "destroyed": "destroyed (evidence incomplete)",
+    "healthy": "finished",
+}
 # One minimum rate for the whole fleet, as an operator sets it. Healthy instances prove at
 # k = 8 (on these CPUs several thousand proofs/hour); the "too slow" one plays a slow GPU with
 # a proof 512 times larger (k = 17: about a thousand proofs/hour), so it falls below.
@@ -153,6 +163,16 @@ def plan_fleet(n: int) -> list[Instance]:
         gpu = choices[i % len(choices)]
         out.append(Instance(f"{gpu}-{i + 1:02d}", fate, gpu))
     return out
+
+
+def fleet_summary(fleet: list[Instance]) -> str:
+    """What the fleet is meant to end as, in failure classes and statuses: "12 instances started, to end as: ..."."""
+    counts: dict[str, int] = {}
+    for inst in fleet:
+        ends = FATE_ENDS_AS[inst.fate]
+        counts[ends] = counts.get(ends, 0) + 1
+    parts = [f"{n} {ends}" for ends, n in sorted(counts.items(), key=lambda kv: (kv[0] == "finished", kv[0]))]
+    return f"{len(fleet)} instances started, to end as: {', '.join(parts)}"
 
 
 def entrypoint() -> Path:
@@ -297,7 +317,7 @@ class Demo:
                         "compute_capability": gpu.compute_capability,
                         "price_per_hour": gpu.price_per_hour,
                         "image": "prover:2026.11.3",
-                        "attributes": {"fate": inst.fate, "simulated": "true"},
+                        "attributes": {"meant_to_end_as": FATE_ENDS_AS[inst.fate], "simulated": "true"},
                     }
                 )
             )
@@ -339,7 +359,7 @@ class Demo:
                 inst.instance_id, ["bash", str(script)], env, inst, new_session=True, log_path=work / "console.log"
             )
             self._pause(0.3)  # a staggered start, as a real fleet comes up
-        self.say(f"fleet:        {len(fleet)} instances started ({', '.join(sorted({i.fate for i in fleet}))})")
+        self.say(f"fleet:        {fleet_summary(fleet)}")
         return fleet
 
     # -- progress -----------------------------------------------------------------
