@@ -78,7 +78,7 @@ _CATALOG_AWAY = re.compile(
     r"server closed the connection|terminating connection|no connection to the server|"
     r"connection (?:is |already |has been )?(?:closed|lost|reset)|broken pipe|"
     r"ssl syscall error|ssl connection has been closed|timed out|timeout expired|"
-    r"no connection available|connection pool|"
+    r"no connection available|connection pool|failed to execute query \"rollback\"|"
     r"the database system is (?:starting up|shutting down|in recovery mode)"
 )
 # Answers of a catalog that is there but refuses: waiting does not help, the operator must act.

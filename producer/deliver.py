@@ -25,6 +25,7 @@ from flightrec.producer.fit import (
 )
 from flightrec.schemas.auth import Signer, parse_fleet_key
 from flightrec.producer.lost import LostSpool
+from flightrec.producer.redact import visible
 from flightrec.producer.spool import Position, Record, Spool
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def producer_kwargs(settings: Settings, limits: dict[str, int] | None = None) ->
         request_timeout_ms=30000,
         retry_backoff_ms=200,
         metadata_max_age_ms=60000,
-        client_id=f"flightrec-agent:{settings.instance}",  # the broker's per-instance produce quota keys on it
+        client_id=f"flightrec-agent:{visible(settings.instance)[0]}",  # per-instance quota; non-UTF-8 bytes as \xNN
     )
 
 
