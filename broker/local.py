@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from flightrec.broker.secure import SECURITIES, Secure
+from flightrec.broker.roles import ADMIN, GRANTS, Role, fingerprint, quota_args, user_args
+from flightrec.broker.secure import MECHANISM, SECURITIES, Secure
 from flightrec.broker.topics import answering_cluster, answers_metadata, ensure_topics
 from flightrec.errors import BrokerError
 from flightrec.localservice import LOG_TAIL_LINES, free_port, log_tail, pid_alive, port_free  # noqa: F401 - free_port: tests import it from here
@@ -28,6 +29,8 @@ SLF4J_VERSION = re.search(r"<slf4j.version>([^<]+)</slf4j.version>", _POM.read_t
 
 
 _START_MARK = "=== flightrec starting Kafka"
+ACL_COMMAND = "org.apache.kafka.tools.AclCommand"  # kafka-acls.sh
+CONFIG_COMMAND = "kafka.admin.ConfigCommand"  # kafka-configs.sh
 _LOG_LINE = re.compile(r"^\[[^\]]+\] (ERROR|FATAL) (.*?)(?: \([\w.$]+\))?$")
 _EXCEPTION = re.compile(r"^(?:Caused by: )?[\w.$]+(?:Exception|Error): (.+)$")
 
@@ -210,6 +213,9 @@ class LocalBroker:
         return None
 
     def _kafka_kwargs(self) -> dict[str, object]:
+        """What ``broker start`` itself connects as: the super user on a SASL_SSL broker (it creates the topics)."""
+        if self.security == "sasl_ssl":
+            return self.secure.client_settings(self.client_settings, self.bootstrap, ADMIN).kafka_kwargs()
         return self.client_settings.kafka_kwargs()
 
     def status(self) -> BrokerStatus:
@@ -299,15 +305,18 @@ class LocalBroker:
                 f"formatting the KRaft storage in {self.data / 'logs'} failed (exit {proc.returncode})",
                 "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:]),
             )
+        if self.security == "sasl_ssl":
+            self.secure.record_users()
         (self.data / "security").write_text(self.security + "\n")
 
     def _started(self, what: str) -> str:
         if self.security != "sasl_ssl":
             return what
-        env = self.secure.write_env_file(self.bootstrap)
+        client, *others = self.secure.write_env_files(self.bootstrap)
         return (
-            f"{what}; SASL_SSL ({self.secure.client_env(self.bootstrap)['FLIGHTREC_SASL_MECHANISM']}): "
-            f"client settings in {env} (`source` it)"
+            f"{what}; SASL_SSL ({MECHANISM}) with ACLs: client settings in {client} (`source` it); "
+            + ", ".join(str(p) for p in others)
+            + " for the other roles (docs/security.md)"
         )
 
     # -- lifecycle ----------------------------------------------------------
@@ -318,6 +327,7 @@ class LocalBroker:
         if pid is not None:
             if asyncio.run(answers_metadata(self._kafka_kwargs())):
                 self._ensure_topics()
+                self._apply_roles()
                 return self._started(f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})")
         java = check_java()
         if not port_free(self.port):
@@ -353,6 +363,7 @@ class LocalBroker:
                 )
             if self._answering_is_ours():  # answers, and is this broker (not one that took the port)
                 self._ensure_topics()
+                self._apply_roles(java, libs)
                 return self._started(
                     f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, data {self.data})"
                 )
@@ -390,6 +401,76 @@ class LocalBroker:
                 "while this broker was starting; start it again, on another port (--port)"
             )
         return True
+
+    # -- roles (SASL_SSL): ACLs and quotas through Kafka's own tools -------------------------------------
+
+    @property
+    def _roles_marker(self) -> Path:
+        return self.data / "roles.applied"
+
+    def kafka_tool(
+        self, main: str, *args: str, role: Role = ADMIN, java: str | None = None, libs: Path | None = None
+    ) -> list[str]:
+        """The command line of one of Kafka's own admin tools (``main``: its class) against this broker, connecting
+        as ``role`` (the super user unless told): ``--bootstrap-server`` and a 0600 ``--command-config``."""
+        java = java or check_java()
+        libs = libs or fetch_kafka(self.settings)
+        cmd = self._java(java, libs, main, "--bootstrap-server", self.bootstrap, *args, heap="96m")
+        quiet = self.data / "tools-log4j2.properties"  # a tool's own INFO lines would bury its answer
+        if not quiet.exists():
+            quiet.write_text(
+                "status = warn\nappender.console.type = Console\nappender.console.name = STDERR\n"
+                "appender.console.target = SYSTEM_ERR\nappender.console.layout.type = PatternLayout\n"
+                "appender.console.layout.pattern = [%d] %p %m (%c)%n\n"
+                "rootLogger.level = WARN\nrootLogger.appenderRef.stderr.ref = STDERR\n"
+            )
+        cmd[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xshare:auto"]  # a short-lived JVM: start fast
+        cmd[cmd.index(f"-Dlog4j2.configurationFile={self.data / 'log4j2.properties'}")] = (
+            f"-Dlog4j2.configurationFile={quiet}"
+        )
+        if self.security == "sasl_ssl":
+            cmd += ["--command-config", str(self.secure.command_config(role))]
+        return cmd
+
+    def _apply_roles(self, java: str | None = None, libs: Path | None = None) -> None:
+        """On a SASL_SSL broker: create the SCRAM users its metadata lacks, the ACLs of every role and the agents'
+        produce quota, all at once (one JVM each, in parallel), unless the marker says they are in place."""
+        if self.security != "sasl_ssl":
+            return
+        wanted = fingerprint(self.settings.agent_byte_rate)
+        try:
+            if self._roles_marker.read_text().strip() == wanted and not self.secure.missing_users():
+                return
+        except OSError:
+            pass
+        java = java or check_java()
+        libs = libs or fetch_kafka(self.settings)
+        missing = self.secure.missing_users()
+        cmds = [self.kafka_tool(ACL_COMMAND, *g.acl_args(), java=java, libs=libs) for g in GRANTS]
+        cmds.append(self.kafka_tool(CONFIG_COMMAND, *quota_args(self.settings.agent_byte_rate), java=java, libs=libs))
+        for role in missing:
+            args = user_args(role, MECHANISM, self.secure.password(role))
+            cmds.append(self.kafka_tool(CONFIG_COMMAND, *args, java=java, libs=libs))
+        procs = [
+            subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for cmd in cmds
+        ]
+        failed = []
+        for cmd, proc in zip(cmds, procs):
+            out, _ = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                what = " ".join(a for a in cmd[cmd.index("--bootstrap-server") + 2 :] if "password=" not in a)
+                failed.append((what, proc.returncode, out.decode("utf-8", "replace")))
+        if failed:
+            what, code, out = failed[0]
+            tail = "\n".join(out.splitlines()[-LOG_TAIL_LINES:])
+            raise BrokerError(
+                f"setting the broker's ACLs and quotas failed (exit {code}) for: {what[:300]}; "
+                f"start the broker again to retry",
+                tail,
+            )
+        self.secure.record_users(missing)
+        self._roles_marker.write_text(wanted + "\n")
 
     def _ensure_topics(self) -> list[str]:
         return asyncio.run(
