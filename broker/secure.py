@@ -19,9 +19,10 @@ SECURITIES = ("plaintext", "sasl_ssl")
 MECHANISM = "SCRAM-SHA-512"
 USER = ADMIN.user  # the super user (inter-broker, `broker start` itself)
 
-# The CONTROLLER listener is PLAINTEXT on 127.0.0.1 only (KRaft's own quorum traffic, one node): its requests
-# come as User:ANONYMOUS, which must be a super user for the authorizer to let the quorum work.
-SUPER_USERS = f"User:{ADMIN.user};User:ANONYMOUS"
+# The super user alone: the CONTROLLER listener (KRaft's quorum, on 127.0.0.1) authenticates too (SASL PLAIN
+# with the super user's password: SCRAM users live in the metadata the controller serves, so it cannot use them),
+# so no anonymous connection is a super user.
+SUPER_USERS = f"User:{ADMIN.user}"
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
@@ -196,7 +197,13 @@ class Secure:
             "listeners": f"SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
             "advertised.listeners": f"SASL_SSL://localhost:{port}",
             "inter.broker.listener.name": "SASL_SSL",
-            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config": (
+                f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{USER}" '
+                f'password="{self.password(ADMIN)}" user_{USER}="{self.password(ADMIN)}";'
+            ),
             "sasl.enabled.mechanisms": MECHANISM,
             "sasl.mechanism.inter.broker.protocol": MECHANISM,
             f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config": jaas,
