@@ -323,6 +323,8 @@ class LocalBroker:
 
     def start(self, timeout: float = 90.0) -> str:
         """Start the broker (fetching Kafka first if needed) and create the topics. Returns what happened."""
+        if self.security == "sasl_ssl":
+            quota_args(self.settings.agent_byte_rate)  # a wrong FLIGHTREC_AGENT_BYTE_RATE is said before anything runs
         pid = self._pid()
         if pid is not None:
             if asyncio.run(answers_metadata(self._kafka_kwargs())):

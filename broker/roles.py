@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from flightrec.errors import ConfigError
+
 TOPIC_PREFIX = "flightrec."  # every flightrec topic (flightrec.schemas.topics.TOPICS)
 GROUP_PREFIX = "flightrec"  # the materializer's group (flightrec-materializer) and any other of the operator's
 READER_GROUP_PREFIX = "flightrec-reader"  # the groups a reader may use for its own consumers
@@ -93,7 +95,10 @@ def quota_args(byte_rate: int) -> list[str]:
     """The arguments of ``kafka-configs.sh`` (``kafka.admin.ConfigCommand``) giving each client id of the agent
     principal ``byte_rate`` bytes per second of produce (the most specific quota Kafka finds applies)."""
     if byte_rate <= 0:
-        raise ValueError(f"the agents' produce quota must be a positive number of bytes per second, not {byte_rate}")
+        raise ConfigError(
+            f"FLIGHTREC_AGENT_BYTE_RATE={byte_rate}: the agents' produce quota must be a positive number of bytes "
+            "per second; set it to one (the default is 5242880, 5 MiB/s) or unset it"
+        )
     return [
         "--alter",
         "--add-config",

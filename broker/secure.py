@@ -108,7 +108,8 @@ class Secure:
 
     def record_users(self, roles: list[Role] | tuple[Role, ...] = ROLES) -> None:
         have = set() if not self.users_file.exists() else set(self.users_file.read_text().split())
-        self.users_file.write_text("".join(f"{u}\n" for u in sorted(have | {r.user for r in roles})))
+        users = have | {ADMIN.user} | {r.user for r in roles}  # the super user exists from the first format
+        self.users_file.write_text("".join(f"{u}\n" for u in sorted(users)))
 
     def make_certificates(self) -> None:
         """A CA and a server certificate for localhost / 127.0.0.1 signed by it, once (openssl)."""

@@ -24,8 +24,8 @@ from aiokafka.errors import (
 )
 
 from flightrec.broker.local import ACL_COMMAND, CONFIG_COMMAND, LocalBroker, free_port
-from flightrec.broker.roles import AGENT, GRANTS, OPERATOR, READER, quota_args
-from flightrec.broker.secure import read_env_file
+from flightrec.broker.roles import ADMIN, AGENT, GRANTS, OPERATOR, READER, ROLES, quota_args
+from flightrec.broker.secure import MECHANISM, Secure, read_env_file
 from flightrec.settings import TOPICS, Settings
 
 pytestmark = pytest.mark.integration
@@ -275,5 +275,61 @@ def test_a_flooding_agent_is_slowed_to_its_quota_and_the_operator_is_not(tmp_pat
         marker = (broker.data / "roles.applied").stat().st_mtime_ns
         broker.start(timeout=120)
         assert (broker.data / "roles.applied").stat().st_mtime_ns == marker
+    finally:
+        broker.stop()
+
+
+def test_nobody_administers_the_cluster_through_the_controller_port_without_the_super_users_password(
+    sasl_kafka, tmp_path: Path
+):
+    # KRaft's controller listener takes admin requests too (--bootstrap-controller): were it PLAINTEXT with
+    # User:ANONYMOUS a super user, any local process could grant itself everything there.
+    cport = (sasl_kafka.data / "controller.port").read_text().strip()
+    grant = ["--add", "--allow-principal", f"User:{AGENT.user}", "--operation", "All", "--topic", "*"]
+    cmd = sasl_kafka.kafka_tool(ACL_COMMAND, *grant)
+    at = cmd.index("--bootstrap-server")
+    cmd[at : at + 2] = ["--bootstrap-controller", f"127.0.0.1:{cport}"]
+    anonymous = tmp_path / "anonymous.properties"  # no credentials; give up after seconds, not forever
+    anonymous.write_text("security.protocol=PLAINTEXT\nrequest.timeout.ms=3000\ndefault.api.timeout.ms=6000\n")
+    cmd[cmd.index("--command-config") + 1] = str(anonymous)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0, r.stdout + r.stderr
+    listed = subprocess.run(
+        sasl_kafka.kafka_tool(ACL_COMMAND, "--list", "--topic", "*"), capture_output=True, text=True
+    )
+    assert listed.returncode == 0 and "flightrec-agent" not in listed.stdout, listed.stdout
+
+
+async def _produce(kwargs: dict[str, Any], value: bytes) -> None:
+    p = AIOKafkaProducer(**kwargs, acks="all", enable_idempotence=True)
+    await p.start()
+    try:
+        await p.send_and_wait(TOPICS[0], value, key=b"roles-test", partition=0)
+    finally:
+        await p.stop()
+
+
+def test_a_broker_formatted_before_the_roles_gets_them_at_its_next_start(tmp_path: Path, monkeypatch):
+    data = tmp_path / "broker"
+    settings = Settings.from_env({})
+    broker = LocalBroker(port=free_port(), data=data, settings=settings, security="sasl_ssl")
+    # as the release before the roles: one SCRAM user (the super user, its password in client.password), no ACLs
+    monkeypatch.setattr(
+        Secure, "format_args", lambda self: [f"--add-scram={MECHANISM}=[name={ADMIN.user},password={self.password()}]"]
+    )
+    monkeypatch.setattr(Secure, "record_users", lambda self, roles=ROLES: None)
+    monkeypatch.setattr(LocalBroker, "_apply_roles", lambda self, *a, **k: None)
+    try:
+        broker.start(timeout=120)
+        broker.stop()
+        os.replace(data / "admin.password", data / "client.password")
+        monkeypatch.undo()
+        broker = LocalBroker(port=broker.port, data=data, settings=settings)
+        broker.start(timeout=120)
+        assert (data / "users").read_text().split() == sorted(r.user for r in ROLES)
+        asyncio.run(_produce(_kwargs(broker, "agent.env"), b"from an agent"))
+        with pytest.raises(TopicAuthorizationFailedError):
+            asyncio.run(_fetch_one(_kwargs(broker, "agent.env"), group_id=None))
+        asyncio.run(_fetch_one(_kwargs(broker, "client.env"), group_id=None))
     finally:
         broker.stop()
