@@ -267,7 +267,11 @@ class LocalBroker:
             self.secure.make_certificates()
             props.update(self.secure.server_properties(self.port, cport))
         path = self.data / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        # 0600: a SASL_SSL broker's file holds the super user's password (its JAAS settings)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+        path.chmod(0o600)
         (self.data / "log4j2.properties").write_text(
             "status = warn\n"
             "appender.console.type = Console\nappender.console.name = STDOUT\n"

@@ -71,7 +71,8 @@ def test_each_role_gets_its_own_user_and_env_file_and_no_env_file_names_the_supe
     for path in sasl_kafka.data.iterdir():
         if path.suffix == ".env":
             assert admin_password not in path.read_text() and "admin.password" not in path.read_text(), path
-    for path in (sasl_kafka.data / "admin.properties", sasl_kafka.data / "admin.password"):
+    secret = ("admin.properties", "admin.password", "server.properties", "tls/server-keystore.pem", "tls/ca.key")
+    for path in (sasl_kafka.data / name for name in secret):
         assert oct(path.stat().st_mode & 0o777) == "0o600", path
 
 
@@ -201,7 +202,8 @@ def test_a_host_holding_the_agent_credential_can_only_produce(sasl_kafka):
 
 def test_a_reader_reads_and_cannot_write(sasl_kafka):
     reader = _kwargs(sasl_kafka, "reader.env")
-    asyncio.run(_fetch_one(reader, group_id=None))  # something is there: the test above produced
+    asyncio.run(_produce(_kwargs(sasl_kafka, "agent.env"), b"for the reader"))  # to partition 0, which it reads
+    asyncio.run(_fetch_one(reader, group_id=None))
 
     async def produce() -> None:
         p = AIOKafkaProducer(**reader, acks="all")
