@@ -462,8 +462,18 @@ class LocalBroker:
             for cmd in cmds
         ]
         failed = []
+        deadline = time.monotonic() + 120
         for cmd, proc in zip(cmds, procs):
-            out, _ = proc.communicate(timeout=120)
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                raise BrokerError(
+                    "Kafka's tools did not set the broker's ACLs and quotas within 120 s; start the broker again "
+                    f"to retry (its log: {self.log_path})"
+                ) from None
             if proc.returncode != 0:
                 what = " ".join(a for a in cmd[cmd.index("--bootstrap-server") + 2 :] if "password=" not in a)
                 failed.append((what, proc.returncode, out.decode("utf-8", "replace")))
