@@ -478,8 +478,8 @@ class LocalBroker:
                 what = " ".join(a for a in cmd[cmd.index("--bootstrap-server") + 2 :] if "password=" not in a)
                 failed.append((what, proc.returncode, out.decode("utf-8", "replace")))
         if failed:
-            what, code, out = failed[0]
-            tail = "\n".join(out.splitlines()[-LOG_TAIL_LINES:])
+            what, code, said = failed[0]
+            tail = "\n".join(said.splitlines()[-LOG_TAIL_LINES:])
             raise BrokerError(
                 f"setting the broker's ACLs and quotas failed (exit {code}) for: {what[:300]}; "
                 f"start the broker again to retry",
