@@ -215,6 +215,7 @@ class LocalBroker:
     def _kafka_kwargs(self) -> dict[str, object]:
         """What ``broker start`` itself connects as: the super user on a SASL_SSL broker (it creates the topics)."""
         if self.security == "sasl_ssl":
+            self.secure.password(ADMIN)  # a folder from before the roles: its super user's password moves first
             return self.secure.client_settings(self.client_settings, self.bootstrap, ADMIN).kafka_kwargs()
         return self.client_settings.kafka_kwargs()
 
@@ -480,6 +481,12 @@ class LocalBroker:
         if failed:
             what, code, said = failed[0]
             tail = "\n".join(said.splitlines()[-LOG_TAIL_LINES:])
+            if "SecurityDisabledException" in said:  # running since before the roles: no authorizer loaded
+                raise BrokerError(
+                    f"the broker on {self.bootstrap} runs without an authorizer (started before its roles existed): "
+                    f"restart it (`flightrec broker stop --port {self.port}`, then start) to load its ACLs",
+                    tail,
+                )
             raise BrokerError(
                 f"setting the broker's ACLs and quotas failed (exit {code}) for: {what[:300]}; "
                 f"start the broker again to retry",

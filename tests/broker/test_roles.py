@@ -26,6 +26,7 @@ from aiokafka.errors import (
 from flightrec.broker.local import ACL_COMMAND, CONFIG_COMMAND, LocalBroker, free_port
 from flightrec.broker.roles import ADMIN, AGENT, GRANTS, OPERATOR, READER, ROLES, quota_args
 from flightrec.broker.secure import MECHANISM, Secure, read_env_file
+from flightrec.errors import BrokerError
 from flightrec.settings import TOPICS, Settings
 
 pytestmark = pytest.mark.integration
@@ -321,12 +322,22 @@ def test_a_broker_formatted_before_the_roles_gets_them_at_its_next_start(tmp_pat
     )
     monkeypatch.setattr(Secure, "record_users", lambda self, roles=ROLES: None)
     monkeypatch.setattr(LocalBroker, "_apply_roles", lambda self, *a, **k: None)
+    without_authorizer = Secure.server_properties
+    monkeypatch.setattr(
+        Secure,
+        "server_properties",
+        lambda self, port, cport: {
+            k: v for k, v in without_authorizer(self, port, cport).items() if k != "authorizer.class.name"
+        },
+    )
     try:
         broker.start(timeout=120)
-        broker.stop()
         os.replace(data / "admin.password", data / "client.password")
         monkeypatch.undo()
         broker = LocalBroker(port=broker.port, data=data, settings=settings)
+        with pytest.raises(BrokerError, match="runs without an authorizer .* restart it"):
+            broker.start(timeout=120)  # still running as the old release started it
+        broker.stop()
         broker.start(timeout=120)
         assert (data / "users").read_text().split() == sorted(r.user for r in ROLES)
         asyncio.run(_produce(_kwargs(broker, "agent.env"), b"from an agent"))
