@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from flightrec.broker.secure import SECURITIES, Secure
+from flightrec.broker.roles import ADMIN, GRANTS, Role, fingerprint, quota_args, user_args
+from flightrec.broker.secure import MECHANISM, SECURITIES, Secure
 from flightrec.broker.topics import answering_cluster, answers_metadata, ensure_topics
 from flightrec.errors import BrokerError
 from flightrec.localservice import LOG_TAIL_LINES, free_port, log_tail, pid_alive, port_free  # noqa: F401 - free_port: tests import it from here
@@ -28,6 +29,8 @@ SLF4J_VERSION = re.search(r"<slf4j.version>([^<]+)</slf4j.version>", _POM.read_t
 
 
 _START_MARK = "=== flightrec starting Kafka"
+ACL_COMMAND = "org.apache.kafka.tools.AclCommand"  # kafka-acls.sh
+CONFIG_COMMAND = "kafka.admin.ConfigCommand"  # kafka-configs.sh
 _LOG_LINE = re.compile(r"^\[[^\]]+\] (ERROR|FATAL) (.*?)(?: \([\w.$]+\))?$")
 _EXCEPTION = re.compile(r"^(?:Caused by: )?[\w.$]+(?:Exception|Error): (.+)$")
 
@@ -270,6 +273,10 @@ class LocalBroker:
         return None
 
     def _kafka_kwargs(self) -> dict[str, object]:
+        """What ``broker start`` itself connects as: the super user on a SASL_SSL broker (it creates the topics)."""
+        if self.security == "sasl_ssl":
+            self.secure.password(ADMIN)  # a folder from before the roles: its super user's password moves first
+            return self.secure.client_settings(self.client_settings, self.bootstrap, ADMIN).kafka_kwargs()
         return self.client_settings.kafka_kwargs()
 
     def status(self) -> BrokerStatus:
@@ -321,7 +328,11 @@ class LocalBroker:
             self.secure.make_certificates()
             props.update(self.secure.server_properties(self.port, cport))
         path = self.data / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        # 0600: a SASL_SSL broker's file holds the super user's password (its JAAS settings)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+        path.chmod(0o600)
         (self.data / "log4j2.properties").write_text(
             "status = warn\n"
             "appender.console.type = Console\nappender.console.name = STDOUT\n"
@@ -359,25 +370,31 @@ class LocalBroker:
                 f"formatting the KRaft storage in {self.data / 'logs'} failed (exit {proc.returncode})",
                 "\n".join((proc.stdout + proc.stderr).splitlines()[-LOG_TAIL_LINES:]),
             )
+        if self.security == "sasl_ssl":
+            self.secure.record_users()
         (self.data / "security").write_text(self.security + "\n")
 
     def _started(self, what: str) -> str:
         if self.security != "sasl_ssl":
             return what
-        env = self.secure.write_env_file(self.bootstrap)
+        client, *others = self.secure.write_env_files(self.bootstrap)
         return (
-            f"{what}; SASL_SSL ({self.secure.client_env(self.bootstrap)['FLIGHTREC_SASL_MECHANISM']}): "
-            f"client settings in {env} (`source` it)"
+            f"{what}; SASL_SSL ({MECHANISM}) with ACLs: client settings in {client} (`source` it); "
+            + ", ".join(str(p) for p in others)
+            + " for the other roles (docs/security.md)"
         )
 
     # -- lifecycle ----------------------------------------------------------
 
     def start(self, timeout: float = 90.0) -> str:
         """Start the broker (fetching Kafka first if needed) and create the topics. Returns what happened."""
+        if self.security == "sasl_ssl":
+            quota_args(self.settings.agent_byte_rate)  # a wrong FLIGHTREC_AGENT_BYTE_RATE is said before anything runs
         pid = self._pid()
         if pid is not None:
             if asyncio.run(answers_metadata(self._kafka_kwargs())):
                 self._ensure_topics()
+                self._apply_roles()
                 return self._started(f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})")
         java = check_java()
         if not port_free(self.port):
@@ -413,6 +430,7 @@ class LocalBroker:
                 )
             if self._answering_is_ours():  # answers, and is this broker (not one that took the port)
                 self._ensure_topics()
+                self._apply_roles(java, libs)
                 return self._started(
                     f"Kafka {KAFKA_VERSION} started on {self.bootstrap} (pid {self._proc.pid}, data {self.data})"
                 )
@@ -450,6 +468,92 @@ class LocalBroker:
                 "while this broker was starting; start it again, on another port (--port)"
             )
         return True
+
+    # -- roles (SASL_SSL): ACLs and quotas through Kafka's own tools -------------------------------------
+
+    @property
+    def _roles_marker(self) -> Path:
+        return self.data / "roles.applied"
+
+    def kafka_tool(
+        self, main: str, *args: str, role: Role = ADMIN, java: str | None = None, libs: Path | None = None
+    ) -> list[str]:
+        """The command line of one of Kafka's own admin tools (``main``: its class) against this broker, connecting
+        as ``role`` (the super user unless told): ``--bootstrap-server`` and a 0600 ``--command-config``."""
+        java = java or check_java()
+        libs = libs or fetch_kafka(self.settings)
+        cmd = self._java(java, libs, main, "--bootstrap-server", self.bootstrap, *args, heap="96m")
+        quiet = self.data / "tools-log4j2.properties"  # a tool's own INFO lines would bury its answer
+        if not quiet.exists():
+            quiet.write_text(
+                "status = warn\nappender.console.type = Console\nappender.console.name = STDERR\n"
+                "appender.console.target = SYSTEM_ERR\nappender.console.layout.type = PatternLayout\n"
+                "appender.console.layout.pattern = [%d] %p %m (%c)%n\n"
+                "rootLogger.level = WARN\nrootLogger.appenderRef.stderr.ref = STDERR\n"
+            )
+        cmd[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xshare:auto"]  # a short-lived JVM: start fast
+        cmd[cmd.index(f"-Dlog4j2.configurationFile={self.data / 'log4j2.properties'}")] = (
+            f"-Dlog4j2.configurationFile={quiet}"
+        )
+        if self.security == "sasl_ssl":
+            cmd += ["--command-config", str(self.secure.command_config(role))]
+        return cmd
+
+    def _apply_roles(self, java: str | None = None, libs: Path | None = None) -> None:
+        """On a SASL_SSL broker: create the SCRAM users its metadata lacks, the ACLs of every role and the agents'
+        produce quota, all at once (one JVM each, in parallel), unless the marker says they are in place."""
+        if self.security != "sasl_ssl":
+            return
+        wanted = fingerprint(self.settings.agent_byte_rate)
+        try:
+            if self._roles_marker.read_text().strip() == wanted and not self.secure.missing_users():
+                return
+        except OSError:
+            pass
+        java = java or check_java()
+        libs = libs or fetch_kafka(self.settings)
+        missing = self.secure.missing_users()
+        cmds = [self.kafka_tool(ACL_COMMAND, *g.acl_args(), java=java, libs=libs) for g in GRANTS]
+        cmds.append(self.kafka_tool(CONFIG_COMMAND, *quota_args(self.settings.agent_byte_rate), java=java, libs=libs))
+        for role in missing:
+            args = user_args(role, MECHANISM, self.secure.password(role))
+            cmds.append(self.kafka_tool(CONFIG_COMMAND, *args, java=java, libs=libs))
+        procs = [
+            subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for cmd in cmds
+        ]
+        failed = []
+        deadline = time.monotonic() + 120
+        for cmd, proc in zip(cmds, procs):
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                raise BrokerError(
+                    "Kafka's tools did not set the broker's ACLs and quotas within 120 s; start the broker again "
+                    f"to retry (its log: {self.log_path})"
+                ) from None
+            if proc.returncode != 0:
+                what = " ".join(a for a in cmd[cmd.index("--bootstrap-server") + 2 :] if "password=" not in a)
+                failed.append((what, proc.returncode, out.decode("utf-8", "replace")))
+        if failed:
+            what, code, said = failed[0]
+            tail = "\n".join(said.splitlines()[-LOG_TAIL_LINES:])
+            if "SecurityDisabledException" in said:  # running since before the roles: no authorizer loaded
+                raise BrokerError(
+                    f"the broker on {self.bootstrap} runs without an authorizer (started before its roles existed): "
+                    f"restart it (`flightrec broker stop --port {self.port}`, then start) to load its ACLs",
+                    tail,
+                )
+            raise BrokerError(
+                f"setting the broker's ACLs and quotas failed (exit {code}) for: {what[:300]}; "
+                f"start the broker again to retry",
+                tail,
+            )
+        self.secure.record_users(missing)
+        self._roles_marker.write_text(wanted + "\n")
 
     def _ensure_topics(self) -> list[str]:
         return asyncio.run(

@@ -193,6 +193,12 @@ class Settings:
         "Topic retention in milliseconds when flightrec creates its topics; -1 keeps everything so replay always "
         "works.",
     )
+    agent_byte_rate: int = setting(
+        "FLIGHTREC_AGENT_BYTE_RATE",
+        5242880,
+        "Bytes per second each agent (each client id of the agent principal) may produce, the quota `flightrec "
+        "broker start --security sasl_ssl` sets at the broker; beyond it Kafka slows that agent down (docs/security.md).",
+    )
     redact: tuple[str, ...] = setting(
         "FLIGHTREC_REDACT",
         (),

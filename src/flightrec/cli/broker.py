@@ -31,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                 choices=["plaintext", "sasl_ssl"],
                 default=None,
                 help="plaintext (default for a new data folder), or sasl_ssl: SCRAM-SHA-512 over TLS with "
-                "certificates made on the spot; client settings go to DATA/client.env",
+                "certificates made on the spot, one user per role and Kafka's authorizer with their ACLs; the "
+                "operator's client settings go to DATA/client.env, the agents' (write-only) to DATA/agent.env, "
+                "a reader's to DATA/reader.env (docs/security.md)",
             )
         a.set_defaults(func=_broker)
     t = sub.add_parser("topics", help="create the flightrec topics on any Kafka cluster")

@@ -37,6 +37,7 @@ from flightrec.broker import LocalBroker
 from flightrec.errors import ConfigError, FlightrecError, QueryError
 from flightrec.demo.fleet import FATE_GPU, GPUS
 from flightrec.db.query import run_query
+from flightrec.broker.roles import AGENT, OPERATOR, Role
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -216,11 +217,13 @@ class Demo:
 
     # -- pieces -------------------------------------------------------------------
 
-    def _env(self, **extra: str) -> dict[str, str]:
+    def _env(self, role: Role = OPERATOR, **extra: str) -> dict[str, str]:
+        """The environment of a demo process; on a SASL_SSL broker, with ``role``'s credential (the fleet's agents
+        get the write-only agent role, as instances do)."""
         env = dict(os.environ)
         env.update(PYTHONSAFEPATH="1", PYTHONUNBUFFERED="1", FLIGHTREC_BOOTSTRAP=self.broker.bootstrap)
         if self.broker.security == "sasl_ssl":
-            env.update(self.broker.secure.client_env(self.broker.bootstrap))
+            env.update(self.broker.secure.client_env(self.broker.bootstrap, role))
         env.update(extra)
         return env
 
@@ -326,6 +329,7 @@ class Demo:
             k = PROOF_K.get(inst.fate, DEFAULT_PROOF_K)
             destroyed = inst.fate == "destroyed"
             env = self._env(
+                AGENT,
                 FLIGHTREC_INSTANCE=inst.instance_id,
                 FLIGHTREC_SPOOL=str(work / "spool"),
                 FLIGHTREC_FACTS=str(facts),
@@ -428,7 +432,7 @@ class Demo:
                 "--timeout",
                 "60",
             ],
-            env=self._env(),
+            env=self._env(AGENT),
             capture_output=True,
             text=True,
         )
