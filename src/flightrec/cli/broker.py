@@ -9,7 +9,7 @@ from flightrec.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("broker", help="run a local single-node Kafka (KRaft) from Kafka's own jars")
+    p = sub.add_parser("broker", help="run a local Kafka (KRaft: one node, or a cluster of three with --nodes 3) from Kafka's own jars")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, help_ in (
         ("start", "start the broker (idempotent) and create the topics"),
@@ -20,6 +20,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         a = actions.add_parser(name, help=help_)
         a.add_argument("--port", type=int, default=9092, help="the PLAINTEXT port (default 9092)")
         a.add_argument("--data", default=None, help="data folder (default $FLIGHTREC_HOME/broker-PORT)")
+        if name != "fetch":
+            a.add_argument(
+                "--nodes",
+                type=int,
+                choices=[1, 3],
+                default=1,
+                help="1 (default): one broker; 3: a local cluster of three KRaft nodes on PORT, PORT+1, PORT+2 "
+                "(data in $FLIGHTREC_HOME/cluster-PORT/node-N), topics with replication 3 and min.insync.replicas=2",
+            )
         if name == "start":
             a.add_argument(
                 "--security",
@@ -44,6 +53,8 @@ def _broker(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "fetch":
         print(f"Kafka jars in {fetch_kafka(settings)}")
         return 0
+    if args.nodes == 3:
+        return _cluster(args, settings)
     b = LocalBroker(port=args.port, data=args.data, settings=settings, security=getattr(args, "security", None))
     if args.action == "start":
         print(b.start())
@@ -69,4 +80,22 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
         ensure_topics(s.kafka_kwargs(), partitions=s.partitions, replication=s.replication, retention_ms=s.retention_ms)
     )
     print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
+    return 0
+
+
+def _cluster(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.broker.cluster import LocalCluster
+    from flightrec.errors import BrokerError
+
+    if getattr(args, "security", None) not in (None, "plaintext"):
+        raise BrokerError("a local cluster (--nodes 3) runs plaintext only; drop --security or use --nodes 1")
+    c = LocalCluster(ports=[args.port, args.port + 1, args.port + 2], data=args.data, settings=settings)
+    if args.action == "start":
+        print(c.start())
+    elif args.action == "stop":
+        print(c.stop())
+    else:
+        status = c.status()
+        print(status.line())
+        return 0 if status.answering else 3
     return 0
