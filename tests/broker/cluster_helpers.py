@@ -49,20 +49,18 @@ def min_isr(bootstrap: str) -> int:
     return asyncio.run(go())
 
 
-def leader_for(bootstrap: str, topic: str, key: bytes) -> tuple[int, int]:
-    """(partition, leader node id) of the partition a message keyed ``key`` goes to (the producer's own partitioner)."""
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition of ``topic`` and the node id of its leader, as the cluster's metadata says now."""
 
-    async def go() -> tuple[int, int]:
+    async def go() -> dict[int, int]:
         from aiokafka import AIOKafkaClient, TopicPartition
-        from aiokafka.partitioner import DefaultPartitioner
 
         client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
         try:
             await client.bootstrap()
             await client.force_metadata_update()
             parts = sorted(client.cluster.partitions_for_topic(topic) or ())
-            p = DefaultPartitioner()(key, parts, parts)
-            return p, client.cluster.leader_for_partition(TopicPartition(topic, p))
+            return {p: client.cluster.leader_for_partition(TopicPartition(topic, p)) for p in parts}
         finally:
             await client.close()
 

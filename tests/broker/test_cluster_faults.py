@@ -3,6 +3,8 @@ doubled, the materializer goes on, the stages keep their exit codes, and sealed 
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -15,27 +17,33 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-from cluster_helpers import heal, leader_for, node_log, partition_of
+from cluster_helpers import heal, leaders, node_log, partition_of
 
 from flightrec.broker.cluster import LocalCluster
 from flightrec.db.query import run_query
 from flightrec.errors import QueryError
-from flightrec.settings import Settings
+from flightrec.settings import TOPICS, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 LINES = 1500  # per writer: a few seconds of output (the stage sleeps 0.25 s every 100 lines)
 STAGE_CODE = 3  # the stage's own exit code, which the agent must pass on
-STAGE = (
-    "import sys, time\n"
-    f"for i in range({LINES}):\n"
-    "    print(f'fault stream line {i}', flush=True)\n"
-    "    if i % 100 == 99:\n"
-    "        time.sleep(0.25)\n"
-    f"sys.exit({STAGE_CODE})\n"
-)
-FLUSH_TIMEOUT = 10  # FLIGHTREC_FLUSH_TIMEOUT of the writers: the documented bound on what an exiting agent waits
+PAUSE_S = 0.25  # the stage sleeps this long after every 100 lines: 15 pauses
+
+
+def stage(pause: float = PAUSE_S) -> str:
+    """The stage's code: LINES numbered lines, a pause every 100, then exit STAGE_CODE."""
+    return (
+        "import sys, time\n"
+        f"for i in range({LINES}):\n"
+        "    print(f'fault stream line {i}', flush=True)\n"
+        "    if i % 100 == 99:\n"
+        f"        time.sleep({pause})\n"
+        f"sys.exit({STAGE_CODE})\n"
+    )
+
+
 SLACK_S = 20  # a loaded 2-core machine: start-up of python and the agent, on top of the stage and the flush bound
 
 
@@ -53,6 +61,7 @@ class Writer:
     cluster: LocalCluster
     tmp: Path
     instance: str
+    flush_timeout: int = 10  # FLIGHTREC_FLUSH_TIMEOUT: the documented bound on what an exiting agent waits
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     ended: float = 0.0
@@ -68,16 +77,16 @@ class Writer:
             FLIGHTREC_BOOTSTRAP=self.cluster.bootstrap,
             FLIGHTREC_SPOOL=str(self.spool),
             FLIGHTREC_INSTANCE=self.instance,
-            FLIGHTREC_FLUSH_TIMEOUT=str(FLUSH_TIMEOUT),
+            FLIGHTREC_FLUSH_TIMEOUT=str(self.flush_timeout),
             FLIGHTREC_FACTS="",
             FLIGHTREC_LOG_LEVEL="WARNING",
         )
 
-    def start(self) -> None:
+    def start(self, pause: float = PAUSE_S) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [FLIGHTREC, "agent", "run", "--instance", self.instance, "--stage", "work", "--", sys.executable, "-c"]
-            + [STAGE],
+            + [stage(pause)],
             env=self.env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -100,16 +109,18 @@ class Writer:
         )
 
 
-def writers_on_one_partition(cluster: LocalCluster, tmp: Path, n: int = 2) -> list[Writer]:
-    """``n`` writers whose instance ids go to the same partition (so one leader serves them all)."""
-    partitions = Settings.from_env({}).partitions
-    by_partition: dict[int, list[str]] = {}
-    while True:
+def writers_led_by(cluster: LocalCluster, tmp: Path, node: int | None = None, n: int = 2) -> tuple[list[Writer], int]:
+    """``n`` writers whose instance ids go to one partition of the logs topic, led by ``node`` (by any node when
+    None); and that leader's node id. The lifecycle and exits topics' partitions of the same key may be led by others."""
+    led = leaders(cluster.bootstrap, "flightrec.logs")
+    wanted = [p for p, leader in led.items() if node is None or leader == node]
+    assert wanted, f"node {node} leads no partition of flightrec.logs: {led}"
+    ids: list[str] = []
+    while len(ids) < n:
         instance = f"i-fault-{uuid.uuid4().hex[:10]}"
-        ids = by_partition.setdefault(partition_of(instance.encode(), partitions), [])
-        ids.append(instance)
-        if len(ids) == n:
-            return [Writer(cluster, tmp, i) for i in ids]
+        if partition_of(instance.encode(), len(led)) == wanted[0]:
+            ids.append(instance)
+    return [Writer(cluster, tmp, i) for i in ids], led[wanted[0]]
 
 
 @dataclass
@@ -185,20 +196,22 @@ def check_exactly_once(m: Materializer, w: Writer) -> None:
     assert dup["n"] == dup["d"], f"{w.instance}: lifecycle events stored twice: {dup}"
 
 
-def run_fault(cluster: LocalCluster, tmp: Path, fault: Callable[[int], None], after_stage: float = 0.0) -> dict:
-    """Writers stream while ``fault(leader node id)`` runs (from 1.5 s into the stream), then each is sealed and
-    checked. Returns figures: the stages' wall time, how late the evidence was after each stage ended."""
+def run_fault(
+    cluster: LocalCluster, tmp: Path, fault: Callable[[int], object], node: int | None = None, pause: float = PAUSE_S
+) -> dict[str, object]:
+    """Writers to a partition led by ``node`` stream while ``fault(leader)`` runs (from 1.5 s into the stream), then
+    each boot is sealed and checked. Returns figures: the stages' wall time, how late the evidence was after each
+    stage ended."""
     m = Materializer(cluster, tmp / "fleet.duckdb")
-    writers = writers_on_one_partition(cluster, tmp)
-    _, leader = leader_for(cluster.bootstrap, "flightrec.logs", writers[0].instance.encode())
+    writers, leader = writers_led_by(cluster, tmp, node)
     try:
         for w in writers:
-            w.start()
+            w.start(pause)
         time.sleep(1.5)
         fault(leader)
         codes = [w.wait() for w in writers]
         assert codes == [STAGE_CODE] * len(writers), [w.stderr for w in writers]
-        late = [m.wait_lines(w.instance, timeout=120 + after_stage) for w in writers]
+        late = [m.wait_lines(w.instance) for w in writers]
         for w in writers:
             seal = w.agent("seal")
             assert seal.returncode == 0, seal.stdout + seal.stderr
@@ -211,11 +224,34 @@ def run_fault(cluster: LocalCluster, tmp: Path, fault: Callable[[int], None], af
     finally:
         m.stop()
     walls = [w.ended - w.started for w in writers]
-    # the stage alone sleeps 15 x 0.25 s; the agent may add at most the flush timeout (documented) plus start-up
-    assert max(walls) < 15 * 0.25 + FLUSH_TIMEOUT + SLACK_S, walls
+    # the stage alone pauses 15 times; the agent may add at most the flush timeout (documented) plus start-up
+    assert max(walls) < 15 * pause + writers[0].flush_timeout + SLACK_S, walls
     figures = {"leader": leader, "stage_wall_s": [round(x, 1) for x in walls], "late_s": [round(x, 1) for x in late]}
     print(f"\nfigures: {figures}")
     return figures
+
+
+def start_materializer(cluster: LocalCluster, db: Path) -> None:
+    """Start an in-process Materializer on ``db`` and close it (what `flightrec materialize` does first). The
+    database holds offset 0 for every partition, so the start seeks without asking the (absent) leaders."""
+    from flightrec.consumers.materializer import DEFAULT_GROUP, Materializer
+    from flightrec.consumers.options import Options
+    from flightrec.db.filestore import FileStore
+    from flightrec.db.fold import fold
+
+    if not db.exists():
+        store = FileStore(db, DEFAULT_GROUP)
+        try:
+            offsets = {(t, p): 0 for t in TOPICS for p in range(Settings.from_env({}).partitions)}
+            store.commit(dataclasses.replace(fold([]), offsets=offsets))
+        finally:
+            store.close()
+
+    async def go() -> None:
+        async with Materializer(cluster.client_settings.kafka_kwargs(), Options(db=str(db), until_idle=1)):
+            pass
+
+    asyncio.run(go())
 
 
 def _later(seconds: float, what: Callable[[], object]) -> threading.Thread:
@@ -228,22 +264,98 @@ def _later(seconds: float, what: Callable[[], object]) -> threading.Thread:
     return t
 
 
-def test_the_partition_leader_killed_mid_stream_loses_and_doubles_nothing(cluster, tmp_path):
+def test_the_partition_leader_and_active_controller_killed_mid_stream_loses_and_doubles_nothing(cluster, tmp_path):
+    """SIGKILL the node that leads the writers' partition, chosen to be the quorum's active controller too, mid-
+    stream; it starts again 3 s later."""
     back: list[threading.Thread] = []
+    controller = cluster.active_controller()
 
     def fault(leader: int) -> None:
         cluster.node(leader).kill(signal.SIGKILL)
         back.append(_later(3.0, lambda: cluster.node(leader).start(timeout=120)))
 
-    run_fault(cluster, tmp_path, fault)
+    figures = run_fault(cluster, tmp_path, fault, node=controller)
     back[0].join(timeout=150)
-    assert cluster.node(1)._pid() and cluster.node(2)._pid() and cluster.node(3)._pid()
+    assert all(n._pid() for n in cluster.nodes)
+    print(f"killed node {figures['leader']}, the active controller was {controller}")
 
 
 def test_a_leader_stopped_longer_than_the_session_timeout_then_continued(cluster, tmp_path):
+    """SIGSTOP the writers' partition leader (the active controller too) for 12 s, then SIGCONT."""
+
     def fault(leader: int) -> None:
         cluster.node(leader).kill(signal.SIGSTOP)
         time.sleep(12.0)  # > broker.session.timeout.ms (9 s) and replica.lag.time.max.ms (10 s): fenced, out of ISR
         cluster.node(leader).kill(signal.SIGCONT)
 
-    run_fault(cluster, tmp_path, fault)
+    run_fault(cluster, tmp_path, fault, node=cluster.active_controller())
+
+
+def test_a_rolling_restart_of_all_three_brokers(cluster, tmp_path):
+    """Each node in turn stopped cleanly and started again, the next only once every partition has 3 in-sync
+    replicas again (as an operator rolls a cluster), while the writers stream and the materializer folds."""
+    done: list[threading.Thread] = []
+
+    def roll() -> None:
+        for n in cluster.nodes:
+            n.stop()
+            n.start(timeout=120)
+            heal(cluster)
+
+    run_fault(cluster, tmp_path, lambda leader: done.append(_later(0.0, roll)), pause=1.0)
+    done[0].join(timeout=300)
+    assert not done[0].is_alive() and all(n._pid() for n in cluster.nodes)
+
+
+def test_two_brokers_lost_at_once_the_spool_keeps_what_kafka_did_not_take(cluster, tmp_path):
+    """Below min.insync.replicas (and without a controller quorum) nothing is acknowledged: the agents exit with the
+    stage's code after the flush timeout, `agent flush` says events are left, and once the brokers are back it
+    delivers them, each once (a record marked sent that Kafka did not take would be missing at the end). A
+    materializer started during the outage starts (it used to die on a broker the survivor still names)."""
+    m = Materializer(cluster, tmp_path / "fleet.duckdb")
+    writers, leader = writers_led_by(cluster, tmp_path)
+    for w in writers:
+        w.flush_timeout = 5
+    lost = [leader, leader % 3 + 1]
+    try:
+        for w in writers:
+            w.start()
+        time.sleep(1.5)
+        for node in lost:
+            cluster.node(node).kill(signal.SIGKILL)
+        codes = [w.wait() for w in writers]
+        assert codes == [STAGE_CODE] * len(writers), [w.stderr for w in writers]
+        walls = [w.ended - w.started for w in writers]
+        assert max(walls) < 15 * PAUSE_S + 5 + SLACK_S, walls
+        t0 = time.monotonic()
+        for _ in range(4):  # each asks a random broker the metadata names: 2 of 3 are dead
+            start_materializer(cluster, tmp_path / "started-in-the-outage.duckdb")
+        starts = time.monotonic() - t0
+        t0 = time.monotonic()
+        left = writers[0].agent("flush", "--timeout", "3")
+        flush_away = time.monotonic() - t0
+        assert left.returncode == 1, left.stdout + left.stderr  # events wait in the spool: not told "sent"
+        assert all(m.lines(w.instance)[0] < LINES for w in writers)
+        m.alive()
+        t0 = time.monotonic()
+        heal(cluster)
+        back = time.monotonic() - t0
+        for w in writers:
+            flushed = w.agent("flush", "--timeout", "60")
+            assert flushed.returncode == 0, flushed.stdout + flushed.stderr
+        late = [round(m.wait_lines(w.instance), 1) for w in writers]
+        for w in writers:
+            seal = w.agent("seal")
+            assert seal.returncode == 0, seal.stdout + seal.stderr
+        for w in writers:
+            check_exactly_once(m, w)
+        m.alive()
+    except BaseException:
+        print(node_log(cluster))
+        raise
+    finally:
+        m.stop()
+    print(
+        f"\nfigures: lost {lost}, stage_wall_s {[round(x, 1) for x in walls]}, 4 materializer starts {starts:.1f}s, "
+        f"flush --timeout 3 while away {flush_away:.1f}s, brokers back in {back:.1f}s, then visible in {late}s"
+    )
