@@ -9,13 +9,13 @@ from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/broker only, for cluster_helpers
-from cluster_helpers import heal  # noqa: E402
+from flightrec.broker.cluster import LocalCluster
+from flightrec.errors import BrokerError
+from flightrec.localservice import free_port
+from flightrec.settings import Settings
 
-from flightrec.broker.cluster import LocalCluster  # noqa: E402
-from flightrec.errors import BrokerError  # noqa: E402
-from flightrec.localservice import free_port  # noqa: E402
-from flightrec.settings import Settings  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))  # tests/broker only, for cluster_helpers
+from cluster_helpers import heal  # noqa: E402 - importable only once its folder is on sys.path
 
 
 @pytest.fixture(scope="module")

@@ -172,14 +172,8 @@ class Materializer:
 
 
 def check_exactly_once(m: Materializer, w: Writer) -> None:
-    """Every line of the stage stored once, its exit once with the stage's code, the boot complete."""
-    rows = run_query(m.db, "SELECT text FROM log_lines WHERE instance_id = ?", [w.instance]).to_pylist()
-    texts = sorted(r["text"] for r in rows)
-    assert texts == sorted(f"fault stream line {i}" for i in range(LINES)), (
-        f"{w.instance}: {len(texts)} lines stored, {len(set(texts))} distinct, of {LINES}"
-    )
-    exits = run_query(m.db, "SELECT exit_code FROM process_exits WHERE instance_id = ?", [w.instance]).to_pylist()
-    assert exits == [{"exit_code": STAGE_CODE}]
+    """The boot complete (`wait-sealed` opens: every seq of the boot stored, each topic read that far), then every
+    line of the stage stored once, its exit once with the stage's code, no lifecycle event twice."""
     done = subprocess.run(
         [FLIGHTREC, "wait-sealed", w.instance, "--db", str(m.db), "--timeout", "60"],
         env=dict(os.environ, FLIGHTREC_BOOTSTRAP=m.cluster.bootstrap),
@@ -188,6 +182,13 @@ def check_exactly_once(m: Materializer, w: Writer) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    rows = run_query(m.db, "SELECT text FROM log_lines WHERE instance_id = ?", [w.instance]).to_pylist()
+    texts = sorted(r["text"] for r in rows)
+    assert texts == sorted(f"fault stream line {i}" for i in range(LINES)), (
+        f"{w.instance}: {len(texts)} lines stored, {len(set(texts))} distinct, of {LINES}"
+    )
+    exits = run_query(m.db, "SELECT exit_code FROM process_exits WHERE instance_id = ?", [w.instance]).to_pylist()
+    assert exits == [{"exit_code": STAGE_CODE}], f"{w.instance}: exits stored {exits}"
     dup = run_query(
         m.db,
         "SELECT count(*) AS n, count(DISTINCT seq) AS d FROM lifecycle_events WHERE instance_id = ?",

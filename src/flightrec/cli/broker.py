@@ -9,7 +9,9 @@ from flightrec.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("broker", help="run a local Kafka (KRaft: one node, or a cluster of three with --nodes 3) from Kafka's own jars")
+    p = sub.add_parser(
+        "broker", help="run a local Kafka (KRaft: one node, or a cluster of three with --nodes 3) from Kafka's own jars"
+    )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, help_ in (
         ("start", "start the broker (idempotent) and create the topics"),
