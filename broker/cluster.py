@@ -149,8 +149,8 @@ class LocalCluster:
                 return path.read_text().strip()
             except OSError:
                 pass
-            formatted = {n._cluster_id() for n in self.nodes} - {None}
-            cid = formatted.pop() if formatted else base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            formatted = [c for c in (n._cluster_id() for n in self.nodes) if c]
+            cid = formatted[0] if formatted else base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             self.data.mkdir(parents=True, exist_ok=True)
             path.write_text(cid + "\n")
             return cid
