@@ -360,3 +360,60 @@ def test_two_brokers_lost_at_once_the_spool_keeps_what_kafka_did_not_take(cluste
         f"\nfigures: lost {lost}, stage_wall_s {[round(x, 1) for x in walls]}, 4 materializer starts {starts:.1f}s, "
         f"flush --timeout 3 while away {flush_away:.1f}s, brokers back in {back:.1f}s, then visible in {late}s"
     )
+
+
+def test_a_materializer_group_on_a_lake_across_a_broker_death(cluster, lake, tmp_path):
+    """Two `flightrec materialize` members of one group write a lake while the writers' partition leader is
+    SIGKILLed (back 3 s later): partitions move, the members end cleanly, every line is in the lake once."""
+    from flightrec.db import lake as lakes
+
+    db, data_path = lake
+    group = f"lake-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, FLIGHTREC_BOOTSTRAP=cluster.bootstrap, FLIGHTREC_LOG_LEVEL="INFO", PYTHONSAFEPATH="1")
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    writers, leader = writers_led_by(cluster, tmp_path)
+    members: list[subprocess.Popen[bytes]] = []
+    back: list[threading.Thread] = []
+    try:
+        for log in logs:
+            members.append(
+                subprocess.Popen(
+                    [FLIGHTREC, "materialize", "--db", db, "--data-path", data_path, "--group", group]
+                    + ["--until-idle", "20"],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log.open("ab"),
+                )
+            )
+        for w in writers:
+            w.start(pause=0.5)
+        time.sleep(3.0)
+        cluster.node(leader).kill(signal.SIGKILL)
+        back.append(_later(3.0, lambda: cluster.node(leader).start(timeout=120)))
+        codes = [w.wait() for w in writers]
+        assert codes == [STAGE_CODE] * len(writers), [w.stderr for w in writers]
+        for w in writers:
+            seal = w.agent("seal")
+            assert seal.returncode == 0, seal.stdout + seal.stderr
+        for m in members:
+            assert m.wait(240) == 0, "\n".join(log.read_text()[-3000:] for log in logs)
+    finally:
+        for m in members:
+            if m.poll() is None:
+                m.kill()
+                m.wait(30)
+        if back:
+            back[0].join(timeout=150)
+    con = lakes.connect(lakes.parse_db(db, data_path))
+    try:
+        for w in writers:
+            n, distinct = con.execute(
+                "SELECT count(*), count(DISTINCT text) FROM log_lines WHERE instance_id = ?", [w.instance]
+            ).fetchone()
+            assert (n, distinct) == (LINES, LINES), w.instance
+            exits = con.execute("SELECT exit_code FROM process_exits WHERE instance_id = ?", [w.instance]).fetchall()
+            assert exits == [(STAGE_CODE,)]
+            complete = con.execute("SELECT complete FROM instances WHERE instance_id = ?", [w.instance]).fetchall()
+            assert complete == [(True,)], w.instance
+    finally:
+        con.close()
