@@ -47,6 +47,8 @@ Record: TypeAlias = ConsumerRecord[bytes, bytes]  # a Kafka record as read: key 
 log = logging.getLogger(__name__)
 METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's figures on /metrics
 
+START_RETRY_S = 30.0  # how long a starting materializer asks again for the partitions (a broker just died)
+
 
 class Pending:
     """The messages read and not yet folded: the next batch, bounded by bytes, count and age."""
@@ -211,11 +213,29 @@ class Materializer:
                     f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP"
                 ) from exc
             await self._check_timestamp_types()
-            await self._assign(initial=True)
+            await self._assign_at_start()
         except BaseException:
             await self._close()
             raise
         return self
+
+    async def _assign_at_start(self) -> None:
+        """The first assignment, tried again while it fails for up to START_RETRY_S: on a cluster, the broker asked
+        for the topics' partitions may be one that just died (still named by the others until it is fenced, or for
+        good while the controllers have no quorum); another answers. Then a clear MaterializeError."""
+        deadline = time.monotonic() + START_RETRY_S
+        while True:
+            try:
+                await self._assign(initial=True)
+                return
+            except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise MaterializeError(
+                        f"cannot list the topics' partitions at {self.kafka_kwargs.get('bootstrap_servers')} for "
+                        f"{START_RETRY_S:.0f}s ({type(exc).__name__}: {exc}); start again when the brokers answer"
+                    ) from exc
+                log.warning("listing the topics' partitions failed (%s); retrying", exc)
+                await asyncio.sleep(0.5)
 
     async def _check_timestamp_types(self) -> None:
         """Warn when a topic stamps the sender's clock (CreateTime): liveness then falls back to the instances'."""

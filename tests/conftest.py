@@ -285,7 +285,7 @@ def lake(pg_catalog: LocalCatalog, tmp_path: Path) -> Iterator[tuple[str, str]]:
         pg_catalog.drop_database(name)
 
 
-BROKER_FIXTURES = frozenset({"kafka", "fresh_kafka", "sasl_kafka"})
+BROKER_FIXTURES = frozenset({"kafka", "fresh_kafka", "sasl_kafka", "kafka_cluster"})
 SERVICE_FIXTURES = BROKER_FIXTURES | {"pg_catalog", "lake", "pg_dir"}  # a real Kafka or a real PostgreSQL
 
 

@@ -9,7 +9,9 @@ from flightrec.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("broker", help="run a local single-node Kafka (KRaft) from Kafka's own jars")
+    p = sub.add_parser(
+        "broker", help="run a local Kafka (KRaft: one node, or a cluster of three with --nodes 3) from Kafka's own jars"
+    )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, help_ in (
         ("start", "start the broker (idempotent) and create the topics"),
@@ -25,6 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="data folder (default $FLIGHTREC_HOME/broker-PORT; stop and status without it find the "
             "broker flightrec started on --port, wherever its data lives)",
         )
+        if name != "fetch":
+            a.add_argument(
+                "--nodes",
+                type=int,
+                choices=[1, 3],
+                default=1,
+                help="1 (default): one broker; 3: a local cluster of three KRaft nodes on PORT, PORT+1, PORT+2 "
+                "(data in $FLIGHTREC_HOME/cluster-PORT/node-N), topics with replication 3 and min.insync.replicas=2",
+            )
         if name == "start":
             a.add_argument(
                 "--security",
@@ -52,6 +63,8 @@ def _broker(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "fetch":
         print(f"Kafka jars in {fetch_kafka(settings)}")
         return 0
+    if args.nodes == 3:
+        return _cluster(args, settings)
     if args.action == "start":
         b = LocalBroker(port=args.port, data=args.data, settings=settings, security=getattr(args, "security", None))
         print(b.start())
@@ -87,4 +100,22 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
         ensure_topics(s.kafka_kwargs(), partitions=s.partitions, replication=s.replication, retention_ms=s.retention_ms)
     )
     print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
+    return 0
+
+
+def _cluster(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.broker.cluster import LocalCluster
+    from flightrec.errors import BrokerError
+
+    if getattr(args, "security", None) not in (None, "plaintext"):
+        raise BrokerError("a local cluster (--nodes 3) runs plaintext only; drop --security or use --nodes 1")
+    c = LocalCluster(ports=[args.port, args.port + 1, args.port + 2], data=args.data, settings=settings)
+    if args.action == "start":
+        print(c.start())
+    elif args.action == "stop":
+        print(c.stop())
+    else:
+        status = c.status()
+        print(status.line())
+        return 0 if status.answering else 3
     return 0
