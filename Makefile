@@ -30,8 +30,10 @@ system-packages:
 demo: setup
 	$(VENV)/bin/flightrec demo
 
+# The whole suite on two workers, each test file on one (each worker starts its own Kafka and PostgreSQL):
+# 16 min instead of over 25 serially on the 2-core machine (docs/contributing.md).
 test: setup system-packages
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadfile
 
 # The edit-test loop: every test that needs no broker or PostgreSQL (tests using their fixtures are marked
 # integration) and takes under about 3 s (the slower ones are marked slow: `make test` runs them), on four workers

@@ -128,3 +128,85 @@ def test_a_host_with_one_instance_s_key_forges_nothing_and_leaks_no_secret(kafka
     for s in secrets:
         assert s not in seen and s.hex().encode() not in seen and s.hex().upper().encode() not in seen
     assert os.environ.get("FLIGHTREC_FLEET_KEY") is None
+
+
+def test_the_malicious_host_against_a_sasl_ssl_broker_with_the_authorizer_on(sasl_kafka, tmp_path: Path) -> None:
+    """The same host at a SASL_SSL broker with Kafka's authorizer: it holds `agent.env` (the agents' write-only
+    login) and one enrolled instance's key. What it forges in other names reaches no table; what it writes after
+    its `destroyed` is refused; the operator's login (client.env) with the fleet key folds the rest.
+    (tests/broker/test_roles.py: the same login cannot read, join the materializer's group or administer.)"""
+    import subprocess
+    import sys
+    import uuid
+
+    from flightrec.broker.secure import read_env_file
+    from flightrec.settings import Settings
+
+    exe = str(Path(sys.executable).parent / "flightrec")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")}
+    base.update(PYTHONSAFEPATH="1", FLIGHTREC_FACTS="", FLIGHTREC_FLUSH_TIMEOUT="30")
+    fleet_hex = new_fleet_key()
+    operator = {
+        **base,
+        **read_env_file(sasl_kafka.data / "client.env"),
+        "FLIGHTREC_FLEET_KEY": fleet_hex,
+        "FLIGHTREC_SPOOL": str(tmp_path / "manager-spool"),
+    }
+    host_login = read_env_file(sasl_kafka.data / "agent.env")
+
+    def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        r = subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, (args, r.stderr[-3000:])
+        return r
+
+    tag = uuid.uuid4().hex[:8]
+    victim, evil = f"victim-{tag}", f"evil-{tag}"
+    keys = {i: _enroll(i, operator) for i in (victim, evil)}
+
+    def instance_env(instance: str) -> dict[str, str]:
+        return {**base, **host_login, **keys[instance], "FLIGHTREC_SPOOL": str(tmp_path / f"spool-{instance}")}
+
+    run("agent", "run", "--stage", "benchmark", "--", "sh", "-c", "echo proof 1 done", env=instance_env(victim))
+    run("agent", "run", "--stage", "benchmark", "--", "sh", "-c", "echo warming up", env=instance_env(evil))
+    signer = Signer.from_token(keys[evil]["FLIGHTREC_INSTANCE_KEY"])
+    env_of = dict(instance_id=victim, boot_id=f"forged-{tag}", ts_us=now_us())
+    forged = [
+        Lifecycle(event_id=new_event_id(), seq=0, stage="benchmark", state="failed", detail="CUDA error", **env_of),
+        Sealed(event_id=new_event_id(), seq=1, event_count=2, **env_of),
+        ManagerEvent(event_id=new_event_id(), seq=0, source_id="manager@evil", kind="destroyed", **env_of),
+    ]
+    kwargs = Settings.from_env(host_login).kafka_kwargs()
+
+    async def send_as_host() -> None:
+        from aiokafka import AIOKafkaProducer
+
+        p = AIOKafkaProducer(**kwargs, acks="all", enable_idempotence=True)
+        await p.start()
+        try:
+            for ev in forged:
+                key, value = ev.instance_id.encode(), encode(ev)
+                await p.send_and_wait(ev.topic, value, key=key, headers=[signer.header(ev.topic, key, value)])
+        finally:
+            await p.stop()
+
+    asyncio.run(send_as_host())
+    run("manager", "event", "--instance", evil, "--kind", "destroyed", env=operator)
+    late = ("agent", "event", "--stage", "benchmark", "--state", "failed", "--detail", "after the destroy")
+    run(*late, env=instance_env(evil))
+
+    db = tmp_path / "fleet.duckdb"
+    run("materialize", "--db", str(db), "--until-idle", "3", "--no-serve", env=operator)
+
+    def sql(query: str) -> list[str]:
+        return run("sql", "--db", str(db), "--csv", query, env=operator).stdout.strip().splitlines()[1:]
+
+    assert sql(f"SELECT count(*) FROM log_lines WHERE instance_id = '{victim}' AND text LIKE 'proof 1 done%'") == ["1"]
+    assert sql(f"SELECT status IN ('failed', 'destroyed', 'lost') FROM fleet WHERE instance_id = '{victim}'") == [
+        "False"
+    ]
+    assert sql(f"SELECT count(*) FROM lifecycle_events WHERE boot_id = 'forged-{tag}'") == ["0"]
+    assert sql(f"SELECT count(*) FROM manager_events WHERE instance_id = '{victim}'") == ["0"]
+    dead = "SELECT count(*) FROM dead_letters WHERE "
+    assert sql(dead + f"instance_id = '{victim}' AND reason LIKE 'forged:%'") == ["3"]
+    assert sql(dead + f"instance_id = '{evil}' AND reason LIKE 'revoked:%'") == ["1"]
+    assert sql(dead + f"instance_id IN ('{victim}', '{evil}')") == ["4"]
