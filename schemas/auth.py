@@ -71,7 +71,7 @@ class KeyId:
         """The parts of a key id; None when it is not one."""
         if text == MANAGER_KEY_ID:
             return KeyId(None)
-        m = _KEY_ID.match(text)
+        m = _KEY_ID.fullmatch(text)
         if not m:
             return None
         return KeyId(m["instance"], int(m["enrolled"]))
@@ -167,13 +167,13 @@ def verify(fleet_key: bytes, header: bytes | None, topic: str, key: bytes | None
     if header is None:
         return Verdict(None)
     try:
-        key_id, _, got = header.decode("ascii").partition(" ")
+        key_id, _, got = header.decode("utf-8").partition(" ")
     except UnicodeDecodeError:
         return Verdict(None, problem="its tag header is not text")
     parsed = KeyId.parse(key_id)
     if parsed is None:
         return Verdict(None, problem="its tag names no flightrec key")
     want = tag(secret_for(fleet_key, key_id), topic, key, value)
-    if not hmac.compare_digest(want, got):
+    if not hmac.compare_digest(want.encode(), got.encode()):  # bytes: compare_digest refuses non-ASCII str
         return Verdict(None, problem=f"its tag does not match key {key_id!r}: not made by that key, or altered")
     return Verdict(key_id, parsed.instance_id, parsed.enrolled_us)

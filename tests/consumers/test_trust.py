@@ -192,3 +192,37 @@ def test_headers_are_read_as_aiokafka_gives_them() -> None:
     m = _msg(ev, 0, a)
     listed = dataclasses.replace(m, headers=[("other", b"x"), (HEADER, m.headers[0][1])])  # type: ignore[arg-type]  # a list, as some clients give
     assert fold([listed], trust=_trust()).dead.num_rows == 0
+
+
+def test_no_header_bytes_make_verify_raise_or_pass() -> None:
+    """Whatever bytes a host puts in the tag header: a verdict (never an exception that would stop the fold), not a
+    valid one, and a reason short enough for a dead letter's row; a key id with a trailing newline is no key id."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from flightrec.schemas.auth import KeyId
+
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    real = a.header("flightrec.lifecycle", b"inst-a", b"value")[1]
+    assert verify(FLEET, real, "flightrec.lifecycle", b"inst-a", b"value").valid
+    assert KeyId.parse(a.key_id + "\n") is None
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.one_of(st.binary(max_size=3000), st.binary(max_size=40).map(lambda b: real[:60] + b), st.just(real + b"\n"))
+    )
+    def check(header: bytes) -> None:
+        v = verify(FLEET, header, "flightrec.lifecycle", b"inst-a", b"value")
+        assert not v.valid or header == real
+        assert v.problem is None or len(v.problem) < 400
+
+    check()
+
+
+@pytest.mark.parametrize("instance", ["gpu-ü", "节点-7", "a\\xff"])
+def test_an_instance_id_beyond_ascii_signs_and_verifies(instance: str) -> None:
+    a = enroll(FLEET, instance, T_ENROLL)
+    key = instance.encode()
+    v = verify(FLEET, a.header("flightrec.logs", key, b"v")[1], "flightrec.logs", key, b"v")
+    assert v.valid and v.instance_id == instance, v
+    assert Signer.from_token(a.token).key_id == a.key_id
