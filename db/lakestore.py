@@ -38,6 +38,7 @@ from flightrec.db.derive import arrow_views
 from flightrec.db.fold import Delta
 from flightrec.db.stats import Stats
 from flightrec.db.filestore import RowWriter, delta_views, schema_sql
+from flightrec.db.nul import without_nul
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
 log = logging.getLogger(__name__)
@@ -388,7 +389,7 @@ class LakeStore(RowWriter):
             for s in shards:
                 delta = deltas[s]
                 self.con.execute(f"SET search_path = '{ALIAS}.{shard_schema(s)},{ALIAS}.main'")
-                with arrow_views(self.con, **delta_views(delta)):
+                with arrow_views(self.con, **{k: without_nul(v) for k, v in delta_views(delta).items()}):
                     total += self._write(delta)
                     self._store_offsets(delta)
             return total

@@ -14,7 +14,7 @@ from flightrec.db import lake as lakes
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.lakestore import LakeStore
 from flightrec.errors import Fenced, MaterializeError
-from flightrec.schemas import encode
+from flightrec.schemas import Lifecycle, encode
 
 
 def test_the_lake_equals_a_file_of_the_same_topics(kafka, lake, tmp_path):
@@ -421,3 +421,43 @@ def test_a_claim_that_fails_in_the_rebalance_stops_the_member(kafka, lake, monke
     thread.join(60)
     assert not thread.is_alive(), "the member went on after its claim failed"
     assert isinstance(out.get("error"), MaterializeError) and "could not claim" in str(out["error"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a NUL \x00 in a line", "\x00", "quote ' and \\ and \x00'", "é\x00漢", "\x01\x02\x7f"],
+    ids=["nul-inside", "nul-only", "quotes-and-nul", "utf8-and-nul", "controls"],
+)
+def test_a_line_with_odd_bytes_commits_to_a_lake(lake, text):
+    """A log line's text with a NUL byte (a program's output is any bytes) reaches a lake like any other: on main
+    DuckLake's per-file column statistics carried it into the catalog's SQL, where PostgreSQL's text ends at the NUL
+    ("unterminated quoted string"), and the member failed on that batch at every start."""
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    store = LakeStore(loc, "g", shards=[0])
+    try:
+        store.claim([0])
+        b = Boot()
+        b.lines("supervisor", "stdout", [text, "after it"])
+        b.add(Lifecycle, stage="supervisor", state="failed", detail=text)
+        store.commit({0: _delta(b)})
+        assert _count(store, "SELECT count(*) FROM log_lines") == 2
+        got = store.con.execute("SELECT text FROM log_lines ORDER BY line_no").fetchall()
+        assert [r[0] for r in got] == [text.replace("\x00", "\\x00"), "after it"]  # the NUL spelled out
+        detail = store.con.execute("SELECT detail FROM lifecycle_events").fetchall()
+        assert detail == [(text.replace("\x00", "\\x00"),)]
+    finally:
+        store.close()
+
+
+def test_a_dead_letter_of_odd_bytes_commits_to_a_lake_byte_for_byte(lake):
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    store = LakeStore(loc, "g", shards=[0])
+    raw = b"\x00\x01not avro\x00\xff'\\"
+    try:
+        store.claim([0])
+        store.commit({0: fold([RawMessage("flightrec.logs", 0, 0, b"k\x00", raw)])})
+        assert store.con.execute("SELECT key, value FROM dead_letters").fetchall() == [(b"k\x00", raw)]
+    finally:
+        store.close()
