@@ -6,12 +6,13 @@ import asyncio
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from flightrec.broker.cluster import LocalCluster
 from flightrec.errors import BrokerError
-from flightrec.localservice import free_port, port_free
+from flightrec.localservice import port_free
 from flightrec.settings import TOPICS, Settings
 
 
@@ -26,9 +27,14 @@ def flightrec(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def three_free_ports() -> int:
+    """PORT, PORT+1, PORT+2 free, below the kernel's ephemeral range: the ports other tests' brokers take (bind to
+    port 0) and clients' outgoing connections use come from that range, so they cannot take PORT+1 meanwhile."""
+    import random
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     while True:
-        port = free_port()
-        if port < 65530 and port_free(port + 1) and port_free(port + 2):
+        port = random.randrange(max(1024, low - 12000), low - 3)
+        if port_free(port) and port_free(port + 1) and port_free(port + 2):
             return port
 
 
