@@ -43,15 +43,16 @@ def has_nul(table: pa.Table) -> bool:
     return False
 
 
-def _spelled(value: Any) -> Any:
+def spelled(value: Any) -> Any:
+    """``value`` (text, or lists, tuples and dicts of it) with every NUL written as ``\\x00``."""
     if isinstance(value, str):
         return value.replace(NUL, SPELLED)
     if isinstance(value, list):
-        return [_spelled(v) for v in value]
+        return [spelled(v) for v in value]
     if isinstance(value, tuple):  # a map's (key, item) pairs
-        return tuple(_spelled(v) for v in value)
+        return tuple(spelled(v) for v in value)
     if isinstance(value, dict):
-        return {k: _spelled(v) for k, v in value.items()}
+        return {k: spelled(v) for k, v in value.items()}
     return value
 
 
@@ -60,4 +61,4 @@ def without_nul(table: pa.Table) -> pa.Table:
     case costs one scan per text column). The rare table with one is rebuilt row by row, with its schema."""
     if not has_nul(table):
         return table
-    return pa.Table.from_pylist([_spelled(row) for row in table.to_pylist()], schema=table.schema)
+    return pa.Table.from_pylist([spelled(row) for row in table.to_pylist()], schema=table.schema)

@@ -249,7 +249,9 @@ class _AgentBase:
                     self.instance_id,
                     "; ".join(self.deliverer.dropped),
                 )
-            self.deliverer.stop(0.2 if away else 5.0)
+            # the thread's stop waits for a request in flight; a caller's own timeout bounds that wait too
+            stop_wait = 0.2 if away else (5.0 if unless_away else min(5.0, max(0.2, timeout - (time.monotonic() - t0))))
+            self.deliverer.stop(stop_wait)
         self.spool.close()
         self._closed = ok
         return ok

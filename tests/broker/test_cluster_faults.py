@@ -336,6 +336,7 @@ def test_two_brokers_lost_at_once_the_spool_keeps_what_kafka_did_not_take(cluste
         left = writers[0].agent("flush", "--timeout", "3")
         flush_away = time.monotonic() - t0
         assert left.returncode == 1, left.stdout + left.stderr  # events wait in the spool: not told "sent"
+        assert flush_away < 3 + 5, f"flush --timeout 3 took {flush_away:.1f} s"  # 13 s before the exit's wait went
         assert all(m.lines(w.instance)[0] < LINES for w in writers)
         m.alive()
         t0 = time.monotonic()

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+
+from flightrec.db.nul import spelled
 from materializer_helpers import Boot, motivating_boot
 
 from flightrec.db import lake as lakes
@@ -100,9 +102,10 @@ def lake_count(db: str, sql: str, params: list[Any] | None = None, data_path: st
 
 
 def table_rows(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
-    """Every row of ``table`` as sorted text (a value's text is the same on a file and on a lake)."""
+    """Every row of ``table`` as sorted text (a value's text is the same on a file and on a lake; a file's NUL is
+    compared as the lake stores it, spelled out: db/nul.py)."""
     rows = con.execute(f"SELECT * FROM {table}").fetchall()
-    return sorted(repr([str(v) for v in row]) for row in rows)
+    return sorted(repr([str(spelled(v)) for v in row]) for row in rows)
 
 
 def columns(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, str]]:

@@ -152,12 +152,15 @@ def test_concurrent_commits_are_retried_and_counted(lake):
     store.claim([0])
     rival = lakes.connect(loc)
     stop = threading.Event()
-    pause = 1.0
+    pause, touches = 1.0, 4  # a bounded rival: on a loaded machine a commit can take longer than its pause, and an
+    # endless one would win every retry
 
     def touch() -> None:  # a commit of the same table, as a claim or another writer would make
-        while not stop.is_set():
+        n = 0
+        while not stop.is_set() and n < touches:
             try:
                 rival.execute("UPDATE part_0.claim SET claimed_us = claimed_us")
+                n += 1
             except duckdb.Error:
                 pass
             time.sleep(pause)
@@ -178,7 +181,7 @@ def test_concurrent_commits_are_retried_and_counted(lake):
         assert _count(store, "SELECT count(DISTINCT event_id) FROM log_lines") == 6
         # with no retries allowed, the same race is an error, not a silent loss
         store.retries = 0
-        pause = 0.0
+        pause, touches = 0.0, 10**9
         rival = lakes.connect(loc)
         stop.clear()
         t = threading.Thread(target=touch, daemon=True)

@@ -98,7 +98,7 @@ def test_a_host_with_one_instance_s_key_forges_nothing_and_leaks_no_secret(kafka
             time.sleep(0.2)
     finally:
         hook.close()
-    assert stats.dead_letters == 5, stats
+    assert stats.dead_letters >= 5, stats  # another test's late events, read from the mark, may be refused too
 
     def sql(query: str) -> list[tuple]:
         table = run_query(str(db), query, prelude=prelude_for(query))
@@ -107,8 +107,10 @@ def test_a_host_with_one_instance_s_key_forges_nothing_and_leaks_no_secret(kafka
     assert sql("SELECT status FROM fleet WHERE instance_id = 'victim-7'")[0][0] not in ("failed", "destroyed", "lost")
     assert sql("SELECT count(*) FROM lifecycle_events WHERE boot_id = 'forged-boot'") == [(0,)]
     assert sql("SELECT count(*) FROM manager_events WHERE instance_id = 'victim-7'") == [(0,)]
-    rows = sql("SELECT instance_id, reason FROM dead_letters ORDER BY reason")
-    assert [r[0] for r in rows].count("victim-7") == 4 and [r[0] for r in rows].count("evil-3") == 1
+    rows = sql(
+        "SELECT instance_id, reason FROM dead_letters WHERE instance_id IN ('victim-7', 'evil-3') ORDER BY reason"
+    )
+    assert len(rows) == 5 and [r[0] for r in rows].count("victim-7") == 4
     reasons = " | ".join(r[1] for r in rows)
     assert "instance 'evil-3''s key wrote an event claiming instance 'victim-7'" in reasons
     assert "instance 'evil-3''s key wrote a manager event about 'victim-7'" in reasons
@@ -116,7 +118,8 @@ def test_a_host_with_one_instance_s_key_forges_nothing_and_leaks_no_secret(kafka
     assert sql("SELECT authenticated, refused_events FROM instance_trust WHERE instance_id = 'victim-7'") == [(True, 4)]
 
     refused = [a["flightrec"] for a in hook.delivered if a["flightrec"]["kind"] == "refused"]
-    assert sorted(r["instance_id"] for r in refused) == ["evil-3", "victim-7"], "one alert per claimed instance"
+    ours = sorted(r["instance_id"] for r in refused if r["instance_id"] in ("evil-3", "victim-7"))
+    assert ours == ["evil-3", "victim-7"], "one alert per claimed instance"
 
     # the secrets: nowhere but where they were put
     secrets = [parse_fleet_key(fleet_hex), evil.secret, Signer.from_token(victim_env["FLIGHTREC_INSTANCE_KEY"]).secret]

@@ -164,3 +164,28 @@ def test_a_broker_that_drops_packets_costs_a_stage_beside_the_sender_a_few_secon
         for s in fill:
             s.close()
         listener.close()
+
+
+def test_flush_gives_up_within_its_timeout_when_kafka_answers_but_does_not_take_writes(fresh_agent_env) -> None:
+    """`agent flush --timeout 3` where the broker's port answers but no write is acknowledged (here the broker is
+    SIGSTOPped: the kernel still accepts connections; on a cluster, two of three brokers lost: the third answers
+    and refuses). On main it returned after 3 s plus the agent's exit wait (FLIGHTREC_FLUSH_TIMEOUT): 13 s here."""
+    env = fresh_agent_env.env(FLIGHTREC_FLUSH_TIMEOUT="10")
+    away = fresh_agent_env.env(FLIGHTREC_BOOTSTRAP=f"localhost:{free_port()}", FLIGHTREC_FLUSH_TIMEOUT="1")
+    r = fresh_agent_env.run("event", "--stage", "s", "--state", "info", "--detail", "kept", env=away)
+    assert r.returncode == 0, r.stderr
+    sp = Spool(fresh_agent_env.spool, fresh_agent_env.instance)
+    assert sp.pending() >= 1
+    pid = fresh_agent_env.kafka.broker._pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        f = fresh_agent_env.run("flush", "--timeout", "3", env=env)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert f.returncode == 1 and b"not everything was acknowledged within 3s" in f.stderr, f.stderr
+    assert took < 3 + 2.5, f"flush --timeout 3 took {took:.1f} s"  # start-up and the producer's stop included
+    assert sp.pending() >= 1  # nothing lost: it stays spooled
+    ok = fresh_agent_env.run("flush", "--timeout", "60", env=env)  # the broker back: delivered
+    assert ok.returncode == 0 and sp.pending() == 0, ok.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from flightrec.errors import ConfigError
@@ -224,9 +225,11 @@ def _flush(args: argparse.Namespace, settings: Settings) -> int:
     left = 0
     for root, iid in instances:
         with open_agent(instance_id=iid, settings=s, spool_dir=str(root)) as agent:
+            deadline = time.monotonic() + timeout
             before = agent.pending()
             ok = agent.flush(timeout, unless_away=True)  # nothing answers: say so now, not after the timeout
             after = agent.pending()
+            agent.close(max(0.0, deadline - time.monotonic()))  # no second wait at the exit: --timeout is all
             d = agent.deliverer
             dropped = (
                 f", {len(d.dropped)} refused by Kafka for good and replaced by Dropped markers ({'; '.join(d.dropped)})"
