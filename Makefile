@@ -31,7 +31,7 @@ demo: setup
 	$(VENV)/bin/flightrec demo
 
 # The whole suite on two workers, each test file on one (each worker starts its own Kafka and PostgreSQL):
-# 16 min instead of over 25 serially on the 2-core machine (docs/contributing.md).
+# 19 min instead of over 25 serially on the 2-core machine (docs/contributing.md).
 test: setup system-packages
 	$(VENV)/bin/pytest -n 2 --dist loadfile
 
