@@ -382,6 +382,9 @@ class LakeStore(RowWriter):
         if not shards:
             return Stats()
 
+        # a lake's text holds no NUL (db/nul.py): made so once, not at every retry of the transaction
+        views = {s: {k: without_nul(v) for k, v in delta_views(deltas[s]).items()} for s in shards}
+
         def write() -> Stats:
             total = Stats()
             if check_claims:
@@ -389,7 +392,7 @@ class LakeStore(RowWriter):
             for s in shards:
                 delta = deltas[s]
                 self.con.execute(f"SET search_path = '{ALIAS}.{shard_schema(s)},{ALIAS}.main'")
-                with arrow_views(self.con, **{k: without_nul(v) for k, v in delta_views(delta).items()}):
+                with arrow_views(self.con, **views[s]):
                     total += self._write(delta)
                     self._store_offsets(delta)
             return total

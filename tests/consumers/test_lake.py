@@ -464,3 +464,23 @@ def test_a_dead_letter_of_odd_bytes_commits_to_a_lake_byte_for_byte(lake):
         assert store.con.execute("SELECT key, value FROM dead_letters").fetchall() == [(b"k\x00", raw)]
     finally:
         store.close()
+
+
+def test_a_nul_in_an_instance_id_and_its_facts_commits_to_a_lake(lake):
+    """The same for the keys a lake's derived tables group by (instance id) and a map (facts' attributes)."""
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    store = LakeStore(loc, "g", shards=[0])
+    try:
+        store.claim([0])
+        b = Boot(instance="gpu-\x00-1")
+        b.facts(attributes={"k\x00": "v\x00"})
+        b.lines("supervisor", "stdout", ["hello"])
+        b.add(Lifecycle, stage="supervisor", state="failed", detail="x")
+        store.commit({0: _delta(b)})
+        assert store.con.execute("SELECT DISTINCT instance_id FROM log_lines").fetchall() == [("gpu-\\x00-1",)]
+        assert _count(store, "SELECT count(*) FROM instances WHERE instance_id = 'gpu-\\x00-1'") == 1
+        again = store.commit({0: _delta(b, first_offset=len(b.events))})  # sent again: still counted once
+        assert again.lines_written == 0 and _count(store, "SELECT count(*) FROM log_lines") == 1
+    finally:
+        store.close()
