@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from lake_helpers import assert_lake_equals_file, lake_con, lake_count
 from materializer_helpers import Boot, materialize, publish
@@ -55,11 +56,16 @@ def _boots(prefix: str) -> list[Boot]:
     return boots
 
 
-def _produce(bootstrap: str, boots: list[Boot]) -> None:
-    """Publish the boots' events in rounds over PRODUCE_S seconds (each instance's events in order)."""
+def _produce(bootstrap: str, boots: list[Boot], started: Callable[[], bool]) -> None:
+    """Publish the boots' events in rounds (each instance's events in order): the first two, then, once the members
+    have written lines (``started``: their start-up under load is no part of the run), the rest over PRODUCE_S."""
     rounds = BATCHES + 2
+    deadline = time.monotonic() + 120
     for r in range(rounds):
         publish(bootstrap, [b.events[r] for b in boots])
+        if r == 1:
+            while not started() and time.monotonic() < deadline:
+                time.sleep(0.5)
         time.sleep(PRODUCE_S / rounds)
 
 
@@ -85,7 +91,9 @@ def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page)
     group = f"lake-{uuid.uuid4().hex[:8]}"
     env = kafka.env()
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    producer = threading.Thread(target=_produce, args=(kafka.bootstrap, boots))
+    producer = threading.Thread(
+        target=_produce, args=(kafka.bootstrap, boots, lambda: _lines(db, data_path, prefix) > 0)
+    )
     procs: list[subprocess.Popen] = []
     reader = subprocess.Popen(
         [sys.executable, "-c", READER, db, prefix, str(time.time() + PRODUCE_S + 40)],
