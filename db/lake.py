@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import duckdb
 
+from flightrec.db.lakecopy import COPY, ShardCopy
 from flightrec.errors import LakeError
 
 # the --db grammar's lake names, re-exported here (``X as X``) for the lake's callers
@@ -173,29 +174,45 @@ def open_reader(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConnec
     return con
 
 
-_readers: dict[LakeLocation, duckdb.DuckDBPyConnection] = {}
+_readers: dict[LakeLocation, tuple[duckdb.DuckDBPyConnection, ShardCopy]] = {}
 _readers_lock = threading.Lock()
 
 
-def reader_cursor(loc: LakeLocation, alias: str = "lake") -> duckdb.DuckDBPyConnection:
-    """A new cursor (its own transaction, temp views and default database) on this process's shared reader
-    of ``loc``; every transaction reads the lake's latest snapshot. Close it after use."""
-    with _readers_lock:
-        con = _readers.get(loc)
-        if con is None:
-            con = _readers[loc] = open_reader(loc, alias)
-        cur = con.cursor()
+def reader_cursor(loc: LakeLocation, alias: str = "lake", texts: Sequence[str] = ()) -> duckdb.DuckDBPyConnection:
+    """A new cursor (its own transaction, temp views and default database) on this process's shared reader of
+    ``loc``, reading in the reader's copy of the shards (flightrec.db.lakecopy): the lake's latest snapshot for
+    statements with these ``texts`` (the statement and its prelude) that read copied tables. Close it after use."""
     try:
-        cur.execute(f"USE {_ident(alias)}")
+        with _readers_lock:
+            reader = _readers.get(loc)
+            if reader is None:
+                con = open_reader(loc, alias)
+                try:
+                    copy = ShardCopy(alias)
+                    copy.build(con)
+                except BaseException:
+                    con.close()
+                    raise
+                reader = _readers[loc] = (con, copy)
+            cur = reader[0].cursor()
+    except duckdb.Error as exc:
+        raise _unreadable(loc, exc) from None
+    try:
+        cur.execute(f"USE {COPY}")
+        reader[1].refresh(cur, texts)
     except duckdb.Error as exc:  # the catalog went away since: say so; the next read attaches afresh
         cur.close()
         forget_reader(loc)
-        cause = " ".join(mask_password(str(exc)).split())
-        raise LakeError(
-            f"cannot read the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
-            f"(`flightrec catalog status`)?"
-        ) from None
+        raise _unreadable(loc, exc) from None
     return cur
+
+
+def _unreadable(loc: LakeLocation, exc: duckdb.Error) -> LakeError:
+    cause = " ".join(mask_password(str(exc)).split())
+    return LakeError(
+        f"cannot read the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
+        f"(`flightrec catalog status`)?"
+    )
 
 
 def forget_reader(loc: LakeLocation) -> None:

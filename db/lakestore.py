@@ -469,6 +469,39 @@ class LakeStore(RowWriter):
             log.warning("lake maintenance failed (the writers are unaffected; next pass later): %s", exc)
             return None
 
+    def load_file(self, path: str) -> dict[str, int]:
+        """Copy the rows of every table of the DuckDB file ``path`` into the lake, in one transaction, laid out as
+        members write them: the event tables into ``main``, each rewritten table's rows into the shard
+        ``hash(instance_id) % shards`` (of the shards this store holds). For benchmarks and tests; returns rows by
+        table."""
+        shards = sorted(self._shards)
+        if not shards:
+            raise MaterializeError("load_file needs a store that holds shards (LakeStore(..., shards=[...]))")
+        con, rows = self.con, {}
+        con.execute(f"ATTACH {lakes._quote(path)} AS src (READ_ONLY)")
+        try:
+            tables = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'src'").fetchall()
+
+            def copy() -> None:
+                for (table,) in tables:
+                    if table not in SHARD_TABLES:
+                        con.execute(f"INSERT INTO main.{table} BY NAME SELECT * FROM src.main.{table}")
+                        continue
+                    keyed = any(c[0] == "instance_id" for c in con.execute(f"DESCRIBE src.main.{table}").fetchall())
+                    for i, shard in enumerate(shards):
+                        where = f"hash(instance_id) % {len(shards)} = {i}" if keyed else ("true" if i == 0 else "false")
+                        con.execute(
+                            f"INSERT INTO {shard_schema(shard)}.{table} BY NAME SELECT * FROM src.main.{table} "
+                            f"WHERE {where}"
+                        )
+
+            self._in_transaction(copy)
+            for (table,) in tables:
+                rows[table] = int(con.execute(f"SELECT count(*) FROM src.main.{table}").fetchall()[0][0])
+        finally:
+            con.execute("DETACH src")
+        return rows
+
     def close(self) -> None:
         """Record the run and detach."""
         try:

@@ -228,7 +228,7 @@ def run_query(db: str | Path | Location, sql: str, params: Params = None, prelud
 
 def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[str]) -> pa.Table:
     """Run the read on this process's locked-down read-only attachment of the lake (flightrec.db.lake)."""
-    cur = reader_cursor(loc)
+    cur = reader_cursor(loc, texts=(sql, *prelude))
     try:
         return execute_read_only(cur, sql, params, prelude)
     except QueryError as exc:
@@ -247,10 +247,6 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
 
 def _lake_has_tables(cur: duckdb.DuckDBPyConnection) -> bool:
     try:
-        return bool(
-            cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()").fetchall()[0][
-                0
-            ]
-        )
+        return bool(cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake'").fetchall()[0][0])
     except duckdb.Error:
         return True  # cannot tell: no hint

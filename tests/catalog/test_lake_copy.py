@@ -1,0 +1,119 @@
+"""A lake reader's copy of the shard tables (flightrec.db.lakecopy): the same answers as the lake itself and as the
+file, each commit seen at the next statement, only what changed copied again, one snapshot per statement."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from flightrec.db import lake as lakes
+from flightrec.db.lakestore import LakeStore
+from flightrec.db.query import run_query
+from flightrec.db.views import VIEWS, stored_views
+
+from .conftest import _analytics_fixtures
+
+SHARDS = (0, 1, 2)
+
+
+@pytest.fixture
+def sharded(lake: tuple[str, str], tmp_path: Path) -> Iterator[tuple[str, Path, LakeStore]]:
+    """The dashboard tests' fleet in a lake of three shards, as members lay it out: (db, the same as a file, a
+    store that writes to the lake)."""
+    db, data_path = lake
+    file = tmp_path / "fleet.duckdb"
+    _analytics_fixtures().build_arrow_db(file)
+    store = LakeStore(lakes.parse_db(db, data_path), "g", shards=SHARDS, views=stored_views())
+    try:
+        store.load_file(str(file))
+        yield db, file, store
+    finally:
+        store.close()
+        lakes.forget_reader(lakes.parse_db(db))
+
+
+def _copy(db: str):
+    return lakes._readers[lakes.parse_db(db)][1]
+
+
+def _rows(db: str | Path, sql: str) -> list[str]:
+    t = run_query(db, sql, prelude=VIEWS)
+    key = [c for c in t.column_names if c not in ("now_us", "age_s", "silent_s", "age_hours")]
+    return sorted(str([str(v) for v in row.values()]) for row in t.select(key).to_pylist())
+
+
+def test_every_view_answers_the_same_from_the_copy_as_from_the_file(sharded):
+    db, file, _ = sharded
+    for name in ("fleet", "failure_context", "stage_runs", "log_view", "throughput_view", "gpu_throughput"):
+        assert _rows(db, f"SELECT * FROM {name}") == _rows(file, f"SELECT * FROM {name}"), name
+    assert _copy(db).copied, "the views were not answered from a copy"
+    assert _rows(db, "SELECT * FROM lake.main.fleet") == _rows(file, "SELECT * FROM fleet")  # the lake's own views
+
+
+def test_a_commit_is_seen_at_the_next_statement_and_only_what_it_changed_is_copied_again(sharded):
+    db, _, store = sharded
+    count = "SELECT count(*) AS n FROM fleet"
+    n = run_query(db, count, prelude=VIEWS).to_pylist()[0]["n"]
+    copy = _copy(db)
+    before = copy.tables_copied
+    assert run_query(db, count, prelude=VIEWS).to_pylist()[0]["n"] == n
+    assert copy.tables_copied == before, "the same snapshot was copied again"
+    store.con.execute("INSERT INTO part_1.instances (instance_id, boot_id, state) VALUES ('i-new', 'b', 'started')")
+    assert run_query(db, count, prelude=VIEWS).to_pylist()[0]["n"] == n + 1
+    assert copy.tables_copied == before + 1, "more than the one changed shard table was copied"
+    run_query(db, "SELECT count(*) AS n FROM log_lines")
+    store.con.execute("INSERT INTO part_2.failures (failure_id, instance_id) VALUES ('f-new', 'i-new')")
+    assert run_query(db, "SELECT count(*) AS n FROM log_lines").num_rows == 1
+    assert copy.tables_copied == before + 1, "a statement that reads no shard table copied one"
+
+
+def test_a_new_shard_and_a_new_table_reach_a_reader_that_is_attached(sharded, lake):
+    db, _, store = sharded
+    assert run_query(db, "SELECT count(*) AS n FROM instances").to_pylist()[0]["n"] == 3
+    store.add_shards([7])
+    store.con.execute("INSERT INTO part_7.instances (instance_id, boot_id, state) VALUES ('i-7', 'b', 'started')")
+    store.con.execute("CREATE TABLE main.later AS SELECT 42 AS answer")
+    assert run_query(db, "SELECT count(*) AS n FROM instances").to_pylist()[0]["n"] == 4
+    assert run_query(db, "SELECT answer FROM later").to_pylist() == [{"answer": 42}]
+    assert run_query(db, "SELECT count(*) AS n FROM part_7.instances").to_pylist()[0]["n"] == 1
+
+
+def test_one_statement_reads_one_snapshot_while_commits_land(sharded):
+    """A writer adds an instance and its failure in one transaction, 30 times; every statement that counts both
+    sees the two counts move together."""
+    db, _, store = sharded
+    base = run_query(db, "SELECT (SELECT count(*) FROM instances) - (SELECT count(*) FROM failures) AS d")
+    diff = base.to_pylist()[0]["d"]
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for i in range(30):
+                shard = SHARDS[i % len(SHARDS)]
+                store.con.execute("BEGIN TRANSACTION")
+                store.con.execute(
+                    f"INSERT INTO part_{shard}.instances (instance_id, boot_id, state) VALUES ('w-{i}', 'b', 'x')"
+                )
+                store.con.execute(
+                    f"INSERT INTO part_{shard}.failures (failure_id, instance_id) VALUES ('f-{i}', 'w-{i}')"
+                )
+                store.con.execute("COMMIT")
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=write)
+    t.start()
+    seen = 0
+    while not done.is_set() or seen == 0:
+        d = run_query(db, "SELECT (SELECT count(*) FROM instances) - (SELECT count(*) FROM failures) AS d")
+        assert d.to_pylist()[0]["d"] == diff
+        seen += 1
+    t.join()
+    assert not errors, errors
+    assert run_query(db, "SELECT count(*) AS n FROM failures WHERE failure_id LIKE 'f-%'").to_pylist() == [{"n": 30}]
