@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import duckdb
 
 from flightrec.db.lakecopy import COPY, ShardCopy
+from flightrec.db.views import ALL_VIEWS
 from flightrec.errors import LakeError
 
 # the --db grammar's lake names, re-exported here (``X as X``) for the lake's callers
@@ -188,7 +189,7 @@ def reader_cursor(loc: LakeLocation, alias: str = "lake", texts: Sequence[str] =
             if reader is None:
                 con = open_reader(loc, alias)
                 try:
-                    copy = ShardCopy(alias)
+                    copy = ShardCopy(alias, views=ALL_VIEWS)
                     copy.build(con)
                 except BaseException:
                     con.close()
@@ -213,6 +214,15 @@ def _unreadable(loc: LakeLocation, exc: duckdb.Error) -> LakeError:
         f"cannot read the lake {loc.describe()}: {cause}; is its PostgreSQL running and reachable "
         f"(`flightrec catalog status`)?"
     )
+
+
+def still_to_run(loc: LakeLocation, prelude: Sequence[str]) -> tuple[str, ...]:
+    """The statements of ``prelude`` that this process's reader of ``loc`` has not defined in its layout already
+    (flightrec.db.lakecopy: the reader's own views are defined there once, not at every statement)."""
+    with _readers_lock:
+        reader = _readers.get(loc)
+    ready = reader[1].ready if reader is not None else frozenset()
+    return tuple(stmt for stmt in prelude if stmt not in ready)
 
 
 def forget_reader(loc: LakeLocation) -> None:

@@ -7,7 +7,9 @@ shard and table, each a catalog round trip, so a page's query cost ~0.4 s on six
 
 * each table of the lake's ``main`` (the append-only events) is a view there that reads the lake itself;
 * each shard table is first a view reading the lake's, and becomes a copy once a statement needs it;
-* ``main``'s views are defined again there, with the lake's own SQL, so they read the copies.
+* ``main``'s views are defined again there, with the lake's own SQL, so they read the copies; then the reader's
+  own views (``views``, the statements a file reader runs before each query) replace them, so that a statement
+  need not define them again (:attr:`ShardCopy.ready`).
 
 Guarantees: before a statement that reads shard tables runs (:meth:`ShardCopy.refresh` with the statement's text
 and its prelude), every shard table it reads, through views too, is a copy of the lake's latest snapshot, all of
@@ -22,7 +24,7 @@ import logging
 import re
 import threading
 import time
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import duckdb
 
@@ -44,6 +46,12 @@ def _named(name: str, text: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None
 
 
+def _view(stmt: str) -> tuple[str, str] | None:
+    """(name, body) of a reader's ``CREATE OR REPLACE TEMP VIEW name AS body``; None for any other statement."""
+    m = re.match(r"\s*CREATE OR REPLACE TEMP VIEW (\w+) AS\b", stmt, re.IGNORECASE)
+    return (m.group(1), stmt[m.end() :]) if m else None
+
+
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
     try:  # on a connection the catalog dropped this fails too; the error to report is the first one
         con.execute("ROLLBACK")
@@ -54,8 +62,10 @@ def _rollback(con: duckdb.DuckDBPyConnection) -> None:
 class ShardCopy:
     """The copy of one attached lake (alias ``alias``) in the same connection's in-memory database."""
 
-    def __init__(self, alias: str = "lake") -> None:
+    def __init__(self, alias: str = "lake", views: Sequence[str] = ()) -> None:
         self.alias = alias
+        self.views = tuple(views)  # the reader's view statements (CREATE OR REPLACE TEMP VIEW name AS …)
+        self.ready: frozenset[str] = frozenset()  # those of them the layout defines (a statement need not run them)
         self.shards: dict[str, list[str]] = {}  # shard table name -> the schemas holding one
         self.reads: dict[str, frozenset[str]] = {}  # name in main -> the shard tables it reads, through views
         self.copied: dict[str, int] = {}  # shard table name -> the snapshot its copies hold
@@ -79,6 +89,18 @@ class ShardCopy:
             _rollback(con)
             raise
         self.seen = seen
+        ready = []
+        for stmt in self.views:  # one by one: a view this lake's tables do not fit yet stays the statement's own
+            named = _view(stmt)
+            if not named:
+                continue
+            try:
+                con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{_ident(named[0])} AS {named[1]}")
+            except duckdb.Error as exc:
+                log.debug("the reader's view %s does not fit this lake (%s): run with each statement", named[0], exc)
+                continue
+            ready.append(stmt)
+        self.ready = frozenset(ready)
 
     def _define(self, con: duckdb.DuckDBPyConnection, a: str) -> None:
         tables = con.execute(
@@ -98,18 +120,20 @@ class ShardCopy:
             name: re.split(r"\bAS\b", sql, maxsplit=1, flags=re.IGNORECASE)[1].strip().rstrip(";")
             for name, sql in views
         }
+        own = [named for named in map(_view, self.views) if named]  # what the reader's views read counts too
+        reads: dict[str, frozenset[str]] = {}
+        texts = {**bodies, **{name: f"{bodies.get(name, '')}\n{body}" for name, body in own}}
         direct = {
             name: {t for s, t in re.findall(r"\b(\w+)\.(\w+)\b", body) if s in schemas and t in shards}
-            for name, body in bodies.items()
+            for name, body in texts.items()
         }
-        reads: dict[str, frozenset[str]] = {}
-        for name in bodies:  # what each view reads through the others (views name views defined before them)
+        for name in texts:  # what each view reads through the others (views name views defined before them)
             seen, todo, found = {name}, [name], set()
             while todo:
                 current = todo.pop()
                 found |= direct[current]
-                for other in bodies:
-                    if other not in seen and _named(other, bodies[current]):
+                for other in texts:
+                    if other not in seen and _named(other, texts[current]):
                         seen.add(other)
                         todo.append(other)
             reads[name] = frozenset(found)

@@ -31,7 +31,14 @@ import duckdb
 import pyarrow as pa
 
 from flightrec.errors import QueryError
-from flightrec.db.lake import LakeLocation, forget_reader, is_catalog_away, mask_password, reader_cursor
+from flightrec.db.lake import (
+    LakeLocation,
+    forget_reader,
+    is_catalog_away,
+    mask_password,
+    reader_cursor,
+    still_to_run,
+)
 from flightrec.db.live import Params, query_live
 from flightrec.db.location import Location, locate
 from flightrec.db.readonly import check_prelude, check_read_only
@@ -230,7 +237,7 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
     """Run the read on this process's locked-down read-only attachment of the lake (flightrec.db.lake)."""
     cur = reader_cursor(loc, texts=(sql, *prelude))
     try:
-        return execute_read_only(cur, sql, params, prelude)
+        return execute_read_only(cur, sql, params, still_to_run(loc, prelude))
     except QueryError as exc:
         if is_catalog_away(exc):  # the next read attaches afresh
             forget_reader(loc)
