@@ -65,126 +65,170 @@ class ShardCopy:
     def __init__(self, alias: str = "lake", views: Sequence[str] = ()) -> None:
         self.alias = alias
         self.views = tuple(views)  # the reader's view statements (CREATE OR REPLACE TEMP VIEW name AS …)
-        self.ready: frozenset[str] = frozenset()  # those of them the layout defines (a statement need not run them)
+        self.own = [named for named in map(_view, self.views) if named]  # (name, body), in definition order
+        self.main_tables: list[str] = []  # the lake's tables in main (the events)
+        self.lake_views: dict[str, str] = {}  # the lake's views in main: name -> body, in creation order
         self.shards: dict[str, list[str]] = {}  # shard table name -> the schemas holding one
+        self.deps: dict[str, set[str]] = {}  # name in main -> the other names of main its definition reads
         self.reads: dict[str, frozenset[str]] = {}  # name in main -> the shard tables it reads, through views
+        self.defined: set[str] = set()  # names defined in memory.main so far (lazily: what statements named)
+        self.from_own: set[str] = set()  # those of them defined with the reader's own statement
         self.copied: dict[str, int] = {}  # shard table name -> the snapshot its copies hold
-        self.seen: int | None = None  # the snapshot the layout was last checked at
+        self.seen: int | None = None  # the snapshot the layout was last read at
         self.lock = threading.Lock()
         self.tables_copied = 0  # all refreshes together (tests, benchmarks)
 
+    @property
+    def ready(self) -> frozenset[str]:
+        """The reader's view statements the layout has defined: a statement need not run them."""
+        own = dict(self.own)
+        return frozenset(
+            stmt for stmt in self.views if (v := _view(stmt)) and v[0] in self.from_own and own[v[0]] == v[1]
+        )
+
     def build(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Define the layout after the lake's (nothing copied yet)."""
+        """Read the lake's layout (nothing is defined or copied until a statement needs it)."""
         with self.lock:
             self._build(con)
 
     def _build(self, con: duckdb.DuckDBPyConnection) -> None:
-        a = _ident(self.alias)
         con.execute("BEGIN TRANSACTION")  # the layout as of one snapshot, which it then records
         try:
             seen = self._latest(con)
-            self._define(con, a)
+            tables = con.execute(
+                "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?", [self.alias]
+            ).fetchall()
+            views = con.execute(
+                "SELECT view_name, sql FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' "
+                "AND NOT internal ORDER BY view_oid",
+                [self.alias],
+            ).fetchall()
             con.execute("COMMIT")
         except BaseException:
             _rollback(con)
             raise
-        self.seen = seen
-        ready = []
-        for stmt in self.views:  # one by one: a view this lake's tables do not fit yet stays the statement's own
-            named = _view(stmt)
-            if not named:
-                continue
-            try:
-                con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{_ident(named[0])} AS {named[1]}")
-            except duckdb.Error as exc:
-                log.debug("the reader's view %s does not fit this lake (%s): run with each statement", named[0], exc)
-                continue
-            ready.append(stmt)
-        self.ready = frozenset(ready)
-
-    def _define(self, con: duckdb.DuckDBPyConnection, a: str) -> None:
-        tables = con.execute(
-            "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?", [self.alias]
-        ).fetchall()
-        views = con.execute(
-            "SELECT view_name, sql FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' "
-            "AND NOT internal ORDER BY view_oid",
-            [self.alias],
-        ).fetchall()
         shards: dict[str, list[str]] = {}
         for schema, table in tables:
             if schema != "main":
                 shards.setdefault(table, []).append(schema)
         schemas = {s for names in shards.values() for s in names}
-        bodies = {
+        lake_views = {
             name: re.split(r"\bAS\b", sql, maxsplit=1, flags=re.IGNORECASE)[1].strip().rstrip(";")
             for name, sql in views
         }
-        own = [named for named in map(_view, self.views) if named]  # what the reader's views read counts too
-        reads: dict[str, frozenset[str]] = {}
-        texts = {**bodies, **{name: f"{bodies.get(name, '')}\n{body}" for name, body in own}}
+        main_tables = [t for s, t in tables if s == "main"]
+        texts = {**lake_views, **{name: f"{lake_views.get(name, '')}\n{body}" for name, body in self.own}}
+        names = set(texts) | set(main_tables)
+        deps = {name: {o for o in names if o != name and _named(o, body)} for name, body in texts.items()}
         direct = {
             name: {t for s, t in re.findall(r"\b(\w+)\.(\w+)\b", body) if s in schemas and t in shards}
             for name, body in texts.items()
         }
-        for name in texts:  # what each view reads through the others (views name views defined before them)
-            seen, todo, found = {name}, [name], set()
-            while todo:
-                current = todo.pop()
-                found |= direct[current]
-                for other in texts:
-                    if other not in seen and _named(other, texts[current]):
-                        seen.add(other)
-                        todo.append(other)
+        reads: dict[str, frozenset[str]] = {}
+        for name in texts:  # the shard tables each view reads through the others
+            found: set[str] = set()
+            for other in self._closure({name}, deps):
+                found |= direct.get(other, set())
             reads[name] = frozenset(found)
         old = con.execute(
             "SELECT schema_name FROM duckdb_schemas() WHERE database_name = ? AND schema_name <> 'main' "
             "AND NOT internal",
             [COPY],
         ).fetchall()
-        for (schema,) in old:  # copies and views of a former layout
-            con.execute(f"DROP SCHEMA {COPY}.{_ident(schema)} CASCADE")
-        for schema in schemas:
-            con.execute(f"CREATE SCHEMA {COPY}.{_ident(schema)}")
-        for schema, table in tables:
-            con.execute(
-                f"CREATE OR REPLACE VIEW {COPY}.{_ident(schema)}.{_ident(table)} AS "
-                f"FROM {a}.{_ident(schema)}.{_ident(table)}"
-            )
-        for name, body in bodies.items():
-            con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{_ident(name)} AS {body}")
-        self.shards, self.reads, self.copied = shards, reads, {}
+        defined = con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' AND NOT internal",
+            [COPY],
+        ).fetchall()
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for (view,) in defined:  # a former layout's
+                con.execute(f"DROP VIEW IF EXISTS {COPY}.main.{_ident(view)}")
+            for (schema,) in old:
+                con.execute(f"DROP SCHEMA {COPY}.{_ident(schema)} CASCADE")
+            for schema in sorted(schemas):
+                con.execute(f"CREATE SCHEMA {COPY}.{_ident(schema)}")
+            con.execute("COMMIT")
+        except BaseException:
+            _rollback(con)
+            raise
+        self.main_tables, self.lake_views, self.shards, self.deps, self.reads = (
+            main_tables,
+            lake_views,
+            shards,
+            deps,
+            reads,
+        )
+        self.defined, self.from_own, self.copied, self.seen = set(), set(), {}, seen
+
+    @staticmethod
+    def _closure(start: set[str], deps: dict[str, set[str]]) -> set[str]:
+        seen, todo = set(start), list(start)
+        while todo:
+            for other in deps.get(todo.pop(), ()):
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
+        return seen
+
+    def _named_in(self, joined: str) -> set[str]:
+        """The names of main (tables and views, the lake's and the reader's) these texts read, through views."""
+        every = set(self.main_tables) | set(self.lake_views) | {name for name, _ in self.own}
+        return self._closure({n for n in every if _named(n, joined)}, self.deps)
 
     def needs(self, texts: Iterable[str]) -> set[str]:
         """The shard tables statements with these texts read: named through a view of main, or directly."""
         joined = "\n".join(texts)
-        out = {t for name, tables in self.reads.items() if _named(name, joined) for t in tables}
+        out = {t for name in self._named_in(joined) for t in self.reads.get(name, ())}
         out |= {t for s, t in re.findall(r"\b(\w+)\.(\w+)\b", joined) if s in self.shards.get(t, ())}
         return out
 
+    def _define(self, con: duckdb.DuckDBPyConnection, joined: str) -> None:
+        """Define in memory.main what these texts read and is not defined yet: the lake's tables as views reading
+        the lake, its views (over the copies), the reader's own views; each on its own (a view that does not fit
+        this lake is left out: the statement's own prelude defines it, or it fails saying what is missing)."""
+        want = self._named_in(joined) - self.defined
+        if not want:
+            return
+        a = _ident(self.alias)
+        own = dict(self.own)
+        order = [(t, f"FROM {a}.main.{_ident(t)}", False) for t in self.main_tables if t in want]
+        order += [(v, body, False) for v, body in self.lake_views.items() if v in want and v not in own]
+        order += [(v, body, True) for v, body in self.own if v in want]
+        for name, body, mine in order:
+            try:
+                con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{_ident(name)} AS {body}")
+            except duckdb.Error as exc:
+                log.debug("view %s not defined in the reader's copy (%s)", name, exc)
+                continue
+            self.defined.add(name)
+            if mine:
+                self.from_own.add(name)
+
     def refresh(self, con: duckdb.DuckDBPyConnection, texts: Iterable[str]) -> int:
-        """Bring the layout to the lake's latest snapshot, then copy what statements with these texts read as of
-        that snapshot where the copy is older; returns the shard tables copied (one per shard and table)."""
+        """Bring the layout to the lake's latest snapshot, copy what statements with these texts read as of that
+        snapshot where the copy is older, and define what they name; returns the shard tables copied."""
+        texts = tuple(texts)
         with self.lock:
             latest = self._latest(con)
             if self.seen is None or (latest != self.seen and self._changes(con, self.seen, latest) is None):
                 self._build(con)  # first use, or a table or view was made, altered or dropped since
                 latest = max(latest, self.seen or latest)
             self.seen = latest
+            n = 0
             stale = {t: self.copied.get(t) for t in self.needs(texts) if self.copied.get(t) != latest}
-            if not stale:
-                return 0
-            started = time.perf_counter()
-            changed = self._changed(con, stale, latest)
-            if changed is None:  # the layout changed after the check above: define it again, copy all needed
-                self._build(con)
-                latest = self.seen or latest
-                stale = {t: None for t in self.needs(texts)}
-                changed = {(s, t) for t in stale for s in self.shards.get(t, ())}
-            n = self._copy(con, changed, set(stale), latest)
-            log.debug(
-                "lake copy at snapshot %d: %d tables in %.0f ms", latest, n, (time.perf_counter() - started) * 1e3
-            )
+            if stale:
+                started = time.perf_counter()
+                changed = self._changed(con, stale, latest)
+                if changed is None:  # the layout changed after the check above: read it again, copy all needed
+                    self._build(con)
+                    latest = self.seen or latest
+                    stale = {t: None for t in self.needs(texts)}
+                    changed = {(s, t) for t in stale for s in self.shards.get(t, ())}
+                n = self._copy(con, changed, set(stale), latest)
+                log.debug(
+                    "lake copy at snapshot %d: %d tables in %.0f ms", latest, n, (time.perf_counter() - started) * 1e3
+                )
+            self._define(con, "\n".join(texts))
             return n
 
     def _latest(self, con: duckdb.DuckDBPyConnection) -> int:

@@ -118,7 +118,8 @@ def test_hostile_sql_on_a_lake_is_refused(fleet_lake, tmp_path):
 def test_the_reader_connection_itself_holds_the_walls(fleet_lake, tmp_path):
     """Past the statement check (as if it had a hole): the reader's own DuckDB refuses files, writes, settings."""
     db, _, _ = fleet_lake
-    cur = lakes.reader_cursor(lakes.parse_db(db))
+    # the cursor is made ready for what these statements name (flightrec.db.lakecopy), as run_query does
+    cur = lakes.reader_cursor(lakes.parse_db(db), texts=("instances", "log_lines"))
     try:
         assert cur.execute("SELECT count(*) FROM instances").fetchone() == (3,)
         assert cur.execute("SELECT count(*) FROM log_lines").fetchone()[0] > 0  # Parquet files of the lake: allowed
