@@ -47,9 +47,10 @@ check: setup
 bench: setup system-packages
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-# The agent as one file that needs no Python (PyInstaller onefile; docs/agent-binary.md): dist/flightrec-agent.
+# The agent as one file that needs no Python (PyInstaller onefile; docs/agent-binary.md): dist/flightrec-agent, built
+# in a Debian 11 root filesystem with an optimized CPython (glibc >= 2.30; root needed; ~12 min the first time).
 agent-binary: setup
-	$(PY) scripts/agent_binary.py
+	$(PY) scripts/agent_binary.py --portable
 
 docs: setup
 	$(PY) -m flightrec.cli.reference > docs/cli.md

@@ -77,7 +77,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=11, help="alternating pairs of `run -- true` (default 11)")
     ap.add_argument("--lines", type=int, default=1_000_000, help="lines shipped from a file (default 1,000,000)")
-    ap.add_argument("--ship-runs", type=int, default=5, help="alternating pairs of the shipping run (default 5)")
+    ap.add_argument("--ship-runs", type=int, default=11, help="alternating pairs of the shipping run (default 11)")
     args = ap.parse_args()
     subprocess.run([sys.executable, str(ROOT / "scripts" / "agent_binary.py"), "--if-stale"], check=True)
     size = BINARY.stat().st_size / 1e6

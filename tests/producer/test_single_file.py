@@ -2,9 +2,10 @@
 signal behaviour as the pip-installed agent on the same stage, `agent flush` delivering its spool, nothing left in /tmp.
 
 The file is built once per checkout state: `scripts/agent_binary.py --if-stale` keeps `dist/flightrec-agent` when it
-is newer than every source (a build takes ~30 s). The root filesystem holds the file, dash as /bin/sh, cat, true and
-sleep, and the libraries they and the file need (ldd: glibc and zlib): no Python. It is entered with chroot, so the test
-needs root (CI runs as root); where that is impossible it skips and says why.
+is newer than every source (a build takes ~30 s; `make agent-binary`'s portable build serves as well). The root
+filesystem holds the file, dash as /bin/sh, cat, true and sleep, the libraries they and the file need (ldd) and the C
+library's own (GLIBC): no Python. It is entered with chroot, so the test needs root (CI runs as root); where that is
+impossible it skips and says why.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BINARY = ROOT / "dist" / "flightrec-agent"
 FLIGHTREC_AGENT = str(Path(sys.executable).parent / "flightrec-agent")  # pip's console script: the same argv
 PROGRAMS = {"sh": "dash", "cat": "cat", "true": "true", "sleep": "sleep"}
-# The C library's own files the single file's loader and its bundled libraries load from the system (PyInstaller
-# bundles everything else); a distribution's smallest image has them.
-GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0")
+# The C library's own files (Debian's libc6, which every glibc image holds whole) that the single file's loader and
+# its bundled libraries may load from the system; PyInstaller bundles everything else. A libpython built against
+# glibc < 2.34 (the portable build, Debian 11) names libutil, libdl and libpthread; a newer one only libc and libm.
+GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "libutil.so.1", "librt.so.1", "libresolv.so.2")
 # Fields that differ by nature between two runs: ids, clocks, process ids, batching.
 VOLATILE = {
     "event_id",
