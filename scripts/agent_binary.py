@@ -227,6 +227,8 @@ def make_root() -> None:
     if not built.exists():
         if os.geteuid() != 0:
             raise SystemExit("agent_binary.py --portable: needs root (debootstrap, chroot); run it as root or in a VM")
+        if not shutil.which("debootstrap") and not (ROOTFS / "usr" / "bin" / "gcc").exists():
+            raise SystemExit("agent_binary.py --portable: needs debootstrap (apt-get install debootstrap)")
         if not (ROOTFS / "usr" / "bin" / "gcc").exists():
             partial = ROOTFS.with_name(ROOTFS.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
