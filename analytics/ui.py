@@ -20,8 +20,10 @@ from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# Seconds a query result is reused; also the Fleet page's refresh period.
+# The pages' refresh period (while `live` is on); a query result is reused for less than that, so each refresh
+# reads what was committed since the one before (a new failure shows within one period).
 REFRESH_S = 5.0
+CACHE_S = REFRESH_S - 1.0
 
 # Where `flightrec dashboard` passes the database (also read from `-- --db PATH`).
 DB_ENV = "FLIGHTREC_DB"
@@ -38,7 +40,7 @@ def db_path() -> str:
     return os.environ.get(DB_ENV) or Settings.from_env().db
 
 
-@st.cache_data(ttl=REFRESH_S, show_spinner=False, max_entries=512)
+@st.cache_data(ttl=CACHE_S, show_spinner=False, max_entries=512)
 def _cached(module: str, name: str, db: str, args: tuple[Any, ...], kwargs: tuple[tuple[str, Any], ...]) -> Any:
     fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
     return fn(db, *args, **dict(kwargs))

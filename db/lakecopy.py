@@ -130,27 +130,8 @@ class ShardCopy:
             for other in self._closure({name}, deps):
                 found |= direct.get(other, set())
             reads[name] = frozenset(found)
-        old = con.execute(
-            "SELECT schema_name FROM duckdb_schemas() WHERE database_name = ? AND schema_name <> 'main' "
-            "AND NOT internal",
-            [COPY],
-        ).fetchall()
-        defined = con.execute(
-            "SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' AND NOT internal",
-            [COPY],
-        ).fetchall()
-        con.execute("BEGIN TRANSACTION")
-        try:
-            for (view,) in defined:  # a former layout's
-                con.execute(f"DROP VIEW IF EXISTS {COPY}.main.{_ident(view)}")
-            for (schema,) in old:
-                con.execute(f"DROP SCHEMA {COPY}.{_ident(schema)} CASCADE")
-            for schema in sorted(schemas):
-                con.execute(f"CREATE SCHEMA {COPY}.{_ident(schema)}")
-            con.execute("COMMIT")
-        except BaseException:
-            _rollback(con)
-            raise
+        for schema in sorted(schemas):  # what a former layout defined stays until replaced: a statement that is
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {COPY}.{_ident(schema)}")  # running may still read it
         self.main_tables, self.lake_views, self.shards, self.deps, self.reads = (
             main_tables,
             lake_views,

@@ -300,3 +300,92 @@ def test_browser_needs_attention_on_the_demo_lists_the_destroyed_incomplete_inst
                 assert table_right <= box_right + 1 and box_right <= main_right + 1 and hidden <= 1, overflow
         finally:
             browser.close()
+
+
+def _pixels(png: bytes):
+    """A screenshot's RGB pixels as an array (height, width, 3)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
+def test_browser_fleet_on_a_lake_stays_visible_while_it_refreshes(arrow_db, lake, tmp_path):
+    """The Fleet page on a sharded lake with refresh on: across three refresh cycles its table never goes away nor
+    stays greyed for long (Streamlit marks what a rerun has not redrawn yet `data-stale`), the screenshots of the
+    table are the same, and a failure committed meanwhile shows within one cycle."""
+    assert Path(CHROMIUM).exists(), "Debian's chromium is needed: run `make system-packages`"
+    from playwright.sync_api import expect, sync_playwright
+
+    from flightrec.analytics.ui import REFRESH_S
+    from flightrec.db import lake as lakes
+    from flightrec.db.lakestore import LakeStore
+    from flightrec.db.views import stored_views
+
+    db, data_path = lake
+    # six shards: the topics' default partitions (FLIGHTREC_PARTITIONS), as a materializer group lays them out
+    store = LakeStore(lakes.parse_db(db, data_path), "g", shards=range(6), views=stored_views())
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    try:
+        store.load_file(str(arrow_db[0]))
+        with serve(db) as url, sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, chromium_sandbox=False)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.set_default_timeout(60_000)
+                page.goto(url)
+                settle(page)
+                table = page.locator("[data-testid='stDataFrame']").first
+                pictures, stale_runs, longest = [], 0, 0.0
+                for cycle in range(3):
+                    stale_since = None
+                    end = time.monotonic() + REFRESH_S + 0.5
+                    while time.monotonic() < end:
+                        assert table.is_visible(), f"the fleet table went away in refresh cycle {cycle + 1}"
+                        stale = page.locator("[data-stale='true'] [data-testid='stDataFrame']").count() > 0
+                        if stale and stale_since is None:
+                            stale_since, stale_runs = time.monotonic(), stale_runs + 1
+                        elif not stale and stale_since is not None:
+                            longest, stale_since = max(longest, time.monotonic() - stale_since), None
+                        page.wait_for_timeout(50)
+                    settled = page.locator("[data-stale='true'] [data-testid='stDataFrame']")
+                    expect(settled).to_have_count(0, timeout=int(REFRESH_S * 1000))  # compare settled tables
+                    pictures.append(table.screenshot(path=str(shots / f"fleet-{cycle}.png")))
+                # Greyed (stale) at most half a cycle; the lake's Fleet page took ~3 s per refresh before its reader
+                # kept a copy (db/lakecopy.py): greyed most of every cycle. Idle machine: ~0.5 s.
+                assert longest < REFRESH_S / 2, f"the fleet table was greyed for {longest:.1f} s in a refresh"
+                first = _pixels(pictures[0])
+                for cycle, picture in enumerate(pictures[1:], 2):  # the same table (antialiasing aside)
+                    other = _pixels(picture)
+                    assert other.shape == first.shape, f"the fleet table changed size in refresh cycle {cycle}"
+                    changed = float((abs(other.astype(int) - first.astype(int)).max(axis=2) > 40).mean())
+                    assert changed < 0.005, (
+                        f"{changed:.1%} of the fleet table changed in cycle {cycle}, nothing committed"
+                    )
+
+                store.con.execute("BEGIN TRANSACTION")
+                store.con.execute(
+                    "INSERT INTO part_4.instances (instance_id, boot_id, stage, state, failures, events) "
+                    "VALUES ('lake-new-failure', 'b', 'benchmark', 'failed', 1, 3)"
+                )
+                store.con.execute(
+                    "INSERT INTO part_4.failures (failure_id, instance_id, boot_id, stage, exit_code) "
+                    "VALUES ('lake-new-failure-f', 'lake-new-failure', 'b', 'benchmark', 1)"
+                )
+                store.con.execute("COMMIT")
+                committed = time.monotonic()
+                cell = page.locator("[data-testid='stDataFrame'] td").filter(has_text="lake-new-failure").first
+                expect(cell).to_be_attached(timeout=int((REFRESH_S + 5) * 1000))
+                took = time.monotonic() - committed
+                assert took <= REFRESH_S + 2, f"the new failure showed {took:.1f} s after its commit"
+                assert_no_exception(page)
+                print(
+                    f"lake fleet page: greyed {stale_runs} times, longest {longest:.2f} s; new failure in {took:.1f} s"
+                )
+            finally:
+                browser.close()
+    finally:
+        store.close()
