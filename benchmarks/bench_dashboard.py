@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -323,13 +324,14 @@ def main() -> int:
             print("| --- |" + " ---: |" * len(names))
             for name, sql in queries.EXAMPLES.items():
                 cells = [
-                    f"{statistics.median(timed(lambda: queries.console(db, sql))) * 1000:.1f} ms"  # noqa: B023
+                    f"{statistics.median(timed(partial(queries.console, db, sql))) * 1000:.1f} ms"
                     for db in stores.values()
                 ]
                 print(f"| {name} | " + " | ".join(cells) + " |")
             one = [
-                f"{statistics.median(timed(lambda: run_query(db, 'SELECT 1'))) * 1000:.1f} ms" for db in stores.values()
-            ]  # noqa: B023
+                f"{statistics.median(timed(partial(run_query, db, 'SELECT 1'))) * 1000:.1f} ms"
+                for db in stores.values()
+            ]
             print("| baseline: `run_query('SELECT 1')` | " + " | ".join(one) + " |")
 
             cli = {n: statistics.median(sql_cli(db, README_SQL, RUNS)) for n, db in stores.items()}
