@@ -216,11 +216,14 @@ class ShardCopy:
         return int(con.execute(f"SELECT id FROM {_ident(self.alias)}.current_snapshot()").fetchall()[0][0])
 
     def _changes(self, con: duckdb.DuckDBPyConnection, after: int, upto: int) -> dict[int, int] | None:
-        """Table id -> the newest snapshot in (after, upto] that changed its rows; None if one changed the layout."""
+        """Table id -> the newest snapshot in (after, upto] that changed its rows; None if one changed the layout, or
+        if some of them are gone (expired by maintenance: what they changed cannot be told, so everything is)."""
         rows = con.execute(
             "SELECT snapshot_id, changes FROM ducklake_snapshots(?) WHERE snapshot_id > ? AND snapshot_id <= ?",
             [self.alias, after, upto],
         ).fetchall()
+        if len({int(r[0]) for r in rows}) != upto - after:  # snapshot ids are consecutive
+            return None
         ids: dict[int, int] = {}
         for snapshot, changes in rows:
             for kind, values in (changes or {}).items():

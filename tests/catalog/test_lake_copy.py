@@ -117,3 +117,15 @@ def test_one_statement_reads_one_snapshot_while_commits_land(sharded):
     t.join()
     assert not errors, errors
     assert run_query(db, "SELECT count(*) AS n FROM failures WHERE failure_id LIKE 'f-%'").to_pylist() == [{"n": 30}]
+
+
+def test_a_copy_older_than_the_snapshots_maintenance_kept_is_made_afresh(sharded):
+    """Maintenance expires old snapshots, and with them the record of what they changed: a copy older than the
+    oldest kept snapshot cannot tell what changed since, so it is all copied again."""
+    db, _, store = sharded
+    count = "SELECT count(*) AS n FROM instances"
+    n = run_query(db, count).to_pylist()[0]["n"]
+    store.con.execute("INSERT INTO part_2.instances (instance_id, boot_id, state) VALUES ('i-x', 'b', 'started')")
+    store.con.execute("INSERT INTO part_0.failures (failure_id, instance_id) VALUES ('f-x', 'i-x')")
+    store.con.execute("CALL ducklake_expire_snapshots('lake', older_than => now())")
+    assert run_query(db, count).to_pylist()[0]["n"] == n + 1
