@@ -81,10 +81,8 @@ class ShardCopy:
     @property
     def ready(self) -> frozenset[str]:
         """The reader's view statements the layout has defined: a statement need not run them."""
-        own = dict(self.own)
-        return frozenset(
-            stmt for stmt in self.views if (v := _view(stmt)) and v[0] in self.from_own and own[v[0]] == v[1]
-        )
+        from_own = self.from_own
+        return frozenset(stmt for stmt in self.views if (v := _view(stmt)) and v[0] in from_own)
 
     def build(self, con: duckdb.DuckDBPyConnection) -> None:
         """Read the lake's layout (nothing is defined or copied until a statement needs it)."""
@@ -175,15 +173,18 @@ class ShardCopy:
         order = [(t, f"FROM {a}.main.{_ident(t)}", False) for t in self.main_tables if t in want]
         order += [(v, body, False) for v, body in self.lake_views.items() if v in want and v not in own]
         order += [(v, body, True) for v, body in self.own if v in want]
+        defined, from_own = set(), set()
         for name, body, mine in order:
             try:
                 con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{_ident(name)} AS {body}")
             except duckdb.Error as exc:
                 log.debug("view %s not defined in the reader's copy (%s)", name, exc)
                 continue
-            self.defined.add(name)
+            defined.add(name)
             if mine:
-                self.from_own.add(name)
+                from_own.add(name)
+        # new sets, not changed ones: `ready` reads them from other threads without the lock
+        self.defined, self.from_own = self.defined | defined, self.from_own | from_own
 
     def refresh(self, con: duckdb.DuckDBPyConnection, texts: Iterable[str]) -> int:
         """Bring the layout to the lake's latest snapshot, copy what statements with these texts read as of that

@@ -82,8 +82,8 @@ def test_a_new_shard_and_a_new_table_reach_a_reader_that_is_attached(sharded, la
 
 
 def test_one_statement_reads_one_snapshot_while_commits_land(sharded):
-    """A writer adds an instance and its failure in one transaction, 30 times; every statement that counts both
-    sees the two counts move together."""
+    """A writer adds an instance and its failure in one transaction, 30 times; every statement that counts both, in
+    three threads at once, sees the two counts move together."""
     db, _, store = sharded
     base = run_query(db, "SELECT (SELECT count(*) FROM instances) - (SELECT count(*) FROM failures) AS d")
     diff = base.to_pylist()[0]["d"]
@@ -107,14 +107,23 @@ def test_one_statement_reads_one_snapshot_while_commits_land(sharded):
         finally:
             done.set()
 
-    t = threading.Thread(target=write)
-    t.start()
-    seen = 0
-    while not done.is_set() or seen == 0:
-        d = run_query(db, "SELECT (SELECT count(*) FROM instances) - (SELECT count(*) FROM failures) AS d")
-        assert d.to_pylist()[0]["d"] == diff
-        seen += 1
-    t.join()
+    def read() -> None:  # three readers at once, as a dashboard's sessions: one shared reader per process
+        try:
+            seen = 0
+            while not done.is_set() or seen == 0:
+                d = run_query(
+                    db, "SELECT (SELECT count(*) FROM instances) - (SELECT count(*) FROM failures) AS d", prelude=VIEWS
+                )
+                assert d.to_pylist()[0]["d"] == diff
+                seen += 1
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write)] + [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     assert not errors, errors
     assert run_query(db, "SELECT count(*) AS n FROM failures WHERE failure_id LIKE 'f-%'").to_pylist() == [{"n": 30}]
 
