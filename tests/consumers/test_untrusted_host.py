@@ -66,6 +66,10 @@ def test_a_host_with_one_instance_s_key_forges_nothing_and_leaks_no_secret(kafka
     # the victim: a healthy benchmark; the evil host: a real stage of its own, then forgeries
     assert agent(victim_env, "run", "--stage", "benchmark", "--", "sh", "-c", "echo proof 1 done").returncode == 0
     assert agent(evil_env, "run", "--stage", "benchmark", "--", "sh", "-c", "echo warming up").returncode == 0
+    # both delivered before the destroy: on a loaded machine an agent may exit with events in its spool, which the
+    # next agent command (the evil host's, after the destroy) would deliver late: refused then, by design
+    for env in (victim_env, evil_env):
+        assert agent(env, "flush", "--timeout", "60").returncode == 0
     evil = Signer.from_token(evil_env["FLIGHTREC_INSTANCE_KEY"])
     t = now_us()
     env_of = dict(instance_id="victim-7", boot_id="forged-boot", ts_us=t)
@@ -171,6 +175,8 @@ def test_the_malicious_host_against_a_sasl_ssl_broker_with_the_authorizer_on(sas
 
     run("agent", "run", "--stage", "benchmark", "--", "sh", "-c", "echo proof 1 done", env=instance_env(victim))
     run("agent", "run", "--stage", "benchmark", "--", "sh", "-c", "echo warming up", env=instance_env(evil))
+    for instance in (victim, evil):  # delivered before the destroy (see the test above)
+        run("agent", "flush", "--timeout", "60", env=instance_env(instance))
     signer = Signer.from_token(keys[evil]["FLIGHTREC_INSTANCE_KEY"])
     env_of = dict(instance_id=victim, boot_id=f"forged-{tag}", ts_us=now_us())
     forged = [
