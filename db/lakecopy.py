@@ -3,13 +3,18 @@
 The rewritten tables of a lake (instances, boots, failures, …) live once per shard (``part_<p>``, see
 db/lakestore.py) and ``main`` unites them in views. Every statement that names them binds one DuckLake table per
 shard and table, each a catalog round trip, so a page's query cost ~0.4 s on six shards where a file answers in
-~30 ms. A reader process therefore reads in its in-memory database (``USE memory``), laid out as the lake:
+~30 ms. A reader process therefore reads in its in-memory database (``USE memory``), laid out as the lake and
+defined as statements need it:
 
-* each table of the lake's ``main`` (the append-only events) is a view there that reads the lake itself;
-* each shard table is first a view reading the lake's, and becomes a copy once a statement needs it;
-* ``main``'s views are defined again there, with the lake's own SQL, so they read the copies; then the reader's
-  own views (``views``, the statements a file reader runs before each query) replace them, so that a statement
-  need not define them again (:attr:`ShardCopy.ready`).
+* a shard table is copied (``memory.part_<p>.<table>``) the first time a statement reads it;
+* ``main``'s views are defined there with the lake's own SQL, so they read the copies, except where the reader
+  has its own definition (``views``, the statements a file reader runs before each query): then that one, so a
+  statement need not define it again (:attr:`ShardCopy.ready`);
+* each table of the lake's ``main`` (the append-only events) is a view there that reads the lake itself.
+
+What a statement reads is told from the identifiers in its text and its prelude (every word that names a table
+or view of the lake, wherever it stands: a name in a comment or a string only costs a copy or a definition more;
+``lake.main.<name>`` reads the lake itself either way), and from what the views so named read in turn.
 
 Guarantees: before a statement that reads shard tables runs (:meth:`ShardCopy.refresh` with the statement's text
 and its prelude), every shard table it reads, through views too, is a copy of the lake's latest snapshot, all of
@@ -42,8 +47,9 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _named(name: str, text: str) -> bool:
-    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None
+def _words(text: str) -> set[str]:
+    """Every identifier-like word of ``text``, lower case (DuckDB's names are case-insensitive)."""
+    return {w.lower() for w in re.findall(r"\w+", text)}
 
 
 def _view(stmt: str) -> tuple[str, str] | None:
@@ -117,11 +123,11 @@ class ShardCopy:
         main_tables = [t for s, t in tables if s == "main"]
         texts = {**lake_views, **{name: f"{lake_views.get(name, '')}\n{body}" for name, body in self.own}}
         names = set(texts) | set(main_tables)
-        deps = {name: {o for o in names if o != name and _named(o, body)} for name, body in texts.items()}
-        direct = {
-            name: {t for s, t in re.findall(r"\b(\w+)\.(\w+)\b", body) if s in schemas and t in shards}
-            for name, body in texts.items()
-        }
+        deps, direct = {}, {}
+        for name, body in texts.items():
+            words = _words(body)
+            deps[name] = {o for o in names if o != name and o.lower() in words}
+            direct[name] = {t for t in shards if t.lower() in words}
         reads: dict[str, frozenset[str]] = {}
         for name in texts:  # the shard tables each view reads through the others
             found: set[str] = set()
@@ -149,23 +155,24 @@ class ShardCopy:
                     todo.append(other)
         return seen
 
-    def _named_in(self, joined: str) -> set[str]:
-        """The names of main (tables and views, the lake's and the reader's) these texts read, through views."""
+    def _named_in(self, words: set[str]) -> set[str]:
+        """The names of main (tables and views, the lake's and the reader's) among ``words``, and what they read."""
         every = set(self.main_tables) | set(self.lake_views) | {name for name, _ in self.own}
-        return self._closure({n for n in every if _named(n, joined)}, self.deps)
+        return self._closure({n for n in every if n.lower() in words}, self.deps)
 
     def needs(self, texts: Iterable[str]) -> set[str]:
         """The shard tables statements with these texts read: named through a view of main, or directly."""
-        joined = "\n".join(texts)
-        out = {t for name in self._named_in(joined) for t in self.reads.get(name, ())}
-        out |= {t for s, t in re.findall(r"\b(\w+)\.(\w+)\b", joined) if s in self.shards.get(t, ())}
-        return out
+        return self._needs(_words("\n".join(texts)))
 
-    def _define(self, con: duckdb.DuckDBPyConnection, joined: str) -> None:
+    def _needs(self, words: set[str]) -> set[str]:
+        out = {t for name in self._named_in(words) for t in self.reads.get(name, ())}
+        return out | {t for t in self.shards if t.lower() in words}
+
+    def _define(self, con: duckdb.DuckDBPyConnection, words: set[str]) -> None:
         """Define in memory.main what these texts read and is not defined yet: the lake's tables as views reading
         the lake, its views (over the copies), the reader's own views; each on its own (a view that does not fit
         this lake is left out: the statement's own prelude defines it, or it fails saying what is missing)."""
-        want = self._named_in(joined) - self.defined
+        want = self._named_in(words) - self.defined
         if not want:
             return
         a = _ident(self.alias)
@@ -189,7 +196,7 @@ class ShardCopy:
     def refresh(self, con: duckdb.DuckDBPyConnection, texts: Iterable[str]) -> int:
         """Bring the layout to the lake's latest snapshot, copy what statements with these texts read as of that
         snapshot where the copy is older, and define what they name; returns the shard tables copied."""
-        texts = tuple(texts)
+        words = _words("\n".join(texts))
         with self.lock:
             latest = self._latest(con)
             if self.seen is None or (latest != self.seen and self._changes(con, self.seen, latest) is None):
@@ -197,20 +204,20 @@ class ShardCopy:
                 latest = max(latest, self.seen or latest)
             self.seen = latest
             n = 0
-            stale = {t: self.copied.get(t) for t in self.needs(texts) if self.copied.get(t) != latest}
+            stale = {t: self.copied.get(t) for t in self._needs(words) if self.copied.get(t) != latest}
             if stale:
                 started = time.perf_counter()
                 changed = self._changed(con, stale, latest)
                 if changed is None:  # the layout changed after the check above: read it again, copy all needed
                     self._build(con)
                     latest = self.seen or latest
-                    stale = {t: None for t in self.needs(texts)}
+                    stale = {t: None for t in self._needs(words)}
                     changed = {(s, t) for t in stale for s in self.shards.get(t, ())}
                 n = self._copy(con, changed, set(stale), latest)
                 log.debug(
                     "lake copy at snapshot %d: %d tables in %.0f ms", latest, n, (time.perf_counter() - started) * 1e3
                 )
-            self._define(con, "\n".join(texts))
+            self._define(con, words)
             return n
 
     def _latest(self, con: duckdb.DuckDBPyConnection) -> int:

@@ -138,3 +138,19 @@ def test_a_copy_older_than_the_snapshots_maintenance_kept_is_made_afresh(sharded
     store.con.execute("INSERT INTO part_0.failures (failure_id, instance_id) VALUES ('f-x', 'i-x')")
     store.con.execute("CALL ducklake_expire_snapshots('lake', older_than => now())")
     assert run_query(db, count).to_pylist()[0]["n"] == n + 1
+
+
+def test_however_a_statement_spells_a_name_it_reads_the_latest_snapshot(sharded):
+    """Qualified, quoted, in another case: every spelling of a shard table or a view reads what was just committed
+    (the copy is told what a statement reads from its words, not from one spelling)."""
+    db, _, store = sharded
+    spellings = [
+        "SELECT count(*) AS n FROM main.instances",
+        'SELECT count(*) AS n FROM "INSTANCES"',
+        'SELECT count(*) AS n FROM part_1."instances"',
+        "SELECT count(*) AS n FROM main.fleet",
+    ]
+    before = {sql: run_query(db, sql).to_pylist()[0]["n"] for sql in spellings}
+    store.con.execute("INSERT INTO part_1.instances (instance_id, boot_id, state) VALUES ('i-spelled', 'b', 'x')")
+    for sql in spellings:
+        assert run_query(db, sql).to_pylist()[0]["n"] == before[sql] + 1, sql
