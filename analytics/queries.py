@@ -590,6 +590,8 @@ def catalog(db: Db) -> pa.Table:
                 FROM information_schema.columns c
                 WHERE c.table_name = t.table_name AND c.table_schema = t.table_schema) AS columns
         FROM information_schema.tables t
-        WHERE table_schema IN ('main', 'temp') ORDER BY kind, name""",
+        WHERE table_schema IN ('main', 'temp')
+          AND table_catalog <> 'memory'  -- a lake reader's own copy of the lake (flightrec.db.lakecopy): its names again
+        ORDER BY kind, name""",
         prelude=ALL_VIEWS,
     )

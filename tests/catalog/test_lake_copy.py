@@ -154,3 +154,14 @@ def test_however_a_statement_spells_a_name_it_reads_the_latest_snapshot(sharded)
     store.con.execute("INSERT INTO part_1.instances (instance_id, boot_id, state) VALUES ('i-spelled', 'b', 'x')")
     for sql in spellings:
         assert run_query(db, sql).to_pylist()[0]["n"] == before[sql] + 1, sql
+
+
+def test_the_console_s_catalog_names_each_table_and_view_once(sharded):
+    """The reader's copy defines the lake's names again in its own database: the console's help lists each once."""
+    from flightrec.analytics import queries
+
+    db, file, _ = sharded
+    run_query(db, "SELECT count(*) FROM fleet, log_lines", prelude=VIEWS)  # the copy defines both
+    names = [r["name"] for r in queries.catalog(db).to_pylist()]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
+    assert {"fleet", "instances", "log_lines"} <= set(names)
