@@ -7,8 +7,8 @@ source is newer than the file (the tests use it: one build per checkout state). 
 
 `--portable` (`make agent-binary`, the file to ship) builds the same inside a Debian 11 root filesystem made with
 debootstrap (glibc 2.31, the oldest release Debian's mirror serves), with CPython compiled there from Debian's copy of
-its source, profile-guided and link-time optimized: the file then runs on glibc >= 2.31 (Ubuntu 20.04 and later) and
-its Python is faster than a default build. The root filesystem and that Python are kept in build/agent-root (~12
+its source, profile-guided and link-time optimized: the file then needs glibc 2.30 (Ubuntu 20.04, Debian 11 and later)
+and its Python is faster than a default build. The root filesystem and that Python are kept in build/agent-root (~12
 minutes the first time on two cores, ~1 minute after). It needs root (chroot, mounts in a private namespace).
 """
 
@@ -243,7 +243,6 @@ def make_root() -> None:
             partial.rename(ROOTFS)
         for url, digest in (PYTHON_SOURCE, PYTHON_FIXES, ZLIB_SOURCE):
             fetch(url, digest, ROOTFS / "usr" / "src" / url.rsplit("/", 1)[1])
-        shutil.copy("/etc/resolv.conf", ROOTFS / "etc" / "resolv.conf")
         in_root(
             f"cd /usr/src && rm -rf zlib-1.2.13.dfsg /opt/zlib && tar -xjf {ZLIB_SOURCE[0].rsplit('/', 1)[1]}"
             " && cd zlib-1.2.13.dfsg && ./configure --prefix=/opt/zlib > configure.log && make -j$(nproc) > make.log"
@@ -277,7 +276,7 @@ def main() -> int:
     ap.add_argument(
         "--portable",
         action="store_true",
-        help="build in a Debian 11 root filesystem with an optimized Python (glibc >= 2.31; the file to ship)",
+        help="build in a Debian 11 root filesystem with an optimized Python (glibc >= 2.30; the file to ship)",
     )
     args = ap.parse_args()
     if args.if_stale and not is_stale():
