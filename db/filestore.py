@@ -143,12 +143,17 @@ class RowWriter:
             self._insert_new("manager_events", "_d_manager", ("event_id",))
         dead = 0
         if delta.dead.num_rows:
-            dead = self._insert_new("dead_letters", "_d_dead", ("topic", "partition", "offset"))
+            dead = self._insert_dead("_d_dead")
         return Stats(
             events_received=delta.messages,
             events_written=new.num_rows,
             lines_written=lines,
-            duplicates_dropped=delta.duplicates + delta.events.num_rows - new.num_rows - conflicts,
+            duplicates_dropped=delta.duplicates
+            + delta.events.num_rows
+            - new.num_rows
+            - conflicts
+            + delta.dead.num_rows
+            - dead,
             dead_letters=dead + conflicts,
             failures_written=failures,
             commits=1,
@@ -181,10 +186,11 @@ class RowWriter:
                     "key": key,
                     "value": value,
                     "reason": reused(event_id, (stored_seq, stored_kind), seq, kind),
+                    "event_id": event_id,
                 }
             )
         with arrow_views(self.con, _d_conflicts=pa.Table.from_pylist(dead, schema=DEAD)):
-            n = self._insert_new("dead_letters", "_d_conflicts", ("topic", "partition", "offset"))
+            n = self._insert_dead("_d_conflicts")
         log.warning("%d events came again with an event id already stored with other content: dead letters", n)
         return n
 
@@ -200,6 +206,20 @@ class RowWriter:
         return int(
             self.con.execute(f"""INSERT INTO main.{table} BY NAME SELECT * FROM {view} v
                                         WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchall()[0][0]
+        )
+
+    def _insert_dead(self, view: str) -> int:
+        """Insert the dead letters of ``view`` not stored yet; returns how many. Stored already: the same Kafka record
+        (a replay), or the same event id with the same bytes and reason in another record (Kafka holds the event
+        twice: a producer's retry), so each refused event is one dead letter however often it comes."""
+        return int(
+            self.con.execute(f"""INSERT INTO main.dead_letters BY NAME SELECT * FROM {view} v
+                                 WHERE NOT EXISTS (SELECT 1 FROM main.dead_letters t
+                                                   WHERE (t.topic = v.topic AND t."partition" = v."partition"
+                                                          AND t."offset" = v."offset")
+                                                      OR (t.event_id = v.event_id AND t.value = v.value
+                                                          AND t.reason = v.reason))
+                              """).fetchall()[0][0]
         )
 
     def _store_offsets(self, delta: Delta) -> None:

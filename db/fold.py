@@ -75,6 +75,7 @@ DEAD = pa.schema(
         ("value", pa.binary()),
         ("reason", STR),
         ("instance_id", STR),  # the instance the event claims (NULL: it could not be decoded)
+        ("event_id", STR),  # NULL: it could not be decoded; a second Kafka record of the same bytes is a duplicate
     ]
 )
 
@@ -256,6 +257,7 @@ class _Builder:
             k: [] for k in ("instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
         }
         self.log_counts: list[int] = []
+        self.dead_seen: set[tuple[str, bytes | None, str]] = set()  # (event id, bytes, reason) of its dead letters
         self.log_lines: dict[str, list[Any]] = {
             k: [] for k in ("line_no", "ts_us", "text", "truncated", "invalid_utf8", "late")
         }
@@ -492,7 +494,7 @@ def fold(
                     received_us(msg),
                 )
                 if refusal is not None:
-                    _dead(b, msg, refusal, keep, rec.get("instance_id"))
+                    dups += _dead(b, msg, refusal, keep, rec)
                     continue
             fp = fingerprint(msg.value or b"")
             first = seen.get(rec.get("event_id"))  # type: ignore[arg-type]  # a decoded record always has its event_id (a str)
@@ -500,12 +502,8 @@ def fold(
                 if first[0] == fp or KIND.get(name) in UNCOMPARED:
                     dups += 1
                 else:
-                    _dead(
-                        b,
-                        msg,
-                        reused(rec["event_id"], first[1:], rec.get("seq", -1), KIND.get(name, name)),
-                        keep,
-                        rec.get("instance_id"),
+                    dups += _dead(
+                        b, msg, reused(rec["event_id"], first[1:], rec.get("seq", -1), KIND.get(name, name)), keep, rec
                     )
                 continue
             _fold_one(b, name, rec, fp, received_us(msg), key_id)
@@ -516,7 +514,7 @@ def fold(
         except CodecError as exc:
             _dead(b, msg, f"decode: {exc.reason}", keep)
         except (FoldError, KeyError, TypeError, ValueError) as exc:
-            _dead(b, msg, f"fold: {type(exc).__name__}: {exc}", keep, rec.get("instance_id"))
+            dups += _dead(b, msg, f"fold: {type(exc).__name__}: {exc}", keep, rec)
     return Delta(
         events=b.table("events", EVENTS),
         lifecycle=b.table("lifecycle", LIFECYCLE),
@@ -540,12 +538,20 @@ def _dead(
     msg: Message,
     reason: str,
     keep: Callable[[str, int | None], bool] | None,
-    instance_id: str | None = None,
-) -> None:
+    rec: dict[str, Any] | None = None,
+) -> int:
+    """Add a dead letter for ``msg`` (``rec``: what decoded of it); returns 1 when it is a copy of one this batch holds
+    already (the same event id, bytes and reason: Kafka holds the record twice), which is then a duplicate, not added."""
     if keep is not None:
         key = msg.key.decode("utf-8", "replace") if msg.key else ""
         if not keep(key, None):
-            return
+            return 0
+    event_id = rec.get("event_id") if rec else None
+    event_id = event_id if isinstance(event_id, str) else None
+    if event_id is not None:
+        if (event_id, msg.value, reason) in b.dead_seen:
+            return 1
+        b.dead_seen.add((event_id, msg.value, reason))
     b.add(
         "dead",
         {
@@ -555,6 +561,8 @@ def _dead(
             "key": msg.key,
             "value": msg.value if msg.value is not None else None,
             "reason": reason,
-            "instance_id": instance_id,
+            "instance_id": rec.get("instance_id") if rec else None,
+            "event_id": event_id,
         },
     )
+    return 0

@@ -76,6 +76,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             Column("dead_letters", "instance_id", "VARCHAR"),  # NULL: not decoded, or folded before version 3
         ),
     ),
+    Migration(
+        4,
+        "the event id a dead letter carries, so a refused event Kafka holds twice is one dead letter",
+        (Column("dead_letters", "event_id", "VARCHAR"),),  # NULL: not decoded, or folded before version 4
+    ),
 )
 
 VERSION_TABLE = "schema_version"

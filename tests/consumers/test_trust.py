@@ -226,3 +226,24 @@ def test_an_instance_id_beyond_ascii_signs_and_verifies(instance: str) -> None:
     v = verify(FLEET, a.header("flightrec.logs", key, b"v")[1], "flightrec.logs", key, b"v")
     assert v.valid and v.instance_id == instance, v
     assert Signer.from_token(a.token).key_id == a.key_id
+
+
+def test_a_refused_event_kafka_holds_twice_is_one_dead_letter(store: FileStore) -> None:
+    """A producer's retry can put one event in Kafka twice: refused, it is one dead letter, and the second copy a
+    duplicate, whether both come in one batch or in two; the same event id with other bytes, or refused for another
+    reason, is another dead letter."""
+    victim = Boot(instance="victim")
+    attacker = enroll(FLEET, "attacker", T_ENROLL)
+    forged = Lifecycle(**{**_env(victim, 1), "stage": "benchmark", "state": "failed", "detail": "CUDA error"})
+    trust = _trust()
+    first = store.commit(fold([_msg(forged, 10, attacker), _msg(forged, 11, attacker)], trust=trust))
+    assert (first.dead_letters, first.duplicates_dropped) == (1, 1)
+    again = store.commit(fold([_msg(forged, 12, attacker)], trust=trust))
+    assert (again.dead_letters, again.duplicates_dropped) == (0, 1)
+    other = Lifecycle(**{**_env(victim, 1), "stage": "benchmark", "state": "failed", "detail": "other bytes"})
+    assert store.commit(fold([_msg(other, 13, attacker)], trust=trust)).dead_letters == 1
+    rows = store.con.execute('SELECT "offset", event_id FROM dead_letters ORDER BY "offset"').fetchall()
+    assert rows == [(10, forged.event_id), (13, forged.event_id)]
+    # bytes that never decoded have no event id: each Kafka record stays its own dead letter
+    junk = [RawMessage("flightrec.lifecycle", 0, o, b"k", b"\x00junk", None, None, ()) for o in (14, 15)]
+    assert store.commit(fold(junk, trust=trust)).dead_letters == 2
