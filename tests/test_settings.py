@@ -99,3 +99,22 @@ def test_sasl_settings_reach_the_kafka_client_arguments():
     ).kafka_kwargs()
     assert kw["sasl_mechanism"] == "PLAIN" and kw["sasl_plain_username"] == "u"
     assert kw["security_protocol"] == "SASL_PLAINTEXT"
+
+
+def test_the_batch_window_is_a_setting_the_materializer_gets() -> None:
+    """FLIGHTREC_COMMIT_INTERVAL: how long a partial batch waits (the knob docs/lake.md sizes a catalog with)."""
+    import argparse
+
+    from flightrec.cli.materialize import materialize_options
+    from flightrec.db.location import locate
+
+    assert Settings.from_env({}).commit_interval == 0.5
+    s = Settings.from_env({"FLIGHTREC_COMMIT_INTERVAL": "2", "FLIGHTREC_DB": "x.duckdb"})
+    args = argparse.Namespace(
+        group=None, until_idle=None, rules=None, no_serve=True, memory_limit="512MB", lock_wait=1.0,
+        metrics_port=None, metrics_address="127.0.0.1", data_path=None,
+    )  # fmt: skip
+    assert materialize_options(args, s, locate(s.db, None, writing=True), ()).commit_interval == 2.0
+    for bad in ("0", "-1", "nan", "inf", "61", "soon"):
+        with pytest.raises(ConfigError, match="FLIGHTREC_COMMIT_INTERVAL"):
+            Settings.from_env({"FLIGHTREC_COMMIT_INTERVAL": bad})

@@ -97,6 +97,16 @@ def _unauthenticated(text: str) -> str:
     return value
 
 
+def _commit_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"FLIGHTREC_COMMIT_INTERVAL={text!r}: a number of seconds, e.g. 0.5") from None
+    if not 0 < value <= 60:  # NaN fails too
+        raise ConfigError(f"FLIGHTREC_COMMIT_INTERVAL={text!r}: more than 0 and at most 60 seconds, e.g. 0.5")
+    return value
+
+
 def _default_spool() -> str:
     return str(Path(_default_state_dir()) / "spool")
 
@@ -349,6 +359,14 @@ class Settings:
         None,
         "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).",
         shown="failed,lost,below_min_rate,incomplete,refused",
+    )
+    commit_interval: float = setting(
+        "FLIGHTREC_COMMIT_INTERVAL",
+        0.5,
+        "Seconds a materializer lets a partial batch wait before it commits it: the batch window (a full batch, "
+        "5,000 messages or 16 MiB, commits at once). Longer: fewer commits, so one lake catalog carries more "
+        "members (docs/lake.md), and lines become visible that much later.",
+        parse=_commit_interval,
     )
     dashboard_url: str = setting(
         "FLIGHTREC_DASHBOARD_URL",

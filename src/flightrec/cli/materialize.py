@@ -206,9 +206,6 @@ def _run(opts: "Options", loc: "Location", settings: Settings) -> int:
 
 def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.alerts import parse_kinds
-    from flightrec.db.classify import load_rules
-    from flightrec.consumers.materializer import DEFAULT_GROUP, Options
-    from flightrec.db.views import stored_views
     from flightrec.db.location import locate
 
     settings = settings.with_overrides(db=args.db, webhook=args.webhook, alert_on=args.alert_on)
@@ -228,7 +225,18 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
             "each see a share of the partitions); leave it out for the lake"
         )
     _ensure_topics(settings)
-    opts = Options(
+    return _run(materialize_options(args, settings, loc, kinds), loc, settings)
+
+
+def materialize_options(
+    args: argparse.Namespace, settings: Settings, loc: "Location", kinds: tuple[str, ...]
+) -> "Options":
+    """The materializer's options from its flags and settings (``kinds``: the alerts the webhook gets)."""
+    from flightrec.consumers.materializer import DEFAULT_GROUP, Options
+    from flightrec.db.classify import load_rules
+    from flightrec.db.views import stored_views
+
+    return Options(
         db=settings.db,
         group=args.group or DEFAULT_GROUP,
         until_idle=args.until_idle,
@@ -236,6 +244,7 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
         serve=not args.no_serve and not loc.shared,
         memory_limit=args.memory_limit,
         lock_wait=args.lock_wait,
+        commit_interval=settings.commit_interval,
         webhook=settings.webhook,
         alert_on=kinds,
         dashboard_url=settings.dashboard_url,
@@ -245,7 +254,6 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
     )
-    return _run(opts, loc, settings)
 
 
 def trust_config(settings: Settings) -> "TrustConfig":
