@@ -117,6 +117,15 @@ def lock_holder(message: str) -> str:
     return f"pid {pid} ({command})" if command else f"pid {pid}"
 
 
+# A dead letter not stored yet (RowWriter._insert_dead): two NOT EXISTS, each an equality join (hashed); one NOT EXISTS
+# with an OR was a nested loop over the table (13.9 s for 5,000 against 1M dead letters, against 0.06 s).
+DEAD_INSERT_SQL = """INSERT INTO main.dead_letters BY NAME SELECT * FROM {view} v
+    WHERE NOT EXISTS (SELECT 1 FROM main.dead_letters t
+                      WHERE t.topic = v.topic AND t."partition" = v."partition" AND t."offset" = v."offset")
+      AND NOT EXISTS (SELECT 1 FROM main.dead_letters t
+                      WHERE t.event_id = v.event_id AND t.value = v.value AND t.reason = v.reason)"""
+
+
 class RowWriter:
     """The steps of one commit shared by the file (FileStore) and the lake (LakeStore), in statements both engines take
     (DuckLake has no keys, ON CONFLICT or RETURNING: MERGE INTO and NOT EXISTS instead); each store supplies only
@@ -212,15 +221,7 @@ class RowWriter:
         """Insert the dead letters of ``view`` not stored yet; returns how many. Stored already: the same Kafka record
         (a replay), or the same event id with the same bytes and reason in another record (Kafka holds the event
         twice: a producer's retry), so each refused event is one dead letter however often it comes."""
-        return int(
-            self.con.execute(f"""INSERT INTO main.dead_letters BY NAME SELECT * FROM {view} v
-                                 WHERE NOT EXISTS (SELECT 1 FROM main.dead_letters t
-                                                   WHERE (t.topic = v.topic AND t."partition" = v."partition"
-                                                          AND t."offset" = v."offset")
-                                                      OR (t.event_id = v.event_id AND t.value = v.value
-                                                          AND t.reason = v.reason))
-                              """).fetchall()[0][0]
-        )
+        return int(self.con.execute(DEAD_INSERT_SQL.format(view=view)).fetchall()[0][0])
 
     def _store_offsets(self, delta: Delta) -> None:
         """The next offset per partition after this Delta (same transaction as its rows; MERGE: a lake has no keys)."""
