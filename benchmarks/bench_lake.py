@@ -23,7 +23,7 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
 
-from bench_materialize import BATCH, env_for, flightrec_cmd, pct, probe_latency, produce_backlog
+from bench_materialize import BATCH, FAIL_EVERY, env_for, flightrec_cmd, pct, probe_latency, produce_backlog
 
 from flightrec.db import lake as lakes
 from flightrec.broker import LocalBroker
@@ -89,12 +89,12 @@ def lake_run(bootstrap: str, catalog: LocalCatalog, work: Path, members: int, n:
 
 
 def latency(
-    bootstrap: str, catalog: LocalCatalog, work: Path, seconds: float = 20.0
+    bootstrap: str, catalog: LocalCatalog, work: Path, seconds: float = 20.0, fail_every: int = 0
 ) -> tuple[list[float], list[float]]:
     """Seconds from a probe line's ack by Kafka to its visibility to a lake reader, under ~10k lines/s of load, and
-    from a failing stage's exit to its failures row (bench_materialize.probe_latency)."""
+    from a failing stage's exit to its failures row (bench_materialize.probe_latency), into a new lake."""
     db = catalog.create_database(f"latency_{uuid.uuid4().hex[:6]}")
-    data = work / "latency"
+    data = work / f"latency-{uuid.uuid4().hex[:6]}"
     proc = subprocess.Popen(
         flightrec_cmd(
             "materialize", "--db", db, "--data-path", str(data), "--group", f"latency-{uuid.uuid4().hex[:6]}"
@@ -103,7 +103,7 @@ def latency(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return probe_latency(bootstrap, db, proc, seconds, start_wait=8.0, poll_s=0.05)
+    return probe_latency(bootstrap, db, proc, seconds, start_wait=8.0, poll_s=0.05, fail_every=fail_every)
 
 
 def main() -> int:
@@ -119,7 +119,8 @@ def main() -> int:
     broker.start()
     catalog.start()
     try:
-        lat, fail_lat = latency(broker.bootstrap, catalog, work)
+        lat, _ = latency(broker.bootstrap, catalog, work)
+        lat_f, fail_lat = latency(broker.bootstrap, catalog, work, fail_every=FAIL_EVERY)
         sent, _ = asyncio.run(produce_backlog(broker.bootstrap, args.lines))
         rates: dict[str, list[float]] = {"file": [], "lake1": [], "lake2": []}
         walls: dict[str, list[float]] = {"lake1": [], "lake2": []}
@@ -153,8 +154,9 @@ def main() -> int:
             f"p99 {pct(lat, 0.99):.2f}s max {max(lat):.2f}s (goal p99 <= 1.5 s)"
         )
         print(
-            f"exit of a failing stage -> its failures row visible to a lake reader, {len(fail_lat)} probes: "
-            f"p50 {pct(fail_lat, 0.5):.2f}s p99 {pct(fail_lat, 0.99):.2f}s max {max(fail_lat):.2f}s"
+            f"exit of a failing stage -> its failures row visible to a lake reader, {len(fail_lat)} probes, a failing "
+            f"stage every {FAIL_EVERY / 10:g} s: p50 {pct(fail_lat, 0.5):.2f}s p99 {pct(fail_lat, 0.99):.2f}s "
+            f"max {max(fail_lat):.2f}s; the lines meanwhile: p50 {pct(lat_f, 0.5):.2f}s p99 {pct(lat_f, 0.99):.2f}s"
         )
         return 0
     finally:
