@@ -202,6 +202,7 @@ def probe_latency(
     each probe line's ack by Kafka to its visibility through run_query on ``db``, and, every ``fail_every``-th probe
     (0.1 s apart; 0: none), from a failing stage's exit (its ProcessExit acked; the failed Lifecycle follows) to its
     ``failures`` row (inf: never seen)."""
+    probe = f"probe-{uuid.uuid4().hex[:8]}"  # a phase's own: the topics still hold an earlier phase's probe lines
     acked: dict[int, float] = {}
     seen: dict[int, float] = {}
     exited: dict[str, float] = {}
@@ -211,10 +212,12 @@ def probe_latency(
     def poll() -> None:
         while not done.is_set():
             try:
-                n = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = 'probe'").to_pylist()[0][
-                    "n"
-                ]
-                rows = run_query(db, "SELECT instance_id FROM failures WHERE instance_id LIKE 'fprobe-%'").to_pylist()
+                n = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = ?", [probe]).to_pylist()[
+                    0
+                ]["n"]
+                rows = run_query(
+                    db, "SELECT instance_id FROM failures WHERE starts_with(instance_id, ?)", [f"fprobe-{probe}-"]
+                ).to_pylist()
             except FlightrecError:  # not serving yet; a lake's tables appear with its first member
                 n, rows = None, []
             now = time.perf_counter()
@@ -234,14 +237,14 @@ def probe_latency(
             k = 0
             while time.perf_counter() < end:
                 k += 1
-                await (await p.send(TOPIC_LOGS, encode(batch("probe", "b", k - 1, 1, k)), key=b"probe"))
+                await (await p.send(TOPIC_LOGS, encode(batch(probe, "b", k - 1, 1, k)), key=probe.encode()))
                 acked[k] = time.perf_counter()
                 for j in range(2):  # the background load
                     await p.send(
                         TOPIC_LOGS, encode(batch(f"load-{j}", "b", k, BATCH, k * BATCH)), key=f"load-{j}".encode()
                     )
                 if fail_every and k % fail_every == 0:  # a failing stage
-                    inst = f"fprobe-{k}"
+                    inst = f"fprobe-{probe}-{k}"
                     for ev in failing_instance(inst):
                         await (await p.send(ev.topic, encode(ev), key=inst.encode()))
                         if isinstance(ev, ProcessExit):
@@ -257,7 +260,7 @@ def probe_latency(
         t.start()
         asyncio.run(produce())
         deadline = time.perf_counter() + 30
-        while (len(seen) < len(acked) or len(failed) < len(exited)) and time.perf_counter() < deadline:
+        while (len(seen) < len(acked) or not exited.keys() <= failed.keys()) and time.perf_counter() < deadline:
             time.sleep(0.1)
         done.set()
         t.join()
