@@ -140,19 +140,37 @@ class RowWriter:
 
     def _write(self, delta: Delta) -> Stats:
         """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
+        new, conflicts, lines = self._write_events(delta)
+        failures = self._write_derived(delta.heartbeats, new)
+        dead = self._write_shared(delta)
+        return self._stats(delta, new, conflicts, lines, failures, dead)
+
+    def _write_events(self, delta: Delta) -> tuple[pa.Table, int, int]:
+        """The batch's events and their rows (``_d_<name>`` registered): (the new events' keys, conflicts, lines)."""
         new = self._insert_events()
         conflicts = self._conflicts(delta, new) if new.num_rows < delta.events.num_rows else 0
-        lines = failures = 0
+        lines = 0
         if new.num_rows:
             first_sight = delta.duplicates == 0 and new.num_rows == delta.events.num_rows
             lines = self._insert_rows(delta, new, first_sight)
-            affected = affected_keys(self.con, new)
-            failures = recompute(self.con, self.rules, affected)
+        return new, conflicts, lines
+
+    def _write_derived(self, heartbeats: pa.Table, new: pa.Table) -> int:
+        """The derived tables for the new events ``new`` (and their ``heartbeats``); returns failure rows written."""
+        if not new.num_rows:
+            return 0
+        if heartbeats.num_rows:
+            merge_heartbeats(self.con, heartbeats, new)
+        return recompute(self.con, self.rules, affected_keys(self.con, new))
+
+    def _write_shared(self, delta: Delta) -> int:
+        """Manager events and dead letters (``_d_<name>`` registered); returns dead letters written."""
         if delta.manager.num_rows:
             self._insert_new("manager_events", "_d_manager", ("event_id",))
-        dead = 0
-        if delta.dead.num_rows:
-            dead = self._insert_dead("_d_dead")
+        return self._insert_dead("_d_dead") if delta.dead.num_rows else 0
+
+    @staticmethod
+    def _stats(delta: Delta, new: pa.Table, conflicts: int, lines: int, failures: int, dead: int) -> Stats:
         return Stats(
             events_received=delta.messages,
             events_written=new.num_rows,
@@ -254,8 +272,6 @@ class RowWriter:
                 else:
                     lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
                                            SEMI JOIN _new USING (event_id)""").fetchall()[0][0]
-        if delta.heartbeats.num_rows:
-            merge_heartbeats(self.con, delta.heartbeats, new)
         return lines
 
 

@@ -7,12 +7,14 @@ import time
 
 import duckdb
 import pytest
-from lake_helpers import assert_lake_equals_file, lake_con, lake_count, run_lake, varied_fleet
+from lake_helpers import assert_lake_equals_file, lake_con, lake_count, run_lake, table_rows, varied_fleet
 from materializer_helpers import Boot, flightrec, materialize, publish
 
 from flightrec.db import lake as lakes
+from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.lakestore import LakeStore
+from flightrec.db.stats import Stats
 from flightrec.errors import Fenced, MaterializeError
 from flightrec.schemas import Lifecycle, encode
 
@@ -484,3 +486,51 @@ def test_a_nul_in_an_instance_id_and_its_facts_commits_to_a_lake(lake):
         assert again.lines_written == 0 and _count(store, "SELECT count(*) FROM log_lines") == 1
     finally:
         store.close()
+
+
+def test_a_commit_of_several_shards_writes_what_one_shard_at_a_time_writes(lake, tmp_path):
+    """A member owning several shards writes their shared tables once per commit (LakeStore._write_together): the
+    same rows as the shards' Deltas written one after another on a file, dead letters, duplicates, heartbeats,
+    failures and manager events included; an event id in two shards' Deltas makes it write them one at a time."""
+    events, raw = varied_fleet()
+    by_shard: dict[int, list[RawMessage]] = {0: [], 1: [], 2: []}
+    instances = list(dict.fromkeys(ev.instance_id for ev in events))  # each instance in one shard, as Kafka's keys
+    for ev in events:
+        key = ev.instance_id.encode()
+        shard = instances.index(ev.instance_id) % 3
+        by_shard[shard].append(RawMessage(ev.topic, shard, len(by_shard[shard]), key, encode(ev), None, None, ()))
+    for topic, key, value in raw:
+        by_shard[2].append(RawMessage(topic, 2, len(by_shard[2]), key, value, None, None, ()))
+    assert all(by_shard.values()), "every shard gets events"
+    deltas = {s: fold(msgs) for s, msgs in by_shard.items()}
+
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    store = LakeStore(loc, "g", shards=range(3))
+    file = FileStore(tmp_path / "one-at-a-time.duckdb", "g")
+    try:
+        store.claim(range(3))
+        together = store.commit(deltas)
+        assert together.commits == 1, "one transaction, shared tables written once"
+        one_by_one = Stats()
+        for s in range(3):
+            one_by_one += file.commit(deltas[s])
+        for field in ("events_written", "lines_written", "duplicates_dropped", "dead_letters", "failures_written"):
+            assert getattr(together, field) == getattr(one_by_one, field), field
+        store.con.execute("SET search_path = 'lake.main'")
+        for table in MATERIALIZED_TABLES:
+            if table in ("consumer_offsets", "materializer_runs", "schema_version"):
+                continue
+            assert table_rows(store.con, table) == table_rows(file.con, table), table
+        # the same new event in two shards' Deltas: written shard after shard, the second copy is a duplicate
+        fresh = _boot(3).events  # one LogBatch of 3 lines
+        twice = {
+            s: fold([RawMessage(e.topic, s, 100 + i, e.instance_id.encode(), encode(e), None, None, ())
+                     for i, e in enumerate(fresh)])
+            for s in (0, 1)
+        }  # fmt: skip
+        stats = store.commit(twice)
+        assert (stats.events_written, stats.duplicates_dropped, stats.lines_written) == (1, 1, 3), stats
+    finally:
+        store.close()
+        file.close()
