@@ -56,12 +56,16 @@ def _boots(prefix: str) -> list[Boot]:
     return boots
 
 
-def _produce(bootstrap: str, boots: list[Boot], started: Callable[[], bool]) -> None:
+def _produce(bootstrap: str, boots: list[Boot], started: Callable[[], bool], kills: list[threading.Event]) -> None:
     """Publish the boots' events in rounds (each instance's events in order): the first two, then, once the members
-    have written lines (``started``: their start-up under load is no part of the run), the rest over PRODUCE_S."""
+    have written lines (``started``: their start-up under load is no part of the run), the rest over PRODUCE_S, a
+    third of them after each of the ``kills`` (so each kill falls mid-run however slow the machine is)."""
     rounds = BATCHES + 2
     deadline = time.monotonic() + 120
+    gates = {rounds * (k + 1) // (len(kills) + 1): kill for k, kill in enumerate(kills)}
     for r in range(rounds):
+        if r in gates:
+            gates[r].wait(300)
         publish(bootstrap, [b.events[r] for b in boots])
         if r == 1:
             while not started() and time.monotonic() < deadline:
@@ -91,8 +95,9 @@ def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page)
     group = f"lake-{uuid.uuid4().hex[:8]}"
     env = kafka.env()
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    killed = [threading.Event(), threading.Event()]
     producer = threading.Thread(
-        target=_produce, args=(kafka.bootstrap, boots, lambda: _lines(db, data_path, prefix) > 0)
+        target=_produce, args=(kafka.bootstrap, boots, lambda: _lines(db, data_path, prefix) > 0, killed)
     )
     procs: list[subprocess.Popen] = []
     reader = subprocess.Popen(
@@ -108,7 +113,7 @@ def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page)
         procs += [a, b]
         producer.start()
         kills = []
-        for _ in range(2):  # SIGKILL member a once it has committed something more, then start it again
+        for k in range(2):  # SIGKILL member a once it has committed something more, then start it again
             before = _lines(db, data_path, prefix) if kills else 0
             deadline = time.monotonic() + 60
             while _lines(db, data_path, prefix) <= before:
@@ -121,11 +126,14 @@ def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page)
             kills.append(_lines(db, data_path, prefix))
             a = _member(db, data_path, group, env, logs[0])
             procs.append(a)
+            killed[k].set()  # the producer goes on with the next third
         assert kills[-1] < total, "the run was over before the second kill: produce more slowly"
         producer.join()
         for p in (a, b):
             assert p.wait(180) == 0, "\n".join(log.read_text()[-3000:] for log in logs)
     finally:
+        for gate in killed:
+            gate.set()
         for p in procs:
             if p.poll() is None:
                 p.kill()
