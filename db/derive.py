@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from flightrec.db.classify import RuleTable
 from flightrec.db.failures import TAIL_LINES, build_failure
 from flightrec.db.fold import BOOL, FILE_TAILS, F64, I32, I64, STR, STRLIST
-from flightrec.db.liveness import recompute_running
+from flightrec.db.liveness import running_rows
 
 FAILURES = pa.schema(
     [
@@ -89,6 +89,30 @@ def arrow_views(con: duckdb.DuckDBPyConnection, **tables: pa.Table) -> Iterator[
     finally:
         for name in done:
             con.unregister(name)
+
+
+class Rewrite:
+    """Where derived rows go: the rows of some keys replaced in one table of each name (a file, one shard of a lake).
+
+    The derivation reads the tables by their plain names and writes only through :meth:`replace`, so a store can
+    spread the rows over tables of its own (lakestore's rewrite over a commit's shards) and read them back through
+    views of the same names."""
+
+    def replace(self, con: duckdb.DuckDBPyConnection, table: str, keys: pa.Table, rows: Sequence[pa.Table]) -> None:
+        """Delete the rows of ``table`` matching ``keys`` (every column of it), then insert ``rows``."""
+        replace_rows(con, table, keys, rows)
+
+
+def replace_rows(con: duckdb.DuckDBPyConnection, target: str, keys: pa.Table, rows: Sequence[pa.Table]) -> None:
+    """Delete the rows of ``target`` (a table, possibly qualified) matching ``keys`` and insert ``rows``."""
+    if keys.num_rows:
+        on = " AND ".join(f"t.{c} = k.{c}" for c in keys.column_names)
+        with arrow_views(con, _rw_keys=keys):
+            con.execute(f"DELETE FROM {target} AS t USING _rw_keys k WHERE {on}")
+    for part in rows:
+        if part.num_rows:
+            with arrow_views(con, _rw_rows=part):
+                con.execute(f"INSERT INTO {target} BY NAME SELECT * FROM _rw_rows")
 
 
 # Kinds of event whose only effect on the derived tables is through their boot's counts (boots, and the
@@ -230,16 +254,11 @@ def judge_boot(seq_counts: Sequence[tuple[int, int]], seal_seq: int | None, seal
     return incomplete_reason(sealed_count, gaps, seal_seq, dups, after)
 
 
-def recompute_boots(con: duckdb.DuckDBPyConnection, boots: pa.Table) -> None:
+def recompute_boots(con: duckdb.DuckDBPyConnection, boots: pa.Table, out: Rewrite | None = None) -> None:
     """Events, seq coverage and completeness (:func:`judge_boot`) of every boot in ``boots``."""
     with arrow_views(con, _aff_boot=boots):
         rows = _boot_rows(con)
-        con.execute(
-            "DELETE FROM boots USING _aff_boot a WHERE boots.instance_id = a.instance_id AND boots.boot_id = a.boot_id"
-        )
-    if rows:
-        with arrow_views(con, _new_boots=pa.Table.from_pylist(rows, schema=BOOTS)):
-            con.execute("INSERT INTO boots BY NAME SELECT * FROM _new_boots")
+    (out or Rewrite()).replace(con, "boots", boots, [pa.Table.from_pylist(rows, schema=BOOTS)])
 
 
 def _boot_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -415,24 +434,21 @@ def _failure_rows(keys: pa.Table, inputs: FailureInputs, rules: RuleTable) -> li
     return out
 
 
-def recompute_failures(con: duckdb.DuckDBPyConnection, rules: RuleTable, stages: pa.Table) -> int:
+def recompute_failures(
+    con: duckdb.DuckDBPyConnection, rules: RuleTable, stages: pa.Table, out: Rewrite | None = None
+) -> int:
     """One failures row per stage in ``stages`` that shows a failure; returns rows written."""
     with arrow_views(con, _aff_stage=stages):
         keys = con.sql(FAILURE_KEYS_SQL).to_arrow_table()
     if keys.num_rows == 0:
         return 0
     with arrow_views(con, _fail_keys=keys):
-        out = _failure_rows(keys, _failure_inputs(con), rules)
-        con.execute("""DELETE FROM failures USING _fail_keys k WHERE failures.instance_id = k.instance_id
-                       AND failures.boot_id = k.boot_id AND failures.stage = k.stage""")
-    if out:
-        with arrow_views(con, _new_failures=pa.Table.from_pylist(out, schema=FAILURES)):
-            con.execute("INSERT INTO failures BY NAME SELECT * FROM _new_failures")
-    return len(out)
+        rows = _failure_rows(keys, _failure_inputs(con), rules)
+    (out or Rewrite()).replace(con, "failures", keys, [pa.Table.from_pylist(rows, schema=FAILURES)])
+    return len(rows)
 
 
 INSTANCES_SQL = """
-INSERT INTO instances BY NAME
 WITH lb AS (
     SELECT * FROM (SELECT b.*, row_number() OVER (PARTITION BY b.instance_id
                                                   ORDER BY coalesce(b.first_recv_us, b.first_event_us) DESC,
@@ -506,7 +522,7 @@ FROM instances i JOIN b ON i.instance_id = b.instance_id AND i.boot_id = b.lb.bo
 
 
 def recompute_instances(
-    con: duckdb.DuckDBPyConnection, instances: pa.Table, boot_only: pa.Table | None = None
+    con: duckdb.DuckDBPyConnection, instances: pa.Table, boot_only: pa.Table | None = None, out: Rewrite | None = None
 ) -> pa.Table:
     """The instances row of every instance in ``instances`` (after boots and failures); returns the instances
     recomputed in full. Those of ``boot_only`` (see AffectedKeys) whose latest boot did not change take their
@@ -518,24 +534,23 @@ def recompute_instances(
     full = instances
     if fast is not None and fast.num_rows:
         full = instances.filter(pc.invert(pc.is_in(instances.column("instance_id"), fast.column("instance_id"))))
-    with arrow_views(con, _aff_inst=instances):
-        con.execute("DELETE FROM instances WHERE instance_id IN (SELECT instance_id FROM _aff_inst)")
-    if fast is not None and fast.num_rows:
-        with arrow_views(con, _fast_inst=fast):
-            con.execute("INSERT INTO instances BY NAME SELECT * FROM _fast_inst")
+    rows = [fast] if fast is not None else []
     if full.num_rows:
         with arrow_views(con, _aff_inst=full):
-            con.execute(INSTANCES_SQL)
+            rows.append(con.sql(INSTANCES_SQL).to_arrow_table())
+    (out or Rewrite()).replace(con, "instances", instances.select(["instance_id"]), rows)
     return full
 
 
-def recompute(con: duckdb.DuckDBPyConnection, rules: RuleTable, keys: AffectedKeys) -> int:
+def recompute(con: duckdb.DuckDBPyConnection, rules: RuleTable, keys: AffectedKeys, out: Rewrite | None = None) -> int:
     """Boots, then failures, then instances, then running stages, for the affected keys; returns failure rows
-    written. Running stages depend on the latest boot and its lifecycle events only, so an instance whose row
-    kept its boot and got only BOOT_ONLY_KINDS events keeps them."""
-    recompute_boots(con, keys.boots)
-    n = recompute_failures(con, rules, keys.stages) if keys.stages.num_rows else 0
-    full = recompute_instances(con, keys.instances, keys.boot_only)
+    written (through ``out``: by default the tables of those names). Each step reads what the ones before it
+    wrote. Running stages depend on the latest boot and its lifecycle events only, so an instance whose row kept
+    its boot and got only BOOT_ONLY_KINDS events keeps them."""
+    out = out or Rewrite()
+    recompute_boots(con, keys.boots, out)
+    n = recompute_failures(con, rules, keys.stages, out) if keys.stages.num_rows else 0
+    full = recompute_instances(con, keys.instances, keys.boot_only, out)
     if full.num_rows:
-        recompute_running(con, full)
+        out.replace(con, "running_stages", full.select(["instance_id"]), [running_rows(con, full)])
     return n

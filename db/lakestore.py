@@ -21,7 +21,6 @@ retried (bounded, with jitter) and counted. Use one LakeStore from one thread (t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import re
@@ -38,9 +37,11 @@ from flightrec.db import lake as lakes, migrate
 from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import arrow_views
 from flightrec.db.fold import Delta
+from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.stats import Stats
 from flightrec.db.filestore import RowWriter, delta_views, schema_sql
 from flightrec.db.nul import without_nul
+from flightrec.db.together import derive_together, join_shards
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,12 @@ T = TypeVar("T")
 ALIAS = "lake"
 # Tables rewritten by commits (DELETE/UPDATE, which conflict per table in DuckLake): one copy per shard.
 SHARD_TABLES: tuple[str, ...] = ("instances", "boots", "failures", "heartbeats", "running_stages", "consumer_offsets")
+DERIVED_TABLES: tuple[str, ...] = (
+    "instances",
+    "boots",
+    "failures",
+    "running_stages",
+)  # what db/derive reads and writes
 CLAIM_SQL = """CREATE TABLE IF NOT EXISTS {schema}.claim (
     owner          VARCHAR,   -- the member (one process) holding the shard
     epoch          BIGINT,    -- bumped by every claim; a commit must still see its own
@@ -386,7 +393,7 @@ class LakeStore(RowWriter):
 
         # a lake's text holds no NUL (db/nul.py): made so once, not at every retry of the transaction
         views = {s: {k: without_nul(v) for k, v in delta_views(deltas[s]).items()} for s in shards}
-        together = _together(shards, deltas, views)
+        together = join_shards(shards, deltas, views)
 
         def write() -> Stats:
             total = Stats()
@@ -422,18 +429,23 @@ class LakeStore(RowWriter):
     ) -> Stats:
         """One commit's shards with each shared table written once: the events and their rows, then manager events
         and dead letters, for all the shards' Deltas joined (``delta``, its views ``joined``), in ``main``; each
-        shard's derived tables and offsets in its own schema, for its own new events. The same rows as writing
+        shard's heartbeats and offsets in its own schema, for its own new events; the derived rows of all of them
+        computed once and written to each instance's shard (together.derive_together). The same rows as writing
         the shards one after another (RowWriter._write each), in a fraction of the statements."""
         self.con.execute(f"SET search_path = '{ALIAS}.main'")
         with arrow_views(self.con, **joined):
             new, conflicts, lines = self._write_events(delta)
-        failures = 0
+        mine: dict[str, pa.Array] = {}  # each shard's schema: its instances among the new events
         for s in shards:
             self.con.execute(f"SET search_path = '{ALIAS}.{shard_schema(s)},{ALIAS}.main'")
             ids = deltas[s].events.column("event_id")
-            failures += self._write_derived(views[s]["_d_heartbeats"], new.filter(pc.is_in(new["event_id"], ids)))
+            new_s = new.filter(pc.is_in(new["event_id"], ids))
+            if new_s.num_rows and views[s]["_d_heartbeats"].num_rows:
+                merge_heartbeats(self.con, views[s]["_d_heartbeats"], new_s)
+            mine[f"{ALIAS}.{shard_schema(s)}"] = pc.unique(new_s["instance_id"])
             self._store_offsets(deltas[s])
         self.con.execute(f"SET search_path = '{ALIAS}.main'")
+        failures = derive_together(self.con, self.rules, mine, new) if new.num_rows else 0
         with arrow_views(self.con, **joined):
             dead = self._write_shared(delta)
         return self._stats(delta, new, conflicts, lines, failures, dead)
@@ -540,34 +552,6 @@ class LakeStore(RowWriter):
             self.con.close()
         except duckdb.Error as exc:
             log.warning("closing the lake %s: %s", self.path, exc)
-
-
-def _together(
-    shards: list[int], deltas: Mapping[int, Delta], views: Mapping[int, dict[str, pa.Table]]
-) -> tuple[Delta, dict[str, pa.Table]] | None:
-    """The shards' Deltas joined into one, with its views, when a commit writes several shards; None when it writes
-    one, or when an event id is in two shards' Deltas (written shard after shard, the second is then a duplicate
-    or a conflict, as on a file)."""
-    if len(shards) < 2:
-        return None
-    try:
-        joined = {k: pa.concat_tables([views[s][k] for s in shards]) for k in views[shards[0]]}
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return None
-    ids = joined["_d_events"].column("event_id")
-    if pc.count_distinct(ids).as_py() != len(ids):
-        return None
-    parts = [deltas[s] for s in shards]
-    delta = dataclasses.replace(
-        parts[0],
-        **{k[len("_d_") :]: v for k, v in joined.items()},
-        offsets={tp: o for d in parts for tp, o in d.offsets.items()},
-        origins={e: o for d in parts for e, o in d.origins.items()},
-        messages=sum(d.messages for d in parts),
-        duplicates=sum(d.duplicates for d in parts),
-        skipped=sum(d.skipped for d in parts),
-    )
-    return delta, joined
 
 
 def describe(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

@@ -38,7 +38,6 @@ WHEN NOT MATCHED THEN INSERT BY NAME
 
 
 RUNNING_SQL = """
-INSERT INTO running_stages BY NAME
 WITH ls AS (
     SELECT l.instance_id, l.stage, arg_max(l.state, l.seq) AS last_state
     FROM lifecycle_events l JOIN instances i ON l.instance_id = i.instance_id AND l.boot_id = i.boot_id
@@ -52,12 +51,12 @@ FROM instances i WHERE i.instance_id IN (SELECT instance_id FROM _running_inst)
 """
 
 
-def recompute_running(con: duckdb.DuckDBPyConnection, instances: pa.Table) -> None:
-    """The stages in progress of the latest boot of each instance in ``instances`` (after the instances rows)."""
+def running_rows(con: duckdb.DuckDBPyConnection, instances: pa.Table) -> pa.Table:
+    """The running_stages rows (the stages in progress of the latest boot) of each instance in ``instances``, read
+    after their instances rows are written."""
     con.register("_running_inst", instances)
     try:
-        con.execute("DELETE FROM running_stages WHERE instance_id IN (SELECT instance_id FROM _running_inst)")
-        con.execute(RUNNING_SQL)
+        return con.sql(RUNNING_SQL).to_arrow_table()
     finally:
         con.unregister("_running_inst")
 

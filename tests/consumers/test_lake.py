@@ -534,3 +534,82 @@ def test_a_commit_of_several_shards_writes_what_one_shard_at_a_time_writes(lake,
     finally:
         store.close()
         file.close()
+
+
+class _Counting:
+    """A lake connection that counts the statements naming a table (the rest passes through)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, table: str) -> None:
+        self._con, self._table, self.count = con, table, 0
+
+    def _seen(self, sql: object) -> None:
+        self.count += self._table in str(sql)
+
+    def execute(self, sql: object, *args, **kwargs):
+        self._seen(sql)
+        return self._con.execute(sql, *args, **kwargs)
+
+    def sql(self, sql: object, *args, **kwargs):
+        self._seen(sql)
+        return self._con.sql(sql, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._con, name)
+
+
+def test_a_commit_of_several_shards_derives_its_rows_in_one_pass(lake, tmp_path):
+    """The derived rows (boots, failures, instances, running stages) of a commit of three shards are computed once for
+    all of them: the statements reading the lifecycle events are as many as for the same events in one shard (each
+    statement on a lake table costs catalog round trips: computed per shard, a member owning every shard paid the
+    derivation six times a commit)."""
+
+    def deltas(shards: int) -> dict[int, object]:
+        events, _ = varied_fleet()  # new ids: each store of the lake writes a fleet of its own
+        instances = list(dict.fromkeys(ev.instance_id for ev in events))
+        by_shard: dict[int, list[RawMessage]] = {s: [] for s in range(shards)}
+        for ev in events:
+            s = instances.index(ev.instance_id) % shards
+            by_shard[s].append(
+                RawMessage(ev.topic, s, len(by_shard[s]), ev.instance_id.encode(), encode(ev), None, None, ())
+            )
+        return {s: fold(m) for s, m in by_shard.items()}
+
+    db, data_path = lake
+    counts = {}
+    for shards in (1, 3):
+        loc = lakes.lake_location(db, data_path, writing=True)
+        store = LakeStore(loc, f"g{shards}", shards=range(10 * shards, 10 * shards + shards))
+        try:
+            store.claim(range(10 * shards, 10 * shards + shards))
+            counting = store.con = _Counting(store.con, "lifecycle_events")
+            store.commit({10 * shards + s: d for s, d in deltas(shards).items()})
+            counts[shards] = counting.count
+            store.con = counting._con
+        finally:
+            store.close()
+    assert counts[1] > 0 and counts[3] == counts[1], counts
+
+
+def test_an_instance_in_two_shards_of_a_commit_is_derived_in_each(lake):
+    """Kafka keys events by instance id, so an instance lives in one shard; a producer keying otherwise puts it in
+    two. Such a commit is written shard after shard (together.join_shards says no): each shard holds the instance's
+    derived rows, as when the two shards commit apart, and nothing fails."""
+    b = Boot()
+    b.stage_ok("tunnel", ["up"])
+    b.add(Lifecycle, stage="benchmark", state="started")
+    half = len(b.events) // 2
+    deltas = {
+        s: fold([RawMessage(e.topic, s, i, b"other-key", encode(e), None, None, ()) for i, e in enumerate(part)])
+        for s, part in ((0, b.events[:half]), (1, b.events[half:]))
+    }
+    db, data_path = lake
+    store = LakeStore(lakes.lake_location(db, data_path, writing=True), "g", shards=range(2))
+    try:
+        store.claim(range(2))
+        stats = store.commit(deltas)
+        assert stats.events_written == len(b.events), stats
+        for s in range(2):
+            rows = store.con.execute(f"SELECT instance_id FROM lake.part_{s}.instances").fetchall()
+            assert rows == [(b.instance,)], (s, rows)
+    finally:
+        store.close()
