@@ -41,7 +41,7 @@ from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.stats import Stats
 from flightrec.db.filestore import RowWriter, delta_views, schema_sql
 from flightrec.db.nul import without_nul
-from flightrec.db.together import derive_together, join_shards
+from flightrec.db.together import OwnedRows, derive_together, join_shards
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,7 @@ class LakeStore(RowWriter):
         self.started_us = time.time_ns() // 1000
         self.last_commit_us = self.started_us
         self.epochs: dict[int, int] = {}  # shard -> the epoch this member claimed it at
+        self._owned = OwnedRows()  # the owned shards' derived rows, kept between commits
         self._shards: set[int] = set()  # shard schemas known to exist
         self._views = views
         self._memory_limit = memory_limit
@@ -409,8 +410,15 @@ class LakeStore(RowWriter):
                     self._store_offsets(delta)
             return total
 
+        def attempt() -> Stats:
+            try:
+                return self._in_transaction(write)
+            except BaseException:
+                self._owned.forget()  # its rows were written in the transaction that failed
+                raise
+
         try:
-            stats, retried = self._retrying("commit a batch", lambda: self._in_transaction(write))
+            stats, retried = self._retrying("commit a batch", attempt)
         except Fenced:
             self.totals += Stats(fenced=1)
             raise
@@ -445,7 +453,8 @@ class LakeStore(RowWriter):
             mine[f"{ALIAS}.{shard_schema(s)}"] = pc.unique(new_s["instance_id"])
             self._store_offsets(deltas[s])
         self.con.execute(f"SET search_path = '{ALIAS}.main'")
-        failures = derive_together(self.con, self.rules, mine, new) if new.num_rows else 0
+        owned = {f"{ALIAS}.{shard_schema(s)}": self.epochs.get(s, 0) for s in {*self.epochs, *shards}}
+        failures = derive_together(self.con, self.rules, self._owned, owned, mine, new) if new.num_rows else 0
         with arrow_views(self.con, **joined):
             dead = self._write_shared(delta)
         return self._stats(delta, new, conflicts, lines, failures, dead)

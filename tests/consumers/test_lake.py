@@ -613,3 +613,63 @@ def test_an_instance_in_two_shards_of_a_commit_is_derived_in_each(lake):
             assert rows == [(b.instance,)], (s, rows)
     finally:
         store.close()
+
+
+def _kept_equals_lake(store: LakeStore, shards: range) -> None:
+    """The derived rows a member keeps (together.OwnedRows) are its shards' rows in the lake."""
+    for name, columns in {"boots": "*", "instances": "*", "failures": "instance_id, boot_id, stage"}.items():
+        union = " UNION ALL ".join(f"SELECT {columns} FROM lake.part_{s}.{name}" for s in shards)
+        lake_rows = store.con.execute(f"SELECT * FROM ({union}) ORDER BY ALL").fetchall()
+        kept = store.con.execute(f"SELECT * FROM temp.main._kept_{name} ORDER BY ALL").fetchall()
+        assert kept == lake_rows, name
+
+
+def test_the_kept_derived_rows_follow_claims_and_failed_commits(lake, monkeypatch):
+    """A member keeps its shards' derived rows between commits (the derivation reads them instead of the lake). When
+    a commit failed after the derivation (its first after a claim, or a later one), or another member wrote a shard
+    meanwhile (it claimed it, then this member claimed it back), what it keeps is read again: it stays the lake's
+    rows, and so do the rows derived from it."""
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    a = LakeStore(loc, "g", shards=range(2), owner="member-a")
+    b = LakeStore(loc, "g", shards=range(2), owner="member-b")
+    x, y = _boot(3), _boot(3)  # x's instance in shard 0, y's in shard 1
+
+    def broken(delta):  # a fault after the derivation, before COMMIT
+        raise duckdb.IOException("disk full (injected)")
+
+    try:
+        a.claim(range(2))
+        monkeypatch.setattr(a, "_write_shared", broken)
+        with pytest.raises(MaterializeError, match="disk full"):
+            a.commit({0: _delta(x, 0, 0), 1: _delta(y, 1, 0)})
+        monkeypatch.undo()
+        a.commit({0: _delta(x, 0, 0), 1: _delta(y, 1, 0)})
+        _kept_equals_lake(a, range(2))
+
+        b.claim([1])  # shard 1 moves to b, which boots y's instance again and sees a new instance
+        again = Boot(instance=y.instance, t0=y.t0 + 10**6)
+        again.add(Lifecycle, stage="tunnel", state="started")
+        b.commit({1: _delta(again, 1, 1)})
+        b.commit({1: _delta(_boot(2), 1, 2)})
+        a.release([1])
+        a.claim([1])  # and back to a
+        a.commit({0: _delta(_boot(2), 0, 1)})
+        _kept_equals_lake(a, range(2))
+        again.lines("tunnel", "stdout", ["up"])  # a line of the new boot: only its boots columns change
+        later = fold([RawMessage(e.topic, 1, 3, e.instance_id.encode(), encode(e)) for e in again.events[1:]])
+        a.commit({1: later})
+        _kept_equals_lake(a, range(2))
+        assert a.con.execute("SELECT boot_id FROM instances WHERE instance_id = ?", [y.instance]).fetchall() == [
+            (again.boot,)
+        ]
+
+        monkeypatch.setattr(a, "_write_shared", broken)
+        with pytest.raises(MaterializeError, match="disk full"):
+            a.commit({0: _delta(_boot(4), 0, 2)})
+        monkeypatch.undo()
+        a.commit({0: _delta(_boot(5), 0, 2)})
+        _kept_equals_lake(a, range(2))
+    finally:
+        a.close()
+        b.close()
