@@ -189,6 +189,9 @@ def latency_phase(
     return probe_latency(bootstrap, str(db), proc, seconds, start_wait=4.0, poll_s=0.01, fail_every=fail_every)
 
 
+POLLS: list[float] = []  # seconds each poll of the last probe_latency took (its two queries): the reader's share
+
+
 def probe_latency(
     bootstrap: str,
     db: str,
@@ -209,8 +212,11 @@ def probe_latency(
     failed: dict[str, float] = {}
     done = threading.Event()
 
+    POLLS.clear()
+
     def poll() -> None:
         while not done.is_set():
+            t0 = time.perf_counter()
             try:
                 n = run_query(db, "SELECT max(line_no) AS n FROM log_lines WHERE instance_id = ?", [probe]).to_pylist()[
                     0
@@ -221,6 +227,7 @@ def probe_latency(
             except FlightrecError:  # not serving yet; a lake's tables appear with its first member
                 n, rows = None, []
             now = time.perf_counter()
+            POLLS.append(now - t0)
             for k in range(1, (n or 0) + 1):
                 seen.setdefault(k, now)
             for r in rows:

@@ -454,7 +454,9 @@ class LakeStore(RowWriter):
             self._store_offsets(deltas[s])
         self.con.execute(f"SET search_path = '{ALIAS}.main'")
         owned = {f"{ALIAS}.{shard_schema(s)}": self.epochs.get(s, 0) for s in {*self.epochs, *shards}}
-        failures = derive_together(self.con, self.rules, self._owned, owned, mine, new) if new.num_rows else 0
+        failures = (
+            derive_together(self.con, self.rules, self._owned, owned, mine, new, f"{ALIAS}.main") if new.num_rows else 0
+        )
         with arrow_views(self.con, **joined):
             dead = self._write_shared(delta)
         return self._stats(delta, new, conflicts, lines, failures, dead)

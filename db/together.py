@@ -14,13 +14,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flightrec.db.classify import RuleTable
-from flightrec.db.derive import Rewrite, affected_keys, recompute, replace_rows
+from flightrec.db.derive import BOOT_ONLY_KINDS, Rewrite, affected_keys, arrow_views, recompute, replace_rows
 from flightrec.db.fold import Delta
 from flightrec.errors import LakeError
 
 # What the derivation reads of the derived tables (db/derive): all of boots and instances, the keys of failures
 # (running_stages is only written). Each is kept in a temporary table of the member's connection (OwnedRows).
 KEPT: dict[str, str] = {"boots": "*", "instances": "*", "failures": "instance_id, boot_id, stage"}
+
+
+# The event tables the derivation reads several times a commit, always for the new events' instances only (their
+# failures, states, stages, facts, results): read once a commit into temporary tables of those instances' rows
+# when the commit has an event not of BOOT_ONLY_KINDS (a log-only commit reads lifecycle_events once, for seals).
+# events_seen and log_lines are read where they are needed (each once or twice, by boot or by failing stage).
+PREFETCHED: tuple[str, ...] = ("lifecycle_events", "throughput", "process_exits", "instance_facts")
 
 
 class OwnedRows:
@@ -81,18 +88,31 @@ def derive_together(
     schemas: Mapping[str, int],
     mine: Mapping[str, pa.Array],
     new: pa.Table,
+    main: str,
 ) -> int:
     """The derived rows of the new events ``new`` of a commit's shards (``mine``) in one pass, inside the commit's
     transaction; returns failure rows written. The derivation reads the derived tables kept for the owned shards
-    (``schemas``, OwnedRows) and writes each row to its instance's shard (ShardRewrite)."""
+    (``schemas``, OwnedRows), the small event tables' rows of the new events' instances read once from the lake's
+    ``main`` schema (PREFETCHED), and writes each row to its instance's shard (ShardRewrite)."""
     owned.ready(con, schemas)
+    # only where an event can change more than its boot's counts: else the derivation reads them once or not at all
+    prefetch = PREFETCHED if not pc.all(pc.is_in(new["kind"], pa.array(BOOT_ONLY_KINDS))).as_py() else ()
+    with arrow_views(con, _pre_instances=pa.table({"instance_id": pc.unique(new["instance_id"])})):
+        for name in prefetch:  # this transaction's own rows included
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE _pre_{name} AS "
+                f"SELECT * FROM {main}.{name} SEMI JOIN _pre_instances USING (instance_id)"
+            )
     # the plain names, for the derivation only (a plain name finds a temporary view before the search path); made in
     # the transaction, so a failed one takes them with its rollback (a statement after a failed one would fail too)
-    for name in KEPT:
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM temp.main._kept_{name}")
+    shadows = {**{n: f"_kept_{n}" for n in KEPT}, **{n: f"_pre_{n}" for n in prefetch}}
+    for name, table in shadows.items():
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM temp.main.{table}")
     written = recompute(con, rules, affected_keys(con, new), ShardRewrite(mine))
-    for name in KEPT:
+    for name in shadows:
         con.execute(f"DROP VIEW temp.main.{name}")
+    for name in prefetch:
+        con.execute(f"DROP TABLE temp.main._pre_{name}")
     return written
 
 
