@@ -331,8 +331,17 @@ class LakeStore(RowWriter):
         (epochs, offsets), retried = self._retrying("claim partitions", lambda: self._in_transaction(take))
         self.epochs.update(epochs)
         self.totals += retried
+        try:  # read the owned shards' derived rows now, not in the first commit (the first events wait less)
+            self._owned.ready(self.con, self._owned_schemas(()))
+        except duckdb.Error as exc:  # the first commit reads them (and waits for the catalog if it is away)
+            self._owned.forget()
+            log.warning("could not read the derived rows of shards %s yet: %s", shards, lakes.mask_password(str(exc)))
         log.info("claimed shards %s at epochs %s", shards, [epochs[s] for s in shards])
         return offsets
+
+    def _owned_schemas(self, shards: Iterable[int]) -> dict[str, int]:
+        """Each owned shard's schema (and those of ``shards``, a commit's) with the epoch it was claimed at."""
+        return {f"{ALIAS}.{shard_schema(s)}": self.epochs.get(s, 0) for s in {*self.epochs, *shards}}
 
     def release(self, shards: Iterable[int]) -> None:
         """Forget ``shards`` (nothing is written: the next claimer bumps the epoch)."""
@@ -453,7 +462,7 @@ class LakeStore(RowWriter):
             mine[f"{ALIAS}.{shard_schema(s)}"] = pc.unique(new_s["instance_id"])
             self._store_offsets(deltas[s])
         self.con.execute(f"SET search_path = '{ALIAS}.main'")
-        owned = {f"{ALIAS}.{shard_schema(s)}": self.epochs.get(s, 0) for s in {*self.epochs, *shards}}
+        owned = self._owned_schemas(shards)
         failures = (
             derive_together(self.con, self.rules, self._owned, owned, mine, new, f"{ALIAS}.main") if new.num_rows else 0
         )
