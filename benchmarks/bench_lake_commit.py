@@ -1,0 +1,154 @@
+"""Where one lake commit's time goes: commits of three patterns timed whole and statement by statement, no Kafka.
+
+Starts its own PostgreSQL; one LakeStore owning six shards commits Deltas folded beforehand from generated events
+(as `flightrec materialize` folds a batch): ``--warm`` commits first (the lake's tables hold data, as in production),
+then ``--commits`` of each pattern: log lines only (10 LogBatches of 500 lines from 2 instances), the same with a
+failing stage (facts, started, a line, the exit, failed), and one large commit of every shard (``--large`` lines). The
+store's connection is wrapped so each statement is timed (a few microseconds each on top). Run:
+    PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_lake_commit.py [--warm 40] [--commits 20] [--top 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
+
+from bench_materialize import BATCH, batch, failing_instance
+
+from flightrec.catalog import LocalCatalog
+from flightrec.db import lake as lakes
+from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
+from flightrec.localservice import free_port
+from flightrec.schemas import encode
+from flightrec.settings import Settings
+
+SHARDS = 6
+
+
+class Timed:
+    """A DuckDB connection whose execute() and sql() are timed per statement text (the rest passes through)."""
+
+    def __init__(self, con: Any) -> None:
+        self._con = con
+        self.times: dict[str, list[float]] = collections.defaultdict(list)
+
+    def _key(self, sql: object) -> str:
+        return " ".join(str(sql).split())[:110]
+
+    def execute(self, sql: object, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        out = self._con.execute(sql, *args, **kwargs)
+        self.times[self._key(sql)].append(time.perf_counter() - t)
+        return out
+
+    def sql(self, sql: object, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        out = self._con.sql(sql, *args, **kwargs).to_arrow_table()  # run it here, so its time is its own
+        self.times[self._key(sql)].append(time.perf_counter() - t)
+        return self._con.from_arrow(out)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._con, name)
+
+
+class Events:
+    """Kafka-like messages of a small fleet, each instance's in the partition of its key."""
+
+    def __init__(self) -> None:
+        self.offsets: collections.Counter[int] = collections.Counter()
+        self.seqs: collections.Counter[str] = collections.Counter()
+
+    def message(self, ev: Any) -> RawMessage:
+        p = zlib.crc32(ev.instance_id.encode()) % SHARDS
+        self.offsets[p] += 1
+        now = time.time_ns() // 1_000_000
+        return RawMessage(ev.topic, p, self.offsets[p], ev.instance_id.encode(), encode(ev), now, LOG_APPEND_TIME, ())
+
+    def commit(self, instances: list[str], batches: int, fail: bool) -> dict[int, Any]:
+        msgs = []
+        for inst in instances:
+            for _ in range(batches):
+                s = self.seqs[inst]
+                msgs.append(self.message(batch(inst, "b", s, BATCH, s * BATCH + 1)))
+                self.seqs[inst] += 1
+        if fail:
+            msgs += [self.message(ev) for ev in failing_instance(f"fail-{uuid.uuid4().hex[:8]}")]
+        by_shard: dict[int, list[RawMessage]] = collections.defaultdict(list)
+        for m in msgs:
+            by_shard[m.partition].append(m)
+        return {s: fold(v) for s, v in by_shard.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--warm", type=int, default=40, help="commits before the measured ones")
+    ap.add_argument("--commits", type=int, default=20, help="measured commits per pattern")
+    ap.add_argument("--large", type=int, default=200_000, help="lines of the large commit (all shards)")
+    ap.add_argument("--large-commits", type=int, default=5, help="measured commits of the large pattern")
+    ap.add_argument("--top", type=int, default=12, help="statements listed per pattern")
+    args = ap.parse_args()
+    from flightrec.db.lakestore import LakeStore
+
+    pg = Path(tempfile.mkdtemp(prefix="flightrec-catalog-bench-"))
+    pg.chmod(0o711)  # PostgreSQL runs as `postgres` under root: it must reach its folder
+    data = Path(tempfile.mkdtemp(prefix="bench-lake-commit-"))
+    catalog = LocalCatalog(port=free_port(), data=pg / "c", settings=Settings.from_env({}))
+    catalog.start()
+    try:
+        db = catalog.create_database(f"commit_{uuid.uuid4().hex[:6]}")
+        store = LakeStore(lakes.parse_db(db, str(data / "lake")), "bench", shards=range(SHARDS), owner="bench")
+        store.claim(range(SHARDS))
+        events = Events()
+        trickle = ["load-0", "load-1"]
+        for k in range(args.warm):
+            store.commit(events.commit(trickle, 5, fail=k % 5 == 0))
+        fleet = [f"big-{i}" for i in range(20)]  # as bench_lake's backlog: 20 instances over the six shards
+        patterns = {
+            "log lines only (5,000 lines, 2 instances)": (args.commits, lambda: events.commit(trickle, 5, fail=False)),
+            "a failing stage among 5,000 lines": (args.commits, lambda: events.commit(trickle, 5, fail=True)),
+            f"{args.large:,} lines of 20 instances, every shard": (
+                args.large_commits,
+                lambda: events.commit(fleet, max(1, args.large // BATCH // len(fleet)), fail=False),
+            ),
+        }
+        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+        print(f"one member owning {SHARDS} shards, after {args.warm} commits; medians of each pattern's commits")
+        for name, (n, make) in patterns.items():
+            deltas = [make() for _ in range(n)]
+            timed = store.con = Timed(store.con)
+            walls = []
+            for d in deltas:
+                t = time.perf_counter()
+                store.commit(d)
+                walls.append(time.perf_counter() - t)
+            store.con = timed._con
+            total = sum(sum(v) for v in timed.times.values()) / n
+            print(
+                f"\n{name}, {n} commits: commit median {statistics.median(walls) * 1000:.0f} ms, "
+                f"statements {total * 1000:.0f} ms a commit"
+            )
+            rows = sorted(timed.times.items(), key=lambda kv: -sum(kv[1]))[: args.top]
+            for sql, v in rows:
+                print(f"  {sum(v) / n * 1000:6.1f} ms/commit  {len(v) / n:4.1f}x  {sql}")
+        store.close()
+        return 0
+    finally:
+        catalog.stop()
+        shutil.rmtree(pg, ignore_errors=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
