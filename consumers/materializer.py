@@ -47,6 +47,10 @@ Record: TypeAlias = ConsumerRecord[bytes, bytes]  # a Kafka record as read: key 
 log = logging.getLogger(__name__)
 METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's figures on /metrics
 
+# How long the broker may hold a fetch that finds no data. A fetch is sent for the partitions with nothing buffered:
+# when those are the idle ones (the other topics'), the busy ones drained meanwhile wait for it to come back, so
+# Kafka's 500 ms stalled a backlog for up to half a second at a time.
+FETCH_MAX_WAIT_MS = 100
 START_RETRY_S = 30.0  # how long a starting materializer asks again for the partitions (a broker just died)
 
 
@@ -138,6 +142,10 @@ def event_filter(instance: str | None, since_us: int | None) -> Callable[[str, i
 class Materializer:
     """Consumes the topics into one database. ``async with Materializer(...) as m: await m.run()``."""
 
+    # A partial batch is committed when a read finds nothing more (the topics are quiet), not only at the end of the
+    # batch window: the window bounds a batch under a steady stream. A lake member keeps the window (group.py).
+    commit_when_quiet = True
+
     def __init__(self, kafka_kwargs: Mapping[str, object], options: Options) -> None:
         self.kafka_kwargs = kafka_kwargs
         self.opts = options
@@ -195,6 +203,7 @@ class Materializer:
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=2 << 20,
                 fetch_max_bytes=16 << 20,
+                fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
                 request_timeout_ms=20000,
                 **self._consumer_options(),
             )
@@ -457,7 +466,7 @@ class Materializer:
                     pending.add(records, now)
                 if data:
                     last_data = kafka_ok = now
-                if pending.full(now):
+                if pending.full(now) or (not data and self.commit_when_quiet and pending.records):
                     await self._flush(pending)
                 await self._reap()
                 if now - last_report >= 10.0:

@@ -364,8 +364,9 @@ class Settings:
         "FLIGHTREC_COMMIT_INTERVAL",
         0.5,
         "Seconds a materializer lets a partial batch wait before it commits it: the batch window (a full batch, "
-        "5,000 messages or 16 MiB, commits at once). Longer: fewer commits, so one lake catalog carries more "
-        "members (docs/lake.md), and lines become visible that much later.",
+        "5,000 messages or 16 MiB, commits at once; on a file, so does a partial one once the topics go quiet). "
+        "Longer: fewer commits, so one lake catalog carries more members (docs/lake.md), and a lake's lines become "
+        "visible that much later.",
         parse=_commit_interval,
     )
     dashboard_url: str = setting(

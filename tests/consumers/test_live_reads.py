@@ -232,3 +232,35 @@ def test_a_write_hidden_in_explain_analyze_is_refused_on_the_live_path(db):
         assert store.con.execute("SELECT count(*) FROM instances").fetchone()[0] == 1
     finally:
         store.close()
+
+
+def test_a_batch_is_committed_once_the_topics_go_quiet_not_at_the_end_of_the_window(kafka, db, env_for):
+    """A file materializer commits a partial batch as soon as a read finds nothing more (the topics are quiet): the
+    batch window (FLIGHTREC_COMMIT_INTERVAL, here 30 s) bounds how long a batch grows under a steady stream, it is
+    not a wait imposed on the last lines of a burst or on a lone failure. Before, each round waited the whole 30 s."""
+    env = env_for(FLIGHTREC_COMMIT_INTERVAL="30")
+    b = Boot()
+    kafka.seed_at_mark(db)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("flightrec")), "materialize", "--db", str(db)],
+        env={**env, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not socket_path(db).exists():
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the materializer never served"
+            time.sleep(0.1)
+        for round_ in range(2):
+            b.lines("supervisor", "stdout", [f"round {round_} line {i}" for i in range(10)])
+            publish(kafka.bootstrap, b.events[-1:])
+            sent = time.monotonic()
+            while _count(db, b.instance) < 10 * (round_ + 1):
+                assert proc.poll() is None, proc.communicate()[1].decode()
+                assert time.monotonic() - sent < 15, f"round {round_}: not committed 15 s after it was sent"
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
