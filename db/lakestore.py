@@ -50,12 +50,6 @@ T = TypeVar("T")
 ALIAS = "lake"
 # Tables rewritten by commits (DELETE/UPDATE, which conflict per table in DuckLake): one copy per shard.
 SHARD_TABLES: tuple[str, ...] = ("instances", "boots", "failures", "heartbeats", "running_stages", "consumer_offsets")
-DERIVED_TABLES: tuple[str, ...] = (
-    "instances",
-    "boots",
-    "failures",
-    "running_stages",
-)  # what db/derive reads and writes
 CLAIM_SQL = """CREATE TABLE IF NOT EXISTS {schema}.claim (
     owner          VARCHAR,   -- the member (one process) holding the shard
     epoch          BIGINT,    -- bumped by every claim; a commit must still see its own
@@ -411,6 +405,7 @@ class LakeStore(RowWriter):
                 self._check_claims(shards, time.time_ns() // 1000)
             if together is not None:
                 return self._write_together(shards, deltas, views, *together)
+            self._owned.forget()  # shard after shard writes derived rows past the kept ones: read them again
             for s in shards:
                 delta = deltas[s]
                 self.con.execute(f"SET search_path = '{ALIAS}.{shard_schema(s)},{ALIAS}.main'")

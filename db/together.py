@@ -37,7 +37,8 @@ class OwnedRows:
 
     Guarantees: the kept rows are those of the lake's tables for the owned shards at the last successful commit.
     They are written in the commit's transaction (rolled back with it) and read again from the lake after any
-    failed attempt, a new claim or release (the epochs), or a new connection (the catalog came back)."""
+    failed attempt, a commit written shard after shard (past them), a new claim or release (the epochs), or a new
+    connection (the catalog came back)."""
 
     def __init__(self) -> None:
         self._key: tuple[object, ...] | None = None

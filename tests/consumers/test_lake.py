@@ -626,9 +626,9 @@ def _kept_equals_lake(store: LakeStore, shards: range) -> None:
 
 def test_the_kept_derived_rows_follow_claims_and_failed_commits(lake, monkeypatch):
     """A member keeps its shards' derived rows between commits (the derivation reads them instead of the lake). When
-    a commit failed after the derivation (its first after a claim, or a later one), or another member wrote a shard
-    meanwhile (it claimed it, then this member claimed it back), what it keeps is read again: it stays the lake's
-    rows, and so do the rows derived from it."""
+    a commit failed after the derivation (its first after a claim, or a later one), another member wrote a shard
+    meanwhile (it claimed it, then this member claimed it back), or a commit was written shard after shard, what it
+    keeps is read again: it stays the lake's rows, and so do the rows derived from it."""
     db, data_path = lake
     loc = lakes.lake_location(db, data_path, writing=True)
     a = LakeStore(loc, "g", shards=range(2), owner="member-a")
@@ -670,6 +670,13 @@ def test_the_kept_derived_rows_follow_claims_and_failed_commits(lake, monkeypatc
             a.commit({0: _delta(_boot(4), 0, 2)})
         monkeypatch.undo()
         a.commit({0: _delta(_boot(5), 0, 2)})
+        _kept_equals_lake(a, range(2))
+
+        # an event in two shards' batches: written shard after shard, past the kept rows; the next commit reads them
+        twice, fresh = Boot(), _boot(1)
+        twice.add(Lifecycle, stage="tunnel", state="started")
+        a.commit({s: _delta(twice, s, 10) for s in range(2)})
+        a.commit({0: _delta(fresh, 0, 11)})
         _kept_equals_lake(a, range(2))
     finally:
         a.close()
