@@ -38,6 +38,7 @@ def signals_lost(db: Path, reader_code: str, count: int, seed: int, stopped: tup
         assert reader.stdout is not None and reader.stdout.readline() == b"reading\n"
         rng = random.Random(seed)
         lost = []
+        streak = 0  # signals lost in a row: past 3 the reader no longer answers at all, and the rest would only wait
         for n in range(count):
             select.select([], [], [], rng.uniform(0.0, 0.02))
             sig = (signal.SIGINT, signal.SIGTERM)[n % 2]
@@ -45,7 +46,18 @@ def signals_lost(db: Path, reader_code: str, count: int, seed: int, stopped: tup
             ready, _, _ = select.select([reader.stdout], [], [], 5.0)
             if not ready:
                 lost.append(sig.name)
+                streak += 1
+                if streak == 3:
+                    alive = reader.poll() is None
+                    reader.kill()
+                    _, err = reader.communicate()
+                    raise AssertionError(
+                        f"after {n + 1} signals the reader answered none of the last 3 ({'alive' if alive else 'gone'},"
+                        f" server {'alive' if server.poll() is None else 'gone'}); lost so far {lost}; its stderr: "
+                        f"{err[-3000:]!r}"
+                    )
                 continue
+            streak = 0
             line = reader.stdout.readline()
             assert line.startswith(stopped), (
                 f"after {n + 1} signals: {line!r} {reader.stderr.read() if reader.poll() is not None else b''!r}"
