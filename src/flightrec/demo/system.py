@@ -93,19 +93,30 @@ class StopSignals:
         self.received: str | None = None
         self._held = 0
         self._previous: dict[int, object] = {}
+        self._hook = sys.unraisablehook  # restored on exit
         self._reads = contextlib.ExitStack()
 
     def __enter__(self) -> "StopSignals":
         from flightrec.db.live import python_signals
 
         self._reads.enter_context(python_signals())
+        self._hook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]  # restored as saved / set once the instance started
+        sys.unraisablehook = self._hook
         self._reads.close()
+
+    def _unraisable(self, info: "sys.UnraisableHookArgs") -> None:
+        """A stop signal that landed in a callback Python cannot raise from (a weakref's, the garbage collector's):
+        its exception is swallowed there and the signal acted on at the next check(), so no traceback is printed."""
+        if isinstance(info.exc_value, Stopped):
+            return
+        self._hook(info)
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.received is None:
