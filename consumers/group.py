@@ -257,6 +257,10 @@ class GroupMaterializer(Materializer):
         if not self._assigned_once:
             return False
         owned = list(self._next)
+        if targets is None and set(owned) != c.assignment():
+            # the group is moving partitions, or this member was fenced from some that Kafka still assigns it
+            # (it read none of their records): not caught up until the group has settled them
+            return False
         if not owned:
             return True  # more members than partitions: nothing to read here
         ends = targets if targets is not None else await c.end_offsets(owned)

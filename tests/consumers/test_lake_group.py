@@ -14,8 +14,11 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from lake_helpers import assert_lake_equals_file, lake_con, lake_count
+from lake_helpers import assert_lake_equals_file, lake_con, lake_count, run_lake
 from materializer_helpers import Boot, materialize, publish
+
+from flightrec.db import lake as lakes
+from flightrec.db.lakestore import LakeStore
 
 INSTANCES = 20
 BATCHES = 20
@@ -171,3 +174,65 @@ def test_two_members_a_reader_and_two_sigkills(kafka, lake, tmp_path, open_page)
     at = open_page(db)  # the dashboard renders from the lake the group wrote
     shown = {str(i) for i in at.dataframe[0].value["instance_id"]}
     assert {b.instance for b in boots} <= shown
+
+
+def test_a_fenced_member_is_not_idle_until_the_group_moves_its_shards(kafka, lake):
+    """A member whose shards were claimed away drops them, but Kafka still assigns them to it until the group
+    rebalances: it is not caught up meanwhile (it read none of their records). Once seen in CI: a member pushed out
+    of the group under load was fenced, found it owned nothing, called that caught up and exited with --until-idle,
+    just before the group gave it every shard again."""
+    db, data_path = lake
+    prefix = f"fence-{uuid.uuid4().hex[:6]}-"
+    group = f"lake-{uuid.uuid4().hex[:8]}"
+    first, second = Boot(instance=f"{prefix}a"), Boot(instance=f"{prefix}b")
+    first.lines("supervisor", "stdout", [f"first {i}" for i in range(50)])
+    second.lines("supervisor", "stdout", [f"second {i}" for i in range(70)])
+    publish(kafka.bootstrap, first.events)
+    done: dict[str, object] = {}
+
+    def member(name: str, idle: float) -> None:
+        try:
+            done[name] = run_lake(kafka, db, data_path, idle=idle, group=group)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            done[name] = exc
+
+    def lines() -> int:
+        return lake_count(db, "SELECT count(*) FROM log_lines WHERE starts_with(instance_id, ?)", [prefix], data_path)
+
+    # a's idle window outlasts the claim below (it must read the second boot), then passes twice while it is fenced
+    a = threading.Thread(target=member, args=("a", 6.0), daemon=True)
+    a.start()
+    deadline = time.monotonic() + 90
+    while lines() < 50:
+        assert time.monotonic() < deadline and a.is_alive(), f"member a wrote nothing: {done}"
+        time.sleep(0.5)
+    loc = lakes.lake_location(db, data_path, writing=True)
+    con = lake_con(db, data_path)
+    try:
+        shards = [r[0] for r in con.execute("SELECT DISTINCT shard FROM claims ORDER BY 1").fetchall()]
+    finally:
+        con.close()
+    thief = LakeStore(loc, group, shards=shards, owner="not-in-the-group")
+    try:
+        thief.claim(shards)  # the shards move in the lake; the group's coordinator knows nothing of it
+    finally:
+        thief.close()
+    publish(kafka.bootstrap, second.events)  # a's commit of these is fenced
+    time.sleep(15.0)
+    assert a.is_alive(), f"member a stopped while Kafka still assigned it shards it never read: {done}"
+    b = threading.Thread(target=member, args=("b", 2.0), daemon=True)  # the group rebalances: a and b claim anew
+    b.start()
+    for t in (a, b):
+        t.join(120)
+        assert not t.is_alive(), "a member did not finish"
+    assert not any(isinstance(v, BaseException) for v in done.values()), done
+    assert done["a"].fenced >= 1, done  # type: ignore[union-attr]
+    con = lake_con(db, data_path)
+    try:
+        n, distinct = con.execute(
+            "SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines WHERE starts_with(instance_id, ?)",
+            [prefix],
+        ).fetchone()
+    finally:
+        con.close()
+    assert (n, distinct) == (120, 120)
