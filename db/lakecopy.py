@@ -10,7 +10,9 @@ defined as statements need it:
 * ``main``'s views are defined there with the lake's own SQL, so they read the copies, except where the reader
   has its own definition (``views``, the statements a file reader runs before each query): then that one, so a
   statement need not define it again (:attr:`ShardCopy.ready`);
-* each table of the lake's ``main`` (the append-only events) is a view there that reads the lake itself.
+* the small event tables of the lake's ``main`` (EVENT_COPIES) are copied too (``memory.main.<table>``), and
+  brought up to date with the rows later snapshots added;
+* every other table of the lake's ``main`` (log lines, events seen) is a view there that reads the lake itself.
 
 What a statement reads is told from the identifiers in its text and its prelude (every word that names a table
 or view of the lake, wherever it stands: a name in a comment or a string only costs a copy or a definition more;
@@ -19,7 +21,8 @@ or view of the lake, wherever it stands: a name in a comment or a string only co
 Guarantees: before a statement that reads shard tables runs (:meth:`ShardCopy.refresh` with the statement's text
 and its prelude), every shard table it reads, through views too, is a copy of the lake's latest snapshot, all of
 them of the same snapshot. A table is copied again only when a later snapshot changed it (``ducklake_snapshots``
-lists which), and the whole layout is defined again after a table or view was made, altered or dropped. One thread
+lists which; an event table that only gained rows gets those rows), and the whole layout is defined again after a
+table or view was made, altered or dropped. One thread
 refreshes at a time; statements running meanwhile keep reading what they started with (DuckDB's MVCC).
 """
 
@@ -33,14 +36,29 @@ from typing import Iterable, Sequence
 
 import duckdb
 
+from flightrec.db.lakemeta import never_written
+
 log = logging.getLogger(__name__)
 
 COPY = "memory"  # the reader's in-memory database, where reads run
-# Changes a commit of rows makes (by table id). Any other kind (a table or view made, altered or dropped, a schema)
-# changes the layout, which is then defined again.
+# Changes a commit of rows or maintenance makes (by table id): the tables they name are copied again. Any other kind
+# (a table or view made, altered or dropped, a schema) changes the layout, which is then defined again.
 ROW_CHANGES = frozenset(
-    {"tables_inserted_into", "tables_deleted_from", "inlined_insert", "inlined_delete", "tables_compacted"}
+    {
+        "tables_inserted_into",
+        "tables_deleted_from",
+        "inlined_insert",
+        "inlined_delete",
+        "tables_compacted",
+        "flushed_inlined",
+        "merge_adjacent",
+    }
 )
+ADDED_ROWS = frozenset({"tables_inserted_into", "inlined_insert"})  # changes that only add rows
+# The event tables of main a reader copies too: rows per boot or stage, not per line (log_lines and events_seen stay
+# in the lake). The materializer only adds to them, so a copy takes the rows later snapshots added (DuckLake's
+# change feed) rather than the whole table again; a snapshot that did anything else to one copies it again.
+EVENT_COPIES = frozenset({"lifecycle_events", "throughput", "process_exits", "manager_events", "instance_facts"})
 
 
 def _ident(name: str) -> str:
@@ -74,7 +92,7 @@ class ShardCopy:
         self.own = [named for named in map(_view, self.views) if named]  # (name, body), in definition order
         self.main_tables: list[str] = []  # the lake's tables in main (the events)
         self.lake_views: dict[str, str] = {}  # the lake's views in main: name -> body, in creation order
-        self.shards: dict[str, list[str]] = {}  # shard table name -> the schemas holding one
+        self.shards: dict[str, list[str]] = {}  # copied table name -> the schemas holding one (main: an event table)
         self.deps: dict[str, set[str]] = {}  # name in main -> the other names of main its definition reads
         self.reads: dict[str, frozenset[str]] = {}  # name in main -> the shard tables it reads, through views
         self.defined: set[str] = set()  # names defined in memory.main so far (lazily: what statements named)
@@ -83,6 +101,8 @@ class ShardCopy:
         self.seen: int | None = None  # the snapshot the layout was last read at
         self.lock = threading.Lock()
         self.tables_copied = 0  # all refreshes together (tests, benchmarks)
+        self.tables_appended = 0  # event tables brought up to date with the rows snapshots added
+        self.copied_empty: set[tuple[str, str]] = set()  # (schema, table) copied as never written: columns only
 
     @property
     def ready(self) -> frozenset[str]:
@@ -113,14 +133,14 @@ class ShardCopy:
             raise
         shards: dict[str, list[str]] = {}
         for schema, table in tables:
-            if schema != "main":
+            if schema != "main" or table in EVENT_COPIES:
                 shards.setdefault(table, []).append(schema)
-        schemas = {s for names in shards.values() for s in names}
+        schemas = {s for names in shards.values() for s in names} - {"main"}
         lake_views = {
             name: re.split(r"\bAS\b", sql, maxsplit=1, flags=re.IGNORECASE)[1].strip().rstrip(";")
             for name, sql in views
         }
-        main_tables = [t for s, t in tables if s == "main"]
+        main_tables = [t for s, t in tables if s == "main" and t not in EVENT_COPIES]
         texts = {**lake_views, **{name: f"{lake_views.get(name, '')}\n{body}" for name, body in self.own}}
         names = set(texts) | set(main_tables)
         deps, direct = {}, {}
@@ -207,13 +227,13 @@ class ShardCopy:
             stale = {t: self.copied.get(t) for t in self._needs(words) if self.copied.get(t) != latest}
             if stale:
                 started = time.perf_counter()
-                changed = self._changed(con, stale, latest)
-                if changed is None:  # the layout changed after the check above: read it again, copy all needed
+                todo = self._changed(con, stale, latest)
+                if todo is None:  # the layout changed after the check above: read it again, copy all needed
                     self._build(con)
                     latest = self.seen or latest
                     stale = {t: None for t in self._needs(words)}
-                    changed = {(s, t) for t in stale for s in self.shards.get(t, ())}
-                n = self._copy(con, changed, set(stale), latest)
+                    todo = {(s, t) for t in stale for s in self.shards.get(t, ())}, {}
+                n = self._copy(con, *todo, set(stale), latest)
                 log.debug(
                     "lake copy at snapshot %d: %d tables in %.0f ms", latest, n, (time.perf_counter() - started) * 1e3
                 )
@@ -223,39 +243,43 @@ class ShardCopy:
     def _latest(self, con: duckdb.DuckDBPyConnection) -> int:
         return int(con.execute(f"SELECT id FROM {_ident(self.alias)}.current_snapshot()").fetchall()[0][0])
 
-    def _changes(self, con: duckdb.DuckDBPyConnection, after: int, upto: int) -> dict[int, int] | None:
-        """Table id -> the newest snapshot in (after, upto] that changed its rows; None if one changed the layout, or
-        if some of them are gone (expired by maintenance: what they changed cannot be told, so everything is)."""
+    def _changes(
+        self, con: duckdb.DuckDBPyConnection, after: int, upto: int
+    ) -> dict[int, list[tuple[int, str]]] | None:
+        """Table id -> the (snapshot, kind) of each change of its rows in (after, upto]; None if a snapshot changed the
+        layout, or if some of them are gone (expired by maintenance: what they changed cannot be told, so everything
+        is)."""
         rows = con.execute(
             "SELECT snapshot_id, changes FROM ducklake_snapshots(?) WHERE snapshot_id > ? AND snapshot_id <= ?",
             [self.alias, after, upto],
         ).fetchall()
         if len({int(r[0]) for r in rows}) != upto - after:  # snapshot ids are consecutive
             return None
-        ids: dict[int, int] = {}
+        ids: dict[int, list[tuple[int, str]]] = {}
         for snapshot, changes in rows:
             for kind, values in (changes or {}).items():
                 if kind not in ROW_CHANGES:
                     return None
                 for v in values:
                     if str(v).isdigit():
-                        ids[int(v)] = max(ids.get(int(v), 0), int(snapshot))
+                        ids.setdefault(int(v), []).append((int(snapshot), kind))
         return ids
 
     def _changed(
         self, con: duckdb.DuckDBPyConnection, stale: dict[str, int | None], latest: int
-    ) -> set[tuple[str, str]] | None:
-        """(schema, table) to copy for the stale tables: all shards of one never copied, else those a snapshot
-        after its copy changed; None when a snapshot since changed the layout."""
+    ) -> tuple[set[tuple[str, str]], dict[str, int]] | None:
+        """What to do for the stale tables: (schema, table) to copy (all shards of one never copied, else those a
+        snapshot after its copy changed) and the event tables that only gained rows since the snapshot their copy
+        holds (table -> that snapshot); None when a snapshot since changed the layout."""
         out = {(s, t) for t, at in stale.items() if at is None for s in self.shards.get(t, ())}
         since = [at for at in stale.values() if at is not None]
         if not since:
-            return out
+            return out, {}
         ids = self._changes(con, min(since), latest)
         if ids is None:
             return None
         if not ids:
-            return out
+            return out, {}
         try:  # schema names by id: the catalog's own table (DuckLake's specification), attached with the lake
             names = con.execute(
                 f"""SELECT t.table_id, s.schema_name, t.table_name
@@ -267,17 +291,31 @@ class ShardCopy:
             ).fetchall()
         except duckdb.Error as exc:
             log.debug("cannot tell which shard tables changed (%s): copying them all", exc)
-            return out | {(s, t) for t, at in stale.items() if at is not None for s in self.shards.get(t, ())}
+            return out | {(s, t) for t, at in stale.items() if at is not None for s in self.shards.get(t, ())}, {}
+        added: dict[str, int] = {}
         for table_id, schema, table in names:
             at = stale.get(table)
-            if at is not None and ids[int(table_id)] > at and schema in self.shards.get(table, ()):
+            if at is None or schema not in self.shards.get(table, ()):
+                continue
+            kinds = {kind for snapshot, kind in ids[int(table_id)] if snapshot > at}
+            if not kinds:
+                continue
+            if schema == "main" and kinds <= ADDED_ROWS:
+                added[table] = at
+            else:
                 out.add((schema, table))
-        return out
+        return out, {t: at for t, at in added.items() if ("main", t) not in out}
 
     def _copy(
-        self, con: duckdb.DuckDBPyConnection, changed: set[tuple[str, str]], tables: set[str], latest: int
+        self,
+        con: duckdb.DuckDBPyConnection,
+        changed: set[tuple[str, str]],
+        added: dict[str, int],
+        tables: set[str],
+        latest: int,
     ) -> int:
-        """Copy ``changed`` as of snapshot ``latest`` in one transaction; ``tables`` are then at ``latest``."""
+        """Copy ``changed`` as of snapshot ``latest`` and add to the event tables of ``added`` the rows the snapshots
+        after theirs (up to ``latest``) added, in one transaction; ``tables`` are then at ``latest``."""
         a = _ident(self.alias)
         copies = set(
             con.execute(
@@ -286,13 +324,22 @@ class ShardCopy:
         )
         con.execute("BEGIN TRANSACTION")
         try:
+            empty = never_written(con, self.alias) & changed if changed else set()
             for schema, table in sorted(changed):
                 target = f"{COPY}.{_ident(schema)}.{_ident(table)}"
                 if (schema, table) not in copies:
                     con.execute(f"DROP VIEW IF EXISTS {target}")
-                con.execute(
+                con.execute(  # a table that never held a row: its columns only, no scan (lakemeta.py)
                     f"CREATE OR REPLACE TABLE {target} AS "
                     f"FROM {a}.{_ident(schema)}.{_ident(table)} AT (VERSION => {int(latest)})"
+                    + (" LIMIT 0" if (schema, table) in empty else "")
+                )
+            for table, at in sorted(added.items()):
+                con.execute(
+                    f"INSERT INTO {COPY}.main.{_ident(table)} BY NAME "
+                    "SELECT * EXCLUDE (snapshot_id, rowid, change_type) "
+                    f"FROM {a}.table_changes(?, ?, ?) WHERE change_type = 'insert'",
+                    [table, int(at) + 1, int(latest)],
                 )
             con.execute("COMMIT")
         except BaseException:
@@ -301,4 +348,6 @@ class ShardCopy:
         for t in tables:
             self.copied[t] = latest
         self.tables_copied += len(changed)
+        self.tables_appended += len(added)
+        self.copied_empty = (self.copied_empty - changed) | empty
         return len(changed)

@@ -41,6 +41,7 @@ from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.stats import Stats
 from flightrec.db.filestore import RowWriter, delta_views, schema_sql
 from flightrec.db.nul import without_nul
+from flightrec.db.lakemeta import never_written
 from flightrec.db.together import OwnedRows, derive_together, join_shards
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
@@ -312,15 +313,19 @@ class LakeStore(RowWriter):
 
         def take() -> tuple[dict[int, int], dict[tuple[str, int], int]]:
             epochs = {}
+            empty = never_written(self.con, ALIAS)  # a new lake's or shard's tables are not read (lakemeta.py)
             for s in shards:
                 schema = shard_schema(s)
-                epoch = int(
-                    self.con.execute(f"SELECT coalesce(max(epoch), 0) + 1 FROM {schema}.claim").fetchall()[0][0]
-                )
-                self.con.execute(f"DELETE FROM {schema}.claim")
+                if (schema, "claim") in empty:
+                    epoch = 1  # never claimed (a concurrent first claim conflicts at COMMIT, as any other)
+                else:
+                    epoch = int(
+                        self.con.execute(f"SELECT coalesce(max(epoch), 0) + 1 FROM {schema}.claim").fetchall()[0][0]
+                    )
+                    self.con.execute(f"DELETE FROM {schema}.claim")
                 self.con.execute(f"INSERT INTO {schema}.claim VALUES (?, ?, ?, ?)", [self.owner, epoch, now, now])
                 epochs[s] = epoch
-            return epochs, self._offsets(shards)
+            return epochs, self._offsets(s for s in shards if (shard_schema(s), "consumer_offsets") not in empty)
 
         (epochs, offsets), retried = self._retrying("claim partitions", lambda: self._in_transaction(take))
         self.epochs.update(epochs)

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from flightrec.db.classify import RuleTable
 from flightrec.db.derive import BOOT_ONLY_KINDS, Rewrite, affected_keys, arrow_views, recompute, replace_rows
 from flightrec.db.fold import Delta
+from flightrec.db.lakemeta import never_written
 from flightrec.errors import LakeError
 
 # What the derivation reads of the derived tables (db/derive): all of boots and instances, the keys of failures
@@ -49,11 +50,16 @@ class OwnedRows:
         if key == self._key:
             return
         self._key = None
+        first, *rest = sorted(schemas)
+        alias = first.split(".", 1)[0]  # each schema is the lake's alias and the shard's schema: lake.part_3
+        # a table that never held a row is not read (lakemeta.py: ~2 ms, not 30-60): a new lake, a new shard
+        empty = {f"{alias}.{schema}.{table}" for schema, table in never_written(con, alias)}
         for name, columns in KEPT.items():  # shard by shard: a union of lake tables reads each slower
-            first, *rest = sorted(schemas)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _kept_{name} AS SELECT {columns} FROM {first}.{name}")
+            none = " LIMIT 0" if f"{first}.{name}" in empty else ""
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _kept_{name} AS SELECT {columns} FROM {first}.{name}{none}")
             for schema in rest:
-                con.execute(f"INSERT INTO temp.main._kept_{name} BY NAME SELECT {columns} FROM {schema}.{name}")
+                if f"{schema}.{name}" not in empty:
+                    con.execute(f"INSERT INTO temp.main._kept_{name} BY NAME SELECT {columns} FROM {schema}.{name}")
         self._key = key
 
     def forget(self) -> None:
