@@ -201,15 +201,21 @@ class ShardCopy:
         order += [(v, body, False) for v, body in self.lake_views.items() if v in want and v not in own]
         order += [(v, body, True) for v, body in self.own if v in want]
         defined, from_own = set(), set()
-        for name, body, mine in order:
-            try:
-                con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{_ident(name)} AS {body}")
-            except duckdb.Error as exc:
-                log.debug("view %s not defined in the reader's copy (%s)", name, exc)
-                continue
-            defined.add(name)
-            if mine:
-                from_own.add(name)
+        while order:  # a view reading one made after it (by the lake's order) is defined once that one is
+            failed = []
+            for name, body, mine in order:
+                try:
+                    con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{_ident(name)} AS {body}")
+                except duckdb.Error as exc:
+                    failed.append((name, body, mine))
+                    log.debug("view %s not defined in the reader's copy (yet: %s)", name, exc)
+                    continue
+                defined.add(name)
+                if mine:
+                    from_own.add(name)
+            if len(failed) == len(order):
+                break
+            order = failed
         # new sets, not changed ones: `ready` reads them from other threads without the lock
         self.defined, self.from_own = self.defined | defined, self.from_own | from_own
 

@@ -21,6 +21,7 @@ retried (bounded, with jitter) and counted. Use one LakeStore from one thread (t
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import re
@@ -89,6 +90,11 @@ def _ddl() -> dict[str, str]:
         stmt = re.sub(rf"^(CREATE TABLE IF NOT EXISTS|ALTER TABLE) {name}\b", rf"\1 {{schema}}.{name}", stmt)
         out[name] = out.get(name, "") + stmt + ";\n"
     return out
+
+
+def _mark(kind: str, *parts: str) -> str:
+    """The comment marking a part of a lake's layout as made from ``parts`` (LakeStore.add_shards)."""
+    return f"flightrec {kind} " + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
 class LakeStore(RowWriter):
@@ -268,23 +274,49 @@ class LakeStore(RowWriter):
     # -- shards, views, claims ---------------------------------------------------------------------------
 
     def add_shards(self, shards: Iterable[int]) -> None:
-        """Make sure each shard's schema and tables exist, then the views that unite them (idempotent)."""
+        """Make sure each shard's schema and tables exist, then the views that unite them (idempotent).
+
+        What a writer lays out is marked with a comment holding a hash of what made it (a shard's tables: on its
+        ``claim``; the views: on ``main.claims``), and a part already marked as this writer would make it is left
+        as it is: a member's start changes nothing in the catalog, so readers keep their copies (lakecopy.py)."""
         want = set(shards) - self._shards
         if not want:
             return
         ddl = _ddl()
+        tables = _mark("tables", *(ddl[name] for name in SHARD_TABLES), CLAIM_SQL)
+        marks = self._marks()
+        make = sorted(s for s in want if marks.get(shard_schema(s)) != tables)
 
         def create() -> None:
-            for shard in sorted(want):
+            for shard in make:
                 schema = shard_schema(shard)
                 self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
                 for name in SHARD_TABLES:
                     self.con.execute(ddl[name].format(schema=schema))
                 self.con.execute(CLAIM_SQL.format(schema=schema))
+                self.con.execute(f"COMMENT ON TABLE {schema}.claim IS '{tables}'")
 
-        self._retrying("create the shard tables", lambda: self._in_transaction(create))
+        if make:
+            self._retrying("create the shard tables", lambda: self._in_transaction(create))
         self._shards |= want
-        self._retrying("create the views", lambda: self._in_transaction(self._create_views))
+        if make or marks.get("main") != self._views_mark():
+            self._retrying("create the views", lambda: self._in_transaction(self._create_views))
+
+    def _marks(self) -> dict[str, str]:
+        """The layout's marks (add_shards): each shard schema's, and ``main``'s (the views')."""
+        rows = self.con.execute(
+            "SELECT schema_name, comment FROM duckdb_tables() WHERE database_name = ? AND table_name = 'claim' "
+            "UNION ALL SELECT schema_name, comment FROM duckdb_views() "
+            "WHERE database_name = ? AND schema_name = 'main' AND view_name = 'claims'",
+            [ALIAS, ALIAS],
+        ).fetchall()
+        return {str(schema): str(comment) for schema, comment in rows if comment}
+
+    def _views_mark(self) -> str:
+        return _mark("views", *map(str, self._layout_shards()), *self._views)
+
+    def _layout_shards(self) -> list[int]:
+        return sorted(set(self._existing_shards()) | self._shards)
 
     def _existing_shards(self) -> list[int]:
         rows = self.con.execute(
@@ -294,7 +326,7 @@ class LakeStore(RowWriter):
 
     def _create_views(self) -> None:
         """main.<table> for each shard table (and main.claims): the union of every shard's; then the readers' views."""
-        shards = sorted(set(self._existing_shards()) | self._shards)
+        shards = self._layout_shards()
         for name in SHARD_TABLES:
             union = " UNION ALL BY NAME ".join(f"SELECT * FROM {shard_schema(s)}.{name}" for s in shards)
             self.con.execute(f"CREATE OR REPLACE VIEW main.{name} AS {union}")
@@ -302,6 +334,7 @@ class LakeStore(RowWriter):
         self.con.execute(f"CREATE OR REPLACE VIEW main.claims AS {union}")
         for stmt in self._views:
             self.con.execute(stmt)
+        self.con.execute(f"COMMENT ON VIEW main.claims IS '{self._views_mark()}'")
 
     def claim(self, shards: Iterable[int]) -> dict[tuple[str, int], int]:
         """Take ownership of ``shards`` (epoch + 1 each, in one transaction); returns their stored next offsets."""
