@@ -1,7 +1,9 @@
 """Where one lake commit's time goes: commits of three patterns timed whole and statement by statement, no Kafka.
 
-Starts its own PostgreSQL; one LakeStore owning six shards commits Deltas folded beforehand from generated events
-(as `flightrec materialize` folds a batch): ``--warm`` commits first (the lake's tables hold data, as in production),
+Starts its own PostgreSQL; first times a member's start (open with its views and six shards, then the claim of them)
+on ``--starts`` new lakes, and again on the measured lake once it holds data; then one LakeStore owning six shards
+commits Deltas folded beforehand from generated events (as `flightrec materialize` folds a batch): ``--warm`` commits
+first (the lake's tables hold data, as in production),
 then ``--commits`` of each pattern: log lines only (10 LogBatches of 500 lines from 2 instances), the same with a
 failing stage (facts, started, a line, the exit, failed), and one large commit of every shard (``--large`` lines). The
 store's connection is wrapped so each statement is timed (a few microseconds each on top). Run:
@@ -91,6 +93,20 @@ class Events:
         return {s: fold(v) for s, v in by_shard.items()}
 
 
+def start(store_class: Any, loc: Any, owner: str) -> tuple[float, float]:
+    """A member's start: (seconds to open the store with its views and six shards, seconds to claim them)."""
+    from flightrec.db.views import stored_views
+
+    t = time.perf_counter()
+    store = store_class(loc, "bench", shards=range(SHARDS), owner=owner, views=stored_views())
+    opened = time.perf_counter() - t
+    t = time.perf_counter()
+    store.claim(range(SHARDS))
+    claimed = time.perf_counter() - t
+    store.close()
+    return opened, claimed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warm", type=int, default=40, help="commits before the measured ones")
@@ -98,6 +114,7 @@ def main() -> int:
     ap.add_argument("--large", type=int, default=200_000, help="lines of the large commit (all shards)")
     ap.add_argument("--large-commits", type=int, default=5, help="measured commits of the large pattern")
     ap.add_argument("--top", type=int, default=12, help="statements listed per pattern")
+    ap.add_argument("--starts", type=int, default=3, help="member starts timed on a new lake and on the used one")
     args = ap.parse_args()
     from flightrec.db.lakestore import LakeStore
 
@@ -107,6 +124,9 @@ def main() -> int:
     catalog = LocalCatalog(port=free_port(), data=pg / "c", settings=Settings.from_env({}))
     catalog.start()
     try:
+        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+        new_lakes = [catalog.create_database(f"start_{uuid.uuid4().hex[:6]}") for _ in range(args.starts)]
+        starts = [start(LakeStore, lakes.parse_db(d, str(data / d[-12:])), f"new-{i}") for i, d in enumerate(new_lakes)]
         db = catalog.create_database(f"commit_{uuid.uuid4().hex[:6]}")
         store = LakeStore(lakes.parse_db(db, str(data / "lake")), "bench", shards=range(SHARDS), owner="bench")
         store.claim(range(SHARDS))
@@ -123,8 +143,16 @@ def main() -> int:
                 lambda: events.commit(fleet, max(1, args.large // BATCH // len(fleet)), fail=False),
             ),
         }
-        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-        print(f"one member owning {SHARDS} shards, after {args.warm} commits; medians of each pattern's commits")
+        again = [start(LakeStore, lakes.parse_db(db, str(data / "lake")), f"again-{i}") for i in range(args.starts)]
+        store.claim(range(SHARDS))  # back to the measured member
+        for what, runs in (("a new lake", starts), (f"the lake after {args.warm} commits", again)):
+            opens, claims = zip(*runs)
+            print(
+                f"start of a member on {what}, median of {len(runs)}: open {statistics.median(opens) * 1000:.0f} ms, "
+                f"claim of {SHARDS} shards {statistics.median(claims) * 1000:.0f} ms "
+                f"(open {', '.join(f'{o * 1000:.0f}' for o in opens)}; claim {', '.join(f'{c * 1000:.0f}' for c in claims)})"
+            )
+        print(f"\none member owning {SHARDS} shards, after {args.warm} commits; medians of each pattern's commits")
         for name, (n, make) in patterns.items():
             deltas = [make() for _ in range(n)]
             timed = store.con = Timed(store.con)
