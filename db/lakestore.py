@@ -21,10 +21,8 @@ retried (bounded, with jitter) and counted. Use one LakeStore from one thread (t
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
-import re
 import threading
 import time
 import uuid
@@ -34,14 +32,15 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flightrec.db import lake as lakes, migrate
+from flightrec.db import lake as lakes, lakelayout, migrate
 from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import arrow_views
 from flightrec.db.fold import Delta
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.stats import Stats
-from flightrec.db.filestore import RowWriter, delta_views, schema_sql
+from flightrec.db.filestore import RowWriter, delta_views
 from flightrec.db.nul import without_nul
+from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, shard_schema
 from flightrec.db.lakemeta import never_written
 from flightrec.db.together import OwnedRows, derive_together, join_shards
 from flightrec.errors import Fenced, LakeError, MaterializeError
@@ -50,14 +49,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ALIAS = "lake"
-# Tables rewritten by commits (DELETE/UPDATE, which conflict per table in DuckLake): one copy per shard.
-SHARD_TABLES: tuple[str, ...] = ("instances", "boots", "failures", "heartbeats", "running_stages", "consumer_offsets")
-CLAIM_SQL = """CREATE TABLE IF NOT EXISTS {schema}.claim (
-    owner          VARCHAR,   -- the member (one process) holding the shard
-    epoch          BIGINT,    -- bumped by every claim; a commit must still see its own
-    claimed_us     BIGINT,
-    last_commit_us BIGINT
-)"""
 RETRIES = 12  # attempts of one transaction that lost a DuckLake commit race
 RETRY_BASE_S = 0.05  # first back-off; doubles, capped at 1 s, times a random factor in [0.5, 1.5)
 CATALOG_WAIT_S = 120.0  # how long a transaction waits for a catalog that does not answer (under Kafka's 300 s
@@ -65,36 +56,9 @@ CATALOG_WAIT_S = 120.0  # how long a transaction waits for a catalog that does n
 CATALOG_POLL_S = (0.5, 5.0)  # first and longest pause between attempts to reach the catalog again
 
 
-def shard_schema(shard: int) -> str:
-    """The lake schema holding one shard's rewritten tables."""
-    return f"part_{shard}"
-
-
 def is_conflict(exc: BaseException) -> bool:
     """Whether a DuckDB error is DuckLake's commit race ("Transaction conflict …"): retry it."""
     return "conflict" in str(exc).lower()
-
-
-def _ddl() -> dict[str, str]:
-    """Each table's CREATE TABLE statement of db/schema.sql without its keys (DuckLake has none), then its
-    ALTER TABLE statements; by table name, with ``{schema}`` where the table's schema goes."""
-    text = re.sub(r"--[^\n]*", "", schema_sql())
-    out: dict[str, str] = {}
-    for stmt in (s.strip() for s in text.split(";")):
-        m = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)|ALTER TABLE (\w+)", stmt)
-        if not m:
-            continue
-        name = m.group(1) or m.group(2)
-        stmt = re.sub(r",\s*PRIMARY KEY \([^)]*\)", "", stmt)
-        stmt = re.sub(r"\s+PRIMARY KEY", "", stmt)
-        stmt = re.sub(rf"^(CREATE TABLE IF NOT EXISTS|ALTER TABLE) {name}\b", rf"\1 {{schema}}.{name}", stmt)
-        out[name] = out.get(name, "") + stmt + ";\n"
-    return out
-
-
-def _mark(kind: str, *parts: str) -> str:
-    """The comment marking a part of a lake's layout as made from ``parts`` (LakeStore.add_shards)."""
-    return f"flightrec {kind} " + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
 class LakeStore(RowWriter):
@@ -131,7 +95,7 @@ class LakeStore(RowWriter):
         self.stop_waiting = threading.Event()  # set by a stopping materializer: a wait for the catalog ends
         self.con = self._attach()
         try:
-            ddl = _ddl()
+            ddl = lakelayout.ddl()
             self._retrying("prepare the tables", lambda: self._in_transaction(lambda: self._migrate(ddl)))
             self.add_shards(shards)
         except BaseException:
@@ -282,9 +246,9 @@ class LakeStore(RowWriter):
         want = set(shards) - self._shards
         if not want:
             return
-        ddl = _ddl()
-        tables = _mark("tables", *(ddl[name] for name in SHARD_TABLES), CLAIM_SQL)
-        marks = self._marks()
+        ddl = lakelayout.ddl()
+        tables = lakelayout.mark("tables", *(ddl[name] for name in SHARD_TABLES), CLAIM_SQL)
+        marks = lakelayout.marks(self.con, ALIAS)
         make = sorted(s for s in want if marks.get(shard_schema(s)) != tables)
 
         def create() -> None:
@@ -302,18 +266,8 @@ class LakeStore(RowWriter):
         if make or marks.get("main") != self._views_mark():
             self._retrying("create the views", lambda: self._in_transaction(self._create_views))
 
-    def _marks(self) -> dict[str, str]:
-        """The layout's marks (add_shards): each shard schema's, and ``main``'s (the views')."""
-        rows = self.con.execute(
-            "SELECT schema_name, comment FROM duckdb_tables() WHERE database_name = ? AND table_name = 'claim' "
-            "UNION ALL SELECT schema_name, comment FROM duckdb_views() "
-            "WHERE database_name = ? AND schema_name = 'main' AND view_name = 'claims'",
-            [ALIAS, ALIAS],
-        ).fetchall()
-        return {str(schema): str(comment) for schema, comment in rows if comment}
-
     def _views_mark(self) -> str:
-        return _mark("views", *map(str, self._layout_shards()), *self._views)
+        return lakelayout.mark("views", *map(str, self._layout_shards()), *self._views)
 
     def _layout_shards(self) -> list[int]:
         return sorted(set(self._existing_shards()) | self._shards)
@@ -326,12 +280,8 @@ class LakeStore(RowWriter):
 
     def _create_views(self) -> None:
         """main.<table> for each shard table (and main.claims): the union of every shard's; then the readers' views."""
-        shards = self._layout_shards()
-        for name in SHARD_TABLES:
-            union = " UNION ALL BY NAME ".join(f"SELECT * FROM {shard_schema(s)}.{name}" for s in shards)
-            self.con.execute(f"CREATE OR REPLACE VIEW main.{name} AS {union}")
-        union = " UNION ALL BY NAME ".join(f"SELECT {s} AS shard, * FROM {shard_schema(s)}.claim" for s in shards)
-        self.con.execute(f"CREATE OR REPLACE VIEW main.claims AS {union}")
+        for stmt in lakelayout.union_views(self._layout_shards()):
+            self.con.execute(stmt)
         for stmt in self._views:
             self.con.execute(stmt)
         self.con.execute(f"COMMENT ON VIEW main.claims IS '{self._views_mark()}'")

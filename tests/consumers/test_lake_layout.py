@@ -7,7 +7,7 @@ from __future__ import annotations
 from lake_helpers import lake_con
 
 from flightrec.db import lake as lakes
-from flightrec.db import lakestore
+from flightrec.db import lakelayout
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.query import run_query
 
@@ -54,10 +54,10 @@ def test_a_new_release_s_tables_views_and_shards_are_made_on_a_lake_laid_out_bef
     db, data_path = lake
     loc = lakes.lake_location(db, data_path, writing=True)
     LakeStore(loc, "g", shards=range(2), views=VIEWS).close()
-    ddl = lakestore._ddl()
+    ddl = lakelayout.ddl()
     monkeypatch.setattr(  # the next release adds a column to a shard table
-        lakestore,
-        "_ddl",
+        lakelayout,
+        "ddl",
         lambda: {**ddl, "boots": ddl["boots"] + "ALTER TABLE {schema}.boots ADD COLUMN IF NOT EXISTS later BIGINT;\n"},
     )
     newer = ("CREATE OR REPLACE VIEW v AS SELECT count(*) + 100 AS n FROM instances",)
