@@ -1,7 +1,8 @@
 """Where one lake commit's time goes: commits of three patterns timed whole and statement by statement, no Kafka.
 
 Starts its own PostgreSQL; first times a member's start (open with its views and six shards, then the claim of them)
-on ``--starts`` new lakes, and again on the measured lake once it holds data; then one LakeStore owning six shards
+on ``--starts`` new lakes, and again on the measured lake once it holds data, and a member's kept derived rows of a
+lake of ``--kept-instances`` instances (claim time, memory); then one LakeStore owning six shards
 commits Deltas folded beforehand from generated events (as `flightrec materialize` folds a batch): ``--warm`` commits
 first (the lake's tables hold data, as in production),
 then ``--commits`` of each pattern: log lines only (10 LogBatches of 500 lines from 2 instances), the same with a
@@ -107,6 +108,42 @@ def start(store_class: Any, loc: Any, owner: str) -> tuple[float, float]:
     return opened, claimed
 
 
+def kept_rows(store_class: Any, loc: Any, instances: int) -> tuple[float, float]:
+    """A lake of ``instances`` instances (a boot each, 15% failed) written straight into its shard tables; a member's
+    claim of every shard: (seconds, MiB of in-memory tables its kept derived rows take)."""
+    filler = store_class(loc, "bench", shards=range(SHARDS), owner="filler")
+    con = filler.con
+    ids = "'i-' || lpad(i::VARCHAR, 9, '0') AS instance_id, 'b-' || i AS boot_id"
+    con.execute("BEGIN TRANSACTION")
+    for p in range(SHARDS):
+        rows = f"FROM range({p}, {instances}, {SHARDS}) t(i)"
+        con.execute(
+            f"INSERT INTO part_{p}.instances BY NAME SELECT {ids}, 'succeeded' AS state, 'benchmark' AS stage, "
+            "'NVIDIA H100 80GB HBM3' AS gpu_model, 'host-' || (i % 997) AS host, 2.49 AS price_per_hour, "
+            f"1500.0 AS proofs_per_hour, 'pass' AS verdict, 1.7e15::BIGINT + i AS first_event_us, "
+            f"1.7e15::BIGINT + 7 * i AS last_event_us {rows}"
+        )
+        con.execute(
+            f"INSERT INTO part_{p}.boots BY NAME SELECT {ids}, 120 AS events, 119 AS max_seq, 120 AS sealed_count, "
+            f"1.7e15::BIGINT + i AS first_event_us, 1.7e15::BIGINT + 7 * i AS last_event_us, true AS complete {rows}"
+        )
+        con.execute(
+            f"INSERT INTO part_{p}.failures BY NAME SELECT 'f-' || i AS failure_id, {ids}, 'benchmark' AS stage, "
+            f"'cuda_out_of_memory' AS failure_class {rows} WHERE i % 20 < 3"
+        )
+    con.execute("COMMIT")
+    filler.close()
+    member = store_class(loc, "bench", shards=range(SHARDS), owner="member")
+    memory = "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
+    before = member.con.execute(memory).fetchone()[0]
+    t = time.perf_counter()
+    member.claim(range(SHARDS))
+    took = time.perf_counter() - t
+    after = member.con.execute(memory).fetchone()[0]
+    member.close()
+    return took, (after - before) / 2**20
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warm", type=int, default=40, help="commits before the measured ones")
@@ -115,6 +152,12 @@ def main() -> int:
     ap.add_argument("--large-commits", type=int, default=5, help="measured commits of the large pattern")
     ap.add_argument("--top", type=int, default=12, help="statements listed per pattern")
     ap.add_argument("--starts", type=int, default=3, help="member starts timed on a new lake and on the used one")
+    ap.add_argument(
+        "--kept-instances",
+        type=int,
+        default=100_000,
+        help="instances of the lake whose kept rows are measured (0: none)",
+    )
     args = ap.parse_args()
     from flightrec.db.lakestore import LakeStore
 
@@ -151,6 +194,14 @@ def main() -> int:
                 f"start of a member on {what}, median of {len(runs)}: open {statistics.median(opens) * 1000:.0f} ms, "
                 f"claim of {SHARDS} shards {statistics.median(claims) * 1000:.0f} ms "
                 f"(open {', '.join(f'{o * 1000:.0f}' for o in opens)}; claim {', '.join(f'{c * 1000:.0f}' for c in claims)})"
+            )
+        if args.kept_instances:
+            kept = catalog.create_database(f"kept_{uuid.uuid4().hex[:6]}")
+            took, mib = kept_rows(LakeStore, lakes.parse_db(kept, str(data / "kept")), args.kept_instances)
+            print(
+                f"kept derived rows of a member owning {SHARDS} shards of {args.kept_instances:,} instances (as many "
+                f"boots, {args.kept_instances * 3 // 20:,} failures): read at its claim in {took:.2f} s, "
+                f"{mib:.1f} MiB of DuckDB's memory"
             )
         print(f"\none member owning {SHARDS} shards, after {args.warm} commits; medians of each pattern's commits")
         for name, (n, make) in patterns.items():
