@@ -256,6 +256,8 @@ class GroupMaterializer(Materializer):
         assert c is not None
         if not self._assigned_once:
             return False
+        if targets is None:
+            await self._drain()  # a commit in flight may be fenced: its shards are then not this member's
         owned = list(self._next)
         if targets is None and set(owned) != c.assignment():
             # the group is moving partitions, or this member was fenced from some that Kafka still assigns it
