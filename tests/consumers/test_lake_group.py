@@ -199,13 +199,26 @@ def test_a_fenced_member_is_not_idle_until_the_group_moves_its_shards(kafka, lak
     def lines() -> int:
         return lake_count(db, "SELECT count(*) FROM log_lines WHERE starts_with(instance_id, ?)", [prefix], data_path)
 
-    # a's idle window outlasts the claim below (it must read the second boot), then passes twice while it is fenced
-    a = threading.Thread(target=member, args=("a", 6.0), daemon=True)
+    a = threading.Thread(target=member, args=("a", 10.0), daemon=True)
     a.start()
     deadline = time.monotonic() + 90
     while lines() < 50:
         assert time.monotonic() < deadline and a.is_alive(), f"member a wrote nothing: {done}"
         time.sleep(0.5)
+    # a's next commit waits until the shards were claimed away, then 12 s more (as under load): a reads the second boot
+    # meanwhile, its commit of it is in flight when a's idle window has passed, and then fenced
+    claimed, held = threading.Event(), threading.Event()
+    commit = LakeStore.commit
+
+    def held_commit(self: LakeStore, *args: object, **kwargs: object) -> object:
+        if self.owner != "not-in-the-group" and not held.is_set():
+            held.set()
+            claimed.wait(120)
+            time.sleep(12.0)
+        return commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(LakeStore, "commit", held_commit)
+    publish(kafka.bootstrap, second.events)
     loc = lakes.lake_location(db, data_path, writing=True)
     con = lake_con(db, data_path)
     try:
@@ -217,15 +230,8 @@ def test_a_fenced_member_is_not_idle_until_the_group_moves_its_shards(kafka, lak
         thief.claim(shards)  # the shards move in the lake; the group's coordinator knows nothing of it
     finally:
         thief.close()
-    commit = LakeStore.commit
-
-    def slow_commit(self: LakeStore, *args: object, **kwargs: object) -> object:
-        time.sleep(7.0)  # as under load (seen in make test): still in flight when a's idle window has passed
-        return commit(self, *args, **kwargs)
-
-    monkeypatch.setattr(LakeStore, "commit", slow_commit)
-    publish(kafka.bootstrap, second.events)  # a's commit of these is fenced
-    time.sleep(15.0)
+        claimed.set()
+    time.sleep(30.0)  # the held commit, and a's idle window twice after it
     assert a.is_alive(), f"member a stopped while Kafka still assigned it shards it never read: {done}"
     b = threading.Thread(target=member, args=("b", 2.0), daemon=True)  # the group rebalances: a and b claim anew
     b.start()
