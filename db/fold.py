@@ -21,8 +21,9 @@ import numpy as np
 import pyarrow as pa
 
 from flightrec.errors import CodecError
-from flightrec.schemas import EVENT_BY_NAME, Codec, default_codec
+from flightrec.schemas import EVENT_BY_NAME, TOPIC_LOGS, Codec, default_codec
 from flightrec.schemas.arrow import ENVELOPE, element_field, event_fields, event_schema
+from flightrec.schemas.logcolumns import LogColumns
 from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
 from flightrec.db.trust import Trust
 
@@ -236,6 +237,9 @@ def _items(m: Any) -> list[tuple[str, str]]:
     return sorted((str(k), str(v)) for k, v in (m or {}).items())
 
 
+_LINE_COLUMNS = ("line_no", "ts_us", "truncated", "invalid_utf8", "late")  # a LogBatch's numeric per-line arrays
+
+
 class _Builder:
     """Accumulates columns for one Delta."""
 
@@ -258,9 +262,10 @@ class _Builder:
         }
         self.log_counts: list[int] = []
         self.dead_seen: set[tuple[str, bytes | None, str]] = set()  # (event id, bytes, reason) of its dead letters
-        self.log_lines: dict[str, list[Any]] = {
-            k: [] for k in ("line_no", "ts_us", "text", "truncated", "invalid_utf8", "late")
-        }
+        self.texts: list[str] = []
+        # per numeric line column, its pieces in order: numpy columns of large batches (schemas/logcolumns.py) and
+        # lists that gather the lines of the batches between them
+        self.log_lines: dict[str, list[Any]] = {k: [] for k in _LINE_COLUMNS}
 
     def add(self, table: str, row: dict[str, Any]) -> None:
         cols = self.cols[table]
@@ -273,18 +278,25 @@ class _Builder:
             len(rec["line_no"]) == len(rec["line_ts_us"]) == len(rec["truncated"]) == len(rec["invalid_utf8"]) == n
         ):
             raise FoldError("LogBatch per-line arrays have different lengths")
+        late = rec.get("late")
+        if late is None or not len(late):
+            late = [False] * n
+        elif len(late) != n:
+            raise FoldError("LogBatch late flags neither empty nor one per line")
         for k in self.log_scalars:
             self.log_scalars[k].append(rec[k])
         self.log_counts.append(n)
-        self.log_lines["line_no"].extend(rec["line_no"])
-        self.log_lines["ts_us"].extend(rec["line_ts_us"])
-        self.log_lines["text"].extend(rec["text"])
-        self.log_lines["truncated"].extend(rec["truncated"])
-        self.log_lines["invalid_utf8"].extend(rec["invalid_utf8"])
-        late = rec.get("late") or ()
-        if len(late) not in (0, n):
-            raise FoldError("LogBatch late flags neither empty nor one per line")
-        self.log_lines["late"].extend(late if late else [False] * n)
+        self.texts.extend(rec["text"])
+        for k, values in zip(
+            _LINE_COLUMNS, (rec["line_no"], rec["line_ts_us"], rec["truncated"], rec["invalid_utf8"], late)
+        ):
+            pieces = self.log_lines[k]
+            if isinstance(values, np.ndarray):
+                pieces.append(values)
+            elif pieces and isinstance(pieces[-1], list):
+                pieces[-1].extend(values)
+            else:
+                pieces.append(list(values))
 
     def logs(self) -> pa.Table:
         counts = np.asarray(self.log_counts, dtype=np.int64)
@@ -293,8 +305,13 @@ class _Builder:
         for f in LOGS:
             if f.name in self.log_scalars:
                 arrays.append(pa.array(self.log_scalars[f.name], type=f.type).take(idx))
+            elif f.name == "text":
+                arrays.append(pa.array(self.texts, type=f.type))
             else:
-                arrays.append(pa.array(self.log_lines[f.name], type=f.type))
+                pieces = self.log_lines[f.name]
+                dtype = np.bool_ if pa.types.is_boolean(f.type) else np.int64
+                column = np.concatenate([np.asarray(p, dtype=dtype) for p in pieces]) if pieces else np.zeros(0, dtype)
+                arrays.append(pa.array(column, type=f.type))
         return pa.Table.from_arrays(arrays, schema=LOGS)
 
     def table(self, name: str, schema: pa.Schema) -> pa.Table:
@@ -321,9 +338,9 @@ def _validate(kind: str, rec: dict[str, Any]) -> None:
     """The timestamps and counts inside an event, beyond its envelope."""
     if kind == "log":
         times = rec["line_ts_us"]
-        if times:  # min/max run in C: the hot path stays cheap
-            _check_ts("line_ts_us", min(times))
-            _check_ts("line_ts_us", max(times))
+        if len(times):  # min/max run in C: the hot path stays cheap
+            _check_ts("line_ts_us", int(times.min()) if isinstance(times, np.ndarray) else min(times))
+            _check_ts("line_ts_us", int(times.max()) if isinstance(times, np.ndarray) else max(times))
     elif kind == "exit":
         _check_ts("started_us", rec.get("started_us"))
         _check_ts("ended_us", rec.get("ended_us"))
@@ -449,6 +466,16 @@ def _fold_one(
     b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp, "key_id": key_id})
 
 
+_columns: LogColumns | None = None
+
+
+def _log_columns() -> LogColumns:
+    global _columns
+    if _columns is None:
+        _columns = LogColumns()
+    return _columns
+
+
 def fold(
     messages: Iterable[Message],
     codec: Codec | None = None,
@@ -463,6 +490,7 @@ def fold(
     refuses (a tag missing, forged or revoked: db/trust.py), with the reason and the claimed instance.
     """
     codec = codec or default_codec()
+    logs_as_columns = _log_columns()
     b = _Builder()
     offsets: dict[tuple[str, int], int] = {}
     seen: dict[str, tuple[int, int, str]] = {}  # event id -> (fingerprint, seq, kind) of its first message
@@ -475,7 +503,8 @@ def fold(
         if msg.offset + 1 > offsets.get(tp, -1):
             offsets[tp] = msg.offset + 1
         try:
-            name, rec = codec.decode_record(msg.value)
+            columns = logs_as_columns(msg.value) if msg.topic == TOPIC_LOGS and msg.value else None
+            name, rec = (logs_as_columns.name, columns) if columns is not None else codec.decode_record(msg.value)
             expected = EVENT_BY_NAME[name].topic
             if expected != msg.topic:
                 raise FoldError(f"a {name} event arrived on {msg.topic}; it belongs on {expected}")
