@@ -30,7 +30,14 @@ from flightrec.settings import TOPIC_LOGS, Settings
 
 BATCH = 500
 FAIL_EVERY = 5  # the failure phase: a failing stage every 5th probe line (0.5 s)
+# One failure's evidence: its row, the stage's last lines kept in it (failures.last_lines, written by the materializer)
 FAILURE_CONTEXT = """
+SELECT f.failure_class, f.hint, f.exit_code, f.stage, f.matched_line, f.stderr_tail, f.file_tails,
+       f.preceding_events, f.gpu_model, f.compute_capability, f.last_lines
+FROM failures f WHERE f.instance_id = ?
+"""
+# The baseline: the same evidence with the stage's last 50 lines read out of log_lines (a scan of the table)
+FAILURE_CONTEXT_SCAN = """
 SELECT f.failure_class, f.hint, f.exit_code, f.stage, f.matched_line, f.stderr_tail, f.file_tails,
        f.preceding_events, f.gpu_model, f.compute_capability,
        (SELECT list(text ORDER BY seq, line_no) FROM (
@@ -357,12 +364,16 @@ def main() -> int:
         con.execute("CHECKPOINT")
         total = con.execute("SELECT count(*) FROM log_lines").fetchone()[0]
         con.close()
-        times = []
-        for _ in range(30):
+        times, scan_times = [], []
+        for _ in range(30):  # alternately: the machine drifts
             t = time.perf_counter()
             rows = run_query(db, FAILURE_CONTEXT, ["bench-failing"]).to_pylist()
             times.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            scanned = run_query(db, FAILURE_CONTEXT_SCAN, ["bench-failing"]).to_pylist()
+            scan_times.append(time.perf_counter() - t)
         assert rows and rows[0]["failure_class"] == "gpu_arch_unsupported", rows
+        assert rows == scanned, (rows, scanned)  # the same evidence both ways
         live_times = failure_context_live(broker.bootstrap, db)
         mat_rate = mat_lines / run_s
         raw_rate = raw_lines / t_raw
@@ -397,7 +408,9 @@ def main() -> int:
         )
         print(
             f"failure context of one instance in {total:,} lines: median {statistics.median(times) * 1000:.1f} ms, "
-            f"p95 {pct(times, 0.95) * 1000:.1f} ms over {len(times)} runs incl. opening the file (goal <= 50 ms)"
+            f"p95 {pct(times, 0.95) * 1000:.1f} ms over {len(times)} runs incl. opening the file (goal <= 50 ms; #32: "
+            f"p95 <= 20 ms); baseline, its lines read out of log_lines: median "
+            f"{statistics.median(scan_times) * 1000:.1f} ms, p95 {pct(scan_times, 0.95) * 1000:.1f} ms"
         )
         print(
             f"the same while a materializer serves the file (live socket, its warm connection): median "

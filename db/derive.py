@@ -50,6 +50,7 @@ FAILURES = pa.schema(
         ("matched_line", STR),
         ("killed_by", STR),
         ("killed_by_evidence", STR),
+        ("last_lines", STRLIST),
     ]
 )
 BOOTS = pa.schema(
@@ -343,6 +344,21 @@ SELECT instance_id, boot_id, stage, source, text FROM (
     FROM log_lines l SEMI JOIN {keys} USING (instance_id, boot_id, stage) {where})
 WHERE rn <= {n} ORDER BY instance_id, boot_id, stage, source, seq, line_no"""
 
+LAST_LINES = 50  # a failed stage's last lines (all its sources, in order), kept in its failures row: the evidence
+
+# In one scan of the lines of the failed stages in _fail_keys: each stage's last {last} lines (all sources), and
+# its last {tail} late lines per source.
+_LAST_SQL = """
+SELECT instance_id, boot_id, stage, source, text, rn_stage <= {last} AS last, late AND rn_src <= {tail} AS late_tail
+FROM (
+    SELECT l.instance_id, l.boot_id, l.stage, l.source, l.text, l.seq, l.line_no, coalesce(l.late, false) AS late,
+           row_number() OVER (PARTITION BY instance_id, boot_id, stage ORDER BY seq DESC, line_no DESC) AS rn_stage,
+           row_number() OVER (PARTITION BY instance_id, boot_id, stage, source, coalesce(l.late, false)
+                              ORDER BY seq DESC, line_no DESC) AS rn_src
+    FROM log_lines l SEMI JOIN _fail_keys USING (instance_id, boot_id, stage))
+WHERE rn_stage <= {last} OR (late AND rn_src <= {tail})
+ORDER BY instance_id, boot_id, stage, seq, line_no"""
+
 StageKey = tuple[str, str, str]
 
 
@@ -356,6 +372,7 @@ class FailureInputs:
     facts: dict[tuple[str, str | None], dict[str, Any]]  # per boot, and per instance (boot None): the latest
     tails: dict[StageKey, dict[str, list[str]]]  # stages without a ProcessExit
     late: dict[StageKey, dict[str, list[str]]]  # late lines of every stage
+    last: dict[StageKey, list[str]]  # the last LAST_LINES lines of every stage, all sources
 
 
 def _group(rows: list[dict[str, Any]], *key: str) -> dict[Any, list[dict[str, Any]]]:
@@ -399,7 +416,11 @@ def _failure_inputs(con: duckdb.DuckDBPyConnection) -> FailureInputs:
             n=TAIL_LINES,
         ),
     )
-    late = _rows(con, _TAILS_SQL.format(keys="_fail_keys", where="WHERE l.late", n=TAIL_LINES))
+    lines = _rows(con, _LAST_SQL.format(last=LAST_LINES, tail=TAIL_LINES))
+    last: dict[StageKey, list[str]] = defaultdict(list)
+    for r in lines:
+        if r["last"]:
+            last[(r["instance_id"], r["boot_id"], r["stage"])].append(r["text"])
     facts_of: dict[tuple[str, str | None], dict[str, Any]] = {}
     for f in facts:  # ascending: the latest wins, per boot and per instance
         facts_of[(f["instance_id"], f["boot_id"])] = f
@@ -410,7 +431,8 @@ def _failure_inputs(con: duckdb.DuckDBPyConnection) -> FailureInputs:
         results=_group(results, "instance_id", "boot_id", "stage"),
         facts=facts_of,
         tails=_tails_by_source(tails),
-        late=_tails_by_source(late),
+        late=_tails_by_source([r for r in lines if r["late_tail"]]),
+        last=last,
     )
 
 
@@ -430,7 +452,7 @@ def _failure_rows(keys: pa.Table, inputs: FailureInputs, rules: RuleTable) -> li
             late_tails=inputs.late.get(key),
         )
         if row is not None:
-            out.append(row)
+            out.append({**row, "last_lines": inputs.last.get(key, [])})
     return out
 
 

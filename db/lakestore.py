@@ -120,7 +120,7 @@ class LakeStore(RowWriter):
         version = migrate.recorded(self.con)
         todo = migrate.pending(migrate.RECORDED_FROM if version is None else version)  # lakes came after killed_by
         rebuild = [m.what for m in todo if m.rebuild_failures]
-        if rebuild:
+        if rebuild and self._holds_failures():
             raise MaterializeError(
                 f"the lake {self.path} needs its failures rows built again ({'; '.join(rebuild)}), "
                 "which a lake does not do in place: replay the topics into a new lake "
@@ -128,6 +128,13 @@ class LakeStore(RowWriter):
             )
         if version is None or todo:
             migrate.record(self.con, todo or migrate.pending(0)[-1:], self.run_id, self.started_us)
+
+    def _holds_failures(self) -> bool:
+        """Whether the lake has failures rows (a new one, or one whose shards show none, has none to build again)."""
+        try:
+            return self.con.execute("SELECT 1 FROM main.failures LIMIT 1").fetchone() is not None
+        except duckdb.CatalogException:  # no shard yet: its view is made with the first
+            return False
 
     def _attach(self) -> duckdb.DuckDBPyConnection:
         """Attach read-write; two members creating a new lake at once may race: the loser retries."""

@@ -81,6 +81,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "the event id a dead letter carries, so a refused event Kafka holds twice is one dead letter",
         (Column("dead_letters", "event_id", "VARCHAR"),),  # NULL: not decoded, or folded before version 4
     ),
+    Migration(
+        5,
+        "failures.last_lines: a failed stage's last lines in its row (the evidence without a scan of log_lines)",
+        (Column("failures", "last_lines", "VARCHAR[]"),),
+        rebuild_failures=True,
+    ),
 )
 
 VERSION_TABLE = "schema_version"

@@ -91,7 +91,7 @@ SELECT
         ELSE 'no exit'
     END AS outcome,
     f.exit_code, f.signal, f.signal_name, f.killed_by, f.killed_by_evidence, f.start_error, f.detail,
-    f.stderr_tail, f.stdout_tail, f.file_tails, f.preceding_events,
+    f.stderr_tail, f.stdout_tail, f.file_tails, f.preceding_events, f.last_lines,
     coalesce(f.gpu_model, i.gpu_model) AS gpu_model,
     f.compute_capability, f.driver_version, f.cuda_version,
     f.proofs_per_hour, f.min_rate, i.host, i.price_per_hour, f.ts_us, {ts("f.ts_us")} AS ts_at

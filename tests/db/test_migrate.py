@@ -90,9 +90,25 @@ def test_a_migration_adds_its_column_to_a_lake_made_before_it_in_every_shard(lak
 
 @pytest.mark.integration
 def test_a_lake_refuses_a_rebuild_it_cannot_do_and_says_how(lake, monkeypatch):
+    from flightrec.db.fold import RawMessage, fold
+    from flightrec.schemas import Lifecycle, encode
+
     db, data_path = lake
     loc = lakes.lake_location(db, data_path, writing=True)
     LakeStore(loc, "g", shards=[0]).close()
     _with_a_new_column(monkeypatch, rebuild_failures=True)
+    store = LakeStore(loc, "g", shards=[0])  # no failures rows yet: none to build again, it opens
+    try:
+        store.claim([0])
+        env = dict(instance_id="i-1", boot_id="b-1", ts_us=1_760_000_000_000_000)
+        events = [
+            Lifecycle(event_id="e-0", seq=0, stage="benchmark", state="started", **env),
+            Lifecycle(event_id="e-1", seq=1, stage="benchmark", state="failed", **env),
+        ]
+        store.commit({0: fold([RawMessage(e.topic, 0, n, None, encode(e)) for n, e in enumerate(events)])})
+        assert store.con.execute("SELECT count(*) FROM failures").fetchone() == (1,)
+        store.con.execute(f"DELETE FROM main.schema_version WHERE version = {migrate.latest()}")
+    finally:
+        store.close()
     with pytest.raises(MaterializeError, match="replay the topics into a new lake"):
         LakeStore(loc, "g", shards=[0])
