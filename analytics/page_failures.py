@@ -183,6 +183,9 @@ def drill_down(failure_id: str) -> None:
     for col, (title, lines) in zip(st.columns(len(tails)), tails):
         with col:
             tail_block(title, lines, f["matched_line"])
+    if f.get("last_lines"):  # kept in the failures row by the materializer: no scan of the log lines
+        with st.expander(f"The stage's last {len(f['last_lines'])} lines, every source in order"):
+            st.code("\n".join(f["last_lines"]), language=None, wrap_lines=True)
 
     st.markdown("**Events that led up to it**")
     events = fetch(queries.failure_events, failure_id)

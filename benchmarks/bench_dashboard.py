@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 import duckdb
 
+from flightrec.db import migrate
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench_dashboard"
 INSTANCES = 10_000
@@ -43,6 +45,9 @@ LAKE_COLD_GOAL_S, LAKE_REFRESH_GOAL_S = 1.5, 0.5  # issue #26
 SHARDS = 6  # the lake's shards: the topics' partitions (FLIGHTREC_PARTITIONS' default)
 CONSOLE_GOAL_S = 0.2
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
+
+# a failure's last lines (failures.last_lines): its stage's stdout and the daemon's log, as the materializer keeps them
+LAST_LINES = "['warm-up proof 1/3', 'daemon: starting', coalesce({line}, 'daemon: ok')]"
 
 GENERATE = f"""
 CREATE TEMP TABLE models AS SELECT * FROM (VALUES
@@ -134,14 +139,24 @@ SELECT instance_id || '-exit' AS failure_id, instance_id, 'boot-' || i AS boot_i
        ['fetch_params succeeded', 'benchmark started', 'benchmark failed'] AS preceding_events,
        gpu_model, cc AS compute_capability, '570.86' AS driver_version, '12.8' AS cuda_version,
        CASE WHEN c = 2 THEN 0.5 * rate END AS proofs_per_hour, 500.0 AS min_rate, cl.failure_class,
-       'hint for ' || cl.failure_class AS hint, cl.line AS matched_line
+       'hint for ' || cl.failure_class AS hint, cl.line AS matched_line,
+       {LAST_LINES.format(line="cl.line")} AS last_lines
 FROM inst JOIN classes cl ON cl.cls = inst.c WHERE failed;
 """
 
 
 def build_db() -> Path:
-    """Generate the benchmark database once (cached under .cache/bench_dashboard/)."""
+    """Generate the benchmark database once (cached under .cache/bench_dashboard/); a cached one gains the columns
+    of migrations newer than it (their values as GENERATE gives them)."""
     if DB.exists():
+        con = duckdb.connect(str(DB))
+        try:
+            con.execute(migrate.columns_sql())
+            con.execute(
+                f"UPDATE failures SET last_lines = {LAST_LINES.format(line='matched_line')} WHERE last_lines IS NULL"
+            )
+        finally:
+            con.close()
         return DB
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = DB.with_suffix(".tmp")
@@ -152,6 +167,7 @@ def build_db() -> Path:
     try:
         con.execute("SET threads = 2")
         con.execute(schema)
+        con.execute(migrate.columns_sql())
         for stmt in duckdb.extract_statements(GENERATE):
             con.execute(stmt)
         con.execute("CHECKPOINT")
