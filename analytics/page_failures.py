@@ -185,7 +185,11 @@ def drill_down(failure_id: str) -> None:
             tail_block(title, lines, f["matched_line"])
     if f.get("last_lines"):  # kept in the failures row by the materializer: no scan of the log lines
         with st.expander(f"The stage's last {len(f['last_lines'])} lines, every source in order"):
-            st.code("\n".join(f["last_lines"]), language=None, wrap_lines=True)
+            st.code(
+                "\n".join(f"{short_source(line['source'])}: {line['text']}" for line in f["last_lines"]),
+                language=None,
+                wrap_lines=True,
+            )
 
     st.markdown("**Events that led up to it**")
     events = fetch(queries.failure_events, failure_id)

@@ -7,6 +7,7 @@ import statistics
 import time
 
 from flightrec.schemas import LogBatch, decode_record, default_codec, encode, new_event_id, now_us
+from flightrec.schemas.logcolumns import LogColumns
 
 LINES = 200_000
 BATCH = 256
@@ -67,6 +68,10 @@ def main() -> None:
     print(f"{'':28}{'batched (' + str(BATCH) + '/msg)':>22}{'baseline (1/msg)':>20}{'ratio':>8}")
     print(f"{'encode lines/s':28}{enc_b:22,.0f}{enc_s:20,.0f}{enc_b / enc_s:8.1f}x")
     print(f"{'decode lines/s':28}{dec_b:22,.0f}{dec_s:20,.0f}{dec_b / dec_s:8.1f}x")
+    columns = LogColumns()
+    assert all(columns(m) is not None for m in msgs_b)  # every batched message takes the columnar path
+    dec_c = rate(lambda ms: [columns(m) for m in ms], msgs_b, LINES)
+    print(f"{'decode to columns lines/s':28}{dec_c:22,.0f}{'':20}{dec_c / dec_b:8.1f}x decode_record (the consumers')")
     print(
         f"goal >= 300,000 lines/s each way: encode {'met' if enc_b >= 3e5 else 'NOT met'}, "
         f"decode {'met' if dec_b >= 3e5 else 'NOT met'}"

@@ -47,7 +47,11 @@ CONSOLE_GOAL_S = 0.2
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
 
 # a failure's last lines (failures.last_lines): its stage's stdout and the daemon's log, as the materializer keeps them
-LAST_LINES = "['warm-up proof 1/3', 'daemon: starting', coalesce({line}, 'daemon: ok')]"
+LAST_LINES = (
+    "[{{'seq': 5, 'line_no': 1, 'source': 'stdout', 'text': 'warm-up proof 1/3'}}, "
+    "{{'seq': 6, 'line_no': 1, 'source': '/var/log/prover/daemon.log', 'text': 'daemon: starting'}}, "
+    "{{'seq': 6, 'line_no': 2, 'source': '/var/log/prover/daemon.log', 'text': coalesce({line}, 'daemon: ok')}}]"
+)
 
 GENERATE = f"""
 CREATE TEMP TABLE models AS SELECT * FROM (VALUES

@@ -10,17 +10,18 @@ what it reads under its own names (:func:`arrow_views`) and drops them after.
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flightrec.db.arrowviews import arrow_views
 from flightrec.db.classify import RuleTable
 from flightrec.db.failures import TAIL_LINES, build_failure
 from flightrec.db.fold import BOOL, FILE_TAILS, F64, I32, I64, STR, STRLIST
+from flightrec.db.lastlines import LAST_LINES_TYPE, last_lines
 from flightrec.db.liveness import running_rows
 
 FAILURES = pa.schema(
@@ -50,7 +51,7 @@ FAILURES = pa.schema(
         ("matched_line", STR),
         ("killed_by", STR),
         ("killed_by_evidence", STR),
-        ("last_lines", STRLIST),
+        ("last_lines", LAST_LINES_TYPE),
     ]
 )
 BOOTS = pa.schema(
@@ -76,20 +77,6 @@ MAX_RANGES = 5  # missing-seq ranges spelled out in incomplete_reason
 # was away: their difference is their delay) and a few stamped across a clock jump; the latest ones follow a
 # clock that was set right during the boot within OFFSET_EVENTS / 2 events.
 OFFSET_EVENTS = 32
-
-
-@contextmanager
-def arrow_views(con: duckdb.DuckDBPyConnection, **tables: pa.Table) -> Iterator[None]:
-    """Register Arrow tables under the given names for the block; unregister them after, whatever happens."""
-    done = []
-    try:
-        for name, table in tables.items():
-            con.register(name, table)
-            done.append(name)
-        yield
-    finally:
-        for name in done:
-            con.unregister(name)
 
 
 class Rewrite:
@@ -344,21 +331,6 @@ SELECT instance_id, boot_id, stage, source, text FROM (
     FROM log_lines l SEMI JOIN {keys} USING (instance_id, boot_id, stage) {where})
 WHERE rn <= {n} ORDER BY instance_id, boot_id, stage, source, seq, line_no"""
 
-LAST_LINES = 50  # a failed stage's last lines (all its sources, in order), kept in its failures row: the evidence
-
-# In one scan of the lines of the failed stages in _fail_keys: each stage's last {last} lines (all sources), and
-# its last {tail} late lines per source.
-_LAST_SQL = """
-SELECT instance_id, boot_id, stage, source, text, rn_stage <= {last} AS last, late AND rn_src <= {tail} AS late_tail
-FROM (
-    SELECT l.instance_id, l.boot_id, l.stage, l.source, l.text, l.seq, l.line_no, coalesce(l.late, false) AS late,
-           row_number() OVER (PARTITION BY instance_id, boot_id, stage ORDER BY seq DESC, line_no DESC) AS rn_stage,
-           row_number() OVER (PARTITION BY instance_id, boot_id, stage, source, coalesce(l.late, false)
-                              ORDER BY seq DESC, line_no DESC) AS rn_src
-    FROM log_lines l SEMI JOIN _fail_keys USING (instance_id, boot_id, stage))
-WHERE rn_stage <= {last} OR (late AND rn_src <= {tail})
-ORDER BY instance_id, boot_id, stage, seq, line_no"""
-
 StageKey = tuple[str, str, str]
 
 
@@ -372,7 +344,7 @@ class FailureInputs:
     facts: dict[tuple[str, str | None], dict[str, Any]]  # per boot, and per instance (boot None): the latest
     tails: dict[StageKey, dict[str, list[str]]]  # stages without a ProcessExit
     late: dict[StageKey, dict[str, list[str]]]  # late lines of every stage
-    last: dict[StageKey, list[str]]  # the last LAST_LINES lines of every stage, all sources
+    last: dict[StageKey, list[dict[str, Any]]]  # the last LAST_LINES lines of every stage, all sources
 
 
 def _group(rows: list[dict[str, Any]], *key: str) -> dict[Any, list[dict[str, Any]]]:
@@ -389,8 +361,8 @@ def _tails_by_source(rows: list[dict[str, Any]]) -> dict[StageKey, dict[str, lis
     return out
 
 
-def _failure_inputs(con: duckdb.DuckDBPyConnection) -> FailureInputs:
-    """Read the stored events of the stages in ``_fail_keys`` (one query per table)."""
+def _failure_inputs(con: duckdb.DuckDBPyConnection, new_lines: str | None = None) -> FailureInputs:
+    """Read the stored events of the stages in ``_fail_keys`` (one query per table; ``new_lines``: _last_lines)."""
     life = _rows(
         con,
         """SELECT instance_id, boot_id, event_id, seq, ts_us, kind, stage, state, detail, attributes
@@ -416,11 +388,10 @@ def _failure_inputs(con: duckdb.DuckDBPyConnection) -> FailureInputs:
             n=TAIL_LINES,
         ),
     )
-    lines = _rows(con, _LAST_SQL.format(last=LAST_LINES, tail=TAIL_LINES))
-    last: dict[StageKey, list[str]] = defaultdict(list)
-    for r in lines:
-        if r["last"]:
-            last[(r["instance_id"], r["boot_id"], r["stage"])].append(r["text"])
+    late = _rows(con, _TAILS_SQL.format(keys="_fail_keys", where="WHERE l.late", n=TAIL_LINES))
+    last = {
+        (r["instance_id"], r["boot_id"], r["stage"]): r["last_lines"] for r in last_lines(con, new_lines).to_pylist()
+    }
     facts_of: dict[tuple[str, str | None], dict[str, Any]] = {}
     for f in facts:  # ascending: the latest wins, per boot and per instance
         facts_of[(f["instance_id"], f["boot_id"])] = f
@@ -431,7 +402,7 @@ def _failure_inputs(con: duckdb.DuckDBPyConnection) -> FailureInputs:
         results=_group(results, "instance_id", "boot_id", "stage"),
         facts=facts_of,
         tails=_tails_by_source(tails),
-        late=_tails_by_source([r for r in lines if r["late_tail"]]),
+        late=_tails_by_source(late),
         last=last,
     )
 
@@ -457,15 +428,21 @@ def _failure_rows(keys: pa.Table, inputs: FailureInputs, rules: RuleTable) -> li
 
 
 def recompute_failures(
-    con: duckdb.DuckDBPyConnection, rules: RuleTable, stages: pa.Table, out: Rewrite | None = None
+    con: duckdb.DuckDBPyConnection,
+    rules: RuleTable,
+    stages: pa.Table,
+    out: Rewrite | None = None,
+    new_lines: str | None = None,
 ) -> int:
-    """One failures row per stage in ``stages`` that shows a failure; returns rows written."""
+    """One failures row per stage in ``stages`` that shows a failure; returns rows written. ``new_lines``: a relation
+    of the lines this commit stored (their events new), which spares a stage with a failures row a scan of
+    log_lines for its last lines (db/lastlines.py)."""
     with arrow_views(con, _aff_stage=stages):
         keys = con.sql(FAILURE_KEYS_SQL).to_arrow_table()
     if keys.num_rows == 0:
         return 0
     with arrow_views(con, _fail_keys=keys):
-        rows = _failure_rows(keys, _failure_inputs(con), rules)
+        rows = _failure_rows(keys, _failure_inputs(con, new_lines), rules)
     (out or Rewrite()).replace(con, "failures", keys, [pa.Table.from_pylist(rows, schema=FAILURES)])
     return len(rows)
 
@@ -564,14 +541,20 @@ def recompute_instances(
     return full
 
 
-def recompute(con: duckdb.DuckDBPyConnection, rules: RuleTable, keys: AffectedKeys, out: Rewrite | None = None) -> int:
+def recompute(
+    con: duckdb.DuckDBPyConnection,
+    rules: RuleTable,
+    keys: AffectedKeys,
+    out: Rewrite | None = None,
+    new_lines: str | None = None,
+) -> int:
     """Boots, then failures, then instances, then running stages, for the affected keys; returns failure rows
     written (through ``out``: by default the tables of those names). Each step reads what the ones before it
     wrote. Running stages depend on the latest boot and its lifecycle events only, so an instance whose row kept
     its boot and got only BOOT_ONLY_KINDS events keeps them."""
     out = out or Rewrite()
     recompute_boots(con, keys.boots, out)
-    n = recompute_failures(con, rules, keys.stages, out) if keys.stages.num_rows else 0
+    n = recompute_failures(con, rules, keys.stages, out, new_lines) if keys.stages.num_rows else 0
     full = recompute_instances(con, keys.instances, keys.boot_only, out)
     if full.num_rows:
         out.replace(con, "running_stages", full.select(["instance_id"]), [running_rows(con, full)])

@@ -126,6 +126,13 @@ DEAD_INSERT_SQL = """INSERT INTO main.dead_letters BY NAME SELECT * FROM {view} 
                       WHERE t.event_id = v.event_id AND t.value = v.value AND t.reason = v.reason)"""
 
 
+# the commit's new lines when it has none: a relation of the columns derive._last_lines reads, without a row
+_NO_LINES = (
+    "(SELECT NULL::VARCHAR AS instance_id, NULL::VARCHAR AS boot_id, NULL::VARCHAR AS stage, NULL::BIGINT AS seq, "
+    "NULL::BIGINT AS line_no, NULL::VARCHAR AS source, NULL::VARCHAR AS text WHERE false)"
+)
+
+
 class RowWriter:
     """The steps of one commit shared by the file (FileStore) and the lake (LakeStore), in statements both engines take
     (DuckLake has no keys, ON CONFLICT or RETURNING: MERGE INTO and NOT EXISTS instead); each store supplies only
@@ -141,7 +148,7 @@ class RowWriter:
     def _write(self, delta: Delta) -> Stats:
         """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
         new, conflicts, lines = self._write_events(delta)
-        failures = self._write_derived(delta.heartbeats, new)
+        failures = self._write_derived(delta.heartbeats, new, bool(delta.logs.num_rows))
         dead = self._write_shared(delta)
         return self._stats(delta, new, conflicts, lines, failures, dead)
 
@@ -155,13 +162,22 @@ class RowWriter:
             lines = self._insert_rows(delta, new, first_sight)
         return new, conflicts, lines
 
-    def _write_derived(self, heartbeats: pa.Table, new: pa.Table) -> int:
-        """The derived tables for the new events ``new`` (and their ``heartbeats``); returns failure rows written."""
+    def _write_derived(self, heartbeats: pa.Table, new: pa.Table, lines: bool = False) -> int:
+        """The derived tables for the new events ``new`` (and their ``heartbeats``; ``lines``: the batch's lines are
+        registered as ``_d_logs``); returns failure rows written."""
         if not new.num_rows:
             return 0
         if heartbeats.num_rows:
             merge_heartbeats(self.con, heartbeats, new)
-        return recompute(self.con, self.rules, affected_keys(self.con, new))
+        if not lines:  # no line came in: a failure's stored last lines stay as they are
+            return recompute(self.con, self.rules, affected_keys(self.con, new), new_lines=_NO_LINES)
+        with arrow_views(self.con, _derive_new=new.select(["event_id"])):
+            return recompute(
+                self.con,
+                self.rules,
+                affected_keys(self.con, new),
+                new_lines="(SELECT * FROM _d_logs SEMI JOIN _derive_new USING (event_id))",
+            )
 
     def _write_shared(self, delta: Delta) -> int:
         """Manager events and dead letters (``_d_<name>`` registered); returns dead letters written."""

@@ -84,7 +84,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         5,
         "failures.last_lines: a failed stage's last lines in its row (the evidence without a scan of log_lines)",
-        (Column("failures", "last_lines", "VARCHAR[]"),),
+        (Column("failures", "last_lines", "STRUCT(seq BIGINT, line_no BIGINT, source VARCHAR, text VARCHAR)[]"),),
         rebuild_failures=True,
     ),
 )

@@ -118,7 +118,7 @@ def test_failure_drill_down_shows_the_daemon_error(arrow_db, open_page):
     assert "/var/log/prover/daemon.log" in all_text(at)
     last = [e for e in at.expander if "every source in order" in e.label]  # failures.last_lines
     assert len(last) == 1
-    assert any(NO_KERNEL in c and "benchmark exited with error" in c for c in codes)  # the daemon's and stderr's
+    assert any(f"daemon.log: {NO_KERNEL}" in c and "stderr: benchmark exited with error" in c for c in codes)
 
 
 def test_failures_filter_and_picker(arrow_db, open_page):

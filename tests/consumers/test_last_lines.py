@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import duckdb
+import pytest
 from materializer_helpers import Boot
 
-from flightrec.db.derive import LAST_LINES
+from flightrec.db.lastlines import LAST_LINES
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.query import run_query
@@ -16,8 +18,8 @@ from flightrec.schemas import Lifecycle, encode
 
 # what an operator would otherwise ask log_lines for: the stage's last LAST_LINES lines, in order
 FROM_LOG_LINES = f"""
-SELECT list(text ORDER BY seq, line_no) FROM (
-    SELECT text, seq, line_no FROM log_lines WHERE instance_id = ? AND boot_id = ? AND stage = ?
+SELECT list({{'seq': seq, 'line_no': line_no, 'source': source, 'text': text}} ORDER BY seq, line_no) FROM (
+    SELECT * FROM log_lines WHERE instance_id = ? AND boot_id = ? AND stage = ?
     ORDER BY seq DESC, line_no DESC LIMIT {LAST_LINES})"""
 
 
@@ -38,15 +40,23 @@ def failing_benchmark(b: Boot) -> None:
     b.add(Lifecycle, stage="benchmark", state="failed")
 
 
-def stored(db: Path, b: Boot) -> tuple[list[str], list[str]]:
+def stored_on(con: duckdb.DuckDBPyConnection, b: Boot, stage: str = "benchmark") -> tuple[list[str], list[str]]:
+    """The failure's last lines' texts, and those log_lines gives (each line's seq, line_no and source compared too)."""
+    row = con.execute(
+        "SELECT last_lines FROM failures WHERE instance_id = ? AND stage = ?", [b.instance, stage]
+    ).fetchone()
+    scan = con.execute(FROM_LOG_LINES, [b.instance, b.boot, stage]).fetchone()
+    assert row is not None and scan is not None
+    assert row[0] == (scan[0] or [])
+    return [line["text"] for line in row[0]], [line["text"] for line in scan[0] or []]
+
+
+def stored(db: Path, b: Boot, stage: str = "benchmark") -> tuple[list[str], list[str]]:
     con = duckdb.connect(str(db), read_only=True)
     try:
-        row = con.execute("SELECT last_lines FROM failures WHERE instance_id = ?", [b.instance]).fetchone()
-        scan = con.execute(FROM_LOG_LINES, [b.instance, b.boot, "benchmark"]).fetchone()
+        return stored_on(con, b, stage)
     finally:
         con.close()
-    assert row is not None and scan is not None
-    return row[0], scan[0]
 
 
 def test_the_failure_row_holds_the_stage_s_last_lines_of_every_source_in_order(tmp_path: Path) -> None:
@@ -62,8 +72,8 @@ def test_the_failure_row_holds_the_stage_s_last_lines_of_every_source_in_order(t
     assert kept == scan
     assert len(kept) == LAST_LINES and kept[-1] == "warning: slow" and kept[-2] == "daemon 29"
     assert kept[0] == "proof 21 done" and "tunnel up" not in kept  # another stage's lines are not its evidence
-    rows = run_query(db, "SELECT last_lines FROM failure_context", prelude=VIEWS).to_pylist()
-    assert rows == [{"last_lines": kept}]
+    rows = run_query(db, "SELECT [line.text FOR line IN last_lines] AS t FROM failure_context", prelude=VIEWS)
+    assert rows.to_pylist() == [{"t": kept}]
 
 
 def test_the_daemon_s_line_written_after_the_exit_reaches_the_failure_row(tmp_path: Path) -> None:
@@ -102,7 +112,6 @@ def test_a_database_made_before_last_lines_gets_them_at_the_first_open(tmp_path:
 
 
 def test_a_lake_with_failures_from_before_last_lines_asks_for_a_replay_and_a_new_one_opens(lake) -> None:
-    import pytest
 
     from flightrec.db import lake as lakes
     from flightrec.db.lakestore import LakeStore
@@ -117,9 +126,73 @@ def test_a_lake_with_failures_from_before_last_lines_asks_for_a_replay_and_a_new
         store.claim([0])
         store.commit({0: fold([RawMessage(e.topic, 0, n, None, encode(e)) for n, e in enumerate(b.events)])})
         kept = store.con.execute("SELECT last_lines FROM failures").fetchall()
-        assert len(kept) == 1 and kept[0][0][-1] == "warning: slow"
+        assert len(kept) == 1 and kept[0][0][-1]["text"] == "warning: slow"
         store.con.execute("DELETE FROM main.schema_version WHERE version = 5")  # as version 4 left it
     finally:
         store.close()
     with pytest.raises(MaterializeError, match="failures rows built again.*last_lines.*replay"):
         LakeStore(loc, "g", shards=[0], owner="a")
+
+
+def test_odd_lines_reach_the_failure_row_as_stored(tmp_path: Path) -> None:
+    odd = ["nul \x00 inside", "escaped \\xff byte", "é" * 3000, "", "'; DROP TABLE failures; --", "tab\tand\rcr"]
+    b = Boot()
+    b.add(Lifecycle, stage="benchmark", state="started")
+    b.lines("benchmark", "stderr", odd)
+    b.exit("benchmark", 1)
+    db = tmp_path / "f.duckdb"
+    store = FileStore(db, group="t")
+    try:
+        commit(store, b.events)
+    finally:
+        store.close()
+    kept, scan = stored(db, b)
+    assert kept == scan == odd
+
+
+def test_lines_of_a_failed_stage_over_many_commits_in_any_order_keep_the_last_ones(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the failure, the stage's lines come in later commits: out of order (a spooled batch after newer ones),
+    redelivered, and an event id reused with other lines (a dead letter); each commit merges its new lines with the
+    stored ones, and the row always equals what log_lines holds."""
+    import random
+
+    b = Boot()
+    b.add(Lifecycle, stage="benchmark", state="started")
+    b.lines("benchmark", "stdout", [f"early {i}" for i in range(30)])
+    b.exit("benchmark", 1, stderr=["exit 1"])
+    later = [
+        b.lines("benchmark", ["stdout", "stderr", "/var/log/daemon.log"][k % 3], [f"later {k}.{i}" for i in range(7)])
+        for k in range(12)
+    ]
+    random.Random(7).shuffle(later)
+    reused = type(later[0])(**{**later[0].to_record(), "text": [f"forged {i}" for i in range(7)]})
+    db = tmp_path / "f.duckdb"
+
+    def scans() -> int:
+        return sum("read from log_lines" in r.getMessage() for r in caplog.records)
+
+    store = FileStore(db, group="t")
+    offset = 0
+    caplog.set_level(logging.DEBUG, logger="flightrec.db.lastlines")
+    try:
+        commit(store, b.events[:4])  # the failure, with the lines before it: its last lines read from log_lines
+        offset = 4
+        assert scans() == 1
+        caplog.clear()
+        for batch in [later[:3], later[3:4] + later[:1], [reused], later[4:9], later[9:]]:
+            commit(store, batch, first=offset)
+            offset += len(batch)
+            kept, scan = stored_on(store.con, b)
+            assert kept == scan
+        assert scans() == 0  # every later commit merged: no scan of log_lines
+    finally:
+        store.close()
+    kept, _ = stored(db, b)
+    assert len(kept) == LAST_LINES and not any(t.startswith("forged") for t in kept)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM dead_letters").fetchone() == (1,)
+    finally:
+        con.close()
