@@ -95,6 +95,49 @@ async def ensure_topics(
             elif code != TopicAlreadyExistsError.errno:
                 raise BrokerError(f"could not create topic {name}: error code {code} {rest}")
         log.info("topics created", extra={"topics": created, "partitions": partitions})
-        return created
     finally:
         await admin.close()
+    await served(kafka_kwargs, created, partitions)
+    return created
+
+
+async def served(kafka_kwargs: dict[str, Any], topics: Iterable[str], partitions: int, timeout: float = 30.0) -> bool:
+    """Wait until every broker of the bootstrap list serves ``topics``: each partition with a leader in its metadata.
+
+    A KRaft cluster answers a topic's creation once its controller has it; a broker applies it a moment later (seconds
+    under load), and a client asking it meanwhile is told the topic has no partitions. Returns False (and says so)
+    when ``timeout`` passes first: the topics exist, clients retry until they are served."""
+    topics = list(topics)
+    if not topics:
+        return True
+    deadline = asyncio.get_running_loop().time() + timeout
+    for address in str(kafka_kwargs.get("bootstrap_servers", "")).split(","):
+        client = AIOKafkaClient(**{**kafka_kwargs, "bootstrap_servers": address.strip()})
+        booted = False
+        try:
+            while True:
+                try:
+                    if not booted:
+                        await client.bootstrap()
+                        booted = True
+                    await client.force_metadata_update()
+                    if all(_led(client, t, partitions) for t in topics):
+                        break
+                except (KafkaError, OSError):
+                    pass
+                if asyncio.get_running_loop().time() > deadline:
+                    log.warning("topics created but not yet served by %s after %.0f s: clients retry", address, timeout)
+                    return False
+                await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+    return True
+
+
+def _led(client: AIOKafkaClient, topic: str, partitions: int) -> bool:
+    from aiokafka import TopicPartition
+
+    parts = client.cluster.partitions_for_topic(topic) or set()
+    return len(parts) >= partitions and all(
+        (client.cluster.leader_for_partition(TopicPartition(topic, p)) or -1) >= 0 for p in parts
+    )
