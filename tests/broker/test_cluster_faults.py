@@ -217,8 +217,8 @@ def run_fault(
     each boot is sealed and checked. Returns figures: the stages' wall time, how late the evidence was after each
     stage ended."""
     m = Materializer(cluster, tmp / "fleet.duckdb")
-    writers, leader = writers_led_by(cluster, tmp, node)
-    try:
+    try:  # from here on the materializer is stopped however this ends (it was left running once)
+        writers, leader = writers_led_by(cluster, tmp, node)
         for w in writers:
             w.start(pause)
         time.sleep(1.5)
