@@ -29,6 +29,18 @@ def commit(store: FileStore, events: list, first: int = 0) -> None:
     )
 
 
+def written(db: Path, *batches: list) -> None:
+    """Each batch of events committed in turn by one FileStore, closed after."""
+    store = FileStore(db, group="t")
+    first = 0
+    try:
+        for events in batches:
+            commit(store, events, first)
+            first += len(events)
+    finally:
+        store.close()
+
+
 def failing_benchmark(b: Boot) -> None:
     b.facts()
     b.stage_ok("tunnel", ["tunnel up"])
@@ -63,11 +75,7 @@ def test_the_failure_row_holds_the_stage_s_last_lines_of_every_source_in_order(t
     b = Boot()
     failing_benchmark(b)
     db = tmp_path / "f.duckdb"
-    store = FileStore(db, group="t")
-    try:
-        commit(store, b.events)
-    finally:
-        store.close()
+    written(db, b.events)
     kept, scan = stored(db, b)
     assert kept == scan
     assert len(kept) == LAST_LINES and kept[-1] == "warning: slow" and kept[-2] == "daemon 29"
@@ -81,14 +89,9 @@ def test_the_daemon_s_line_written_after_the_exit_reaches_the_failure_row(tmp_pa
     b = Boot()
     failing_benchmark(b)
     db = tmp_path / "f.duckdb"
-    store = FileStore(db, group="t")
-    try:
-        commit(store, b.events)
-        before = len(b.events)
-        late = b.lines("benchmark", "/var/log/daemon.log", ["CUDA error: no kernel image is available"], first_line=31)
-        commit(store, [late], first=before)
-    finally:
-        store.close()
+    before = list(b.events)
+    late = b.lines("benchmark", "/var/log/daemon.log", ["CUDA error: no kernel image is available"], first_line=31)
+    written(db, before, [late])
     kept, scan = stored(db, b)
     assert kept == scan and kept[-1] == "CUDA error: no kernel image is available"
 
@@ -97,11 +100,7 @@ def test_a_database_made_before_last_lines_gets_them_at_the_first_open(tmp_path:
     b = Boot()
     failing_benchmark(b)
     db = tmp_path / "old.duckdb"
-    store = FileStore(db, group="t")
-    try:
-        commit(store, b.events)
-    finally:
-        store.close()
+    written(db, b.events)
     con = duckdb.connect(str(db))
     con.execute("ALTER TABLE failures DROP COLUMN last_lines")  # as version 4 made it
     con.execute("DELETE FROM schema_version WHERE version = 5")
@@ -141,11 +140,7 @@ def test_odd_lines_reach_the_failure_row_as_stored(tmp_path: Path) -> None:
     b.lines("benchmark", "stderr", odd)
     b.exit("benchmark", 1)
     db = tmp_path / "f.duckdb"
-    store = FileStore(db, group="t")
-    try:
-        commit(store, b.events)
-    finally:
-        store.close()
+    written(db, b.events)
     kept, scan = stored(db, b)
     assert kept == scan == odd
 
