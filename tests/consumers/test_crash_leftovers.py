@@ -12,7 +12,8 @@ from materializer_helpers import Boot
 
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.filestore import FileStore
-from flightrec.schemas import encode
+from flightrec.db.lastlines import LAST_LINES
+from flightrec.schemas import Lifecycle, encode
 
 LINES = 200
 
@@ -93,6 +94,76 @@ def test_lines_left_without_their_events_are_dropped_even_once_the_wal_is_gone(t
     finally:
         store.close()
     assert n == 2 * LINES
+
+
+# the failed stage's last lines as log_lines gives them, each line whole
+_LAST = f"""
+SELECT list({{'seq': seq, 'line_no': line_no, 'source': source, 'text': text}} ORDER BY seq, line_no) FROM (
+    SELECT * FROM log_lines WHERE instance_id = ? AND stage = 'benchmark' ORDER BY seq DESC, line_no DESC
+    LIMIT {LAST_LINES})"""
+
+
+def _failed_benchmark(late_batches: int) -> Boot:
+    """A benchmark stage that fails after 30 lines, then ``late_batches`` of 40 daemon lines written after its exit."""
+    boot = Boot()
+    boot.add(Lifecycle, stage="benchmark", state="started")
+    boot.lines("benchmark", "stdout", [f"early {i}" for i in range(30)])
+    boot.exit("benchmark", 1, stderr=["exit 1"])
+    for n in range(late_batches):
+        boot.lines("benchmark", "/var/log/daemon.log", [f"late {n}.{i}" for i in range(40)], first_line=n * 40 + 1)
+    return boot
+
+
+def _last_lines_as_log_lines_has_them(db: Path, boot: Boot, lines: int) -> None:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        kept = con.execute("SELECT last_lines FROM failures WHERE instance_id = ?", [boot.instance]).fetchone()
+        scan = con.execute(_LAST, [boot.instance]).fetchone()
+        assert con.execute("SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines").fetchone() == (
+            lines,
+            lines,
+        )
+    finally:
+        con.close()
+    assert kept is not None and scan is not None and len(kept[0]) == LAST_LINES
+    assert kept[0] == scan[0]
+
+
+def test_a_failed_stage_s_later_lines_cut_with_their_commit_reach_its_last_lines_once(tmp_path):
+    # The failure is stored with its last lines; the commit that brings the daemon's later lines is cut, its lines
+    # left alone in log_lines; after the restart they are merged into the row once, as if never cut.
+    boot = _failed_benchmark(late_batches=2)
+    msgs = _messages(boot)
+    db = tmp_path / "live.duckdb"
+    first, rest = fold(msgs[:-2]), fold(msgs[-2:])
+    store = FileStore(db, "g")
+    store.commit(first)
+    store.close()
+    _crash_leaving(db, rest.logs.slice(0, 40), tmp_path)
+    store = FileStore(db, "g")
+    try:
+        store.commit(rest)
+    finally:
+        store.close()
+    _last_lines_as_log_lines_has_them(db, boot, 30 + 2 * 40)
+
+
+def test_a_failure_whose_commit_was_cut_reads_its_last_lines_without_the_leftovers(tmp_path):
+    # The commit that makes the failure is cut with its lines left: the restart drops them, the failure made again
+    # reads its last lines from log_lines, each line once.
+    boot = _failed_benchmark(late_batches=1)
+    msgs = _messages(boot)
+    db = tmp_path / "live.duckdb"
+    all_of_it = fold(msgs)
+    FileStore(db, "g").close()
+    _crash_leaving(db, all_of_it.logs, tmp_path)
+    store = FileStore(db, "g")
+    try:
+        assert store.offsets() == {}
+        store.commit(all_of_it)
+    finally:
+        store.close()
+    _last_lines_as_log_lines_has_them(db, boot, 30 + 40)
 
 
 def test_a_clean_restart_keeps_every_row(tmp_path):
