@@ -181,7 +181,7 @@ def run(catalog: LocalCatalog, work: Path, n: int, args: argparse.Namespace) -> 
     tmp = start_file.with_suffix(".tmp")
     tmp.write_text(str(start))
     tmp.rename(start_file)  # whole, at once
-    pm = catalog._pid() or 0
+    pm = catalog.running_pid() or 0
     while time.time() < start:
         time.sleep(0.005)
     cpu0, x0 = catalog_cpu_s(pm), xacts(catalog, name)

@@ -404,6 +404,11 @@ def main() -> int:
             f"{mat_rate:,.0f} lines/s; ratio to raw {mat_rate / raw_rate:.0%} (goal >= 100,000 lines/s and >= 50%; "
             f"#32: 70%); to raw with the columnar decoder {mat_rate / col_rate:.0%}"
         )
+        cpu = usage.ru_utime + usage.ru_stime
+        print(
+            f"materializer CPU: {cpu:.1f}s user+sys ({usage.ru_utime:.1f}s user) = {cpu / mat_lines * 1e6:.2f} µs a line "
+            f"over {wall:.1f}s wall ({cpu / wall:.2f} cores busy), start included"
+        )
         print(
             f"peak RSS of the materializer with a {sent:,}-line backlog: {usage.ru_maxrss / 1024:.0f} MiB (goal <= 1024)"
         )

@@ -172,6 +172,10 @@ class LocalCatalog:
 
     # -- state ------------------------------------------------------------------
 
+    def running_pid(self) -> int | None:
+        """The pid of this data folder's PostgreSQL server (its postmaster) when it runs, else None."""
+        return self._pid()
+
     def _pid(self) -> int | None:
         try:
             pid = int((self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0].strip())
