@@ -57,8 +57,9 @@ START_RETRY_S = 30.0  # how long a starting materializer asks again for the part
 class Pending:
     """The messages read and not yet folded: the next batch, bounded by bytes, count and age."""
 
-    def __init__(self, opts: Options) -> None:
+    def __init__(self, opts: Options, max_bytes: int) -> None:
         self.opts = opts
+        self.max_bytes = max_bytes
         self.records: list[Record] = []
         self.bytes = 0
         self.since = 0.0
@@ -72,10 +73,14 @@ class Pending:
     def full(self, now: float) -> bool:
         """Whether the batch should be committed now."""
         return bool(self.records) and (
-            self.bytes >= self.opts.batch_bytes
+            self.bytes >= self.max_bytes
             or len(self.records) >= self.opts.batch_messages
             or now - self.since >= self.opts.commit_interval
         )
+
+    def due(self, now: float, quiet: bool, quiet_bytes: int) -> bool:
+        """Whether to commit now: a full batch, or one of at least ``quiet_bytes`` once a read found nothing more."""
+        return self.full(now) or (quiet and bool(self.records) and self.bytes >= quiet_bytes)
 
     def take(self) -> list[Record]:
         records, self.records, self.bytes = self.records, [], 0
@@ -142,12 +147,17 @@ def event_filter(instance: str | None, since_us: int | None) -> Callable[[str, i
 class Materializer:
     """Consumes the topics into one database. ``async with Materializer(...) as m: await m.run()``."""
 
-    # A partial batch is committed when a read finds nothing more (the topics are quiet), not only at the end of the
-    # batch window: the window bounds a batch under a steady stream. A lake member keeps the window (group.py).
-    commit_when_quiet = True
+    # A partial batch of at least this many message bytes is committed when a read finds nothing more (the topics
+    # are quiet), not only at the end of the batch window: the window bounds a batch under a steady stream. A lake
+    # member commits a small one at the window only (group.py).
+    quiet_commit_bytes = 1
+    # Message bytes a transaction holds at most unless Options.batch_bytes says: a backlog is read in batches of this.
+    # A file's commit costs little beyond its rows, so a larger batch gains it nothing and costs memory.
+    default_batch_bytes = 16 << 20
 
     def __init__(self, kafka_kwargs: Mapping[str, object], options: Options) -> None:
         self.kafka_kwargs = kafka_kwargs
+        self.batch_bytes = options.batch_bytes or self.default_batch_bytes
         self.opts = options
         self.stats = Stats()  # the run's commits, summed, and the errors it survived
         self._keep = event_filter(options.instance, options.since_us)
@@ -160,7 +170,7 @@ class Materializer:
         self._stop = asyncio.Event()
         self._alerts: Alerter | None = None
         self._inflight: asyncio.Future[None] | None = None  # the commit being written
-        self._pending = Pending(options)  # read, not yet folded (run() starts it afresh)
+        self._pending = Pending(options, self.batch_bytes)  # read, not yet folded (run() starts it afresh)
         self._clocks = _ClockWatch()
         self._trust = Trust(options.trust)  # the writers' tags judged (db/trust.py); its state grows per fold
         self._metrics: Metrics | None = None  # Prometheus /metrics (--metrics-port)
@@ -452,7 +462,7 @@ class Materializer:
         assert c is not None
         loop = asyncio.get_running_loop()
         targets = await c.end_offsets(self._parts) if self.opts.replay else None
-        pending = self._pending = Pending(self.opts)
+        pending = self._pending = Pending(self.opts, self.batch_bytes)
         last_data = last_refresh = last_report = last_metrics = kafka_ok = loop.time()
         await self._update_metrics()
         try:
@@ -466,7 +476,7 @@ class Materializer:
                     pending.add(records, now)
                 if data:
                     last_data = kafka_ok = now
-                if pending.full(now) or (not data and self.commit_when_quiet and pending.records):
+                if pending.due(now, quiet=not data, quiet_bytes=self.quiet_commit_bytes):
                     await self._flush(pending)
                 await self._reap()
                 if now - last_report >= 10.0:

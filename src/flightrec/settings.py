@@ -364,7 +364,8 @@ class Settings:
         "FLIGHTREC_COMMIT_INTERVAL",
         0.5,
         "Seconds a materializer lets a partial batch wait before it commits it: the batch window (a full batch, "
-        "5,000 messages or 16 MiB, commits at once; on a file, so does a partial one once the topics go quiet). "
+        "5,000 messages or 16 MiB on a file, 48 MiB on a lake, commits at once; so does a partial one once the "
+        "topics go quiet, on a lake only one of 4 MiB or more). "
         "Longer: fewer commits, so one lake catalog carries more members (docs/lake.md), and a lake's lines become "
         "visible that much later.",
         parse=_commit_interval,
