@@ -60,6 +60,7 @@ class GroupMaterializer(Materializer):
     # shards): a backlog read in larger batches pays it less often (bench_lake.py: 2M lines 0.53x the file at 16 MiB,
     # 0.70x at 48 MiB; a member's peak RSS 0.86-0.9 GiB). BENCHMARKS.md.
     default_batch_bytes = 48 << 20
+    default_batch_lines = 1_500_000  # ~48 MiB of 60-byte lines; fewer when they are short (materializer.py)
 
     def __init__(self, kafka_kwargs: Mapping[str, object], options: Options) -> None:
         if options.webhook:

@@ -73,6 +73,15 @@ def test_the_codec_s_messages_decode_to_the_codec_s_values(batch: LogBatch) -> N
 
 
 @settings(max_examples=200, deadline=None)
+@given(batches())
+def test_a_message_s_line_count_is_read_from_its_head(batch: LogBatch) -> None:
+    msg = encode(batch)
+    assert LogColumns().lines(msg) == len(batch.text)
+    assert LogColumns().lines(msg[: HEADER_LEN + 3]) == 0  # cut: nothing to count (the fold makes it a dead letter)
+    assert LogColumns().lines(b"\x00" + msg[1:]) == 0  # not this schema's
+
+
+@settings(max_examples=200, deadline=None)
 @given(batches(), st.data())
 def test_arrays_in_several_blocks_decode_to_the_codec_s_values(batch: LogBatch, data: Any) -> None:
     msg = in_blocks(batch, data)
