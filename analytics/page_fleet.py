@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import altair as alt
+import pyarrow as pa
 import streamlit as st
 
 from flightrec.analytics import queries
@@ -92,7 +93,7 @@ def silent(since: int | None) -> None:
 def overview() -> None:
     """Headline numbers, the two breakdowns and the instances table."""
     since = since_us()
-    counts = fetch(queries.fleet_counts, since_us=since).to_pylist()[0]
+    counts = fetch(queries.fleet_summary, since_us=since).to_pylist()[0]
     cols = st.columns(6)
     cols[0].metric("Instances", f"{counts['instances']:,}")
     cols[1].metric("Failed now", f"{counts['failed']:,}")
@@ -113,8 +114,8 @@ def overview() -> None:
         return
 
     left, right = st.columns(2)
-    by_state = fetch(queries.fleet_by, "status", since_us=since)
-    by_gpu = fetch(queries.fleet_by, "gpu_model", since_us=since)
+    by_state = pa.Table.from_pylist(counts["by_status"])
+    by_gpu = pa.Table.from_pylist(counts["by_gpu_model"])
     if by_state.num_rows:
         tall = rows_height(max(by_state.num_rows, by_gpu.num_rows))  # side by side: one height
         left.altair_chart(_bar(by_state, "status", "Instances by status"), width="stretch", height=tall)
@@ -122,7 +123,7 @@ def overview() -> None:
 
     attention(since)
 
-    options = fetch(queries.fleet_filter_options).to_pylist()[0]
+    options = counts  # the filters' choices came with the counts
     f1, f2, f3, f4 = st.columns([2, 2, 2, 2])
     statuses = f1.multiselect("Status", options["statuses"] or [], key="fleet_status")
     gpus = f2.multiselect("GPU model", options["gpu_models"] or [], key="fleet_gpus")

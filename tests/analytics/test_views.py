@@ -177,3 +177,26 @@ def test_flightrec_readers_give_times_in_utc_whatever_the_machine_zone(money_db)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["UTC", "12"]  # 2025-06-01 12:00 UTC, not 21:00 Tokyo
+
+
+@pytest.mark.parametrize("since", [None, 0, 2**62])
+def test_the_fleet_summary_is_what_the_fleet_view_gives_grouped(glance_db, since):
+    db, _ = glance_db
+    row = queries.fleet_summary(db, since).to_pylist()[0]
+    heard = "WHERE $since IS NULL OR last_event_us >= $since"
+    for column in ("status", "gpu_model"):
+        grouped = run_query(
+            db,
+            f"""SELECT coalesce(nullif({column}, ''), 'unknown') AS {column}, count(*) AS instances FROM fleet {heard}
+                GROUP BY ALL ORDER BY instances DESC, {column}""",
+            {"since": since},
+            prelude=VIEWS,
+        ).to_pylist()
+        assert row[f"by_{column}"] == grouped
+    totals = run_query(
+        db, f"SELECT count(*) AS n, sum(failures) AS f FROM fleet {heard}", {"since": since}, prelude=VIEWS
+    )
+    assert (row["instances"], row["failures"]) == (totals["n"][0].as_py(), totals["f"][0].as_py() or 0)
+    assert row["instances"] == (0 if since else 4)
+    assert row["statuses"] == queries.fleet_filter_options(db).to_pylist()[0]["statuses"]  # of every instance
+    assert queries.fleet_counts(db, since).column_names == list(queries.FLEET_COUNTS)
