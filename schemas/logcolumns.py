@@ -19,6 +19,8 @@ from flightrec.schemas.fastlog import _FIELDS, _schema_matches
 _HEAD = 8
 _LONGS = ("line_no", "line_ts_us")
 _FLAGS = ("truncated", "invalid_utf8", "late")
+# the fewest bytes a line takes in a LogBatch: a byte each for its number, time, text length and two flags
+LINE_MIN_BYTES = 5
 MIN_BYTES = 4096  # smaller messages (a few lines) decode faster through the codec: numpy costs ~30 µs a message
 
 
@@ -59,6 +61,24 @@ def _array(data: bytes, pos: int, items: Callable[[int, int], tuple[np.ndarray, 
             raise _Unusual
         parts.append(values)
         pos = after
+
+
+def _count(data: bytes, buf: np.ndarray, pos: int) -> int:
+    """The items of the array of longs at ``pos``, block by block: each block's count, then that many varints skipped
+    (a block's claimed size is not trusted: fastavro reads the count's items whatever it says)."""
+    total = 0
+    while True:
+        n, pos = _varint(data, pos)
+        if n == 0:
+            return total
+        if n < 0:
+            n = -n
+            _, pos = _varint(data, pos)
+        term = np.flatnonzero(buf[pos : pos + 10 * n] < 0x80)
+        if len(term) < n:
+            raise _Unusual
+        total += n
+        pos += int(term[n - 1]) + 1
 
 
 def _longs(buf: np.ndarray, pos: int, n: int) -> tuple[np.ndarray, int]:
@@ -124,18 +144,18 @@ class LogColumns:
             return None
 
     def lines(self, data: bytes) -> int:
-        """How many lines a LogBatch message of the current schema says it holds (its line numbers' first block: a
-        writer of several blocks is counted short); 0 for anything else. Reads the head only: a few microseconds."""
-        if not self._ok or data[:HEADER_LEN] != self._header:
-            return 0
-        try:
-            body = io.BytesIO(data)
-            body.seek(HEADER_LEN)
-            fastavro.schemaless_reader(body, self._head, None)
-            n, _ = _varint(data, body.tell())
-        except Exception:  # noqa: BLE001 - a corrupt message: the fold makes it a dead letter
-            return 0
-        return abs(n)
+        """How many lines a LogBatch message holds, as fastavro would read them (every block of its line numbers,
+        whatever sizes the blocks claim), for a message of the current schema; for any other (an older schema, a
+        damaged one) an upper bound, one line per LINE_MIN_BYTES. Reads the head and skips the line numbers."""
+        if self._ok and data[:HEADER_LEN] == self._header:
+            try:
+                body = io.BytesIO(data)
+                body.seek(HEADER_LEN)
+                fastavro.schemaless_reader(body, self._head, None)
+                return _count(data, np.frombuffer(data, dtype=np.uint8), body.tell())
+            except Exception:  # noqa: BLE001 - damaged: counted by its size below (the fold makes it a dead letter)
+                pass
+        return max(0, len(data) - HEADER_LEN) // LINE_MIN_BYTES
 
     def _decode(self, data: bytes) -> dict[str, Any]:
         body = io.BytesIO(data)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from flightrec.errors import CodecError
 from flightrec.schemas import LogBatch, decode_record, default_codec, encode
 from flightrec.schemas.codec import HEADER_LEN, MAGIC, schema_fingerprint
-from flightrec.schemas.logcolumns import MIN_BYTES, LogColumns
+from flightrec.schemas.logcolumns import LINE_MIN_BYTES, MIN_BYTES, LogColumns
 from schema_strategies import batches
 
 every_size = LogColumns(min_bytes=0)
@@ -77,8 +77,10 @@ def test_the_codec_s_messages_decode_to_the_codec_s_values(batch: LogBatch) -> N
 def test_a_message_s_line_count_is_read_from_its_head(batch: LogBatch) -> None:
     msg = encode(batch)
     assert LogColumns().lines(msg) == len(batch.text)
-    assert LogColumns().lines(msg[: HEADER_LEN + 3]) == 0  # cut: nothing to count (the fold makes it a dead letter)
-    assert LogColumns().lines(b"\x00" + msg[1:]) == 0  # not this schema's
+    # one it cannot count so (cut, or not this schema's) counts one line per LINE_MIN_BYTES of it: never fewer
+    # than a message of that size can hold
+    for odd in (msg[: HEADER_LEN + 3], b"\x00" + msg[1:]):
+        assert LogColumns().lines(odd) == (len(odd) - HEADER_LEN) // LINE_MIN_BYTES
 
 
 @settings(max_examples=200, deadline=None)
@@ -86,6 +88,7 @@ def test_a_message_s_line_count_is_read_from_its_head(batch: LogBatch) -> None:
 def test_arrays_in_several_blocks_decode_to_the_codec_s_values(batch: LogBatch, data: Any) -> None:
     msg = in_blocks(batch, data)
     expected = decode_record(msg)[1]
+    assert LogColumns().lines(msg) == len(batch.text)  # every block counted, as fastavro reads them
     got = every_size(msg)
     if small_values(batch):
         assert got is not None
