@@ -51,3 +51,8 @@ def fleet_counts(db: Db, since_us: int | None = None) -> pa.Table:
     With ``since_us``, only instances heard from since then (the pages' time range).
     """
     return fleet_summary(db, since_us).select(list(FLEET_COUNTS))
+
+
+def fleet_filter_options(db: Db) -> pa.Table:
+    """Distinct statuses, states and GPU models of every instance, for the Fleet and Throughput filters."""
+    return fleet_summary(db).select(["statuses", "states", "gpu_models"])

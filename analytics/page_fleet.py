@@ -123,10 +123,9 @@ def overview() -> None:
 
     attention(since)
 
-    options = counts  # the filters' choices came with the counts
     f1, f2, f3, f4 = st.columns([2, 2, 2, 2])
-    statuses = f1.multiselect("Status", options["statuses"] or [], key="fleet_status")
-    gpus = f2.multiselect("GPU model", options["gpu_models"] or [], key="fleet_gpus")
+    statuses = f1.multiselect("Status", counts["statuses"] or [], key="fleet_status")
+    gpus = f2.multiselect("GPU model", counts["gpu_models"] or [], key="fleet_gpus")
     search = f3.text_input("Instance id contains", key="fleet_search")
     only_failed = f4.checkbox("Only with failures", key="fleet_failed")
     only_incomplete = f4.checkbox("Only incomplete evidence", key="fleet_incomplete")

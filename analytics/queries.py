@@ -9,7 +9,12 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flightrec.analytics.fleetsummary import FLEET_COUNTS, fleet_counts, fleet_summary  # noqa: F401 - the pages' names
+from flightrec.analytics.fleetsummary import (  # noqa: F401 - the pages' names
+    FLEET_COUNTS,
+    fleet_counts,
+    fleet_filter_options,
+    fleet_summary,
+)
 from flightrec.db.views import ALL_VIEWS, VIEWS, prelude_for, ts
 from flightrec.db.query import run_query
 
@@ -38,18 +43,6 @@ def like_pattern(text: str) -> str:
 
 
 # ---- Fleet ---------------------------------------------------------------------------
-
-
-def fleet_filter_options(db: Db) -> pa.Table:
-    """Distinct statuses, states and GPU models, for the Fleet filters."""
-    return q(
-        db,
-        """
-        SELECT list(DISTINCT status ORDER BY status) FILTER (WHERE status IS NOT NULL) AS statuses,
-               list(DISTINCT state ORDER BY state) FILTER (WHERE state IS NOT NULL) AS states,
-               list(DISTINCT gpu_model ORDER BY gpu_model) FILTER (WHERE gpu_model IS NOT NULL) AS gpu_models
-        FROM fleet""",
-    )
 
 
 def fleet_table(
