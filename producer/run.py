@@ -50,6 +50,9 @@ PIPE_SIZE = 1 << 20
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 0.2  # after CMD exits with nothing of the stage left running, the files were read to their end
 PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them
+# an output nothing holds any more (CMD wrote it all before it exited) is read to its end by the agent, however far
+# its reading fell behind (a busy machine, a spool write that waits), for this long at most
+DRAIN_MAX_S = 10.0
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -71,6 +74,7 @@ class _Pump(threading.Thread):
         self.read_total = 0
         self.late_at: int | None = None  # bytes read past this were written after CMD exited
         self._read_lock = threading.Lock()
+        self._fd_open = True
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ: room for bursts while a batch is spooled
@@ -85,6 +89,16 @@ class _Pump(threading.Thread):
             except OSError:
                 waiting = 0
             self.late_at = self.read_total + waiting
+
+    def writer_gone(self) -> bool:
+        """Whether no process holds the other end any more (a pipe's writers, a pty's slave): what is left in it
+        was written before, and the pump reaches its end by itself."""
+        with self._read_lock:
+            if not self._fd_open:
+                return True
+            poller = select.poll()
+            poller.register(self.fd, 0)  # POLLHUP is reported whatever is asked
+            return any(ev & (select.POLLHUP | select.POLLERR) for _fd, ev in poller.poll(0))
 
     def stop(self, *, handing_off: bool = False) -> None:
         """Stop reading at once (``handing_off``: keep the fd open for the late-output process)."""
@@ -152,7 +166,9 @@ class _Pump(threading.Thread):
                 os.close(self._wake_w)
                 self._wake_w = -1
             if not (self.handing_off and not self.eof):
-                os.close(self.fd)
+                with self._read_lock:
+                    self._fd_open = False
+                    os.close(self.fd)
                 self._capture("close")
 
 
@@ -437,6 +453,11 @@ def _wait(r: _Run) -> None:
     deadline = time.monotonic() + PIPE_GRACE_S
     for t in r.pumps:
         while t.is_alive() and time.monotonic() < deadline and not sigs.after_exit.is_set():
+            t.join(0.02)
+    # a pump still reading an output that nothing holds any more is behind, not fed by a process left behind
+    deadline = time.monotonic() + DRAIN_MAX_S
+    for t in r.pumps:
+        while t.is_alive() and t.writer_gone() and time.monotonic() < deadline and not sigs.after_exit.is_set():
             t.join(0.02)
     held = [t for t in r.pumps if t.is_alive()]
     # followed files go on being followed while a process the stage started still runs

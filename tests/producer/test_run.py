@@ -223,3 +223,62 @@ def test_no_heartbeats_when_the_interval_is_zero(spool_env) -> None:
     r = spool_env.run("run", "--stage", "bench", "--", "sleep", "0.5", env=spool_env.env(FLIGHTREC_HEARTBEAT_S="0"))
     assert r.returncode == 0
     assert spool_env.of(Heartbeat) == []
+
+
+BEHIND = 10_000  # lines CMD writes in one burst just before it exits: they fit in the pipe (1 MiB)
+BURST = (
+    "import os, sys, time\n"
+    "print('ready', flush=True)\n"
+    "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\n"
+    f"sys.stdout.write(''.join('burst line %06d\\n' % i for i in range({BEHIND})))\n"
+    "sys.stdout.flush()\n"
+    "open(sys.argv[2], 'w').close()\n"
+)
+
+
+def test_output_still_unread_when_cmd_exits_is_read_to_its_end_by_the_agent(agent_env, tmp_path: Path) -> None:
+    """CMD wrote its last lines and exited, and nothing it started holds its output: the agent reads those lines to
+    their end before the stage's end events and its own exit, however far its reading fell behind (here: the spool is
+    locked by someone else for a second after CMD exited). Once seen in CI: under load the reader was still busy 0.1 s
+    after CMD exited; the agent took that for output of a process left behind, handed it to a late-output process,
+    exited, and the lines reached Kafka after the agent had said the stage ended."""
+    import fcntl
+
+    from flightrec.producer.names import instance_dir
+    from flightrec.schemas import LogBatch
+
+    go, done = tmp_path / "go", tmp_path / "done"
+    agent = subprocess.Popen(
+        agent_env.argv("run", "--stage", "burst", "--", PY, "-c", BURST, str(go), str(done)),
+        env=agent_env.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert agent.stdout is not None and agent.stdout.readline() == b"ready\n"
+        lock = os.open(instance_dir(agent_env.spool, agent_env.instance) / "lock", os.O_RDWR)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the agent's reader blocks at its next spool write
+            go.touch()
+            deadline = time.monotonic() + 60
+            while not done.exists():
+                assert time.monotonic() < deadline, "CMD did not write its burst"
+                time.sleep(0.01)
+            time.sleep(1.0)  # CMD has exited; its output waits in the pipe and in the agent's reader
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.close(lock)
+        out, err = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert agent.returncode == 0, err.decode(errors="replace")[-3000:]
+    assert out.count(b"burst line") == BEHIND  # every byte passed through, as ever
+    assert b"late-output process" not in err, err.decode(errors="replace")[-3000:]
+    events = agent_env.events()  # read at once: nothing may be left for a process that outlives the agent
+    lines = [(e.seq, t) for e in events if isinstance(e, LogBatch) for t in e.text]
+    assert [t for _, t in lines] == ["ready"] + [f"burst line {i:06d}" for i in range(BEHIND)]
+    assert not any(any(getattr(e, "late", ()) or ()) for e in events if isinstance(e, LogBatch))
+    end = next(e.seq for e in events if isinstance(e, ProcessExit))
+    assert max(s for s, _ in lines) < end, "a line was recorded after the stage's end"
