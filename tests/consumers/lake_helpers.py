@@ -81,6 +81,33 @@ def run_lake(kafka: Any, db: str, data_path: str, idle: float = 2.0, **opts: Any
     return asyncio.run(go())
 
 
+def seed_lake_at_mark(kafka: Any, db: str, data_path: str, group: str) -> None:
+    """Give a new lake the test's mark of the topics as ``group``'s stored offsets (every shard claimed once, by a
+    seeding owner, through the members' own LakeStore), so the group's members start there, as after a run that
+    read up to it, instead of reading every earlier test's messages first. The members' first claims are epoch 2."""
+    import dataclasses
+
+    from flightrec.db.fold import fold
+    from flightrec.db.lakestore import LakeStore
+    from flightrec.db.views import stored_views
+
+    assert kafka.mark, "the test has no mark of the topics"
+    shards = sorted({p for _t, p in kafka.mark})
+    store = LakeStore(
+        lakes.lake_location(db, data_path, writing=True), group, views=stored_views(), shards=shards, owner="seed"
+    )
+    try:
+        store.claim(shards)
+        store.commit(
+            {
+                s: dataclasses.replace(fold([]), offsets={tp: o for tp, o in kafka.mark.items() if tp[1] == s})
+                for s in shards
+            }
+        )
+    finally:
+        store.close()
+
+
 def lake_con(db: str, data_path: str | None = None) -> duckdb.DuckDBPyConnection:
     return lakes.connect(lakes.parse_db(db, data_path))
 
