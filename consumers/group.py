@@ -12,10 +12,11 @@ folded twice. A member whose claim was taken (Fenced) writes nothing for those s
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 from collections import defaultdict
-from typing import Awaitable, Mapping
+from typing import Awaitable, Callable, Mapping
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -102,6 +103,17 @@ class GroupMaterializer(Materializer):
             "heartbeat_interval_ms": max(500, ms // 4),
         }
 
+    def _in_writer_later(self, fn: Callable[[], object]) -> None:
+        """Queue ``fn`` in the writer thread without waiting for it (what is queued after it waits, as ever); a
+        failure is logged (what must not fail is done again where it is needed: the views by a commit)."""
+
+        def said(done: concurrent.futures.Future) -> None:
+            exc = done.exception()
+            if exc is not None:
+                log.warning("%s: %s", getattr(fn, "__name__", fn), exc)
+
+        self._writer.submit(fn).add_done_callback(said)
+
     async def _shard_count(self) -> tuple[list[TopicPartition], int]:
         parts = await self._partitions()
         counts = {t: sum(1 for tp in parts if tp.topic == t) for t in self.opts.topics}
@@ -119,11 +131,12 @@ class GroupMaterializer(Materializer):
         if not initial:
             return False  # the group's coordinator follows new partitions by itself
         parts, shards = await self._shard_count()
-        await self._in_writer(self._lake.add_shards, range(shards))
+        await self._in_writer(self._lake.add_shards, range(shards), views=False)  # made once shards are claimed
         if not self.opts.replay:
             c.subscribe(list(self.opts.topics), listener=_Listener(self))
             return True
         stored = await self._in_writer(self._lake.claim, range(shards))
+        self._in_writer_later(self._lake.make_views)
         c.assign(parts)
         for tp in parts:
             self._next[tp] = stored.get((tp.topic, tp.partition))
@@ -159,6 +172,7 @@ class GroupMaterializer(Materializer):
         assert c is not None and self._store is not None
         shards = sorted({tp.partition for tp in assigned})
         stored = await self._in_writer(self._lake.claim, shards) if shards else {}
+        self._in_writer_later(self._lake.make_views)  # the views while this member reads (a commit waits for them)
         for tp in assigned:
             self._next[tp] = stored.get((tp.topic, tp.partition))
         await self._seek(assigned, {tp: self._next[tp] for tp in assigned})
@@ -241,7 +255,7 @@ class GroupMaterializer(Materializer):
             return
         if now - self._last_record >= RUN_RECORD_S:
             self._last_record = now
-            await self._in_writer(self._lake.record_run)
+            self._in_writer_later(self._lake.record_run)  # bookkeeping: reading goes on meanwhile
         interval = lakes.MAINTENANCE_INTERVAL.total_seconds()
         if self._last_maintenance == 0.0:
             self._last_maintenance = now  # the first pass one interval after start

@@ -38,7 +38,7 @@ from flightrec.db.derive import arrow_views
 from flightrec.db.fold import Delta
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.stats import Stats
-from flightrec.db.filestore import RowWriter, delta_views
+from flightrec.db.filestore import RowWriter, delta_views, offsets_table
 from flightrec.db.nul import without_nul
 from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, shard_schema
 from flightrec.db.lakemeta import never_written
@@ -89,6 +89,8 @@ class LakeStore(RowWriter):
         self.epochs: dict[int, int] = {}  # shard -> the epoch this member claimed it at
         self._owned = OwnedRows()  # the owned shards' derived rows, kept between commits
         self._shards: set[int] = set()  # shard schemas known to exist
+        self._views_due = False  # the views that unite the shards are not made as they stand (make_views)
+        self._offsets_new: set[int] = set()  # claimed shards whose consumer_offsets never held a row (claim)
         self._views = views
         self._memory_limit = memory_limit
         self.catalog_wait = CATALOG_WAIT_S
@@ -244,15 +246,26 @@ class LakeStore(RowWriter):
 
     # -- shards, views, claims ---------------------------------------------------------------------------
 
-    def add_shards(self, shards: Iterable[int]) -> None:
-        """Make sure each shard's schema and tables exist, then the views that unite them (idempotent).
+    def add_shards(self, shards: Iterable[int], *, views: bool = True) -> None:
+        """Make sure each shard's schema and tables exist, then the views that unite them (idempotent); with
+        ``views=False`` the views wait for :meth:`make_views` (the first commit makes them at the latest).
 
         What a writer lays out is marked with a comment holding a hash of what made it (a shard's tables: on its
         ``claim``; the views: on ``main.claims``), and a part already marked as this writer would make it is left
         as it is: a member's start changes nothing in the catalog, so readers keep their copies (lakecopy.py)."""
-        want = set(shards) - self._shards
-        if not want:
-            return
+        if want := set(shards) - self._shards:
+            self._add_tables(want)
+        if views:
+            self.make_views()
+
+    def make_views(self, wait: bool = True) -> None:
+        """The views over every shard (main.log_lines...) and the readers' views, if add_shards left them due
+        (``wait=False``: a catalog that is away is not waited for, as at close)."""
+        if self._views_due:
+            self._retrying("create the views", lambda: self._in_transaction(self._create_views), wait=wait)
+            self._views_due = False
+
+    def _add_tables(self, want: set[int]) -> None:
         ddl = lakelayout.ddl()
         tables = lakelayout.mark("tables", *(ddl[name] for name in SHARD_TABLES), CLAIM_SQL)
         marks = lakelayout.marks(self.con, ALIAS)
@@ -270,8 +283,7 @@ class LakeStore(RowWriter):
         if make:
             self._retrying("create the shard tables", lambda: self._in_transaction(create))
         self._shards |= want
-        if make or marks.get("main") != self._views_mark():
-            self._retrying("create the views", lambda: self._in_transaction(self._create_views))
+        self._views_due = self._views_due or bool(make) or marks.get("main") != self._views_mark()
 
     def _views_mark(self) -> str:
         return lakelayout.mark("views", *map(str, self._layout_shards()), *self._views)
@@ -298,10 +310,10 @@ class LakeStore(RowWriter):
         shards = sorted(set(shards))
         if not shards:
             return {}
-        self.add_shards(shards)
+        self.add_shards(shards, views=False)  # the claim first: a member reads while the views are made
         now = time.time_ns() // 1000
 
-        def take() -> tuple[dict[int, int], dict[tuple[str, int], int]]:
+        def take() -> tuple[dict[int, int], set[int], dict[tuple[str, int], int]]:
             epochs = {}
             empty = never_written(self.con, ALIAS)  # a new lake's or shard's tables are not read (lakemeta.py)
             for s in shards:
@@ -315,10 +327,12 @@ class LakeStore(RowWriter):
                     self.con.execute(f"DELETE FROM {schema}.claim")
                 self.con.execute(f"INSERT INTO {schema}.claim VALUES (?, ?, ?, ?)", [self.owner, epoch, now, now])
                 epochs[s] = epoch
-            return epochs, self._offsets(s for s in shards if (shard_schema(s), "consumer_offsets") not in empty)
+            new = {s for s in shards if (shard_schema(s), "consumer_offsets") in empty}
+            return epochs, new, self._offsets(s for s in shards if s not in new)
 
-        (epochs, offsets), retried = self._retrying("claim partitions", lambda: self._in_transaction(take))
+        (epochs, new, offsets), retried = self._retrying("claim partitions", lambda: self._in_transaction(take))
         self.epochs.update(epochs)
+        self._offsets_new = (self._offsets_new - set(shards)) | new
         self.totals += retried
         try:  # read the owned shards' derived rows now, not in the first commit (the first events wait less)
             self._owned.ready(self.con, self._owned_schemas(()))
@@ -336,6 +350,7 @@ class LakeStore(RowWriter):
         """Forget ``shards`` (nothing is written: the next claimer bumps the epoch)."""
         for s in shards:
             self.epochs.pop(s, None)
+            self._offsets_new.discard(s)
 
     def _offsets(self, shards: Iterable[int]) -> dict[tuple[str, int], int]:
         out: dict[tuple[str, int], int] = {}
@@ -389,6 +404,7 @@ class LakeStore(RowWriter):
         shards = sorted(s for s, d in deltas.items() if d.messages or d.offsets)
         if not shards:
             return Stats()
+        self.make_views()  # readers find the rows through them
 
         # a lake's text holds no NUL (db/nul.py): made so once, not at every retry of the transaction
         views = {s: {k: without_nul(v) for k, v in delta_views(deltas[s]).items()} for s in shards}
@@ -406,7 +422,7 @@ class LakeStore(RowWriter):
                 self.con.execute(f"SET search_path = '{ALIAS}.{shard_schema(s)},{ALIAS}.main'")
                 with arrow_views(self.con, **views[s]):
                     total += self._write(delta)
-                    self._store_offsets(delta)
+                    self._store_shard_offsets(s, delta)
             return total
 
         def attempt() -> Stats:
@@ -424,7 +440,17 @@ class LakeStore(RowWriter):
         stats += retried
         self.totals += stats
         self.last_commit_us = time.time_ns() // 1000
+        self._offsets_new -= {s for s in shards if deltas[s].offsets}
         return stats
+
+    def _store_shard_offsets(self, shard: int, delta: Delta) -> None:
+        """The next offsets of ``shard`` (its schema on the search path): an INSERT into a table empty at the claim (a
+        MERGE costs ~20 ms more), else a MERGE. Another writer would have claimed it: this commit's check fences it."""
+        if shard not in self._offsets_new or not delta.offsets:
+            self._store_offsets(delta)
+            return
+        with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
+            self.con.execute("INSERT INTO consumer_offsets BY NAME SELECT * FROM _d_offsets")
 
     def _write_together(
         self,
@@ -450,7 +476,7 @@ class LakeStore(RowWriter):
             if new_s.num_rows and views[s]["_d_heartbeats"].num_rows:
                 merge_heartbeats(self.con, views[s]["_d_heartbeats"], new_s)
             mine[f"{ALIAS}.{shard_schema(s)}"] = pc.unique(new_s["instance_id"])
-            self._store_offsets(deltas[s])
+            self._store_shard_offsets(s, deltas[s])
         self.con.execute(f"SET search_path = '{ALIAS}.main'")
         owned = self._owned_schemas(shards)
         failures = (
@@ -556,8 +582,12 @@ class LakeStore(RowWriter):
         return rows
 
     def close(self) -> None:
-        """Record the run and detach."""
+        """Make the views if they are still due, record the run and detach."""
         try:
+            try:
+                self.make_views(wait=False)
+            except MaterializeError as exc:  # the next writer makes them
+                log.warning("%s", exc)
             self.record_run()
             self.con.close()
         except duckdb.Error as exc:

@@ -134,9 +134,11 @@ def pending(version: int, migrations: Iterable[Migration] | None = None) -> list
 def record(
     con: duckdb.DuckDBPyConnection, done: Iterable[Migration], run_id: str, now_us: int, table: str = VERSION_TABLE
 ) -> None:
-    """Note each applied migration in the database (inside the caller's transaction)."""
-    for m in done:
+    """Note each applied migration in the database (inside the caller's transaction), in one statement (on a lake
+    each statement costs catalog round trips)."""
+    done = list(done)
+    if done:
         con.execute(
-            f"INSERT INTO {table} (version, what, applied_us, run_id) VALUES (?, ?, ?, ?)",
-            [m.version, m.what, now_us, run_id],
+            f"INSERT INTO {table} (version, what, applied_us, run_id) VALUES {', '.join(['(?, ?, ?, ?)'] * len(done))}",
+            [v for m in done for v in (m.version, m.what, now_us, run_id)],
         )
