@@ -52,7 +52,7 @@ FOLLOW_QUIET_S = 0.2  # after CMD exits with nothing of the stage left running, 
 PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them
 # an output nothing holds any more (CMD wrote it all before it exited) is read to its end by the agent, however far
 # its reading fell behind (a busy machine, a spool write that waits), for this long at most
-DRAIN_MAX_S = 10.0
+DRAIN_MAX_S = 30.0
 
 
 def _write_all(fd: int, data: bytes) -> None:
