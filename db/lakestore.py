@@ -210,6 +210,7 @@ class LakeStore(RowWriter):
 
     def _reattach(self, what: str, cause: str, away_since: float) -> None:
         """Wait for the catalog to answer again and attach afresh; MaterializeError after ``catalog_wait`` s."""
+        self._offsets_new = set()  # a COMMIT may have reached the catalog before the connection broke: upsert
         log.warning(
             "the lake's catalog does not answer (%s; trying to %s): waiting up to %.0f s for it to come back",
             cause,
@@ -447,8 +448,7 @@ class LakeStore(RowWriter):
         """The next offsets of ``shard`` (its schema on the search path): an INSERT into a table empty at the claim (a
         MERGE costs ~20 ms more), else a MERGE. Another writer would have claimed it: this commit's check fences it."""
         if shard not in self._offsets_new or not delta.offsets:
-            self._store_offsets(delta)
-            return
+            return self._store_offsets(delta)
         with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
             self.con.execute("INSERT INTO consumer_offsets BY NAME SELECT * FROM _d_offsets")
 

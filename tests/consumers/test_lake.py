@@ -791,3 +791,32 @@ def test_a_member_makes_the_views_after_its_claim_and_before_its_rows_are_seen(l
         assert "part_3" in con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'instances'").fetchone()[0]
     finally:
         con.close()
+
+
+def test_a_commit_run_again_after_its_connection_broke_keeps_one_offsets_row(lake, monkeypatch):
+    """A commit whose COMMIT reached the catalog just before the connection broke runs again once the catalog answers
+    (LakeStore._retrying): its events are dropped then by id, and its offsets (a new shard's first: an INSERT) are
+    upserted, not inserted twice: one row per partition, every line once."""
+    db, data_path = lake
+    store = LakeStore(lakes.lake_location(db, data_path, writing=True), "g", shards=range(1))
+    try:
+        store.claim([0])
+        real, broke = store._in_transaction, []
+
+        def committed_then_broken(fn):
+            out = real(fn)
+            if not broke:
+                broke.append(True)
+                raise duckdb.IOException("IO Error: connection to server was lost (injected, after the COMMIT)")
+            return out
+
+        monkeypatch.setattr(store, "_in_transaction", committed_then_broken)
+        x = _boot(3)
+        stats = store.commit({0: _delta(x, 0, 0)})
+        assert broke and stats.catalog_waits == 1, stats
+        assert store.con.execute(
+            'SELECT topic, "partition", next_offset FROM lake.part_0.consumer_offsets'
+        ).fetchall() == [("flightrec.logs", 0, len(x.events))]
+        assert _count(store, "SELECT count(*) FROM log_lines") == 3
+    finally:
+        store.close()
