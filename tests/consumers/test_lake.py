@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import duckdb
 import pytest
-from lake_helpers import assert_lake_equals_file, lake_con, lake_count, run_lake, table_rows, varied_fleet
+from lake_helpers import (
+    assert_lake_equals_file,
+    lake_con,
+    lake_count,
+    run_lake,
+    seed_lake_at_mark,
+    table_rows,
+    varied_fleet,
+)
 from materializer_helpers import Boot, flightrec, materialize, publish
 
 from flightrec.db import lake as lakes
@@ -265,12 +274,14 @@ def test_a_member_rides_out_a_catalog_restart(kafka, pg_dir, tmp_path, caplog):
     data_path = tmp_path / "files"
     data_path.mkdir()
     before, during = _boot(40), _boot(40)
+    group = f"restart-{uuid.uuid4().hex[:8]}"
+    seed_lake_at_mark(kafka, catalog.db, str(data_path), group)  # not every earlier test's lines first (CI's load)
     publish(kafka.bootstrap, before.events)
     out: dict[str, object] = {}
 
     def member() -> None:
         try:
-            out["stats"] = run_lake(kafka, catalog.db, str(data_path), idle=15.0)
+            out["stats"] = run_lake(kafka, catalog.db, str(data_path), idle=15.0, group=group)
         except BaseException as exc:  # noqa: BLE001 - reported below
             out["error"] = exc
 
