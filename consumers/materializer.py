@@ -181,14 +181,16 @@ class Materializer:
         self._stop = asyncio.Event()
         self._alerts: Alerter | None = None
         self._inflight: asyncio.Future[None] | None = None  # the commit being written
-        self._pending = Pending(
-            options, self.batch_bytes, self.default_batch_lines
-        )  # read, not yet folded (run() starts it afresh)
+        self._pending = self._new_pending()  # read, not yet folded (run() starts it afresh)
         self._clocks = _ClockWatch()
         self._trust = Trust(options.trust)  # the writers' tags judged (db/trust.py); its state grows per fold
         self._metrics: Metrics | None = None  # Prometheus /metrics (--metrics-port)
         self._committed: dict[tuple[str, int], int] = {}  # next offset the database holds, per partition
         self._errors_counted = 0  # stats.errors_total already added to the metrics
+
+    def _new_pending(self) -> Pending:
+        """An empty batch, bounded by this store's limits."""
+        return Pending(self.opts, self.batch_bytes, self.default_batch_lines)
 
     async def _in_writer(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.wrap_future(self._writer.submit(fn, *args, **kwargs))
@@ -475,7 +477,7 @@ class Materializer:
         assert c is not None
         loop = asyncio.get_running_loop()
         targets = await c.end_offsets(self._parts) if self.opts.replay else None
-        pending = self._pending = Pending(self.opts, self.batch_bytes, self.default_batch_lines)
+        pending = self._pending = self._new_pending()
         last_data = last_refresh = last_report = last_metrics = kafka_ok = loop.time()
         await self._update_metrics()
         try:
