@@ -36,6 +36,7 @@ def ddl() -> dict[str, str]:
         name = m.group(1) or m.group(2)
         stmt = re.sub(r",\s*PRIMARY KEY \([^)]*\)", "", stmt)
         stmt = re.sub(r"\s+PRIMARY KEY", "", stmt)
+        stmt = re.sub(r"\s+USING COMPRESSION \w+", "", stmt)  # DuckDB's storage; a lake's Parquet has its own
         stmt = re.sub(rf"^(CREATE TABLE IF NOT EXISTS|ALTER TABLE) {name}\b", rf"\1 {{schema}}.{name}", stmt)
         out[name] = out.get(name, "") + stmt + ";\n"
     return out
