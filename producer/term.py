@@ -26,6 +26,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 HANDLED = FORWARDED + (signal.SIGWINCH,)
 SI_USER = 0  # siginfo si_code of kill() / killpg()
 SETTLE_S = 0.02  # a group kill reaches every member in one kill() call: look at the canary this much later
+POLL_S = 0.02  # how often the signal watcher looks for the stage's signals (and how long stop() may wait for it)
 SAME_SENDING_S = 0.5  # the same signal from the same sender again this soon after a group kill: that kill's copy
 # The single file's loader (PyInstaller onefile: a parent process that passes on every signal it gets), set by
 # flightrec.cli.standalone; None in a Python install.
@@ -259,8 +260,9 @@ class SignalWatcher(threading.Thread):
     """Takes the stage's signals with their siginfo (sigtimedwait) and hands each to ``on_signal``.
 
     Guarantees: once :func:`block` was called in the main thread before other threads
-    were started, every signal of :data:`HANDLED` is received here with its si_code,
-    at every moment until :meth:`stop`; nothing is dropped while CMD starts or after it
+    were started, every signal of :data:`HANDLED` is received here with its si_code
+    (within POLL_S), at every moment until :meth:`stop`, and nothing else: none that
+    nobody sent, whatever interrupts the thread; nothing is dropped while CMD starts or after it
     exited (``on_signal`` decides). Signals reaching a thread that does not block them
     (a library caller's own threads) go through the Python handler, as SI_USER.
     """
@@ -272,13 +274,19 @@ class SignalWatcher(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._done.is_set():
-            info = signal.sigtimedwait(self.handled, 0.02)  # how long stop() may wait for it, at the stage's end
-            if info is not None:
-                try:
-                    self.on_signal(info.si_signo, info.si_code, info.si_pid)
-                except Exception:  # a signal must never kill the watcher
-                    log.exception("handling signal %d failed", info.si_signo)
+        while True:
+            # A zero timeout: the call never sleeps, so nothing interrupts it. CPython's sigtimedwait, interrupted
+            # (EINTR: another signal, a debugger or profiler attaching) as its timeout runs out, returns the siginfo
+            # its stack still holds: a signal nobody sent, or a copy of the last real one.
+            info = signal.sigtimedwait(self.handled, 0)
+            if info is None:
+                if self._done.wait(POLL_S):
+                    return
+                continue
+            try:
+                self.on_signal(info.si_signo, info.si_code, info.si_pid)
+            except Exception:  # a signal must never kill the watcher
+                log.exception("handling signal %d failed", info.si_signo)
 
     def stop(self) -> None:
         """Stop watching (after the stage's end)."""

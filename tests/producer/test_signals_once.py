@@ -342,3 +342,34 @@ def test_job_control_at_a_terminal_still_works(spool_env, tmp_path: Path) -> Non
         if p.poll() is None:
             p.kill()
         os.close(master)
+
+
+# A SignalWatcher whose thread is interrupted ~1,000 times a second by a signal it does not wait for (SIGALRM, with a
+# Python handler: each one ends its wait with EINTR, as a debugger or profiler attaching does; py-spy's sampling
+# did it 90 times in 3 s): prints what it was handed, though nobody sent it one of the stage's signals.
+INTERRUPTED_WATCHER = r"""
+import signal, threading, time
+from flightrec.producer.term import HANDLED, SignalWatcher, block
+signal.signal(signal.SIGALRM, lambda *a: None)
+block()
+got = []
+w = SignalWatcher(lambda signum, code, pid: got.append(signum))
+w.start()
+real = signal.SIGUSR1
+end = time.monotonic() + 2.0
+while time.monotonic() < end:
+    signal.pthread_kill(w.ident, signal.SIGALRM)
+    time.sleep(0.001)
+signal.pthread_kill(w.ident, real)  # one real signal, to see the watcher still takes them
+time.sleep(0.2)
+w.stop()
+print(sorted(got))
+"""
+
+
+def test_a_signal_watcher_interrupted_by_other_signals_is_handed_none_nobody_sent() -> None:
+    # CPython's sigtimedwait, interrupted as its timeout ran out, returned the siginfo its stack still held: signal 0,
+    # garbage, or a copy of the last real one (which the agent would pass on to CMD a second time)
+    out = subprocess.run([PY, "-c", INTERRUPTED_WATCHER], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"[{int(signal.SIGUSR1)}]", out.stdout[-2000:]
