@@ -63,9 +63,6 @@ DELTA_TABLES: tuple[str, ...] = (
     "heartbeats",
     "manager",
 )
-# DuckDB's rows per row group (its default; a database attached with another ROW_GROUP_SIZE still works, its
-# inserts in chunks of this size).
-ROW_GROUP_ROWS = 122_880
 OFFSETS = pa.schema(
     [("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("next_offset", pa.int64())]
 )
@@ -74,12 +71,6 @@ OFFSETS = pa.schema(
 def schema_sql() -> str:
     """The DDL of every table (db/schema.sql), then every migration's columns (db/migrate.py), idempotent."""
     return resources.files("flightrec.db").joinpath("schema.sql").read_text("utf-8") + "\n" + migrate.columns_sql()
-
-
-def in_row_groups(table: pa.Table) -> pa.Table:
-    """``table`` in chunks of DuckDB's row group (the last one shorter), its data not copied: DuckDB inserts the
-    chunks of an Arrow table in parallel, each thread writing whole row groups (one chunk: one thread)."""
-    return pa.Table.from_batches(table.to_batches(max_chunksize=ROW_GROUP_ROWS), schema=table.schema)
 
 
 def delta_views(delta: Delta) -> dict[str, pa.Table]:
@@ -521,9 +512,7 @@ class FileStore(RowWriter):
         self._totals_before = self.totals  # what a rolled-back try restores
         try:
             con.execute("BEGIN TRANSACTION")
-            views = delta_views(delta)
-            views["_d_logs"] = in_row_groups(delta.logs)  # the bulk of a batch, inserted by every thread
-            with arrow_views(con, **views):
+            with arrow_views(con, **delta_views(delta)):
                 stats = self._write(delta)
                 self._store_offsets(delta)
                 self._bookkeeping(stats)

@@ -74,7 +74,7 @@ CREATE TABLE IF NOT EXISTS lifecycle_events (
 
 -- One row per line. `source` is stdout, stderr or the followed file's path. The five columns a LogBatch repeats on
 -- each of its lines are dictionary-compressed by fiat: DuckDB would analyse every method for them in each row group
--- (~17% of a commit's insert; db/filestore.py's in_row_groups is the other half of how a batch is written).
+-- (~17% of a commit's insert, measured alone).
 CREATE TABLE IF NOT EXISTS log_lines (
     instance_id  VARCHAR USING COMPRESSION dictionary,
     boot_id      VARCHAR USING COMPRESSION dictionary,

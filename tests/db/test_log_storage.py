@@ -1,4 +1,4 @@
-"""How a file stores its lines: the per-batch columns dictionary-compressed, a batch inserted in whole row groups."""
+"""How a file stores its lines: the five columns a LogBatch repeats on each line are dictionary-compressed."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import time
 import uuid
 
 import duckdb
-import pyarrow as pa
 
-from flightrec.db.filestore import ROW_GROUP_ROWS, FileStore, in_row_groups
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
 from flightrec.schemas import LogBatch, encode
 
@@ -59,21 +58,3 @@ def test_the_per_batch_columns_of_a_new_file_are_dictionary_compressed(tmp_path)
     for column in PER_BATCH:
         assert methods[column] == ["Dictionary"], (column, methods)
     assert con.execute("SELECT count(*), count(DISTINCT event_id) FROM log_lines").fetchone() == (6000, 6000)
-
-
-def test_a_batch_is_inserted_in_whole_row_groups_of_duckdb(tmp_path):
-    table = fold(_messages(700, 500)).logs  # 350,000 lines
-    chunks = in_row_groups(table)
-    assert [len(b) for b in chunks.to_batches()] == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 350_000 - 2 * ROW_GROUP_ROWS]
-    assert chunks.equals(table)
-    assert in_row_groups(table.slice(0, 0)).num_rows == 0
-    # the constant is DuckDB's row group: a file's rows lie in groups of that size
-    con = duckdb.connect(str(tmp_path / "g.duckdb"))
-    con.register("t", pa.table({"x": pa.array(range(ROW_GROUP_ROWS * 2 + 5))}))
-    con.execute("CREATE TABLE g AS SELECT * FROM t")
-    con.execute("CHECKPOINT")
-    counts = con.execute(
-        "SELECT max(row_group_id) + 1, max(start + count) FILTER (WHERE row_group_id = 0) "
-        "FROM pragma_storage_info('g') WHERE column_name = 'x' AND segment_type = 'BIGINT'"
-    ).fetchone()
-    assert counts == (3, ROW_GROUP_ROWS)
