@@ -173,7 +173,10 @@ def _reader_location(db: str, data_path: str | None) -> "Location":
 
 
 def _run(opts: "Options", loc: "Location", settings: Settings) -> int:
+    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers.materializer import Materializer
+
+    keep_pandas_out()  # pyarrow would import it at the first commit (cli/nopandas.py)
 
     async def go() -> int:
         loop = asyncio.get_running_loop()
@@ -297,10 +300,12 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _timeline(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers import timeline
     from flightrec.db.classify import load_rules
     from flightrec.settings import TOPICS
 
+    keep_pandas_out()  # a conversion to Arrow would import it: ~0.3 s of a command a person waits for
     settings = settings.with_overrides(db=args.db)
     loc = _reader_location(settings.db, args.data_path)
     if loc.exists() and not args.from_topics:
