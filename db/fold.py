@@ -22,9 +22,10 @@ import pyarrow as pa
 
 from flightrec.errors import CodecError
 from flightrec.schemas import EVENT_BY_NAME, TOPIC_LOGS, Codec, default_codec
-from flightrec.schemas.arrow import ENVELOPE, element_field, event_fields, event_schema
+from flightrec.schemas.arrow import ENVELOPE, event_fields, event_schema
 from flightrec.schemas.logcolumns import LogColumns
 from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
+from flightrec.db.foldlines import LOGS, LogLines
 from flightrec.db.trust import Trust
 
 STR = pa.string()
@@ -59,11 +60,6 @@ THROUGHPUT = pa.schema(
     + [_KIND]
     + event_fields("Throughput", "stage", "backend", "device", "phase", "proofs", "seconds", "proofs_per_hour")
     + event_fields("BenchmarkResult", "min_rate", "verdict", "detail", "params")
-)
-LOGS = pa.schema(
-    event_fields("LogBatch", "instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
-    + [element_field("LogBatch", "line_no"), element_field("LogBatch", "line_ts_us", "ts_us")]
-    + [element_field("LogBatch", n) for n in ("text", "truncated", "invalid_utf8", "late")]
 )
 HEARTBEATS = pa.schema(list(event_schema("Heartbeat")) + [_RECV])
 MANAGER = pa.schema(list(event_schema("ManagerEvent")) + [_RECV, _KEY_ID])
@@ -237,9 +233,6 @@ def _items(m: Any) -> list[tuple[str, str]]:
     return sorted((str(k), str(v)) for k, v in (m or {}).items())
 
 
-_LINE_COLUMNS = ("line_no", "ts_us", "truncated", "invalid_utf8", "late")  # a LogBatch's numeric per-line arrays
-
-
 class _Builder:
     """Accumulates columns for one Delta."""
 
@@ -257,15 +250,8 @@ class _Builder:
                 ("manager", MANAGER),
             )
         }
-        self.log_scalars: dict[str, list[Any]] = {
-            k: [] for k in ("instance_id", "boot_id", "event_id", "seq", "stage", "source", "pid")
-        }
-        self.log_counts: list[int] = []
+        self.lines = LogLines()
         self.dead_seen: set[tuple[str, bytes | None, str]] = set()  # (event id, bytes, reason) of its dead letters
-        self.texts: list[str] = []
-        # per numeric line column, its pieces in order: numpy columns of large batches (schemas/logcolumns.py) and
-        # lists that gather the lines of the batches between them
-        self.log_lines: dict[str, list[Any]] = {k: [] for k in _LINE_COLUMNS}
 
     def add(self, table: str, row: dict[str, Any]) -> None:
         cols = self.cols[table]
@@ -283,36 +269,7 @@ class _Builder:
             late = [False] * n
         elif len(late) != n:
             raise FoldError("LogBatch late flags neither empty nor one per line")
-        for k in self.log_scalars:
-            self.log_scalars[k].append(rec[k])
-        self.log_counts.append(n)
-        self.texts.extend(rec["text"])
-        for k, values in zip(
-            _LINE_COLUMNS, (rec["line_no"], rec["line_ts_us"], rec["truncated"], rec["invalid_utf8"], late)
-        ):
-            pieces = self.log_lines[k]
-            if isinstance(values, np.ndarray):
-                pieces.append(values)
-            elif pieces and isinstance(pieces[-1], list):
-                pieces[-1].extend(values)
-            else:
-                pieces.append(list(values))
-
-    def logs(self) -> pa.Table:
-        counts = np.asarray(self.log_counts, dtype=np.int64)
-        idx = pa.array(np.repeat(np.arange(len(counts), dtype=np.int64), counts))
-        arrays = []
-        for f in LOGS:
-            if f.name in self.log_scalars:
-                arrays.append(pa.array(self.log_scalars[f.name], type=f.type).take(idx))
-            elif f.name == "text":
-                arrays.append(pa.array(self.texts, type=f.type))
-            else:
-                pieces = self.log_lines[f.name]
-                dtype = np.bool_ if pa.types.is_boolean(f.type) else np.int64
-                column = np.concatenate([np.asarray(p, dtype=dtype) for p in pieces]) if pieces else np.zeros(0, dtype)
-                arrays.append(pa.array(column, type=f.type))
-        return pa.Table.from_arrays(arrays, schema=LOGS)
+        self.lines.add(rec, n, late)
 
     def table(self, name: str, schema: pa.Schema) -> pa.Table:
         return pa.Table.from_pydict(self.cols[name], schema=schema)
@@ -550,7 +507,7 @@ def fold(
         facts=b.table("facts", FACTS),
         exits=b.table("exits", EXITS),
         throughput=b.table("throughput", THROUGHPUT),
-        logs=b.logs(),
+        logs=b.lines.table(),
         dead=b.table("dead", DEAD),
         offsets=offsets,
         origins=origins,

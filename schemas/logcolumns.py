@@ -1,4 +1,4 @@
-"""A vectorized Avro decoder for large LogBatch messages: the per-line arrays as numpy columns, not Python lists."""
+"""A vectorized Avro decoder for large LogBatch messages: the per-line arrays as numpy and Arrow columns, not lists."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import fastavro
 import numpy as np
+import pyarrow as pa
 from fastavro import parse_schema
 
 from flightrec.schemas.codec import HEADER_LEN, MAGIC, Codec, default_codec
@@ -112,13 +113,34 @@ def _longs(buf: np.ndarray, pos: int, n: int) -> tuple[np.ndarray, int]:
     return values, pos + last
 
 
+def _strings(items: list[bytes]) -> pa.StringArray:
+    """Avro strings read as bytes, as one Arrow string array: no Python string per line. Text that is not UTF-8 (the
+    codec refuses it) is unusual; Arrow's full validation rejects what Python's strict decoder rejects (surrogates,
+    overlong forms, beyond U+10FFFF, cut sequences: tests/schemas/test_logcolumns.py)."""
+    lengths = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:
+        raise _Unusual
+    texts = pa.StringArray.from_buffers(
+        len(items), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(items))
+    )
+    try:
+        texts.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise _Unusual from exc
+    return texts
+
+
 class LogColumns:
-    """Decodes a LogBatch message to the record ``Codec.decode_record`` gives, its per-line arrays as numpy columns.
+    """Decodes a LogBatch message to the record ``Codec.decode_record`` gives, its per-line arrays as numpy columns
+    and its texts as an Arrow string array.
 
     Guarantees: for every message it accepts, the values equal the codec's, field by field (a property test checks
     it, including arrays split in blocks as other Avro writers write them); it accepts only messages of the current
-    LogBatch schema of at least ``MIN_BYTES`` whose flags are 0/1 bytes; for anything else (small, older schema,
-    corrupt, unusual) it returns None and the caller decodes with the codec, which gives the canonical error.
+    LogBatch schema of at least ``MIN_BYTES`` whose flags are 0/1 bytes and whose texts are UTF-8; for anything else
+    (small, older schema, corrupt, unusual) it returns None and the caller decodes with the codec, which gives the
+    canonical error.
     """
 
     def __init__(self, codec: Codec | None = None, min_bytes: int = MIN_BYTES) -> None:
@@ -132,7 +154,8 @@ class LogColumns:
             {"type": "record", "name": "LogBatchHead", "namespace": "flightrec.columns", "fields": fields[:_HEAD]},
             named_schemas={},
         )
-        self._texts = parse_schema({"type": "array", "items": "string"}, named_schemas={})
+        # the texts read as bytes (the same bytes on the wire): Arrow takes them whole, then checks them for UTF-8
+        self._texts = parse_schema({"type": "array", "items": "bytes"}, named_schemas={})
         self.name = version.name
 
     def __call__(self, data: bytes) -> dict[str, Any] | None:
@@ -179,7 +202,10 @@ class LogColumns:
             parts, pos = _array(data, pos, longs)
             rec[name] = _joined(parts, np.int64)
         body.seek(pos)
-        rec["text"] = fastavro.schemaless_reader(body, self._texts, None)
+        items = fastavro.schemaless_reader(body, self._texts, None)
+        if not isinstance(items, list):
+            raise _Unusual
+        rec["text"] = _strings(items)
         pos = body.tell()
         for name in _FLAGS:
             parts, pos = _array(data, pos, flags)

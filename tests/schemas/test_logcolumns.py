@@ -9,6 +9,7 @@ from typing import Any
 
 import fastavro
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,7 +24,10 @@ every_size = LogColumns(min_bytes=0)
 
 
 def plain(rec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in rec.items()}
+    return {
+        k: v.tolist() if isinstance(v, np.ndarray) else v.to_pylist() if isinstance(v, pa.Array) else v
+        for k, v in rec.items()
+    }
 
 
 def small_values(b: LogBatch) -> bool:
@@ -174,3 +178,32 @@ def test_trailing_bytes_go_to_the_codec(extra: bytes) -> None:
     with pytest.raises(CodecError, match="trailing bytes"):
         decode_record(msg)
     assert LogColumns()(msg) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"\xed\xa0\x80Q",  # a surrogate
+        b"\xc0\x80QQ",  # an overlong NUL
+        b"\xf4\x90\x80\x80",  # beyond U+10FFFF
+        b"\xe2\x82QQ",  # a cut sequence
+        b"\xffQQQ",
+        b"\xe2\x82\xacQ",  # valid: the euro sign
+        b"\xf0\x9f\x98\x80",  # valid: four bytes
+        b"Q\x00QQ",  # valid: NUL is a character
+    ],
+)
+def test_texts_are_accepted_where_the_codec_reads_them_as_utf8(text: bytes) -> None:
+    b = big_batch(40)
+    b = LogBatch(**{**b.to_record(), "text": [*b.text[:-1], "QQQQ"]})
+    msg = encode(b)
+    assert msg.count(b"QQQQ") == 1
+    msg = msg.replace(b"QQQQ", text)
+    got = every_size(msg)
+    try:
+        expected = decode_record(msg)[1]
+    except CodecError:
+        assert got is None, text
+    else:
+        assert got is not None and plain(got) == expected, text
+        assert expected["text"][-1] == text.decode()
