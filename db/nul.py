@@ -19,10 +19,13 @@ SPELLED = "\\x00"  # as the agent writes the bytes it cannot keep (`\xNN`)
 
 
 def _text_leaves(arr: pa.Array) -> Iterator[pa.Array]:
-    """Every text array inside ``arr`` (lists, maps and structs opened); may include more than ``arr``'s slice."""
+    """Every text array inside ``arr`` (dictionaries, lists, maps and structs opened); may include more than ``arr``'s
+    slice."""
     t = arr.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         yield arr
+    elif pa.types.is_dictionary(t):  # the fold's per-batch texts of log lines (db/foldlines.py)
+        yield from _text_leaves(arr.dictionary)
     elif pa.types.is_map(t):
         yield from _text_leaves(arr.keys)
         yield from _text_leaves(arr.items)

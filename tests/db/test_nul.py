@@ -40,3 +40,13 @@ def test_only_the_nul_changes(texts: list[str | None]) -> None:
     got = without_nul(t).column("text").to_pylist()
     assert got == [None if x is None else x.replace("\x00", "\\x00") for x in texts]
     assert has_nul(t) == any(x is not None and "\x00" in x for x in texts)
+
+
+def test_a_dictionary_encoded_text_is_spelled_out() -> None:
+    """The fold gives a log batch's instance, boot, event, stage and source dictionary-encoded (db/foldlines.py)."""
+    ids = pa.DictionaryArray.from_arrays(pa.array([0, 0, 1], pa.int32()), pa.array(["gpu-\x00-1", "plain"]))
+    t = pa.table({"instance_id": ids, "n": [1, 2, 3]})
+    assert has_nul(t)
+    out = without_nul(t)
+    assert out.schema == t.schema and not has_nul(out)
+    assert out.column("instance_id").to_pylist() == ["gpu-\\x00-1", "gpu-\\x00-1", "plain"]
