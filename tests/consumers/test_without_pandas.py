@@ -1,5 +1,5 @@
-"""`flightrec materialize`, `replay` and `timeline` fold, write and read without importing pandas (pyarrow would, at its first
-conversion: ~0.3-1 s of CPU at the first commit, apache/arrow#34994)."""
+"""`flightrec materialize`, `replay` and `timeline` fold, write and read without importing pandas (pyarrow would, at
+its first conversion: ~0.3-1 s of CPU at the first commit, apache/arrow#34994)."""
 
 from __future__ import annotations
 
