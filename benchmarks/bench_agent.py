@@ -29,6 +29,10 @@ SCRATCH = "bench.kcat"
 # The agent with no Kafka to deliver to (nothing listens at its bootstrap): its own pipeline alone - read, pass
 # through, split, scrub, encode, spool (fsync'd) - what the agent costs before a byte is produced.
 NULL_SINK = "null sink"
+# the floors (agent_floor.py): the least one Python process needs for the same shipping, each mode adding to the one
+# before - from aiokafka alone up to all the agent's guarantees done the simplest way
+FLOOR = str(Path(__file__).with_name("agent_floor.py"))
+FLOORS = ("raw", "events", "passthrough", "scrubbed", "durable")
 
 # the child: prints LINES lines of ~60 bytes as fast as Python can, then reports its own time on stderr
 CHILD = f"""
@@ -385,8 +389,24 @@ def report_capacity(kc: list[float], agents: Runs) -> None:
         f"{med(a / k for a, k in zip(nw, kc)):.2f}x), CPU {med(nc):.2f}s; delivery to Kafka adds "
         f"{med(wall) - med(nw):+.2f}s wall, {med(cpu) - med(nc):+.2f}s CPU (medians)"
     )
+    floors = {label: runs for label, runs in agents.items() if label.startswith("floor ")}
+    if floors:
+        print(
+            "  floors (agent_floor.py: one Python process, aiokafka with the agent's options; each adds to the one "
+            "before): "
+            + "; ".join(
+                f"{label.split()[1]} {med(w for w, _ in runs):.2f}s = {med(w for w, _ in runs) / med(kc):.2f}x kcat "
+                f"(CPU {med(c for _, c in runs):.2f}s)"
+                for label, runs in floors.items()
+            )
+        )
+        fw = [w for w, _ in floors[f"floor {FLOORS[-1]}"]]
+        print(
+            f"  the agent / its floor with every guarantee ({FLOORS[-1]}): {med(wall) / med(fw):.2f}x "
+            f"(pairs' ratios median {med(a / f for a, f in zip(wall, fw)):.2f}x)"
+        )
     for label, runs in agents.items():
-        if label in ("agent", NULL_SINK):
+        if label in ("agent", NULL_SINK) or label in floors:
             continue
         w, c = [x for x, _ in runs], [y for _, y in runs]
         print(
@@ -406,7 +426,8 @@ def pipeline_capacity(
     variants: list[tuple[str, dict[str, str]]] = (),
 ) -> tuple[list[float], Runs]:
     """The pipeline's own capacity: `agent run -- cat FILE` vs `kcat -P -l FILE`, same lines, same broker, acks=all;
-    with ``variants``, more agents (other environment variables) in each pair, in an order that rotates."""
+    with ``variants``, more agents (other environment variables) in each pair; the null sink, and the floors of
+    agent_floor.py (to the scratch topic); their order rotates from pair to pair."""
     data = tmp / "lines.txt"
     with open(data, "w") as f:
         for i in range(LINES):
@@ -414,6 +435,7 @@ def pipeline_capacity(
     closed = free_port()  # nothing listens there
     agents = [("agent", env)] + [(label, dict(env, **extra)) for label, extra in variants]
     agents.append((NULL_SINK, dict(env, FLIGHTREC_BOOTSTRAP=f"127.0.0.1:{closed}")))
+    agents += [(f"floor {mode}", env) for mode in FLOORS]
     kc: list[float] = []
     runs: Runs = {label: [] for label, _ in agents}
     for r in range(pairs):
@@ -442,10 +464,26 @@ def pipeline_capacity(
             inst = f"bench-cat-{uuid.uuid4()}"
             if label == NULL_SINK:  # a spool of its own each time: what it keeps is thrown away after
                 agent_env = dict(agent_env, FLIGHTREC_SPOOL=str(tmp / f"null-spool-{r}"))
+            if label.startswith("floor "):
+                cmd = [sys.executable, FLOOR, label.split()[1], str(data), SCRATCH, inst]
+            else:
+                cmd = [
+                    FLIGHTREC,
+                    "agent",
+                    "run",
+                    "--instance",
+                    inst,
+                    "--stage",
+                    "cat",
+                    "--no-facts",
+                    "--",
+                    "cat",
+                    str(data),
+                ]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
             p = subprocess.run(
-                [FLIGHTREC, "agent", "run", "--instance", inst, "--stage", "cat", "--no-facts", "--", "cat", str(data)],
+                cmd,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 env=agent_env,
@@ -457,7 +495,7 @@ def pipeline_capacity(
             if label == NULL_SINK:
                 assert b"stay in" in p.stderr, p.stderr[-2000:]  # it kept them for a later delivery
                 shutil.rmtree(tmp / f"null-spool-{r}")
-            elif r < len(agents):  # each agent's first run: every line arrived
+            elif r < len(agents) and not label.startswith("floor "):  # each agent's first run: every line arrived
                 delivered = count_lines(bootstrap, inst)
                 assert delivered == LINES, f"{label} delivered {delivered} lines of cat, not {LINES}"
         print(
