@@ -47,6 +47,13 @@ log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
+# A command that writes each line with a write of its own (a flush per line: stderr, print(flush=True), most
+# loggers) would be read a line at a time, at ~10 us of the agent's CPU a line where a block costs ~0.7 us. After a
+# read of less than GATHER_BELOW bytes the pump waits GATHER_S before it reads again: the lines gather in the pipe
+# (1 MiB: ~10 ms of the fastest writer) and are read, passed through and stamped together, at most GATHER_S late.
+# Output that comes now and then is read at once (only what comes within GATHER_S of a read waits).
+GATHER_S = 0.002
+GATHER_BELOW = 64 * 1024
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 0.2  # after CMD exits with nothing of the stage left running, the files were read to their end
 PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them
@@ -72,6 +79,7 @@ class _Pump(threading.Thread):
         self.eof = False
         self.error: str | None = None
         self.read_total = 0
+        self.reads = 0  # reads that returned bytes
         self.late_at: int | None = None  # bytes read past this were written after CMD exited
         self._read_lock = threading.Lock()
         self._fd_open = True
@@ -121,8 +129,13 @@ class _Pump(threading.Thread):
         poller = select.poll()
         poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         poller.register(self._wake_r, select.POLLIN)  # stop() wakes the pump at once
+        waker = select.poll()
+        waker.register(self._wake_r, select.POLLIN)
+        gather = False
         try:
             while True:
+                if gather and not self.stop_flag:
+                    waker.poll(GATHER_S * 1000)  # the command's next lines gather in the pipe meanwhile
                 left = self.batcher.time_left() if self.error is None else None
                 timeout_ms = 100 if left is None else int(left * 1000) + 1
                 ready = [fd for fd, _ev in poller.poll(timeout_ms)]
@@ -142,6 +155,8 @@ class _Pump(threading.Thread):
                 if not data:
                     self.eof = True
                     break
+                self.reads += 1
+                gather = len(data) < GATHER_BELOW
                 if self.out_fd is not None:
                     try:
                         _write_all(self.out_fd, data)

@@ -205,3 +205,60 @@ def test_ascii_chunks_take_the_fast_path_with_the_same_lines(pieces: list[bytes]
     tail = Tail(5)
     tail.extend(want)
     assert b.tail.snapshot() == tail.snapshot()
+
+
+# a command that writes each line with a write of its own, ~20,000 lines a second (print(..., flush=True), stderr,
+# Rust's and Go's stdout, PYTHONUNBUFFERED=1 as this machine sets it): the pump must not read it a line at a time
+PER_LINE_WRITER = """
+import os, sys, time
+n, gap = int(sys.argv[1]), float(sys.argv[2])
+t0 = time.perf_counter()
+for i in range(n):
+    while time.perf_counter() < t0 + i * gap:
+        pass
+    os.write(1, b"%07d worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5\\n" % i)
+"""
+
+
+def test_a_command_writing_line_by_line_is_read_many_lines_at_a_time(tmp_path: Path) -> None:
+    # measured before: ~10 us of the agent's CPU a line (a read, a scan, a split... per line) where a block writer
+    # costs ~0.7 us; every read of a pipe was taken as soon as it held anything
+    import os
+    import subprocess
+    import sys
+
+    from flightrec.producer.run import _Pump
+
+    n = 5000
+    writer = subprocess.Popen([sys.executable, "-c", PER_LINE_WRITER, str(n), "50e-6"], stdout=subprocess.PIPE)
+    assert writer.stdout is not None
+    out_r, out_w = os.pipe()  # the pass-through, read back whole
+    with open_agent("cap-7", Settings.from_env({}), spool_dir=str(tmp_path), deliver=False) as agent:
+        b = SourceBatcher(agent, "s", "stdout", writer.pid, max_line=65536, tail_lines=10)
+        pump = _Pump(os.dup(writer.stdout.fileno()), out_w, b)
+        writer.stdout.close()
+        passed = []
+        reader = __import__("threading").Thread(target=lambda: passed.append(_read_all(out_r)))
+        reader.start()
+        pump.start()
+        assert writer.wait(30) == 0
+        pump.join(30)
+        assert not pump.is_alive() and pump.eof
+        os.close(out_w)
+        reader.join(30)
+        recs, _ = agent.spool.read(Position(0, 0), agent.spool.committed_end(), max_bytes=1 << 40)
+    want = b"".join(b"%07d worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5\n" % i for i in range(n))
+    assert passed == [want]  # byte for byte, nothing lost or reordered
+    texts = [t for r in recs for t in decode(r.value).text]
+    assert texts == want.decode().splitlines()
+    assert pump.reads <= n // 10, f"{pump.reads} reads for {n} lines written one at a time"
+
+
+def _read_all(fd: int) -> bytes:
+    import os
+
+    out = []
+    while chunk := os.read(fd, 1 << 16):
+        out.append(chunk)
+    os.close(fd)
+    return b"".join(out)
