@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
-from flightrec.schemas import decode_record
+from flightrec.schemas import MAGIC, decode_record
 from flightrec.settings import TOPIC_LOGS, Settings
 
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
@@ -127,9 +127,14 @@ def create_scratch(bootstrap: str) -> None:
 
 
 def count_lines(
-    bootstrap: str, instance: str, live: list[tuple[int, float]] | None = None, stop: threading.Event | None = None
+    bootstrap: str,
+    instance: str,
+    live: list[tuple[int, float]] | None = None,
+    stop: threading.Event | None = None,
+    topic: str = TOPIC_LOGS,
 ) -> int:
-    """Lines of ``instance`` in the logs topic; with ``live``, record (line ts, receipt time) until ``stop``."""
+    """Lines of ``instance`` in ``topic`` (stdout's of LogBatch events; in other messages, their newlines); with
+    ``live``, record (line ts, receipt time) until ``stop``."""
 
     async def go() -> int:
         from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -143,7 +148,7 @@ def count_lines(
         )
         await c.start()
         try:
-            parts = [TopicPartition(TOPIC_LOGS, p) for p in (c.partitions_for_topic(TOPIC_LOGS) or range(6))]
+            parts = [TopicPartition(topic, p) for p in (c.partitions_for_topic(topic) or range(6))]
             c.assign(parts)
             if live is None:
                 await c.seek_to_beginning(*parts)
@@ -157,6 +162,9 @@ def count_lines(
                 for msgs in got.values():
                     for m in msgs:
                         if m.key != key:
+                            continue
+                        if not m.value.startswith(MAGIC):  # a floor's raw bytes
+                            n += m.value.count(b"\n")
                             continue
                         _, rec = decode_record(m.value)
                         if rec["source"] == "stdout":
@@ -564,8 +572,8 @@ def pipeline_capacity(
             if label == NULL_SINK:
                 assert b"stay in" in p.stderr, p.stderr[-2000:]  # it kept them for a later delivery
                 shutil.rmtree(tmp / f"null-spool-{r}")
-            elif r < len(agents) and not label.startswith("floor "):  # each agent's first run: every line arrived
-                delivered = count_lines(bootstrap, inst)
+            elif r < len(agents):  # each agent's and floor's first run: every line arrived
+                delivered = count_lines(bootstrap, inst, topic=SCRATCH if label.startswith("floor ") else TOPIC_LOGS)
                 assert delivered == LINES, f"{label} delivered {delivered} lines of cat, not {LINES}"
         print(
             f"capacity run {r + 1}: kcat -P -l {kc[-1]:.2f}s  "
