@@ -17,6 +17,8 @@ from typing import Any
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.handoff import (
     CHUNK,
+    GATHER_BELOW,
+    GATHER_S,
     HOLDER_SCAN_S,
     LEFT,
     LOG,
@@ -80,6 +82,7 @@ class _Stage:
         self.holders_seen = time.monotonic()
         self.request_seen: float | None = None
         self.unrecorded_lines = 0  # lines passed on after a seal stopped recording the stage
+        self.bytes_read = self.reads = 0  # of the stage's pipes
 
     @property
     def done(self) -> bool:
@@ -109,8 +112,9 @@ class _Stage:
             b.close()
         self.files = []
 
-    def read_pipe(self, fd: int) -> bool:
-        """Pass on and record what the pipe holds; False once every holder closed it (then it is closed here)."""
+    def read_pipe(self, fd: int) -> int:
+        """Pass on and record what the pipe holds: the bytes read; 0 once every holder closed it (then it is closed
+        here)."""
         p, b = self.pipes[fd]
         try:
             data = os.read(fd, CHUNK)
@@ -123,8 +127,10 @@ class _Stage:
                 os.close(p.out_fd)
             if self.recording:
                 b.close()
-            return False
+            return 0
         self.last_data = time.monotonic()
+        self.bytes_read += len(data)
+        self.reads += 1
         if p.out_fd is not None:
             try:
                 view = memoryview(data)
@@ -149,7 +155,7 @@ class _Stage:
                     part = strip_control(part)
                 if part:
                     b.feed(part)
-        return True
+        return len(data)
 
     def _yield_claimed(self) -> None:
         """Stop following a file that a later stage of the boot follows now (flightrec.producer.claims).
@@ -281,14 +287,20 @@ class _Late:
     def run(self) -> None:
         try:
             while True:
+                largest = -1  # the largest read of this round (-1: none)
                 for fd, _ev in self.poller.poll(POLL_S * 1000):
                     if fd == self.listener.fileno():
                         self._accept_all()
-                    elif fd in self.by_fd and not self.by_fd[fd].read_pipe(fd):
-                        self.poller.unregister(fd)
-                        del self.by_fd[fd]
-                        if self.keeper is not None:
-                            self.keeper.release(fd)
+                    elif fd in self.by_fd:
+                        got = self.by_fd[fd].read_pipe(fd)
+                        largest = max(largest, got)
+                        if not got:
+                            self.poller.unregister(fd)
+                            del self.by_fd[fd]
+                            if self.keeper is not None:
+                                self.keeper.release(fd)
+                if 0 < largest < GATHER_BELOW:
+                    time.sleep(GATHER_S)  # the leftovers' next lines gather in their pipes meanwhile
                 now = time.monotonic()
                 alive = None
                 sealing = any(st.request_seen is not None for st in self.stages)
@@ -301,6 +313,13 @@ class _Late:
                 for st in [st for st in self.stages if st.done]:
                     st.stop_recording()
                     self.stages.remove(st)
+                    log.info(
+                        "stage %s (boot %s): %d bytes read in %d reads",
+                        st.h.stage,
+                        st.h.boot_id,
+                        st.bytes_read,
+                        st.reads,
+                    )
                     if st.unrecorded_lines:
                         log.warning(
                             "stage %s (boot %s): %d lines passed on after the seal were not recorded",

@@ -28,7 +28,7 @@ from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.heartbeat import heartbeat
-from flightrec.producer.handoff import HandedFile, HandedPipe, Handoff, hand_off
+from flightrec.producer.handoff import GATHER_BELOW, GATHER_S, HandedFile, HandedPipe, Handoff, hand_off
 from flightrec.producer.tokens import TOKEN_ENV, stage_alive, writers
 from flightrec.producer.term import (
     FORWARDED,
@@ -47,13 +47,6 @@ log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
-# A command that writes each line with a write of its own (a flush per line: stderr, print(flush=True), most
-# loggers) would be read a line at a time, at ~10 us of the agent's CPU a line where a block costs ~0.7 us. After a
-# read of less than GATHER_BELOW bytes the pump waits GATHER_S before it reads again: the lines gather in the pipe
-# (1 MiB: ~10 ms of the fastest writer) and are read, passed through and stamped together, at most GATHER_S late.
-# Output that comes now and then is read at once (only what comes within GATHER_S of a read waits).
-GATHER_S = 0.002
-GATHER_BELOW = 64 * 1024
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 0.2  # after CMD exits with nothing of the stage left running, the files were read to their end
 PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them

@@ -228,7 +228,8 @@ def test_a_command_writing_line_by_line_is_read_many_lines_at_a_time(tmp_path: P
     import subprocess
     import sys
 
-    from flightrec.producer.run import GATHER_S, _Pump
+    from flightrec.producer.handoff import GATHER_S
+    from flightrec.producer.run import _Pump
 
     n = 5000
     writer = subprocess.Popen(
@@ -268,3 +269,42 @@ def _read_all(fd: int) -> bytes:
         out.append(chunk)
     os.close(fd)
     return b"".join(out)
+
+
+def test_a_daemon_writing_line_by_line_after_its_stage_is_read_many_lines_at_a_time(spool_env, tmp_path: Path) -> None:
+    # the late-output process read a leftover's pipe a line at a time, as the pump did (a daemon started by a stage
+    # logs for hours after it)
+    import re
+    import subprocess
+    import sys
+
+    from flightrec.producer.handoff import GATHER_S
+
+    n = 5000
+    writer = tmp_path / "writer.py"
+    writer.write_text("import time; time.sleep(1.0)\n" + PER_LINE_WRITER)  # after the stage, once handed off
+    stage = f'"{sys.executable}" "{writer}" {n} 50e-6 & echo started; exit 0'
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        r = subprocess.run(
+            spool_env.argv("run", "--stage", "s", "--", "sh", "-c", stage), env=spool_env.env(), stdout=o, stderr=e
+        )
+    assert r.returncode == 0
+    deadline = time.monotonic() + 30
+    reads = None
+    while reads is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        for log in spool_env.spool.rglob("late.log*"):
+            m = re.search(r"stage s \(boot \S+\): (\d+) bytes read in (\d+) reads", log.read_text(errors="replace"))
+            if m:
+                reads = int(m[2])
+    want = b"".join(b"%07d worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5\n" % i for i in range(n))
+    assert out.read_bytes() == b"started\n" + want  # passed on byte for byte
+    assert reads is not None, "the late-output process said nothing of the stage's end"
+    took = float(err.read_text().split()[-1])
+    most = max(n // 10, int(took / GATHER_S) + 10)
+    assert reads <= most, f"{reads} reads for {n} lines written one at a time in {took:.2f}s"
+    lines = [
+        t for ev in spool_env.events() if ev.name == "flightrec.v1.LogBatch" and ev.source == "stdout" for t in ev.text
+    ]
+    assert lines == ["started"] + want.decode().splitlines()
