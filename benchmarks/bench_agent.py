@@ -275,6 +275,7 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     agent_child: list[ChildTime] = []
     busy_file: list[ChildTime] = []
     busy_agent: list[ChildTime] = []
+    cat_child: list[ChildTime] = []  # piped into `cat > /dev/null`: the least any reader of a pipe costs it
     kcat, agent_total, rss = [], [], []
     instances = []
     for r in range(RUNS):
@@ -283,6 +284,13 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
             t = time.perf_counter()
             p = subprocess.run([py, "-c", CHILD], stdout=f, stderr=subprocess.PIPE, check=True)
             to_file.append((time.perf_counter() - t, child_seconds(p.stderr)))
+        # baseline 1b: piped into `cat > /dev/null`, a write per line into a pipe whose reader does nothing
+        child = subprocess.Popen([py, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert child.stdout is not None and child.stderr is not None
+        sink = subprocess.Popen(["sh", "-c", "cat > /dev/null"], stdin=child.stdout)
+        child.stdout.close()
+        cat_child.append(child_seconds(child.stderr.read()))
+        assert child.wait() == 0 and sink.wait() == 0
         # baseline 2: the same child piped into kcat (librdkafka), acks=all + idempotence, same broker
         t = time.perf_counter()
         child = subprocess.Popen([py, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -419,7 +427,9 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     )
     print(
         f"for reference, the child's own time when piped into kcat: {med(c.wall for c in kcat_child):.2f}s "
-        f"(+{(med(c.wall for c in kcat_child) / f_child - 1) * 100:.1f}% over a file)"
+        f"(+{(med(c.wall for c in kcat_child) / f_child - 1) * 100:.1f}% over a file); into `cat > /dev/null`, the "
+        f"least any reader of a pipe costs it: {med(c.wall for c in cat_child):.2f}s "
+        f"(+{(med(c.wall for c in cat_child) / f_child - 1) * 100:.1f}%)"
     )
     print(
         "  where the child's own time goes: to a file "
@@ -428,6 +438,8 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
         + child_summary(agent_child)
         + "; into kcat "
         + child_summary(kcat_child)
+        + "; into cat "
+        + child_summary(cat_child)
     )
     b_file, b_agent = med(c.wall for c in busy_file), med(c.wall for c in busy_agent)
     print(
