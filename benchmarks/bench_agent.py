@@ -23,6 +23,13 @@ from flightrec.schemas import MAGIC, decode_record
 from flightrec.settings import TOPIC_LOGS, Settings
 
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
+
+
+def agent_run(instance: str, stage: str, *cmd: str) -> list[str]:
+    """`flightrec agent run` of ``cmd`` as one stage of ``instance``, with no facts gathered."""
+    return [FLIGHTREC, "agent", "run", "--instance", instance, "--stage", stage, "--no-facts", "--", *cmd]
+
+
 LINES = 1_000_000
 RUNS = 3
 CAP_RUNS = 5  # capacity pairs (kcat, then the agent): the load of a shared machine varies from run to run
@@ -236,18 +243,7 @@ def compile_as_installed(env: dict[str, str]) -> None:
     of an agent's start). One run of the agent with bytecode writing on writes what it imports."""
     warm = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run(
-        [
-            FLIGHTREC,
-            "agent",
-            "run",
-            "--instance",
-            f"bench-warm-{uuid.uuid4()}",
-            "--stage",
-            "s",
-            "--no-facts",
-            "--",
-            "true",
-        ],
+        agent_run(f"bench-warm-{uuid.uuid4()}", "s", "true"),
         env=warm,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -322,20 +318,7 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
         with open(tmp / "out.txt", "wb") as f:
             t = time.perf_counter()
             p = subprocess.Popen(
-                [
-                    FLIGHTREC,
-                    "agent",
-                    "run",
-                    "--instance",
-                    inst,
-                    "--stage",
-                    "bench",
-                    "--no-facts",
-                    "--",
-                    py,
-                    "-c",
-                    CHILD,
-                ],
+                agent_run(inst, "bench", py, "-c", CHILD),
                 stdout=f,
                 stderr=subprocess.PIPE,
                 env=env,
@@ -353,8 +336,7 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
             p = subprocess.run([py, "-c", CHILD_BUSY], stdout=f, stderr=subprocess.PIPE, check=True)
             busy_file.append(child_seconds(p.stderr))
             p = subprocess.run(
-                [FLIGHTREC, "agent", "run", "--instance", f"bench-busy-{uuid.uuid4()}", "--stage", "busy"]
-                + ["--no-facts", "--", py, "-c", CHILD_BUSY],
+                agent_run(f"bench-busy-{uuid.uuid4()}", "busy", py, "-c", CHILD_BUSY),
                 stdout=f,
                 stderr=subprocess.PIPE,
                 env=env,
@@ -381,22 +363,7 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     time.sleep(1.0)
     n_lat = 10_000
     subprocess.run(
-        [
-            FLIGHTREC,
-            "agent",
-            "run",
-            "--instance",
-            inst,
-            "--stage",
-            "lat",
-            "--no-facts",
-            "--",
-            py,
-            "-c",
-            PACED,
-            str(n_lat),
-            "1000",
-        ],
+        agent_run(inst, "lat", py, "-c", PACED, str(n_lat), "1000"),
         stdout=subprocess.DEVNULL,
         env=env,
         check=True,
@@ -556,19 +523,7 @@ def pipeline_capacity(
             if label.startswith("floor "):
                 cmd = [sys.executable, FLOOR, label.split()[1], str(data), SCRATCH, inst]
             else:
-                cmd = [
-                    FLIGHTREC,
-                    "agent",
-                    "run",
-                    "--instance",
-                    inst,
-                    "--stage",
-                    "cat",
-                    "--no-facts",
-                    "--",
-                    "cat",
-                    str(data),
-                ]
+                cmd = agent_run(inst, "cat", "cat", str(data))
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
             p = subprocess.run(
