@@ -70,7 +70,7 @@ async def _events(mode: str, path: str, topic: str, key: bytes, producer: AIOKaf
 
     level = MODES.index(mode)
     piped, scrubbed, durable = level >= 2, level >= 3, level >= 4
-    redactor = Redactor(shapes=builtin_shapes())
+    redactor = Redactor(shapes=builtin_shapes()) if scrubbed else None  # built only where used: a floor does no more
     child = subprocess.Popen(["cat", path], stdout=subprocess.PIPE) if piped else None
     if child is not None and child.stdout is not None:
         src = child.stdout.fileno()
@@ -78,9 +78,9 @@ async def _events(mode: str, path: str, topic: str, key: bytes, producer: AIOKaf
     else:
         src = os.open(path, os.O_RDONLY)
     spool_dir = os.environ.get("FLIGHTREC_SPOOL") or None  # the agent's spool's disk
-    if spool_dir:
+    if durable and spool_dir:
         os.makedirs(spool_dir, exist_ok=True)
-    spool = tempfile.NamedTemporaryFile(prefix="floor-spool-", dir=spool_dir)
+    spool = tempfile.NamedTemporaryFile(prefix="floor-spool-", dir=spool_dir) if durable else None
     loop = asyncio.get_running_loop()
     syncing: asyncio.Future | None = None
     inst, boot = key.decode(), str(uuid.uuid4())
@@ -117,7 +117,7 @@ async def _events(mode: str, path: str, topic: str, key: bytes, producer: AIOKaf
             invalid_utf8=[False] * n,
         )
         value = encode_fast(ev, encoded)
-        if durable:  # written, then produced once fdatasync'd; the sync runs while the next batch is read
+        if spool is not None:  # durable: written, produced once fdatasync'd (synced while the next batch is read)
             spool.write(len(value).to_bytes(4, "little") + zlib.crc32(value).to_bytes(4, "little") + value)
             spool.flush()
             await settle()
@@ -132,7 +132,7 @@ async def _events(mode: str, path: str, topic: str, key: bytes, producer: AIOKaf
             view = memoryview(data)
             while view:
                 view = view[os.write(1, view) :]
-        if scrubbed:
+        if redactor is not None:
             redactor.may_need(rest, data)  # no line here needs masking: the answer is the fast path's cost
         data = rest + data
         cut = data.rfind(b"\n") + 1
@@ -153,7 +153,8 @@ async def _events(mode: str, path: str, topic: str, key: bytes, producer: AIOKaf
         child.wait()
     else:
         os.close(src)
-    spool.close()
+    if spool is not None:
+        spool.close()
     return pending
 
 
