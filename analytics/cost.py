@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-
-from flightrec.db.views import prelude_for
 from flightrec.db.query import run_query
+from flightrec.db.views import prelude_for
 
 
 def _q(db: str | Path, sql: str) -> pa.Table:

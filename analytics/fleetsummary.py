@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-
 from flightrec.db.query import run_query
 from flightrec.db.views import VIEWS
 

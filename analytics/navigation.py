@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import streamlit as st
-
 from flightrec.analytics.ui import db_path, time_range_picker
 from flightrec.db.lake import mask_password
 

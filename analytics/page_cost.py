@@ -1,14 +1,14 @@
-"""Cost page: what failures cost (hours and dollars paid before each), by class, GPU model and host, and what to avoid."""
+"""Cost page: what failures cost (hours and dollars paid before each), by class, GPU model and host, and what to
+avoid."""
 
 from __future__ import annotations
 
 import altair as alt
 import streamlit as st
-
 from flightrec.analytics import cost
+from flightrec.analytics.ui import fetch, page_link_url, table_height
 from flightrec.db.avoid import AVOID_RATE, MIN_INSTANCES
 from flightrec.db.money import AVOID_TOP
-from flightrec.analytics.ui import fetch, page_link_url, table_height
 
 MONEY = st.column_config.NumberColumn(format="$%.2f")
 RATE = st.column_config.NumberColumn("failure rate", format="percent")

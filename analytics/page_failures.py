@@ -6,7 +6,6 @@ from typing import Any
 
 import altair as alt
 import streamlit as st
-
 from flightrec.analytics import queries
 from flightrec.analytics.ui import (
     HINT_CHARS,
@@ -17,10 +16,10 @@ from flightrec.analytics.ui import (
     fetch,
     fmt_num,
     md,
-    rows_height,
     page_link_url,
     query_param,
     remember_in_url,
+    rows_height,
     short_source,
     since_us,
     table_height,
@@ -180,7 +179,7 @@ def drill_down(failure_id: str) -> None:
     files = [ft["path"] for ft in f["file_tails"] or [] if short_source(ft["path"]) != ft["path"]]
     if files:
         st.caption("Files: " + " · ".join(f"{md(short_source(p))} = {md(p)}" for p in files))
-    for col, (title, lines) in zip(st.columns(len(tails)), tails):
+    for col, (title, lines) in zip(st.columns(len(tails)), tails, strict=True):
         with col:
             tail_block(title, lines, f["matched_line"])
     if f.get("last_lines"):  # kept in the failures row by the materializer: no scan of the log lines

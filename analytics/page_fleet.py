@@ -7,7 +7,6 @@ from typing import Any
 import altair as alt
 import pyarrow as pa
 import streamlit as st
-
 from flightrec.analytics import queries
 from flightrec.analytics.ui import REFRESH_S, fetch, md, rows_height, since_us, table_height
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import altair as alt
 import streamlit as st
-
 from flightrec.analytics import queries
-from flightrec.db.status import CLOCK_SKEW_BOUND_S
 from flightrec.analytics.ui import (
     HINT_CHARS,
     REFRESH_S,
     fetch,
-    rows_height,
     fmt_num,
     fmt_offset,
     md,
@@ -19,10 +16,12 @@ from flightrec.analytics.ui import (
     md_money,
     query_param,
     remember_in_url,
+    rows_height,
     short_source,
     since_us,
     table_height,
 )
+from flightrec.db.status import CLOCK_SKEW_BOUND_S
 
 TAIL_ROWS = 200  # lines the live tail shows, newest first
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import streamlit as st
-
 from flightrec.analytics import queries
 from flightrec.analytics.ui import db_path, fetch
+
 from flightrec.errors import FlightrecError
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 import streamlit as st
-
 from flightrec.analytics import queries
 from flightrec.analytics.ui import bucket_unit, fetch, page_link_url, rows_height, since_us, table_height
 

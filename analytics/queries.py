@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from flightrec.analytics.fleetsummary import (  # noqa: F401 - the pages' names
     FLEET_COUNTS,
     fleet_counts,
     fleet_filter_options,
     fleet_summary,
 )
-from flightrec.db.views import ALL_VIEWS, VIEWS, prelude_for, ts
 from flightrec.db.query import run_query
+from flightrec.db.views import ALL_VIEWS, VIEWS, prelude_for, ts
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,8 @@ def failures_by_gpu(
     return q(
         db,
         """
-        SELECT coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model, coalesce(failure_class, 'unknown') AS failure_class,
+        SELECT coalesce(nullif(gpu_model, ''), 'unknown') AS gpu_model,
+               coalesce(failure_class, 'unknown') AS failure_class,
                count(*) AS failures
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
@@ -428,7 +429,8 @@ def failure_events(db: Db, failure_id: str, limit: int = 20) -> pa.Table:
         WITH f AS (SELECT instance_id, boot_id, stage, ts_us FROM failures WHERE failure_id = $id),
         upto AS (
             SELECT greatest(coalesce((SELECT e.seq FROM events_seen e WHERE e.event_id = $id), -1),
-                            coalesce((SELECT max(l.seq) FROM lifecycle_events l JOIN f USING (instance_id, boot_id, stage)
+                            coalesce((SELECT max(l.seq) FROM lifecycle_events l
+                                      JOIN f USING (instance_id, boot_id, stage)
                                       WHERE l.kind = 'lifecycle' AND l.state = 'failed'), -1)) AS seq)
         SELECT * FROM (
             SELECT make_timestamp(l.ts_us) AS at, l.stage, l.state, l.detail, l.seq
@@ -552,7 +554,8 @@ def catalog(db: Db) -> pa.Table:
                 WHERE c.table_name = t.table_name AND c.table_schema = t.table_schema) AS columns
         FROM information_schema.tables t
         WHERE table_schema IN ('main', 'temp')
-          AND table_catalog <> 'memory'  -- a lake reader's own copy of the lake (flightrec.db.lakecopy): its names again
+          -- a lake reader's own copy of the lake (flightrec.db.lakecopy): its names again
+          AND table_catalog <> 'memory'
         ORDER BY kind, name""",
         prelude=ALL_VIEWS,
     )

@@ -8,14 +8,15 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 import streamlit as st
+from flightrec.db.lake import mask_password
 
 from flightrec.errors import FlightrecError
-from flightrec.db.lake import mask_password
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,7 @@ floor, not an agent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -28,11 +29,12 @@ import tempfile
 import time
 import uuid
 import zlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
-
 from flightrec.producer.deliver import producer_kwargs
+
 from flightrec.settings import Settings
 
 READ = 1 << 20
@@ -80,82 +82,83 @@ async def _events(mode: str, path: str, topic: str, key: bytes, producer: AIOKaf
     spool_dir = os.environ.get("FLIGHTREC_SPOOL") or None  # the agent's spool's disk
     if durable and spool_dir:
         os.makedirs(spool_dir, exist_ok=True)
-    spool = tempfile.NamedTemporaryFile(prefix="floor-spool-", dir=spool_dir) if durable else None
-    loop = asyncio.get_running_loop()
-    syncing: asyncio.Future | None = None
-    inst, boot = key.decode(), str(uuid.uuid4())
-    pending, rest, texts, encoded, seq, line_no = [], b"", [], [], 0, 0
-    size = 0
-    unsynced: list[bytes] = []
+    with contextlib.ExitStack() as stack:
+        spool = None
+        if durable:  # a file deleted once closed
+            spool = stack.enter_context(tempfile.NamedTemporaryFile(prefix="floor-spool-", dir=spool_dir))
+        loop = asyncio.get_running_loop()
+        syncing: asyncio.Future | None = None
+        inst, boot = key.decode(), str(uuid.uuid4())
+        pending, rest, texts, encoded, seq, line_no = [], b"", [], [], 0, 0
+        size = 0
+        unsynced: list[bytes] = []
 
-    async def settle() -> None:
-        nonlocal syncing
-        if syncing is not None:
-            await syncing
-            syncing = None
-        for value in unsynced:
-            pending.append(await producer.send(topic, value, key=key))
-        unsynced.clear()
+        async def settle() -> None:
+            nonlocal syncing
+            if syncing is not None:
+                await syncing
+                syncing = None
+            for value in unsynced:
+                pending.append(await producer.send(topic, value, key=key))
+            unsynced.clear()
 
-    async def flush() -> None:
-        nonlocal texts, encoded, seq, line_no, size, syncing
-        n = len(encoded)
-        ts = time.time_ns() // 1000
-        ev = LogBatch(
-            event_id=str(uuid.uuid4()),
-            instance_id=inst,
-            boot_id=boot,
-            seq=seq,
-            ts_us=ts,
-            stage="cat",
-            source="stdout",
-            pid=0,
-            line_no=range(line_no, line_no + n),
-            line_ts_us=[ts] * n,
-            text=texts,
-            truncated=[False] * n,
-            invalid_utf8=[False] * n,
-        )
-        value = encode_fast(ev, encoded)
-        if spool is not None:  # durable: written, produced once fdatasync'd (synced while the next batch is read)
-            spool.write(len(value).to_bytes(4, "little") + zlib.crc32(value).to_bytes(4, "little") + value)
-            spool.flush()
-            await settle()
-            unsynced.append(value)
-            syncing = loop.run_in_executor(None, os.fdatasync, spool.fileno())
+        async def flush() -> None:
+            nonlocal texts, encoded, seq, line_no, size, syncing
+            n = len(encoded)
+            ts = time.time_ns() // 1000
+            ev = LogBatch(
+                event_id=str(uuid.uuid4()),
+                instance_id=inst,
+                boot_id=boot,
+                seq=seq,
+                ts_us=ts,
+                stage="cat",
+                source="stdout",
+                pid=0,
+                line_no=range(line_no, line_no + n),
+                line_ts_us=[ts] * n,
+                text=texts,
+                truncated=[False] * n,
+                invalid_utf8=[False] * n,
+            )
+            value = encode_fast(ev, encoded)
+            if spool is not None:  # durable: written, produced once fdatasync'd (synced while the next batch is read)
+                spool.write(len(value).to_bytes(4, "little") + zlib.crc32(value).to_bytes(4, "little") + value)
+                spool.flush()
+                await settle()
+                unsynced.append(value)
+                syncing = loop.run_in_executor(None, os.fdatasync, spool.fileno())
+            else:
+                pending.append(await producer.send(topic, value, key=key))
+            seq, line_no, texts, encoded, size = seq + 1, line_no + n, [], [], 0
+
+        while data := os.read(src, READ):
+            if piped:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(1, view) :]
+            if redactor is not None:
+                redactor.may_need(rest, data)  # no line here needs masking: the answer is the fast path's cost
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            rest, start = data[cut:], 0
+            while start < cut:  # the read's lines in batches of at most BATCH_BYTES
+                end = data.rfind(b"\n", start, start + BATCH_BYTES - size) + 1 or cut
+                block = data[start:end]
+                encoded.extend(block.split(b"\n")[:-1])
+                texts.extend(block.decode().split("\n")[:-1])
+                size += end - start
+                start = end
+                if size >= BATCH_BYTES // 2:
+                    await flush()
+        if encoded:
+            await flush()
+        await settle()
+        if child is not None:
+            child.wait()
         else:
-            pending.append(await producer.send(topic, value, key=key))
-        seq, line_no, texts, encoded, size = seq + 1, line_no + n, [], [], 0
-
-    while data := os.read(src, READ):
-        if piped:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(1, view) :]
-        if redactor is not None:
-            redactor.may_need(rest, data)  # no line here needs masking: the answer is the fast path's cost
-        data = rest + data
-        cut = data.rfind(b"\n") + 1
-        rest, start = data[cut:], 0
-        while start < cut:  # the read's lines in batches of at most BATCH_BYTES
-            end = data.rfind(b"\n", start, start + BATCH_BYTES - size) + 1 or cut
-            block = data[start:end]
-            encoded.extend(block.split(b"\n")[:-1])
-            texts.extend(block.decode().split("\n")[:-1])
-            size += end - start
-            start = end
-            if size >= BATCH_BYTES // 2:
-                await flush()
-    if encoded:
-        await flush()
-    await settle()
-    if child is not None:
-        child.wait()
-    else:
-        os.close(src)
-    if spool is not None:
-        spool.close()
-    return pending
+            os.close(src)
+        return pending
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
 from flightrec.schemas import MAGIC, decode_record
+
 from flightrec.settings import TOPIC_LOGS, Settings
 
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
@@ -412,7 +413,8 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     print(
         f"a child computing between its lines ({BUSY_LINES:,} lines, ~{b_file / BUSY_LINES * 1e6:.0f} us a line): its "
         f"own time under the agent {b_agent:.2f}s vs to a file {b_file:.2f}s: {(b_agent / b_file - 1) * 100:+.1f}% "
-        f"(#32: <= 5%; pairs' median {(med(a.wall / f.wall for a, f in zip(busy_agent, busy_file)) - 1) * 100:+.1f}%); "
+        f"(#32: <= 5%; pairs' median "
+        f"{(med(a.wall / f.wall for a, f in zip(busy_agent, busy_file, strict=True)) - 1) * 100:+.1f}%); "
         f"under the agent {child_summary(busy_agent)}"
     )
     print(
@@ -436,13 +438,13 @@ def report_capacity(kc: list[float], agents: Runs) -> None:
         f"agent run -- cat FILE {med(wall):.2f}s = {med(wall) / med(kc):.2f}x kcat's time "
         f"(goal <= 1.5x; #32: <= 1.25x; runs: kcat {', '.join(f'{x:.2f}' for x in kc)}; "
         f"agent {', '.join(f'{x:.2f}' for x in wall)}; median of the pairs' ratios "
-        f"{med(a / k for a, k in zip(wall, kc)):.2f}x); agent CPU (user+sys) median {med(cpu):.2f}s"
+        f"{med(a / k for a, k in zip(wall, kc, strict=True)):.2f}x); agent CPU (user+sys) median {med(cpu):.2f}s"
     )
     nw, nc = [w for w, _ in agents[NULL_SINK]], [c for _, c in agents[NULL_SINK]]
     print(
         f"  the agent's own pipeline, no Kafka ({NULL_SINK}: read, pass through, split, scrub, encode, spool): wall "
         f"median {med(nw):.2f}s = {med(nw) / med(kc):.2f}x kcat (pairs' ratios median "
-        f"{med(a / k for a, k in zip(nw, kc)):.2f}x), CPU {med(nc):.2f}s; delivery to Kafka adds "
+        f"{med(a / k for a, k in zip(nw, kc, strict=True)):.2f}x), CPU {med(nc):.2f}s; delivery to Kafka adds "
         f"{med(wall) - med(nw):+.2f}s wall, {med(cpu) - med(nc):+.2f}s CPU (medians)"
     )
     floors = {label: runs for label, runs in agents.items() if label.startswith("floor ")}
@@ -459,7 +461,7 @@ def report_capacity(kc: list[float], agents: Runs) -> None:
         fw = [w for w, _ in floors[f"floor {FLOORS[-1]}"]]
         print(
             f"  the agent / its floor with every guarantee ({FLOORS[-1]}): {med(wall) / med(fw):.2f}x "
-            f"(pairs' ratios median {med(a / f for a, f in zip(wall, fw)):.2f}x)"
+            f"(pairs' ratios median {med(a / f for a, f in zip(wall, fw, strict=True)):.2f}x)"
         )
     for label, runs in agents.items():
         if label in ("agent", NULL_SINK) or label in floors:
@@ -467,10 +469,11 @@ def report_capacity(kc: list[float], agents: Runs) -> None:
         w, c = [x for x, _ in runs], [y for _, y in runs]
         print(
             f"  variant {label!r}: wall median {med(w):.2f}s = {med(w) / med(kc):.2f}x kcat "
-            f"(pairs' ratios median {med(a / k for a, k in zip(w, kc)):.2f}x; runs {', '.join(f'{x:.2f}' for x in w)}), "
+            f"(pairs' ratios median {med(a / k for a, k in zip(w, kc, strict=True)):.2f}x; "
+            f"runs {', '.join(f'{x:.2f}' for x in w)}), "
             f"CPU median {med(c):.2f}s (runs {', '.join(f'{x:.2f}' for x in c)}); the plain agent: wall "
             f"{med(wall):.2f}s, CPU {med(cpu):.2f}s (runs {', '.join(f'{x:.2f}' for x in cpu)}); "
-            f"plain / variant CPU, median of the pairs: {med(a / b for a, b in zip(cpu, c)):.2f}"
+            f"plain / variant CPU, median of the pairs: {med(a / b for a, b in zip(cpu, c, strict=True)):.2f}"
         )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
+
 from flightrec.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,12 +26,12 @@ import tempfile
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import duckdb
-
 from flightrec.db import migrate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,8 @@ SELECT instance_id, 'boot-' || i AS boot_id, instance_id || '-log-' || (line_no 
             WHEN line_no % 7 = 0 THEN 'stderr' ELSE 'stdout' END AS source,
        4242 AS pid, line_no, t0 + line_no * 1000000 AS ts_us,
        CASE WHEN failed AND c = 0 AND line_no = 597 THEN '{NO_KERNEL}'
-            ELSE 'proof ' || line_no || ' done in ' || (hash(n) % 997) || ' ms, root ' || lpad(CAST(hash(n) % 65536 AS VARCHAR), 5, '0')
+            ELSE 'proof ' || line_no || ' done in ' || (hash(n) % 997) || ' ms, root '
+                 || lpad(CAST(hash(n) % 65536 AS VARCHAR), 5, '0')
        END AS text,
        false AS truncated, false AS invalid_utf8
 FROM (SELECT n, n % {INSTANCES} AS i, n // {INSTANCES} AS line_no FROM range({LINES}) r(n)) g
@@ -217,11 +218,10 @@ def measure_pages(db: str, runs: int, failed: tuple[str, str]) -> dict[str, tupl
     process's reader dropped (the first page a new dashboard shows); refresh is the same page rendered again once its
     cached results are older than the refresh period (REFRESH_S), as the running page does by itself."""
     import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
     from flightrec.analytics import ENTRY_SCRIPT
     from flightrec.analytics.ui import REFRESH_S
     from flightrec.db import lake as lakes
+    from streamlit.testing.v1 import AppTest
 
     os.environ["FLIGHTREC_DB"] = db
 
@@ -282,12 +282,12 @@ def main() -> int:
     warnings.simplefilter("ignore")
     file_db = build_db()
     import streamlit as st  # noqa: F401 (before AppTest: Streamlit's own start-up is not a page's)
-    from streamlit.testing.v1 import AppTest
-
     from flightrec.analytics import queries
+    from flightrec.broker.local import free_port
     from flightrec.catalog import LocalCatalog
     from flightrec.db.query import run_query
-    from flightrec.broker.local import free_port
+    from streamlit.testing.v1 import AppTest
+
     from flightrec.settings import Settings
 
     con = duckdb.connect(str(file_db), read_only=True)

@@ -25,12 +25,14 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
 
+import contextlib
+
 from bench_lake_capacity import CLK_TCK, catalog_cpu_s
 from bench_materialize import BATCH, FAIL_EVERY, env_for, flightrec_cmd, pct, probe_latency, produce_backlog
-
-from flightrec.db import lake as lakes
 from flightrec.broker import LocalBroker
 from flightrec.catalog import LocalCatalog
+from flightrec.db import lake as lakes
+
 from flightrec.localservice import free_port
 from flightrec.settings import Settings
 
@@ -84,10 +86,8 @@ def proc_cpu_s(pid: int | None) -> float:
 def renice_all_threads(pid: int | None, niceness: int) -> None:
     """Set the niceness of every thread of ``pid`` (Linux nices threads, and the JVM's work runs in its own)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
+        with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
-        except OSError:
-            pass
 
 
 def _pinned(cores: set[int] | None):  # noqa: ANN202 - a preexec_fn
@@ -112,34 +112,35 @@ def lake_run(
     cat0, broker0 = catalog_cpu_s(pm), proc_cpu_s(bpid)
     t0 = time.perf_counter()
     procs = []
-    for k in range(members):
-        err = tempfile.TemporaryFile(dir=work)
-        procs.append(
-            (
-                subprocess.Popen(
-                    flightrec_cmd(
-                        "materialize", "--db", db, "--data-path", str(data), "--group", group, "--until-idle", "3"
+    with contextlib.ExitStack() as stack:  # the members' stderr, read once each has exited
+        for k in range(members):
+            err = stack.enter_context(tempfile.TemporaryFile(dir=work))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        flightrec_cmd(
+                            "materialize", "--db", db, "--data-path", str(data), "--group", group, "--until-idle", "3"
+                        ),
+                        env=env_for(bootstrap),
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        preexec_fn=_pinned(pins[k] if pins else None),
                     ),
-                    env=env_for(bootstrap),
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                    preexec_fn=_pinned(pins[k] if pins else None),
-                ),
-                err,
+                    err,
+                )
             )
-        )
-    conflicts, member_cpu, rss = 0, 0.0, 0.0
-    for p, err in procs:
-        _, status, usage = os.wait4(p.pid, 0)  # its own CPU: rusage of this child
-        p.returncode = os.waitstatus_to_exitcode(status)
-        member_cpu += usage.ru_utime + usage.ru_stime
-        rss = max(rss, usage.ru_maxrss / 1024)
-        err.seek(0)
-        text = err.read().decode(errors="replace")
-        err.close()
-        if p.returncode != 0:
-            raise SystemExit(f"a lake member failed:\n{text[-3000:]}")
-        conflicts += int(text.rsplit("conflicts_retried=", 1)[1].split()[0]) if "conflicts_retried=" in text else 0
+        conflicts, member_cpu, rss = 0, 0.0, 0.0
+        for p, err in procs:
+            _, status, usage = os.wait4(p.pid, 0)  # its own CPU: rusage of this child
+            p.returncode = os.waitstatus_to_exitcode(status)
+            member_cpu += usage.ru_utime + usage.ru_stime
+            rss = max(rss, usage.ru_maxrss / 1024)
+            err.seek(0)
+            text = err.read().decode(errors="replace")
+            err.close()
+            if p.returncode != 0:
+                raise SystemExit(f"a lake member failed:\n{text[-3000:]}")
+            conflicts += int(text.rsplit("conflicts_retried=", 1)[1].split()[0]) if "conflicts_retried=" in text else 0
     wall = time.perf_counter() - t0
     catalog_cpu, broker_cpu = catalog_cpu_s(pm) - cat0, proc_cpu_s(bpid) - broker0
     con = lakes.connect(lakes.parse_db(db, str(data)))

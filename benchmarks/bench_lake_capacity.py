@@ -9,9 +9,10 @@ commits/s; where the catalog and the cores stop keeping up, commits fall behind 
 (due -> done) grows. ``--window 0``: closed loop, each member back to back (the most it can do).
 
 Per N it prints: commits/s offered and done, lines/s (all members), commit time p50/p99, conflicts retried, the
-CPU-seconds per commit of a member and of the catalog, and the catalog's transactions per commit (PostgreSQL's processes, read from /proc; `pg_stat_database`). docs/lake.md
-turns these into instances per catalog. Run:
-    PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_lake_capacity.py [--members 1,2,4,6] [--seconds 20] [--window 0.5]
+CPU-seconds per commit of a member and of the catalog, and the catalog's transactions per commit (PostgreSQL's
+processes, read from /proc; `pg_stat_database`). docs/lake.md turns these into instances per catalog. Run:
+    PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_lake_capacity.py \\
+        [--members 1,2,4,6] [--seconds 20] [--window 0.5]
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
 
 from bench_materialize import batch, pct
-
 from flightrec.catalog import LocalCatalog
 from flightrec.db import lake as lakes
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
-from flightrec.localservice import free_port
 from flightrec.schemas import Lifecycle, encode
+
+from flightrec.localservice import free_port
 from flightrec.settings import Settings
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -265,8 +266,8 @@ def main() -> int:
                 f"{r['catalog_cores']:>13.2f}  {r['xacts_per_commit']:>12.1f}  {r['files_per_commit']:>20.1f}"
             )
         print(
-            "commit time: from when the commit was due (open loop: a commit waits for the member's one before it) to its "
-            "end; catalog: PostgreSQL's processes (/proc), its transactions from pg_stat_database"
+            "commit time: from when the commit was due (open loop: a commit waits for the member's one before it) "
+            "to its end; catalog: PostgreSQL's processes (/proc), its transactions from pg_stat_database"
         )
         return 0
     finally:

@@ -29,12 +29,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
 
 from bench_materialize import BATCH, batch, failing_instance
-
 from flightrec.catalog import LocalCatalog
 from flightrec.db import lake as lakes
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
-from flightrec.localservice import free_port
 from flightrec.schemas import encode
+
+from flightrec.localservice import free_port
 from flightrec.settings import Settings
 
 SHARDS = 6
@@ -189,11 +189,12 @@ def main() -> int:
         again = [start(LakeStore, lakes.parse_db(db, str(data / "lake")), f"again-{i}") for i in range(args.starts)]
         store.claim(range(SHARDS))  # back to the measured member
         for what, runs in (("a new lake", starts), (f"the lake after {args.warm} commits", again)):
-            opens, claims = zip(*runs)
+            opens, claims = zip(*runs, strict=True)
             print(
                 f"start of a member on {what}, median of {len(runs)}: open {statistics.median(opens) * 1000:.0f} ms, "
                 f"claim of {SHARDS} shards {statistics.median(claims) * 1000:.0f} ms "
-                f"(open {', '.join(f'{o * 1000:.0f}' for o in opens)}; claim {', '.join(f'{c * 1000:.0f}' for c in claims)})"
+                f"(open {', '.join(f'{o * 1000:.0f}' for o in opens)}; "
+                f"claim {', '.join(f'{c * 1000:.0f}' for c in claims)})"
             )
         if args.kept_instances:
             kept = catalog.create_database(f"kept_{uuid.uuid4().hex[:6]}")

@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from flightrec.db.serve import QueryServer
 from flightrec.db.filestore import FileStore
 from flightrec.db.query import run_query
+from flightrec.db.serve import QueryServer
 
 QUERIES = {
     "100k rows (3 columns)": "SELECT range AS i, 'line ' || range AS text, range * 0.5 AS x FROM range(100000)",

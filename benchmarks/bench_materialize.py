@@ -1,4 +1,5 @@
-"""Benchmark of the materializer: lines/s vs raw consume+decode, live-read latency, peak RSS, failure-context query time.
+"""Benchmark of the materializer: lines/s vs raw consume+decode, live-read latency, peak RSS, failure-context query
+time.
 
 Starts its own Kafka (LocalBroker, free port, temp data dir) and stops it. Run:
     PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_materialize.py [--lines 5000000]
@@ -21,13 +22,13 @@ import uuid
 from pathlib import Path
 
 import duckdb
-
 from flightrec.broker import LocalBroker
 from flightrec.broker.local import free_port
-from flightrec.errors import FlightrecError
 from flightrec.db.query import run_query
 from flightrec.schemas import FileTail, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, decode_record, encode
 from flightrec.schemas.logcolumns import LogColumns
+
+from flightrec.errors import FlightrecError
 from flightrec.settings import TOPIC_LOGS, Settings
 
 BATCH = 500
@@ -393,7 +394,8 @@ def main() -> int:
         # Grow to the query size with synthetic lines of other instances, then time the question.
         extra = max(0, args.query_lines - mat_lines)
         con.execute(f"""INSERT INTO log_lines SELECT 'synthetic-' || (i // 100000), 'b', 'e-' || (i // 500), i // 500,
-                        'supervisor', 'stdout', 1, i, i, 'proof ' || i || ' done in 41.7s gpu0 util 97%', false, false, false
+                        'supervisor', 'stdout', 1, i, i, 'proof ' || i || ' done in 41.7s gpu0 util 97%',
+                        false, false, false
                         FROM range({extra}) t(i)""")
         # accounted for as a run's lines, or the materializer of failure_context_live takes them for a cut commit's
         # leftovers (lines not counted by any run) and deletes them at its start
@@ -422,10 +424,12 @@ def main() -> int:
         mat_rate = mat_lines / run_s
         raw_rate = raw_lines / t_raw
         print(
-            f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+            f"machine: {os.cpu_count()} cores, "
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
         )
         print(
-            f"raw consume+decode of {TOPIC_LOGS} (baseline): {raw_lines:,} lines in {t_raw:.1f}s = {raw_rate:,.0f} lines/s"
+            f"raw consume+decode of {TOPIC_LOGS} (baseline): {raw_lines:,} lines in {t_raw:.1f}s = "
+            f"{raw_rate:,.0f} lines/s"
         )
         col_rate = col_lines / t_col
         print(
@@ -440,8 +444,8 @@ def main() -> int:
         )
         cpu = usage.ru_utime + usage.ru_stime
         print(
-            f"materializer CPU: {cpu:.1f}s user+sys ({usage.ru_utime:.1f}s user) = {cpu / mat_lines * 1e6:.2f} µs a line "
-            f"over {wall:.1f}s wall ({cpu / wall:.2f} cores busy), start included"
+            f"materializer CPU: {cpu:.1f}s user+sys ({usage.ru_utime:.1f}s user) = {cpu / mat_lines * 1e6:.2f} µs "
+            f"a line over {wall:.1f}s wall ({cpu / wall:.2f} cores busy), start included"
         )
         # What two cores allow: the CPU each pipeline and the broker serving it spend per line, spread over both cores
         # with no moment lost (no fill, no drain, no wait): a floor under the wall time, a ceiling on the rate.
@@ -455,7 +459,8 @@ def main() -> int:
             f"raw (perfect overlap); measured {mat_rate / (cores / per_line):.0%} of that"
         )
         print(
-            f"peak RSS of the materializer with a {sent:,}-line backlog: {usage.ru_maxrss / 1024:.0f} MiB (goal <= 1024)"
+            f"peak RSS of the materializer with a {sent:,}-line backlog: {usage.ru_maxrss / 1024:.0f} MiB "
+            "(goal <= 1024)"
         )
         print(
             f"live-read latency Kafka ack -> visible to run_query, {len(lat)} probes under ~10k lines/s load: "
@@ -463,8 +468,9 @@ def main() -> int:
         )
         print(
             f"exit of a failing stage (ProcessExit acked) -> its failures row visible to run_query, {len(fail_lat)} "
-            f"probes under the same load plus a failing stage every {FAIL_EVERY / 10:g} s: p50 {pct(fail_lat, 0.5):.2f}s "
-            f"p99 {pct(fail_lat, 0.99):.2f}s max {max(fail_lat):.2f}s (goal p99 <= 1 s); the lines meanwhile: "
+            f"probes under the same load plus a failing stage every {FAIL_EVERY / 10:g} s: "
+            f"p50 {pct(fail_lat, 0.5):.2f}s p99 {pct(fail_lat, 0.99):.2f}s max {max(fail_lat):.2f}s (goal p99 <= 1 s); "
+            "the lines meanwhile: "
             f"p50 {pct(lat_f, 0.5):.2f}s p99 {pct(lat_f, 0.99):.2f}s"
         )
         print(

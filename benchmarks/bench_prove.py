@@ -9,10 +9,9 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
-
 from flightrec.cuda import field, ntt
 from flightrec.cuda.backend import CpuProver
 from flightrec.cuda.field import P
@@ -64,8 +63,8 @@ def main() -> None:
         x = rng.integers(0, P, size=1 << log_n, dtype=np.uint64)
         ref = python_ntt([int(v) for v in x], field.root_of_unity(log_n))
         assert [int(v) for v in ntt.ntt(x)] == ref, "NumPy NTT disagrees with the Python reference"
-        t_np = median_s(lambda: ntt.ntt(x), 7)
-        t_py = median_s(lambda: python_ntt([int(v) for v in x], field.root_of_unity(log_n)), 3)
+        t_np = median_s(lambda x=x: ntt.ntt(x), 7)
+        t_py = median_s(lambda x=x, log_n=log_n: python_ntt([int(v) for v in x], field.root_of_unity(log_n)), 3)
         print(
             f"n=2^{log_n}: numpy {t_np * 1e3:8.2f} ms   plain python {t_py * 1e3:8.1f} ms   speed-up x{t_py / t_np:.1f}"
         )
@@ -89,7 +88,7 @@ def main() -> None:
     for k, repeats in ((16, 3), (18, 2)):
         prover = CpuProver(ProofParams(width=8, log_n=k, log_blowup=2))
         prover.prove(0)
-        times = [median_s(lambda s=s: prover.prove(s), 1) for s in range(1, repeats + 1)]
+        times = [median_s(lambda s=s, prover=prover: prover.prove(s), 1) for s in range(1, repeats + 1)]
         med = statistics.median(times)
         print(
             f"k={k}: median {med:.2f} s/proof  ->  {3600 / med:8.1f} proofs/hour  (runs: "

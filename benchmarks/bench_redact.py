@@ -10,11 +10,13 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
+from functools import partial
 
 from flightrec.producer import open_agent
 from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.redact import Redactor
+
 from flightrec.settings import Settings
 
 try:  # absent from the code before secret shapes: then only the configurations without shapes are measured
@@ -168,9 +170,9 @@ def main() -> int:
         for name, (names, env, shapes) in configs.items():
             r = redactor(names, env, shapes)
             slow = may_need_all(r, chunks)
-            t_need = cpu(lambda: may_need_all(r, chunks), args.runs)
-            t_stream = cpu(lambda: stream_all(r, lines), args.runs)
-            t_batch = cpu(lambda: batcher_all(names, env, shapes, chunks), args.runs) if not args.no_batcher else 0.0
+            t_need = cpu(partial(may_need_all, r, chunks), args.runs)
+            t_stream = cpu(partial(stream_all, r, lines), args.runs)
+            t_batch = cpu(partial(batcher_all, names, env, shapes, chunks), args.runs) if not args.no_batcher else 0.0
             print(
                 f"{name:36} {t_need:8.3f} s {t_need / mib * 1e3:6.2f} ms/MiB {slow:4d}/{len(chunks):<5d} "
                 f"{t_stream:8.3f} s {t_stream / mib * 1e3:6.2f}/MiB {t_batch:8.3f} s {t_batch / mib * 1e3:6.2f}/MiB",
@@ -182,8 +184,8 @@ def main() -> int:
             lines = [template.format(i=i) for i in range(args.lines)]
             mib = len("\n".join(lines)) / (1 << 20)
             with_shapes, without = redactor([], {}, None), redactor([], {}, "off")
-            t_with = cpu(lambda: stream_all(with_shapes, lines), args.runs)
-            t_without = cpu(lambda: stream_all(without, lines), args.runs)
+            t_with = cpu(partial(stream_all, with_shapes, lines), args.runs)
+            t_without = cpu(partial(stream_all, without, lines), args.runs)
             print(
                 f"  {template[:44]:46} built-in shapes {t_with / mib * 1e3:6.1f}   none {t_without / mib * 1e3:6.1f}  "
                 f"(first line out: {with_shapes.lines(lines[:1])[0][:48]})",

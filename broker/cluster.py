@@ -9,12 +9,14 @@ import json
 import logging
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from flightrec.broker.local import KAFKA_VERSION, BrokerStatus, LocalBroker
 from flightrec.broker.topics import ensure_topics
+
 from flightrec.errors import BrokerError
 from flightrec.localservice import free_port, port_free
 from flightrec.settings import Settings
@@ -48,7 +50,7 @@ CLUSTER_PROPS = {
 class ClusterNode(LocalBroker):
     """One node of a LocalCluster: LocalBroker's process handling, with the cluster's node id, voters and id."""
 
-    def __init__(self, cluster: "LocalCluster", node_id: int, port: int) -> None:
+    def __init__(self, cluster: LocalCluster, node_id: int, port: int) -> None:
         super().__init__(
             port=port,
             data=cluster.data / f"node-{node_id}",

@@ -19,6 +19,7 @@ from pathlib import Path
 from flightrec.broker.roles import ADMIN, GRANTS, Role, fingerprint, quota_args, user_args
 from flightrec.broker.secure import MECHANISM, SECURITIES, Secure
 from flightrec.broker.topics import answering_cluster, answers_metadata, ensure_topics
+
 from flightrec.errors import BrokerError
 from flightrec.localservice import LOG_TAIL_LINES, free_port, log_tail, pid_alive, port_free  # noqa: F401 - free_port: tests import it from here
 from flightrec.settings import Settings
@@ -217,7 +218,7 @@ class LocalBroker:
         self.secure = Secure(self.data)
 
     @classmethod
-    def on_port(cls, port: int, settings: Settings | None = None) -> "LocalBroker":
+    def on_port(cls, port: int, settings: Settings | None = None) -> LocalBroker:
         """The broker for ``port`` when no ``--data`` is given: the default data folder's, else the one flightrec
         started on that port with its data elsewhere. BrokerError when another process holds the port."""
         default = cls(port=port, settings=settings)
@@ -391,11 +392,10 @@ class LocalBroker:
         if self.security == "sasl_ssl":
             quota_args(self.settings.agent_byte_rate)  # a wrong FLIGHTREC_AGENT_BYTE_RATE is said before anything runs
         pid = self._pid()
-        if pid is not None:
-            if asyncio.run(answers_metadata(self._kafka_kwargs())):
-                self._ensure_topics()
-                self._apply_roles()
-                return self._started(f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})")
+        if pid is not None and asyncio.run(answers_metadata(self._kafka_kwargs())):
+            self._ensure_topics()
+            self._apply_roles()
+            return self._started(f"Kafka already running on {self.bootstrap} (pid {pid}, data {self.data})")
         java = check_java()
         if not port_free(self.port):
             raise BrokerError(f"port {self.port} is in use by another process; choose another with --port")
@@ -524,7 +524,7 @@ class LocalBroker:
         ]
         failed = []
         deadline = time.monotonic() + 120
-        for cmd, proc in zip(cmds, procs):
+        for cmd, proc in zip(cmds, procs, strict=True):
             try:
                 out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -581,7 +581,7 @@ class LocalBroker:
             os.kill(pid, signal.SIGKILL)
             while self._still_running(pid):
                 time.sleep(0.05)
-            how = "killed (did not stop within %.0fs)" % timeout
+            how = f"killed (did not stop within {timeout:.0f}s)"
         self._pid_path.unlink(missing_ok=True)
         return f"Kafka on {self.bootstrap} {how} (data {self.data})"
 

@@ -1,4 +1,5 @@
-"""SASL_SSL for the local broker: a CA and server certificate made on the spot, one SCRAM user per role, client settings."""
+"""SASL_SSL for the local broker: a CA and server certificate made on the spot, one SCRAM user per role, client
+settings."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flightrec.broker.roles import ADMIN, OPERATOR, ROLES, Role
+
 from flightrec.errors import BrokerError
 from flightrec.settings import Settings
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from flightrec.errors import BrokerError
 from flightrec.cluster import LOG_APPEND_TIME, TIMESTAMP_TYPE, connection_cause
+from flightrec.errors import BrokerError
 from flightrec.settings import TOPICS
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ async def answers_metadata(kafka_kwargs: dict[str, Any], timeout: float = 3.0) -
     try:
         await asyncio.wait_for(client.bootstrap(), timeout)
         return bool(client.cluster.brokers())
-    except (KafkaError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, KafkaError, OSError):
         return False
     finally:
         await client.close()
@@ -40,7 +41,7 @@ async def answering_cluster(kafka_kwargs: dict[str, Any], timeout: float = 3.0) 
         await asyncio.wait_for(admin.start(), timeout)
         info = await asyncio.wait_for(admin.describe_cluster(), timeout)
         return str(info.get("cluster_id") or "") or None
-    except (KafkaError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, KafkaError, OSError):
         return None
     finally:
         await admin.close()
@@ -51,7 +52,7 @@ async def _any_port_open(bootstrap: str, timeout: float) -> bool:
         host, _, port = hostport.strip().rpartition(":")
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(host or "localhost", int(port)), timeout)
-        except (OSError, ValueError, asyncio.TimeoutError):
+        except (TimeoutError, OSError, ValueError):
             continue
         writer.close()
         return True

@@ -1,1 +1,2 @@
-"""The materializer: consume the four topics into the database (flightrec.db) exactly once; the destroy gate, alerts, the timeline."""
+"""The materializer: consume the four topics into the database (flightrec.db) exactly once; the destroy gate, alerts,
+the timeline."""

@@ -40,15 +40,15 @@ import queue
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import duckdb
-
-from flightrec.consumers.options import ALERT_KINDS
 import pyarrow as pa
-
 from flightrec.consumers import webhook
+from flightrec.consumers.options import ALERT_KINDS
+
 from flightrec.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -329,7 +329,7 @@ class Alerter:
     def _rows(self, con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
         cur = con.execute(sql)
         names = [d[0] for d in cur.description]
-        return [dict(zip(names, values)) for values in cur.fetchall()]
+        return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
 
     def _refused(self, con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         """The new refused-events rows; none from a database made before dead letters named their instance."""
@@ -367,7 +367,8 @@ class Alerter:
         if rows:  # one Arrow batch, one INSERT (a first start may record thousands of earlier failures)
             unique = {r[0]: r for r in rows}  # one row per alert id within the batch too
             con.register(
-                "_new_alerts", pa.Table.from_pylist([dict(zip(_NEW.names, r)) for r in unique.values()], schema=_NEW)
+                "_new_alerts",
+                pa.Table.from_pylist([dict(zip(_NEW.names, r, strict=True)) for r in unique.values()], schema=_NEW),
             )
             try:
                 con.execute("INSERT INTO alerts BY NAME SELECT * FROM _new_alerts ON CONFLICT DO NOTHING")

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from flightrec.errors import QueryError
 from flightrec.db.location import Location, locate
 from flightrec.db.query import run_query
 from flightrec.db.views import VIEWS
+
+from flightrec.errors import QueryError
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ def _sealing(db: Location, boot_id: str) -> str:
         """SELECT detail, strftime(make_timestamp(ts_us), '%H:%M:%S') AS since FROM lifecycle_events
                             WHERE boot_id = ? AND kind = 'lifecycle' AND state = 'info'
                               AND map_contains(attributes, 'seal_waits_for')
-                              AND NOT EXISTS (SELECT 1 FROM lifecycle_events s WHERE s.boot_id = ? AND s.kind = 'sealed')
+                              AND NOT EXISTS (SELECT 1 FROM lifecycle_events s
+                                              WHERE s.boot_id = ? AND s.kind = 'sealed')
                             ORDER BY seq""",
         [boot_id, boot_id],
     ).to_pylist()

@@ -16,17 +16,17 @@ import concurrent.futures
 import dataclasses
 import logging
 from collections import defaultdict
-from typing import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-
+from flightrec.consumers.materializer import Materializer, Options, Pending, Record
 from flightrec.db import lake as lakes
 from flightrec.db.fold import Delta, fold
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import LakeLocation
-from flightrec.consumers.materializer import Materializer, Options, Pending, Record
 from flightrec.db.stats import Stats
+
 from flightrec.errors import Fenced, MaterializeError
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ RUN_RECORD_S = 30.0  # how often a member updates its row of materializer_runs
 class _Listener(ConsumerRebalanceListener):
     """Forwards the group's rebalance callbacks to the materializer (aiokafka awaits them)."""
 
-    def __init__(self, owner: "GroupMaterializer") -> None:
+    def __init__(self, owner: GroupMaterializer) -> None:
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:

@@ -14,34 +14,37 @@ import concurrent.futures
 import logging
 import re
 import time
-from datetime import datetime, timezone
-from typing import Callable, Iterable, Mapping, ParamSpec, TypeAlias, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import ParamSpec, TypeAlias, TypeVar
 
 import duckdb
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
-
 from flightrec.consumers.alerts import AlertConfig, Alerter
 from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.db.serve import QueryServer
 from flightrec.db.stats import Stats
-from flightrec.db.filestore import FileStore
 from flightrec.db.store import Store, open_store
 from flightrec.db.trust import Trust, load_state
 from flightrec.schemas.logcolumns import LogColumns
-from flightrec.settings import TOPIC_LOGS
+
 from flightrec.cluster import (
     LOG_APPEND_TIME as APPEND_TIME_CONFIG,
+)
+from flightrec.cluster import (
     TIMESTAMP_TYPE,
     create_time_warning,
     describe_topic_configs,
     topic_partitions,
 )
 from flightrec.errors import ConfigError, MaterializeError
+from flightrec.settings import TOPIC_LOGS
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -135,7 +138,7 @@ def parse_time(text: str, now: float | None = None) -> int:
     except ValueError as exc:
         raise ConfigError(f"--since {text!r}: use ISO-8601 (2025-01-31T12:00Z), epoch seconds, or an age (2h)") from exc
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1_000_000)
 
 
@@ -195,7 +198,7 @@ class Materializer:
     async def _in_writer(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.wrap_future(self._writer.submit(fn, *args, **kwargs))
 
-    async def __aenter__(self) -> "Materializer":
+    async def __aenter__(self) -> Materializer:
         opts = self.opts
         try:
             if opts.metrics_port is not None:  # first: a port in use stops the run before a database file is made
@@ -262,7 +265,7 @@ class Materializer:
             try:
                 await self._assign(initial=True)
                 return
-            except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, KafkaError, OSError) as exc:
                 if time.monotonic() > deadline:
                     raise MaterializeError(
                         f"cannot list the topics' partitions at {self.kafka_kwargs.get('bootstrap_servers')} for "
@@ -276,7 +279,7 @@ class Materializer:
         assert self._admin is not None
         try:
             configs = await describe_topic_configs(self._admin, self.opts.topics)
-        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, KafkaError, OSError) as exc:
             log.info(
                 "cannot describe the topics' configs (%s): whether they stamp the broker's clock is judged by "
                 "the records as they come",

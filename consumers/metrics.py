@@ -5,16 +5,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import duckdb
+from flightrec.db.fold import Delta
+from flightrec.db.stats import Stats
+from flightrec.db.status import STATUSES
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from flightrec.db.fold import Delta
-from flightrec.db.stats import Stats
-from flightrec.db.status import STATUSES
 from flightrec.errors import MaterializeError
 
 log = logging.getLogger(__name__)

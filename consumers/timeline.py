@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from flightrec.db.classify import RuleTable, load_rules, signal_name
 from flightrec.db.failures import exit_failed, is_failure_signal
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import Message, RawMessage, fold
 from flightrec.db.liveness import Gap, ago, heartbeat_gaps
-from flightrec.db.filestore import FileStore
 from flightrec.db.location import Location
 from flightrec.db.query import run_query
 from flightrec.schemas import EVENT_BY_NAME, default_codec
+
 from flightrec.errors import CodecError, MaterializeError
 
 Row = Mapping[str, Any]
@@ -316,7 +318,7 @@ def _when(ts_us: int) -> str:
     """The time as UTC text; a value no calendar can show (a database from before the fold
     checked timestamps) is printed as the raw number instead of stopping the timeline."""
     try:
-        return datetime.fromtimestamp(ts_us / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+        return datetime.fromtimestamp(ts_us / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     except (OverflowError, ValueError, OSError, TypeError):
         return f"ts_us={ts_us}".ljust(26)
 
@@ -327,7 +329,8 @@ def _n(value: Any, default: int = 0) -> int:
 
 
 def short_sources(sources: Iterable[str]) -> dict[str, str]:
-    """A short name per log source: stdout/stderr as they are, a file by its name (parent folders added until unique)."""
+    """A short name per log source: stdout/stderr as they are, a file by its name (parent folders added until
+    unique)."""
     files = sorted({s for s in sources if s and s not in ("stdout", "stderr")})
     out = {"stdout": "stdout", "stderr": "stderr"}
     depth = 1

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from flightrec.cuda.backend import Prover, open_prover
 from flightrec.cuda.gpu import DeviceError
 from flightrec.cuda.proof import ProofParams
-from flightrec.errors import ProveError
 from flightrec.schemas import BenchmarkResult, Event, Lifecycle, Throughput
+
+from flightrec.errors import ProveError
 
 log = logging.getLogger(__name__)
 

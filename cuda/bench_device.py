@@ -25,12 +25,13 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-
 from flightrec.cuda import device_env, ntt, plan
 from flightrec.cuda.backend import cpu_model
 from flightrec.cuda.gpu import DRIVERS, DeviceError
@@ -117,7 +118,7 @@ class CpuStandIn:
     def close(self) -> None:
         return None
 
-    def __enter__(self) -> "CpuStandIn":
+    def __enter__(self) -> CpuStandIn:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -240,8 +241,8 @@ def check_roots(backend: str, driver: str, ks: list[int], seeds: int, budget: Bu
             res.facts.update({} if res.facts else dev.facts)
             for _ in range(seeds):
                 seed = secrets.randbits(64)
-                g, g_ms = _ms(lambda: dev.prove(seed))
-                c, c_ms = _ms(lambda: prove(seed, params))
+                g, g_ms = _ms(partial(dev.prove, seed))
+                c, c_ms = _ms(partial(prove, seed, params))
                 ext_equal = None
                 if g != c:
                     ext_equal = bool((dev.extension() == extend(trace(seed, WIDTH, k), params)).all())
@@ -335,10 +336,10 @@ def compare_cpu(backend: str, driver: str, ks: list[int], budget: Budget, res: R
         try:
             dev.prove(seed)  # warm-up
             g = dev.prove(seed)
-            g_ms = dev.timed_ms(lambda: dev.prove(seed), 3)
+            g_ms = dev.timed_ms(partial(dev.prove, seed), 3)
         finally:
             dev.close()
-        c, c_ms = _ms(lambda: prove(seed, params))
+        c, c_ms = _ms(partial(prove, seed, params))
         row = CpuComparison(k, seed, g_ms, c_ms, c_ms / g_ms if g_ms > 0 else 0.0, g == c)
         res.cpu.append(row)
         say(
@@ -389,7 +390,8 @@ def markdown(res: Results) -> str:
         "| ---: | --- | --- | --- | --- |",
     ]
     lines += [
-        f"| {r.k} | `{r.seed:#018x}` | `{r.device_root[:16]}` | `{r.cpu_root[:16]}` | {'yes' if r.equal else '**NO**'} |"
+        f"| {r.k} | `{r.seed:#018x}` | `{r.device_root[:16]}` | `{r.cpu_root[:16]}` | "
+        f"{'yes' if r.equal else '**NO**'} |"
         for r in res.roots
     ]
     lines += [

@@ -215,7 +215,7 @@ def _write_cached(path: Path, cubin: bytes, text: str) -> None:
         log.info("compiled kernels not kept in %s: %s", path.parent, exc)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compile_cubin_any(arch: str) -> tuple[bytes, str]:
     """The kernels as a cubin for ``arch``: NVRTC where it is found, else (or where NVRTC fails) nvcc;
     compiled once per process, and kept on disk ($FLIGHTREC_CACHE/cubin, keyed by the sources' bytes, the

@@ -16,10 +16,12 @@ DriverError whose text holds the CUDA error name (e.g. CUDA_ERROR_OUT_OF_MEMORY)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -153,7 +155,7 @@ class Device:
         )
         return v.value
 
-    def make_context(self) -> "Context":
+    def make_context(self) -> Context:
         """The device's primary context, retained and made current (pop() then detach() release it)."""
         ctx = ctypes.c_void_p()
         _call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), ctypes.c_int(self.handle))
@@ -283,7 +285,7 @@ class Function:
         self.name = name
         self._types: list[Any] | None = None
 
-    def prepare(self, arg_types: str) -> "Function":
+    def prepare(self, arg_types: str) -> Function:
         unknown = set(arg_types) - set(_ARG_TYPES)
         if unknown:
             raise DriverError(f"argument codes {sorted(unknown)} are not supported; use {''.join(_ARG_TYPES)}")
@@ -294,7 +296,8 @@ class Function:
         if self._types is None or len(args) != len(self._types):
             raise DriverError(f"{self.name}: prepare() the kernel with one code per argument first")
         values = [
-            t(int(a) if t not in (ctypes.c_float, ctypes.c_double) else float(a)) for t, a in zip(self._types, args)
+            t(int(a) if t not in (ctypes.c_float, ctypes.c_double) else float(a))
+            for t, a in zip(self._types, args, strict=True)
         ]
         params = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values))
         g, b = _dim3(grid), _dim3(block)
@@ -337,15 +340,15 @@ class Event:
         _call("cuEventCreate", ctypes.byref(ev), ctypes.c_uint(0))
         self.handle = ev
 
-    def record(self) -> "Event":
+    def record(self) -> Event:
         _call("cuEventRecord", self.handle, ctypes.c_void_p(0))
         return self
 
-    def synchronize(self) -> "Event":
+    def synchronize(self) -> Event:
         _call("cuEventSynchronize", self.handle)
         return self
 
-    def time_till(self, end: "Event") -> float:
+    def time_till(self, end: Event) -> float:
         ms = ctypes.c_float()
         _call(
             "cuEventElapsedTime",
@@ -358,7 +361,5 @@ class Event:
 
     def __del__(self) -> None:
         if _lib is not None and getattr(self, "handle", None) is not None:
-            try:
+            with contextlib.suppress(Exception):  # interpreter shutdown, or a context already gone
                 _lib.cuEventDestroy_v2(self.handle)
-            except Exception:  # interpreter shutdown, or a context already gone
-                pass

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import statistics
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
-
 from flightrec.cuda import compile as cc
 from flightrec.cuda import ntt, plan
 from flightrec.cuda.proof import ProofParams, coset_scale
+
 from flightrec.errors import ProveError
 
 log = logging.getLogger(__name__)
@@ -347,7 +348,7 @@ class CudaProver:
                 log.debug("context release failed: %s", exc)
             self._ctx = None
 
-    def __enter__(self) -> "CudaProver":
+    def __enter__(self) -> CudaProver:
         return self
 
     def __exit__(self, *exc: object) -> None:

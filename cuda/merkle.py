@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from flightrec.cuda.field import U64
 from flightrec.cuda.sha256 import U8, sha256_many
 

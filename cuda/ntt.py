@@ -12,7 +12,6 @@ Arrays have shape (..., n) with n a power of two; every leading axis is a batch
 from __future__ import annotations
 
 import numpy as np
-
 from flightrec.cuda import field
 from flightrec.cuda.field import U64
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from flightrec.cuda import field
 from flightrec.cuda.field import U64
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from flightrec.cuda import field, ntt
 from flightrec.cuda.field import U64
 from flightrec.cuda.merkle import merkle_root

@@ -115,7 +115,7 @@ def _compress(state: list[np.ndarray], block: np.ndarray) -> list[np.ndarray]:
         maj = (a & b) ^ (a & c) ^ (b & c)
         t2 = s0 + maj
         a, b, c, d, e, f, g, h = t1 + t2, a, b, c, d + t1, e, f, g
-    return [x + y for x, y in zip(state, (a, b, c, d, e, f, g, h))]
+    return [x + y for x, y in zip(state, (a, b, c, d, e, f, g, h), strict=True)]
 
 
 def sha256_many(messages: U8) -> U8:

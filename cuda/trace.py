@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from flightrec.cuda.field import P, U64
+from flightrec.cuda.field import U64, P
 
 GOLDEN = 0x9E37_79B9_7F4A_7C15
 MIX1 = 0xBF58_476D_1CE4_E5B9

@@ -61,7 +61,10 @@ def wilson_sql(failed: str, instances: str, side: int, z: float = Z) -> str:
     n = f"({instances})::DOUBLE"
     p = f"(({failed})::DOUBLE / {n})"
     z2 = z * z
-    end = f"(({p} + {z2!r} / (2 * {n}) {'-' if side < 0 else '+'} {z!r} * sqrt({p} * (1 - {p}) / {n} + {z2!r} / (4 * {n} * {n}))) / (1 + {z2!r} / {n}))"
+    end = (
+        f"(({p} + {z2!r} / (2 * {n}) {'-' if side < 0 else '+'} {z!r} * sqrt({p} * (1 - {p}) / {n} "
+        f"+ {z2!r} / (4 * {n} * {n}))) / (1 + {z2!r} / {n}))"
+    )
     if side < 0:
         return f"CASE WHEN ({instances}) > 0 THEN greatest(0.0, {end}) ELSE 0.0 END"
     return f"CASE WHEN ({instances}) > 0 THEN least(1.0, {end}) ELSE 1.0 END"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import signal as _signal
 import tomllib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from flightrec.errors import ConfigError
 

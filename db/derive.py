@@ -10,17 +10,17 @@ what it reads under its own names (:func:`arrow_views`) and drops them after.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from flightrec.db.arrowviews import arrow_views
 from flightrec.db.classify import RuleTable
 from flightrec.db.failures import TAIL_LINES, build_failure
-from flightrec.db.fold import BOOL, FILE_TAILS, F64, I32, I64, STR, STRLIST
+from flightrec.db.fold import BOOL, F64, FILE_TAILS, I32, I64, STR, STRLIST
 from flightrec.db.lastlines import LAST_LINES_TYPE, last_lines
 from flightrec.db.liveness import running_rows
 

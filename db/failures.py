@@ -6,7 +6,8 @@ are sorted by seq here); returns None when the stage shows no failure.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from flightrec.db.classify import FailureEvidence, RuleTable, killed_by, signal_name
 

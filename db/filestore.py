@@ -9,26 +9,27 @@ one thread (the writer thread); readers use their own cursors (see serve.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Mapping
 
 import duckdb
 import pyarrow as pa
-
 from flightrec.db import migrate
 from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import affected_keys, arrow_views, recompute, recompute_failures
-from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.fold import DEAD, UNCOMPARED, Delta, reused
-from flightrec.db.stats import Stats
-from flightrec.errors import MaterializeError
+from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.query import writer_notice_path
+from flightrec.db.stats import Stats
+
+from flightrec.errors import MaterializeError
 
 log = logging.getLogger(__name__)
 OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in all, live reads stopped in between
@@ -518,10 +519,8 @@ class FileStore(RowWriter):
                 self._bookkeeping(stats)
             con.execute("COMMIT")
         except duckdb.Error as exc:
-            try:
+            with contextlib.suppress(duckdb.Error):
                 con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
             if isinstance(exc, duckdb.OutOfMemoryException):
                 self.totals = self._totals_before  # the bookkeeping of the rolled-back try is undone
                 raise

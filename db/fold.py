@@ -14,19 +14,20 @@ broker time (a CreateTime topic: its timestamp is the sender's clock, no better 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
-
-from flightrec.errors import CodecError
-from flightrec.schemas import EVENT_BY_NAME, TOPIC_LOGS, Codec, default_codec
-from flightrec.schemas.arrow import ENVELOPE, event_fields, event_schema
-from flightrec.schemas.logcolumns import LogColumns
-from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
 from flightrec.db.foldlines import LOGS, LogLines
 from flightrec.db.trust import Trust
+from flightrec.schemas import EVENT_BY_NAME, TOPIC_LOGS, Codec, default_codec
+from flightrec.schemas.arrow import ENVELOPE, event_fields, event_schema
+from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
+from flightrec.schemas.logcolumns import LogColumns
+
+from flightrec.errors import CodecError
 
 STR = pa.string()
 I32 = pa.int32()
@@ -527,7 +528,8 @@ def _dead(
     rec: dict[str, Any] | None = None,
 ) -> int:
     """Add a dead letter for ``msg`` (``rec``: what decoded of it); returns 1 when it is a copy of one this batch holds
-    already (the same event id, bytes and reason: Kafka holds the record twice), which is then a duplicate, not added."""
+    already (the same event id, bytes and reason: Kafka holds the record twice), which is then a duplicate, not
+    added."""
     if keep is not None:
         key = msg.key.decode("utf-8", "replace") if msg.key else ""
         if not keep(key, None):

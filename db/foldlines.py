@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from flightrec.schemas.arrow import element_field, event_fields
 
 LOGS = pa.schema(
@@ -43,7 +42,7 @@ class LogLines:
         self.counts.append(n)
         _append(self.texts, rec["text"], pa.Array)
         for k, values in zip(
-            _LINE_COLUMNS, (rec["line_no"], rec["line_ts_us"], rec["truncated"], rec["invalid_utf8"], late)
+            _LINE_COLUMNS, (rec["line_no"], rec["line_ts_us"], rec["truncated"], rec["invalid_utf8"], late), strict=True
         ):
             _append(self.columns[k], values, np.ndarray)
 

@@ -6,17 +6,15 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import duckdb
-
 from flightrec.db.lakecopy import COPY, ShardCopy
-from flightrec.db.views import ALL_VIEWS
-from flightrec.errors import LakeError
 
 # the --db grammar's lake names, re-exported here (``X as X``) for the lake's callers
 from flightrec.db.location import DATA_PATH_ENV as DATA_PATH_ENV
@@ -26,6 +24,9 @@ from flightrec.db.location import lake_location as lake_location
 from flightrec.db.location import mask_password as mask_password
 from flightrec.db.location import parse_db as parse_db
 from flightrec.db.location import reader_data_path as reader_data_path
+from flightrec.db.views import ALL_VIEWS
+
+from flightrec.errors import LakeError
 
 log = logging.getLogger(__name__)
 

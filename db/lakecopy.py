@@ -28,14 +28,14 @@ refreshes at a time; statements running meanwhile keep reading what they started
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import duckdb
-
 from flightrec.db.lakemeta import never_written
 
 log = logging.getLogger(__name__)
@@ -77,10 +77,9 @@ def _view(stmt: str) -> tuple[str, str] | None:
 
 
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
-    try:  # on a connection the catalog dropped this fails too; the error to report is the first one
+    # on a connection the catalog dropped this fails too; the error to report is the first one
+    with contextlib.suppress(duckdb.Error):
         con.execute("ROLLBACK")
-    except duckdb.Error:
-        pass
 
 
 class ShardCopy:

@@ -6,7 +6,6 @@ import hashlib
 import re
 
 import duckdb
-
 from flightrec.db.filestore import schema_sql
 
 # Tables rewritten by commits (DELETE/UPDATE, which conflict per table in DuckLake): one copy per shard.

@@ -21,28 +21,31 @@ retried (bounded, with jitter) and counted. Use one LakeStore from one thread (t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from flightrec.db import lake as lakes, lakelayout, migrate
+from flightrec.db import lake as lakes
+from flightrec.db import lakelayout, migrate
 from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import arrow_views
-from flightrec.db.fold import Delta
-from flightrec.db.liveness import merge_heartbeats
-from flightrec.db.stats import Stats
 from flightrec.db.filestore import RowWriter, delta_views, offsets_table
-from flightrec.db.nul import without_nul
+from flightrec.db.fold import Delta
 from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, shard_schema
 from flightrec.db.lakemeta import never_written
+from flightrec.db.liveness import merge_heartbeats
+from flightrec.db.nul import without_nul
+from flightrec.db.stats import Stats
 from flightrec.db.together import OwnedRows, derive_together, join_shards
+
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
 log = logging.getLogger(__name__)
@@ -217,10 +220,8 @@ class LakeStore(RowWriter):
             what,
             self.catalog_wait,
         )
-        try:
+        with contextlib.suppress(duckdb.Error):
             self.con.close()
-        except duckdb.Error:
-            pass
         pause = CATALOG_POLL_S[0]
         while True:
             waited = time.monotonic() - away_since

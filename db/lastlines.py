@@ -6,7 +6,6 @@ import logging
 
 import duckdb
 import pyarrow as pa
-
 from flightrec.db.arrowviews import arrow_views
 from flightrec.db.fold import I64, STR
 

@@ -20,8 +20,9 @@ import functools
 import hashlib
 import io
 import socket
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -55,10 +56,7 @@ def encode_request(sql: str, params: Params, prelude: Sequence[str]) -> bytes:
     named = isinstance(params, dict)
     values = dict(params) if isinstance(params, dict) else {str(i): v for i, v in enumerate(params or ())}
     try:
-        if values:
-            arr = pa.array([values])
-        else:
-            arr = pa.array([{}], type=pa.struct([]))
+        arr = pa.array([values]) if values else pa.array([{}], type=pa.struct([]))
         table = pa.table(
             {
                 "sql": pa.array([sql], pa.string()),

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import duckdb
 import pyarrow as pa
-
 from flightrec.schemas import LOST_AFTER_INTERVALS
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def heartbeat_gaps(
             continue
         limit = LOST_AFTER_INTERVALS * interval * 1e6
         rows.sort(key=lambda r: (int(r["seq"]), int(r["ts_us"])))  # type: ignore[call-overload]  # the rows' values are the table's BIGINTs (typed object)
-        for prev, cur in zip(rows, rows[1:]):
+        for prev, cur in itertools.pairwise(rows):
             p, c = int(prev["ts_us"]), int(cur["ts_us"])  # type: ignore[call-overload]  # the rows' values are the table's BIGINTs (typed object)
             rp, rc = prev.get("recv_us"), cur.get("recv_us")
             silent = None if rp is None or rc is None else int(rc) - int(rp)  # type: ignore[call-overload]  # the rows' values are the table's BIGINTs (typed object)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Mapping, Union
+from typing import ClassVar
 
 from flightrec.errors import LakeError
 
@@ -142,14 +143,14 @@ def reader_data_path(db: str, data_path: str | None) -> None:
         os.environ[DATA_PATH_ENV] = data_path
 
 
-def reader_location(db: str, data_path: str | None) -> "Location":
+def reader_location(db: str, data_path: str | None) -> Location:
     """A reader command's database: ``reader_data_path`` (the data path into this process's environment), then
     ``locate``. For CLI entry points only."""
     reader_data_path(db, data_path)
     return locate(db)
 
 
-Location = Union[FileLocation, LakeLocation]
+Location = FileLocation | LakeLocation
 
 
 def locate(

@@ -9,8 +9,8 @@ schema.sql's CREATE TABLE), and the column in the fold's Arrow shape (fold.TABLE
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import duckdb
 

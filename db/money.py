@@ -11,10 +11,10 @@ from flightrec.db.classify import deterministic_classes, load_rules
 # A provider's host id comes from the same event's `host_id` attribute, else the facts' host.
 #
 # Paid time: from the first `rented` event or the instance's first event, whichever came first, to the first
-# `destroyed`/`released` event, else to the last event when the boot is sealed, else to now
-# (running, or lost: a machine we cannot hear is still billed until it is destroyed). Hours paid before a failure run from the
-# same start to the failure. An instance counts once per breakdown: its cost up to its
-# *first* failure is "lost" and that failure's class takes it.
+# `destroyed`/`released` event, else to the last event when the boot is sealed, else to now (running, or lost: a machine
+# we cannot hear is still billed until it is destroyed). Hours paid before a failure run from the same start to the
+# failure. An instance counts once per breakdown: its cost up to its *first* failure is "lost" and that failure's class
+# takes it.
 
 INSTANCE_COST = """
 CREATE OR REPLACE TEMP VIEW instance_cost AS
@@ -177,8 +177,9 @@ SELECT row_number() OVER (ORDER BY banned DESC, dollars_lost DESC, failure_rate 
            WHEN 'deterministic' THEN printf('%s: %s is deterministic for the %s (%d failed so), one is enough',
                                             counted, deterministic_classes, replace(dimension, '_', ' '),
                                             deterministic_failed)
-           WHEN 'rate' THEN printf('%s: the rate is at least %d %% with 95 %% confidence (ban at {round(AVOID_RATE * 100)} %%)',
-                                   counted, {_pct("rate_low")})
+           WHEN 'rate' THEN
+               printf('%s: the rate is at least %d %% with 95 %% confidence (ban at {round(AVOID_RATE * 100)} %%)',
+                      counted, {_pct("rate_low")})
            WHEN 'too_few' THEN printf('%s: too few to judge, a ban on a flaky class needs {MIN_INSTANCES} rentals',
                                       counted)
            ELSE printf('%s: the rate may be as low as %d %% (ban at {round(AVOID_RATE * 100)} %%)', counted,

@@ -24,13 +24,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import duckdb
 import pyarrow as pa
-
-from flightrec.errors import QueryError
 from flightrec.db.lake import (
     LakeLocation,
     forget_reader,
@@ -42,6 +40,8 @@ from flightrec.db.lake import (
 from flightrec.db.live import Params, query_live
 from flightrec.db.location import Location, locate
 from flightrec.db.readonly import check_prelude, check_read_only
+
+from flightrec.errors import QueryError
 
 log = logging.getLogger(__name__)
 GIVE_WAY_POLL_S = 0.2  # how often a file-path read looks for a materializer waiting for the file

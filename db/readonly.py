@@ -27,7 +27,8 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import duckdb
 
@@ -215,7 +216,8 @@ def _explained(sql: str) -> str:
 
 
 def _view_body(stmt: str) -> str | None:
-    """The query of ``CREATE [OR REPLACE] TEMP|TEMPORARY VIEW name [(columns)] AS query``, by DuckDB's lexer; else None."""
+    """The query of ``CREATE [OR REPLACE] TEMP|TEMPORARY VIEW name [(columns)] AS query``, by DuckDB's lexer; else
+    None."""
     words = _words(stmt)
     i = 0
     if not (words and _keyword(words[0], "CREATE")):

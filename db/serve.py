@@ -21,8 +21,8 @@ without memory. While reads run, a watchdog samples DuckDB's memory every
 ``READER_SPILL_BYTES``, it interrupts the running reads, which are told in one line
 that the query is too large for a live read and what to do instead. And should a
 commit still meet "Out of Memory", the store interrupts the reads and commits again
-(:meth:`QueryServer.make_room`, given to ``Store.make_room``). The protocol (Arrow Flight DoGet, the ticket's layout, refusals) is
-``flightrec.db.live``, which readers import too.
+(:meth:`QueryServer.make_room`, given to ``Store.make_room``). The protocol (Arrow Flight DoGet, the ticket's layout,
+refusals) is ``flightrec.db.live``, which readers import too.
 
 Why cursors of the writer and not a separate read-only instance: DuckDB lets no
 other instance open the file while the writer holds it (not even read-only, not
@@ -33,6 +33,7 @@ database instance and so its global settings, which is what the lock closes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -44,10 +45,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.flight as flight
-
-from flightrec.errors import MaterializeError, QueryError
 from flightrec.db.live import Params, decode_request, location, refuse, socket_path
 from flightrec.db.query import ResultTooLarge, check_read_only, execute_read_only
+
+from flightrec.errors import MaterializeError, QueryError
 
 log = logging.getLogger(__name__)
 ONLY_READS = "this endpoint answers read-only queries only (Flight DoGet with a flightrec.db.live ticket)"
@@ -87,7 +88,7 @@ def memory_bytes(setting: str) -> int:
 class _FlightServer(flight.FlightServerBase):
     """DoGet only: the ticket is one read (flightrec.db.live); anything else is refused by Flight itself."""
 
-    def __init__(self, owner: "QueryServer", where: str) -> None:
+    def __init__(self, owner: QueryServer, where: str) -> None:
         super().__init__(where)
         self.owner = owner
 
@@ -181,10 +182,8 @@ class QueryServer:
                     raise QueryError(TOO_LARGE.format(why=why, db=self.db)) from None
                 raise
             finally:
-                try:
+                with contextlib.suppress(duckdb.Error):
                     cur.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
             self.count("queries_served")
             return table
         finally:
@@ -201,10 +200,8 @@ class QueryServer:
             for key, _cur in running:
                 self._stopped.setdefault(key, why)
         for _key, cur in running:
-            try:
+            with contextlib.suppress(duckdb.Error):
                 cur.interrupt()
-            except duckdb.Error:
-                pass
         if running:
             with self._lock:
                 self.counters["reads_stopped"] += len(running)
@@ -250,7 +247,7 @@ class QueryServer:
             elif spilled > READER_SPILL_BYTES:
                 self.make_room(f"it spilled over {READER_SPILL_BYTES >> 20} MiB to disk next to the database")
 
-    def __enter__(self) -> "QueryServer":
+    def __enter__(self) -> QueryServer:
         self.start()
         return self
 

@@ -22,7 +22,7 @@ class Stats:
     catalog_waits: int = 0  # lake transactions retried after the catalog (PostgreSQL) did not answer
     oom_retried: int = 0  # commits run again after "Out of Memory" (live reads were stopped first)
 
-    def __add__(self, other: "Stats") -> "Stats":
+    def __add__(self, other: Stats) -> Stats:
         return Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
     def summary(self) -> str:

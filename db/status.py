@@ -117,15 +117,16 @@ SELECT instance_id, status,
                                                     WHEN silent_s < 7200 THEN floor(silent_s / 60)::BIGINT || ' min'
                                                     WHEN silent_s < 172800 THEN floor(silent_s / 3600)::BIGINT || ' h'
                                                     ELSE floor(silent_s / 86400)::BIGINT || ' d' END
-                || ' ago (no heartbeat since ' || strftime(make_timestamp(coalesce(last_heartbeat_heard_us, last_sign_us)),
-                                                          '%Y-%m-%d %H:%M:%S')
+                || ' ago (no heartbeat since '
+                || strftime(make_timestamp(coalesce(last_heartbeat_heard_us, last_sign_us)), '%Y-%m-%d %H:%M:%S')
                 || CASE WHEN liveness_clock = 'instance' THEN ' by its own clock' ELSE '' END || ')'
            WHEN 'finished' THEN 'sealed cleanly'
            WHEN 'healthy' THEN 'benchmark passed; running ' || running_stages
            WHEN 'running' THEN 'running ' || running_stages
            ELSE 'no stage in progress'
        END AS status_detail,
-       failure_class, failed_stage, running_stages, last_heartbeat_us, make_timestamptz(last_heartbeat_us) AS last_heartbeat_at,
+       failure_class, failed_stage, running_stages,
+       last_heartbeat_us, make_timestamptz(last_heartbeat_us) AS last_heartbeat_at,
        interval_s AS heartbeat_interval_s, round(silent_s, 1) AS silent_s,
        last_sign_us, make_timestamptz(last_sign_us) AS last_sign_at, liveness_clock,
        round(clock_offset_us / 1e6, 1) AS clock_offset_s,  -- a duration: no *_us, which the views pair with *_at

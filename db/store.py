@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from collections.abc import Mapping
+from typing import Protocol
 
 import duckdb
-
 from flightrec.db.classify import RuleTable
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import Delta
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import FileLocation, Location
 from flightrec.db.stats import Stats
+
 from flightrec.errors import MaterializeError
 
 

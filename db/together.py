@@ -7,16 +7,16 @@ Guarantees: the same rows as writing the shards one after another (``LakeStore``
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from flightrec.db.classify import RuleTable
 from flightrec.db.derive import BOOT_ONLY_KINDS, Rewrite, affected_keys, arrow_views, recompute, replace_rows
 from flightrec.db.fold import Delta
 from flightrec.db.lakemeta import never_written
+
 from flightrec.errors import LakeError
 
 # What the derivation reads of the derived tables (db/derive): all of boots and instances, the keys of failures

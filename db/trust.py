@@ -93,9 +93,12 @@ class Trust:
         if owner != claimed:
             return None, f"forged: instance {owner!r}'s key wrote an event claiming instance {claimed!r}"
         destroyed = self.revoked.get(claimed)
-        if destroyed is not None and verdict.enrolled_us <= destroyed[0]:
-            if recv_us is None or recv_us > destroyed[1]:
-                return None, f"revoked: instance {claimed!r} was destroyed; its key ({verdict.key_id}) writes no more"
+        if (
+            destroyed is not None
+            and verdict.enrolled_us <= destroyed[0]
+            and (recv_us is None or recv_us > destroyed[1])
+        ):
+            return None, f"revoked: instance {claimed!r} was destroyed; its key ({verdict.key_id}) writes no more"
         self.tagged.add(claimed)
         return verdict.key_id, None
 

@@ -105,7 +105,8 @@ CREATE OR REPLACE TEMP VIEW log_view AS
 SELECT
     instance_id, boot_id, stage, source,
     CASE WHEN source IN ('stdout', 'stderr') THEN source ELSE 'file' END AS source_kind,
-    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, coalesce(late, false) AS late, ts_us, {ts("ts_us")} AS ts_at,
+    line_no, {ts("ts_us")} AS ts, text, truncated, invalid_utf8, coalesce(late, false) AS late,
+    ts_us, {ts("ts_us")} AS ts_at,
     pid, seq
 FROM log_lines
 """
@@ -204,7 +205,7 @@ def _named(name: str, text: str) -> bool:
 # For each view, the other views its statement reads.
 _DEPENDS: dict[str, tuple[str, ...]] = {
     name: tuple(other for other in ALL_VIEW_NAMES if other != name and _named(other, stmt.split(" AS", 1)[1]))
-    for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS)
+    for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS, strict=True)
 }
 
 
@@ -217,7 +218,7 @@ def prelude_for(sql: str) -> tuple[str, ...]:
             if dep not in wanted:
                 wanted.add(dep)
                 todo.append(dep)
-    return tuple(stmt for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS) if name in wanted)
+    return tuple(stmt for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS, strict=True) if name in wanted)
 
 
 _TEMP = "CREATE OR REPLACE TEMP VIEW "

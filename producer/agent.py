@@ -3,30 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Callable, Iterator, Literal, Mapping
+from typing import Any, Literal
 
-from flightrec.errors import FlightrecError, SpoolError
-from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
-from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
-
-from flightrec.producer.handoff import late_stages, settle_late_output, still_writing
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
 from flightrec.producer.fit import fit_exit_event
+from flightrec.producer.handoff import late_stages, settle_late_output, still_writing
 from flightrec.producer.heartbeat import HeartbeatThread, heartbeat
+from flightrec.producer.lost import LostSpool
 from flightrec.producer.members import Member, join, leave, running
 from flightrec.producer.redact import Redactor, visible
-from flightrec.producer.shapes import SecretShape, SecretShapesError, builtin_shapes, load_shapes
 from flightrec.producer.scrub import scrub
-from flightrec.producer.lost import LostSpool
+from flightrec.producer.shapes import SecretShape, SecretShapesError, builtin_shapes, load_shapes
 from flightrec.producer.spool import BootSealedError, Spool, SpoolWriteError
+from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
+
+from flightrec.errors import FlightrecError, SpoolError
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class Losses:
     def add(self, exc: SpoolWriteError) -> None:
         """Count the events of ``exc`` (and their lines); say the reason on stderr the first time."""
         lines = sum(len(e.text) for e in exc.events if isinstance(e, LogBatch))
-        stage = next((str(getattr(e, "stage")) for e in exc.events if getattr(e, "stage", "")), "")
+        stage = next((str(s) for e in exc.events if (s := getattr(e, "stage", ""))), "")
         with self._lock:
             self.events += len(exc.events)
             self.lines += lines
@@ -99,10 +101,8 @@ class Losses:
 def _secrets(settings: Settings, env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
     """The redactor's names and values: FLIGHTREC_REDACT's, and the Kafka password (from its file too)."""
     values = dict(env)
-    try:
+    with contextlib.suppress(FlightrecError):  # an unreadable password file is reported by the first Kafka client
         values["FLIGHTREC_SASL_PASSWORD"] = settings.password() or ""
-    except FlightrecError:  # an unreadable password file is reported by the first Kafka client
-        pass
     return (*settings.redact, "FLIGHTREC_SASL_PASSWORD"), values
 
 
@@ -122,14 +122,14 @@ class Stage:
     The exception is re-raised; works as ``async with`` too.
     """
 
-    def __init__(self, agent: "_AgentBase", name: str, attributes: Mapping[str, str] | None = None) -> None:
+    def __init__(self, agent: _AgentBase, name: str, attributes: Mapping[str, str] | None = None) -> None:
         self.agent = agent
         self.name = name
         self.attributes = dict(attributes or {})
         self._t0 = 0.0
         self._beats: HeartbeatThread | None = None
 
-    def __enter__(self) -> "Stage":
+    def __enter__(self) -> Stage:
         self._t0 = time.monotonic()
         self.agent.event(self.name, "started", attributes=self.attributes)
         self._beats = heartbeat(self.agent, self.name, os.getpid())
@@ -149,7 +149,7 @@ class Stage:
             self.agent.event(self.name, "failed", detail=detail, attributes=attrs)
         return False
 
-    async def __aenter__(self) -> "Stage":
+    async def __aenter__(self) -> Stage:
         return self.__enter__()
 
     async def __aexit__(
@@ -506,7 +506,7 @@ class _AgentBase:
 class SyncAgent(_AgentBase):
     """The agent for synchronous code: ``with open_agent(...) as agent``; delivery runs in a thread."""
 
-    def __enter__(self) -> "SyncAgent":
+    def __enter__(self) -> SyncAgent:
         self._start()
         return self
 
@@ -535,7 +535,7 @@ class Agent(_AgentBase):
     ``emit`` is a plain call (a short spool write); ``await agent.flush()`` waits for Kafka.
     """
 
-    async def __aenter__(self) -> "Agent":
+    async def __aenter__(self) -> Agent:
         self._start()
         return self
 

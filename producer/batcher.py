@@ -5,17 +5,17 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_right
+from collections.abc import Iterator, Sequence
 from itertools import accumulate
-from typing import Iterator, Sequence
-
-from flightrec.schemas import Event, LogBatch, new_event_id, now_us
-from flightrec.schemas.fastlog import encode_fast
-from flightrec.settings import TOPIC_LOGS
 
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
 from flightrec.producer.redact import NO_CARRY, Carry
 from flightrec.producer.scrub import scrub
+from flightrec.schemas import Event, LogBatch, new_event_id, now_us
+from flightrec.schemas.fastlog import encode_fast
+
+from flightrec.settings import TOPIC_LOGS
 
 BATCH_WINDOW_S = 0.1  # a line is spooled (and handed to the sender) at most this long after it was read
 # a LogBatch holds at most this much text (plus LINE_OVERHEAD per line), less where the topic's message

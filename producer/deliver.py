@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -10,9 +11,6 @@ import socket
 import threading
 import time
 from typing import Any
-
-from flightrec.errors import ConfigError, DeliveryError
-from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
 
 from flightrec.producer.fit import (
     MIN_LIMIT,
@@ -23,10 +21,13 @@ from flightrec.producer.fit import (
     message_size,
     split_log_batch,
 )
-from flightrec.schemas.auth import Signer, parse_fleet_key
 from flightrec.producer.lost import LostSpool
 from flightrec.producer.redact import visible
 from flightrec.producer.spool import Position, Record, Spool
+from flightrec.schemas.auth import Signer, parse_fleet_key
+
+from flightrec.errors import ConfigError, DeliveryError
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +147,8 @@ class Deliverer:
         """Say that new records were appended (thread-safe; wakes the sender at once)."""
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None and not loop.is_closed():
-            try:
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:
-                pass
 
     @property
     def acked(self) -> Position:
@@ -200,18 +199,14 @@ class Deliverer:
         path = self.spool.dir / AWAY
         if self._lock_fd is None or path.exists():
             return
-        try:
+        with contextlib.suppress(OSError):
             path.write_text(f"{time.time():.3f} {self.last_error or 'no answer'}\n")
-        except OSError:
-            pass
 
     def _answer(self) -> None:
         """Kafka acknowledged a round of sends: delivery works (the spool's note, if any, is removed)."""
         self._failed_attempt = None
-        try:
+        with contextlib.suppress(OSError):
             (self.spool.dir / AWAY).unlink(missing_ok=True)
-        except OSError:
-            pass
 
     def wait_delivered(self, target: Position, timeout: float, unless_away: bool = False) -> bool:
         """Block until everything before ``target`` is acknowledged, or ``timeout`` s passed.
@@ -298,10 +293,8 @@ class Deliverer:
 
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
         self._wake.clear()
 
     async def _backoff(self, seconds: float) -> None:
@@ -506,13 +499,11 @@ class Deliverer:
 
 
 async def _close(producer: Any) -> None:
-    try:
+    with contextlib.suppress(BaseException):  # a producer that cannot stop cleanly is abandoned
         await asyncio.wait_for(producer.stop(), 5.0)
-    except BaseException:  # a producer that cannot stop cleanly is abandoned
-        pass
 
 
-def require_delivered(ok: bool, spool: "Spool | LostSpool", timeout: float, last_error: str | None) -> None:
+def require_delivered(ok: bool, spool: Spool | LostSpool, timeout: float, last_error: str | None) -> None:
     """Raise DeliveryError (saying what is left and what to do) when a flush did not finish."""
     if ok:
         return

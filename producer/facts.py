@@ -8,11 +8,13 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, Mapping
+from typing import Any
+
+from flightrec.schemas import InstanceFacts
 
 from flightrec.errors import ConfigError
-from flightrec.schemas import InstanceFacts
 
 GPU_FIELDS = ("gpu_model", "gpu_count", "gpu_memory_mib", "driver_version", "cuda_version", "compute_capability")
 _BASE_FIELDS = {"event_id", "instance_id", "boot_id", "seq", "ts_us"}

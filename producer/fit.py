@@ -8,11 +8,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from flightrec.errors import CodecError
-from flightrec.schemas import Dropped, FileTail, LogBatch, ProcessExit, default_codec
-
 from flightrec.producer.lines import cut_text, fit_tails
 from flightrec.producer.segment import Record
+from flightrec.schemas import Dropped, FileTail, LogBatch, ProcessExit, default_codec
+
+from flightrec.errors import CodecError
 
 ARG_BYTES = 4096  # one argv element, at most
 ARGV_BYTES = 64 * 1024  # all of argv, at most; the elements after that are counted in a last element
@@ -50,7 +50,9 @@ def fit_exit(fields: dict[str, Any], limit: int) -> dict[str, Any]:
     tails = [list(out.get("stdout_tail", ())), list(out.get("stderr_tail", ()))] + [list(f.lines) for f in files]
     fitted = fit_tails(tails, budget)
     out["stdout_tail"], out["stderr_tail"] = fitted[0], fitted[1]
-    out["file_tails"] = [FileTail(path=f.path, lines=lines, exists=f.exists) for f, lines in zip(files, fitted[2:])]
+    out["file_tails"] = [
+        FileTail(path=f.path, lines=lines, exists=f.exists) for f, lines in zip(files, fitted[2:], strict=True)
+    ]
     return out
 
 

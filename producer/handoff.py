@@ -20,15 +20,16 @@ import sys
 import time
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
-
-from flightrec.errors import FlightrecError
-from flightrec.settings import Settings
+from typing import Any
 
 from flightrec.producer.redact import NO_CARRY, Carry
 from flightrec.producer.tokens import carriers, describe, writers
+
+from flightrec.errors import FlightrecError
+from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Handoff:
             + [f.fd for f in self.files if f.fd is not None]
         )
 
-    def with_fds(self, fds: Sequence[int]) -> "Handoff":
+    def with_fds(self, fds: Sequence[int]) -> Handoff:
         """The same hand-off with the fds as received (in :meth:`fds` order) in place of the sender's numbers."""
         it = iter(fds)
         pipes = [dataclasses.replace(p, fd=next(it)) for p in self.pipes]
@@ -152,12 +153,12 @@ def _typed(hint: Any, value: Any) -> Any:
     return value
 
 
-def encode(h: "Handoff") -> bytes:
+def encode(h: Handoff) -> bytes:
     """The hand-off message: JSON, versioned (``FORMAT``); its fds travel beside it."""
     return json.dumps({"format": FORMAT, "handoff": _plain(h)}, separators=(",", ":")).encode()
 
 
-def decode(data: bytes) -> "Handoff":
+def decode(data: bytes) -> Handoff:
     """A hand-off message back (fds not yet in place: :meth:`Handoff.with_fds`). HandoffError when it is not one
     this version reads."""
     try:
@@ -183,7 +184,7 @@ class Locked:
     def __init__(self, spool_dir: Path) -> None:
         self.fd = os.open(spool_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
-    def __enter__(self) -> "Locked":
+    def __enter__(self) -> Locked:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 

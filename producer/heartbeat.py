@@ -24,7 +24,7 @@ class HeartbeatThread(threading.Thread):
     logged once and never reaches the stage.
     """
 
-    def __init__(self, agent: "_AgentBase", stage: str, interval: float, pid: int = 0) -> None:
+    def __init__(self, agent: _AgentBase, stage: str, interval: float, pid: int = 0) -> None:
         super().__init__(name=f"flightrec-heartbeat-{stage}", daemon=True)
         self.agent = agent
         self.stage = stage
@@ -59,7 +59,7 @@ class HeartbeatThread(threading.Thread):
         if self.is_alive():
             self.join()
 
-    def __enter__(self) -> "HeartbeatThread":
+    def __enter__(self) -> HeartbeatThread:
         self.start()
         return self
 
@@ -67,6 +67,6 @@ class HeartbeatThread(threading.Thread):
         self.stop()
 
 
-def heartbeat(agent: "_AgentBase", stage: str, pid: int = 0) -> HeartbeatThread:
+def heartbeat(agent: _AgentBase, stage: str, pid: int = 0) -> HeartbeatThread:
     """``with heartbeat(agent, "benchmark"):`` - heartbeats for the life of a stage, at the agent's interval."""
     return HeartbeatThread(agent, stage, agent.settings.heartbeat_s, pid)

@@ -17,6 +17,7 @@ socket to it until it takes over.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -77,19 +78,15 @@ class Keeper:
         """The late-output process ends normally: the keeper exits without taking over."""
         self._send(_END, 0)
         self.sock.close()
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
 
 
 def _close_all_but(keep: int) -> None:
     for fd in (int(name) for name in os.listdir("/proc/self/fd")):
         if fd > 2 and fd != keep:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 def _serve(sock: socket.socket, log_path: Path) -> None:

@@ -56,8 +56,8 @@ class _Stage:
     """One handed-off stage in the late-output process: its pipes, followed files and batchers."""
 
     def __init__(self, h: Handoff, agent: Any, spool_dir: Path) -> None:
-        from flightrec.producer.follow import FileFollower
         from flightrec.producer.batcher import SourceBatcher
+        from flightrec.producer.follow import FileFollower
 
         self.h = h
         self.spool_dir = spool_dir
@@ -213,7 +213,7 @@ class _Stage:
             self.stop_recording(f"{left}, after waiting {wait:g}s")
 
 
-def _busy(stages: list["_Stage"]) -> set[str]:
+def _busy(stages: list[_Stage]) -> set[str]:
     """The tokens of ``stages`` whose followed files something can still write: a process carrying the token, or
     one holding a followed file open for writing (its environment may no longer show the token)."""
     busy = alive_tokens({st.h.token for st in stages})

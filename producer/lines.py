@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 DEFAULT_MAX_LINE = 64 * 1024
 
@@ -68,7 +68,7 @@ def fit_tails(tails: Sequence[Sequence[str]], budget: int) -> list[list[str]]:
                 share[j] = each
             break
     out: list[list[str]] = []
-    for tail, size, room in zip(tails, sizes, share):
+    for tail, size, room in zip(tails, sizes, share, strict=True):
         if sum(size) <= room:
             out.append(list(tail))
             continue

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
-
-from flightrec.schemas import Event
 
 from flightrec.producer.spool import Maker, Position, SpoolWriteError, _built, instance_dir
+from flightrec.schemas import Event
 
 
 class LostSpool:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
-
-from flightrec.errors import ConfigError
-from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, now_us
-from flightrec.settings import Settings
 
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.names import safe_name
+from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, now_us
+
+from flightrec.errors import ConfigError
+from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -64,10 +65,8 @@ def leave(spool: Spool, member: Member | None) -> None:
         spool.held[member.boot_id] = left
     else:
         spool.held.pop(member.boot_id, None)
-    try:
+    with contextlib.suppress(OSError):
         member.path.unlink(missing_ok=True)
-    except OSError:
-        pass
     os.close(member.fd)
 
 

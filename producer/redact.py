@@ -9,9 +9,9 @@ import re
 import shlex
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, count
-from typing import Mapping, Sequence
 
 from flightrec.producer.secret_forms import MASK, URL_AT, Finder, base64_forms, cut_url_start, url_spans
 from flightrec.producer.shapes import SecretShape, needle_parts
@@ -148,16 +148,16 @@ class _Lines:
 class Redactor:
     """Masks secrets in text before it leaves the process.
 
-    Guarantees: every occurrence of each secret value (taken from the environment variables named in ``names``;
-    values shorter than ``MIN_SECRET_LEN`` are not masked, because masking ``1`` everywhere would destroy the logs -
-    a warning says so) is replaced by ``***`` (overlapping ones by one ``***``); a multi-line value (a PEM key) is also masked
-    line by line, since logs are shipped line by line; a value holding undecodable bytes is masked in its ``\\xNN``
-    form too; its base64 (any byte alignment, standard or URL-safe, or wrapped at 76 or 64 columns) too; a value
-    printed across two lines is masked at the end of the first (a first part of EAGER characters or more) and at
-    the start of the second (when the line before ends with the first part: :meth:`stream` and its
-    :class:`Carry`); URL credentials (:func:`secret_forms.userinfo_len`) become ``***:***@`` or ``***@``; each of
-    ``shapes`` masks its part of every match, and the lines that follow one where it says so; a text cut short
-    (:meth:`cut`) loses a trailing part that could be the start of a secret. Pure apart from reading the mapping.
+    Guarantees: every occurrence of each secret value (taken from the environment variables named in ``names``; values
+    shorter than ``MIN_SECRET_LEN`` are not masked, because masking ``1`` everywhere would destroy the logs - a warning
+    says so) is replaced by ``***`` (overlapping ones by one ``***``); a multi-line value (a PEM key) is also masked
+    line by line, since logs are shipped line by line; a value holding undecodable bytes is masked in its ``\\xNN`` form
+    too; its base64 (any byte alignment, standard or URL-safe, or wrapped at 76 or 64 columns) too; a value printed
+    across two lines is masked at the end of the first (a first part of EAGER characters or more) and at the start of
+    the second (when the line before ends with the first part: :meth:`stream` and its :class:`Carry`); URL credentials
+    (:func:`secret_forms.userinfo_len`) become ``***:***@`` or ``***@``; each of ``shapes`` masks its part of every
+    match, and the lines that follow one where it says so; a text cut short (:meth:`cut`) loses a trailing part that
+    could be the start of a secret. Pure apart from reading the mapping.
     """
 
     def __init__(
@@ -188,8 +188,8 @@ class Redactor:
         # URL credentials always hold an '@': one memchr, where "://" would be a full pass (':' is in every timestamp)
         raw = ["@", *self.values, *(n for f in self._splits for n in _split_needles(f))]
         parts = [[needle_parts(n) for n in s.needles] for s in self.shapes]
-        exact = [n for s, p in zip(self.shapes, parts) if s.case_sensitive for n in p]
-        folded = [n for s, p in zip(self.shapes, parts) if not s.case_sensitive for n in p]
+        exact = [n for s, p in zip(self.shapes, parts, strict=True) if s.case_sensitive for n in p]
+        folded = [n for s, p in zip(self.shapes, parts, strict=True) if not s.case_sensitive for n in p]
         # what, found in the bytes of a read, means it may need masking (the fast path is for ASCII reads only: a
         # needle that is not ASCII cannot be in one): as written, and in bytes.lower()
         self._raw = Finder(
@@ -204,7 +204,7 @@ class Redactor:
         self._shapes_for = {
             (k, sensitive): tuple(
                 i
-                for i, (s, p) in enumerate(zip(self.shapes, parts))
+                for i, (s, p) in enumerate(zip(self.shapes, parts, strict=True))
                 if s.case_sensitive == sensitive and any(k[0] in n[0] for n in p)
             )
             for sensitive, finder in ((True, self._exact), (False, self._needles))
@@ -374,7 +374,9 @@ class Redactor:
     def _candidates(self, text: str) -> list[SecretShape]:
         """The shapes one of whose needles is in ``text``."""
         low = text.lower()
-        return [s for s, found in zip(self.shapes, self._finders) if found(text if s.case_sensitive else low)]
+        return [
+            s for s, found in zip(self.shapes, self._finders, strict=True) if found(text if s.case_sensitive else low)
+        ]
 
     def _edges(self, before: str, blob: str, where: _Lines) -> dict[int, tuple[int, int]]:
         """Pure: (characters to mask at the start, at the end) of the lines that hold a part of a named secret split

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -15,21 +16,17 @@ import termios
 import threading
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
-
-from setproctitle import setproctitle
-
-from flightrec.schemas import FileTail, ProcessExit, now_us
+from typing import Any
 
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.follow import FileFollower
-from flightrec.producer.heartbeat import heartbeat
 from flightrec.producer.handoff import GATHER_BELOW, GATHER_S, HandedFile, HandedPipe, Handoff, hand_off
-from flightrec.producer.tokens import TOKEN_ENV, stage_alive, writers
+from flightrec.producer.heartbeat import heartbeat
 from flightrec.producer.term import (
     FORWARDED,
     Canary,
@@ -42,6 +39,9 @@ from flightrec.producer.term import (
     unblock_in_child,
 )
 from flightrec.producer.term import block as block_signals
+from flightrec.producer.tokens import TOKEN_ENV, stage_alive, writers
+from flightrec.schemas import FileTail, ProcessExit, now_us
+from setproctitle import setproctitle
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,8 @@ class _Pump(threading.Thread):
         self._read_lock = threading.Lock()
         self._fd_open = True
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        try:
+        with contextlib.suppress(OSError):
             fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ: room for bursts while a batch is spooled
-        except OSError:
-            pass
 
     def mark_exit(self) -> None:
         """CMD exited: what is in the pipe now was written before, whatever comes after is late."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Mapping
-
-from flightrec.schemas import Event, LogBatch, Lifecycle
+from collections.abc import Mapping
+from typing import Any
 
 from flightrec.producer.redact import Redactor, visible
+from flightrec.schemas import Event, Lifecycle, LogBatch
 
 log = logging.getLogger(__name__)
 

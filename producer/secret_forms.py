@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import re
 from collections import defaultdict
-from typing import Any, Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 MASK = "***"
 B64_MIN = 8  # shortest base64 form of a named secret that is masked (8 characters: 48 bits of it)
@@ -195,7 +196,7 @@ class Finder:
         self._plain = tuple(g[0] for g in groups.values() if len(g) == 1 and not g[0][1])
         rx = [g for g in groups.values() if len(g) > 1 or g[0][1]]
         self._patterns = tuple(re.compile(_trie(g)) for g in rx)
-        self._members = {p.pattern: g for p, g in zip(self._patterns, rx)}
+        self._members = {p.pattern: g for p, g in zip(self._patterns, rx, strict=True)}
         self._searches = tuple(p.search for p in self._patterns)
 
     def __bool__(self) -> bool:
@@ -205,10 +206,7 @@ class Finder:
         for lit, _ in self._plain:
             if lit in text:
                 return True
-        for search in self._searches:
-            if search(text) is not None:
-                return True
-        return False
+        return any(search(text) is not None for search in self._searches)
 
     def scan(self, text: S, limit: int) -> dict[Needle, list[int] | None]:
         """Where each needle found in ``text`` starts; None for a needle found more than ``limit`` times (a group's
@@ -222,9 +220,7 @@ class Finder:
                 out[n] = list(_find_all(text, n[0]))
         for pattern in self._patterns:
             members = self._members[pattern.pattern]
-            found = 0
-            for m in pattern.finditer(text):
-                found += 1
+            for found, m in enumerate(pattern.finditer(text), 1):
                 if found > limit:
                     for n in members:
                         out[n] = None

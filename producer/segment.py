@@ -7,9 +7,9 @@ import json
 import logging
 import struct
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from flightrec.errors import SpoolError
 

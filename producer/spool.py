@@ -20,6 +20,7 @@ Layout of one instance's folder (``<spool>/<quoted instance id>/``):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -29,12 +30,10 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
-
-from flightrec.errors import SpoolError
-from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
+from typing import TypeVar
 
 from flightrec.producer.names import instance_dir, safe_name  # noqa: F401 (re-exported)
 from flightrec.producer.segment import (
@@ -48,6 +47,9 @@ from flightrec.producer.segment import (
 )
 from flightrec.producer.segment import parse_header as _parse_header
 from flightrec.producer.syncer import Syncer
+from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
+
+from flightrec.errors import SpoolError
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +238,8 @@ class Spool:
         else:
             start, next_seq, sealed = header_len, int(header["first_seq"]), False
         end = start
-        for end, seq, flags, _topic, _value in iter_records(data, start):
+        for record_end, seq, flags, _topic, _value in iter_records(data, start):
+            end = record_end
             next_seq = seq + 1
             sealed = bool(flags & FLAG_SEALED)
         if end < len(data):
@@ -397,10 +400,9 @@ class Spool:
                     self._syncer.hand(os.dup(fd))
                     self._dirty_since = None
         except OSError:
-            try:  # give the disk back what a half-written record took (the next append would cut it anyway)
+            # give the disk back what a half-written record took (the next append would cut it anyway)
+            with contextlib.suppress(OSError):
                 os.ftruncate(fd, head.offset)
-            except OSError:
-                pass
             raise
 
     def append(
@@ -473,7 +475,8 @@ class Spool:
                 self._unlock()
 
     def _write_or_lose(self, head: _Head, blob: list[bytes], events: list[Event], sync: bool = True) -> None:
-        """Write the parts of ``blob``; on a full disk, give up the reserve for anything but log lines; else SpoolWriteError."""
+        """Write the parts of ``blob``; on a full disk, give up the reserve for anything but log lines; else
+        SpoolWriteError."""
         has_lines = any(isinstance(ev, LogBatch) for ev in events)
         if has_lines and not self._room_for_lines():
             raise SpoolWriteError(
@@ -538,10 +541,8 @@ class Spool:
                 )
         for n in self.segments():
             if n < pos.seg:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     self._path(n).unlink()
-                except FileNotFoundError:
-                    pass
 
     def read(self, cursor: Position, end: Position, max_bytes: int = 4 * 1024 * 1024) -> tuple[list[Record], Position]:
         """Records from ``cursor`` up to ``end`` (a committed end), about ``max_bytes`` of values; and the new cursor.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -14,8 +15,8 @@ import subprocess
 import termios
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ LOADER_PID: int | None = None
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), other two-byte escapes, and C0 controls but TAB/LF/CR
 _CONTROL = re.compile(
-    rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]"
+    rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
+    rb"|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]"
 )
 
 
@@ -84,7 +86,7 @@ class Canary:
     """
 
     def __init__(self) -> None:
-        self.proc: "subprocess.Popen[bytes] | None" = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self._w = -1
         self.start()
 
@@ -135,10 +137,10 @@ class StageSignals:
     sent to the agent alone (see :func:`should_forward` and :class:`Canary`).
     """
 
-    def __init__(self, ptys: "dict[int, PtyPair]", canary: "Canary | None" = None) -> None:
+    def __init__(self, ptys: dict[int, PtyPair], canary: Canary | None = None) -> None:
         self.ptys = ptys
         self.canary = canary
-        self.proc: "subprocess.Popen[bytes] | None" = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.pending: list[tuple[int, int, int]] = []
         self.after_exit = threading.Event()  # a signal came after CMD exited: stop waiting, end now
         self.exited = False
@@ -187,7 +189,7 @@ class StageSignals:
         self.canary.start()  # fresh, for the next signal
         return True
 
-    def started(self, proc: "subprocess.Popen[bytes]") -> None:
+    def started(self, proc: subprocess.Popen[bytes]) -> None:
         """CMD runs: pass on what came while it was starting."""
         self.proc = proc
         for signum, code, pid in self.pending:
@@ -195,10 +197,8 @@ class StageSignals:
 
 
 def _kill(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 try:  # loaded here, in the agent: nothing may be imported between fork and exec
@@ -229,7 +229,7 @@ class PtyPair:
     real: int  # the agent's own fd (1 or 2) it mirrors
 
     @classmethod
-    def open_like(cls, real: int) -> "PtyPair":
+    def open_like(cls, real: int) -> PtyPair:
         """A pty with the real terminal's settings and size; output processing off so bytes pass unchanged."""
         master, slave = os.openpty()
         try:

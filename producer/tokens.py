@@ -81,7 +81,8 @@ def describe(pids: list[int]) -> str:
     named = []
     for pid in pids[:MAX_NAMED]:
         try:
-            argv = open(f"/proc/{pid}/cmdline", "rb").read().rstrip(b"\0").split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().rstrip(b"\0").split(b"\0")
         except OSError:
             continue
         cmd = " ".join(

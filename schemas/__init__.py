@@ -1,6 +1,5 @@
 """The one contract every part shares: Avro schemas, the event model, the topics, the Arrow types and the wire codec."""
 
-from flightrec.errors import CodecError
 from flightrec.schemas.codec import (
     HEADER_LEN,
     MAGIC,
@@ -15,6 +14,8 @@ from flightrec.schemas.codec import (
 from flightrec.schemas.events import (
     EVENT_BY_NAME,
     EVENT_TYPES,
+    LOST_AFTER_INTERVALS,
+    MANAGER_KINDS,
     PHASES,
     STAGE_STATES,
     VERDICTS,
@@ -22,13 +23,11 @@ from flightrec.schemas.events import (
     Dropped,
     Event,
     FileTail,
-    LOST_AFTER_INTERVALS,
     Heartbeat,
-    MANAGER_KINDS,
-    ManagerEvent,
     InstanceFacts,
     Lifecycle,
     LogBatch,
+    ManagerEvent,
     ProcessExit,
     Sealed,
     Throughput,
@@ -36,6 +35,8 @@ from flightrec.schemas.events import (
     now_us,
 )
 from flightrec.schemas.topics import TOPIC_EXITS, TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS, TOPICS
+
+from flightrec.errors import CodecError
 
 __all__ = [
     # events

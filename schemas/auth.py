@@ -67,7 +67,7 @@ class KeyId:
     enrolled_us: int = 0
 
     @staticmethod
-    def parse(text: str) -> "KeyId | None":
+    def parse(text: str) -> KeyId | None:
         """The parts of a key id; None when it is not one."""
         if text == MANAGER_KEY_ID:
             return KeyId(None)
@@ -94,7 +94,7 @@ class Signer:
         return f"{TOKEN_VERSION}.{self.key_id}.{self.secret.hex()}"
 
     @staticmethod
-    def from_token(text: str) -> "Signer":
+    def from_token(text: str) -> Signer:
         """The signer of a ``FLIGHTREC_INSTANCE_KEY`` token; ConfigError naming what is wrong (not the secret)."""
         version, _, rest = text.strip().partition(".")
         key_id, _, secret_hex = rest.rpartition(".")
@@ -112,7 +112,7 @@ class Signer:
         return Signer(key_id, secret)
 
     @staticmethod
-    def manager(fleet_key: bytes) -> "Signer":
+    def manager(fleet_key: bytes) -> Signer:
         """The manager's signer."""
         return Signer(MANAGER_KEY_ID, secret_for(fleet_key, MANAGER_KEY_ID))
 

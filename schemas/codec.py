@@ -11,9 +11,9 @@ from typing import Any
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+from flightrec.schemas.events import EVENT_BY_NAME, Event
 
 from flightrec.errors import CodecError
-from flightrec.schemas.events import EVENT_BY_NAME, Event
 
 _ADDRESS = re.compile(r" object at 0x[0-9a-fA-F]+")  # object addresses in library messages
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from flightrec.schemas.topics import TOPIC_EXITS, TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS
 
@@ -74,7 +75,7 @@ class Event:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> "Event":
+    def from_record(cls, record: Mapping[str, Any]) -> Event:
         """Build the event from a decoded Avro record (extra keys are ignored)."""
         return _build(cls, record)
 
@@ -191,7 +192,7 @@ class ProcessExit(Event):
         return rec
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> "ProcessExit":
+    def from_record(cls, record: Mapping[str, Any]) -> ProcessExit:
         rec = dict(record)
         rec["file_tails"] = tuple(FileTail(**t) for t in record.get("file_tails", ()))
         return _build(cls, rec)

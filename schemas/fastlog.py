@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
-from typing import Sequence
 
 from flightrec.schemas import MAGIC, Event, LogBatch, default_codec
 

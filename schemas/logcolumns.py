@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 import fastavro
 import numpy as np
 import pyarrow as pa
 from fastavro import parse_schema
-
 from flightrec.schemas.codec import HEADER_LEN, MAGIC, Codec, default_codec
 from flightrec.schemas.events import LogBatch
 from flightrec.schemas.fastlog import _FIELDS, _schema_matches

@@ -1,4 +1,5 @@
-"""The Kafka topics events travel on (a contract of the wire, like the .avsc files): names, and which event goes where."""
+"""The Kafka topics events travel on (a contract of the wire, like the .avsc files): names, and which event goes
+where."""
 
 from __future__ import annotations
 

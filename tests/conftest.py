@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import itertools
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import pytest
-
 from flightrec.broker import LocalBroker
-from flightrec.localservice import free_port
 from flightrec.catalog import LocalCatalog
+
 from flightrec.errors import ServiceError
+from flightrec.localservice import free_port
 from flightrec.settings import TOPICS, Settings
 
 S = TypeVar("S", LocalBroker, LocalCatalog)
@@ -101,15 +102,15 @@ class Kafka:
         """From now on, read the topics from their current end offsets (what this test produces next)."""
         self.mark = self.end_offsets()
 
-    def seed_at_mark(self, db: "str | os.PathLike[str]", group: str | None = None) -> None:
+    def seed_at_mark(self, db: str | os.PathLike[str], group: str | None = None) -> None:
         """Give a new database the mark as its stored offsets, through the materializer's own FileStore, so a
         materializer (in-process or `flightrec materialize`) starts there, as after a run that read up to it.
         Nothing happens without a mark or when ``db`` exists (a restart goes on from its own offsets)."""
         if not self.mark or Path(db).exists():
             return
-        from flightrec.db.fold import fold
         from flightrec.consumers.materializer import DEFAULT_GROUP
         from flightrec.db.filestore import FileStore
+        from flightrec.db.fold import fold
 
         store = FileStore(db, group or DEFAULT_GROUP)
         try:
@@ -299,12 +300,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def open_page(monkeypatch: pytest.MonkeyPatch):
-    """``open_page(db, page=None, **params)``: the dashboard rendered on ``db`` (a file or a lake string), no exception."""
+    """``open_page(db, page=None, **params)``: the dashboard rendered on ``db`` (a file or a lake string), no
+    exception."""
+    from flightrec.analytics import ENTRY_SCRIPT
     from streamlit.testing.v1 import AppTest
 
-    from flightrec.analytics import ENTRY_SCRIPT
-
-    def open_(db: "str | os.PathLike[str]", page: str | None = None, **params: str) -> AppTest:
+    def open_(db: str | os.PathLike[str], page: str | None = None, **params: str) -> AppTest:
         monkeypatch.setenv("FLIGHTREC_DB", str(db))
         at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=120)  # a cap for a loaded machine, not a speed test
         at.run()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
-import re
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -131,14 +131,14 @@ def test_the_root_package_holds_only_the_ground_floor_and_the_wiring():
     assert modules == GROUND, "src/flightrec/ holds the ground floor; the database's code lives in db/"
 
 
-def test_every_module_says_what_it_holds_and_stays_small():
+def test_every_module_says_what_it_holds():
+    # How big a function may grow is ruff's to say (tests/test_complexity.py); a file is as long as its role.
     for folder in MAPPED:
         for path in (ROOT / folder).rglob("*.py"):
             if "__pycache__" in path.parts:
                 continue
             src = path.read_text()
             assert ast.get_docstring(ast.parse(src)), f"{path.relative_to(ROOT)} opens with no one-line docstring"
-            assert src.count("\n") < 600, f"{path.relative_to(ROOT)} has grown past 600 lines: split it"
 
 
 def test_wheel_ships_the_demo_entrypoint(wheel):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import duckdb
 import pytest
+from flightrec.db.query import check_prelude, check_read_only, run_query
 
 from flightrec.errors import QueryError
-from flightrec.db.query import check_prelude, check_read_only, run_query
 
 
 @pytest.mark.parametrize(
@@ -80,12 +80,12 @@ def test_live_reads_survive_a_materializer_restart_and_keep_parameter_types(tmp_
     import datetime as dt
     import decimal
 
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
     from flightrec.db.live import socket_path
+    from flightrec.db.serve import QueryServer
 
     db = tmp_path / "fr.duckdb"
-    when = dt.datetime(2026, 12, 2, 23, 0, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2026, 12, 2, 23, 0, tzinfo=dt.UTC)
     sql = "SELECT typeof(?) AS a, typeof(?) AS b, typeof(?) AS c, ?::VARCHAR AS d"
     params = [dt.date(2026, 12, 2), when, decimal.Decimal("1.25"), when]
     for _ in range(2):

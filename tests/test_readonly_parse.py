@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import duckdb
 import pytest
+from flightrec.db.query import check_read_only
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flightrec.errors import QueryError
-from flightrec.db.query import check_read_only
 
 # What the check must refuse: statements that change state, and reads that call what changes state or runs SQL text.
 REFUSED = [
@@ -116,9 +116,9 @@ def test_no_wrapping_changes_the_verdict_on_a_read(sql: str, before: str, after:
 
 def test_tricks_change_nothing_on_the_live_path(tmp_path) -> None:
     """Through the materializer's live endpoint: every trick refused, no logging switched on, no checkpoint run."""
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
     from flightrec.db.live import query_live
+    from flightrec.db.serve import QueryServer
 
     db = tmp_path / "fr.duckdb"
     store = FileStore(db, "g")

@@ -105,8 +105,9 @@ def test_the_batch_window_is_a_setting_the_materializer_gets() -> None:
     """FLIGHTREC_COMMIT_INTERVAL: how long a partial batch waits (the knob docs/lake.md sizes a catalog with)."""
     import argparse
 
-    from flightrec.cli.materialize import materialize_options
     from flightrec.db.location import locate
+
+    from flightrec.cli.materialize import materialize_options
 
     assert Settings.from_env({}).commit_interval == 0.5
     s = Settings.from_env({"FLIGHTREC_COMMIT_INTERVAL": "2", "FLIGHTREC_DB": "x.duckdb"})

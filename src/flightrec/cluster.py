@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -123,7 +124,7 @@ async def connection_cause(kafka_kwargs: Mapping[str, object], timeout: float = 
                 )
             else:
                 causes.append(f"cannot connect to {where}: {exc}")
-        except (KafkaError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, KafkaError, ValueError) as exc:
             if protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
                 causes.append(
                     f"the broker at {where} closed a {protocol} connection: it expects TLS "

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from flightrec.errors import ConfigError
 
@@ -207,7 +208,8 @@ class Settings:
         "FLIGHTREC_AGENT_BYTE_RATE",
         5242880,
         "Bytes per second each agent (each client id of the agent principal) may produce, the quota `flightrec "
-        "broker start --security sasl_ssl` sets at the broker; beyond it Kafka slows that agent down (docs/security.md).",
+        "broker start --security sasl_ssl` sets at the broker; beyond it Kafka slows that agent down "
+        "(docs/security.md).",
     )
     redact: tuple[str, ...] = setting(
         "FLIGHTREC_REDACT",
@@ -394,7 +396,7 @@ class Settings:
     )
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read every FLIGHTREC_* variable; unset or empty ones take the default."""
         env = os.environ if env is None else env
         given: dict[str, Any] = {}
@@ -405,7 +407,7 @@ class Settings:
                 given[f.name] = _read(s.env, str(f.type), raw, f.metadata["parse"])
         return cls(**given)
 
-    def with_overrides(self, **flags: Any) -> "Settings":
+    def with_overrides(self, **flags: Any) -> Settings:
         """Apply command-line flags; a flag left as None keeps the env/default value."""
         given = {k: v for k, v in flags.items() if v is not None}
         return dataclasses.replace(self, **given)

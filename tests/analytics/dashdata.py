@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-
-from flightrec.db.fold import RawMessage, fold
 from flightrec.db.filestore import FileStore
+from flightrec.db.fold import RawMessage, fold
 from flightrec.schemas import (
     BenchmarkResult,
     Event,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
 
 pytestmark = pytest.mark.integration
@@ -38,7 +37,7 @@ def test_instance_page_shows_the_daemon_log(pipeline_db, open_page):
     at = open_page(db, "instance", instance=iid)
     assert at.selectbox[0].value == iid
     stages = next(df.value for df in at.dataframe if "outcome" in df.value.columns)
-    outcomes = dict(zip(stages["stage"], stages["outcome"]))
+    outcomes = dict(zip(stages["stage"], stages["outcome"], strict=True))
     assert outcomes == {"fetch_params": "succeeded", "benchmark": "failed"}
     logs = at.dataframe[-1].value
     assert NO_KERNEL in list(logs["text"])

@@ -10,11 +10,11 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from dashdata import append_lines
 from flightrec.broker.local import free_port
 
@@ -318,12 +318,11 @@ def test_browser_fleet_on_a_lake_stays_visible_while_it_refreshes(arrow_db, lake
     stays greyed for long (Streamlit marks what a rerun has not redrawn yet `data-stale`), the screenshots of the
     table are the same, and a failure committed meanwhile shows within one cycle."""
     assert Path(CHROMIUM).exists(), "Debian's chromium is needed: run `make system-packages`"
-    from playwright.sync_api import expect
-
     from flightrec.analytics.ui import REFRESH_S
     from flightrec.db import lake as lakes
     from flightrec.db.lakestore import LakeStore
     from flightrec.db.views import stored_views
+    from playwright.sync_api import expect
 
     db, data_path = lake
     # six shards: the topics' default partitions (FLIGHTREC_PARTITIONS), as a materializer group lays them out

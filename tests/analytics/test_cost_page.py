@@ -28,7 +28,7 @@ def test_cost_page_shows_paid_lost_and_what_to_avoid(money_db, open_page):
     assert "1 of 1 failed (95 % interval 21–100 %): too few to judge" in host["why"]
     assert any("One flaky failure bans nothing" in c.value for c in at.caption)
     by_class = next(f for f in frames if list(f.columns[:2]) == ["failure_class", "instances"])
-    assert dict(zip(by_class["failure_class"], by_class["dollars_lost"].round(2))) == {
+    assert dict(zip(by_class["failure_class"], by_class["dollars_lost"].round(2), strict=True)) == {
         "gpu_arch_unsupported": 0.40,
         "cuda_out_of_memory": 0.25,
     }

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
 import pandas as pd
+import pytest
 import streamlit as st
-from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
-from streamlit.testing.v1 import AppTest
-
 from dashdata import BASE_US, MIN, NO_KERNEL, SEGV_ARGV, SEGV_GPU, SEGV_LINE, append_lines
 from flightrec.analytics.ui import table_height
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+from streamlit.testing.v1 import AppTest
 
 TIME_RANGE = "time_range"
 

@@ -7,7 +7,6 @@ import re
 import pytest
 from streamlit.testing.v1 import AppTest
 
-
 # Elements whose text Streamlit renders as Markdown (with $…$ as LaTeX).
 MARKDOWN_KINDS = ("title", "header", "subheader", "markdown", "caption", "error", "warning", "info", "success")
 
@@ -43,6 +42,7 @@ def test_dollars_and_markup_in_ids_and_details_show_literally(hostile_db, open_p
     assert _unescaped(texts, r"\[l\]\(u\)") == []
 
 
+@pytest.mark.slow
 def test_instance_caption_prices_are_not_latex(arrow_db, open_page):
     """Two prices in one caption ("$2.49/hour · cost/proof $0.0017") are two dollar amounts, not a formula."""
     db, ids = arrow_db
@@ -87,6 +87,7 @@ def test_fleet_of_an_empty_database_says_what_to_do(empty_db, open_page):
     assert any("flightrec materialize" in i.value for i in at.info), [i.value for i in at.info]
 
 
+@pytest.mark.slow
 def test_a_time_range_with_no_rows_says_so_on_every_page(arrow_db, open_page):
     """The test data is from 2025: in the last 15 minutes nothing happened."""
     db, _ = arrow_db
@@ -116,7 +117,8 @@ def test_md_escapes_markup_and_keeps_plain_text():
     "sql", ["PRAGMA show_tables", "-- the tables\nPRAGMA show_tables", "pragma table_info('fleet')"]
 )
 def test_sql_console_runs_a_describing_pragma(arrow_db, open_page, sql):
-    """A PRAGMA that describes is allowed (docs/dashboard.md): it must not be wrapped into a SELECT that cannot parse."""
+    """A PRAGMA that describes is allowed (docs/dashboard.md): it must not be wrapped into a SELECT that cannot
+    parse."""
     db, _ = arrow_db
     at = open_page(db, "sql")
     next(t for t in at.text_area).input(sql).run()

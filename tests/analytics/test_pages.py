@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
 
 
@@ -113,7 +112,7 @@ def test_failure_drill_down_shows_the_daemon_error(arrow_db, open_page):
     assert any(NO_KERNEL in c and "daemon: shutting down" in c for c in codes)  # the daemon's tail
     assert any(c == "benchmark exited with error" for c in codes)  # the stderr tail, beside it
     events = at.dataframe[-1].value  # the events that led up to it, with their times
-    assert ("benchmark", "started") in set(zip(events["stage"], events["state"]))
+    assert ("benchmark", "started") in set(zip(events["stage"], events["state"], strict=True))
     assert "no kernel for this GPU's architecture" in at.info[0].value
     assert "/var/log/prover/daemon.log" in all_text(at)
     last = [e for e in at.expander if "every source in order" in e.label]  # failures.last_lines

@@ -7,13 +7,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "consumers"))  # materializer_helpers
 
-from materializer_helpers import Boot  # noqa: E402  # beside the consumers' tests, where the fold's helpers live
-
 from flightrec.db.filestore import FileStore  # noqa: E402  # after the helpers' path
 from flightrec.db.fold import RawMessage, fold  # noqa: E402  # after the helpers' path
 from flightrec.db.trust import Trust, TrustConfig  # noqa: E402  # after the helpers' path
 from flightrec.schemas import Lifecycle, encode  # noqa: E402  # after the helpers' path
 from flightrec.schemas.auth import enroll, new_fleet_key, parse_fleet_key  # noqa: E402  # after the helpers' path
+from materializer_helpers import Boot  # noqa: E402  # beside the consumers' tests, where the fold's helpers live
 
 
 def test_fleet_page_names_refused_events_and_unauthenticated_instances(tmp_path: Path, open_page) -> None:

@@ -7,17 +7,17 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from flightrec.analytics import queries
-from flightrec.db.views import ALL_VIEW_NAMES, ALL_VIEWS, VIEW_NAMES, VIEWS, prelude_for
-from flightrec.errors import QueryError
 from flightrec.db.query import run_query
+from flightrec.db.views import ALL_VIEW_NAMES, ALL_VIEWS, VIEW_NAMES, VIEWS, prelude_for
+
+from flightrec.errors import QueryError
 
 
 def test_every_view_is_a_temp_view_and_answers(arrow_db):
     db, _ = arrow_db
     assert len(VIEWS) == len(VIEW_NAMES)
-    for stmt, name in zip(VIEWS, VIEW_NAMES):
+    for stmt, name in zip(VIEWS, VIEW_NAMES, strict=True):
         assert stmt.strip().startswith(f"CREATE OR REPLACE TEMP VIEW {name} AS")
         assert run_query(db, f"SELECT count(*) AS n FROM {name}", prelude=VIEWS).column("n")[0].as_py() > 0
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from flightrec.broker.cluster import REPLICATION, LocalCluster
+
 from flightrec.settings import TOPICS
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from flightrec.broker.cluster import LocalCluster
+
 from flightrec.errors import BrokerError
 from flightrec.localservice import free_port
 from flightrec.settings import Settings

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from flightrec.broker.cluster import LocalCluster
+
 from flightrec.errors import BrokerError
 from flightrec.localservice import port_free
 from flightrec.settings import TOPICS, Settings

@@ -12,15 +12,15 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 from cluster_helpers import heal, leaders, node_log, partition_of
-
 from flightrec.broker.cluster import LocalCluster
 from flightrec.db.query import run_query
+
 from flightrec.errors import QueryError
 from flightrec.settings import TOPICS, Settings
 
@@ -111,7 +111,8 @@ class Writer:
 
 def writers_led_by(cluster: LocalCluster, tmp: Path, node: int | None = None, n: int = 2) -> tuple[list[Writer], int]:
     """``n`` writers whose instance ids go to one partition of the logs topic, led by ``node`` (by any node when
-    None); and that leader's node id. The lifecycle and exits topics' partitions of the same key may be led by others."""
+    None); and that leader's node id. The lifecycle and exits topics' partitions of the same key may be led by
+    others."""
     led = leaders(cluster.bootstrap, "flightrec.logs")
     wanted = [p for p, leader in led.items() if node is None or leader == node]
     assert wanted, f"node {node} leads no partition of flightrec.logs: {led}"

@@ -7,10 +7,8 @@ import socket
 import uuid
 
 import pytest
-
 from flightrec.broker import LocalBroker, check_java
 from flightrec.broker.local import free_port
-from flightrec.errors import BrokerError
 from flightrec.schemas import (
     TOPICS,
     BenchmarkResult,
@@ -24,6 +22,8 @@ from flightrec.schemas import (
     decode,
     encode,
 )
+
+from flightrec.errors import BrokerError
 from flightrec.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -22,10 +22,10 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     for_code,
 )
-
 from flightrec.broker.local import ACL_COMMAND, CONFIG_COMMAND, LocalBroker, free_port
 from flightrec.broker.roles import ADMIN, AGENT, GRANTS, OPERATOR, READER, ROLES, quota_args
 from flightrec.broker.secure import MECHANISM, Secure, read_env_file
+
 from flightrec.errors import BrokerError
 from flightrec.settings import TOPICS, Settings
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from flightrec.broker.local import free_port
 from flightrec.broker.roles import AGENT, GRANTS, fingerprint, quota_args
+
 from flightrec.errors import ConfigError
 
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")

@@ -1,4 +1,5 @@
-"""SASL_SSL end to end: a local broker requiring SCRAM-SHA-512 over TLS, every command against it, clear misconfigurations."""
+"""SASL_SSL end to end: a local broker requiring SCRAM-SHA-512 over TLS, every command against it, clear
+misconfigurations."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from flightrec.broker.secure import read_env_file
+
 from flightrec.settings import Settings
 
 pytestmark = pytest.mark.integration

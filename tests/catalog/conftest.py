@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from flightrec.db import lake as lakes
 
 _ANALYTICS_FIXTURES = Path(__file__).resolve().parent.parent / "analytics" / "conftest.py"

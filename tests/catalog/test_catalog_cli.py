@@ -9,10 +9,10 @@ import sys
 
 import duckdb
 import pytest
-
-from flightrec.db import lake as lakes
 from flightrec.broker.local import free_port
 from flightrec.catalog import READER, LocalCatalog, find_bin_dir
+from flightrec.db import lake as lakes
+
 from flightrec.errors import CatalogError
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
 from flightrec.db import lake as lakes
+
 from flightrec.errors import FlightrecError, LakeError
 
 DB = "ducklake:postgres:dbname=flightrec host=10.0.0.5 port=5432 user=flightrec"

@@ -4,12 +4,11 @@ file, each commit seen at the next statement, only what changed copied again, on
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from flightrec.db import lake as lakes
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.query import run_query
@@ -180,7 +179,8 @@ def test_the_small_event_tables_are_copied_and_a_commit_s_new_rows_appended(shar
     assert _rows(db, "SELECT * FROM stage_runs") == _rows(file, "SELECT * FROM stage_runs")
     copied, appended = copy.tables_copied, copy.tables_appended
     store.con.execute(
-        "INSERT INTO main.lifecycle_events SELECT * REPLACE (event_id || '-again' AS event_id) FROM main.lifecycle_events"
+        "INSERT INTO main.lifecycle_events SELECT * REPLACE (event_id || '-again' AS event_id) "
+        "FROM main.lifecycle_events"
     )
     assert run_query(db, events).to_pylist()[0] == {"n": 2 * first["n"], "ids": 2 * first["ids"]}
     assert (copy.tables_copied, copy.tables_appended) == (copied, appended + 1), "the new rows were not appended"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
 from flightrec.db import lake as lakes
-from flightrec.db.views import VIEWS
-from flightrec.errors import FlightrecError
 from flightrec.db.query import run_query
+from flightrec.db.views import VIEWS
+
+from flightrec.errors import FlightrecError
 
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
 
@@ -50,7 +50,9 @@ def test_sql_reads_a_lake(fleet_lake):
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert {row["instance_id"] for row in rows} == {ids["ok"], ids["no_kernel"], ids["slow"]}
     assert {row["status"] for row in rows if row["instance_id"] != ids["ok"]} <= {"failed", "below_min_rate"}
-    r = flightrec("sql", "--db", db, "SELECT failure_class FROM failures WHERE instance_id = '%s'" % ids["no_kernel"])
+    r = flightrec(
+        "sql", "--db", db, "SELECT failure_class FROM failures WHERE instance_id = '{}'".format(ids["no_kernel"])
+    )
     assert r.returncode == 0 and "gpu_arch_unsupported" in r.stdout, r.stderr
 
 
@@ -258,7 +260,6 @@ def test_a_reader_survives_a_catalog_restart(pg_dir, tmp_path):
 
 
 def test_dashboard_command_serves_a_lake(fleet_lake):
-    import socket
     import time
     import urllib.request
 
@@ -281,7 +282,7 @@ def test_dashboard_command_serves_a_lake(fleet_lake):
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as reply:
                     if reply.status == 200:
                         break
-            except (OSError, socket.timeout):
+            except (TimeoutError, OSError):
                 time.sleep(0.5)
         else:
             raise AssertionError("the dashboard did not answer")

@@ -95,7 +95,7 @@ def test_maintenance_keeps_recent_snapshots_and_their_files(lake):
     db, data_path = lake
     con = lakes.connect(lakes.parse_db(db, data_path, writing=True))
     con.execute("CREATE TABLE t AS SELECT range AS i FROM range(500)")
-    for n in range(3):
+    for _n in range(3):
         con.execute("INSERT INTO t SELECT range FROM range(500)")
     snapshots = con.execute("SELECT count(*) FROM ducklake_snapshots('lake')").fetchone()[0]
     result = lakes.maintain(con)  # the defaults: keep an hour of snapshots, files retired 10 minutes ago

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from flightrec.broker.local import free_port
+
 from flightrec.localservice import pid_alive
 
 pytestmark = pytest.mark.integration

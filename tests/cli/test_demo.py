@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-
 from flightrec.broker.local import free_port
-from flightrec.demo.system import plan_fleet
 from flightrec.db.query import run_query
+
+from flightrec.demo.system import plan_fleet
 
 pytestmark = pytest.mark.integration
 

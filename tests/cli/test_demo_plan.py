@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flightrec.db.classify import load_rules
+
 from flightrec.demo.system import FATE_ENDS_AS, FLEET_PLAN, fleet_summary, plan_fleet
 
 

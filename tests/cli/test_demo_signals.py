@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from signal_helpers import signals_lost
-
 from flightrec.broker.local import free_port
+from signal_helpers import signals_lost
 
 pytestmark = pytest.mark.integration
 
@@ -43,10 +43,8 @@ def _kill_all(home: Path) -> list[str]:
             break
         time.sleep(0.5)
     for line in left:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return left
 
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from flightrec.broker.local import free_port
 
 pytestmark = pytest.mark.integration

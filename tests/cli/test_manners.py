@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from flightrec.db.filestore import FileStore
+from flightrec.db.fold import RawMessage, fold
+from flightrec.schemas import Lifecycle, LogBatch, encode
 
 from flightrec.cli import build_parser
-from flightrec.db.fold import RawMessage, fold
-from flightrec.db.filestore import FileStore
-from flightrec.schemas import Lifecycle, LogBatch, encode
 
 DAEMON = "/tmp/pytest-of-someone/run-42/.flightrec/demo/runs/20261202-101010/h100-01/prover-daemon.log"
 T0 = 1_750_000_000_000_000

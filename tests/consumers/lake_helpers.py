@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-
-from flightrec.db.nul import spelled
-from materializer_helpers import Boot, motivating_boot
-
 from flightrec.db import lake as lakes
 from flightrec.db.filestore import MATERIALIZED_TABLES
+from flightrec.db.nul import spelled
 from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent
+from materializer_helpers import Boot, motivating_boot
 
 
 def varied_fleet(n_healthy: int = 4) -> tuple[list[Any], list[tuple[str, bytes | None, bytes | None]]]:
@@ -66,7 +64,6 @@ def run_lake(kafka: Any, db: str, data_path: str, idle: float = 2.0, **opts: Any
     """One in-process group member on the lake until caught up and idle; its Stats."""
     from flightrec.consumers.group import GroupMaterializer
     from flightrec.consumers.materializer import Options
-
     from flightrec.db.views import stored_views
 
     opts.setdefault("group", f"test-{uuid.uuid4().hex[:8]}")

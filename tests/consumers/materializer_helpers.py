@@ -6,9 +6,10 @@ import asyncio
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from flightrec.schemas import (
     BenchmarkResult,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from materializer_helpers import Boot, flightrec, materialize, publish
-
 from flightrec.analytics import queries
-from flightrec.db.views import VIEWS
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.query import run_query
+from flightrec.db.views import VIEWS
 from flightrec.schemas import Lifecycle, encode
+from materializer_helpers import Boot, flightrec, materialize, publish
 
 ABSURD = -(2**63) + 5
 

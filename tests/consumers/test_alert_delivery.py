@@ -7,17 +7,16 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
 
 import pytest
-from materializer_helpers import motivating_boot
-
 from flightrec.consumers import webhook
 from flightrec.consumers.alerts import OUTBOX_DDL, AlertConfig, Alerter, new_silences
-from flightrec.db.fold import RawMessage, fold
 from flightrec.db.filestore import FileStore
+from flightrec.db.fold import RawMessage, fold
 from flightrec.schemas import encode
+from materializer_helpers import motivating_boot
 
 
 class Server:

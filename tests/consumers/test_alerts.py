@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
 
 import pytest
-from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
-
 from flightrec.broker.local import free_port
 from flightrec.db.query import run_query
 from flightrec.db.views import stored_views
 from flightrec.schemas import Heartbeat, Lifecycle
+from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
 
 pytestmark = pytest.mark.integration
 
@@ -201,6 +200,7 @@ def test_the_materialize_command_takes_the_webhook_from_the_environment(kafka, d
 
 def test_alert_on_refuses_an_unknown_kind():
     from flightrec.consumers.alerts import KINDS, parse_kinds
+
     from flightrec.errors import ConfigError
 
     assert parse_kinds(None) == KINDS and parse_kinds("failed, incomplete") == ("failed", "incomplete")
@@ -210,6 +210,7 @@ def test_alert_on_refuses_an_unknown_kind():
 
 def test_a_webhook_that_is_not_a_url_is_refused_with_what_to_do():
     from flightrec.consumers.alerts import AlertConfig, Alerter
+
     from flightrec.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--webhook https://"):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from materializer_helpers import Boot
-
 from flightrec.consumers.group import GroupMaterializer
 from flightrec.consumers.materializer import Materializer, Pending
 from flightrec.consumers.options import Options
 from flightrec.schemas import encode
+from materializer_helpers import Boot
+
 from flightrec.settings import TOPIC_LIFECYCLE, TOPIC_LOGS
 
 LAKE = "ducklake:postgres:dbname=flightrec host=127.0.0.1 port=5432 user=flightrec"

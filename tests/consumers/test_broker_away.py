@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from flightrec.broker.local import free_port
+from flightrec.db.query import run_query
 from materializer_helpers import Boot, flightrec, publish
 
-from flightrec.broker.local import free_port
 from flightrec.errors import QueryError
-from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 

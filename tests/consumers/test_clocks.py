@@ -10,14 +10,14 @@ from typing import Any
 
 import duckdb
 import pytest
+from flightrec.db.filestore import FileStore
+from flightrec.db.fold import CREATE_TIME, LOG_APPEND_TIME, RawMessage, fold, received_us
+from flightrec.db.query import run_query
+from flightrec.db.views import VIEWS
+from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent, encode
 from materializer_helpers import Boot
 
-from flightrec.db.views import VIEWS
-from flightrec.db.fold import CREATE_TIME, LOG_APPEND_TIME, RawMessage, fold, received_us
-from flightrec.db.filestore import FileStore
 from flightrec.errors import QueryError
-from flightrec.db.query import run_query
-from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent, encode
 
 S = 1_000_000
 HOUR = 3600 * S
@@ -42,7 +42,7 @@ def _msgs(
             None if t is None else t // 1000,
             None if t is None else kind,
         )
-        for n, (e, t) in enumerate(zip(events, times))
+        for n, (e, t) in enumerate(zip(events, times, strict=True))
     ]
 
 
@@ -130,6 +130,7 @@ def test_without_receive_times_liveness_falls_back_to_the_instances_clock_and_sa
     assert row["liveness_clock"] == "receiver" and row["status"] == "running" and row["clock_offset_s"] < -3000
 
 
+@pytest.mark.slow
 def test_the_offset_is_the_median_of_the_latest_events_robust_to_late_ones_and_following_a_fixed_clock(tmp_path):
     db = tmp_path / "f.duckdb"
     now = _now()
@@ -243,8 +244,8 @@ def test_a_database_made_before_receive_times_gains_them_at_the_first_open(tmp_p
 
 
 def test_the_timelines_silences_are_measured_on_the_receivers_clock():
-    from flightrec.db.liveness import heartbeat_gaps
     from flightrec.consumers.timeline import liveness_entries
+    from flightrec.db.liveness import heartbeat_gaps
 
     # beats 30 s apart by Kafka's clock; the instance's clock jumped an hour ahead between the first two
     beats = [

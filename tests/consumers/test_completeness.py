@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from materializer_helpers import Boot, flightrec, materialize, publish
-
 from flightrec.db.query import run_query
 from flightrec.schemas import Sealed
+from materializer_helpers import Boot, flightrec, materialize, publish
 
 pytestmark = pytest.mark.integration
 

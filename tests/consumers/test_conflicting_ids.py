@@ -6,11 +6,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from materializer_helpers import Boot
-
-from flightrec.db.fold import RawMessage, fold
 from flightrec.db.filestore import FileStore
+from flightrec.db.fold import RawMessage, fold
 from flightrec.schemas import Lifecycle, encode
+from materializer_helpers import Boot
 
 
 def _msgs(events: list, first_offset: int = 0) -> list[RawMessage]:

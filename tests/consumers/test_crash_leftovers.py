@@ -1,4 +1,5 @@
-"""A commit cut by SIGKILL whose log lines DuckDB's recovery kept without the rest of its transaction is not counted twice."""
+"""A commit cut by SIGKILL whose log lines DuckDB's recovery kept without the rest of its transaction is not counted
+twice."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-from materializer_helpers import Boot
-
-from flightrec.db.fold import RawMessage, fold
 from flightrec.db.filestore import FileStore
+from flightrec.db.fold import RawMessage, fold
 from flightrec.db.lastlines import LAST_LINES
 from flightrec.schemas import Lifecycle, encode
+from materializer_helpers import Boot
 
 LINES = 200
 

@@ -1,4 +1,5 @@
-"""The demo's healthy instance ships each line of the daemon's log once, though benchmark and supervisor both follow it."""
+"""The demo's healthy instance ships each line of the daemon's log once, though benchmark and supervisor both follow
+it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from materializer_helpers import materialize
-
 from flightrec.db.query import run_query
+from materializer_helpers import materialize
 
 pytestmark = pytest.mark.integration
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "examples" / "entrypoint.sh"

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import duckdb
+import pytest
+from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
+from flightrec.db.fold import RawMessage, fold
+from flightrec.schemas import Heartbeat, Lifecycle, encode
 from lake_helpers import varied_fleet
 from materializer_helpers import Boot
-
-from flightrec.db.fold import RawMessage, fold
-from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
-from flightrec.schemas import Heartbeat, Lifecycle, encode
 
 DERIVED = ("instances", "boots", "failures", "heartbeats", "running_stages")
 

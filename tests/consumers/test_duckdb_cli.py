@@ -56,9 +56,8 @@ def test_while_a_materializer_runs_the_duckdb_cli_is_refused_and_flightrec_sql_r
     -readonly) while the materializer holds the file; `flightrec sql` reads through the materializer."""
     import time
 
-    from materializer_helpers import flightrec
-
     from flightrec.db.live import socket_path
+    from materializer_helpers import flightrec
 
     b = motivating_boot()
     publish(kafka.bootstrap, b.events)

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from flightrec.db.live import socket_path
+from flightrec.db.query import run_query
 from materializer_helpers import Boot, flightrec, publish
 
 from flightrec.errors import QueryError
-from flightrec.db.live import socket_path
-from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 

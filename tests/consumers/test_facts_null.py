@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from flightrec.db.fold import fold, missing_facts_as_null
-from flightrec.schemas import InstanceFacts, TOPIC_LIFECYCLE, encode
+from flightrec.schemas import TOPIC_LIFECYCLE, InstanceFacts, encode
 
 
 class _Msg:

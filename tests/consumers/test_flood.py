@@ -10,17 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-from materializer_helpers import flightrec
-
 from flightrec.db.live import socket_path
+from materializer_helpers import flightrec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FLOOD_MB = 200
 FLOOD_BOUND_S = 10.0  # exit of the failing stage -> its failures row visible, with the flood in full flow
 # 2M lines of 100 bytes, as fast as the pipe takes them
-FLOOD = "import sys\nline = b'x' * 99 + b'\\n'\nw = sys.stdout.buffer\nfor i in range(%d):\n    w.write(line)\n" % (
-    FLOOD_MB * 1024 * 1024 // 100
+FLOOD = (
+    "import sys\nline = b'x' * 99 + b'\\n'\nw = sys.stdout.buffer\n"
+    f"for i in range({FLOOD_MB * 1024 * 1024 // 100}):\n    w.write(line)\n"
 )
 
 

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from materializer_helpers import Boot, motivating_boot
-
+from flightrec.consumers.materializer import event_filter, parse_time
 from flightrec.db.classify import FailureEvidence, load_rules, parse_rules
 from flightrec.db.derive import incomplete_reason, missing_ranges
 from flightrec.db.failures import build_failure
 from flightrec.db.fold import RawMessage, fold
-from flightrec.consumers.materializer import event_filter, parse_time
-from flightrec.errors import ConfigError
 from flightrec.schemas import Lifecycle, encode
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from materializer_helpers import Boot, motivating_boot
+
+from flightrec.errors import ConfigError
 
 RULES = load_rules()
 
@@ -164,9 +163,11 @@ def test_failure_builder_is_order_independent_and_none_without_failure():
     for r in recs:
         if "file_tails" in r:
             r["file_tails"] = [dict(t) for t in r["file_tails"]]
-    life = [{**r, "kind": "lifecycle"} for r, e in zip(recs, b.events) if e.name.endswith("Lifecycle")]
-    exits = [r for r, e in zip(recs, b.events) if e.name.endswith("ProcessExit") and r["stage"] == "benchmark"]
-    results = [r for r, e in zip(recs, b.events) if e.name.endswith("BenchmarkResult")]
+    life = [{**r, "kind": "lifecycle"} for r, e in zip(recs, b.events, strict=True) if e.name.endswith("Lifecycle")]
+    exits = [
+        r for r, e in zip(recs, b.events, strict=True) if e.name.endswith("ProcessExit") and r["stage"] == "benchmark"
+    ]
+    results = [r for r, e in zip(recs, b.events, strict=True) if e.name.endswith("BenchmarkResult")]
     kw = dict(exits=exits, results=results, facts=recs[0], log_tails={}, rules=RULES)
     one = build_failure(b.instance, b.boot, "benchmark", lifecycle=life, **kw)
     two = build_failure(
@@ -284,7 +285,6 @@ def test_a_daemon_s_signal_is_stored_with_its_failure(tmp_path):
 
 def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_path):
     import duckdb
-
     from flightrec.db.filestore import FileStore
 
     db = tmp_path / "old.duckdb"
@@ -295,9 +295,10 @@ def test_a_database_made_before_killed_by_gets_it_filled_at_the_first_open(tmp_p
     con.execute("DROP TABLE schema_version")  # (which recorded no versions)
     before = con.execute("SELECT * FROM failures").fetchall()
     con.close()
-    from flightrec.db.views import VIEWS
-    from flightrec.errors import MaterializeError, QueryError
     from flightrec.db.query import run_query
+    from flightrec.db.views import VIEWS
+
+    from flightrec.errors import MaterializeError, QueryError
 
     with pytest.raises(QueryError, match="older flightrec.*flightrec materialize"):  # a reader before any writer
         run_query(db, "SELECT killed_by FROM failure_context", prelude=VIEWS)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
-
 import flightrec.db.fold as fold_module
+import pytest
 from flightrec.db.fold import Delta, RawMessage, fold
 from flightrec.schemas import TOPIC_LOGS, Lifecycle, LogBatch, default_codec, encode
 from flightrec.schemas.logcolumns import LogColumns

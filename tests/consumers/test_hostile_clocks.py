@@ -16,11 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
+from flightrec.db.query import run_query
 from flightrec.db.views import VIEWS
+
 from flightrec.cluster import LOG_APPEND_TIME, TIMESTAMP_TYPE, describe_topic_configs
 from flightrec.errors import FlightrecError
-from flightrec.db.query import run_query
 from flightrec.settings import TOPICS
 
 pytestmark = pytest.mark.integration
@@ -178,9 +178,8 @@ def test_topics_that_stamp_create_time_are_named_with_the_fix_and_liveness_falls
     import logging
 
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from materializer_helpers import Boot, materialize, publish
-
     from flightrec.schemas import Heartbeat, Lifecycle
+    from materializer_helpers import Boot, materialize, publish
 
     async def recreate() -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=fresh_kafka.bootstrap)

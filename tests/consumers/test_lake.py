@@ -8,6 +8,12 @@ import uuid
 
 import duckdb
 import pytest
+from flightrec.db import lake as lakes
+from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
+from flightrec.db.fold import RawMessage, fold
+from flightrec.db.lakestore import LakeStore
+from flightrec.db.stats import Stats
+from flightrec.schemas import Lifecycle, encode
 from lake_helpers import (
     assert_lake_equals_file,
     lake_con,
@@ -19,13 +25,7 @@ from lake_helpers import (
 )
 from materializer_helpers import Boot, flightrec, materialize, publish
 
-from flightrec.db import lake as lakes
-from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
-from flightrec.db.fold import RawMessage, fold
-from flightrec.db.lakestore import LakeStore
-from flightrec.db.stats import Stats
 from flightrec.errors import Fenced, MaterializeError
-from flightrec.schemas import Lifecycle, encode
 
 
 def test_the_lake_equals_a_file_of_the_same_topics(kafka, lake, tmp_path):

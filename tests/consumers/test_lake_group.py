@@ -11,14 +11,13 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
-
-from lake_helpers import assert_lake_equals_file, lake_con, lake_count, run_lake, seed_lake_at_mark
-from materializer_helpers import Boot, materialize, publish
 
 from flightrec.db import lake as lakes
 from flightrec.db.lakestore import LakeStore
+from lake_helpers import assert_lake_equals_file, lake_con, lake_count, run_lake, seed_lake_at_mark
+from materializer_helpers import Boot, materialize, publish
 
 INSTANCES = 20
 BATCHES = 20
@@ -32,7 +31,9 @@ db, prefix, until = sys.argv[1], sys.argv[2], float(sys.argv[3])
 seen, errors = [], []
 while time.time() < until:
     try:
-        n = run_query(db, "SELECT count(*) AS n FROM log_lines WHERE starts_with(instance_id, ?)", [prefix]).to_pylist()[0]["n"]
+        n = run_query(
+            db, "SELECT count(*) AS n FROM log_lines WHERE starts_with(instance_id, ?)", [prefix]
+        ).to_pylist()[0]["n"]
         seen.append(n)
     except Exception as exc:
         if seen or "does not exist" not in str(exc):  # before the members made the tables, a missing table is fine

@@ -4,12 +4,11 @@ made again."""
 
 from __future__ import annotations
 
-from lake_helpers import lake_con
-
 from flightrec.db import lake as lakes
 from flightrec.db import lakelayout
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.query import run_query
+from lake_helpers import lake_con
 
 LAYOUT_KINDS = ("created", "altered", "dropped")  # ducklake_snapshots' kinds of a layout change: views_created, …
 VIEWS = ("CREATE OR REPLACE VIEW v AS SELECT count(*) AS n FROM instances",)

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from materializer_helpers import Boot
-
-from flightrec.db.lastlines import LAST_LINES
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
+from flightrec.db.lastlines import LAST_LINES
 from flightrec.db.query import run_query
 from flightrec.db.views import VIEWS
 from flightrec.schemas import Lifecycle, encode
+from materializer_helpers import Boot
 
 # what an operator would otherwise ask log_lines for: the stage's last LAST_LINES lines, in order
 FROM_LOG_LINES = f"""
@@ -114,6 +113,7 @@ def test_a_lake_with_failures_from_before_last_lines_asks_for_a_replay_and_a_new
 
     from flightrec.db import lake as lakes
     from flightrec.db.lakestore import LakeStore
+
     from flightrec.errors import MaterializeError
 
     db, data_path = lake

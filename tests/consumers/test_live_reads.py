@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pyarrow.flight as flight
 import pytest
+from flightrec.db.live import encode_request, location, socket_path
+from flightrec.db.query import run_query
 from materializer_helpers import Boot, flightrec, materialize, publish
 
 from flightrec.errors import QueryError
-from flightrec.db.live import encode_request, location
-from flightrec.db.live import socket_path
-from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
 
@@ -179,8 +178,8 @@ def test_prelude_views_and_params_on_the_live_path(kafka, db):
 def test_the_prelude_is_no_way_around_the_read_only_check(db):
     # The live path runs the client's prelude on the writer's database: a COMMIT in it would
     # let later statements write for good, so only CREATE TEMP VIEW statements pass.
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
+    from flightrec.db.serve import QueryServer
 
     evil = (
         """INSERT INTO dead_letters (topic, "partition", "offset", reason) VALUES ('x', 0, 0, 'written by a reader')"""
@@ -212,8 +211,8 @@ def test_the_prelude_is_no_way_around_the_read_only_check(db):
 def test_a_write_hidden_in_explain_analyze_is_refused_on_the_live_path(db):
     # EXPLAIN ANALYZE runs its statement: on the writer's database an uncommitted DELETE would hold
     # the rows the writer recomputes, and the writer's next commit would fail on the conflict.
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
+    from flightrec.db.serve import QueryServer
 
     store = FileStore(db, "g")
     try:

@@ -11,13 +11,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
-
-from flightrec.db.views import VIEWS
-from flightrec.errors import FlightrecError
 from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.db.query import run_query
+from flightrec.db.views import VIEWS
 from flightrec.schemas import Heartbeat, Lifecycle, now_us
+from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
+
+from flightrec.errors import FlightrecError
 
 pytestmark = pytest.mark.integration
 EXE = str(Path(sys.executable).with_name("flightrec"))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from flightrec.db.status import STATUS_RULES, STATUSES, status_case
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.liveness import ago, heartbeat_gaps
+from flightrec.db.status import STATUS_RULES, STATUSES, status_case
 from flightrec.schemas import Heartbeat, ManagerEvent, encode
 
 S = 1_000_000

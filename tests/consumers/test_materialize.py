@@ -6,10 +6,10 @@ import struct
 import uuid
 
 import pytest
-from materializer_helpers import Boot, materialize, motivating_boot, publish
-
 from flightrec.db.query import run_query
 from flightrec.schemas import MAGIC, Lifecycle, LogBatch, ProcessExit, encode
+from materializer_helpers import Boot, materialize, motivating_boot, publish
+
 from flightrec.settings import TOPIC_LIFECYCLE, TOPIC_LOGS, TOPIC_METRICS, TOPICS
 
 pytestmark = pytest.mark.integration

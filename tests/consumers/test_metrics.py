@@ -10,11 +10,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from materializer_helpers import flightrec, motivating_boot, publish
-from prometheus_client.parser import text_string_to_metric_families
-
 from flightrec.broker.local import free_port
 from flightrec.consumers.metrics import dead_letter_reason
+from materializer_helpers import flightrec, motivating_boot, publish
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
 

@@ -111,8 +111,8 @@ def test_a_reader_that_gave_way_asks_again_live(db):
     # The reader (a real `flightrec sql` process) holds the file; a writer opening it in this
     # process gets it without waiting out its lock_wait, and the reader's query then reaches the
     # live server (which here interrupts it after 1 s, so the test need not wait for the answer).
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
+    from flightrec.db.serve import QueryServer
 
     FileStore(db, "g").close()
     exe = Path(sys.executable).with_name("flightrec")

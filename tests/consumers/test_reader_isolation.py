@@ -9,12 +9,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-
 from flightrec.analytics import queries
-from flightrec.errors import QueryError
-from flightrec.db.live import encode_request, location
-from flightrec.db.live import socket_path
+from flightrec.db.live import encode_request, location, socket_path
 from flightrec.db.query import run_query
+
+from flightrec.errors import QueryError
 
 LEAK = Path("/tmp/flightrec-a-isolation-leak")
 
@@ -179,8 +178,8 @@ def _state(con: duckdb.DuckDBPyConnection) -> tuple:
 
 
 def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
+    from flightrec.db.serve import QueryServer
 
     LEAK.unlink(missing_ok=True)
     store = FileStore(db, "g")
@@ -237,8 +236,8 @@ def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_misse
 
 def test_the_flight_endpoint_answers_checked_reads_and_nothing_else(db):
     """Every other Flight call, a ticket that is no request and a file read are refused; the socket is owner-only."""
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
+    from flightrec.db.serve import QueryServer
 
     store = FileStore(db, "g")
     try:

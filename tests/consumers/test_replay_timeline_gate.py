@@ -9,11 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
-
 from flightrec.db.filestore import MATERIALIZED_TABLES
-from flightrec.schemas import Heartbeat, ManagerEvent
 from flightrec.db.query import run_query
+from flightrec.schemas import Heartbeat, ManagerEvent
+from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish
 
 pytestmark = pytest.mark.integration
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import duckdb
-from materializer_helpers import Boot
-
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.stats import Stats
-from flightrec.db.filestore import FileStore
 from flightrec.schemas import encode
+from materializer_helpers import Boot
 
 
 def _messages(events, start=0):

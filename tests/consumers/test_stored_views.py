@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from materializer_helpers import Boot, flightrec, motivating_boot, publish
-
 from flightrec.db.views import ALL_VIEW_NAMES
 from flightrec.schemas import Lifecycle
+from materializer_helpers import Boot, flightrec, motivating_boot, publish
 
 pytestmark = pytest.mark.integration
 

@@ -12,13 +12,13 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
-from materializer_helpers import motivating_boot
-
-from flightrec.db import derive, fold as fold_mod
-from flightrec.db.fold import RawMessage, fold
+from flightrec.db import derive
+from flightrec.db import fold as fold_mod
 from flightrec.db.filestore import OFFSETS, FileStore
+from flightrec.db.fold import RawMessage, fold
 from flightrec.schemas import EVENT_BY_NAME, EVENT_TYPES, Dropped, Heartbeat, ManagerEvent, encode
 from flightrec.schemas.arrow import element_field, event_fields
+from materializer_helpers import motivating_boot
 
 # Tables written from an Arrow schema (the fold's, the derived tables', the offsets').
 WRITTEN: dict[str, pa.Schema] = {

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from materializer_helpers import Boot
-
 from flightrec.analytics import queries
-from flightrec.db.views import VIEW_NAMES, VIEWS
-from flightrec.db.fold import RawMessage, fold
-from flightrec.db.filestore import FileStore
 from flightrec.consumers.timeline import entries_from_records, from_db, render
+from flightrec.db.filestore import FileStore
+from flightrec.db.fold import RawMessage, fold
 from flightrec.db.query import run_query
+from flightrec.db.views import VIEW_NAMES, VIEWS
 from flightrec.schemas import Lifecycle, encode
+from materializer_helpers import Boot
 
 
 def _db(tmp_path: Path) -> tuple[Boot, Path]:

@@ -5,14 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from materializer_helpers import Boot, motivating_boot
-
-from flightrec.db.failures import exit_failed
-from flightrec.db.fold import RawMessage, fold
-from flightrec.db.filestore import FileStore
 from flightrec.consumers.timeline import Entry, entries_from_records, from_db
+from flightrec.db.failures import exit_failed
+from flightrec.db.filestore import FileStore
+from flightrec.db.fold import RawMessage, fold
 from flightrec.schemas import Dropped, Heartbeat, Lifecycle, LogBatch, ManagerEvent, encode
+from materializer_helpers import Boot, motivating_boot
 
 
 def _timed_out_boot() -> Boot:

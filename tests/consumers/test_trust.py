@@ -6,14 +6,14 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from materializer_helpers import Boot
-
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
 from flightrec.db.trust import Trust, TrustConfig, load_state
-from flightrec.errors import ConfigError
 from flightrec.schemas import Event, Lifecycle, ManagerEvent, Sealed, encode
 from flightrec.schemas.auth import HEADER, Signer, enroll, new_fleet_key, parse_fleet_key, tag, verify
+from materializer_helpers import Boot
+
+from flightrec.errors import ConfigError
 
 FLEET = parse_fleet_key(new_fleet_key())
 T_ENROLL = 1_700_000_000_000_000
@@ -197,10 +197,9 @@ def test_headers_are_read_as_aiokafka_gives_them() -> None:
 def test_no_header_bytes_make_verify_raise_or_pass() -> None:
     """Whatever bytes a host puts in the tag header: a verdict (never an exception that would stop the fold), not a
     valid one, and a reason short enough for a dead letter's row; a key id with a trailing newline is no key id."""
+    from flightrec.schemas.auth import KeyId
     from hypothesis import given, settings
     from hypothesis import strategies as st
-
-    from flightrec.schemas.auth import KeyId
 
     a = enroll(FLEET, "inst-a", T_ENROLL)
     real = a.header("flightrec.lifecycle", b"inst-a", b"value")[1]

@@ -9,14 +9,13 @@ import os
 from pathlib import Path
 
 import pytest
-from materializer_helpers import flightrec, materialize
-from test_alerts import Hook
-
 from flightrec.db.query import run_query
 from flightrec.db.trust import TrustConfig
 from flightrec.db.views import prelude_for
 from flightrec.schemas import Lifecycle, ManagerEvent, Sealed, encode, new_event_id, now_us
 from flightrec.schemas.auth import Signer, new_fleet_key, parse_fleet_key
+from materializer_helpers import flightrec, materialize
+from test_alerts import Hook
 
 pytestmark = pytest.mark.integration
 
@@ -154,6 +153,7 @@ def test_the_malicious_host_against_a_sasl_ssl_broker_with_the_authorizer_on(sas
     import uuid
 
     from flightrec.broker.secure import read_env_file
+
     from flightrec.settings import Settings
 
     exe = str(Path(sys.executable).parent / "flightrec")

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from materializer_helpers import Boot
-
 from flightrec.db.fold import RawMessage, fold
-from flightrec.errors import MaterializeError, QueryError
 from flightrec.db.query import run_query
 from flightrec.schemas import encode
+from materializer_helpers import Boot
+
+from flightrec.errors import MaterializeError, QueryError
 
 EXE = str(Path(sys.executable).with_name("flightrec"))
 # passes the statement check; fills the writer's shared memory (and spills gigabytes) in seconds
@@ -30,9 +30,9 @@ def _delta(boot: Boot, first_offset: int = 0):
 
 
 def test_a_read_too_large_for_a_live_read_is_stopped_and_told_so(tmp_path: Path) -> None:
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
     from flightrec.db.live import query_live
+    from flightrec.db.serve import QueryServer
 
     db = tmp_path / "fr.duckdb"
     store = FileStore(db, "g")
@@ -188,9 +188,9 @@ def test_an_oom_retry_keeps_the_totals_of_earlier_commits(tmp_path: Path, monkey
 
 def test_a_result_too_large_for_the_materializer_s_memory_is_refused(tmp_path: Path) -> None:
     """(Found by review.) A result is built outside DuckDB's memory limit: over half of it, the read is stopped."""
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
     from flightrec.db.live import query_live
+    from flightrec.db.serve import QueryServer
 
     db = tmp_path / "fr.duckdb"
     store = FileStore(db, "g", memory_limit="200MB")
@@ -206,9 +206,9 @@ def test_a_result_too_large_for_the_materializer_s_memory_is_refused(tmp_path: P
 
 def test_aggregate_states_count_as_a_read_s_memory(tmp_path: Path) -> None:
     """(Found by review.) list() and string_agg() hold their states in DuckDB's ALLOCATOR, not in a hash table."""
-    from flightrec.db.serve import QueryServer
     from flightrec.db.filestore import FileStore
     from flightrec.db.live import query_live
+    from flightrec.db.serve import QueryServer
 
     db = tmp_path / "fr.duckdb"
     store = FileStore(db, "g", memory_limit="300MB")

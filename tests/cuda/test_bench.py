@@ -13,7 +13,6 @@ import types
 from typing import Any
 
 import pytest
-
 from flightrec.cuda import bench
 from flightrec.cuda.backend import CpuProver, open_prover
 from flightrec.cuda.gpu import CudaProver, DeviceError

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from flightrec.cuda import compile as cc
 from flightrec.cuda import driver
 from flightrec.cuda.proof import ProofParams, prove
@@ -40,6 +39,7 @@ def _result(stdout: str) -> dict:
     return json.loads(line[len("RESULT ") :])
 
 
+@pytest.mark.slow
 def test_rehearsal_checks_roots_times_sizes_and_compares_with_the_cpu(tmp_path: Path) -> None:
     out_json = tmp_path / "r.json"
     proc = _run(*SMALL_RUN, "--ks", "10,11", "--budget-s", "200", "--json", str(out_json))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from flightrec.cuda import compile as cc
 from flightrec.cuda import plan
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from flightrec.cuda import compile as cc
 from flightrec.cuda import driver, plan
 from flightrec.cuda.gpu import CudaProver, DeviceError

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from flightrec.cuda import field
 from flightrec.cuda.field import P
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # Values near the edges (0, 1, p-1, 2^32 boundaries) find carry bugs; hypothesis mixes them in.
 EDGES = [0, 1, 2, P - 1, P - 2, 2**32 - 1, 2**32, 2**32 + 1, 2**63, P - 2**32, 2**64 - 2**33]
@@ -37,7 +36,7 @@ def test_add_sub_mul_match_python_integers(pairs: list[tuple[int, int]]) -> None
 def test_wide_product_and_reduction_on_any_64_bit_words(pairs: list[tuple[int, int]]) -> None:
     a, b = _arrays(pairs)
     hi, lo = field.mul_wide(a, b)
-    assert [(int(h) << 64) | int(l) for h, l in zip(hi, lo)] == [x * y for x, y in pairs]
+    assert [(int(h) << 64) | int(l) for h, l in zip(hi, lo, strict=True)] == [x * y for x, y in pairs]
     assert [int(v) for v in field.reduce128(hi, lo)] == [(x * y) % P for x, y in pairs]
 
 

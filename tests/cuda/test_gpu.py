@@ -12,7 +12,6 @@ import random
 
 import numpy as np
 import pytest
-
 from flightrec.cuda.backend import CpuProver
 from flightrec.cuda.proof import ProofParams
 

@@ -6,7 +6,6 @@ import hashlib
 
 import numpy as np
 import pytest
-
 from flightrec.cuda import field
 from flightrec.cuda.field import P
 from flightrec.cuda.merkle import leaf_bytes, merkle_root
@@ -20,7 +19,7 @@ def test_vectorized_sha256_matches_hashlib(length: int) -> None:
     rng = np.random.default_rng(length)
     msgs = rng.integers(0, 256, size=(37, length), dtype=np.uint8)
     got = sha256_many(msgs)
-    for row, digest in zip(msgs, got):
+    for row, digest in zip(msgs, got, strict=True):
         assert digest.tobytes() == hashlib.sha256(row.tobytes()).digest()
 
 

@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import pytest
-
 from flightrec.cuda import field, ntt
 from flightrec.cuda.field import P
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from flightrec.cuda import ntt, plan
 from flightrec.cuda.field import P
 

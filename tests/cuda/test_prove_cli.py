@@ -9,7 +9,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
 from flightrec.schemas import TOPIC_LIFECYCLE, TOPIC_METRICS, BenchmarkResult, Lifecycle, Throughput, decode
 
 pytestmark = pytest.mark.integration

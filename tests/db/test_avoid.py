@@ -1,12 +1,13 @@
-"""The avoid-list's rule on a table of counts: the pure function, and the SQL of the avoid_list view agreeing with it."""
+"""The avoid-list's rule on a table of counts: the pure function, and the SQL of the avoid_list view agreeing with
+it."""
 
 from __future__ import annotations
 
 import duckdb
 import pytest
-
 from flightrec.db.avoid import AVOID_RATE, MIN_INSTANCES, because_sql, judge, wilson, wilson_sql
 from flightrec.db.classify import deterministic_classes, load_rules, parse_rules
+
 from flightrec.errors import ConfigError
 
 # (instances, failed, failed with a class deterministic for this dimension) -> banned, because

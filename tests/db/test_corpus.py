@@ -14,11 +14,11 @@ import socket
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from flightrec.db.classify import load_rules
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
@@ -189,6 +189,7 @@ def _healthy_lines(tmp: Path) -> list[str]:
     return [line for line in out if line.strip()]
 
 
+@pytest.mark.slow
 def test_no_rule_fires_on_the_demo_fleets_healthy_lines(tmp_path):
     healthy = _healthy_lines(tmp_path)
     assert len(healthy) >= 10, healthy

@@ -6,7 +6,6 @@ import time
 import uuid
 
 import duckdb
-
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
 from flightrec.schemas import LogBatch, encode

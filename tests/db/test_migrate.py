@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-
-from flightrec.db import lake as lakes, migrate
-from flightrec.db.lakestore import LakeStore
+from flightrec.db import lake as lakes
+from flightrec.db import migrate
 from flightrec.db.filestore import FileStore
+from flightrec.db.lakestore import LakeStore
+
 from flightrec.errors import MaterializeError
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from flightrec.db.fold import EXITS, FACTS, LOGS
 from flightrec.db.nul import has_nul, without_nul
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_a_table_without_nul_is_returned_as_it_is() -> None:

@@ -11,11 +11,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from flightrec.producer.segment import iter_records, parse_header
 from flightrec.producer.spool import instance_dir
 from flightrec.schemas import TOPICS, Event, LogBatch, decode
@@ -68,7 +68,7 @@ class AgentEnv:
         out: list[tuple[int, str, bool, bool]] = []
         for b in self.of(LogBatch, instance):
             if b.source == source and (stage is None or b.stage == stage):
-                out.extend(zip(b.line_no, b.text, b.truncated, b.invalid_utf8))
+                out.extend(zip(b.line_no, b.text, b.truncated, b.invalid_utf8, strict=True))
         return out
 
     def late_lines(self, source: str, stage: str | None = None) -> list[tuple[int, str, bool]]:
@@ -76,7 +76,7 @@ class AgentEnv:
         out: list[tuple[int, str, bool]] = []
         for b in self.of(LogBatch):
             if b.source == source and (stage is None or b.stage == stage):
-                out.extend(zip(b.line_no, b.text, getattr(b, "late", ()) or [False] * len(b.text)))
+                out.extend(zip(b.line_no, b.text, getattr(b, "late", ()) or [False] * len(b.text), strict=True))
         return out
 
     def wait_for_line(self, source: str, text: str, timeout: float = 60.0) -> list[tuple[int, str, bool]]:
@@ -104,7 +104,8 @@ def spool_events(root: Path, instance: str) -> list[Event]:
 # connection, the deliverer's "cannot deliver", the agent's "not yet acknowledged ... they stay in".
 _AWAY_LOG = re.compile(
     rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ (aiokafka[\w.]*|flightrec\.producer\.deliver"
-    rb"|flightrec\.producer\.agent(?=: \d+ events of .* (?:not yet acknowledged|Kafka at .* does not answer))): [^\n]*\n",
+    rb"|flightrec\.producer\.agent(?=: \d+ events of .* "
+    rb"(?:not yet acknowledged|Kafka at .* does not answer))): [^\n]*\n",
     re.M,
 )
 

@@ -15,9 +15,11 @@ import pytest
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 SECONDS = 4.0
 # a busy stage: a line every 20 ms (each one wakes the deliverer)
-BUSY = "import time\nfor i in range(%d):\n    print(f'line {i}', flush=True)\n    time.sleep(0.02)\n" % int(
-    SECONDS / 0.02
-)
+BUSY = f"""import time
+for i in range({int(SECONDS / 0.02)}):
+    print(f'line {{i}}', flush=True)
+    time.sleep(0.02)
+"""
 
 
 class Refuser:

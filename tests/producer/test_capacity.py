@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
+from flightrec.producer import open_agent
+from flightrec.producer.batcher import SourceBatcher
+from flightrec.producer.fit import message_size
+from flightrec.producer.spool import SYNC_WINDOW_S, Position, Spool
+from flightrec.schemas import Lifecycle, LogBatch, decode, new_event_id, now_us
 from hypothesis import example, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from flightrec.producer import open_agent
-from flightrec.producer.fit import message_size
-from flightrec.producer.batcher import SourceBatcher
-from flightrec.producer.spool import SYNC_WINDOW_S, Position, Spool
-from flightrec.schemas import LogBatch, Lifecycle, decode, new_event_id, now_us
 from flightrec.settings import TOPIC_LOGS, Settings
 
 LINE = b"0000000 worker 3: batch done msm=ok ntt=ok elapsed_ms=12.5\n"
@@ -188,7 +189,7 @@ def test_ascii_chunks_take_the_fast_path_with_the_same_lines(pieces: list[bytes]
         ) as agent,
     ):
         b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=5, max_bytes=64 * 1024)
-        for lo, hi in zip(bounds, bounds[1:]):
+        for lo, hi in itertools.pairwise(bounds):
             b.feed(data[lo:hi])
         b.close()
         recs, _ = agent.spool.read(Position(0, 0), agent.spool.committed_end(), max_bytes=1 << 40)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from flightrec.broker.local import free_port
 from flightrec.producer.spool import Position, Spool
 from flightrec.schemas import LogBatch, ProcessExit, decode
@@ -136,10 +136,8 @@ def test_a_broker_that_drops_packets_costs_a_stage_beside_the_sender_a_few_secon
     for _ in range(3):
         s = socket.socket()
         s.setblocking(False)
-        try:
+        with contextlib.suppress(BlockingIOError):
             s.connect(("127.0.0.1", port))
-        except BlockingIOError:
-            pass
         fill.append(s)
     time.sleep(0.5)
     env = spool_env.env(FLIGHTREC_BOOTSTRAP=f"127.0.0.1:{port}", FLIGHTREC_FLUSH_TIMEOUT="10")

@@ -19,7 +19,6 @@ from typing import Any
 
 import duckdb
 import pytest
-
 from flightrec.schemas import LogBatch, ProcessExit
 
 PY = sys.executable
@@ -147,7 +146,8 @@ CUZK = f"""
 for i in range(400):
     print(f"cuzk-daemon: tick {{i}}", flush=True); time.sleep(0.05)' > "$LOGFILE" 2>&1 &
 DPID=$!
-{W % "bench"} timeout 2 "$PY" -c 'import time; print("bench: proving", flush=True); time.sleep(30)' || echo "bench: timed out"
+{W % "bench"} timeout 2 "$PY" -c 'import time; print("bench: proving", flush=True); time.sleep(30)' \
+|| echo "bench: timed out"
 pkill -9 -f 'cuzk-daemon' || true
 kill $DPID 2>/dev/null; wait $DPID 2>/dev/null
 echo "stage: done"
@@ -221,6 +221,7 @@ def _start_signals(agent_env, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return p, ready
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_agent_alone_reaches_cmd_once(spool_env, tmp_path: Path) -> None:
     p, _ = _start_signals(spool_env, tmp_path)
     os.kill(p.pid, signal.SIGTERM)
@@ -444,9 +445,7 @@ def test_the_delayed_decisive_line_is_classified(agent_env, tmp_path: Path) -> N
 N_STAGES = 6
 N_LINES = 40
 # a daemon (a subshell: it carries the stage's token) printing a numbered line every 0.1 s on the inherited stdout
-MANY_STAGE = (
-    '(for i in $(seq 1 %d); do echo "$NAME line $i"; sleep 0.1; done) & echo "$NAME: started"; exit 0' % N_LINES
-)
+MANY_STAGE = f'(for i in $(seq 1 {N_LINES}); do echo "$NAME line $i"; sleep 0.1; done) & echo "$NAME: started"; exit 0'
 
 
 def late_processes(spool: Path) -> dict[int, tuple[int, int]]:

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from flightrec.schemas import Lifecycle, ProcessExit, Sealed
 
 pytestmark = pytest.mark.integration

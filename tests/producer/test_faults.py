@@ -6,13 +6,12 @@ thread that outlives a damaged spool go through the real broker (``agent_env``).
 from __future__ import annotations
 
 import subprocess
-import time
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from flightrec.schemas import Lifecycle, LogBatch, ProcessExit
 
 PY = sys.executable

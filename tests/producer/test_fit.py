@@ -1,4 +1,5 @@
-"""Messages fit Kafka's limit: tails cut by bytes, exit events share a budget, batches sized in bytes, refused records split or marked."""
+"""Messages fit Kafka's limit: tails cut by bytes, exit events share a budget, batches sized in bytes, refused
+records split or marked."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import uuid
 from pathlib import Path
 
 from flightrec.producer import open_agent
-from flightrec.producer.fit import marker_for, message_size, split_log_batch
-from flightrec.producer.fit import fit_exit
-from flightrec.producer.lines import Tail, cut_text, fit_tails
 from flightrec.producer.batcher import BATCH_MAX_BYTES, SourceBatcher
+from flightrec.producer.fit import fit_exit, marker_for, message_size, split_log_batch
+from flightrec.producer.lines import Tail, cut_text, fit_tails
 from flightrec.producer.spool import Position, Record
 from flightrec.schemas import Dropped, FileTail, LogBatch, ProcessExit, decode, encode
+
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
 
 

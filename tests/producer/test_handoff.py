@@ -5,9 +5,9 @@ from __future__ import annotations
 import pickle
 
 import pytest
-
 from flightrec.producer.handoff import FORMAT, HandedFile, HandedPipe, Handoff, HandoffError, decode, encode
 from flightrec.producer.redact import Carry
+
 from flightrec.settings import Settings
 
 

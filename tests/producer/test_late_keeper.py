@@ -16,8 +16,9 @@ FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 N_LINES = 200  # 10 s: it still runs when the late-output process is killed
 # a daemon (a subshell) writing a numbered line every 0.05 s on the stage's stdout, then leaving a mark
 DAEMON = (
-    '(for i in $(seq 1 %d); do echo "daemon line $i"; sleep 0.05; done; echo finished > "$MARK") & echo started; exit 0'
-) % N_LINES
+    f'(for i in $(seq 1 {N_LINES}); do echo "daemon line $i"; sleep 0.05; done; echo finished > "$MARK") & '
+    "echo started; exit 0"
+)
 
 
 def _env(tmp: Path, instance: str, **extra: str) -> dict[str, str]:

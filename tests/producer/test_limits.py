@@ -9,8 +9,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
 from flightrec.schemas import Dropped, Lifecycle, LogBatch, ProcessExit, Sealed
+
 from flightrec.settings import TOPIC_LOGS
 
 PY = sys.executable

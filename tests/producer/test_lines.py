@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from flightrec.producer.lines import LineSplitter, Tail, cut_utf8, decode_lines
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from flightrec.producer.lines import LineSplitter, Tail, cut_utf8, decode_lines
 
 
 def split_all(chunks: list[bytes], max_line: int = 64) -> tuple[list[bytes], list[bool]]:

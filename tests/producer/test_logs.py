@@ -120,7 +120,10 @@ def test_invalid_utf8_is_kept_visibly_and_flagged(spool_env) -> None:
 
 
 def test_progress_bar_does_not_flood(spool_env) -> None:
-    code = "import sys\nfor i in range(1001):\n    sys.stdout.write(f'\\rfetching params {i/10:.1f}%')\nprint()\nprint('fetched')"
+    code = (
+        "import sys\nfor i in range(1001):\n    sys.stdout.write(f'\\rfetching params {i/10:.1f}%')\n"
+        "print()\nprint('fetched')"
+    )
     r = spool_env.run("run", "--stage", "params", "--", PY, "-c", code)
     assert r.returncode == 0 and r.stdout.count(b"\r") == 1001
     assert [t for _, t, *_ in spool_env.lines("stdout")] == ["fetching params 100.0%", "fetched"]

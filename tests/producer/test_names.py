@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from flightrec.schemas import Lifecycle, ProcessExit
 
 
@@ -105,6 +104,7 @@ def test_no_manager_source_leaves_the_spool_folder(spool_env, tmp_path: Path, so
         assert source_dir.parent == root / "manager" and source_dir.name not in (".", ".."), seg
 
 
+@pytest.mark.slow
 def test_flush_all_finds_the_manager_s_undelivered_events(spool_env, tmp_path: Path) -> None:
     """`agent flush --all --spool $SPOOL/manager` (and `--spool $SPOOL`) sees every manager source's spool."""
     import subprocess
@@ -139,6 +139,7 @@ def test_flush_all_finds_the_manager_s_undelivered_events(spool_env, tmp_path: P
     assert empty.returncode == 0 and "no spooled instances" in empty.stdout + empty.stderr
 
 
+@pytest.mark.slow
 def test_an_instance_named_manager_hides_no_manager_event_from_flush_all(spool_env, tmp_path: Path) -> None:
     """(Found by review.) <spool>/manager is both that instance's folder and the manager's sources' root."""
     import subprocess

@@ -6,10 +6,11 @@ import base64
 import pickle
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
-
 from flightrec.producer.redact import Carry, Redactor
 from flightrec.producer.shapes import builtin_shapes
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 
 def test_env_values_are_masked() -> None:

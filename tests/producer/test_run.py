@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from flightrec.schemas import Lifecycle, ProcessExit
 
 PY = sys.executable

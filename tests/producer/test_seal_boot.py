@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from flightrec.schemas import InstanceFacts, Lifecycle, ProcessExit, Sealed
 
 PY = sys.executable

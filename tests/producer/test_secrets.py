@@ -10,16 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
-
 from flightrec.producer.agent import SyncAgent
-from flightrec.producer.redact import Redactor
 from flightrec.producer.batcher import SourceBatcher
+from flightrec.producer.redact import Redactor
 from flightrec.producer.run import run_stage
 from flightrec.producer.segment import iter_records, parse_header
 from flightrec.producer.spool import instance_dir
 from flightrec.schemas import FileTail, Lifecycle, LogBatch, ProcessExit, decode
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
 from flightrec.settings import Settings
 
 PY = sys.executable

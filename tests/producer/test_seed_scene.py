@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from flightrec.db.query import run_query
 
 pytestmark = pytest.mark.integration
@@ -164,7 +163,7 @@ def test_the_decisive_line_late_by_seconds_is_recorded_before_the_gate_opens(kaf
     try:
         with ThreadPoolExecutor(3) as pool:
             scenes = list(pool.map(lambda sc: _scene(tmp_path, env, db, sc[0], sc[1], late_wait=60), SCENES))
-        for (delay, launch), s in zip(SCENES, scenes):
+        for (delay, launch), s in zip(SCENES, scenes, strict=True):
             i, what = s["instance"], f"line {delay}s late, daemon started with {launch}"
             assert s["run"].returncode == 1, (tmp_path / i / "err").read_text()[-2000:]
             assert s["seal"].returncode == 0, s["seal"].stderr

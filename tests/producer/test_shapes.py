@@ -8,12 +8,14 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
-
-from flightrec.errors import ConfigError
 from flightrec.producer.redact import Redactor
 from flightrec.producer.secret_forms import Finder
 from flightrec.producer.shapes import SecretShapesError, builtin_shapes, load_shapes, needle_parts, parse_shapes
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from flightrec.errors import ConfigError
 
 GOOD = """[[shape]]
 name = "acme-key"

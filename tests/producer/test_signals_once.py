@@ -7,6 +7,7 @@ is tested in test_dropin.py. Checked at the agent's spool (``spool_env``): Kafka
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -91,6 +92,7 @@ def test_gnu_timeout_gives_cmd_one_sigterm(spool_env, tmp_path: Path) -> None:
     assert r.returncode == 124  # timed out
 
 
+@pytest.mark.slow
 def test_timeout_k_ends_a_stage_that_ignores_sigterm(spool_env, tmp_path: Path) -> None:
     # the command and its child ignore SIGTERM; timeout's SIGKILL (to the agent and its group) must still end both
     pids = tmp_path / "pids"
@@ -178,6 +180,7 @@ def test_a_sigterm_to_the_agent_reaches_cmd_alone_not_its_children(spool_env, tm
     assert out.decode().split() == ["worker", "got", "1"], err.decode()[-2000:]
 
 
+@pytest.mark.slow
 def test_a_usr1_to_the_agent_leaves_cmd_s_children_alone(spool_env, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     script = f'trap "echo cmd got USR1" USR1; sleep 3 & s=$!; touch {ready}; wait $s; wait $s; echo "child ended $?"'
@@ -242,10 +245,8 @@ def test_a_cgroup_wide_stop_reaches_cmd_once(spool_env, tmp_path: Path) -> None:
     _wait_ready(ready, p)
     unit = [int(x) for x in os.listdir("/proc") if x.isdigit() and _session(int(x)) == p.pid]
     for pid in sorted(unit):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     out, err = p.communicate(timeout=60)
     assert out.decode().split() == ["SIGTERM"], err.decode()[-2000:]
 
@@ -316,6 +317,7 @@ def _read_until(master: int, pattern: str, timeout: float = 30.0) -> str:
     raise AssertionError(f"{pattern!r} not seen on the terminal: {seen.decode(errors='replace')!r}")
 
 
+@pytest.mark.slow
 def test_job_control_at_a_terminal_still_works(spool_env, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     p, master = _pty_shell(spool_env.env())

@@ -19,11 +19,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from flightrec.schemas import TOPICS, Event, LogBatch, decode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from flightrec.errors import SpoolError
 from flightrec.producer import spool as spool_mod
 from flightrec.producer.spool import Position, Spool
 from flightrec.schemas import Lifecycle, Sealed, decode, new_event_id, now_us
+
+from flightrec.errors import SpoolError
 
 
 def lifecycle(instance: str, detail: str = ""):
@@ -138,7 +138,7 @@ def test_bad_segment_header_raises_spool_error(tmp_path: Path) -> None:
 def test_rotation_cursor_and_deletion(tmp_path: Path) -> None:
     sp = Spool(tmp_path, "i", rotate_bytes=600)
     evs = []
-    for i in range(20):
+    for _i in range(20):
         evs += sp.append([lifecycle("i", "x" * 100)])
     segs = sp.segments()
     assert len(segs) > 3

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 
 import pytest
-
 from flightrec.producer.term import SI_KERNEL, pending_in, should_forward, strip_control
 
 SI_USER = 0

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import strategies as st
-
 from flightrec.schemas import LogBatch
+from hypothesis import strategies as st
 
 longs = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
-from flightrec.errors import FlightrecError
 from flightrec.schemas import EVENT_TYPES, FileTail
 from flightrec.schemas.arrow import arrow_type, event_fields, event_schema
+
+from flightrec.errors import FlightrecError
 
 
 def _avsc(name: str) -> dict[str, Any]:
@@ -39,7 +39,7 @@ def _dataclass_default(f: dataclasses.Field) -> Any:
 def _check(cls: type, avsc_fields: list[dict[str, Any]]) -> None:
     ours = dataclasses.fields(cls)
     assert [f.name for f in ours] == [f["name"] for f in avsc_fields], f"{cls.__name__}: fields or their order differ"
-    for f, a in zip(ours, avsc_fields):
+    for f, a in zip(ours, avsc_fields, strict=True):
         nullable = isinstance(a["type"], list) and "null" in a["type"]
         assert ("None" in str(f.type)) == nullable, f"{cls.__name__}.{f.name}: nullable in one, not in the other"
         expected = _plain(a["default"]) if "default" in a else dataclasses.MISSING
@@ -79,8 +79,9 @@ def test_event_schema_follows_the_avsc_order() -> None:
 
 
 def test_every_event_travels_on_a_topic_of_the_contract() -> None:
-    from flightrec import settings
     from flightrec.schemas import topics
+
+    from flightrec import settings
 
     assert {cls.topic for cls in EVENT_TYPES} == set(topics.TOPICS)
     assert settings.TOPICS == topics.TOPICS  # re-exported for older imports
@@ -148,9 +149,9 @@ def test_every_event_opens_with_the_same_envelope() -> None:
 
     for cls in EVENT_TYPES:  # names and types; the docs may say what an id means for this event
         fields = _avsc(cls.name.rsplit(".", 1)[-1])["fields"][: len(ENVELOPE)]
-        assert [(f["name"], f["type"]) for f in fields] == list(zip(ENVELOPE, ("string",) * 3 + ("long",) * 2)), (
-            cls.__name__
-        )
+        assert [(f["name"], f["type"]) for f in fields] == list(
+            zip(ENVELOPE, ("string",) * 3 + ("long",) * 2, strict=True)
+        ), cls.__name__
 
 
 def test_a_field_name_has_one_type_in_every_event() -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from flightrec.schemas import Lifecycle, LogBatch, decode, encode
+from flightrec.schemas.fastlog import _long, encode_fast, varints
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from flightrec.schemas.fastlog import _long, encode_fast, varints
-from flightrec.schemas import Lifecycle, LogBatch, decode, encode
 from schema_strategies import batches
 
 

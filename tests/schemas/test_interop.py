@@ -11,7 +11,6 @@ from importlib import resources
 
 import avro.io
 import avro.schema
-
 from flightrec.schemas import (
     MAGIC,
     FileTail,

@@ -11,14 +11,14 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from flightrec.errors import CodecError
 from flightrec.schemas import LogBatch, decode_record, default_codec, encode
 from flightrec.schemas.codec import HEADER_LEN, MAGIC, schema_fingerprint
 from flightrec.schemas.logcolumns import LINE_MIN_BYTES, MIN_BYTES, LogColumns
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from schema_strategies import batches
+
+from flightrec.errors import CodecError
 
 every_size = LogColumns(min_bytes=0)
 
@@ -65,6 +65,7 @@ def in_blocks(b: LogBatch, data: Any) -> bytes:
     return out.getvalue()
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(batches())
 def test_the_codec_s_messages_decode_to_the_codec_s_values(batch: LogBatch) -> None:
@@ -87,6 +88,7 @@ def test_a_message_s_line_count_is_read_from_its_head(batch: LogBatch) -> None:
         assert LogColumns().lines(odd) == (len(odd) - HEADER_LEN) // LINE_MIN_BYTES
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(batches(), st.data())
 def test_arrays_in_several_blocks_decode_to_the_codec_s_values(batch: LogBatch, data: Any) -> None:

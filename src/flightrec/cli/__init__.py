@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from flightrec import __version__
 from flightrec.cli import agent, analytics, broker, catalog, demo, manager, materialize, prove, sql

@@ -10,8 +10,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from flightrec.errors import ConfigError, MaterializeError
 from flightrec.cli.options import add_read_db
+from flightrec.errors import ConfigError, MaterializeError
 from flightrec.settings import Settings
 
 if TYPE_CHECKING:
@@ -166,13 +166,13 @@ def _ensure_topics(settings: Settings) -> None:
         log.warning("could not make sure the topics exist: %s", exc)
 
 
-def _reader_location(db: str, data_path: str | None) -> "Location":
+def _reader_location(db: str, data_path: str | None) -> Location:
     from flightrec.db.location import reader_location
 
     return reader_location(db, data_path)
 
 
-def _run(opts: "Options", loc: "Location", settings: Settings) -> int:
+def _run(opts: Options, loc: Location, settings: Settings) -> int:
     from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers.materializer import Materializer
 
@@ -231,9 +231,7 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     return _run(materialize_options(args, settings, loc, kinds), loc, settings)
 
 
-def materialize_options(
-    args: argparse.Namespace, settings: Settings, loc: "Location", kinds: tuple[str, ...]
-) -> "Options":
+def materialize_options(args: argparse.Namespace, settings: Settings, loc: Location, kinds: tuple[str, ...]) -> Options:
     """The materializer's options from its flags and settings (``kinds``: the alerts the webhook gets)."""
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
     from flightrec.db.classify import load_rules
@@ -259,7 +257,7 @@ def materialize_options(
     )
 
 
-def trust_config(settings: Settings) -> "TrustConfig":
+def trust_config(settings: Settings) -> TrustConfig:
     """What the materializer verifies with (db/trust.py): the fleet key, and what an untagged event gets."""
     from flightrec.db.trust import TrustConfig
     from flightrec.schemas.auth import parse_fleet_key
@@ -276,10 +274,10 @@ def trust_config(settings: Settings) -> "TrustConfig":
 
 
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.db.classify import load_rules
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options, parse_time
-    from flightrec.db.views import stored_views
+    from flightrec.db.classify import load_rules
     from flightrec.db.location import locate
+    from flightrec.db.views import stored_views
 
     settings = settings.with_overrides(db=args.db)
     loc = locate(settings.db, args.data_path, writing=True)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
-from typing import Sequence
 
 
 class PandasKeptOut(ImportError):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from flightrec.errors import ProveError
 from flightrec.settings import Settings

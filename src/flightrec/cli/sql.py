@@ -72,7 +72,7 @@ def table_rows(table: pa.Table) -> list[dict[str, Any]]:
         return table.to_pylist()
     except (OverflowError, ValueError, pa.ArrowException):
         columns = [_column_values(c) for c in table.columns]
-        return [dict(zip(table.column_names, values)) for values in zip(*columns)]
+        return [dict(zip(table.column_names, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
 def format_table(table: pa.Table) -> str:
@@ -87,7 +87,9 @@ def format_table(table: pa.Table) -> str:
     ]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)).rstrip()
+        return "  ".join(
+            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)
+        ).rstrip()
 
     out = [line(names), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in rows]

@@ -15,9 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 FATES = ("healthy", "no_kernel_image", "cuda_oom", "params_download", "too_slow", "daemon_signal", "destroyed")
 READY_S = 2.0  # the benchmark gives up on a daemon not ready this long after it began loading
@@ -100,34 +100,34 @@ def params(args: argparse.Namespace) -> int:
 
 def daemon(args: argparse.Namespace) -> int:
     """The proving daemon: writes only to its own log file, as the real one does."""
-    log = open(args.log, "a", buffering=1)
+    with open(args.log, "a", buffering=1) as log:
 
-    def w(line: str) -> None:
-        log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+        def w(line: str) -> None:
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
 
-    w(f"prover daemon starting, pid {os.getpid()}")
-    w("loading parameters from /params/groth16-k22.params")
-    time.sleep(0.3)
-    if args.fate == "no_kernel_image":  # as in the field: seconds of loading, silent, after the benchmark gave up
-        time.sleep(LOADING_S)
-        w("initialising CUDA device 0")
-        w("CUDA error: no kernel image is available for execution on the device (cudaErrorNoKernelImageForDevice)")
-        w("fatal: GPU self-test failed, exiting")
-        return 1
-    if args.fate == "cuda_oom":
-        w("allocating 23.50 GiB of device memory for the MSM tables")
-        w("CUDA error: out of memory (cudaErrorMemoryAllocation) while allocating 23.50 GiB")
-        return 1
-    if args.fate == "daemon_signal":
-        w("self-test proof 1 started")
-        time.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGSEGV)
-    w("ready: listening on 127.0.0.1:9500")
-    n = 0
-    while True:  # idle: the benchmark proves in its own process, so the daemon claims no proofs (its log would
-        time.sleep(2.0)  # then disagree with the measured rate beside it, as "proof N done" every 0.5 s did)
-        n += 1
-        w(f"health check {n}: ok, no job queued")
+        w(f"prover daemon starting, pid {os.getpid()}")
+        w("loading parameters from /params/groth16-k22.params")
+        time.sleep(0.3)
+        if args.fate == "no_kernel_image":  # as in the field: seconds of loading, silent, after the benchmark gave up
+            time.sleep(LOADING_S)
+            w("initialising CUDA device 0")
+            w("CUDA error: no kernel image is available for execution on the device (cudaErrorNoKernelImageForDevice)")
+            w("fatal: GPU self-test failed, exiting")
+            return 1
+        if args.fate == "cuda_oom":
+            w("allocating 23.50 GiB of device memory for the MSM tables")
+            w("CUDA error: out of memory (cudaErrorMemoryAllocation) while allocating 23.50 GiB")
+            return 1
+        if args.fate == "daemon_signal":
+            w("self-test proof 1 started")
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        w("ready: listening on 127.0.0.1:9500")
+        n = 0
+        while True:  # idle: the benchmark proves in its own process, so the daemon claims no proofs (its log would
+            time.sleep(2.0)  # then disagree with the measured rate beside it, as "proof N done" every 0.5 s did)
+            n += 1
+            w(f"health check {n}: ok, no job queued")
 
 
 def benchmark(args: argparse.Namespace) -> int:

@@ -28,16 +28,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO
 
 from flightrec.broker import LocalBroker
-from flightrec.errors import ConfigError, FlightrecError, QueryError
-from flightrec.demo.fleet import FATE_GPU, GPUS
-from flightrec.db.query import run_query
 from flightrec.broker.roles import AGENT, OPERATOR, Role
+from flightrec.db.query import run_query
+from flightrec.demo.fleet import FATE_GPU, GPUS
+from flightrec.errors import ConfigError, FlightrecError, QueryError
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class StopSignals:
         self._hook = sys.unraisablehook  # restored on exit
         self._reads = contextlib.ExitStack()
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         from flightrec.db.live import python_signals
 
         self._reads.enter_context(python_signals())
@@ -111,7 +112,7 @@ class StopSignals:
         sys.unraisablehook = self._hook
         self._reads.close()
 
-    def _unraisable(self, info: "sys.UnraisableHookArgs") -> None:
+    def _unraisable(self, info: sys.UnraisableHookArgs) -> None:
         """A stop signal that landed in a callback Python cannot raise from (a weakref's, the garbage collector's):
         its exception is swallowed there and the signal acted on at the next check(), so no traceback is printed."""
         if isinstance(info.exc_value, Stopped):
@@ -250,7 +251,7 @@ class Demo:
         log_path = log_path or self.home / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.stops.held():  # started and recorded, or neither: stop() stops what is recorded
-            out = open(log_path, "ab")
+            out = log_path.open("ab")
             proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
@@ -568,10 +569,8 @@ class Demo:
                 r.proc.kill()
                 r.proc.wait()
             if r.instance:  # the whole tree: children that outlive the entrypoint's bash too
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(r.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
             if r.output:
                 r.output.close()
         if self.started_broker:
