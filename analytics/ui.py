@@ -69,6 +69,17 @@ def fetch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         st.stop()
 
 
+def freshness_caption() -> None:
+    """The sidebar's line saying how fresh every page's data is (nothing when the database cannot be read: the page
+    says why)."""
+    try:
+        line = _cached("flightrec.analytics.queries", "data_freshness", db_path(), (), ())
+    except FlightrecError:
+        return
+    if line:
+        st.sidebar.caption(f"Data {line}.")
+
+
 def _freeze(value: Any) -> Any:
     if isinstance(value, (list, set)):
         return tuple(value)

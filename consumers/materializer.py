@@ -1,10 +1,13 @@
-"""The consume loop: Kafka -> fold -> one writer thread committing to DuckDB, with live reads served.
+"""The consume loop: Kafka -> fold -> one writer thread committing to DuckDB and publishing snapshots for readers.
 
 Guarantees: partitions are assigned by hand and positioned at the offsets stored
 in DuckDB (the start of each partition when none are stored), so a restart after
 SIGKILL resumes exactly after the last commit; at most one batch is being
 written while the next is folded, and a batch holds at most ``batch_bytes`` of
-messages, so memory stays bounded whatever the backlog.
+messages, so memory stays bounded whatever the backlog. No read runs here: on a file, the
+writer thread publishes a snapshot for readers (flightrec.db.snapshot) between commits, at most
+every ``PUBLISH_S`` while it keeps up and every ``PUBLISH_BEHIND_S`` while it works through a
+backlog (each publish is a CHECKPOINT; under a backlog readers are behind anyway).
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
-from flightrec.db.serve import QueryServer
 from flightrec.db.stats import Stats
 from flightrec.db.store import Store, open_store
 from flightrec.db.trust import Trust, load_state
@@ -57,6 +59,8 @@ METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's 
 # Kafka's 500 ms stalled a backlog for up to half a second at a time.
 FETCH_MAX_WAIT_MS = 100
 START_RETRY_S = 30.0  # how long a starting materializer asks again for the partitions (a broker just died)
+PUBLISH_S = 0.5  # a file's snapshot for readers is made current at most this often while the writer keeps up
+PUBLISH_BEHIND_S = 10.0  # and this often while it works through a backlog (full batches)
 
 
 class Pending:
@@ -177,7 +181,7 @@ class Materializer:
         self._keep = event_filter(options.instance, options.since_us)
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
         self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
-        self._server: QueryServer | None = None
+        self._published_at = 0.0  # when the readers' snapshot was last made current (loop time)
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None  # partitions of the topics (public metadata API)
         self._parts: list[TopicPartition] = []
@@ -219,12 +223,6 @@ class Materializer:
                     )
                 )
                 await self._in_writer(self._alerts.start, self._store.con)
-            if opts.serve:
-                reader_root = await self._in_writer(self._store.con.cursor)
-                self._server = QueryServer(reader_root, opts.location.db)
-                self._server.start()
-                if isinstance(self._store, FileStore):
-                    self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
             self._consumer = AIOKafkaConsumer(
                 **self.kafka_kwargs,
                 enable_auto_commit=False,
@@ -303,6 +301,7 @@ class Materializer:
             memory_limit=opts.memory_limit,
             lock_wait=opts.lock_wait,
             views=opts.views,
+            publish=opts.serve,
         )
 
     def _consumer_options(self) -> dict[str, object]:
@@ -325,9 +324,6 @@ class Materializer:
             except (KafkaError, OSError) as exc:
                 log.warning("stopping the consumer: %s", exc)
             self._consumer = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
         if self._alerts is not None:
             alerts, self._alerts = self._alerts, None
             await self._in_writer(alerts.close, self._store.con if self._store is not None else None)
@@ -387,7 +383,7 @@ class Materializer:
                 return False
         return True
 
-    async def _commit(self, delta: Delta) -> None:
+    async def _commit(self, delta: Delta, behind: bool = False) -> None:
         assert self._store is not None
         started = time.monotonic()
         stats = await self._in_writer(self._store.commit, {0: delta})  # a file holds every partition
@@ -396,6 +392,19 @@ class Materializer:
             self._metrics.observe_commit(delta, stats, time.monotonic() - started)
             self._committed.update(delta.offsets)
         await self._sync_alerts()
+        await self._publish(behind)
+
+    async def _publish(self, behind: bool) -> None:
+        """Make the readers' snapshot current when commits wait for it and it is due (a file only; in the writer
+        thread, between commits: ``_flush`` waits for the commit this runs in)."""
+        store = self._store
+        if not isinstance(store, FileStore) or not store.unpublished():
+            return
+        now = time.monotonic()
+        if now - self._published_at < (PUBLISH_BEHIND_S if behind else PUBLISH_S):
+            return
+        self._published_at = now
+        await self._in_writer(store.publish)
 
     async def _update_metrics(self) -> None:
         """Lag per partition (one end-offsets request) and the database's figures; the broker away skips the lag."""
@@ -424,10 +433,11 @@ class Materializer:
         """Fold what is pending and start committing it, once the previous commit is done (one at a time)."""
         if not pending.records:
             return
+        behind = pending.full(time.monotonic())  # a full batch: a backlog is being worked through
         delta = fold(pending.take(), keep=self._keep, trust=self._trust)
         if self._inflight is not None:
             await self._inflight
-        self._inflight = asyncio.ensure_future(self._commit(delta))
+        self._inflight = asyncio.ensure_future(self._commit(delta, behind))
 
     async def _reap(self) -> None:
         """Collect a finished commit (raising what it raised)."""
@@ -497,6 +507,8 @@ class Materializer:
                 if pending.due(now, quiet=not data, quiet_bytes=self.quiet_commit_bytes):
                     await self._flush(pending)
                 await self._reap()
+                if not data and self._inflight is None:
+                    await self._publish(behind=False)  # commits of a quiet moment wait no longer than PUBLISH_S
                 if now - last_report >= 10.0:
                     last_report = now
                     log.info("%s", self.stats.summary())

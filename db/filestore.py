@@ -15,7 +15,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -27,12 +27,13 @@ from flightrec.db.derive import affected_keys, arrow_views, recompute, recompute
 from flightrec.db.fold import DEAD, UNCOMPARED, Delta, reused
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.query import writer_notice_path
+from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 
 from flightrec.errors import MaterializeError
 
 log = logging.getLogger(__name__)
-OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in all, live reads stopped in between
+OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in all
 
 # The materialized tables (what replay must reproduce), in comparison order.
 MATERIALIZED_TABLES: tuple[str, ...] = (
@@ -304,6 +305,7 @@ class FileStore(RowWriter):
         memory_limit: str = "512MB",
         lock_wait: float = 30.0,
         views: tuple[str, ...] = (),
+        publish: bool = True,
     ) -> None:
         self.path = Path(path)
         self.group = group
@@ -312,11 +314,14 @@ class FileStore(RowWriter):
         self.mode = mode
         self.totals = Stats()  # this run's commits, summed
         self._totals_before = self.totals
-        self.make_room: Callable[[str], int] | None = None  # stops live reads when a commit runs out of memory
         self.started_us = time.time_ns() // 1000
+        self.last_commit_us = self.started_us
+        self.publisher: Publisher | None = None  # the readers' snapshots (flightrec.db.snapshot)
         crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
         self.con = self._connect(lock_wait)
         try:
+            if publish:  # first: readers wait for its first snapshot rather than for the file
+                self.publisher = Publisher(self.path, self._block_size())
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
             self._migrate(self._columns("failures"))
@@ -332,15 +337,54 @@ class FileStore(RowWriter):
             self.con.execute(
                 "SET GLOBAL TimeZone = 'UTC'"
             )  # live reads' (cursors') TIMESTAMPTZ in UTC, as on the file path
-            # Last: from here on no connection of this database, the live readers' cursors
-            # included, can change any setting (memory_limit, threads, default_order ...).
+            # Last: from here on no connection of this database can change any setting
+            # (memory_limit, threads, default_order ...).
             self.con.execute("SET lock_configuration = true")
+            self._commits_before = int(
+                self.con.execute("SELECT coalesce(sum(commits), 0) FROM materializer_runs").fetchall()[0][0]
+            )
         except duckdb.Error as exc:
-            self.con.close()
+            self._close_all()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
         except BaseException:
-            self.con.close()
+            self._close_all()
             raise
+        self.publish()
+
+    def _block_size(self) -> int:
+        """The file's block size (what a snapshot copies in units of)."""
+        return int(
+            self.con.execute(
+                "SELECT block_size FROM pragma_database_size() WHERE database_name = current_database()"
+            ).fetchall()[0][0]
+        )
+
+    @property
+    def commits(self) -> int:
+        """The database's commit number: every run's commits, this one's included."""
+        return self._commits_before + self.totals.commits
+
+    def unpublished(self) -> bool:
+        """Whether commits wait for the readers' next snapshot."""
+        return self.publisher is not None and self.publisher.commits != self.commits
+
+    def publish(self) -> bool:
+        """Make the readers' snapshot hold every commit so far: CHECKPOINT (DuckDB writes them into the file), then
+        the changed blocks copied (flightrec.db.snapshot). False when it was skipped (readers hold every spare copy,
+        another write was under way, the disk refused): nothing is lost, the next publish tries again."""
+        if self.publisher is None or not self.unpublished():
+            return self.publisher is not None
+        try:
+            self.con.execute("CHECKPOINT")
+        except duckdb.Error as exc:
+            log.info("no snapshot for readers this time (CHECKPOINT: %s)", exc)
+            return False
+        wal = Path(f"{self.path}.wal")
+        with contextlib.suppress(OSError):
+            if wal.stat().st_size > 0:  # not everything is in the file: a snapshot would lack commits
+                log.info("no snapshot for readers this time: %s still holds commits after CHECKPOINT", wal)
+                return False
+        return self.publisher.publish(self.commits)
 
     def _columns(self, table: str) -> set[str]:
         """The columns of ``table`` in the file (empty: a new database)."""
@@ -480,9 +524,8 @@ class FileStore(RowWriter):
         """Write one Delta and the offsets after it in one transaction; returns what it wrote. Given Deltas by
         shard (the Store interface), each is committed so in turn: a file holds every shard.
 
-        The writer always wins: a commit that meets "Out of Memory" (live reads share the database's
-        memory) is rolled back, the running reads are stopped (``make_room``) and it runs again, up to
-        OOM_TRIES times; nothing of a failed try stays.
+        A commit that meets "Out of Memory" is rolled back and runs again, up to OOM_TRIES times; nothing of a
+        failed try stays.
         """
         if not isinstance(delta, Delta):
             total = Stats()
@@ -493,18 +536,11 @@ class FileStore(RowWriter):
             try:
                 return self._commit_once(delta) + Stats(oom_retried=attempt - 1)
             except duckdb.OutOfMemoryException as exc:
-                stopped = self.make_room("a commit ran out of memory") if self.make_room is not None else 0
                 if attempt == OOM_TRIES:
                     raise MaterializeError(
-                        f"could not commit a batch to {self.path}: {exc} (tried {attempt} times, "
-                        f"stopping live reads in between); raise --memory-limit"
+                        f"could not commit a batch to {self.path}: {exc} (tried {attempt} times); raise --memory-limit"
                     ) from exc
-                log.warning(
-                    "a commit ran out of memory (try %d of %d); %d live reads stopped, committing again",
-                    attempt,
-                    OOM_TRIES,
-                    stopped,
-                )
+                log.warning("a commit ran out of memory (try %d of %d); committing again", attempt, OOM_TRIES)
                 time.sleep(0.1 * attempt)
         raise AssertionError("unreachable")
 
@@ -518,6 +554,8 @@ class FileStore(RowWriter):
                 self._store_offsets(delta)
                 self._bookkeeping(stats)
             con.execute("COMMIT")
+            if self.publisher is not None:
+                self.publisher.committed(self.commits, self.last_commit_us)
         except duckdb.Error as exc:
             with contextlib.suppress(duckdb.Error):
                 con.execute("ROLLBACK")
@@ -533,6 +571,7 @@ class FileStore(RowWriter):
 
     def _bookkeeping(self, stats: Stats) -> None:
         self.totals = t = self.totals + stats
+        self.last_commit_us = time.time_ns() // 1000
         self.con.execute(
             "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
@@ -540,7 +579,7 @@ class FileStore(RowWriter):
                 self.group,
                 self.mode,
                 self.started_us,
-                time.time_ns() // 1000,
+                self.last_commit_us,
                 t.commits,
                 t.events_received,
                 t.lines_written,
@@ -549,9 +588,18 @@ class FileStore(RowWriter):
             ],
         )
 
-    def close(self) -> None:
-        """Checkpoint and close the database."""
+    def _close_all(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
         try:
             self.con.close()
+        finally:
+            if self.publisher is not None:
+                self.publisher.release()  # after DuckDB let the file go: closing a descriptor drops its lock
+
+    def close(self) -> None:
+        """Checkpoint and close the database; readers read the file itself from then on."""
+        try:
+            self._close_all()
         except duckdb.Error as exc:
             log.warning("closing %s: %s", self.path, exc)

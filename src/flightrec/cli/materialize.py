@@ -327,12 +327,10 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
 
 def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.gate import wait_sealed
-    from flightrec.db.live import python_signals
 
     settings = settings.with_overrides(db=args.db)
     loc = _reader_location(settings.db, args.data_path)
-    with python_signals():  # Ctrl-C stops the wait whenever it comes
-        result = wait_sealed(loc, args.instance, args.timeout, poll=max(0.0, args.poll))
+    result = wait_sealed(loc, args.instance, args.timeout, poll=max(0.0, args.poll))
     if result.complete:
         print(f"{args.instance}: complete: {result.reason}")
         return 0
