@@ -60,7 +60,7 @@ METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's 
 FETCH_MAX_WAIT_MS = 100
 START_RETRY_S = 30.0  # how long a starting materializer asks again for the partitions (a broker just died)
 PUBLISH_S = 0.5  # a file's snapshot for readers is made current at most this often while the writer keeps up
-PUBLISH_BEHIND_S = 10.0  # and this often while it works through a backlog (full batches)
+PUBLISH_BEHIND_S = 2.0  # and this often while it works through a backlog (full batches)
 
 
 class Pending:

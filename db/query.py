@@ -224,7 +224,7 @@ def execute_read_only(
             return pa.table({})
         if max_bytes is None:
             return rel.to_arrow_table()
-        reader = rel.to_arrow_reader(1 << 16)
+        reader = rel.to_arrow_reader(1 << 13)
         batches, size = [], 0
         for batch in reader:
             size += batch.nbytes
@@ -347,8 +347,9 @@ def read_target(
 class _OpenCopy:
     """A snapshot copy open read-only in this process: reused while it is the newest, closed when idle."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, token: str) -> None:
         self.path = path
+        self.token = token
         self.con = open_read_only(path)
         self.commits, self.commit_us = last_commit(self.con)
         self.users = 0
@@ -366,10 +367,14 @@ def _take_copy(db: Path, published: snapshot.Published) -> _OpenCopy:
     assert published.path is not None
     with _copies_lock:
         held = _copies.get(db)
-        if held is None or held.path != published.path or held.commits != published.commits:
+        if held is None or held.token != published.token:
             if held is not None:
                 _retired.append(_copies.pop(db))
-            held = _copies[db] = _OpenCopy(published.path)
+            _close_idle(time.monotonic())
+            if any(h.path == published.path for h in _retired):
+                # DuckDB would hand back the instance still open on that path (as of an older publish)
+                raise FileBusy(f"{published.path} is still read here as of an older publish")
+            held = _copies[db] = _OpenCopy(published.path, published.token)
             _start_closer()
         held.users += 1
         held.used = time.monotonic()

@@ -13,7 +13,8 @@ process that asked (the dashboard serves other pages meanwhile). The child is bo
   private temporary folder bounded at ``spill`` bytes, before the kernel says no);
 - **time**: DuckDB is interrupted at ``seconds``; ``SIGALRM`` ends the child two seconds later whatever it is
   doing, and the asker kills it at five;
-- **result**: a result over half the memory budget is given up as it is built;
+- **result**: a result over a quarter of the memory budget is given up as it is built (it is then sent to the
+  asker batch by batch, never copied whole);
 - **CPU**: the child runs at nice 5, so that the materializer (nice 0) gets most of a core it wants (a higher
   nice starved reads on a busy machine: a read of 0.2 s of CPU took 6 s beside twenty busy processes).
 
@@ -98,8 +99,8 @@ class ReadLimits:
 
     @property
     def result_bytes(self) -> int:
-        """A result is given up once it holds this much (it is built, then copied to the asker)."""
-        return self.memory // 2
+        """A result is given up once it holds this much (DuckDB's half of the budget is beside it)."""
+        return self.memory // 4
 
     def memory_message(self, how: str = "") -> str:
         return (
@@ -117,8 +118,8 @@ class ReadLimits:
 
     def result_message(self) -> str:
         return (
-            f"stopped by the result limit: its result passed {human_bytes(self.result_bytes)} (half the memory "
-            f"limit); add a LIMIT or aggregate, or raise it with `flightrec sql --memory-limit`"
+            f"stopped by the result limit: its result passed {human_bytes(self.result_bytes)} (a quarter of the "
+            f"memory limit); add a LIMIT or aggregate, or raise it with `flightrec sql --memory-limit`"
         )
 
 
@@ -214,15 +215,9 @@ def _frame(kind: bytes, payload: bytes | dict[str, Any]) -> bytes:
     return kind + (payload if isinstance(payload, bytes) else json.dumps(payload).encode())
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def serve_request(request: bytes) -> bytes:
-    """Run one request in this (child) process, bounded, and return the answer's frame. Never raises."""
+def serve_request(request: bytes) -> tuple[bytes, pa.Table | None]:
+    """Run one request in this (child) process, bounded: the answer's frame (its first byte only, for a table) and
+    the table. Never raises."""
     limits = ReadLimits()
     temp = ""
     try:
@@ -231,19 +226,28 @@ def serve_request(request: bytes) -> bytes:
         temp = tempfile.mkdtemp(prefix="flightrec-read-")
         from flightrec.db.query import read_target  # the child's own imports (the fork server has them loaded)
 
-        table = read_target(target, sql, params, prelude, limits, temp)
-        return _frame(b"T", _ipc(table))
+        return b"T", read_target(target, sql, params, prelude, limits, temp)
     except Retry as exc:
-        return _frame(b"R", {"why": exc.why, "message": str(exc)})
+        return _frame(b"R", {"why": exc.why, "message": str(exc)}), None
     except QueryError as exc:
-        return _frame(b"E", {"message": " ".join(str(exc).split())})
-    except MemoryError:
-        return _frame(b"E", {"message": limits.memory_message()})
+        return _frame(b"E", {"message": " ".join(str(exc).split())}), None
     except Exception as exc:  # noqa: BLE001 - one line to the asker
-        return _frame(b"E", {"message": " ".join(f"the read failed: {type(exc).__name__}: {exc}".split())})
+        if isinstance(exc, MemoryError | pa.ArrowMemoryError) or "out of memory" in str(exc).lower():
+            return _frame(b"E", {"message": limits.memory_message()}), None
+        return _frame(b"E", {"message": " ".join(f"the read failed: {type(exc).__name__}: {exc}".split())}), None
     finally:
         if temp:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def _send(sock: socket.socket, frame: bytes, table: pa.Table | None) -> None:
+    """The frame, then the table's batches as an Arrow IPC stream, written to the socket as they are encoded."""
+    sock.sendall(frame)
+    if table is None:
+        return
+    with sock.makefile("wb") as out, pa.ipc.new_stream(pa.PythonFile(out, mode="w"), table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=1 << 13):
+            writer.write_batch(batch)
 
 
 def _child(sock: socket.socket, request: bytes | None) -> int:
@@ -251,9 +255,11 @@ def _child(sock: socket.socket, request: bytes | None) -> int:
     _die_with_parent()
     if request is None:
         request = _recv_all(sock, None)
-    answer = serve_request(request)
+    frame, table = serve_request(request)
     try:
-        sock.sendall(answer)
+        _send(sock, frame, table)
+    except MemoryError:
+        return 3
     except OSError:
         return 1
     return 0

@@ -115,6 +115,7 @@ class Published:
     commits: int  # the database's commit number that copy holds (every run's commits counted)
     pid: int
     started: str  # the materializer's process start time, against a pid reused after it died
+    token: str = ""  # new at every publish: a reader keeps a copy open only while the pointer still names it
 
     def alive(self) -> bool:
         """Whether the materializer that wrote the pointer still runs."""
@@ -142,6 +143,7 @@ def current(db: str | Path) -> Published | None:
             commits=int(data.get("commits") or 0),
             pid=int(data["pid"]),
             started=str(data.get("started") or ""),
+            token=str(data.get("token") or ""),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -242,6 +244,7 @@ class Publisher:
             return checksum_fields(fd, size, self.block) if size and not partial.exists() else None
         except (OSError, ValueError):
             return None
+
     def _pointer(self, index: int | None, commits: int) -> None:
         _write_json(
             self.folder / POINTER,
@@ -252,6 +255,7 @@ class Publisher:
                 "started": self.started,
                 "db": str(self.db),
                 "published_us": time.time_ns() // 1000,
+                "token": f"{self.pid}.{self.started}.{self.publishes}.{time.time_ns()}",
             },
         )
 

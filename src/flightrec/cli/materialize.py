@@ -53,7 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Kafka consumer group whose members share the partitions",
     )
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
-    m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
+    m.add_argument(
+        "--no-serve",
+        action="store_true",
+        help="publish no snapshot of the file for readers (<db>.snapshots/); readers then cannot read it while this runs",
+    )
     m.add_argument(
         "--memory-limit",
         default=Options.memory_limit,
