@@ -31,8 +31,9 @@ def _signals_as_at_a_terminal() -> None:
 
 
 def signals_lost(db: Path, reader_code: str, count: int, seed: int, stopped: tuple[bytes, ...]) -> list[str]:
-    """Hold ``db`` as a materializer does (readers read its snapshot), start ``reader_code`` (it prints "reading", then a line for each stop signal that
-    reached it), send it ``count`` SIGINTs and SIGTERMs at random moments, each after the previous one's line.
+    """Hold ``db`` as a materializer does (readers read its snapshot), start ``reader_code`` (it prints "reading",
+    then a line for each stop signal that reached it), send it ``count`` SIGINTs and SIGTERMs at random moments,
+    each after the previous one's line.
     The names of the signals that brought no line within 5 s. A line not starting with one of ``stopped`` fails at
     once."""
     env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}

@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument(
         "--no-serve",
         action="store_true",
-        help="publish no snapshot of the file for readers (<db>.snapshots/); readers then cannot read it while this runs",
+        help="publish no snapshot of the file for readers (<db>.snapshots/): they cannot read it while this runs",
     )
     m.add_argument(
         "--memory-limit",
