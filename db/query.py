@@ -146,7 +146,7 @@ def _stamped(table: pa.Table, fresh: Freshness) -> pa.Table:
 def last_commit(con: duckdb.DuckDBPyConnection) -> tuple[int | None, int | None]:
     """(commit number, its time in µs) of the database ``con`` reads: the runs' commits summed, the latest end."""
     try:
-        row = con.execute("SELECT sum(commits), max(ended_us) FROM main.materializer_runs").fetchall()[0]
+        row = con.execute("SELECT sum(commits), max(last_commit_us) FROM main.materializer_runs").fetchall()[0]
     except duckdb.Error:
         return None, None  # not a flightrec database (yet)
     return (int(row[0]) if row[0] is not None else None), (int(row[1]) if row[1] is not None else None)
