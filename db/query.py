@@ -48,7 +48,7 @@ from flightrec.db.lake import (
     still_to_run,
 )
 from flightrec.db.location import Location, locate
-from flightrec.db.readonly import check_prelude, check_read_only
+from flightrec.db.readonly import check_prelude, check_read_only, parse_with
 from flightrec.db.sandbox import Params, ReadLimits, Retry, Target, read_apart
 
 from flightrec.errors import QueryError
@@ -287,12 +287,11 @@ def _read_file(
 # ---- a read in a process of its own (flightrec.db.sandbox calls this in the child) -------------------------
 
 
-def _limited_config(limits: ReadLimits, temp: str) -> dict[str, str | int]:
+def _limited_config(limits: ReadLimits) -> dict[str, str | int]:
     return {
         "memory_limit": f"{limits.memory // 2}B",
         "threads": max(1, limits.threads),
-        "temp_directory": temp,
-        "max_temp_directory_size": f"{limits.spill}B",
+        "temp_directory": "",  # never spills: a reader writes nothing to the disk the writer writes
     }
 
 
@@ -308,14 +307,13 @@ def _limit_hit(exc: QueryError, limits: ReadLimits, timed_out: bool) -> QueryErr
     return exc
 
 
-def read_target(
-    target: Target, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits, temp: str
-) -> pa.Table:
+def read_target(target: Target, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits) -> pa.Table:
     """One read in the bounded child (flightrec.db.sandbox): open the target read-only, run, stamp its freshness."""
     try:
-        con = open_read_only(target.path, _limited_config(limits, temp))
+        con = open_read_only(target.path, _limited_config(limits))
     except FileBusy as exc:
         raise Retry("busy", str(exc)) from None
+    parse_with(con.cursor())  # the check's syntax trees on this connection: no second DuckDB in this process
     fired = threading.Event()
 
     def stop() -> None:

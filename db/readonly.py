@@ -131,6 +131,14 @@ _parser_lock = threading.Lock()
 _parser: duckdb.DuckDBPyConnection | None = None
 
 
+def parse_with(con: duckdb.DuckDBPyConnection) -> None:
+    """Make the check serialize syntax trees on ``con`` (a read's own process: the connection it reads with, rather
+    than a DuckDB instance of its own, which costs ~10 ms to make)."""
+    global _parser
+    with _parser_lock:
+        _parser = con
+
+
 def _parse(sql: str) -> list[Any]:
     """DuckDB's own statements for ``sql`` (its parser: nested comments, casing, whitespace as DuckDB reads them)."""
     try:

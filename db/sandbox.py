@@ -9,10 +9,11 @@ process that asked (the dashboard serves other pages meanwhile). The child is bo
   cgroups (``memory.max`` bounds resident memory more exactly, but needs a cgroup delegated to the user, which CI
   containers and many hosts do not give) and over ``RLIMIT_DATA`` (the same accounting of reserved memory, minus
   mappings of files; no gain). RLIMIT_AS counts memory reserved, not touched, so the budget is added to the
-  child's own size at start, and DuckDB's own ``memory_limit`` is set to half of it (its buffers spill, in a
-  private temporary folder bounded at ``spill`` bytes, before the kernel says no);
-- **time**: DuckDB is interrupted at ``seconds``; ``SIGALRM`` ends the child two seconds later whatever it is
-  doing, and the asker kills it at five;
+  child's own size at start, and DuckDB's own ``memory_limit`` is set to half of it, with no temporary folder:
+  a read never spills to disk (a reader's spill files once delayed the writer's commits: their writeback and the
+  writer's fsync share the disk and its journal), it runs out of memory instead;
+- **time**: DuckDB is interrupted at ``seconds``; ``SIGALRM`` ends the child a second later whatever it is doing
+  (building one huge value is not interrupted), and the asker kills it at five;
 - **result**: a result over a quarter of the memory budget is given up as it is built (it is then sent to the
   asker batch by batch, never copied whole);
 - **CPU**: the child runs at nice 5, so that the materializer (nice 0) gets most of a core it wants (a higher
@@ -34,13 +35,11 @@ import logging
 import os
 import resource
 import select
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -55,8 +54,8 @@ from flightrec.errors import QueryError
 log = logging.getLogger(__name__)
 
 Params = Sequence[Any] | dict[str, Any] | None
-NICE = 5  # the read's process yields the cores to the materializer (weight 335 against its 1024)
-HARD_STOP_S = 2.0  # SIGALRM ends the child this long after its time limit, whatever it is doing
+NICE = 10  # the read's process yields the cores to the materializer (weight 110 against its 1024)
+HARD_STOP_S = 1.0  # SIGALRM ends the child this long after its time limit, whatever it is doing
 ASKER_STOP_S = 5.0  # the asker kills it this long after its time limit
 _NAMED = b"flightrec.named"  # schema metadata of a request: the params struct holds named parameters
 MIB = 1 << 20
@@ -94,7 +93,6 @@ class ReadLimits:
 
     memory: int = 1 << 30  # bytes of address space the read's process may add to its own (RLIMIT_AS)
     seconds: float = 60.0
-    spill: int = 2 << 30  # bytes DuckDB may spill to its private temporary folder
     threads: int = 2
 
     @property
@@ -105,7 +103,7 @@ class ReadLimits:
     def memory_message(self, how: str = "") -> str:
         return (
             f"stopped by the memory limit: {human_bytes(self.memory)} for the read's own process (RLIMIT_AS; "
-            f"DuckDB keeps half of it and spills up to {human_bytes(self.spill)} to disk){how}; narrow the query "
+            f"DuckDB keeps half of it, and a read never spills to disk){how}; narrow the query "
             f"(a WHERE on instance_id or ts_us, a LIMIT, fewer DISTINCT keys) or ask for more "
             f"(`flightrec sql --memory-limit 4GB`)"
         )
@@ -201,8 +199,7 @@ def _own_size() -> int:
 
 
 def _bound(limits: ReadLimits) -> None:
-    """The OS limits of the read's process (in the child, before it reads anything)."""
-    os.nice(NICE)
+    """The OS limits of the read's process (in the child, before it reads anything; its nice is set already)."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.alarm(max(1, int(limits.seconds + HARD_STOP_S + 0.999)))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -219,14 +216,12 @@ def serve_request(request: bytes) -> tuple[bytes, pa.Table | None]:
     """Run one request in this (child) process, bounded: the answer's frame (its first byte only, for a table) and
     the table. Never raises."""
     limits = ReadLimits()
-    temp = ""
     try:
         target, sql, params, prelude, limits = decode_request(request)
         _bound(limits)
-        temp = tempfile.mkdtemp(prefix="flightrec-read-")
         from flightrec.db.query import read_target  # the child's own imports (the fork server has them loaded)
 
-        return b"T", read_target(target, sql, params, prelude, limits, temp)
+        return b"T", read_target(target, sql, params, prelude, limits)
     except Retry as exc:
         return _frame(b"R", {"why": exc.why, "message": str(exc)}), None
     except QueryError as exc:
@@ -235,9 +230,6 @@ def serve_request(request: bytes) -> tuple[bytes, pa.Table | None]:
         if isinstance(exc, MemoryError | pa.ArrowMemoryError) or "out of memory" in str(exc).lower():
             return _frame(b"E", {"message": limits.memory_message()}), None
         return _frame(b"E", {"message": " ".join(f"the read failed: {type(exc).__name__}: {exc}".split())}), None
-    finally:
-        if temp:
-            shutil.rmtree(temp, ignore_errors=True)
 
 
 def _send(sock: socket.socket, frame: bytes, table: pa.Table | None) -> None:
@@ -252,7 +244,10 @@ def _send(sock: socket.socket, frame: bytes, table: pa.Table | None) -> None:
 
 def _child(sock: socket.socket, request: bytes | None) -> int:
     """The child's whole life: read the request (when not inherited), answer it, exit."""
+    from flightrec.cli.nopandas import keep_pandas_out
+
     _die_with_parent()
+    keep_pandas_out()  # pyarrow would import it at its first conversion: ~1 s of CPU a read (cli/nopandas.py)
     if request is None:
         request = _recv_all(sock, None)
     frame, table = serve_request(request)
@@ -336,6 +331,7 @@ def _run_forked(request: bytes, limits: ReadLimits) -> tuple[bytes, int | None, 
     if pid == 0:  # the child
         code = 1
         try:
+            os.nice(NICE)  # first: the child's start-up yields the cores too
             mine.close()
             code = _child(theirs, request)
         finally:
@@ -455,6 +451,11 @@ def zygote_main(fd: int) -> None:
     import duckdb  # noqa: F401 - loaded once here, inherited by every child
     from flightrec.db import query  # noqa: F401
 
+    from flightrec.cli.nopandas import keep_pandas_out
+
+    keep_pandas_out()
+
+    os.nice(NICE)  # the server and every child it forks (their fork and start-up included) yield the cores
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the asker's Ctrl-C is the asker's; it ends us by closing
     children: dict[int, socket.socket] = {}

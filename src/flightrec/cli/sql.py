@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--memory-limit",
         default="1GiB",
         metavar="SIZE",
-        help="memory the query's own process may take (RLIMIT_AS; DuckDB keeps half and spills to disk; "
+        help="memory the query's own process may take (RLIMIT_AS; DuckDB keeps half; it never spills to disk; "
         "default 1GiB); a file only, never in the materializer",
     )
     s.add_argument(
@@ -124,14 +124,16 @@ def read_limits(memory: str, seconds: float) -> ReadLimits:
         raise ConfigError(f"--memory-limit {memory}: {exc}") from None
     if not seconds > 0:
         raise ConfigError(f"--timeout {seconds:g}: give a number of seconds above 0")
-    return ReadLimits(memory=size, seconds=seconds, spill=max(2 << 30, 2 * size))
+    return ReadLimits(memory=size, seconds=seconds)
 
 
 def _sql(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.db.location import reader_location
     from flightrec.db.query import freshness, run_query
     from flightrec.db.views import prelude_for
 
+    keep_pandas_out()  # nothing here uses it; pyarrow would import it at its first conversion (cli/nopandas.py)
     settings = settings.with_overrides(db=args.db)
     loc = reader_location(settings.db, args.data_path)
     limits = read_limits(args.memory_limit, args.timeout)
