@@ -328,15 +328,12 @@ class FileStore(RowWriter):
             if crashed or self._lines_unaccounted():
                 self._drop_rows_without_event()
             self._store_views(views)
-            # Nothing the writer does needs files; readers share this database
-            # instance through cursors, so this also closes file access to them.
+            # Nothing the writer does needs files (readers never share this instance: they read snapshots).
             self.con.execute("SET enable_external_access = false")
             self.con.execute("SET autoload_known_extensions = false")
             self.con.execute("SET autoinstall_known_extensions = false")
             self.con.execute("SET python_enable_replacements = false")
-            self.con.execute(
-                "SET GLOBAL TimeZone = 'UTC'"
-            )  # live reads' (cursors') TIMESTAMPTZ in UTC, as on the file path
+            self.con.execute("SET GLOBAL TimeZone = 'UTC'")  # TIMESTAMPTZ in UTC, as readers see it
             # Last: from here on no connection of this database can change any setting
             # (memory_limit, threads, default_order ...).
             self.con.execute("SET lock_configuration = true")

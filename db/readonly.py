@@ -18,8 +18,9 @@ Everything else is refused with the reason: SET/RESET/USE, CALL and CHECKPOINT,
 ATTACH/DETACH, COPY, EXPORT/IMPORT, LOAD/INSTALL, transactions, CREATE/ALTER/DROP,
 DML, PREPARE/EXECUTE, VACUUM/ANALYZE, PRAGMAs that change something, statement types
 this DuckDB adds later, and a query whose tree cannot be checked. This is the first of
-several walls: the live path also runs reads in a read-only transaction on a database
-whose configuration is locked and whose file access is off (see flightrec.db.serve).
+several walls: behind it every read opens the file or the materializer's snapshot read-only,
+its configuration locked and its file access off, in a process apart from the materializer
+(see flightrec.db.query).
 """
 
 from __future__ import annotations
