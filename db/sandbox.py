@@ -16,13 +16,14 @@ process that asked (the dashboard serves other pages meanwhile). The child is bo
   (building one huge value is not interrupted), and the asker kills it at five;
 - **result**: a result over a quarter of the memory budget is given up as it is built (it is then sent to the
   asker batch by batch, never copied whole);
-- **CPU**: the child runs at nice 5, so that the materializer (nice 0) gets most of a core it wants (a higher
-  nice starved reads on a busy machine: a read of 0.2 s of CPU took 6 s beside twenty busy processes).
+- **CPU**: the child runs at nice 10 from its fork on (the fork server too), so that the materializer (nice 0) gets
+  the cores first; on a machine busy with other work a read is slower for it.
 
 Each limit, when it stops a read, is named in one line (:class:`QueryError`). How the child is made: by ``fork``
-when the asking process has only one thread (the CLI: cheap, a few ms), else by a fork server of our own
-(``_Zygote``: one small process per asking process, started at its first such read, that forks a child per read
-and reports its exit status), because forking a process whose other threads may hold locks is unsafe.
+when the asking process said it may (:func:`allow_fork`: `flightrec sql`, one thread and no DuckDB database
+opened: a few ms), else by a fork server of our own (``_Zygote``: one small process per asking process, started at
+its first such read, that forks a child per read and reports its exit status), because forking a process whose
+other threads may hold locks, or whose DuckDB has databases open, is unsafe.
 """
 
 from __future__ import annotations
@@ -320,9 +321,20 @@ def _answer(data: bytes, status: int | None, timed_out: bool, limits: ReadLimits
     raise QueryError(f"the read's process ended without an answer (exit {code})")
 
 
+_fork_allowed = False
+
+
+def allow_fork() -> None:
+    """Let reads fork this process (while it has one thread): for a process that has opened no DuckDB database and
+    will not before its reads (`flightrec sql`). A child forked from a process that has one would find DuckDB's
+    cache of open databases copied into it, their worker threads gone: opening the same file there hangs."""
+    global _fork_allowed
+    _fork_allowed = True
+
+
 def _fork_safe() -> bool:
-    """Whether this process may fork a child that runs DuckDB: no other Python thread could hold a lock."""
-    return threading.active_count() == 1
+    """Whether this process may fork a child that runs DuckDB: allowed, and no other thread that could hold a lock."""
+    return _fork_allowed and threading.active_count() == 1
 
 
 def _run_forked(request: bytes, limits: ReadLimits) -> tuple[bytes, int | None, bool]:

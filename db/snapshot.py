@@ -45,7 +45,7 @@ POINTER = "current"  # the file naming the newest copy
 PENDING = "pending"  # the file saying since when commits wait for the next publish
 _CHECKSUM_MUL = np.uint64(0xBF58476D1CE4E5B9)  # DuckDB's checksum: xor of each 8-byte word times this, xor 5381
 _CHECKSUM_SEED = np.uint64(5381)
-_VERIFY_CHUNK = 64  # blocks read back at a time when a copy is checked
+_VERIFY_BLOCKS = 8  # copied blocks read back and checked, at most, per publish
 
 
 def snapshot_dir(db: str | Path) -> Path:
@@ -237,6 +237,7 @@ class Publisher:
             if partial.exists() and _ofd_lock(fd, fcntl.F_WRLCK):
                 try:
                     os.ftruncate(fd, 0)
+                    copy.with_name(copy.name + ".wal").unlink(missing_ok=True)
                 finally:
                     _ofd_lock(fd, fcntl.F_UNLCK)
                 partial.unlink()
@@ -319,6 +320,7 @@ class Publisher:
             tail = size - HEADER_BYTES - len(fields) * self.block
             if tail > 0:  # not whole blocks: not DuckDB's layout as known here
                 _copy_range(src, dst, size - tail, tail)
+            wal = self._copy_wal(copy)
             self._check(dst, runs, fields)
             if os.pread(src, HEADER_BYTES, 0) != header:  # a checkpoint ran meanwhile: not one state
                 log.info("the database was checkpointed while its snapshot was copied; copying again later")
@@ -332,29 +334,53 @@ class Publisher:
                 exc,
             )
             return False
-        self.copied_bytes += sum(c for _f, c in runs) * self.block + HEADER_BYTES
+        self.copied_bytes += sum(c for _f, c in runs) * self.block + HEADER_BYTES + wal
         self._fields[i] = fields
         return True
 
+    def _copy_wal(self, copy: Path) -> int:
+        """The database's write-ahead log (the commits since its last checkpoint) copied beside the copy, or the
+        copy's removed when it has none; returns the bytes copied. A reader's DuckDB replays it at open (in memory:
+        the files stay as they are)."""
+        theirs = copy.with_name(copy.name + ".wal")
+        try:
+            src = os.open(self.db.with_name(self.db.name + ".wal"), os.O_RDONLY)
+        except FileNotFoundError:
+            theirs.unlink(missing_ok=True)
+            return 0
+        try:
+            size = os.fstat(src).st_size
+            if size == 0:
+                theirs.unlink(missing_ok=True)
+                return 0
+            dst = os.open(theirs, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                _copy_range(src, dst, 0, size)
+                os.ftruncate(dst, size)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        return size
+
     def _check(self, dst: int, runs: list[tuple[int, int]], fields: np.ndarray) -> None:
-        """Read the copied blocks back: a block whose bytes do not match its checksum (being written, not named by
-        the header) gets a field no block has, so it is copied again next time. Updates ``fields`` in place."""
+        """Read a few copied blocks back (the first of each run, up to ``_VERIFY_BLOCKS``): one whose bytes do not
+        match its checksum gets a field no block has, so it is copied again next time (``fields`` is updated). When
+        none of several matches, this is not DuckDB's layout as flightrec knows it: whole files from then on."""
         words = self.block // 8
+        sample = [first for first, _count in runs][:_VERIFY_BLOCKS]
         bad = 0
-        for first, count in runs:
-            for start in range(first, first + count, _VERIFY_CHUNK):
-                n = min(_VERIFY_CHUNK, first + count - start)
-                data = os.pread(dst, n * self.block, HEADER_BYTES + start * self.block)
-                if len(data) < n * self.block:
-                    fields[start : start + n] = ~fields[start : start + n]
-                    bad += n
-                    continue
-                blocks = np.frombuffer(data, dtype="<u8").reshape(n, words)
-                wrong = np.flatnonzero(block_checksums(blocks) != blocks[:, 0])
-                fields[start + wrong] = ~fields[start + wrong]
-                bad += len(wrong)
-        total = sum(c for _f, c in runs)
-        if total and bad == total and total > 4 and not self._whole_file:
+        for k in sample:
+            data = os.pread(dst, self.block, HEADER_BYTES + k * self.block)
+            if len(data) < self.block:
+                fields[k] = ~fields[k]
+                bad += 1
+                continue
+            block = np.frombuffer(data, dtype="<u8").reshape(1, words)
+            if block_checksums(block)[0] != block[0, 0]:
+                fields[k] = ~fields[k]
+                bad += 1
+        if len(sample) >= 4 and bad == len(sample) and not self._whole_file:
             self._whole_file = True
             log.warning(
                 "no block of %s matched DuckDB's block checksum as flightrec reads it: the readers' snapshots are "

@@ -131,12 +131,14 @@ def _sql(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.db.location import reader_location
     from flightrec.db.query import freshness, run_query
+    from flightrec.db.sandbox import allow_fork
     from flightrec.db.views import prelude_for
 
     keep_pandas_out()  # nothing here uses it; pyarrow would import it at its first conversion (cli/nopandas.py)
     settings = settings.with_overrides(db=args.db)
     loc = reader_location(settings.db, args.data_path)
     limits = read_limits(args.memory_limit, args.timeout)
+    allow_fork()  # this process opens no DuckDB database: the read's process is forked from it (a few ms)
     table = run_query(loc, args.query, prelude=prelude_for(args.query), limits=limits)  # the shared views it names
     fresh = freshness(table)
     if args.csv:
