@@ -228,7 +228,8 @@ def _flush(args: argparse.Namespace, settings: Settings) -> int:
             before = agent.pending()
             ok = agent.flush(timeout, unless_away=True)  # nothing answers: say so now, not after the timeout
             after = agent.pending()
-            agent.close(max(0.0, deadline - time.monotonic()))  # no second wait at the exit: --timeout is all
+            # no second wait at the exit: --timeout is all, and a Kafka found away is not waited for again
+            agent.close(max(0.0, deadline - time.monotonic()), unless_away=True)
             d = agent.deliverer
             dropped = (
                 f", {len(d.dropped)} refused by Kafka for good and replaced by Dropped markers ({'; '.join(d.dropped)})"
