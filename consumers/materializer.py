@@ -43,7 +43,8 @@ from flightrec.cluster import (
     describe_topic_configs,
     topic_partitions,
 )
-from flightrec.errors import ConfigError, MaterializeError
+from flightrec.access import refusal_line, refusal_of
+from flightrec.errors import ConfigError, CredentialError, MaterializeError
 from flightrec.settings import TOPIC_LOGS
 
 P = ParamSpec("P")
@@ -266,6 +267,7 @@ class Materializer:
                 await self._assign(initial=True)
                 return
             except (TimeoutError, KafkaError, OSError) as exc:
+                self._refused(exc, "read")
                 if time.monotonic() > deadline:
                     raise MaterializeError(
                         f"cannot list the topics' partitions at {self.kafka_kwargs.get('bootstrap_servers')} for "
@@ -273,6 +275,12 @@ class Materializer:
                     ) from exc
                 log.warning("listing the topics' partitions failed (%s); retrying", exc)
                 await asyncio.sleep(0.5)
+
+    def _refused(self, exc: BaseException, doing: str) -> None:
+        """Raise CredentialError (one line: whose credential, what it may not do) when ``exc`` is a refusal."""
+        refusal = refusal_of(exc)
+        if refusal is not None:
+            raise CredentialError(refusal_line(refusal, self.kafka_kwargs, doing)) from exc
 
     async def _check_timestamp_types(self) -> None:
         """Warn when a topic stamps the sender's clock (CreateTime): liveness then falls back to the instances'."""
@@ -443,6 +451,7 @@ class Materializer:
             self._clocks.see(data)
             return data
         except KafkaError as exc:
+            self._refused(exc, "read")  # a credential that may not read: no retry changes that
             self.stats += Stats(errors_total=1)
             log.warning("reading the topics failed (%s); retrying", exc)
             await asyncio.sleep(1.0)

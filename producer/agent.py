@@ -226,7 +226,16 @@ class _AgentBase:
             t0 = time.monotonic()
             ok = self._flush_blocking(timeout, unless_away)
             away = not ok and self.deliverer.away(t0)
-            if not ok:
+            if not ok and self.deliverer.denied is not None:
+                log.warning(
+                    "%d events of %s not delivered: %s; they stay in %s for `flightrec agent flush` with a "
+                    "credential that may write",
+                    self.spool.pending(),
+                    self.instance_id,
+                    self.deliverer.denied,
+                    self.spool.dir,
+                )
+            elif not ok:
                 why = f" (last error: {self.deliverer.last_error})" if self.deliverer.last_error else ""
                 after = (
                     f"Kafka at {self.settings.bootstrap} does not answer{why}: not waited for after "

@@ -108,6 +108,7 @@ class Deliverer:
         self.errors_total = 0
         self.last_error: str | None = None
         self.dropped: list[str] = []  # one line per record replaced by a marker
+        self.denied: str | None = None  # why the broker refuses this credential (access.py), while it does
         self.limits: dict[str, int] = {}
         self._cause_line: str | None = None  # why Kafka cannot be reached, as connection_cause named it
         self._acked = spool.load_cursor()
@@ -205,6 +206,7 @@ class Deliverer:
     def _answer(self) -> None:
         """Kafka acknowledged a round of sends: delivery works (the spool's note, if any, is removed)."""
         self._failed_attempt = None
+        self.denied = None
         with contextlib.suppress(OSError):
             (self.spool.dir / AWAY).unlink(missing_ok=True)
 
@@ -231,8 +233,8 @@ class Deliverer:
                     self._acked = max(self._acked, self.spool.load_cursor())
                 if self._acked >= target:
                     return True
-            if unless_away and self.away(since):  # the probe runs without the lock the sender needs
-                return False
+            if unless_away and (self.denied is not None or self.away(since)):  # the probe runs without the lock
+                return False  # the sender needs; a refused credential is refused again on every try
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop sending (what is not acknowledged stays in the spool) and release the lock."""
@@ -453,6 +455,7 @@ class Deliverer:
                     if failures == 1 or (failures % 20 == 0):  # name the cause: credentials, TLS, nothing there...
                         self._cause_line = await self._cause()
                     self.last_error = self._cause_line or f"{type(transient).__name__}: {transient}"
+                    self.denied = self._denial(transient)
                     self.say_away()
                     if failures == 1:
                         log.warning(
@@ -475,6 +478,17 @@ class Deliverer:
             if producer is not None:
                 await _close(producer)
             self._release()
+
+    def _denial(self, exc: BaseException) -> str | None:
+        """One line when the broker refuses this credential (authorization, or the login the cause names)."""
+        from flightrec.access import REFUSED_LOGIN, login_refused_line, refusal_line, refusal_of
+
+        refusal = refusal_of(exc)
+        if refusal is not None:
+            return refusal_line(refusal, self.settings.kafka_kwargs(), "write")
+        if self._cause_line and REFUSED_LOGIN in self._cause_line:
+            return login_refused_line(self._cause_line, self.settings.kafka_kwargs())
+        return None
 
     async def _cause(self) -> str | None:
         from flightrec.cluster import connection_cause

@@ -11,7 +11,7 @@ from flightrec.producer.agent import SyncAgent
 from flightrec.producer.names import safe_name
 from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, now_us
 
-from flightrec.errors import ConfigError
+from flightrec.errors import ConfigError, CredentialError
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,12 @@ def send_manager_event(
 
         event = agent.emit_makers([make])[0]
         ok = agent.close(timeout)
+    denied = agent.deliverer.denied if agent.deliverer is not None and not ok else None
+    if denied is not None:  # no retry changes it: the manager is told now, not after each timeout
+        raise CredentialError(
+            f"{denied}; the {kind} event about {instance} stays spooled in {agent.spool.dir}: deliver it with "
+            f"`flightrec agent flush --all --spool {manager_spool(settings, source)}` and a credential that may write"
+        )
     if not ok:
         log.warning(
             "manager event %s about %s is spooled in %s but not yet acknowledged; deliver it with "

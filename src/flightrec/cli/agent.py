@@ -237,7 +237,10 @@ def _flush(args: argparse.Namespace, settings: Settings) -> int:
                 else ""
             )
             print(f"{iid}: {before - after} events delivered, {after} left in {agent.spool.dir}{dropped}")
-            if not ok:
+            if not ok and d is not None and d.denied is not None:
+                left += after
+                print(f"flightrec agent flush: {iid}: {d.denied}", file=sys.stderr)
+            elif not ok:
                 left += after
                 print(
                     f"{iid}: not everything was acknowledged within {timeout:g}s "

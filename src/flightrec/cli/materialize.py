@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from flightrec.cli.options import add_read_db
-from flightrec.errors import ConfigError, MaterializeError
+from flightrec.errors import ConfigError, CredentialError, MaterializeError
 from flightrec.settings import Settings
 
 if TYPE_CHECKING:
@@ -177,6 +177,7 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
     from flightrec.consumers.materializer import Materializer
 
     keep_pandas_out()  # pyarrow would import it at the first commit (cli/nopandas.py)
+    made = None if loc.shared or loc.exists() else getattr(loc, "path", None)  # a file this run makes
 
     async def go() -> int:
         loop = asyncio.get_running_loop()
@@ -204,7 +205,13 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
         )
         return 0
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except CredentialError:
+        if made is not None:  # nothing could be read into it: no empty database is left behind
+            for path in (made, made.with_name(made.name + ".wal")):
+                path.unlink(missing_ok=True)
+        raise
 
 
 def _materialize(args: argparse.Namespace, settings: Settings) -> int:
@@ -301,7 +308,6 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers import timeline
     from flightrec.db.classify import load_rules
-    from flightrec.settings import TOPICS
 
     keep_pandas_out()  # a conversion to Arrow would import it: ~0.3 s of a command a person waits for
     settings = settings.with_overrides(db=args.db)
@@ -311,7 +317,7 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     else:
         if not args.from_topics:
             print(f"no database at {settings.db}; reading the topics at {settings.bootstrap}", file=sys.stderr)
-        messages = asyncio.run(timeline.read_instance_messages(settings.kafka_kwargs(), args.instance, TOPICS))
+        messages = _read_topics(settings, args.instance)
         entries, left_out = (
             timeline.entries_from_messages(messages, args.instance, load_rules(args.rules), args.max_lines)
             if messages
@@ -323,6 +329,22 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # https://no-color.org
     print(timeline.render(entries, left_out, color=color))
     return 0
+
+
+def _read_topics(settings: Settings, instance: str) -> list:  # type: ignore[type-arg]  # RawMessage, imported late
+    """The instance's messages from the topics; a credential that may not read them ends the command in one line."""
+    from flightrec.access import refusal_line, refusal_of
+    from flightrec.consumers import timeline
+    from flightrec.errors import CredentialError
+    from flightrec.settings import TOPICS
+
+    try:
+        return asyncio.run(timeline.read_instance_messages(settings.kafka_kwargs(), instance, TOPICS))
+    except Exception as exc:
+        refusal = refusal_of(exc)
+        if refusal is None:
+            raise
+        raise CredentialError(refusal_line(refusal, settings.kafka_kwargs(), "read")) from exc
 
 
 def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
