@@ -34,6 +34,7 @@ from flightrec.db.store import Store, open_store
 from flightrec.db.trust import Trust, load_state
 from flightrec.schemas.logcolumns import LogColumns
 
+from flightrec.access import refusal_line, refusal_of
 from flightrec.cluster import (
     LOG_APPEND_TIME as APPEND_TIME_CONFIG,
 )
@@ -43,7 +44,6 @@ from flightrec.cluster import (
     describe_topic_configs,
     topic_partitions,
 )
-from flightrec.access import refusal_line, refusal_of
 from flightrec.errors import ConfigError, CredentialError, MaterializeError
 from flightrec.settings import TOPIC_LOGS
 
