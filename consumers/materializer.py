@@ -191,6 +191,7 @@ class Materializer:
         self._metrics: Metrics | None = None  # Prometheus /metrics (--metrics-port)
         self._committed: dict[tuple[str, int], int] = {}  # next offset the database holds, per partition
         self._errors_counted = 0  # stats.errors_total already added to the metrics
+        self._reported = Stats().summary()  # the counters as last logged (a run that did nothing logs nothing)
 
     def _new_pending(self) -> Pending:
         """An empty batch, bounded by this store's limits."""
@@ -483,6 +484,13 @@ class Materializer:
                 ) from exc
             return None
 
+    def _report(self) -> None:
+        """Log the run's counters, only when they changed since the last line (an idle run says nothing)."""
+        summary = self.stats.summary()
+        if summary != self._reported:
+            self._reported = summary
+            log.info("%s", summary)
+
     async def run(self) -> Stats:
         """Consume until stopped, idle (``until_idle``) or, for a replay, the end offsets at start."""
         c = self._consumer
@@ -508,7 +516,7 @@ class Materializer:
                 await self._reap()
                 if now - last_report >= 10.0:
                     last_report = now
-                    log.info("%s", self.stats.summary())
+                    self._report()
                 if targets is not None:
                     if await self._caught_up(targets):
                         break
