@@ -32,6 +32,19 @@ EXTRA_OF_MODULE = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an argument it does not know is its own error, said with its own usage (argparse
+    leaves such arguments to the top-level parser, which printed the top-level usage)."""
+
+    def parse_known_args(  # type: ignore[override]  # the same signature; typeshed's overloads differ
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree; each module in flightrec.cli registers its own commands."""
     parser = argparse.ArgumentParser(
@@ -39,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A flight recorder for fleets of rented GPU proving machines.",
     )
     parser.add_argument("--version", action="version", version=f"flightrec {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=CommandParser)
     for group in GROUPS:
         group.register(sub)
     return parser
