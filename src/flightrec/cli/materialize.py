@@ -53,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Kafka consumer group whose members share the partitions",
     )
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
+    add_create_folder(m)
     m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
     m.add_argument(
         "--memory-limit",
@@ -113,6 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--instance", default=None, help="only this instance's events")
     r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
     r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
+    add_create_folder(r)
     r.add_argument(
         "--memory-limit",
         default=Options.memory_limit,
@@ -138,6 +140,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--poll", type=float, default=0.5, metavar="SECONDS", help="read the database again every SECONDS (default 0.5)"
     )
     w.set_defaults(func=_wait_sealed)
+
+
+def add_create_folder(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--create-folder",
+        action="store_true",
+        help="make the --db file's folder when it does not exist (without it a missing folder is refused: "
+        "a mistyped path would start a new database from the topics' beginning)",
+    )
+
+
+def check_folder(loc: Location, create: bool) -> None:
+    """Refuse a database file whose folder does not exist, unless asked to create it (ConfigError)."""
+    path = getattr(loc, "path", None)
+    if path is None or create or path.parent.is_dir():
+        return
+    raise ConfigError(
+        f"--db {path}: the folder {path.parent} does not exist; check the path (a new database would be built "
+        "from the topics' beginning), or add --create-folder to make it"
+    )
 
 
 def _ensure_topics(settings: Settings) -> None:
@@ -221,6 +243,7 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     settings = settings.with_overrides(db=args.db, webhook=args.webhook, alert_on=args.alert_on)
     kinds = parse_kinds(settings.alert_on)
     loc = locate(settings.db, args.data_path, writing=True)
+    check_folder(loc, args.create_folder)
     if loc.shared and settings.webhook:
         raise ConfigError(
             "--webhook/FLIGHTREC_WEBHOOK: alerts are sent by a materializer on a database file only "
@@ -288,6 +311,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     settings = settings.with_overrides(db=args.db)
     loc = locate(settings.db, args.data_path, writing=True)
+    check_folder(loc, args.create_folder)
     opts = Options(
         db=settings.db,
         group=args.group or DEFAULT_GROUP,
