@@ -227,14 +227,7 @@ class _AgentBase:
             ok = self._flush_blocking(timeout, unless_away)
             away = not ok and self.deliverer.away(t0)
             if not ok and self.deliverer.denied is not None:
-                log.warning(
-                    "%d events of %s not delivered: %s; they stay in %s for `flightrec agent flush` with a "
-                    "credential that may write",
-                    self.spool.pending(),
-                    self.instance_id,
-                    self.deliverer.denied,
-                    self.spool.dir,
-                )
+                self._say_denied()
             elif not ok:
                 why = f" (last error: {self.deliverer.last_error})" if self.deliverer.last_error else ""
                 after = (
@@ -266,6 +259,20 @@ class _AgentBase:
         self.spool.close()
         self._closed = ok
         return ok
+
+    def _say_denied(self) -> None:
+        """The broker refuses this credential: stop the sender (its next tries would say the same), then say so last."""
+        assert self.deliverer is not None
+        denied = self.deliverer.denied
+        self.deliverer.stop(0.2)
+        log.warning(
+            "%d events of %s not delivered: %s; they stay in %s for `flightrec agent flush` with a credential that "
+            "may write",
+            self.spool.pending(),
+            self.instance_id,
+            denied,
+            self.spool.dir,
+        )
 
     def _flush_blocking(self, timeout: float, unless_away: bool = False) -> bool:
         if self.deliverer is None:

@@ -314,6 +314,8 @@ class Deliverer:
         try:
             learned = await topic_limits(self.settings.kafka_kwargs(), TOPICS)
         except Exception as exc:  # no DescribeConfigs right, broker away: the setting or the stock limit applies
+            if self._stopping:  # the agent has said its last word: a try cut short by its stop is not news
+                return False
             log.info(
                 "cannot describe the topics' max.message.bytes (%s: %s); using %d bytes",
                 type(exc).__name__,
@@ -481,13 +483,13 @@ class Deliverer:
 
     def _denial(self, exc: BaseException) -> str | None:
         """One line when the broker refuses this credential (authorization, or the login the cause names)."""
-        from flightrec.access import REFUSED_LOGIN, login_refused_line, refusal_line, refusal_of
+        from flightrec.access import REFUSED_LOGIN, refusal_line, refusal_of
 
         refusal = refusal_of(exc)
         if refusal is not None:
             return refusal_line(refusal, self.settings.kafka_kwargs(), "write")
         if self._cause_line and REFUSED_LOGIN in self._cause_line:
-            return login_refused_line(self._cause_line, self.settings.kafka_kwargs())
+            return self._cause_line  # connection_cause names the user and role
         return None
 
     async def _cause(self) -> str | None:

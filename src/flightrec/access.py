@@ -90,11 +90,6 @@ def refusal_line(exc: BaseException, kafka_kwargs: Mapping[str, object], doing: 
     )
 
 
-def login_refused_line(cause: str, kafka_kwargs: Mapping[str, object]) -> str:
-    """connection_cause's line on refused SASL credentials, with the credential's role named."""
-    return f"{cause} [{role_of(_user(kafka_kwargs))}]"
-
-
 def _user(kafka_kwargs: Mapping[str, object]) -> str | None:
     user = kafka_kwargs.get("sasl_plain_username")
     return str(user) if user else None
