@@ -307,7 +307,16 @@ async def read_instance_messages(
                         continue
                     if rec.get("instance_id") == instance:
                         out.append(
-                            RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, r.timestamp_type)
+                            RawMessage(
+                                r.topic,
+                                r.partition,
+                                r.offset,
+                                r.key,
+                                r.value,
+                                r.timestamp,
+                                r.timestamp_type,
+                                tuple(r.headers or ()),  # the send time among them (schemas/sendtime.py)
+                            )
                         )
         return out
     finally:

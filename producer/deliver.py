@@ -24,7 +24,9 @@ from flightrec.producer.fit import (
 from flightrec.producer.lost import LostSpool
 from flightrec.producer.redact import visible
 from flightrec.producer.spool import Position, Record, Spool
+from flightrec.schemas import now_us
 from flightrec.schemas.auth import Signer, parse_fleet_key
+from flightrec.schemas.sendtime import sent_header
 
 from flightrec.errors import ConfigError, DeliveryError
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
@@ -362,7 +364,10 @@ class Deliverer:
             futures = []
             for out in self._outgoing(rec):
                 try:
-                    headers = [self._signer.header(out.topic, out.key, out.value)] if self._signer else None
+                    # the send time (schemas/sendtime.py): the clock is judged by it, never by an event's own time
+                    headers = [sent_header(now_us())]
+                    if self._signer:
+                        headers.append(self._signer.header(out.topic, out.key, out.value))
                     futures.append(await producer.send(out.topic, out.value, key=out.key, headers=headers))
                 except Exception as exc:  # refused before sending (size) or the producer is unusable
                     futures.append(exc)
