@@ -35,6 +35,13 @@ CLOCK_SKEW_BOUND_S = 60
 # instance whose events Kafka received late, from its spool, after its network was cut).
 STATUS_RULES: tuple[StatusRule, ...] = (
     StatusRule(
+        "forgotten",
+        "manager_kind = 'forgotten' AND coalesce(manager_recv_us >= boot_last_recv_us, "
+        "manager_ts_us >= boot_last_us, true)",
+        "the manager said it should never have existed (`flightrec manager forget`), and nothing was heard from it "
+        "after; left out of the fleet view and its alerts",
+    ),
+    StatusRule(
         "destroyed",
         "manager_kind = 'destroyed' AND (coalesce(boot_first_us, 0) <= manager_ts_us "
         "OR boot_first_recv_us <= manager_recv_us)",
@@ -86,10 +93,12 @@ mg AS (
            arg_max(detail, (ts_us, seq, event_id)) AS manager_detail,
            arg_max(source_id, (ts_us, seq, event_id)) AS manager_source,
            arg_max(recv_us, (ts_us, seq, event_id)) AS manager_recv_us
-    FROM manager_events WHERE kind IN ('rented', 'destroyed', 'released', 'rebooted') GROUP BY instance_id),
+    FROM manager_events WHERE kind IN ('rented', 'destroyed', 'released', 'rebooted', 'forgotten')
+    GROUP BY instance_id),
 _st AS (
     SELECT i.instance_id, i.sealed, i.verdict, i.proofs_per_hour, i.min_rate,
            b.first_event_us AS boot_first_us, b.last_event_us AS boot_last_us, b.first_recv_us AS boot_first_recv_us,
+           b.last_recv_us AS boot_last_recv_us,
            lf.failure_class, lf.failed_stage, rs.running_stages,
            h.last_us AS last_heartbeat_us, h.interval_s,
            CASE WHEN b.last_recv_us IS NOT NULL THEN 'receiver' ELSE 'instance' END AS liveness_clock,
@@ -109,6 +118,8 @@ SELECT instance_id, status,
        CASE status
            WHEN 'destroyed' THEN 'destroyed by ' || manager_source || ' at '
                 || strftime(make_timestamp(manager_ts_us), '%Y-%m-%d %H:%M:%S')
+                || CASE WHEN coalesce(manager_detail, '') <> '' THEN ': ' || manager_detail ELSE '' END
+           WHEN 'forgotten' THEN 'forgotten by ' || manager_source
                 || CASE WHEN coalesce(manager_detail, '') <> '' THEN ': ' || manager_detail ELSE '' END
            WHEN 'failed' THEN failed_stage || ' failed: ' || failure_class
            WHEN 'below_min_rate' THEN coalesce(round(proofs_per_hour, 1)::VARCHAR, '?') || ' proofs/h < min '

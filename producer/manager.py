@@ -17,6 +17,12 @@ from flightrec.settings import Settings
 log = logging.getLogger(__name__)
 
 
+# Kinds after which this source says nothing more about the instance: its spool folder there is removed once
+# delivered (an id rented again starts a new one).
+ENDS = ("destroyed", "forgotten")
+ENDED = "ended"  # in the manager's instance folder: its last event was one of ENDS; removed once delivered
+
+
 def default_source() -> str:
     """The source id a manager uses when none is given: manager@<host name>."""
     return f"manager@{socket.gethostname()}"
@@ -68,6 +74,7 @@ def send_manager_event(
                 attributes=attrs,
             )
 
+        _mark_ended(agent.spool.dir, kind in ENDS)
         event = agent.emit_makers([make])[0]
         ok = agent.close(timeout)
     denied = agent.deliverer.denied if agent.deliverer is not None and not ok else None
@@ -85,4 +92,31 @@ def send_manager_event(
             agent.spool.dir,
             manager_spool(settings, source),
         )
+    if ok:
+        remove_if_ended(manager_spool(settings, source), instance)
     return event, ok  # type: ignore[return-value]  # emit returns the Event base: it is the ManagerEvent made here
+
+
+def _mark_ended(folder: Path, ended: bool) -> None:
+    """Note (or clear) that the source's last word on the instance ends it: the folder may go once delivered."""
+    marker = folder / ENDED
+    try:
+        if ended:
+            marker.touch()
+        else:
+            marker.unlink(missing_ok=True)
+    except OSError as exc:  # the folder then stays: nothing is lost
+        log.debug("%s: %s", marker, exc)
+
+
+def remove_if_ended(root: Path, instance: str) -> bool:
+    """Remove the manager's spool folder of ``instance`` under ``root`` when its last event destroyed or forgot the
+    instance and Kafka acknowledged everything in it (a folder kept per instance for ever otherwise)."""
+    from flightrec.producer.spool import Spool, instance_dir
+
+    if not (instance_dir(root, instance) / ENDED).exists():
+        return False
+    removed = Spool(root, instance).remove_if_delivered()
+    if removed:
+        log.info("removed the delivered manager spool folder of %s (%s)", instance, instance_dir(root, instance))
+    return removed

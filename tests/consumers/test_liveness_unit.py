@@ -71,7 +71,7 @@ def test_heartbeats_count_in_the_boot_and_manager_events_do_not():
 
 
 def test_the_status_rule_table_is_one_ordered_case():
-    assert STATUSES[:4] == ("destroyed", "failed", "below_min_rate", "finished")
+    assert STATUSES[:5] == ("forgotten", "destroyed", "failed", "below_min_rate", "finished")
     assert set(STATUSES) >= {"running", "healthy", "failed", "below_min_rate", "lost", "destroyed", "finished"}
     case = status_case()
     assert case.index("'destroyed'") < case.index("'failed'") < case.index("'lost'") < case.index("'running'")
