@@ -26,6 +26,8 @@ from aiokafka.structs import ConsumerRecord
 from flightrec.consumers.alerts import AlertConfig, Alerter
 from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
+from flightrec.consumers.progress import Progress
+from flightrec.consumers.progress import record as record_progress
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.db.serve import QueryServer
@@ -192,6 +194,7 @@ class Materializer:
         self._committed: dict[tuple[str, int], int] = {}  # next offset the database holds, per partition
         self._errors_counted = 0  # stats.errors_total already added to the metrics
         self._reported = Stats().summary()  # the counters as last logged (a run that did nothing logs nothing)
+        self._progress = Progress()  # how far the input is read: silences are judged up to there
 
     def _new_pending(self) -> Pending:
         """An empty batch, bounded by this store's limits."""
@@ -204,7 +207,13 @@ class Materializer:
         opts = self.opts
         try:
             if opts.metrics_port is not None:  # first: a port in use stops the run before a database file is made
-                self._metrics = Metrics(opts.metrics_port, opts.metrics_address)
+                self._metrics = Metrics(
+                    opts.metrics_port,
+                    opts.metrics_address,
+                    db_path=str(opts.location.path) if not opts.location.shared else None,  # type: ignore[union-attr]  # a file's Location has its path
+                    max_age=opts.alert_max_age,
+                    classes=(r.failure_class for r in opts.rules.rules) if opts.rules is not None else (),
+                )
                 self._metrics.start()
             self._store = await self._in_writer(self._open_store)
             await self._in_writer(load_state, self._trust, self._store.con)
@@ -218,6 +227,7 @@ class Materializer:
                         drain=opts.alert_drain,
                         timeout=opts.alert_timeout,
                         status_interval=opts.status_interval,
+                        max_age=opts.alert_max_age,
                     )
                 )
                 await self._in_writer(self._alerts.start, self._store.con)
@@ -401,26 +411,48 @@ class Materializer:
         started = time.monotonic()
         stats = await self._in_writer(self._store.commit, {0: delta})  # a file holds every partition
         self.stats += stats
+        self._committed.update(delta.offsets)
         if self._metrics is not None:
             self._metrics.observe_commit(delta, stats, time.monotonic() - started)
-            self._committed.update(delta.offsets)
         await self._sync_alerts()
 
     async def _update_metrics(self) -> None:
-        """Lag per partition (one end-offsets request) and the database's figures; the broker away skips the lag."""
-        if self._metrics is None or self._consumer is None or self._store is None:
+        """End offsets (one request): the input's progress and the lag per partition; then the database's figures.
+        The broker away skips the lag and the progress."""
+        if self._consumer is None or self._store is None:
+            return
+        try:
+            asked_us = time.time_ns() // 1000
+            answer = await self._consumer.end_offsets(self._parts)
+            ends = {(tp.topic, tp.partition): end for tp, end in answer.items()}
+            self._progress.asked(asked_us, ends)
+            if self._metrics is not None:
+                self._metrics.set_lag(ends, self._committed)
+        except (KafkaError, OSError) as exc:
+            log.debug("no end offsets (%s)", exc)
+        await self._note_progress()
+        if self._metrics is None:
             return
         self._metrics.count_errors(self.stats.errors_total - self._errors_counted)
         self._errors_counted = self.stats.errors_total
         try:
-            ends = await self._consumer.end_offsets(self._parts)
-            self._metrics.set_lag({(tp.topic, tp.partition): end for tp, end in ends.items()}, self._committed)
-        except (KafkaError, OSError) as exc:
-            log.debug("metrics: no end offsets (%s)", exc)
-        try:
             await self._in_writer(self._metrics.read_database, self._store.con)
         except duckdb.Error as exc:
             log.warning("metrics: could not read the database's figures: %s", exc)
+
+    async def _note_progress(self, force: bool = False) -> None:
+        """Record how far the input is read (consumers/progress.py), on a database file, at most every few s."""
+        self._progress.advance(self._committed)
+        moment = self._progress.due(time.monotonic(), force)
+        if moment is None or not isinstance(self._store, FileStore):
+            return
+        try:
+            await self._in_writer(record_progress, self._store.con, self._store.run_id, moment)
+            self._progress.written(moment, time.monotonic())
+            if self._metrics is not None:
+                self._metrics.caught_up(moment)
+        except duckdb.Error as exc:
+            log.warning("could not record how far the input is read: %s", exc)
 
     async def _sync_alerts(self) -> None:
         if self._alerts is not None and self._store is not None:
@@ -496,7 +528,10 @@ class Materializer:
         c = self._consumer
         assert c is not None
         loop = asyncio.get_running_loop()
+        started_us = time.time_ns() // 1000
         targets = await c.end_offsets(self._parts) if self.opts.replay else None
+        if targets is not None:  # a replay reads everything Kafka held when it started: caught up to then at its end
+            self._progress.asked(started_us, {(tp.topic, tp.partition): end for tp, end in targets.items()})
         pending = self._pending = self._new_pending()
         last_data = last_refresh = last_report = last_metrics = kafka_ok = loop.time()
         await self._update_metrics()
@@ -504,7 +539,7 @@ class Materializer:
             while not self._stop.is_set():
                 data = await self._read()
                 now = loop.time()
-                if self._metrics is not None and now - last_metrics >= METRICS_INTERVAL:
+                if now - last_metrics >= METRICS_INTERVAL:
                     last_metrics = now
                     await self._update_metrics()
                 for records in data.values():
@@ -538,4 +573,5 @@ class Materializer:
             if self._inflight is not None:
                 inflight, self._inflight = self._inflight, None
                 await inflight
+        await self._note_progress(force=True)
         return self.stats

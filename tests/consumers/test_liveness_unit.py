@@ -61,6 +61,7 @@ def test_heartbeats_count_in_the_boot_and_manager_events_do_not():
             "stage": "bench",
             "recv_us": 1_700_000_000_000_000,
             "key_id": None,
+            "sent_us": None,
         }
     ]
     assert d.manager.column("recv_us").to_pylist() == [1_700_000_000_001_000]

@@ -91,9 +91,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument(
         "--metrics-address",
-        default="0.0.0.0",
+        default=Options.metrics_address,
         metavar="ADDRESS",
-        help="the address /metrics listens on (default 0.0.0.0: every interface; 127.0.0.1: this host only)",
+        help="the address /metrics and /health listen on (default 127.0.0.1: this host only; 0.0.0.0: every "
+        "interface, for a Prometheus on another host)",
     )
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
@@ -279,6 +280,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         webhook=settings.webhook,
         alert_on=kinds,
         dashboard_url=settings.dashboard_url,
+        alert_max_age=settings.alert_max_age,
         views=stored_views(),
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
@@ -386,6 +388,36 @@ def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
         print(f"flightrec wait-sealed: {args.instance} is {result.reason}", file=sys.stderr)
         return 3
     print(
-        f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}", file=sys.stderr
+        f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}"
+        + _materializer_note(loc),
+        file=sys.stderr,
     )
     return 3
+
+
+def _materializer_note(loc: Location) -> str:
+    """'; no materializer is running on DB ...: start ...' when the seal may be in Kafka unread, else ''."""
+    import time
+
+    from flightrec.cli.status import read_health
+    from flightrec.db.health import BEHIND_AFTER_S, ago
+    from flightrec.errors import FlightrecError
+
+    try:
+        h, serving = read_health(loc)
+    except FlightrecError:
+        return ""
+    now = time.time_ns() // 1000
+    where = loc.describe()
+    if serving is False:
+        return (
+            f"; no materializer is running on {where} (its last commit: {ago(h.last_commit_us, now)}): the seal may "
+            f"be waiting in Kafka unread; start one: flightrec materialize --db {where}"
+        )
+    if h.caught_up_us is None or now - h.caught_up_us > BEHIND_AFTER_S * 1e6:
+        return (
+            f"; the materializer's input was last read to the end {ago(h.caught_up_us, now)} (its last commit: "
+            f"{ago(h.last_commit_us, now)}): it lags or cannot reach Kafka, and the seal may be among what it has "
+            "not read (`flightrec status`)"
+        )
+    return ""
