@@ -28,6 +28,7 @@ from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.consumers.progress import Progress
 from flightrec.consumers.progress import record as record_progress
+from flightrec.db.backup import serve_requests as serve_backups
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
 from flightrec.db.serve import QueryServer
@@ -431,6 +432,10 @@ class Materializer:
         except (KafkaError, OSError) as exc:
             log.debug("no end offsets (%s)", exc)
         await self._note_progress()
+        if isinstance(self._store, FileStore):  # backups asked for by `flightrec backup` (db/backup.py)
+            served = await self._in_writer(serve_backups, self._store.con, self._store.path)
+            if served:
+                log.info("answered %d backup request(s) for %s", served, self._store.path)
         if self._metrics is None:
             return
         self._metrics.count_errors(self.stats.errors_total - self._errors_counted)
