@@ -422,6 +422,8 @@ class Materializer:
         The broker away skips the lag and the progress."""
         if self._consumer is None or self._store is None:
             return
+        if self._metrics is None and not isinstance(self._store, FileStore):
+            return  # a lake's member: no metrics, no progress recorded (a lake judges silences up to now)
         try:
             asked_us = time.time_ns() // 1000
             answer = await self._consumer.end_offsets(self._parts)

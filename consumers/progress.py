@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import duckdb
 
-RECORD_EVERY_S = 5.0  # a caught-up moment is written at most this often (one tiny transaction)
+RECORD_EVERY_S = 0.9  # a caught-up moment is written at most this often (one tiny transaction; `lost` waits for it)
 MAX_ASKS = 64  # asks remembered while the input lags (older ones are superseded by newer satisfied ones)
 # The input is called behind (flightrec status, /health) when its caught-up moment is older than this; `lost` is
 # judged up to that moment whatever its age.

@@ -119,11 +119,11 @@ def test_a_restarted_materializer_posts_no_lost_before_reading_its_backlog(kafka
 
 def test_a_database_built_from_old_topics_posts_no_history(kafka, tmp_path: Path, env_for) -> None:
     hook = Hook()
-    env = env_for(FLIGHTREC_ALERT_MAX_AGE="3")
+    env = env_for(FLIGHTREC_ALERT_MAX_AGE="20")  # far above a loaded machine's start of a materializer
     old = motivating_boot()
     mark = kafka.mark
     publish(kafka.bootstrap, old.events)
-    time.sleep(5)  # older than FLIGHTREC_ALERT_MAX_AGE by the time a new database first sees it
+    time.sleep(22)  # older than FLIGHTREC_ALERT_MAX_AGE by the time a new database first sees it
     db = tmp_path / "rebuilt.duckdb"
     kafka.mark = mark
     kafka.seed_at_mark(db)
