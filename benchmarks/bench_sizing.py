@@ -102,7 +102,7 @@ def main() -> None:
             capture_output=True,
         )
         con = duckdb.connect(str(db), read_only=True)
-        lines, text_bytes = con.execute("SELECT count(*), sum(octet_length(text)) FROM log_lines").fetchall()[0]
+        lines, text_bytes = con.execute("SELECT count(*), sum(strlen(text)) FROM log_lines").fetchall()[0]
         con.close()
         total = args.instances * args.lines
         assert lines == total, (lines, total)

@@ -110,7 +110,7 @@ def serve_requests(con: duckdb.DuckDBPyConnection, db: Path) -> int:
         try:
             to = Path(json.loads(req.read_text())["to"])
             _check_target(db, to)
-            answer = {"ok": True, "wal": checkpoint_and_copy(con, db, to)}
+            answer: dict[str, object] = {"ok": True, "wal": checkpoint_and_copy(con, db, to)}
         except (OSError, ValueError, KeyError, duckdb.Error, QueryError, subprocess.SubprocessError) as exc:
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         with contextlib.suppress(OSError):

@@ -9,6 +9,7 @@ agent's single file, which then names the user only).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 # aiokafka's error classes for a refusal that no retry changes (by name: the agent need not import them to judge)
 AUTHORIZATION = (
@@ -51,7 +52,7 @@ def role_of(user: str | None) -> str:
     return f"user {user!r}"
 
 
-def _roles() -> tuple:  # type: ignore[type-arg]  # broker.roles' Role, typed loosely: the import is optional
+def _roles() -> tuple[Any, ...]:  # broker.roles' Role, typed loosely: the import is optional (the agent's file)
     try:
         from flightrec.broker.roles import ROLES
     except ImportError:  # the agent's single file holds no broker helpers

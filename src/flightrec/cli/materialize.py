@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flightrec.cli.options import add_read_db
 from flightrec.errors import ConfigError, CredentialError, MaterializeError
@@ -357,7 +357,7 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _read_topics(settings: Settings, instance: str) -> list:  # type: ignore[type-arg]  # RawMessage, imported late
+def _read_topics(settings: Settings, instance: str) -> list[Any]:  # RawMessages (db.fold), imported late
     """The instance's messages from the topics; a credential that may not read them ends the command in one line."""
     from flightrec.access import refusal_line, refusal_of
     from flightrec.consumers import timeline
