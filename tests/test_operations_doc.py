@@ -42,7 +42,7 @@ def _flightrec_commands() -> list[list[str]]:
             if line.startswith(("ExecStart=", "ExecStop=")) and INSTALLED in line:
                 words = shlex.split(line.split("=", 1)[1])
                 if words[0] == "/bin/sh":  # sh -c 'exec … flightrec …'
-                    words = shlex.split(words[-1].replace("%%", "%"))[1:]
+                    words = shlex.split(re.sub(r"\$\([^)]*\)", "DATE", words[-1]))[1:]  # $(date …): a word
                 found.append(words[words.index(INSTALLED) + 1 :])
     return found
 
@@ -53,7 +53,7 @@ def test_every_flightrec_command_it_shows_parses() -> None:
     parser = build_parser()
     for args in commands:
         try:
-            parser.parse_args([a.replace("$(date +%Y%m%d-%H%M)", "x") for a in args])
+            parser.parse_args(args)
         except SystemExit:
             pytest.fail(
                 f"docs/operations.md or a unit shows a command that does not parse: flightrec {shlex.join(args)}"
