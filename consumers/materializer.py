@@ -458,8 +458,10 @@ class Materializer:
             self._progress.written(moment, time.monotonic())
             if self._metrics is not None:
                 self._metrics.caught_up(moment)
-        except duckdb.Error as exc:
-            log.warning("could not record how far the input is read: %s", exc)
+        except duckdb.Error as exc:  # said once until it works again (a full disk would say it every second)
+            if self._progress.recorded_at >= 0:
+                log.warning("could not record how far the input is read (said once until it works): %s", exc)
+            self._progress.recorded_at = -1.0
 
     async def _sync_alerts(self) -> None:
         if self._alerts is not None and self._store is not None:

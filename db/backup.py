@@ -75,7 +75,10 @@ def copy_file(src: Path, to: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.rename(partial, to)
+    try:
+        os.link(partial, to)  # not rename: a file made at ``to`` meanwhile is never replaced
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def checkpoint_and_copy(con: duckdb.DuckDBPyConnection, src: Path, to: Path) -> bool:
@@ -107,6 +110,11 @@ def serve_requests(con: duckdb.DuckDBPyConnection, db: Path) -> int:
     served = 0
     for req in sorted(db.parent.glob(db.name + REQUEST + "*")):
         rid = req.name[len(db.name + REQUEST) :]
+        try:
+            if req.stat().st_uid != os.getuid():  # only this user's requests: a copy goes where the asker says
+                continue
+        except OSError:
+            continue
         try:
             to = Path(json.loads(req.read_text())["to"])
             _check_target(db, to)

@@ -2,14 +2,12 @@
 
 A broker that refuses a credential refuses it again on every try: a command that meets such a refusal stops at once
 with one line naming the credential (its user and, for flightrec's own roles, the role: broker/roles.py) and what
-it may not do, and which credential would. Pure but for the optional lookup of flightrec's roles (absent from the
-agent's single file, which then names the user only).
+it may not do, and which credential would. Pure; on the ground floor (the agent and the materializer use it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 # aiokafka's error classes for a refusal that no retry changes (by name: the agent need not import them to judge)
 AUTHORIZATION = (
@@ -42,22 +40,31 @@ def refusal_of(exc: BaseException | None) -> BaseException | None:
     return None
 
 
+# The SCRAM users of flightrec's roles (broker/roles.py, where their grants live; tests/broker/test_roles_unit.py
+# keeps the two the same): a refusal names the role as well as the user.
+ROLE_OF_USER = {
+    "flightrec": "admin",
+    "flightrec-operator": "operator",
+    "flightrec-reader": "reader",
+    "flightrec-agent": "agent",
+}
+# What each role is for, in a few words (docs/security.md has the grants)
+ROLE_PURPOSE = {
+    "admin": "the broker's super user",
+    "operator": "materializer, manager, replay: reads and writes the topics",
+    "reader": "reads the topics, writes nothing",
+    "agent": "what goes into instances: produces to the topics, nothing else",
+}
+
+
 def role_of(user: str | None) -> str:
-    """'user 'flightrec-agent' (the agent role: ...)' for flightrec's roles, else the user, else 'no SASL user'."""
+    """'user 'flightrec-agent' (the agent role: …)' for flightrec's roles, else the user, else 'no SASL user'."""
     if not user:
         return "this client (no SASL user)"
-    for role in _roles():
-        if role.user == user:
-            return f"user {user!r} (the {role.name} role: {role.purpose})"
-    return f"user {user!r}"
-
-
-def _roles() -> tuple[Any, ...]:  # broker.roles' Role, typed loosely: the import is optional (the agent's file)
-    try:
-        from flightrec.broker.roles import ROLES
-    except ImportError:  # the agent's single file holds no broker helpers
-        return ()
-    return ROLES
+    role = ROLE_OF_USER.get(user)
+    if role is None:
+        return f"user {user!r}"
+    return f"user {user!r} (the {role} role: {ROLE_PURPOSE[role]})"
 
 
 def _topics(exc: BaseException) -> str:

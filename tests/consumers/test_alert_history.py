@@ -65,7 +65,7 @@ def _status(db: Path, instance: str) -> str | None:
     return rows[0]["status"] if rows else None
 
 
-def _wait(what, within: float) -> None:  # type: ignore[no-untyped-def]
+def _wait(what, within: float) -> None:  # type: ignore[no-untyped-def]  # what: a predicate
     t0 = time.monotonic()
     while time.monotonic() - t0 < within:
         if what():

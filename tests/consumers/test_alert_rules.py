@@ -168,7 +168,7 @@ def test_the_rules_evaluated_on_a_real_scrape_fire_for_a_real_failure(kafka, tmp
         mat.terminate()
         mat.wait(60)
     series = _as_series(before, after)
-    names = {re.match(r"[a-z_]+", s).group(0) for s, _ in series}  # type: ignore[union-attr]
+    names = {re.match(r"[a-z_]+", s).group(0) for s, _ in series}  # type: ignore[union-attr]  # every series starts with its name
     for rule in _rules():
         assert _metric_names(rule["expr"]) <= names | {"up"} or rule["alert"] == "FlightrecMaterializerDown", rule
     tests = {
@@ -216,7 +216,7 @@ def _expected(alert: str) -> list[dict]:
     return []
 
 
-def _scrape_when(port: int, ready, within: float = 90.0) -> str:  # type: ignore[no-untyped-def]
+def _scrape_when(port: int, ready, within: float = 90.0) -> str:  # type: ignore[no-untyped-def]  # ready: a predicate
     deadline = time.monotonic() + within
     text = ""
     while time.monotonic() < deadline:

@@ -97,7 +97,7 @@ def test_sigkilled_agent_is_lost_at_once_while_a_live_one_stays_running(kafka, t
         mat.wait(60)
 
 
-def _read_until(kafka, db: Path, instance: str, want: str, within: float) -> dict:  # type: ignore[no-untyped-def]
+def _read_until(kafka, db: Path, instance: str, want: str, within: float) -> dict:  # type: ignore[no-untyped-def]  # kafka: the fixture
     """Materialize again until ``instance`` has status ``want``: a silence counts only once the materializer has
     read the time it spans (materializer_progress: its input caught up after it), not while none runs."""
     t0 = time.monotonic()
