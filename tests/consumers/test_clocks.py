@@ -97,7 +97,8 @@ def test_the_fold_keeps_the_brokers_time_and_only_that():
 def test_a_clock_an_hour_behind_heartbeating_is_running_and_one_ahead_and_silent_is_lost(tmp_path):
     db = tmp_path / "f.duckdb"
     now = _now()
-    behind = _running(now - HOUR)  # beats now, stamps an hour ago
+    behind = _running(now - HOUR, interval=60.0)  # beats now, stamps an hour ago (a minute's interval: a loaded
+    # machine's seconds between the commit and the read are no silence)
     ahead = _running(now + HOUR)  # stamps an hour ahead, heard from last a minute ago
     quiet_ok = _running(now - 60 * S, interval=3600.0)  # a right clock: silent a minute at a 1 h interval
     _commit(db, _msgs(behind.events, now), _msgs(ahead.events, now - 60 * S), _msgs(quiet_ok.events, now - 60 * S))
@@ -124,7 +125,7 @@ def test_a_clock_an_hour_behind_heartbeating_is_running_and_one_ahead_and_silent
 def test_without_receive_times_liveness_falls_back_to_the_instances_clock_and_says_so(tmp_path):
     db = tmp_path / "f.duckdb"
     now = _now()
-    behind = _running(now - HOUR)
+    behind = _running(now - HOUR, interval=60.0)
     _commit(db, _msgs(behind.events, now, CREATE_TIME))  # an operator's CreateTime topic
     row = _status(db, behind.instance)
     assert row["liveness_clock"] == "instance" and row["clock_offset_s"] is None and not row["clock_skewed"]
@@ -132,7 +133,7 @@ def test_without_receive_times_liveness_falls_back_to_the_instances_clock_and_sa
     # the topic switched to LogAppendTime: from its next records on, the receiver's clock judges
     more = Boot(instance=behind.instance, boot=behind.boot, t0=now - HOUR)
     more.events = list(behind.events)
-    more.add(Heartbeat, stage="benchmark", interval_s=1.0)
+    more.add(Heartbeat, stage="benchmark", interval_s=60.0)
     _commit(db, _msgs(more.events[-1:], now, first_offset=100))
     row = _status(db, behind.instance)
     assert row["liveness_clock"] == "receiver" and row["status"] == "running" and row["clock_offset_s"] < -3000
