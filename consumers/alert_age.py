@@ -5,8 +5,8 @@ silences that are history: each alertable row whose evidence Kafka appended more
 the materializer first saw it (``FLIGHTREC_ALERT_MAX_AGE``) goes into the outbox as not to be sent
 (``sent_us`` = 0, ``outcome`` = 'historical', the age in ``error``). When a row "happened" is:
 
-- a failure: the newest append time (``recv_us``) of its stage's events (its exit, its lines);
-- an incomplete boot: the boot's newest append time;
+- a failure or an incomplete boot: the newest append time of its boot's events (``boots.last_recv_us``: one
+  row per boot, no scan of the events);
 - a lost instance: when its silence passed the `lost` limit (its last sign plus LOST_AFTER_INTERVALS intervals).
 
 Rows without any receive time (CreateTime topics) are not judged: they alert as before. Refused events carry no
@@ -24,12 +24,7 @@ from flightrec.schemas import LOST_AFTER_INTERVALS
 
 OUTCOME = "historical"
 
-# The newest append time of each failed stage among _failed_keys (instance, boot, stage).
-_FAILURE_APPENDED = """
-SELECT k.alert_id, max(e.recv_us) AS appended_us
-FROM _failed_keys k JOIN events_seen e
-  ON e.instance_id = k.instance_id AND e.boot_id = k.boot_id AND e.stage IS NOT DISTINCT FROM k.stage
-GROUP BY k.alert_id"""
+# The newest append time of the boot of each row among _failed_keys.
 _BOOT_APPENDED = """
 SELECT k.alert_id, b.last_recv_us AS appended_us
 FROM _failed_keys k JOIN boots b ON b.instance_id = k.instance_id AND b.boot_id = k.boot_id"""
@@ -50,13 +45,11 @@ def _keys(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
 def appended(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -> dict[str, int]:
     """When Kafka appended the evidence of each alertable row (alert id -> µs), where it says."""
     out: dict[str, int] = {}
-    for kind_sql, kinds in ((_FAILURE_APPENDED, ("failed", "below_min_rate")), (_BOOT_APPENDED, ("incomplete",))):
-        chosen = [r for r in rows if r["kind"] in kinds]
-        if not chosen:
-            continue
+    chosen = [r for r in rows if r["kind"] in ("failed", "below_min_rate", "incomplete")]
+    if chosen:
         con.register("_failed_keys", _keys(chosen))
         try:
-            out.update({a: int(t) for a, t in con.execute(kind_sql).fetchall() if t is not None})
+            out.update({a: int(t) for a, t in con.execute(_BOOT_APPENDED).fetchall() if t is not None})
         finally:
             con.unregister("_failed_keys")
     for r in rows:
