@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from flightrec.db.live import socket_path
 
 from flightrec.cli import build_parser
 
@@ -126,8 +127,8 @@ def test_the_backup_and_restore_commands_run_as_written(kafka, tmp_path: Path) -
         [EXE, "materialize", "--db", str(db)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 90
-        while not Path(f"{db}.sock").exists():  # it serves: it holds the file
+        deadline = time.monotonic() + 240  # a loaded machine starts a materializer in seconds to minutes
+        while not socket_path(db).exists():  # it serves: it holds the file
             assert time.monotonic() < deadline and mat.poll() is None
             time.sleep(0.2)
         r = subprocess.run(
