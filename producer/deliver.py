@@ -41,6 +41,9 @@ AWAY = "delivery-away"  # in the spool folder while Kafka does not answer its se
 AWAY_AFTER_S = 2.0  # an attempt that has not come back after this long may mean Kafka does not answer
 PROBE_EVERY_S = 1.0  # then a TCP connection to the bootstrap addresses decides, at most this often
 PROBE_TIMEOUT_S = 0.5
+# Bytes kept under a topic's limit for a message's headers (the send time, the writer's tag): events are built
+# further under it (fit.py MARGIN, batcher.py BATCH_SLACK); parts of a split batch are cut to leave this room
+HEADER_ROOM = 256
 
 
 def bootstrap_answers(bootstrap: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
@@ -333,7 +336,7 @@ class Deliverer:
         forced = self._forced.get(rec.end)
         if forced is not None:
             return [self._drop(rec, f"Kafka refused it: {forced}")]
-        limit = self.limit(rec.topic)
+        limit = self.limit(rec.topic) - HEADER_ROOM  # the record's headers count against the topic's limit too
         if message_size(rec.key, rec.value) <= limit:
             return [Outgoing(rec.topic, rec.key, rec.value)]
         parts = split_log_batch(rec.value, rec.key, limit)

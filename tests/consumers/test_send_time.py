@@ -130,3 +130,14 @@ def test_any_headers_give_a_send_time_or_none_and_never_raise(headers: list[tupl
     got = sent_us_of(headers)
     assert got is None or isinstance(got, int)
     assert sent_us_of(_Raises()) is None
+
+
+def test_the_headers_fit_the_room_the_sender_keeps_for_them() -> None:
+    """The send time and the longest writer's tag together fit HEADER_ROOM (a part cut to the limit stays under)."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+    from flightrec.producer.deliver import HEADER_ROOM
+    from flightrec.schemas.auth import HEADER
+
+    tag = (HEADER, b"x" * 200)  # '<key id> <64 hex>': a key id of 'instance/µs/random' is far below 135 bytes
+    with_headers = DefaultRecordBatchBuilder.estimate_size_in_bytes(b"k", b"v", [sent_header(NOW), tag])
+    assert with_headers - DefaultRecordBatchBuilder.estimate_size_in_bytes(b"k", b"v", []) < HEADER_ROOM
