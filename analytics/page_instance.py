@@ -260,7 +260,9 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     default_stages: list[str] = []
     if jump and failure_rows and not live:
         failure = failure_rows[0]
-        around = failure["ts_us"]
+        # up to the failed stage's last line: a late one (the daemon's, after the exit) may be the one that says why
+        last = fetch(queries.failure_lines_end, failure["failure_id"])
+        around = max(failure["ts_us"], last or 0)
         default_stages = [failure["stage"]]
     # The filters' values are read before their widgets are drawn, so one scan answers both
     # the widgets' options and the lines (a widget keeps its value in st.session_state).

@@ -46,7 +46,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from flightrec.consumers import webhook
+from flightrec.consumers import alert_age, webhook
 from flightrec.consumers.options import ALERT_KINDS
 
 from flightrec.errors import ConfigError
@@ -186,6 +186,7 @@ class AlertConfig:
     queue_size: int = 256
     timeout: float = 10.0  # seconds per HTTP request
     status_interval: float = 15.0  # seconds between reads of the instance status (lost alerts)
+    max_age: float = 900.0  # evidence Kafka received longer ago than this at first sight is recorded, not posted
 
 
 def _cut(text: Any) -> str:
@@ -347,6 +348,7 @@ class Alerter:
                 lost = self._rows(con, _LOST_NOW)
                 found += new_silences(lost, self._lost_before)
                 self._lost_before = {(r["instance_id"], r["boot_id"]) for r in lost}
+        old = alert_age.historical(con, found, now, self.config.max_age) if sent_us is None else {}
         rows = []
         for row in found:
             if row["kind"] not in self.config.kinds and sent_us is None:
@@ -361,7 +363,7 @@ class Alerter:
                     row["ts_us"],
                     json.dumps(message(row["kind"], row, self.config.dashboard_url), default=str),
                     now,
-                    sent_us,
+                    0 if row["failure_id"] in old else sent_us,  # history (alert_age.py): recorded, not sent
                 ]
             )
         if rows:  # one Arrow batch, one INSERT (a first start may record thousands of earlier failures)
@@ -374,6 +376,7 @@ class Alerter:
                 con.execute("INSERT INTO alerts BY NAME SELECT * FROM _new_alerts ON CONFLICT DO NOTHING")
             finally:
                 con.unregister("_new_alerts")
+            alert_age.mark(con, old)
 
     def _has_status_view(self, con: duckdb.DuckDBPyConnection) -> bool:
         found = con.execute(

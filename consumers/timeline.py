@@ -26,7 +26,7 @@ from flightrec.db.location import Location
 from flightrec.db.query import run_query
 from flightrec.schemas import EVENT_BY_NAME, default_codec
 
-from flightrec.errors import CodecError, MaterializeError
+from flightrec.errors import CodecError, FlightrecError, MaterializeError
 
 Row = Mapping[str, Any]
 
@@ -199,7 +199,7 @@ def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]
     intervals = {r["boot_id"]: r["interval_s"] for r in q("SELECT * FROM heartbeats WHERE instance_id = ?", instance)}
     boots = q("SELECT * FROM boots WHERE instance_id = ?", instance)  # last_recv_us: absent in an older file
     sealed = [r["boot_id"] for r in boots if r["sealed_count"] is not None]
-    now = time.time_ns() // 1000  # the receiver's clock, as the `lost` status
+    now = _heard_until(q)  # the receiver's clock up to what was read, as the `lost` status
     gaps = heartbeat_gaps(
         beats,
         intervals,
@@ -210,6 +210,18 @@ def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]
     )
     extra = liveness_entries(manager, gaps, now)
     return sorted(entries_from_rows(life, exits, throughput, logs, fails) + extra), total - len(logs)
+
+
+def _heard_until(q: Query) -> int:
+    """Now, or the moment the materializer's input was last read to the end when that is earlier (db/status.py:
+    a silence is counted up to what was read)."""
+    now = time.time_ns() // 1000
+    try:
+        rows = q("SELECT max(caught_up_us) AS c FROM materializer_progress")
+    except FlightrecError:  # a file made before the table: up to now, as the status view there
+        return now
+    caught = rows[0]["c"] if rows else None
+    return now if caught is None else min(now, int(caught))
 
 
 def from_db(db: str | Path | Location, instance: str, max_lines: int = 2000) -> tuple[list[Entry], int]:
@@ -307,7 +319,16 @@ async def read_instance_messages(
                         continue
                     if rec.get("instance_id") == instance:
                         out.append(
-                            RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, r.timestamp_type)
+                            RawMessage(
+                                r.topic,
+                                r.partition,
+                                r.offset,
+                                r.key,
+                                r.value,
+                                r.timestamp,
+                                r.timestamp_type,
+                                tuple(r.headers or ()),  # the send time among them (schemas/sendtime.py)
+                            )
                         )
         return out
     finally:

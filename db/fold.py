@@ -26,6 +26,7 @@ from flightrec.schemas import EVENT_BY_NAME, TOPIC_LOGS, Codec, default_codec
 from flightrec.schemas.arrow import ENVELOPE, event_fields, event_schema
 from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
 from flightrec.schemas.logcolumns import LogColumns
+from flightrec.schemas.sendtime import sent_us_of
 
 from flightrec.errors import CodecError
 
@@ -47,7 +48,8 @@ _KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND b
 _RECV = pa.field("recv_us", I64)  # when Kafka appended the record (its LogAppendTime), NULL when unknown
 
 _KEY_ID = pa.field("key_id", STR)  # the key whose tag proved the event's writer (schemas/auth.py); NULL: untagged
-EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64), _RECV, _KEY_ID])
+_SENT = pa.field("sent_us", I64)  # when the sender sent it, by its clock (schemas/sendtime.py); NULL: not said
+EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64), _RECV, _KEY_ID, _SENT])
 LIFECYCLE = pa.schema(
     _ENVELOPE
     + [_KIND]
@@ -326,7 +328,13 @@ def reused(event_id: str, stored: tuple[int, str], seq: int, kind: str) -> str:
 
 
 def _fold_one(
-    b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int | None = None, key_id: str | None = None
+    b: _Builder,
+    name: str,
+    rec: dict[str, Any],
+    fp: int,
+    recv_us: int | None = None,
+    key_id: str | None = None,
+    sent_us: int | None = None,
 ) -> None:
     """Append one decoded record's rows; raises FoldError (nothing appended) when it cannot."""
     env = {**_envelope(rec), "recv_us": recv_us}
@@ -421,7 +429,7 @@ def _fold_one(
                 "detail": rec.get("detail"),
             },
         )
-    b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp, "key_id": key_id})
+    b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp, "key_id": key_id, "sent_us": sent_us})
 
 
 _columns: LogColumns | None = None
@@ -493,7 +501,7 @@ def fold(
                         b, msg, reused(rec["event_id"], first[1:], rec.get("seq", -1), KIND.get(name, name)), keep, rec
                     )
                 continue
-            _fold_one(b, name, rec, fp, received_us(msg), key_id)
+            _fold_one(b, name, rec, fp, received_us(msg), key_id, sent_us_of(getattr(msg, "headers", ())))
             if trust is not None and KIND.get(name) == "manager":
                 trust.folded_manager_event(rec, received_us(msg))
             seen[rec["event_id"]] = (fp, rec["seq"], KIND[name])

@@ -87,6 +87,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         (Column("failures", "last_lines", "STRUCT(seq BIGINT, line_no BIGINT, source VARCHAR, text VARCHAR)[]"),),
         rebuild_failures=True,
     ),
+    Migration(
+        6,
+        "events_seen.sent_us: when the sender sent an event (its send-time header), which the clock offset is "
+        "judged by (an event's own time, after it waited in a spool, is not)",
+        (Column("events_seen", "sent_us", "BIGINT"),),  # NULL: sent without the header (older agents)
+    ),
 )
 
 VERSION_TABLE = "schema_version"

@@ -273,6 +273,14 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
     dead_letters    BIGINT
 );
 
+-- When each materializer run last had committed everything Kafka held when it asked (its input caught up; the
+-- materializer's wall-clock time, like materializer_runs): instance silences are judged up to the latest of these
+-- (db/status.py), so a materializer whose input lags or that is away judges no instance lost.
+CREATE TABLE IF NOT EXISTS materializer_progress (
+    run_id       VARCHAR PRIMARY KEY,  -- materializer_runs.run_id
+    caught_up_us BIGINT
+);
+
 -- The schema versions applied to this database (db/migrate.py): columns added
 -- after the first release are added there, by version, on a file and a lake alike.
 CREATE TABLE IF NOT EXISTS schema_version (

@@ -51,6 +51,7 @@ SELECT
     s.clock_offset_s, s.clock_skewed
 FROM instances i
 LEFT JOIN instance_status s USING (instance_id)
+WHERE s.status IS DISTINCT FROM 'forgotten'  -- `flightrec manager forget`: never should have existed
 """
 
 # One row per run of a stage: started -> the next succeeded / failed / skipped of the

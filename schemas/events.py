@@ -273,7 +273,7 @@ class Heartbeat(Event):
 
 
 LOST_AFTER_INTERVALS = 3  # an unsealed instance silent for this many heartbeat intervals is `lost`
-MANAGER_KINDS = ("rented", "destroyed", "note", "rebooted", "released")
+MANAGER_KINDS = ("rented", "destroyed", "note", "rebooted", "released", "forgotten")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -362,6 +362,13 @@ class Settings:
         "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).",
         shown="failed,lost,below_min_rate,incomplete,refused",
     )
+    alert_max_age: float = setting(
+        "FLIGHTREC_ALERT_MAX_AGE",
+        900.0,
+        "Seconds: a failure, incomplete boot or silence whose evidence Kafka received longer ago than this when the "
+        "materializer first sees it is recorded in the alerts outbox but not posted (`outcome` 'historical'): a "
+        "database built from old topics, or a materializer restarted after hours, posts no history. 0: post all.",
+    )
     commit_interval: float = setting(
         "FLIGHTREC_COMMIT_INTERVAL",
         0.5,

@@ -117,6 +117,13 @@ def test_the_destroyed_instances_late_events_arrived(demo):
         db, "SELECT complete, incomplete_reason FROM instances WHERE instance_id = ?", [inst]
     ).to_pylist()
     assert not row["complete"] and "not sealed" in row["incomplete_reason"]
+    # its events waited in the spool and were flushed later: that is no wrong clock (its send times say so)
+    from flightrec.db.views import VIEWS
+
+    (clock,) = run_query(
+        db, "SELECT clock_offset_s, clock_skewed FROM fleet WHERE instance_id = ?", [inst], prelude=VIEWS
+    ).to_pylist()
+    assert not clock["clock_skewed"] and abs(clock["clock_offset_s"] or 0) < 10, clock
 
 
 def _plan():

@@ -9,11 +9,11 @@ import sys
 from collections.abc import Sequence
 
 from flightrec import __version__
-from flightrec.cli import agent, analytics, broker, catalog, demo, manager, materialize, prove, sql
+from flightrec.cli import agent, analytics, backup, broker, catalog, demo, manager, materialize, prove, sql, status
 from flightrec.errors import FlightrecError, MissingExtraError
 from flightrec.settings import Settings
 
-GROUPS = (broker, catalog, agent, manager, materialize, sql, analytics, prove, demo)
+GROUPS = (broker, catalog, agent, manager, materialize, status, backup, sql, analytics, prove, demo)
 # The top-level modules of the packages an extra brings (pyproject.toml [project.optional-dependencies]); a command
 # that imports one where it is absent says which extra to install (tests/cli/test_profiles.py keeps this current).
 EXTRA_OF_MODULE = {
@@ -32,6 +32,19 @@ EXTRA_OF_MODULE = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an argument it does not know is its own error, said with its own usage (argparse
+    leaves such arguments to the top-level parser, which printed the top-level usage)."""
+
+    def parse_known_args(  # type: ignore[override]  # the same signature; typeshed's overloads differ
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree; each module in flightrec.cli registers its own commands."""
     parser = argparse.ArgumentParser(
@@ -39,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A flight recorder for fleets of rented GPU proving machines.",
     )
     parser.add_argument("--version", action="version", version=f"flightrec {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=CommandParser)
     for group in GROUPS:
         group.register(sub)
     return parser
