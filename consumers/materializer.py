@@ -24,6 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from flightrec.consumers.alerts import AlertConfig, Alerter
+from flightrec.consumers.batches import BatchReader
 from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.db.filestore import FileStore
@@ -179,6 +180,8 @@ class Materializer:
         self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
         self._server: QueryServer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._reader: BatchReader | None = None  # reads through batches the client cannot parse
+        self._next: dict[TopicPartition, int | None] = {}  # partitions read -> next offset to fold (None: any)
         self._admin: AIOKafkaAdminClient | None = None  # partitions of the topics (public metadata API)
         self._parts: list[TopicPartition] = []
         self._stop = asyncio.Event()
@@ -235,6 +238,7 @@ class Materializer:
                 request_timeout_ms=20000,
                 **self._consumer_options(),
             )
+            self._reader = BatchReader(self._consumer, self.kafka_kwargs)
             self._admin = AIOKafkaAdminClient(**self.kafka_kwargs, request_timeout_ms=20000)
             try:
                 await self._consumer.start()
@@ -319,6 +323,12 @@ class Materializer:
             except (KafkaError, OSError) as exc:
                 log.warning("closing the admin client: %s", exc)
             self._admin = None
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            try:
+                await reader.close()
+            except (KafkaError, OSError) as exc:
+                log.warning("closing the batch reader's client: %s", exc)
         if self._consumer is not None:
             try:
                 await self._consumer.stop()
@@ -354,11 +364,13 @@ class Materializer:
         parts = await self._partitions()
         if parts == self._parts:
             return False
-        current = {tp: await c.position(tp) for tp in self._parts} if self._parts else {}
+        current = {tp: self._next.get(tp) or await c.position(tp) for tp in self._parts} if self._parts else {}
         stored = await self._in_writer(self._store.offsets)
         self._committed.update({k: v for k, v in stored.items() if v is not None})
         c.assign(parts)
-        await self._seek(parts, {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts})
+        offsets = {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts}
+        await self._seek(parts, offsets)
+        self._next = offsets
         self._parts = parts
         if not initial:
             log.info("now reading %d partitions", len(parts))
@@ -436,17 +448,33 @@ class Materializer:
             await inflight
 
     async def _read(self) -> dict[TopicPartition, list[Record]]:
-        """The next messages; none when the broker went away (counted, waited for: what is held is kept)."""
-        assert self._consumer is not None
+        """The next messages, each offset of a partition read once; none when the broker went away (counted, waited
+        for: what is held is kept). A batch the client cannot parse comes as dead-letter messages (batches.py)."""
+        assert self._reader is not None
         try:
-            data = await self._consumer.getmany(timeout_ms=100, max_records=self.opts.batch_messages)
-            self._clocks.see(data)
-            return data
+            data = await self._reader.getmany(self._next, timeout_ms=100, max_records=self.opts.batch_messages)
         except KafkaError as exc:
             self.stats += Stats(errors_total=1)
             log.warning("reading the topics failed (%s); retrying", exc)
             await asyncio.sleep(1.0)
             return {}
+        out = self._admit(data)  # type: ignore[arg-type]  # ConsumerRecords, and RawMessages of unreadable batches
+        self._clocks.see(out)
+        return out
+
+    def _admit(self, data: Mapping[TopicPartition, list[Record]]) -> dict[TopicPartition, list[Record]]:
+        """Only records of partitions read here, each offset once: older ones (fetched before a seek) are dropped."""
+        out: dict[TopicPartition, list[Record]] = {}
+        for tp, records in data.items():
+            if tp not in self._next or not records:
+                continue
+            expect = self._next[tp]
+            if expect is not None and records[0].offset < expect:
+                records = [r for r in records if r.offset >= expect]
+            if records:
+                self._next[tp] = records[-1].offset + 1
+                out[tp] = records
+        return out
 
     async def _idle_refresh(self) -> bool:
         """While idle: alert outcomes and retries, new partitions. True when the broker answered."""

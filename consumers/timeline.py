@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +24,7 @@ from flightrec.db.fold import Message, RawMessage, fold
 from flightrec.db.liveness import Gap, ago, heartbeat_gaps
 from flightrec.db.location import Location
 from flightrec.db.query import run_query
-from flightrec.schemas import EVENT_BY_NAME, default_codec
+from flightrec.schemas import EVENT_BY_NAME, Codec, default_codec
 
 from flightrec.errors import CodecError, MaterializeError
 
@@ -262,6 +262,7 @@ async def read_instance_messages(
     """Every decodable event of ``instance`` now in the topics (key = instance id), read to the end offsets, as
     records with their Kafka timestamps (the receive time the fold reads from a LogAppendTime topic)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
+    from flightrec.consumers.batches import BatchReader
 
     from flightrec.cluster import partitions_now
 
@@ -291,27 +292,37 @@ async def read_instance_messages(
         c.assign(parts)
         await c.seek_to_beginning(*parts)
         end = await c.end_offsets(parts)
+        reader = BatchReader(c, kafka_kwargs)  # a batch the client cannot parse is skipped, not fatal
+        nxt: dict[TopicPartition, int | None] = dict.fromkeys(parts)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while any([(await c.position(tp)) < end[tp] for tp in parts]):
-            if loop.time() > deadline:
-                raise TimeoutError(f"could not read the topics to their end within {timeout:.0f}s")
-            batch = await c.getmany(timeout_ms=500, max_records=10000)
-            for records in batch.values():
-                for r in records:
-                    if r.key != key:
-                        continue
-                    try:
-                        _name, rec = codec.decode_record(r.value)
-                    except CodecError:
-                        continue
-                    if rec.get("instance_id") == instance:
-                        out.append(
-                            RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, r.timestamp_type)
-                        )
+        try:
+            while any([(await c.position(tp)) < end[tp] for tp in parts]):
+                if loop.time() > deadline:
+                    raise TimeoutError(f"could not read the topics to their end within {timeout:.0f}s")
+                batch = await reader.getmany(nxt, timeout_ms=500, max_records=10000)
+                for tp, records in batch.items():
+                    if records:
+                        nxt[tp] = records[-1].offset + 1
+                    out.extend(_of_instance(records, key, instance, codec))
+        finally:
+            await reader.close()
         return out
     finally:
         await c.stop()
+
+
+def _of_instance(records: Iterable[Any], key: bytes, instance: str, codec: Codec) -> Iterator[RawMessage]:
+    """The decodable events of ``instance`` among records (a dead letter of an unreadable batch is none)."""
+    for r in records:
+        if r.key != key or getattr(r, "unreadable", None) is not None:
+            continue
+        try:
+            _name, rec = codec.decode_record(r.value)
+        except CodecError:
+            continue
+        if rec.get("instance_id") == instance:
+            yield RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, r.timestamp_type)
 
 
 def _when(ts_us: int) -> str:

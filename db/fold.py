@@ -170,6 +170,9 @@ class RawMessage:
     timestamp: int | None = None
     timestamp_type: int | None = None
     headers: tuple[tuple[str, bytes], ...] = ()  # the Kafka record's headers (the writer's tag among them)
+    # why the record is a dead letter before anything of it is read: its batch could not be parsed by the Kafka
+    # client (consumers/batches.py); None for a record as read
+    unreadable: str | None = None
 
 
 def received_us(msg: Message) -> int | None:
@@ -460,6 +463,9 @@ def fold(
         tp = (msg.topic, msg.partition)
         if msg.offset + 1 > offsets.get(tp, -1):
             offsets[tp] = msg.offset + 1
+        if type(msg) is RawMessage and msg.unreadable is not None:
+            dups += _dead(b, msg, msg.unreadable, keep, _claims(codec, msg.value))
+            continue
         try:
             columns = logs_as_columns(msg.value) if msg.topic == TOPIC_LOGS and msg.value else None
             name, rec = (logs_as_columns.name, columns) if columns is not None else codec.decode_record(msg.value)
@@ -518,6 +524,14 @@ def fold(
         heartbeats=b.table("heartbeats", HEARTBEATS),
         manager=b.table("manager", MANAGER),
     )
+
+
+def _claims(codec: Codec, value: bytes | None) -> dict[str, Any] | None:
+    """What an unreadable record's value says of itself (its instance and event id), when it decodes; else None."""
+    try:
+        return codec.decode_record(value)[1] if value else None
+    except Exception:  # noqa: BLE001 - any bytes: nothing decoded is nothing claimed
+        return None
 
 
 def _dead(
