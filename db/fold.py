@@ -481,6 +481,7 @@ def fold(
                     KIND.get(name, name),
                     rec,
                     msg.topic,
+                    msg.partition,
                     msg.key,
                     msg.value or b"",
                     getattr(msg, "headers", ()),

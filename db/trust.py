@@ -2,8 +2,10 @@
 
 Guarantees (with a fleet key):
 
-- An event is folded only when its tag is valid for a key that may write it: an instance's key writes only
-  events carrying its own instance id and never manager events; manager events need the manager's key.
+- An event is folded only when its tag is valid, for the partition it was read from, for a key that may write it
+  (a verbatim copy into another partition is refused as forged: a lake's shards never hold one event twice): an
+  instance's key writes only events carrying its own instance id and never manager events; manager events need
+  the manager's key.
 - A key enrolled before its instance's ``destroyed`` (the manager's clock) writes nothing that Kafka received
   after that ``destroyed`` (the broker's clock): a destroyed instance's key is revoked. A key enrolled later
   (the instance id rented again) writes.
@@ -53,6 +55,7 @@ class Trust:
         kind: str,
         rec: dict[str, Any],
         topic: str,
+        partition: int,
         key: bytes | None,
         value: bytes,
         headers: object,
@@ -63,7 +66,7 @@ class Trust:
         if self.config.fleet_key is None:
             return None, None
         claimed = str(rec.get("instance_id", ""))
-        verdict = verify(self.config.fleet_key, header_of(headers), topic, key, value)
+        verdict = verify(self.config.fleet_key, header_of(headers), topic, partition, key, value)
         if verdict.problem is not None:
             return None, f"forged: {verdict.problem} (claims instance {claimed!r})"
         if verdict.key_id is None:

@@ -10,7 +10,16 @@ from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
 from flightrec.db.trust import Trust, TrustConfig, load_state
 from flightrec.schemas import Event, Lifecycle, ManagerEvent, Sealed, encode
-from flightrec.schemas.auth import HEADER, Signer, enroll, new_fleet_key, parse_fleet_key, tag, verify
+from flightrec.schemas.auth import (
+    HEADER,
+    Signer,
+    enroll,
+    first_version_tag,
+    new_fleet_key,
+    parse_fleet_key,
+    tag,
+    verify,
+)
 from materializer_helpers import Boot
 
 from flightrec.errors import ConfigError
@@ -21,7 +30,7 @@ T_ENROLL = 1_700_000_000_000_000
 
 def _msg(ev: Event, offset: int, signer: Signer | None, recv_ms: int | None = None) -> RawMessage:
     key, value = ev.instance_id.encode(), encode(ev)
-    headers = (signer.header(ev.topic, key, value),) if signer else ()
+    headers = (signer.header(ev.topic, 0, key, value),) if signer else ()
     return RawMessage(ev.topic, 0, offset, key, value, recv_ms, LOG_APPEND_TIME if recv_ms else None, headers)
 
 
@@ -51,25 +60,55 @@ def _manager(instance: str, kind: str, ts_us: int) -> ManagerEvent:
 def test_a_tag_proves_its_key_and_nothing_else() -> None:
     a = enroll(FLEET, "inst-a", T_ENROLL)
     value = b"\xc3\x01payload"
-    _, header = a.header("flightrec.logs", b"inst-a", value)
-    assert verify(FLEET, header, "flightrec.logs", b"inst-a", value).instance_id == "inst-a"
+    _, header = a.header("flightrec.logs", 0, b"inst-a", value)
+    assert verify(FLEET, header, "flightrec.logs", 0, b"inst-a", value).instance_id == "inst-a"
     for topic, key, val in (("flightrec.exits", b"inst-a", value), ("flightrec.logs", b"x", value)):
-        assert verify(FLEET, header, topic, key, val).problem, "the tag covers the topic and the key"
-    assert verify(FLEET, header, "flightrec.logs", b"inst-a", value + b"!").problem, "and the value"
+        assert verify(FLEET, header, topic, 0, key, val).problem, "the tag covers the topic and the key"
+    assert verify(FLEET, header, "flightrec.logs", 0, b"inst-a", value + b"!").problem, "and the value"
     other_fleet = parse_fleet_key(new_fleet_key())
-    assert verify(other_fleet, header, "flightrec.logs", b"inst-a", value).problem
+    assert verify(other_fleet, header, "flightrec.logs", 0, b"inst-a", value).problem
     # a host that knows its own secret cannot make a key id of another instance verify
     b_id = a.key_id.replace("inst-a", "inst-b")
-    forged = f"{b_id} {tag(a.secret, 'flightrec.logs', b'inst-a', value)}".encode()
-    assert verify(FLEET, forged, "flightrec.logs", b"inst-a", value).problem
-    assert verify(FLEET, b"\xff\xfe", "flightrec.logs", None, value).problem
-    assert verify(FLEET, None, "flightrec.logs", None, value).key_id is None
+    forged = f"{b_id} {tag(a.secret, 'flightrec.logs', 0, b'inst-a', value)}".encode()
+    assert verify(FLEET, forged, "flightrec.logs", 0, b"inst-a", value).problem
+    assert verify(FLEET, b"\xff\xfe", "flightrec.logs", 0, None, value).problem
+    assert verify(FLEET, None, "flightrec.logs", 0, None, value).key_id is None
+
+
+def test_a_tag_binds_the_partition_its_writer_chose() -> None:
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    value = b"\xc3\x01payload"
+    for partition in (0, 5, 11):  # any partition any partitioner picks, and partitions added since
+        _, header = a.header("flightrec.logs", partition, b"inst-a", value)
+        assert verify(FLEET, header, "flightrec.logs", partition, b"inst-a", value).valid
+        other = verify(FLEET, header, "flightrec.logs", partition + 1, b"inst-a", value)
+        assert other.problem and f"for partition {partition + 1}" in other.problem
+    # bytes moved between the key and the value change the tag (the key's length is in it)
+    _, header = a.header("flightrec.logs", 0, b"inst-a\x00", b"x" + value)
+    assert verify(FLEET, header, "flightrec.logs", 0, b"inst-a", b"\x00x" + value).problem
+    # a tag of the first version (no partition) is refused, and says why
+    old = f"{a.key_id} {first_version_tag(a.secret, 'flightrec.logs', b'inst-a', value)}".encode()
+    v = verify(FLEET, old, "flightrec.logs", 0, b"inst-a", value)
+    assert not v.valid and "does not bind the partition" in (v.problem or "") and "upgrade the agent" in v.problem
+
+
+def test_a_verbatim_copy_in_another_partition_is_a_dead_letter() -> None:
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    b = Boot(instance="inst-a")
+    b.stage_ok("benchmark", ["one", "two", "three"])
+    msgs = [_msg(ev, n, a) for n, ev in enumerate(b.events)]
+    copies = [dataclasses.replace(m, partition=3) for m in msgs]
+    delta = fold(msgs + copies, trust=_trust())
+    assert delta.events.num_rows == len(msgs) and delta.logs.num_rows == 3
+    dead = delta.dead.to_pylist()
+    assert len(dead) == len(copies) and {d["partition"] for d in dead} == {3}
+    assert all(d["reason"].startswith("forged: its tag does not match key") for d in dead), dead[0]
 
 
 def test_the_secret_is_never_in_a_repr_or_a_header() -> None:
     a = enroll(FLEET, "inst-a", T_ENROLL)
     assert a.secret.hex() not in repr(a)
-    assert a.secret.hex() not in a.header("t", b"k", b"v")[1].decode()
+    assert a.secret.hex() not in a.header("t", 0, b"k", b"v")[1].decode()
     assert a.secret.hex() in a.token and Signer.from_token(a.token) == a
     for bad in ("", "v2." + a.token[3:], a.token[:-4], a.token.replace(".", "x")):
         with pytest.raises(ConfigError) as err:
@@ -202,8 +241,8 @@ def test_no_header_bytes_make_verify_raise_or_pass() -> None:
     from hypothesis import strategies as st
 
     a = enroll(FLEET, "inst-a", T_ENROLL)
-    real = a.header("flightrec.lifecycle", b"inst-a", b"value")[1]
-    assert verify(FLEET, real, "flightrec.lifecycle", b"inst-a", b"value").valid
+    real = a.header("flightrec.lifecycle", 0, b"inst-a", b"value")[1]
+    assert verify(FLEET, real, "flightrec.lifecycle", 0, b"inst-a", b"value").valid
     assert KeyId.parse(a.key_id + "\n") is None
 
     @settings(max_examples=300, deadline=None)
@@ -211,7 +250,7 @@ def test_no_header_bytes_make_verify_raise_or_pass() -> None:
         st.one_of(st.binary(max_size=3000), st.binary(max_size=40).map(lambda b: real[:60] + b), st.just(real + b"\n"))
     )
     def check(header: bytes) -> None:
-        v = verify(FLEET, header, "flightrec.lifecycle", b"inst-a", b"value")
+        v = verify(FLEET, header, "flightrec.lifecycle", 0, b"inst-a", b"value")
         assert not v.valid or header == real
         assert v.problem is None or len(v.problem) < 400
 
@@ -222,7 +261,7 @@ def test_no_header_bytes_make_verify_raise_or_pass() -> None:
 def test_an_instance_id_beyond_ascii_signs_and_verifies(instance: str) -> None:
     a = enroll(FLEET, instance, T_ENROLL)
     key = instance.encode()
-    v = verify(FLEET, a.header("flightrec.logs", key, b"v")[1], "flightrec.logs", key, b"v")
+    v = verify(FLEET, a.header("flightrec.logs", 0, key, b"v")[1], "flightrec.logs", 0, key, b"v")
     assert v.valid and v.instance_id == instance, v
     assert Signer.from_token(a.token).key_id == a.key_id
 

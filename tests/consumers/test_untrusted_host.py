@@ -36,12 +36,20 @@ def _send_as_host(bootstrap: str, signer: Signer | None, events: list) -> None:
         try:
             for ev in events:
                 key, value = ev.instance_id.encode(), encode(ev)
-                headers = [signer.header(ev.topic, key, value)] if signer else None
-                await p.send_and_wait(ev.topic, value, key=key, headers=headers)
+                part = partition_of(key, len(await p.partitions_for(ev.topic)))
+                headers = [signer.header(ev.topic, part, key, value)] if signer else None
+                await p.send_and_wait(ev.topic, value, key=key, partition=part, headers=headers)
         finally:
             await p.stop()
 
     asyncio.run(go())
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition the agent's client picks for ``key`` (the one its tag names)."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    return DefaultPartitioner()(key, list(range(partitions)), list(range(partitions)))
 
 
 def _bytes_under(root: Path) -> bytes:
@@ -201,7 +209,9 @@ def test_the_malicious_host_against_a_sasl_ssl_broker_with_the_authorizer_on(sas
         try:
             for ev in forged:
                 key, value = ev.instance_id.encode(), encode(ev)
-                await p.send_and_wait(ev.topic, value, key=key, headers=[signer.header(ev.topic, key, value)])
+                part = partition_of(key, len(await p.partitions_for(ev.topic)))
+                headers = [signer.header(ev.topic, part, key, value)]
+                await p.send_and_wait(ev.topic, value, key=key, partition=part, headers=headers)
         finally:
             await p.stop()
 
