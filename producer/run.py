@@ -406,7 +406,7 @@ def _report_start_error(r: _Run, exc: OSError) -> StageResult:
     exit_ev = agent.emit(
         ProcessExit,
         stage=r.stage,
-        argv=[agent.redactor.text(a) for a in r.argv],
+        argv=list(r.argv),  # masked as one command line when spooled (scrub.py)
         exit_code=status,
         start_error=why,
         started_us=r.started_us,
@@ -487,7 +487,7 @@ def _report(r: _Run, seal_on_success: bool) -> StageResult:
     exit_ev = agent.emit(
         ProcessExit,
         stage=stage,
-        argv=[agent.redactor.text(a) for a in r.argv],
+        argv=list(r.argv),  # masked as one command line when spooled (scrub.py)
         pid=proc.pid,
         exit_code=None if signum else rc,
         signal=signum,
