@@ -155,6 +155,10 @@ SHAPED = [
     ("mysql --password hunter2horse -h db", "hunter2horse"),
     ("SECRET_KEY=django-insecure-9f8e7d", "django-insecure-9f8e7d"),
     ("connect postgres://user:p@ss/word@db.internal:5432/app", "p@ss/word"),
+    ("login ok " + "hf" + "_QwErTyUiOpAsDfGhJkLzXcVbNm12345678", "hf" + "_QwErTyUiOpAsDfGhJkLzXcVbNm12345678"),
+    ("vastai set api-key " + "9c" * 32, "9c" * 32),
+    ("webhook https://hooks.slack.com/services/" + "T0/B0/" + "z" * 24, "z" * 24),
+    ("AccountName=a;AccountKey=" + "K" * 86 + "==;EndpointSuffix=x", "K" * 86),
 ]
 
 
@@ -590,3 +594,12 @@ def test_secret_options_and_their_values_are_masked_as_one_command_line(spool_en
     started = [e for e in spool_env.of(Lifecycle) if e.state == "started"]
     shown = started[0].attributes["argv"]
     assert "--password ***" in shown and "--plain keep" in shown and "hunter2" not in shown, shown
+
+
+def test_a_yaml_secret_on_the_lines_after_its_key_never_reaches_the_spool(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("YAML", "db:\n  password:\n    horse-battery-staple-77\n  user: bob\n")
+    a = _agent(tmp_path, {})
+    with a:
+        run_stage(a, "s", ["sh", "-c", 'printf "%s" "$YAML"'], passthrough=False)
+    assert b"horse-battery-staple-77" not in _spooled(tmp_path)
+    assert _lines(tmp_path) == ["db:", "  password:", "    ***", "  user: bob"]
