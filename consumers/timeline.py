@@ -17,16 +17,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from flightrec.db.classify import RuleTable, load_rules, signal_name
 from flightrec.db.failures import exit_failed, is_failure_signal
 from flightrec.db.filestore import FileStore
-from flightrec.db.fold import Message, RawMessage, fold
+from flightrec.db.fold import KIND, Message, RawMessage, fold
 from flightrec.db.liveness import Gap, ago, heartbeat_gaps
 from flightrec.db.location import Location
 from flightrec.db.query import run_query
 from flightrec.schemas import EVENT_BY_NAME, Codec, default_codec
 
-from flightrec.errors import CodecError, MaterializeError
+from flightrec.errors import CodecError, MaterializeError, QueryError
 
 Row = Mapping[str, Any]
 
@@ -208,8 +209,47 @@ def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]
         {r["boot_id"]: r["last_event_us"] for r in boots},
         {r["boot_id"]: r.get("last_recv_us") for r in boots},
     )
-    extra = liveness_entries(manager, gaps, now)
+    extra = liveness_entries(manager, gaps, now) + unverified_entries(_unverified(q, instance))
     return sorted(entries_from_rows(life, exits, throughput, logs, fails) + extra), total - len(logs)
+
+
+UNVERIFIED = "UNVERIFIED (delivered after the destroy)"
+
+
+def _unverified(q: Query, instance: str) -> list[dict[str, Any]]:
+    """The instance's events kept as unverified (db/trust.py: delivered after its destroy); none from a database
+    made before dead letters named their instance."""
+    try:
+        return q(
+            "SELECT value FROM dead_letters WHERE instance_id = ? AND starts_with(reason, 'unverified:') "
+            'ORDER BY "offset"',
+            instance,
+        )
+    except (QueryError, duckdb.Error):
+        return []
+
+
+def unverified_entries(rows: Iterable[Row]) -> list[Entry]:
+    """Entries for events kept unverified: shown in place, flagged, never highlighted as a failure (they count as
+    no evidence: db/trust.py)."""
+    codec = default_codec()
+    out: list[Entry] = []
+    for r in rows:
+        try:
+            name, rec = codec.decode_record(r.get("value"))
+        except CodecError:
+            continue
+        kind = KIND.get(name, "")
+        if kind == "heartbeat":
+            continue
+        ts, seq, stage = _n(rec.get("ts_us")), _n(rec.get("seq")), str(rec.get("stage") or "-")
+        if kind == "log":
+            lines = zip(rec.get("line_no", ()), rec.get("text", ()), strict=False)
+            out += [Entry(ts, seq, int(n), "unverified", stage, f"{UNVERIFIED} {rec['source']}: {t}") for n, t in lines]
+            continue
+        text = {"exit": _exit_text, "sample": _throughput_text, "result": _throughput_text}.get(kind, _lifecycle_text)
+        out.append(Entry(ts, seq, -1, "unverified", stage, f"{UNVERIFIED} {kind}: {text({**rec, 'kind': kind})}"))
+    return out
 
 
 def from_db(db: str | Path | Location, instance: str, max_lines: int = 2000) -> tuple[list[Entry], int]:

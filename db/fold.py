@@ -437,6 +437,19 @@ def _log_columns() -> LogColumns:
     return _columns
 
 
+def in_received_order(messages: Iterable[Message]) -> list[Message]:
+    """The messages in the order Kafka received them (their LogAppendTime; those without one last, as they came):
+    the judge of tags learns a ``destroyed`` before the events Kafka received after it and counts every event it
+    received before it, whatever partitions a batch drew them from. Stable: one partition's records keep their
+    order."""
+    return sorted(messages, key=_received_key)
+
+
+def _received_key(msg: Message) -> tuple[int, int]:
+    r = received_us(msg)
+    return (1, 0) if r is None else (0, r)
+
+
 def fold(
     messages: Iterable[Message],
     codec: Codec | None = None,
@@ -451,6 +464,8 @@ def fold(
     refuses (a tag missing, forged or revoked: db/trust.py), with the reason and the claimed instance.
     """
     codec = codec or default_codec()
+    if trust is not None and trust.verifying:
+        messages = in_received_order(messages)
     logs_as_columns = _log_columns()
     b = _Builder()
     offsets: dict[tuple[str, int], int] = {}

@@ -9,7 +9,7 @@ import pytest
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
 from flightrec.db.trust import Trust, TrustConfig, load_state
-from flightrec.schemas import Event, Lifecycle, ManagerEvent, Sealed, encode
+from flightrec.schemas import Event, Heartbeat, Lifecycle, ManagerEvent, Sealed, decode, encode
 from flightrec.schemas.auth import (
     HEADER,
     Signer,
@@ -181,13 +181,13 @@ def test_destroyed_revokes_the_key_for_what_kafka_receives_after_it(store: FileS
     msgs = [
         _msg(early, 0, a, t_destroy_ms - 5_000),  # received before the destroy: the evidence, kept
         _msg(destroyed, 1, manager, t_destroy_ms),
-        _msg(late, 2, a, t_destroy_ms + 5_000),  # received after: refused
+        _msg(late, 2, a, t_destroy_ms + 5_000),  # received after, and nothing before counted past it: unverified
     ]
     trust = _trust()
     stats = store.commit(fold(msgs, trust=trust))
     assert stats.dead_letters == 1
     (reason,) = store.con.execute("SELECT reason FROM dead_letters").fetchone()
-    assert reason.startswith("revoked: instance 'inst-a' was destroyed")
+    assert reason.startswith("unverified: delivered after instance 'inst-a' was destroyed")
     # a materializer started afresh learns the revocation from the database
     fresh = _trust()
     load_state(fresh, store.con)
@@ -297,3 +297,40 @@ def test_storing_dead_letters_is_a_hash_join_not_a_loop_over_the_table(store: Fi
     plan = "\n".join(r[1] for r in store.con.execute("EXPLAIN " + DEAD_INSERT_SQL.format(view="_d_dead")).fetchall())
     assert "HASH_JOIN" in plan
     assert "NESTED_LOOP" not in plan and "BLOCKWISE_NL" not in plan and "CROSS_PRODUCT" not in plan, plan
+
+
+def test_evidence_spooled_before_the_destroy_is_kept_unverified_or_verified_by_what_was_committed(
+    store: FileStore,
+) -> None:
+    """The README's h100-01 with a fleet key: the network cut, the failure spooled, the instance destroyed, then its
+    spool delivered. Kafka receives it after the destroy: kept (a dead letter saying `unverified`, its bytes and
+    claimed instance), never folded as evidence, never changing the status; but where a tagged event received
+    before the destroy (a heartbeat) had counted past it in the boot's seq, it was committed then: verified."""
+    a = enroll(FLEET, "h100-01", T_ENROLL)
+    boot = Boot(instance="h100-01")
+    boot.add(Lifecycle, stage="supervisor", state="started")  # seq 0
+    boot.lines("supervisor", "stdout", ["proving"])  # seq 1: sent late, but committed by the heartbeat (seq 2)
+    beat = boot.add(Heartbeat, stage="supervisor", interval_s=30.0, pid=7)  # seq 2: received before the destroy
+    boot.lines("supervisor", "stderr", ["CUDA error: an illegal memory access"])  # seq 3: after the last heartbeat
+    boot.add(Lifecycle, stage="supervisor", state="failed", detail="exit 1")  # seq 4
+    t_destroy_ms = 1_700_000_100_000
+    destroyed = _manager("h100-01", "destroyed", (t_destroy_ms - 1_000) * 1000)
+    before = [_msg(boot.events[0], 0, a, t_destroy_ms - 60_000), _msg(beat, 1, a, t_destroy_ms - 30_000)]
+    store.commit(fold([*before, _msg(destroyed, 2, Signer.manager(FLEET), t_destroy_ms)], trust=(trust := _trust())))
+    late = [_msg(e, 3 + i, a, t_destroy_ms + 600_000) for i, e in enumerate(boot.events) if e.seq in (1, 3, 4)]
+    stats = store.commit(fold(late, trust=trust))
+
+    rows = store.con.execute("SELECT seq FROM events_seen WHERE instance_id = 'h100-01' ORDER BY seq").fetchall()
+    assert [r[0] for r in rows] == [0, 1, 2]  # seq 1 verified: the heartbeat at seq 2 had committed to it
+    assert store.con.execute("SELECT count(*) FROM log_lines WHERE text LIKE 'CUDA%'").fetchone() == (0,)
+    dead = store.con.execute('SELECT reason, value, instance_id FROM dead_letters ORDER BY "offset"').fetchall()
+    assert stats.dead_letters == 2 and [d[2] for d in dead] == ["h100-01", "h100-01"]
+    assert all(d[0].startswith("unverified: delivered after instance 'h100-01' was destroyed") for d in dead), dead
+    assert [decode(d[1]).seq for d in dead] == [3, 4]  # kept whole: the timeline shows them, flagged
+    assert store.con.execute("SELECT count(*) FROM failures WHERE instance_id = 'h100-01'").fetchone() == (0,)
+    # a restart judges alike: what was committed is read back from the database
+    fresh = _trust()
+    load_state(fresh, store.con)
+    again = [_msg(boot.events[1], 9, a, t_destroy_ms + 700_000), _msg(boot.events[3], 10, a, t_destroy_ms + 700_000)]
+    delta = fold(again, trust=fresh)
+    assert delta.events.num_rows == 1 and delta.dead.num_rows == 1
