@@ -170,8 +170,9 @@ VIEW_NAMES: tuple[str, ...] = (
 )
 
 # Who wrote each instance's events (db/trust.py): authenticated when a valid key tagged them, the events
-# refused in its name (forged, revoked, untagged), and its own events kept unverified (delivered after its destroy). Needs schema version 3 (events_seen.key_id): kept out of VIEWS,
-# which every page binds, so a reader of a file a materializer has not yet migrated still reads the rest.
+# refused in its name (forged, revoked, untagged), and its own events kept unverified (delivered after its destroy).
+# Needs schema version 3 (events_seen.key_id): kept out of VIEWS, which every page binds, so a reader of a file
+# a materializer has not yet migrated still reads the rest.
 INSTANCE_TRUST = """
 CREATE OR REPLACE TEMP VIEW instance_trust AS
 WITH tagged AS (
