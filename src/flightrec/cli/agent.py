@@ -135,9 +135,10 @@ def _exit_now(status: int) -> None:
     import os
     import sys
 
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    for stream in (sys.stdout, sys.stderr):  # None: the agent was started with it closed (`>&-`)
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
     logging.shutdown()
     os._exit(status)
 
