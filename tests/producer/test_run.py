@@ -316,3 +316,14 @@ def test_a_stage_name_that_is_not_utf8_runs_the_command_and_is_recorded_escaped(
     assert b"Traceback" not in r.stderr and r.stdout == b"ran\n"
     (exit_,) = spool_env.of(ProcessExit)
     assert exit_.stage == "bench\\xff\\xfe"
+
+
+def test_a_setting_the_agent_cannot_read_does_not_stop_the_command(spool_env) -> None:
+    """FLIGHTREC_HEARTBEAT_S=abc in an image's environment: the stage still runs and keeps its exit status; the
+    agent says what it could not read and uses the default."""
+    r = spool_env.run(
+        "run", "--stage", "s", "--", "sh", "-c", "echo ran; exit 6", env=spool_env.env(FLIGHTREC_HEARTBEAT_S="abc")
+    )
+    assert r.returncode == 6 and r.stdout == b"ran\n", r.stderr
+    assert b"FLIGHTREC_HEARTBEAT_S='abc' is not a number" in r.stderr and b"default" in r.stderr
+    assert [e.state for e in spool_env.of(Lifecycle)][:1] == ["started"]

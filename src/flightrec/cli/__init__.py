@@ -87,8 +87,12 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None = No
     reserve_standard_fds()
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env()
+        # a command that runs a stage reads its settings leniently: what it cannot read takes the default, said
+        unusable: list[str] | None = [] if getattr(args, "lenient_settings", False) else None
+        settings = Settings.from_env(unusable=unusable)
         _configure_logging(settings.log_level)
+        for problem in unusable or ():
+            print(f"{parser.prog} {args.command}: {problem}; using the default (the command runs)", file=sys.stderr)
         return int(args.func(args, settings) or 0)
     except FlightrecError as exc:
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)

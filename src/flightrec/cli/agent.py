@@ -49,7 +49,7 @@ def add_actions(actions: argparse._SubParsersAction, prog: str) -> None:
         "--no-facts", action="store_true", help="do not send instance facts (sent once per boot otherwise)"
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
-    run.set_defaults(func=_run)
+    run.set_defaults(func=_run, lenient_settings=True)
     ev = actions.add_parser("event", help="publish one lifecycle event")
     common(ev)
     ev.add_argument("--stage", required=True, help="the stage the event belongs to")
