@@ -14,7 +14,7 @@ import concurrent.futures
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeAlias, TypeVar
 
@@ -58,6 +58,14 @@ METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's 
 # Kafka's 500 ms stalled a backlog for up to half a second at a time.
 FETCH_MAX_WAIT_MS = 100
 START_RETRY_S = 30.0  # how long a starting materializer asks again for the partitions (a broker just died)
+
+
+async def _quietly(what: str, step: Awaitable[object]) -> None:
+    """Await a client's close; a Kafka or network error is logged (the run is over), never raised."""
+    try:
+        await step
+    except (KafkaError, OSError) as exc:
+        log.warning("%s: %s", what, exc)
 
 
 class Pending:
@@ -318,22 +326,13 @@ class Materializer:
 
     async def _close(self) -> None:
         if self._admin is not None:
-            try:
-                await self._admin.close()
-            except (KafkaError, OSError) as exc:
-                log.warning("closing the admin client: %s", exc)
+            await _quietly("closing the admin client", self._admin.close())
             self._admin = None
         if self._reader is not None:
-            reader, self._reader = self._reader, None
-            try:
-                await reader.close()
-            except (KafkaError, OSError) as exc:
-                log.warning("closing the batch reader's client: %s", exc)
-        if self._consumer is not None:
-            try:
-                await self._consumer.stop()
-            except (KafkaError, OSError) as exc:
-                log.warning("stopping the consumer: %s", exc)
+            await _quietly("closing the batch reader's client", self._reader.close())
+            self._reader = None
+        if self._consumer is not None:  # a group's member commits what it holds as its partitions are revoked
+            await _quietly("stopping the consumer", self._consumer.stop())
             self._consumer = None
         if self._server is not None:
             self._server.stop()
@@ -458,7 +457,7 @@ class Materializer:
             log.warning("reading the topics failed (%s); retrying", exc)
             await asyncio.sleep(1.0)
             return {}
-        out = self._admit(data)  # type: ignore[arg-type]  # ConsumerRecords, and RawMessages of unreadable batches
+        out = self._admit(data)  # ConsumerRecords, and RawMessages of unreadable batches (Message)
         self._clocks.see(out)
         return out
 

@@ -464,8 +464,7 @@ def fold(
     refuses (a tag missing, forged or revoked: db/trust.py), with the reason and the claimed instance.
     """
     codec = codec or default_codec()
-    if trust is not None and trust.verifying:
-        messages = in_received_order(messages)
+    messages = in_received_order(messages) if trust is not None and trust.verifying else messages
     logs_as_columns = _log_columns()
     b = _Builder()
     offsets: dict[tuple[str, int], int] = {}
@@ -476,8 +475,7 @@ def fold(
         n += 1
         rec: dict[str, Any] = {}
         tp = (msg.topic, msg.partition)
-        if msg.offset + 1 > offsets.get(tp, -1):
-            offsets[tp] = msg.offset + 1
+        offsets[tp] = max(offsets.get(tp, 0), msg.offset + 1)
         if type(msg) is RawMessage and msg.unreadable is not None:
             dups += _dead(b, msg, msg.unreadable, keep, _claims(codec, msg.value))
             continue
@@ -490,21 +488,10 @@ def fold(
             if keep is not None and not keep(rec.get("instance_id", ""), rec.get("ts_us", 0)):
                 skipped += 1
                 continue
-            key_id = None
-            if trust is not None and trust.verifying:
-                key_id, refusal = trust.judge(
-                    KIND.get(name, name),
-                    rec,
-                    msg.topic,
-                    msg.partition,
-                    msg.key,
-                    msg.value or b"",
-                    getattr(msg, "headers", ()),
-                    received_us(msg),
-                )
-                if refusal is not None:
-                    dups += _dead(b, msg, refusal, keep, rec)
-                    continue
+            key_id, refusal = _judged(trust, name, rec, msg)
+            if refusal is not None:
+                dups += _dead(b, msg, refusal, keep, rec)
+                continue
             fp = fingerprint(msg.value or b"")
             first = seen.get(rec.get("event_id"))  # type: ignore[arg-type]  # a decoded record always has its event_id (a str)
             if first is not None:
@@ -539,6 +526,22 @@ def fold(
         skipped=skipped,
         heartbeats=b.table("heartbeats", HEARTBEATS),
         manager=b.table("manager", MANAGER),
+    )
+
+
+def _judged(trust: Trust | None, name: str, rec: dict[str, Any], msg: Message) -> tuple[str | None, str | None]:
+    """What ``trust`` says of a decoded record: (the key id that wrote it, None) or (None, why it is refused)."""
+    if trust is None or not trust.verifying:
+        return None, None
+    return trust.judge(
+        KIND.get(name, name),
+        rec,
+        msg.topic,
+        msg.partition,
+        msg.key,
+        msg.value or b"",
+        getattr(msg, "headers", ()),
+        received_us(msg),
     )
 
 
