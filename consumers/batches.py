@@ -19,9 +19,9 @@ twice, and the next ``getmany`` goes on past the unreadable batch.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import struct
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -132,13 +132,20 @@ class RawRecord:
     headers: tuple[tuple[bytes, bytes | None], ...]
 
 
+MAX_INFLATED = 64 << 20  # a gzip batch inflating past this is not split (its bytes kept whole): no bomb fills memory
+
+
 def _body(raw: bytes, head: BatchHeader) -> bytes:
     body = raw[BATCH_HEADER:]
     codec = head.attributes & 0x07
     if codec == 0:
         return body
     if codec == 1:
-        return gzip.decompress(body)
+        inflate = zlib.decompressobj(wbits=31)  # gzip
+        out = inflate.decompress(body, MAX_INFLATED)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise ValueError(f"a gzip body inflating past {MAX_INFLATED} bytes, or cut short")
+        return out
     raise ValueError(f"{head.codec} cannot be decompressed here")
 
 
@@ -184,7 +191,7 @@ def unreadable(tp: TopicPartition, raw: bytes, why: str, start: int) -> list[Mes
     ts_type = 1 if head.attributes & 0x08 else 0
     ts = head.max_timestamp if head.max_timestamp >= 0 else None
     where = (
-        f"unreadable record batch at offsets {head.base_offset}..{head.last_offset} of {tp.topic} partition "
+        f"unreadable: record batch at offsets {head.base_offset}..{head.last_offset} of {tp.topic} partition "
         f"{tp.partition} ({head.count} records, {head.codec}): the Kafka client cannot parse it ({why})"
     )
     try:
@@ -327,7 +334,7 @@ class BatchReader:
         if fresh:
             starts.update(await c.beginning_offsets(fresh))
         if not starts:
-            raise exc
+            raise KafkaError(f"reading failed ({type(exc).__name__}: {exc}) with no partition assigned") from exc
         fetched = await self._fetch(starts)
         out: dict[TopicPartition, list[Message]] = {}
         bad = 0
@@ -341,8 +348,11 @@ class BatchReader:
                 c.seek(tp, nxt)
             except IllegalStateError:  # no longer assigned (a group's rebalance): its records are not the caller's
                 out.pop(tp, None)
-        if not out:  # nothing to read where the caller stands: the failure was not a batch (raise it as it was)
-            raise exc
+        if not out:  # nothing to read again here (a leader unknown just now, a partition moved): the caller retries
+            raise KafkaError(
+                f"reading failed ({type(exc).__name__}: {exc}) and the partitions read again byte for byte gave "
+                "nothing to take; retrying"
+            ) from exc
         self.unreadable += bad
         return out
 

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from flightrec.schemas.auth import Verdict, header_of, verify
+from flightrec.schemas.limits import MAX_SEQ
 
 Unauthenticated = Literal["accept", "refuse"]
+COMMITTED_BOOTS = 16  # boots per instance whose signed counts are kept
 UNAUTHENTICATED_MODES: tuple[str, ...] = ("accept", "refuse")
 
 
@@ -52,8 +54,9 @@ class Trust:
     config: TrustConfig = field(default_factory=TrustConfig)
     revoked: dict[str, tuple[int, int]] = field(default_factory=dict)  # instance -> (destroyed ts µs, recv µs)
     tagged: set[str] = field(default_factory=set)  # instances that have shown a valid instance key
-    # (instance, boot) -> the running count its key had signed while it was trusted: 1 + the highest seq folded
-    committed: dict[tuple[str, str], int] = field(default_factory=dict)
+    # instance -> boot -> the running count its key signed while it was trusted (1 + the highest seq folded), for
+    # its COMMITTED_BOOTS latest boots: a key inventing boot ids cannot grow this past its own instance's share
+    committed: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def verifying(self) -> bool:
@@ -111,7 +114,7 @@ class Trust:
             and verdict.enrolled_us <= destroyed[0]
             and (recv_us is None or recv_us > destroyed[1])
         ):
-            count = self.committed.get((claimed, boot), 0)
+            count = self.committed.get(claimed, {}).get(boot, 0)
             if seq < count:  # the boot had counted past it, signed, before the destroy: it existed then
                 return verdict.key_id, None
             return None, (
@@ -120,9 +123,18 @@ class Trust:
                 f"{count} events, this one is seq {seq}"
             )
         self.tagged.add(claimed)
-        if seq + 1 > self.committed.get((claimed, boot), 0):
-            self.committed[(claimed, boot)] = seq + 1
+        self.count(claimed, boot, seq)
         return verdict.key_id, None
+
+    def count(self, instance: str, boot: str, seq: int) -> None:
+        """Note that ``instance``'s key signed ``seq`` of ``boot`` while trusted (a seq past MAX_SEQ is no boot's)."""
+        if not 0 <= seq <= MAX_SEQ:
+            return
+        boots = self.committed.setdefault(instance, {})
+        if boot not in boots and len(boots) >= COMMITTED_BOOTS:
+            del boots[next(iter(boots))]  # the boot first seen: an instance's latest boots are the ones delivered late
+        if seq + 1 > boots.get(boot, 0):
+            boots[boot] = seq + 1
 
     def folded_manager_event(self, rec: dict[str, Any], recv_us: int | None) -> None:
         """Learn from a manager event the fold accepted: ``destroyed`` revokes the instance's earlier keys."""
@@ -141,9 +153,11 @@ STATE_SQL = {
         SELECT instance_id, max(ts_us) AS ts_us, arg_max(coalesce(recv_us, ts_us), ts_us) AS recv_us
         FROM manager_events WHERE kind = 'destroyed' GROUP BY instance_id""",
     "tagged": "SELECT DISTINCT instance_id FROM events_seen WHERE key_id IS NOT NULL AND key_id <> 'manager'",
-    "committed": """
-        SELECT instance_id, boot_id, max(seq) + 1 FROM events_seen
-        WHERE key_id IS NOT NULL AND key_id <> 'manager' GROUP BY instance_id, boot_id""",
+    "committed": f"""
+        SELECT instance_id, boot_id, max(seq) FROM events_seen
+        WHERE key_id IS NOT NULL AND key_id <> 'manager' GROUP BY instance_id, boot_id
+        QUALIFY row_number() OVER (PARTITION BY instance_id ORDER BY max(ts_us) DESC) <= {COMMITTED_BOOTS}
+        ORDER BY instance_id, max(ts_us)""",
 }
 
 
@@ -154,5 +168,5 @@ def load_state(trust: Trust, con: Any) -> None:
     for inst, ts, recv in con.execute(STATE_SQL["revoked"]).fetchall():
         trust.revoked[inst] = (int(ts), int(recv))
     trust.tagged.update(r[0] for r in con.execute(STATE_SQL["tagged"]).fetchall())
-    for inst, boot, count in con.execute(STATE_SQL["committed"]).fetchall():
-        trust.committed[(inst, boot)] = int(count)
+    for inst, boot, seq in con.execute(STATE_SQL["committed"]).fetchall():
+        trust.count(inst, boot, int(seq))

@@ -91,3 +91,19 @@ def test_the_records_of_a_batch_split_by_hand_agree_with_aiokafka() -> None:
     ]
     head = BatchHeader.parse(raw)
     assert (head.base_offset, head.count, head.last_offset, head.codec) == (0, len(records), len(records) - 1, "gzip")
+
+
+def test_a_gzip_body_that_inflates_past_the_bound_is_kept_whole_not_inflated() -> None:
+    import gzip
+    import struct
+
+    from flightrec.consumers.batches import BATCH_HEADER, MAX_INFLATED, unreadable
+
+    head = bytearray(record_batch(_boot_records(1), "gzip")[:BATCH_HEADER])
+    body = gzip.compress(b"\0" * (MAX_INFLATED + 1), compresslevel=1)
+    struct.pack_into(">i", head, 8, len(head) + len(body) - 12)  # the batch length
+    raw = bytes(head) + body
+    with pytest.raises(ValueError, match="inflating past"):
+        raw_records(raw)
+    kept = unreadable(TP, raw, "UnicodeDecodeError: test", 0)
+    assert kept[0].value == raw and "the batch's bytes are in the dead letter at offset 0" in kept[0].unreadable

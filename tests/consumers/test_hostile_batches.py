@@ -117,7 +117,7 @@ def test_unparseable_batches_are_dead_letters_and_every_other_record_is_folded(k
             'SELECT count(*) FROM dead_letters WHERE topic = ? AND "partition" = ? AND reason LIKE ?',
             topic,
             partition,
-            "unreadable record batch%",
+            "unreadable:%",
         )
         assert dead == n, (topic, partition)
     carried_ids = {b.instance for b in carried}
@@ -126,7 +126,7 @@ def test_unparseable_batches_are_dead_letters_and_every_other_record_is_folded(k
     ), "no event of an unreadable batch is folded"
     sent = sent_good + sum(per_partition.values())
     folded_or_dead = _count(db, "SELECT count(*) FROM events_seen WHERE starts_with(instance_id, ?)", prefix) + _count(
-        db, "SELECT count(*) FROM dead_letters WHERE reason LIKE 'unreadable record batch%'"
+        db, "SELECT count(*) FROM dead_letters WHERE reason LIKE 'unreadable:%'"
     )
     assert folded_or_dead == sent
     # every partition's stored position is the topic's end: nothing skipped, nothing left behind
@@ -167,7 +167,7 @@ def test_replay_timeline_and_the_materializer_command_read_past_an_unparseable_b
     for db in (live, replayed):
         n = _count(db, "SELECT count(*) FROM events_seen WHERE instance_id = ?", victim.instance)
         assert n == len(victim.events)
-        assert _count(db, "SELECT count(*) FROM dead_letters WHERE reason LIKE 'unreadable record batch%'") == len(bad)
+        assert _count(db, "SELECT count(*) FROM dead_letters WHERE reason LIKE 'unreadable:%'") == len(bad)
         assert _count(db, "SELECT count(*) FROM dead_letters WHERE instance_id = ?", victim.instance) == len(bad)
     ends = {tp: o for tp, o in fresh_kafka.end_offsets().items() if o}
     assert _stored_offsets(live) == _stored_offsets(replayed) == ends
@@ -205,7 +205,7 @@ def test_a_lake_group_reads_past_unparseable_batches_and_equals_the_file(kafka, 
                 m.kill()
                 m.wait(30)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
-    dead = lake_count(db, "SELECT count(*) FROM dead_letters WHERE reason LIKE 'unreadable record batch%'")
+    dead = lake_count(db, "SELECT count(*) FROM dead_letters WHERE reason LIKE 'unreadable:%'")
     assert dead == sum(per_partition.values())
     file = tmp_path / "file.duckdb"
     materialize(kafka, file)  # from the mark, as the lake

@@ -334,3 +334,18 @@ def test_evidence_spooled_before_the_destroy_is_kept_unverified_or_verified_by_w
     again = [_msg(boot.events[1], 9, a, t_destroy_ms + 700_000), _msg(boot.events[3], 10, a, t_destroy_ms + 700_000)]
     delta = fold(again, trust=fresh)
     assert delta.events.num_rows == 1 and delta.dead.num_rows == 1
+
+
+def test_a_key_inventing_boot_ids_keeps_its_instance_s_counts_bounded() -> None:
+    """Every tagged event may name a new boot: the judge keeps the signed counts of an instance's latest boots only,
+    so a flood of made-up boot ids costs the materializer no more memory than one instance's share."""
+    from flightrec.db.trust import COMMITTED_BOOTS
+
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    trust = _trust()
+    msgs = []
+    for n in range(200):
+        b = Boot(instance="inst-a")
+        msgs.append(_msg(b.add(Lifecycle, stage="s", state="started"), n, a, 1_700_000_000_000 + n))
+    assert fold(msgs, trust=trust).events.num_rows == 200
+    assert len(trust.committed["inst-a"]) == COMMITTED_BOOTS
