@@ -14,7 +14,7 @@ import concurrent.futures
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeAlias, TypeVar
 
@@ -24,6 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from flightrec.consumers.alerts import AlertConfig, Alerter
+from flightrec.consumers.batches import BatchReader
 from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.consumers.progress import Progress
@@ -61,6 +62,14 @@ METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's 
 # Kafka's 500 ms stalled a backlog for up to half a second at a time.
 FETCH_MAX_WAIT_MS = 100
 START_RETRY_S = 30.0  # how long a starting materializer asks again for the partitions (a broker just died)
+
+
+async def _quietly(what: str, step: Awaitable[object]) -> None:
+    """Await a client's close; a Kafka or network error is logged (the run is over), never raised."""
+    try:
+        await step
+    except (KafkaError, OSError) as exc:
+        log.warning("%s: %s", what, exc)
 
 
 class Pending:
@@ -183,6 +192,8 @@ class Materializer:
         self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
         self._server: QueryServer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._reader: BatchReader | None = None  # reads through batches the client cannot parse
+        self._next: dict[TopicPartition, int | None] = {}  # partitions read -> next offset to fold (None: any)
         self._admin: AIOKafkaAdminClient | None = None  # partitions of the topics (public metadata API)
         self._parts: list[TopicPartition] = []
         self._stop = asyncio.Event()
@@ -248,6 +259,7 @@ class Materializer:
                 request_timeout_ms=20000,
                 **self._consumer_options(),
             )
+            self._reader = BatchReader(self._consumer, self.kafka_kwargs)
             self._admin = AIOKafkaAdminClient(**self.kafka_kwargs, request_timeout_ms=20000)
             try:
                 await self._consumer.start()
@@ -334,16 +346,13 @@ class Materializer:
 
     async def _close(self) -> None:
         if self._admin is not None:
-            try:
-                await self._admin.close()
-            except (KafkaError, OSError) as exc:
-                log.warning("closing the admin client: %s", exc)
+            await _quietly("closing the admin client", self._admin.close())
             self._admin = None
-        if self._consumer is not None:
-            try:
-                await self._consumer.stop()
-            except (KafkaError, OSError) as exc:
-                log.warning("stopping the consumer: %s", exc)
+        if self._reader is not None:
+            await _quietly("closing the batch reader's client", self._reader.close())
+            self._reader = None
+        if self._consumer is not None:  # a group's member commits what it holds as its partitions are revoked
+            await _quietly("stopping the consumer", self._consumer.stop())
             self._consumer = None
         if self._server is not None:
             self._server.stop()
@@ -374,11 +383,13 @@ class Materializer:
         parts = await self._partitions()
         if parts == self._parts:
             return False
-        current = {tp: await c.position(tp) for tp in self._parts} if self._parts else {}
+        current = {tp: self._next.get(tp) or await c.position(tp) for tp in self._parts} if self._parts else {}
         stored = await self._in_writer(self._store.offsets)
         self._committed.update({k: v for k, v in stored.items() if v is not None})
         c.assign(parts)
-        await self._seek(parts, {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts})
+        offsets = {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts}
+        await self._seek(parts, offsets)
+        self._next = offsets
         self._parts = parts
         if not initial:
             log.info("now reading %d partitions", len(parts))
@@ -486,18 +497,34 @@ class Materializer:
             await inflight
 
     async def _read(self) -> dict[TopicPartition, list[Record]]:
-        """The next messages; none when the broker went away (counted, waited for: what is held is kept)."""
-        assert self._consumer is not None
+        """The next messages, each offset of a partition read once; none when the broker went away (counted, waited
+        for: what is held is kept). A batch the client cannot parse comes as dead-letter messages (batches.py)."""
+        assert self._reader is not None
         try:
-            data = await self._consumer.getmany(timeout_ms=100, max_records=self.opts.batch_messages)
-            self._clocks.see(data)
-            return data
+            data = await self._reader.getmany(self._next, timeout_ms=100, max_records=self.opts.batch_messages)
         except KafkaError as exc:
             self._refused(exc, "read")  # a credential that may not read: no retry changes that
             self.stats += Stats(errors_total=1)
             log.warning("reading the topics failed (%s); retrying", exc)
             await asyncio.sleep(1.0)
             return {}
+        out = self._admit(data)  # ConsumerRecords, and RawMessages of unreadable batches (Message)
+        self._clocks.see(out)
+        return out
+
+    def _admit(self, data: Mapping[TopicPartition, list[Record]]) -> dict[TopicPartition, list[Record]]:
+        """Only records of partitions read here, each offset once: older ones (fetched before a seek) are dropped."""
+        out: dict[TopicPartition, list[Record]] = {}
+        for tp, records in data.items():
+            if tp not in self._next or not records:
+                continue
+            expect = self._next[tp]
+            if expect is not None and records[0].offset < expect:
+                records = [r for r in records if r.offset >= expect]
+            if records:
+                self._next[tp] = records[-1].offset + 1
+                out[tp] = records
+        return out
 
     async def _idle_refresh(self) -> bool:
         """While idle: alert outcomes and retries, new partitions. True when the broker answered."""

@@ -27,8 +27,18 @@ log = logging.getLogger(__name__)
 # Commits take milliseconds when idle and seconds under a backlog of large batches.
 COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ALERT_FAILED = ("refused", "unknown")  # the outbox's outcomes that will not be delivered
-REFUSED_REASONS = ("forged", "revoked", "unauthenticated")  # dead letters of events trust refused (db/trust.py)
-DEAD_REASONS = ("decode", "fold", "conflict", *REFUSED_REASONS)  # the first words of the fold's and store's reasons
+REFUSED_REASONS = (
+    "forged",
+    "unauthenticated",
+    "unverified",
+)  # dead letters of events trust refused or kept aside (db/trust.py)
+DEAD_REASONS = (
+    "decode",
+    "fold",
+    "conflict",
+    "unreadable",
+    *REFUSED_REASONS,
+)  # the first words of the fold's and store's reasons
 
 
 def dead_letter_reason(reason: str | None) -> str:
@@ -123,7 +133,8 @@ class Metrics:
         )
         self.refused = Counter(
             "flightrec_refused_events",
-            "Events refused as forged, revoked or unauthenticated (db/trust.py), by reason",
+            "Events refused as forged or unauthenticated, or kept unverified (delivered after the destroy: "
+            "db/trust.py), by reason",
             ["reason"],
             registry=r,
         )

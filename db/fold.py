@@ -172,6 +172,9 @@ class RawMessage:
     timestamp: int | None = None
     timestamp_type: int | None = None
     headers: tuple[tuple[str, bytes], ...] = ()  # the Kafka record's headers (the writer's tag among them)
+    # why the record is a dead letter before anything of it is read: its batch could not be parsed by the Kafka
+    # client (consumers/batches.py); None for a record as read
+    unreadable: str | None = None
 
 
 def received_us(msg: Message) -> int | None:
@@ -442,6 +445,19 @@ def _log_columns() -> LogColumns:
     return _columns
 
 
+def in_received_order(messages: Iterable[Message]) -> list[Message]:
+    """The messages in the order Kafka received them (their LogAppendTime; those without one last, as they came):
+    the judge of tags learns a ``destroyed`` before the events Kafka received after it and counts every event it
+    received before it, whatever partitions a batch drew them from. Stable: one partition's records keep their
+    order."""
+    return sorted(messages, key=_received_key)
+
+
+def _received_key(msg: Message) -> tuple[int, int]:
+    r = received_us(msg)
+    return (1, 0) if r is None else (0, r)
+
+
 def fold(
     messages: Iterable[Message],
     codec: Codec | None = None,
@@ -456,6 +472,7 @@ def fold(
     refuses (a tag missing, forged or revoked: db/trust.py), with the reason and the claimed instance.
     """
     codec = codec or default_codec()
+    messages = in_received_order(messages) if trust is not None and trust.verifying else messages
     logs_as_columns = _log_columns()
     b = _Builder()
     offsets: dict[tuple[str, int], int] = {}
@@ -466,8 +483,10 @@ def fold(
         n += 1
         rec: dict[str, Any] = {}
         tp = (msg.topic, msg.partition)
-        if msg.offset + 1 > offsets.get(tp, -1):
-            offsets[tp] = msg.offset + 1
+        offsets[tp] = max(offsets.get(tp, 0), msg.offset + 1)
+        if type(msg) is RawMessage and msg.unreadable is not None:
+            dups += _dead(b, msg, msg.unreadable, keep, _claims(codec, msg.value))
+            continue
         try:
             columns = logs_as_columns(msg.value) if msg.topic == TOPIC_LOGS and msg.value else None
             name, rec = (logs_as_columns.name, columns) if columns is not None else codec.decode_record(msg.value)
@@ -477,20 +496,10 @@ def fold(
             if keep is not None and not keep(rec.get("instance_id", ""), rec.get("ts_us", 0)):
                 skipped += 1
                 continue
-            key_id = None
-            if trust is not None and trust.verifying:
-                key_id, refusal = trust.judge(
-                    KIND.get(name, name),
-                    rec,
-                    msg.topic,
-                    msg.key,
-                    msg.value or b"",
-                    getattr(msg, "headers", ()),
-                    received_us(msg),
-                )
-                if refusal is not None:
-                    dups += _dead(b, msg, refusal, keep, rec)
-                    continue
+            key_id, refusal = _judged(trust, name, rec, msg)
+            if refusal is not None:
+                dups += _dead(b, msg, refusal, keep, rec)
+                continue
             fp = fingerprint(msg.value or b"")
             first = seen.get(rec.get("event_id"))  # type: ignore[arg-type]  # a decoded record always has its event_id (a str)
             if first is not None:
@@ -526,6 +535,30 @@ def fold(
         heartbeats=b.table("heartbeats", HEARTBEATS),
         manager=b.table("manager", MANAGER),
     )
+
+
+def _judged(trust: Trust | None, name: str, rec: dict[str, Any], msg: Message) -> tuple[str | None, str | None]:
+    """What ``trust`` says of a decoded record: (the key id that wrote it, None) or (None, why it is refused)."""
+    if trust is None or not trust.verifying:
+        return None, None
+    return trust.judge(
+        KIND.get(name, name),
+        rec,
+        msg.topic,
+        msg.partition,
+        msg.key,
+        msg.value or b"",
+        getattr(msg, "headers", ()),
+        received_us(msg),
+    )
+
+
+def _claims(codec: Codec, value: bytes | None) -> dict[str, Any] | None:
+    """What an unreadable record's value says of itself (its instance and event id), when it decodes; else None."""
+    try:
+        return codec.decode_record(value)[1] if value else None
+    except Exception:  # noqa: BLE001 - any bytes: nothing decoded is nothing claimed
+        return None
 
 
 def _dead(

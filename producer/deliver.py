@@ -357,6 +357,20 @@ class Deliverer:
             log.error("Kafka refuses an event for good; a Dropped marker keeps its place: %s", line)
         return Outgoing(TOPIC_LIFECYCLE, rec.key, marker_for(rec, reason))
 
+    async def _send_one(self, producer: Any, out: Outgoing) -> Any:
+        """Send one message; signed, it goes to the partition its tag names: the one the client's default partitioner
+        picks for its key now (schemas/auth.py: a copy in another partition is refused)."""
+        # the send time (schemas/sendtime.py): the clock is judged by it, never by an event's own time
+        headers = [sent_header(now_us())]
+        if self._signer is None:
+            return await producer.send(out.topic, out.value, key=out.key, headers=headers)
+        from aiokafka.partitioner import DefaultPartitioner
+
+        partitions = sorted(await producer.partitions_for(out.topic))
+        partition = DefaultPartitioner()(out.key, partitions, partitions)
+        headers.append(self._signer.header(out.topic, partition, out.key, out.value))
+        return await producer.send(out.topic, out.value, key=out.key, partition=partition, headers=headers)
+
     async def _send_all(self, producer: Any, records: list[Record]) -> tuple[BaseException | None, bool]:
         """Send what is not yet acknowledged; mark what Kafka acknowledged. Returns (transient error, retry now)."""
         plans: list[tuple[Record, list[Any]]] = []
@@ -367,11 +381,7 @@ class Deliverer:
             futures = []
             for out in self._outgoing(rec):
                 try:
-                    # the send time (schemas/sendtime.py): the clock is judged by it, never by an event's own time
-                    headers = [sent_header(now_us())]
-                    if self._signer:
-                        headers.append(self._signer.header(out.topic, out.key, out.value))
-                    futures.append(await producer.send(out.topic, out.value, key=out.key, headers=headers))
+                    futures.append(await self._send_one(producer, out))
                 except Exception as exc:  # refused before sending (size) or the producer is unusable
                     futures.append(exc)
             plans.append((rec, futures))

@@ -97,10 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` with ``parser`` and run the chosen command (shared by `flightrec` and `flightrec-agent`)."""
+    reserve_standard_fds()
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env()
+        # a command that runs a stage reads its settings leniently: what it cannot read takes the default, said
+        unusable: list[str] | None = [] if getattr(args, "lenient_settings", False) else None
+        settings = Settings.from_env(unusable=unusable)
         _configure_logging(settings.log_level)
+        for problem in unusable or ():
+            print(f"{parser.prog} {args.command}: {problem}; using the default (the command runs)", file=sys.stderr)
         return int(args.func(args, settings) or 0)
     except FlightrecError as exc:
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
@@ -115,6 +120,21 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None = No
         return 130
     except BrokenPipeError:
         return _closed_pipe()
+
+
+def reserve_standard_fds() -> None:
+    """Put /dev/null on any of the standard descriptors (0, 1, 2) the process was started without (``cmd >&-``):
+    a file it opens later would take the lowest free number, and what is written to stdout or stderr (the stage's
+    passed-through output, a log line) would land in it (the spool). The wrapped command then reads /dev/null as
+    its stdin where it had none; its output the agent reads through pipes as ever."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd``, the ones below are open
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def _closed_pipe() -> int:

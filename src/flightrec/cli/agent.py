@@ -49,7 +49,7 @@ def add_actions(actions: argparse._SubParsersAction, prog: str) -> None:
         "--no-facts", action="store_true", help="do not send instance facts (sent once per boot otherwise)"
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
-    run.set_defaults(func=_run)
+    run.set_defaults(func=_run, lenient_settings=True)
     ev = actions.add_parser("event", help="publish one lifecycle event")
     common(ev)
     ev.add_argument("--stage", required=True, help="the stage the event belongs to")
@@ -135,9 +135,10 @@ def _exit_now(status: int) -> None:
     import os
     import sys
 
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    for stream in (sys.stdout, sys.stderr):  # None: the agent was started with it closed (`>&-`)
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
     logging.shutdown()
     os._exit(status)
 
