@@ -221,10 +221,10 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
         klass, hint, matched = (
             row.get("failure_class") or "unclassified",
             row.get("hint") or "",
-            row.get("matched_line") or "",
+            row.get("decisive_line") or row.get("matched_line") or "",
         )
         text = f"flightrec: {inst} failed in {row.get('stage')}: {klass}. {hint}".rstrip()
-    fields = {"Instance": inst, "Class": klass, "Hint": hint, "Matched line": matched, "Link": link}
+    fields = {"Instance": inst, "Class": klass, "Hint": hint, "Decisive line": matched, "Link": link}
     body: dict[str, Any] = {
         "kind": kind,
         "alert_id": alert_id,
@@ -234,7 +234,8 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
         "stage": row.get("stage"),
         "failure_class": klass,
         "hint": hint,
-        "matched_line": matched,
+        "decisive_line": matched,
+        "matched_line": matched,  # the old name of decisive_line, kept for receivers written before it
         "link": link,
         "ts_us": row.get("ts_us"),
         "gpu_model": row.get("gpu_model"),

@@ -87,6 +87,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         (Column("failures", "last_lines", "STRUCT(seq BIGINT, line_no BIGINT, source VARCHAR, text VARCHAR)[]"),),
         rebuild_failures=True,
     ),
+    Migration(
+        6,
+        "failures.decisive_line: the line that says why, for every failure, where it stands, and the rule (and the "
+        "rules' version) that classed it; matched_line becomes its old name",
+        (
+            Column("failures", "decisive_line", "VARCHAR"),
+            Column("failures", "decisive_source", "VARCHAR"),
+            Column("failures", "decisive_line_no", "INTEGER"),
+            Column("failures", "rule_id", "VARCHAR"),
+            Column("failures", "rules_version", "VARCHAR"),
+        ),
+        rebuild_failures=True,
+    ),
 )
 
 VERSION_TABLE = "schema_version"

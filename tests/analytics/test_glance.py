@@ -256,12 +256,14 @@ def test_collapse_keeps_context_around_the_marked_line():
     from flightrec.analytics.ui import collapse
 
     lines = [f"l{n}" for n in range(90)]
-    shown, cut = collapse(lines, "l60")
+    shown, cut = collapse(lines, 60)
     assert cut and len(shown) == 21 and shown[10] == "▶ l60" and shown[0] == "l50" and shown[-1] == "l70"
-    shown, cut = collapse(lines, "l88")  # near the end: still 21 lines, ending with the last
+    shown, cut = collapse(lines, 88)  # near the end: still 21 lines, ending with the last
     assert cut and len(shown) == 21 and shown[-1] == "l89" and "▶ l88" in shown
-    assert collapse(lines[:5], "l2") == (["l0", "l1", "▶ l2", "l3", "l4"], False)
-    assert collapse(lines, None) == (lines, False) and collapse(lines, "absent") == (lines, False)
+    assert collapse(lines[:5], 2) == (["l0", "l1", "▶ l2", "l3", "l4"], False)
+    assert collapse(lines, None) == (lines, False) and collapse(lines, 90) == (lines, False)
+    same = ["retry", "retry", "retry"]  # the decisive line by its place, not the first line with its text
+    assert collapse(same, 2) == (["retry", "retry", "▶ retry"], False)
 
 
 def test_bucket_unit_and_short_source():
