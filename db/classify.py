@@ -128,12 +128,22 @@ class RuleTable:
                     found or None,
                     rule.rule_id,
                     self.version,
-                    lines,
+                    lines if rule.symptom else self._named(rule.failure_class, ev, located),
                     rule.symptom,
                 )
         return Classification(
             "unknown", "No rule matched; read the tails and add a rule to db/rules.toml.", rules_version=self.version
         )
+
+    def _named(self, failure_class: str, ev: FailureEvidence, located: Sequence[Located]) -> tuple[Located, ...]:
+        """Every line that a rule of this class naming a cause (no symptom) matches and that holds here, in the
+        order rules see them: where the decisive line is chosen (a download's summary and the curl error above it)."""
+        found: set[tuple[str, int]] = set()
+        for rule in self.rules:
+            if rule.failure_class == failure_class and not rule.symptom and rule.lines:
+                matched = _match(rule, ev, located)
+                found.update((at.source, at.line_no) for at in (matched[1] if matched else ()))
+        return tuple(at for at in located if (at.source, at.line_no) in found)
 
 
 def signal_name(number: int | None, name: str | None = None) -> str | None:

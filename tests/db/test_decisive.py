@@ -209,6 +209,16 @@ def test_the_lines_of_a_rule_that_names_a_cause_hold_the_decisive_line():
     assert decisive_line(ev, verdict).line_no == 1
 
 
+def test_the_lines_of_every_rule_of_the_class_are_candidates():
+    """A download's summary line decides the class; the curl error above it (matched by another rule of the same
+    class) says why, and is the decisive line."""
+    lines = ["curl: (22) The requested URL returned error: 404 Not Found: https://m/p.params", "parameter download failed"]
+    ev = FailureEvidence(stage="params", exit_code=22, stderr_tail=lines)
+    verdict = RULES.classify(ev)
+    assert (verdict.failure_class, verdict.rule_id) == ("params_download_failed", "params-lines")
+    assert decisive_line(ev, verdict).line_no == 0
+
+
 def test_a_symptom_rule_leaves_the_choice_to_the_shape():
     """A panic classes as a crash by its header; the decisive line is still the payload below it."""
     lines = ["thread 'main' panicked at src/main.rs:7:5:", "proof does not verify", "note: run with `RUST_BACKTRACE=1`"]
