@@ -31,6 +31,11 @@ _KNOWN_KEYS = {
 }
 
 
+# Rules (and the decisive line's weighing) read a line's first SCAN_CHARS characters: a cause is said at a line's
+# start, and a line of 64 KiB (the longest the agent ships) costs no more than this.
+SCAN_CHARS = 8192
+
+
 @dataclass(frozen=True)
 class Rule:
     """One row of the rule table; every condition stated must hold (see rules.toml)."""
@@ -273,7 +278,7 @@ def _match(rule: Rule, ev: FailureEvidence, located: Sequence[Located]) -> tuple
     if not _fields_hold(rule, ev):
         return None
     if rule.lines:
-        lines = tuple(at for at in located if any(p.search(at.text) for p in rule.lines))
+        lines = tuple(at for at in located if any(p.search(at.text, 0, SCAN_CHARS) for p in rule.lines))
         return (lines[0].text, lines) if lines else None
     return _field_found(rule, ev), ()
 

@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from flightrec.db.classify import Classification, FailureEvidence, Located, exit_signal
+from flightrec.db.classify import SCAN_CHARS, Classification, FailureEvidence, Located, exit_signal
 
 # Weights of a line's shape (the higher, the more a line says why).
 NOISE = 0.0  # a stack frame, a banner, a wrapper, advice
@@ -101,10 +101,10 @@ _FRAMES = [
     re.compile(r"\(\S*\+0x[0-9a-f]+\)\s*\[0x[0-9a-f]+\]\s*$"),  # backtrace_symbols
     re.compile(r"^goroutine \d+ \["),
     re.compile(r"^\s*\S+\.(?:go|rs|py|c|cc|cpp|cu|cuh|h|hpp|java|kt|js|ts):\d+(?::\d+)?(?:\s+\+0x[0-9a-f]+)?\s*$"),
-    re.compile(r"^\s*[\w./*()$-]+\([^()\s]*(?:,\s*[^()\s]*)*\)\s*$"),  # a call: main.glob..func2(0xc0, 0x0)
+    re.compile(r"^\s*[\w./*$-]+(?:\(\*?\w+\)[\w./*$-]*)?\([^()\s,]*(?:,\s*[^()\s,]*)*\)\s*$"),  # a call: f(0xc0, 0x0)
     re.compile(r"^\s*\S*(?:/|::)\S*\s*$"),  # one token that is a path or a symbol
-    re.compile(r"^\s+(?:[\w$*()-]+\.)+[\w$*().-]*[\w)]\s*$"),  # an indented Go function: main.glob..func21
-    re.compile(r"^\s*\??\s*[\w.]+\+0x[0-9a-f]+/0x[0-9a-f]+"),  # kernel call trace
+    re.compile(r"^\s+[\w$*()-]+(?:\.[\w$*()-]*)+\s*$"),  # an indented Go function: main.glob..func21
+    re.compile(r"^\s*(?:\?\s*)?[\w.]+\+0x[0-9a-f]+/0x[0-9a-f]+"),  # kernel call trace
     re.compile(r"^\s*(?:PC|pc|rip|rax|rbx|rcx|rdx|rsp|rbp|r\d+)\s*[=:]\s*0x[0-9a-f]+", re.I),  # registers
 ]
 _WRAPPERS = re.compile(
@@ -337,6 +337,7 @@ class _Reader:
         return shape if shape is not None else _ordinary(message, line)
 
     def read(self, line: str) -> Weighed:
+        line = line[:SCAN_CHARS]  # what is read of a line (a hostile one may be 64 KiB)
         message = header_split(line)[1]
         weight, name = self.shape(message, line)
         continues = None

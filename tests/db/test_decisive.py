@@ -212,7 +212,10 @@ def test_the_lines_of_a_rule_that_names_a_cause_hold_the_decisive_line():
 def test_the_lines_of_every_rule_of_the_class_are_candidates():
     """A download's summary line decides the class; the curl error above it (matched by another rule of the same
     class) says why, and is the decisive line."""
-    lines = ["curl: (22) The requested URL returned error: 404 Not Found: https://m/p.params", "parameter download failed"]
+    lines = [
+        "curl: (22) The requested URL returned error: 404 Not Found: https://m/p.params",
+        "parameter download failed",
+    ]
     ev = FailureEvidence(stage="params", exit_code=22, stderr_tail=lines)
     verdict = RULES.classify(ev)
     assert (verdict.failure_class, verdict.rule_id) == ("params_download_failed", "params-lines")
@@ -297,3 +300,34 @@ def test_the_decisive_line_is_an_evidence_line_or_the_exit_s_words_and_the_same_
     else:
         lines = {"stderr": err, "/l": log}[one.source]
         assert lines[one.line_no] == one.line
+
+
+HOSTILE = {
+    "spaces": " " * 65536 + "x",
+    "go symbols": " " + "a." * 32768 + "!",
+    "a call": "f(" + ",".join(["x"] * 32768) + " )!",
+    "xid and spaces": "Xid" + " " * 65530 + "!",
+    "colons": ":" * 65536,
+    "versions": "v1.2.3 " * 9362,
+    "json": '{"level":"' + "e" * 65500 + '"}',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("line", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_a_hostile_line_of_64_kib_ends_the_weighing_and_the_rules(line):
+    """Shapes that made a pattern backtrack without end (adjacent `\\s*`, nested repeats) end: rules and weights read
+    a line's first SCAN_CHARS characters, and no pattern backtracks more than linearly there."""
+    ev = FailureEvidence(stage="benchmark", exit_code=1, stderr_tail=[line] * 3)
+    got = decisive_line(ev, RULES.classify(ev))
+    assert got.line == line
+
+
+def test_rules_read_a_line_s_first_scan_chars_characters():
+    from flightrec.db.classify import SCAN_CHARS
+
+    early = "No space left on device " + "x" * 70_000
+    late = "x" * (SCAN_CHARS + 10) + " No space left on device"
+    assert RULES.classify(FailureEvidence(stage="s", exit_code=1, stderr_tail=[early])).failure_class == "disk_full"
+    assert RULES.classify(FailureEvidence(stage="s", exit_code=1, stderr_tail=[late])).failure_class == "unknown"
