@@ -108,6 +108,17 @@ LINES = [
     ("NVRM: Xid (PCI:0000:3b:00): 119, pid=1234, Timeout waiting for RPC from GSP!", "gpu_hardware_error"),
     ("NVRM: Xid (PCI:0000:3b:00): 45, pid=1234, name=prover, Ch 00000008", "unknown"),  # a clean-up: says nothing
     ("download of https://h.example/params/p.bin failed: HTTP status 404", "params_download_failed"),
+    ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0", "gpu_arch_unsupported"),
+    ("RuntimeError: The NVIDIA driver on your system is too old (found version 10010).", "driver_mismatch"),
+    ("RuntimeError: Found no NVIDIA driver on your system.", "cuda_init_failed"),
+    ("ClientConnectorError: Cannot connect to host localhost:8555 ssl:default [Connect call failed]", "network_error"),
+    ("java.net.UnknownHostException: manager.example", "network_error"),
+    ("toomanyrequests: You have reached your pull rate limit.", "rpc_rejected"),
+    ('FATAL:  password authentication failed for user "prover"', "rpc_rejected"),
+    ('Error: Os { code: 28, kind: StorageFull, message: "No space left on device" }', "disk_full"),
+    ("KeyError: 'PROVER_API_KEY'", "configuration_error"),
+    ("fatal runtime error: stack overflow", "daemon_crashed"),
+    ("rate limiter configured: 100 requests/s", "unknown"),
     ("everything is on fire but no rule knows this one", "unknown"),
 ]
 
