@@ -34,6 +34,7 @@ _KNOWN_KEYS = {
 # Rules (and the decisive line's weighing) read a line's first SCAN_CHARS characters: a cause is said at a line's
 # start, and a line of 64 KiB (the longest the agent ships) costs no more than this.
 SCAN_CHARS = 8192
+RATE_FIELD = "proofs_per_hour"  # what a rule on the benchmark's rate matched: `proofs_per_hour=12.5`
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,7 @@ def _fields_hold(rule: Rule, ev: FailureEvidence) -> bool:
 def _field_found(rule: Rule, ev: FailureEvidence) -> str:
     """What a rule without lines matched: the measured rate, the signal, the timeout, the start error, the code."""
     if rule.min_proofs_per_hour is not None:
-        return f"proofs_per_hour={ev.proofs_per_hour:g}"
+        return f"{RATE_FIELD}={ev.proofs_per_hour:g}"
     if rule.signals:
         return f"signal {exit_signal(ev)}"
     if rule.timed_out:

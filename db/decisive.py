@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from flightrec.db.classify import SCAN_CHARS, Classification, FailureEvidence, Located, exit_signal
+from flightrec.db.classify import RATE_FIELD, SCAN_CHARS, Classification, FailureEvidence, Located, exit_signal
 
 # Weights of a line's shape (the higher, the more a line says why).
 NOISE = 0.0  # a stack frame, a banner, a wrapper, advice
@@ -46,6 +46,7 @@ CAUSE = 4.5  # added for a cause's name (an errno, an error code, a status): a n
 SIGNAL = 1.0  # added for a fatal signal's name (what a crash died of, not why)
 WRAPPED = 1.0  # taken off a line that reports a command's exit status (the cause is in what the command printed)
 DETAIL = 0.25  # taken off the details (the agent's summary repeats a line of the tails)
+STDOUT = 0.1  # taken off stdout's lines: a program's progress goes there, its complaints to stderr
 LOOKS_LIKE_AN_ERROR = FAILING
 
 # --- a line's header: timestamps, levels, sources, prefixes that come before its message ---------------------------
@@ -404,7 +405,8 @@ def _weighed(ev: FailureEvidence) -> list[tuple[Located, Weighed]]:
         by_source.setdefault(at.source, []).append(at)
     for located in by_source.values():
         for at, w in zip(located, weigh([a.text for a in located]), strict=True):
-            out.append((at, Weighed(w.weight - DETAIL, w.shape, w.continues) if at.source == "detail" else w))
+            less = {"detail": DETAIL, "stdout": STDOUT}.get(at.source, 0.0)
+            out.append((at, Weighed(w.weight - less, w.shape, w.continues) if less else w))
     return out
 
 
@@ -446,13 +448,13 @@ def _exit_words(ev: FailureEvidence) -> Decisive | None:
 def _result_words(ev: FailureEvidence) -> Decisive:
     """A benchmark that ran below its minimum: its result's detail, or its rate."""
     detail = next((d for d in reversed(ev.details) if d and "proofs" in d), None)
-    line = detail or f"proofs_per_hour={ev.proofs_per_hour:g}"
+    line = detail or f"{RATE_FIELD}={ev.proofs_per_hour:g}"
     return Decisive(line, "result", None, FATAL, "below the minimum rate")
 
 
 def decisive_line(ev: FailureEvidence, verdict: Classification | None = None) -> Decisive:
     """The line that says why this failure happened (see the module's doc). Pure."""
-    if verdict is not None and verdict.rule_line and verdict.rule_line.startswith("proofs_per_hour="):
+    if verdict is not None and verdict.rule_line and verdict.rule_line.startswith(f"{RATE_FIELD}="):
         return _result_words(ev)
     if ev.start_error:
         return Decisive(f"could not start: {ev.start_error}", "exit", None, FATAL, "start error")

@@ -331,3 +331,9 @@ def test_rules_read_a_line_s_first_scan_chars_characters():
     late = "x" * (SCAN_CHARS + 10) + " No space left on device"
     assert RULES.classify(FailureEvidence(stage="s", exit_code=1, stderr_tail=[early])).failure_class == "disk_full"
     assert RULES.classify(FailureEvidence(stage="s", exit_code=1, stderr_tail=[late])).failure_class == "unknown"
+
+
+def test_of_plain_lines_stderr_s_last_words_win_over_stdout_s_progress():
+    ev = FailureEvidence(stage="s", exit_code=2, stderr_tail=["loading", "gave up on the device"], stdout_tail=["50%"])
+    got = decisive_line(ev, NO_RULE.classify(ev))
+    assert (got.source, got.line) == ("stderr", "gave up on the device")
