@@ -290,7 +290,7 @@ LINE_BITS = st.sampled_from(
     st.sampled_from([None, 1, 137, 139]),
     st.sampled_from([None, 9, 11]),
 )
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 def test_the_decisive_line_is_an_evidence_line_or_the_exit_s_words_and_the_same_each_time(err, log, code, sig):
     ev = FailureEvidence(stage="benchmark", exit_code=code, signal=sig, stderr_tail=err, file_tails=[("/l", log)])
     one, two = decisive_line(ev, RULES.classify(ev)), decisive_line(ev, RULES.classify(ev))
