@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from flightrec.db.loglevel import quiet
+
 from flightrec.errors import ConfigError
 
 _KNOWN_KEYS = {
@@ -122,8 +124,10 @@ class RuleTable:
     version: str = ""  # the table's text named by its digest: which rules classed a failure
 
     def classify(self, ev: FailureEvidence) -> Classification:
-        """Classify one failure. Pure and deterministic: same evidence, same answer."""
-        located = tuple(ev.located())
+        """Classify one failure. Pure and deterministic: same evidence, same answer. Lines the program itself logged
+        at INFO, NOTICE, DEBUG or TRACE (db/loglevel.py) are no evidence of a class: a healthy program says
+        "connection refused, retrying" or "CUDA cannot serve, proving on the CPU" at that level."""
+        located = evidence_lines(ev)
         for rule in self.rules:
             matched = _match(rule, ev, located)
             if matched is not None:
@@ -225,6 +229,29 @@ def killed_by(
     return None, None
 
 
+# How the agent's failed event repeats the stage's last stderr line (producer/run.py): the line is judged by its own
+# level, not by the summary's.
+LAST_STDERR = "; last stderr line: "
+
+
+def evidence_lines(ev: FailureEvidence) -> tuple[Located, ...]:
+    """The lines rules judge: every evidence line but those logged at a level that says they are no failure."""
+    return tuple(at for at in ev.located() if not _quiet(at))
+
+
+def matched_lines(rule: Rule, located: Sequence[Located]) -> tuple[Located, ...]:
+    """The lines of ``located`` that one of the rule's patterns matches (in a line's first SCAN_CHARS characters)."""
+    return tuple(at for at in located if any(p.search(at.text, 0, SCAN_CHARS) for p in rule.lines))
+
+
+def _quiet(at: Located) -> bool:
+    """Whether a line is logged at a level that says it is no failure (INFO, NOTICE, DEBUG, TRACE)."""
+    text = at.text[:SCAN_CHARS]
+    if at.source == "detail" and LAST_STDERR in text:
+        text = text.split(LAST_STDERR, 1)[1]
+    return quiet(text)
+
+
 def exit_signal(ev: FailureEvidence) -> str | None:
     """The signal a failure's exit says: the one that killed the stage's command, or a shell's 128 + N."""
     name = signal_name(ev.signal, ev.signal_name)
@@ -279,7 +306,7 @@ def _match(rule: Rule, ev: FailureEvidence, located: Sequence[Located]) -> tuple
     if not _fields_hold(rule, ev):
         return None
     if rule.lines:
-        lines = tuple(at for at in located if any(p.search(at.text, 0, SCAN_CHARS) for p in rule.lines))
+        lines = matched_lines(rule, located)
         return (lines[0].text, lines) if lines else None
     return _field_found(rule, ev), ()
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from flightrec.db.classify import RATE_FIELD, SCAN_CHARS, Classification, FailureEvidence, Located, exit_signal
+from flightrec.db.loglevel import Level, header_split, level_of
 
 # Weights of a line's shape (the higher, the more a line says why).
 NOISE = 0.0  # a stack frame, a banner, a wrapper, advice
@@ -48,47 +49,6 @@ WRAPPED = 1.0  # taken off a line that reports a command's exit status (the caus
 DETAIL = 0.25  # taken off the details (the agent's summary repeats a line of the tails)
 STDOUT = 0.1  # taken off stdout's lines: a program's progress goes there, its complaints to stderr
 LOOKS_LIKE_AN_ERROR = FAILING
-
-# --- a line's header: timestamps, levels, sources, prefixes that come before its message ---------------------------
-_HEADER_PARTS = [
-    re.compile(r"^\S+\s+\|\s"),  # docker compose: "prover-1  | "
-    re.compile(r"^\[[^\]\n]{0,100}\]:?\s*"),  # [ 1843.30], [task ...], [rank1]:, [error], [E0626 ... file.cc:616]
-    re.compile(  # an ISO-like time, its zone by offset or name
-        r"^\d{4}[-/]\d\d[-/]\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|\s?[+-]\d\d:?\d\d)?"
-        r"(?:\s(?:UTC|GMT|[CEMPAJIB]S?[TD]|CEST|AEST|MSK))?:?\s*"
-    ),
-    re.compile(r"^\d\d[-/]\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\s*"),  # 03-26 05:25:01
-    re.compile(r"^\d\d:\d\d:\d\d(?:[.,]\d+)?\s*"),
-    re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?:\s*"),  # syslog: host proc[pid]:
-    re.compile(r"^UTC\s+"),
-    re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+:\d+\]\s?"),  # glog
-    re.compile(
-        r"^(?:FATAL|PANIC|CRITICAL|CRIT|EMERG|ALERT|FTL|PNC|ERROR|ERRO|EROR|ERR|WARNING|WARN|WRN|INFO|INF|"
-        r"NOTICE|DEBUG|DBG|TRACE|TRC)\b:?\s*"
-    ),
-    re.compile(r"^[\w.-]+\.\w+:\d+\]\s?"),  # python logging's "engine.py:389] "
-    re.compile(r"^[\w]+(?:::[\w]+)+\s*(?:>|:)\s"),  # a Rust target: "bellperson::gpu::locks > "
-]
-_MAX_HEADER_PARTS = 8
-
-# --- levels -----------------------------------------------------------------------------------------------------------
-_LEVEL_WORDS = {
-    "fatal": FATAL, "panic": FATAL, "dpanic": FATAL, "critical": FATAL, "crit": FATAL, "emerg": FATAL,
-    "alert": FATAL, "ftl": FATAL, "pnc": FATAL,
-    "error": ERROR, "erro": ERROR, "eror": ERROR, "err": ERROR,
-    "warning": WARNED, "warn": WARNED, "wrn": WARNED,
-    "info": QUIET, "inf": QUIET, "notice": QUIET, "debug": QUIET, "dbg": QUIET, "trace": QUIET, "trc": QUIET,
-}  # fmt: skip
-_GLOG = {"I": QUIET, "W": WARNED, "E": ERROR, "F": FATAL}
-_LEVEL_FIELD = re.compile(r"""["']?\b(?:level|lvl|severity|log\.level)["']?\s*[:=]\s*["']?([A-Za-z]+)""", re.I)
-_GLOG_LEVEL = re.compile(r"^(?:\S*\[)?([IWEF])\d{4} \d\d:\d\d:\d\d")
-_LEVEL_TOKEN = re.compile(
-    r"(?<![\w/.-])(FATAL|PANIC|CRITICAL|CRIT|EMERG|FTL|PNC|ERROR|ERRO|EROR|ERR|WARNING|WARN|WRN|INFO|INF|NOTICE|"
-    r"DEBUG|DBG|TRACE|TRC)(?![\w/.-])"
-)
-_LEVEL_BRACKET = re.compile(r"\[(fatal|critical|error|err|warning|warn|info|debug|trace)\]", re.I)
-_LEVEL_START = re.compile(r"^(fatal|error|warning|warn)(?:\[[\w-]+\])?\s*:", re.I)
-_HEADER_CHARS = 120  # a level counts in this much of a line's start
 
 # --- shapes -----------------------------------------------------------------------------------------------------------
 _FRAMES = [
@@ -218,34 +178,6 @@ class Decisive:
     shape: str
 
 
-def header_split(line: str) -> tuple[str, str]:
-    """(header, message): the timestamps, levels, sources and prefixes a line starts with, and the rest."""
-    rest = line.rstrip()
-    for _ in range(_MAX_HEADER_PARTS):
-        for part in _HEADER_PARTS:
-            m = part.match(rest)
-            if m and m.end() and rest[m.end() :].strip():
-                rest = rest[m.end() :]
-                break
-        else:
-            break
-    return line[: len(line.rstrip()) - len(rest)], rest
-
-
-def level_of(line: str) -> float | None:
-    """The weight of the level a line states (FATAL/ERROR/WARN/INFO...), or None when it states none."""
-    head = line[:_HEADER_CHARS]
-    for pattern, table in ((_GLOG_LEVEL, _GLOG), (_LEVEL_FIELD, None), (_LEVEL_TOKEN, None), (_LEVEL_BRACKET, None)):
-        m = pattern.search(head)
-        if m:
-            word = m.group(1)
-            weight = table.get(word) if table else _LEVEL_WORDS.get(word.lower())
-            if weight is not None:
-                return weight
-    m = _LEVEL_START.match(header_split(line)[1])
-    return _LEVEL_WORDS.get(m.group(1).lower()) if m else None
-
-
 def _banner(text: str) -> bool:
     """A line of mostly punctuation (#### OPENCL ERROR ####, ----, ^^^)."""
     s = text.strip()
@@ -292,18 +224,20 @@ def _context_free(message: str, line: str) -> tuple[float, str] | None:
     return None
 
 
+_LEVEL_WEIGHTS = {Level.QUIET: QUIET, Level.WARN: WARNED, Level.ERROR: ERROR, Level.FATAL: FATAL}
+
+
 def _ordinary(message: str, line: str) -> tuple[float, str]:
     """An ordinary line's weight: its level, else its words."""
     level = level_of(line)
-    failing = bool(_FAILURE_WORDS.search(message))
-    if level is not None and level <= QUIET:
+    if level == Level.QUIET:
         return QUIET, "quiet level"
-    if level is not None and level >= ERROR:
-        return level, "error level"
-    if failing:
+    if level is not None and level >= Level.ERROR:
+        return _LEVEL_WEIGHTS[level], "error level"
+    if _FAILURE_WORDS.search(message):
         return FAILING, "words of failure"
     if level is not None:
-        return level, "warning level"
+        return _LEVEL_WEIGHTS[level], "warning level"
     return PLAIN, "plain"
 
 
@@ -347,7 +281,7 @@ class _Reader:
             weight += self.depth / 100  # the deepest cause wins
         if weight > NOISE and self.header is not None and _continues(_indent(message), self.header[2]):
             continues, weight = self.header[0], max(weight, self.header[1]) + 0.01  # the message a ':' announced
-        if weight > NOISE:
+        if weight > NOISE and name != "quiet level":  # a cause a program names at INFO is one it got over
             weight += _cause_weight(line) - (WRAPPED if _EXIT_REPORT.search(message) else 0.0)
         here = Weighed(weight, name, continues)
         self.remember(message, here)

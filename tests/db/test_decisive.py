@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 from flightrec.db.classify import FailureEvidence, load_rules, parse_rules
-from flightrec.db.decisive import decisive_line, header_split, level_of, weigh
+from flightrec.db.decisive import decisive_line, weigh
+from flightrec.db.loglevel import Level, header_split, level_of, quiet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -187,11 +188,30 @@ def test_the_decisive_line_is_chosen_by_the_shape_of_failing_output(lines, at):
 def test_headers_and_levels_are_read_from_common_log_formats():
     assert header_split("2024-01-01T00:00:01.000Z ERROR prover::gpu > launch failed")[1] == "launch failed"
     assert header_split("gpu-prover-1  | [ 12.5] NVRM: Xid 79")[1] == "NVRM: Xid 79"
-    assert level_of('{"level":"warn","msg":"slow"}') == level_of("W0102 10:00:00.000000 1 a.cc:1] slow") == 2.0
-    assert level_of("time=1 level=error msg=x") == level_of("[error] x") == level_of("error: x") == 4.0
-    assert level_of("F0102 10:00:00.000000 1 a.cc:1] x") == level_of("FATAL x") == 5.0
-    assert level_of("10:00:00 DBG x") == level_of("INFO x") == 0.5
+    warn = Level.WARN
+    assert level_of('{"level":"warn","msg":"slow"}') == level_of("W0102 10:00:00.000000 1 a.cc:1] slow") == warn
+    assert level_of("time=1 level=error msg=x") == level_of("[error] x") == level_of("error: x") == Level.ERROR
+    assert level_of("F0102 10:00:00.000000 1 a.cc:1] x") == level_of("FATAL x") == Level.FATAL
+    assert level_of("10:00:00 DBG x") == level_of("INFO x") == Level.QUIET
     assert level_of("an error happened") is None  # a word in the message is not a level
+
+
+@pytest.mark.parametrize(
+    "line, is_quiet",
+    [
+        ("2026-01-01 10:00:00,125 INFO flightrec.cuda.backend: CUDA cannot serve: libcuda.so.1: cannot open", True),
+        ('{"level":"debug","msg":"retrying after connection refused"}', True),
+        ('time=1 level=info msg="dial tcp: connection refused, retrying"', True),
+        ("I0102 10:00:00.000000    42 main.cc:10] no space left on /tmp, cleaning", True),
+        ("10:00:00 DBG permission denied on /dev/mem, skipping", True),
+        ("ERROR: permission denied for DEBUG port", False),  # the level is the header's; DEBUG is in the message
+        ("open /x: permission denied", False),
+        ('{"level":"error","msg":"permission denied"}', False),
+        ("W0102 10:00:00.000000    42 main.cc:10] slow", False),
+    ],
+)
+def test_a_line_the_program_itself_logs_as_info_or_debug_is_quiet(line, is_quiet):
+    assert quiet(line) is is_quiet
 
 
 def test_the_lines_of_a_rule_that_names_a_cause_hold_the_decisive_line():

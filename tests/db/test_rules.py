@@ -222,3 +222,22 @@ def test_the_table_s_version_is_its_text_s_digest_and_ids_are_unique():
     assert parse_rules(text).rules[0].rule_id == "a-1"  # a file without ids (an operator's own) still loads
     with pytest.raises(ConfigError, match="ids used twice"):
         parse_rules('[[rule]]\nid = "x"\nclass = "a"\nhint = "h"\n[[rule]]\nid = "x"\nclass = "b"\nhint = "h"\n')
+
+
+def test_a_line_the_program_logs_at_info_or_debug_is_no_evidence_of_a_class():
+    """A healthy prover says at INFO that CUDA cannot serve (the loader's words inside) and at DEBUG that it retries
+    a refused connection; when it then dies of something no rule knows, neither gives it a class, also where the
+    agent's summary of the stage repeats its last stderr line."""
+    info = "2026-01-01 10:00:00,125 INFO cuda.backend: CUDA cannot serve: libcuda.so.1: cannot open shared object file"
+    debug = '{"level":"debug","msg":"connect: connection refused, retrying in 1s"}'
+    ev = FailureEvidence(
+        stage="benchmark",
+        exit_code=1,
+        stderr_tail=[debug, "proof 3 failed its self-check", info],
+        details=[f"exit code 1; last stderr line: {info}"],
+    )
+    got = RULES.classify(ev)
+    assert got.failure_class == "unknown"
+    assert decisive_line(ev, got).line == "proof 3 failed its self-check"
+    loud = FailureEvidence(stage="benchmark", exit_code=1, stderr_tail=[info.replace(" INFO ", " ERROR ")])
+    assert RULES.classify(loud).failure_class == "missing_library"
