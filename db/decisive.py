@@ -12,10 +12,10 @@ Every failure gets one, classified or not. A line's weight comes from its shape,
   errno's name or text (``ENOSPC``, ``No space left on device``, ``[Errno 28]``, ``(os error 28)``), a CUDA,
   cuBLAS, OpenCL, NCCL or NVML error code or CUDA's text for it, an Xid, a fatal signal, an HTTP or gRPC status,
   the dynamic loader's refusal, a TLS error;
-- and what is never the cause: stack frames, source lines under them, banners, advice (``note: run with
-  RUST_BACKTRACE=1``, ``consider passing CUDA_LAUNCH_BLOCKING=1``) and wrappers (``exit status 1``, ``Aborted
-  (core dumped)``, ``Traceback (most recent call last):``, ``terminate called recursively``, a command that
-  "returned non-zero exit status").
+- and what is never the cause: stack frames, source lines under them, banners, a JSON key that only opens an object
+  (``"error": {``), advice (``note: run with RUST_BACKTRACE=1``, ``consider passing CUDA_LAUNCH_BLOCKING=1``) and
+  wrappers (``exit status 1``, ``Aborted (core dumped)``, ``Traceback (most recent call last):``, ``terminate called
+  recursively``, a command that "returned non-zero exit status").
 
 The heaviest line wins; among lines of equal weight that look like errors the first (a cause is printed before
 what follows from it), among lines that do not the last (a program's last words). When the class comes from a
@@ -38,6 +38,7 @@ from flightrec.db.loglevel import Level, header_split, level_of
 # Weights of a line's shape (the higher, the more a line says why).
 NOISE = 0.0  # a stack frame, a banner, a wrapper, advice
 QUIET = 0.5  # a line at INFO, DEBUG or TRACE level
+QUIET_FAILING = 0.1  # added to a quiet line with words of failure: of a program's INFO lines, the one that names one
 PLAIN = 1.0
 WARNED = 2.0  # WARN level
 FAILING = 3.0  # words of failure: what looks like an error starts here
@@ -101,12 +102,17 @@ _EXCEPTION = re.compile(
 )
 _WARNING_CLASS = re.compile(r"^\s*(?:[\w./-]+:\d+:\s*)?[\w.]*Warning\b:?")
 _TERMINATE = re.compile(r"terminate called after throwing an instance of")
-# A shell's (or libc's) words for the signal a process died of, alone or in a job report ("line 3:  4242 Killed").
+# A shell's (or libc's) words for the signal a process died of, alone or in a job report ("line 3:  4242 Killed"),
+# or at the end of a line: glued to a program's last output that had no newline, or a debugger's "Program terminated
+# with signal SIGSEGV, Segmentation fault."
 _SHELL_SIGNAL = re.compile(
     r"(?:^|:\s+\d+\s+|\s\d+\s+)(?:Segmentation fault|Bus error|Illegal instruction|illegal hardware instruction|"
     r"Floating point exception|Killed|Terminated|Trace/breakpoint trap|CPU time limit exceeded|"
-    r"File size limit exceeded)\b"
+    r"File size limit exceeded)\b|"
+    r"(?:Segmentation fault|Bus error|Illegal instruction|Floating point exception)(?: \(core dumped\))?\.?\s*$"
 )
+# A JSON key that only opens an object or a list ('"error": {'): the structure, not what it holds.
+_OPENING_KEY = re.compile(r'^\s*"[^"]*"\s*:\s*[\[{]\s*$')
 _GO_SIGNAL = re.compile(r"^\s*\[signal SIG\w+|^\s*SIG[A-Z]+: \w")  # Go's report of the signal it died of
 _FAILURE_WORDS = re.compile(
     r"\b(?:errors?|fail(?:s|ed|ure|ing)?|cannot|can't|couldn't|could not|unable|not found|invalid|refused|denied|"
@@ -202,6 +208,7 @@ _SHAPES: list[tuple[Callable[[str, str], bool], float, str]] = [
     (_framed, NOISE, "frame or banner"),
     (_searched(_WRAPPERS, "either"), NOISE, "wrapper"),
     (_searched(_ADVICE), NOISE, "advice"),
+    (_searched(_OPENING_KEY, "line"), NOISE, "an opening key"),
     (_searched(_RUST_PANIC_INLINE), FATAL, "rust panic"),
     (_searched(_RUST_PANIC_HEADER), PLAIN, "rust panic header"),
     (lambda message, line: bool(_CAUSED_BY.match(message)), FATAL, "caused by"),
@@ -231,7 +238,7 @@ def _ordinary(message: str, line: str) -> tuple[float, str]:
     """An ordinary line's weight: its level, else its words."""
     level = level_of(line)
     if level == Level.QUIET:
-        return QUIET, "quiet level"
+        return QUIET + (QUIET_FAILING if _FAILURE_WORDS.search(message) else 0.0), "quiet level"
     if level is not None and level >= Level.ERROR:
         return _LEVEL_WEIGHTS[level], "error level"
     if _FAILURE_WORDS.search(message):

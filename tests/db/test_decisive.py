@@ -175,6 +175,19 @@ SHAPES = {
         0,
     ),
     "last words when nothing looks like an error": (["loading", "step 3 of 10", ""], 1),
+    "a JSON report: the reason, not the key that opens it": (
+        [
+            '{"job": "block-7",',
+            ' "failed": {',
+            '   "reason": "prover error: witness generation failed at step 3"',
+            " }}",
+        ],
+        2,
+    ),
+    "of lines logged at INFO, the one that names a failure": (
+        ["INFO peer 10.0.0.2: handshake version mismatch, 7 vs 8", "INFO peer 10.0.0.2: disconnecting"],
+        0,
+    ),
 }
 
 
@@ -182,6 +195,30 @@ SHAPES = {
 def test_the_decisive_line_is_chosen_by_the_shape_of_failing_output(lines, at):
     ev = FailureEvidence(stage="benchmark", exit_code=1, stderr_tail=lines)
     got = decisive_line(ev, NO_RULE.classify(ev))  # no rule: the shape alone decides
+    assert (got.source, got.line_no, got.line) == ("stderr", at, lines[at]), [(w.weight, w.shape) for w in weigh(lines)]
+
+
+# A process killed by a signal: a line that names the signal as the cause of death says more than the exit's words.
+KILLED = {
+    "a shell's word for a signal glued to an unfinished line": (
+        ["step 3 of 10", "hashing block 12Segmentation fault"],
+        1,
+    ),
+    "a debugger's word for the signal over its thread chatter": (
+        [
+            "[New Thread 0x7ffff0a3e640 (LWP 4243)]",
+            "Program terminated with signal SIGSEGV, Segmentation fault.",
+            "#0  0x0000555555556abc in hash_block (p=0x0) at src/hash.c:40",
+        ],
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("lines, at", list(KILLED.values()), ids=list(KILLED))
+def test_a_line_that_says_what_the_process_died_of_beats_the_exit_s_words(lines, at):
+    ev = FailureEvidence(stage="benchmark", signal=11, signal_name="SIGSEGV", stderr_tail=lines)
+    got = decisive_line(ev, NO_RULE.classify(ev))
     assert (got.source, got.line_no, got.line) == ("stderr", at, lines[at]), [(w.weight, w.shape) for w in weigh(lines)]
 
 
@@ -330,6 +367,7 @@ HOSTILE = {
     "colons": ":" * 65536,
     "versions": "v1.2.3 " * 9362,
     "json": '{"level":"' + "e" * 65500 + '"}',
+    "one word repeated": "cudaMalloc" * 6554,  # `cudaMalloc\w*.*(fail|error)` took 11 minutes on its first 8192
 }
 
 

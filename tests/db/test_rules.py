@@ -118,6 +118,64 @@ LINES = [
     ('Error: Os { code: 28, kind: StorageFull, message: "No space left on device" }', "disk_full"),
     ("KeyError: 'PROVER_API_KEY'", "configuration_error"),
     ("fatal runtime error: stack overflow", "daemon_crashed"),
+    (
+        "./prover: relocation error: ./libgpu.so: symbol memcpy version GLIBC_2.14 not defined in file libc.so.6",
+        "missing_library",
+    ),
+    ("Failed to initialize NVML: could not load NVML library", "missing_library"),
+    ("Could not load library libcudnn_cnn_infer.so.8. Error: libcuda.so: cannot open", "missing_library"),
+    ("Unable to load any of {libcudnn_graph.so.9.1.0, libcudnn_graph.so.9.1, libcudnn_graph.so.9}", "missing_library"),
+    ("CUDA error: insufficient CUDA driver: 11020", "driver_mismatch"),
+    ("cudaSetDevice failed: cudaErrorSystemNotReady: system not yet initialized", "cuda_init_failed"),
+    ("RuntimeError: No CUDA GPUs are available", "cuda_init_failed"),
+    ("RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment", "cuda_init_failed"),
+    ("CUDA Runtime Error by: cudaMallocAsync(&buf, bytes, stream) at: msm.cu:88", "cuda_out_of_memory"),
+    ("kernel failed: out of device memory", "cuda_out_of_memory"),
+    (
+        "XlaRuntimeError: RESOURCE_EXHAUSTED: Failed to allocate request for 2.00GiB on device ordinal 0",
+        "cuda_out_of_memory",
+    ),
+    ("store: failed to allocate 1048576 bytes", "oom_killed"),
+    (
+        "Error: model downloads failed: HTTP status server error (502 Bad Gateway) for url (https://h.example/m.bin)",
+        "params_download_failed",
+    ),
+    (
+        "HTTPError: 404 Client Error: Not Found for url: https://h.example/weights/model.safetensors",
+        "params_download_failed",
+    ),
+    ("2026-01-01 10:00:00 ERROR 404: Not Found.", "params_download_failed"),
+    (
+        "HTTPError: 404 Client Error: Not Found for url: https://h.example.pt/api/jobs",
+        "unknown",  # no file: no download
+    ),
+    ("Error: incompatible server version: 2.1.0 (this client speaks 1.9)", "protocol_mismatch"),
+    (
+        "Error response from daemon: client version 1.44 is too new. Maximum supported API version is 1.41",
+        "protocol_mismatch",
+    ),
+    ("Error: the verifying key does not match the proof's circuit", "protocol_mismatch"),
+    ("caused by: Max retries exceeded HTTP error 503 with body: {}", "rpc_rejected"),
+    ("openai.RateLimitError: You exceeded your current quota, please check your plan", "rpc_rejected"),
+    ("Error: failed to verify the server's certificate", "tls_error"),
+    ("ValueError: Invalid file header magic", "corrupted_data"),
+    ("SafetensorError: Error while deserializing header: InvalidHeaderDeserialization", "corrupted_data"),
+    ("sha256sum: WARNING: 1 computed checksum did NOT match", "corrupted_data"),
+    ("Error: failed to read in node.toml: While parsing config: (12, 3): unexpected token", "configuration_error"),
+    ("Fatal: ./prover.yaml, line 7: field 'gpus' is not defined in Config", "configuration_error"),
+    ("error: the following required arguments were not provided: --params <PARAMS>", "configuration_error"),
+    ("flag provided but not defined: -gpu", "configuration_error"),
+    ("The job has exceeded the maximum execution time of 2h0m0s", "timeout"),
+    ("prover result: Timeout (30.00s)", "timeout"),
+    ("Error: time limit exceeded while proving block 9", "timeout"),
+    ("free(): invalid pointer", "daemon_crashed"),
+    ("*** stack smashing detected ***: terminated", "daemon_crashed"),
+    ("thread 'prover' has overflowed its stack", "daemon_crashed"),
+    ("2026-01-01T00:00:00Z panic: runtime error: index out of range [3] with length 3", "daemon_crashed"),
+    # a prover's own check refused its result: a cause named, but no class of ours (no crash either)
+    ("Error: proof verification failed for segment 4", "unknown"),
+    ("assertion `left == right` failed: the trace width differs", "unknown"),
+    ("pcieport 0000:00:1c.0: PCIe Bus Error: severity=Corrected, type=Physical Layer", "unknown"),  # no SIGBUS
     ("rate limiter configured: 100 requests/s", "unknown"),
     ("everything is on fire but no rule knows this one", "unknown"),
 ]
@@ -194,6 +252,13 @@ def test_the_exit_status_means_what_a_shell_means_by_it(ev, cls):
         # device memory before host memory, TLS before the download it broke
         (["CUDA error: out of memory", "std::bad_alloc"], 6, "cuda_out_of_memory"),
         (["fetching params: x509: certificate has expired or is not yet valid"], None, "tls_error"),
+        # a panic whose payload is the prover's own check refusing its result is no crash of the daemon
+        (
+            ["thread 'main' panicked at src/main.rs:40:9:", "verification indicates proof is invalid"],
+            6,
+            "unknown",
+        ),
+        (["thread 'main' panicked at src/gen.rs:9:5:", "constraint 17 not satisfied"], None, "unknown"),
         # a connection refused inside a gRPC UNAVAILABLE is the network's
         (
             ["rpc error: code = Unavailable desc = connection error: dial tcp: connect: connection refused"],
