@@ -251,7 +251,7 @@ def instance_failures(db: Db, instance_id: str) -> pa.Table:
     return q(
         db,
         """
-        SELECT failure_id, stage, failed_at, failure_class, outcome, hint, matched_line, ts_us
+        SELECT failure_id, stage, failed_at, failure_class, outcome, hint, decisive_line, ts_us
         FROM failure_context WHERE instance_id = $id ORDER BY ts_us DESC""",
         {"id": instance_id},
     )
@@ -417,7 +417,7 @@ def failure_list(
     return q(
         db,
         """
-        SELECT failure_id, failed_at, instance_id, stage, failure_class, outcome, gpu_model, matched_line, hint
+        SELECT failure_id, failed_at, instance_id, stage, failure_class, outcome, gpu_model, decisive_line, hint
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))

@@ -249,9 +249,10 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
     else:
         link = f"{base}/failures?failure={urllib.parse.quote(str(alert_id), safe='')}"
         klass = slack_text(row.get("failure_class") or "unclassified")
-        hint, matched = slack_text(row.get("hint") or ""), slack_text(row.get("matched_line") or "")
+        hint = slack_text(row.get("hint") or "")
+        matched = slack_text(row.get("decisive_line") or row.get("matched_line") or "")
         text = f"flightrec: {shown} failed in {slack_text(row.get('stage'))}: {klass}. {hint}".rstrip()
-    fields = {"Instance": shown if kind != "refused" else "-", "Class": klass, "Hint": hint, "Matched line": matched}
+    fields = {"Instance": shown if kind != "refused" else "-", "Class": klass, "Hint": hint, "Decisive line": matched}
     fields["Link"] = slack_text(link)
     body: dict[str, Any] = {
         "kind": kind,
@@ -262,7 +263,8 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
         "stage": row.get("stage"),
         "failure_class": row.get("failure_class") or klass,
         "hint": hint,
-        "matched_line": row.get("matched_line") or "",
+        "decisive_line": row.get("decisive_line") or row.get("matched_line") or "",
+        "matched_line": row.get("decisive_line") or row.get("matched_line") or "",  # the old name of decisive_line
         "link": link,
         "ts_us": row.get("ts_us"),
         "gpu_model": row.get("gpu_model"),

@@ -80,7 +80,8 @@ def _throughput_text(r: Row) -> str:
 
 
 def _failure_text(r: Row) -> str:
-    why = f" [{r['matched_line']}]" if r.get("matched_line") else ""
+    line = r.get("decisive_line") or r.get("matched_line")  # a file not yet migrated has only the old name
+    why = f" [{line}]" if line else ""
     killed = f" (killed by {r['killed_by']})" if r.get("killed_by") else ""
     return f"{r.get('failure_class')}{killed}: {r.get('hint')}{why}"
 

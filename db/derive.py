@@ -52,6 +52,11 @@ FAILURES = pa.schema(
         ("killed_by", STR),
         ("killed_by_evidence", STR),
         ("last_lines", LAST_LINES_TYPE),
+        ("decisive_line", STR),
+        ("decisive_source", STR),
+        ("decisive_line_no", I32),
+        ("rule_id", STR),
+        ("rules_version", STR),
     ]
 )
 BOOTS = pa.schema(

@@ -157,7 +157,7 @@ CREATE TABLE IF NOT EXISTS failures (
     min_rate           DOUBLE,
     failure_class      VARCHAR,
     hint               VARCHAR,
-    matched_line       VARCHAR,              -- the line (or field) the class rule matched
+    matched_line       VARCHAR,              -- the old name of decisive_line (migration 7), the same value
     killed_by          VARCHAR,              -- the signal behind the failure (SIGSEGV), also one a process the stage
                                              -- started died of, as its wrapper reported; NULL: none
     killed_by_evidence VARCHAR               -- where killed_by was read (the exit, 128+n, the line)

@@ -83,7 +83,7 @@ FAILURE_CONTEXT = f"""
 CREATE OR REPLACE TEMP VIEW failure_context AS
 SELECT
     f.failure_id, f.instance_id, f.boot_id, f.stage, {ts("f.ts_us")} AS failed_at,
-    f.failure_class, f.hint, f.matched_line,
+    f.failure_class, f.hint, f.decisive_line, f.decisive_source, f.decisive_line_no, f.rule_id, f.rules_version,
     CASE
         WHEN f.signal IS NOT NULL AND f.signal <> 0
             THEN 'signal ' || coalesce(f.signal_name, CAST(f.signal AS VARCHAR))
