@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from flightrec.db.filestore import SNAPSHOT_WAL_BYTES, FileStore
@@ -157,7 +158,7 @@ def reads(src: Path, work: Path, runs: int) -> None:
         print(f"  {name}, {way}: {ms(values)}")
 
 
-def timed(fn, runs: int) -> list[float]:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], object], runs: int) -> list[float]:
     fn()
     out = []
     for _ in range(runs):

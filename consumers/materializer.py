@@ -195,6 +195,7 @@ class Materializer:
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
         self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
         self._published_at = 0.0  # when the readers' snapshot was last made current (loop time)
+        self._last_report = 0.0  # when the stats were last logged (loop time)
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: BatchReader | None = None  # reads through batches the client cannot parse
         self._next: dict[TopicPartition, int | None] = {}  # partitions read -> next offset to fold (None: any)
@@ -569,6 +570,14 @@ class Materializer:
             self._reported = summary
             log.info("%s", summary)
 
+    async def _between_reads(self, now: float, quiet: bool) -> None:
+        """A quiet moment's publish for readers (its commits wait no longer than PUBLISH_S), the periodic report."""
+        if quiet and self._inflight is None:
+            await self._publish(behind=False)
+        if now - self._last_report >= 10.0:
+            self._last_report = now
+            self._report()
+
     async def run(self) -> Stats:
         """Consume until stopped, idle (``until_idle``) or, for a replay, the end offsets at start."""
         c = self._consumer
@@ -579,7 +588,7 @@ class Materializer:
         if targets is not None:  # a replay reads everything Kafka held when it started: caught up to then at its end
             self._progress.asked(started_us, {(tp.topic, tp.partition): end for tp, end in targets.items()})
         pending = self._pending = self._new_pending()
-        last_data = last_refresh = last_report = last_metrics = kafka_ok = loop.time()
+        last_data = last_refresh = last_metrics = kafka_ok = self._last_report = loop.time()
         await self._update_metrics()
         try:
             while not self._stop.is_set():
@@ -595,11 +604,7 @@ class Materializer:
                 if pending.due(now, quiet=not data, quiet_bytes=self.quiet_commit_bytes):
                     await self._flush(pending)
                 await self._reap()
-                if not data and self._inflight is None:
-                    await self._publish(behind=False)  # commits of a quiet moment wait no longer than PUBLISH_S
-                if now - last_report >= 10.0:
-                    last_report = now
-                    self._report()
+                await self._between_reads(now, quiet=not data)
                 if targets is not None:
                     if await self._caught_up(targets):
                         break

@@ -324,7 +324,7 @@ class FileStore(RowWriter):
         crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
         self.con = self._connect(lock_wait)
         try:
-            if publish:  # first: readers wait for its first snapshot rather than for the file
+            if publish and str(path) != ":memory:":  # first: readers wait for its snapshot rather than the file
                 self.publisher = Publisher(self.path, self._block_size())
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")

@@ -193,6 +193,18 @@ class ResultTooLarge(QueryError):
     """A read's result passed the bytes a reader may have built for it."""
 
 
+def _bounded_result(rel: duckdb.DuckDBPyRelation, max_bytes: int) -> pa.Table:
+    """The relation's table, built batch by batch and given up (ResultTooLarge) once it holds over ``max_bytes``."""
+    reader = rel.to_arrow_reader(1 << 13)
+    batches, size = [], 0
+    for batch in reader:
+        size += batch.nbytes
+        if size > max_bytes:
+            raise ResultTooLarge(f"its result passed {max_bytes >> 20} MiB")
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
 def execute_read_only(
     con: duckdb.DuckDBPyConnection,
     sql: str,
@@ -222,16 +234,7 @@ def execute_read_only(
         rel = con.sql(sql, params=params) if params else con.sql(sql)
         if rel is None:
             return pa.table({})
-        if max_bytes is None:
-            return rel.to_arrow_table()
-        reader = rel.to_arrow_reader(1 << 13)
-        batches, size = [], 0
-        for batch in reader:
-            size += batch.nbytes
-            if size > max_bytes:
-                raise ResultTooLarge(f"its result passed {max_bytes >> 20} MiB")
-            batches.append(batch)
-        return pa.Table.from_batches(batches, schema=reader.schema)
+        return rel.to_arrow_table() if max_bytes is None else _bounded_result(rel, max_bytes)
     except duckdb.Error as exc:
         raise QueryError(f"{type(exc).__name__}: {exc}") from exc
     except RuntimeError as exc:
@@ -532,7 +535,7 @@ def _snapshot_read(
     if limits is None:
         return _read_snapshot(db, published, sql, params, prelude)
     assert published.path is not None
-    table = read_apart(Target("snapshot", published.path, db), sql, params, prelude, limits)
+    table = read_apart(read_target, Target("snapshot", published.path, db), sql, params, prelude, limits)
     fresh = freshness(table)
     commits = fresh.commits if fresh is not None else None
     commit_us = fresh.commit_us if fresh is not None else None
@@ -544,7 +547,7 @@ def _file_read(db: Path, sql: str, params: Params, prelude: Sequence[str], limit
         raise QueryError(f"no database at {db}; run `flightrec materialize --db {db}` first")
     if limits is None:
         return _read_file_here(db, sql, params, prelude)
-    return read_apart(Target("file", db, db), sql, params, prelude, limits)
+    return read_apart(read_target, Target("file", db, db), sql, params, prelude, limits)
 
 
 def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[str]) -> pa.Table:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import io
 import json
 import logging
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ from flightrec.errors import QueryError
 log = logging.getLogger(__name__)
 
 Params = Sequence[Any] | dict[str, Any] | None
+# What a child runs: (target, sql, params, prelude, limits) -> table; a module's function, found by its name
+Runner = Callable[..., pa.Table]
 NICE = 10  # the read's process yields the cores to the materializer (weight 110 against its 1024)
 HARD_STOP_S = 1.0  # SIGALRM ends the child this long after its time limit, whatever it is doing
 ASKER_STOP_S = 5.0  # the asker kills it this long after its time limit
@@ -144,12 +147,14 @@ class Retry(Exception):
 # ---- the request: Arrow IPC of one row, so parameters keep their types ---------------------------------------
 
 
-def encode_request(target: Target, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits) -> bytes:
+def encode_request(
+    runner: str, target: Target, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits
+) -> bytes:
     """The request as Arrow IPC: one row of sql, prelude, params (a struct, one field per parameter) and a JSON of
-    the target and limits."""
+    the runner (``module:function``), the target and the limits."""
     named = isinstance(params, dict)
     values = dict(params) if isinstance(params, dict) else {str(i): v for i, v in enumerate(params or ())}
-    how = {"kind": target.kind, "path": str(target.path), "db": str(target.db), **limits.__dict__}
+    how = {"runner": runner, "kind": target.kind, "path": str(target.path), "db": str(target.db), **limits.__dict__}
     try:
         arr = pa.array([values]) if values else pa.array([{}], type=pa.struct([]))
         table = pa.table(
@@ -169,17 +174,18 @@ def encode_request(target: Target, sql: str, params: Params, prelude: Sequence[s
     return sink.getvalue()
 
 
-def decode_request(data: bytes) -> tuple[Target, str, Params, list[str], ReadLimits]:
+def decode_request(data: bytes) -> tuple[str, Target, str, Params, list[str], ReadLimits]:
     """The request :func:`encode_request` made."""
     table = pa.ipc.open_stream(data).read_all()
     row = table.to_pylist()[0]
     how = json.loads(row["how"])
+    runner = str(how.pop("runner"))
     target = Target(how.pop("kind"), Path(how.pop("path")), Path(how.pop("db")))
     limits = ReadLimits(**how)
     values = row["params"] or {}
     named = (table.schema.metadata or {}).get(_NAMED) == b"1"
     params: Params = (values or None) if named else ([values[str(i)] for i in range(len(values))] or None)
-    return target, row["sql"], params, [str(p) for p in row["prelude"] or []], limits
+    return runner, target, row["sql"], params, [str(p) for p in row["prelude"] or []], limits
 
 
 # ---- the child ------------------------------------------------------------------------------------------------
@@ -213,16 +219,21 @@ def _frame(kind: bytes, payload: bytes | dict[str, Any]) -> bytes:
     return kind + (payload if isinstance(payload, bytes) else json.dumps(payload).encode())
 
 
+def _resolve(runner: str) -> Runner:
+    """The function a request names (``module:function``; the fork server has its module loaded already)."""
+    module, _, name = runner.partition(":")
+    fn: Runner = getattr(importlib.import_module(module), name)
+    return fn
+
+
 def serve_request(request: bytes) -> tuple[bytes, pa.Table | None]:
     """Run one request in this (child) process, bounded: the answer's frame (its first byte only, for a table) and
     the table. Never raises."""
     limits = ReadLimits()
     try:
-        target, sql, params, prelude, limits = decode_request(request)
+        runner, target, sql, params, prelude, limits = decode_request(request)
         _bound(limits)
-        from flightrec.db.query import read_target  # the child's own imports (the fork server has them loaded)
-
-        return b"T", read_target(target, sql, params, prelude, limits)
+        return b"T", _resolve(runner)(target, sql, params, prelude, limits)
     except Retry as exc:
         return _frame(b"R", {"why": exc.why, "message": str(exc)}), None
     except QueryError as exc:
@@ -245,10 +256,10 @@ def _send(sock: socket.socket, frame: bytes, table: pa.Table | None) -> None:
 
 def _child(sock: socket.socket, request: bytes | None) -> int:
     """The child's whole life: read the request (when not inherited), answer it, exit."""
-    from flightrec.cli.nopandas import keep_pandas_out
+    from flightrec.db.nopandas import keep_pandas_out
 
     _die_with_parent()
-    keep_pandas_out()  # pyarrow would import it at its first conversion: ~1 s of CPU a read (cli/nopandas.py)
+    keep_pandas_out()  # pyarrow would import it at its first conversion: ~1 s of CPU a read (db/nopandas.py)
     if request is None:
         request = _recv_all(sock, None)
     frame, table = serve_request(request)
@@ -307,18 +318,22 @@ def _answer(data: bytes, status: int | None, timed_out: bool, limits: ReadLimits
         raise QueryError(limits.time_message())
     code = os.waitstatus_to_exitcode(status) if status is not None else None
     if code is not None and code < 0:
-        sig = -code
-        if sig == signal.SIGALRM:
-            raise QueryError(limits.time_message())
-        if sig == signal.SIGKILL:
-            raise QueryError(
-                "the read's process was killed (SIGKILL: by the kernel's OOM killer when the machine ran out of "
-                f"memory, or by an operator); its own memory limit was {human_bytes(limits.memory)}"
-            )
-        if sig == signal.SIGABRT:
-            raise QueryError(limits.memory_message(", where its process aborted (SIGABRT)"))
-        raise QueryError(f"the read's process died of {_signal_name(sig)}; the materializer is not affected")
+        raise QueryError(_death_message(-code, limits))
     raise QueryError(f"the read's process ended without an answer (exit {code})")
+
+
+def _death_message(sig: int, limits: ReadLimits) -> str:
+    """The one line for a read's process that a signal ended."""
+    if sig == signal.SIGALRM:
+        return limits.time_message()
+    if sig == signal.SIGKILL:
+        return (
+            "the read's process was killed (SIGKILL: by the kernel's OOM killer when the machine ran out of "
+            f"memory, or by an operator); its own memory limit was {human_bytes(limits.memory)}"
+        )
+    if sig == signal.SIGABRT:
+        return limits.memory_message(", where its process aborted (SIGABRT)")
+    return f"the read's process died of {_signal_name(sig)}; the materializer is not affected"
 
 
 _fork_allowed = False
@@ -401,12 +416,16 @@ class _Zygote:
     one child per read. Requests: a SOCK_SEQPACKET message with two descriptors (the child's socket, and a control
     socket where the server writes the child's pid and then its wait status)."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: str) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = mine
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", f"from flightrec.db.sandbox import zygote_main; zygote_main({theirs.fileno()})"],
+            [
+                sys.executable,
+                "-c",
+                f"from flightrec.db.sandbox import zygote_main; zygote_main({theirs.fileno()}, {preload!r})",
+            ],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
         )
@@ -450,20 +469,21 @@ _zygote: _Zygote | None = None
 _zygote_lock = threading.Lock()
 
 
-def _fork_server() -> _Zygote:
+def _fork_server(preload: str) -> _Zygote:
     global _zygote
     with _zygote_lock:
         if _zygote is None or not _zygote.alive():
-            _zygote = _Zygote()
+            _zygote = _Zygote(preload)
         return _zygote
 
 
-def zygote_main(fd: int) -> None:
+def zygote_main(fd: int, preload: str) -> None:
     """The fork server's loop (its own interpreter): a child per request until the asking process goes away."""
     import duckdb  # noqa: F401 - loaded once here, inherited by every child
-    from flightrec.db import query  # noqa: F401
 
-    from flightrec.cli.nopandas import keep_pandas_out
+    importlib.import_module(preload)  # the runner's module, loaded once here, inherited by every child
+
+    from flightrec.db.nopandas import keep_pandas_out
 
     keep_pandas_out()
 
@@ -526,11 +546,15 @@ def _reap(children: dict[int, socket.socket]) -> None:
             control.close()
 
 
-def read_apart(target: Target, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits) -> pa.Table:
-    """Run the read in a child process bounded by ``limits``; its table, QueryError with one line, or Retry."""
-    request = encode_request(target, sql, params, prelude, limits)
+def read_apart(
+    runner: Runner, target: Target, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits
+) -> pa.Table:
+    """Run ``runner`` (a module's function: the child finds it by name) on the read in a child process bounded by
+    ``limits``; its table, QueryError with one line, or Retry."""
+    name = f"{runner.__module__}:{runner.__qualname__}"
+    request = encode_request(name, target, sql, params, prelude, limits)
     if _fork_safe():
         data, status, timed_out = _run_forked(request, limits)
     else:
-        data, status, timed_out = _fork_server().run(request, limits)
+        data, status, timed_out = _fork_server(runner.__module__).run(request, limits)
     return _answer(data, status, timed_out, limits)

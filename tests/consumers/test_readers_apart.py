@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -250,21 +251,49 @@ def _reader_children() -> list[int]:
 
 
 @pytest.mark.timeout(900)
-def test_no_read_grows_stalls_or_stops_the_materializer(kafka, db: Path, tmp_path: Path) -> None:
-    statements = ISSUE + generated()
-    # Today's check lets every one through: the boundary must stop them, not a new rule. The 15 MB IN list takes
-    # the check 10-50 s (the stall it caused in the writer): checked in a process of its own meanwhile.
-    in_list = tmp_path / "in_list.sql"
-    in_list.write_text(ISSUE[3])
-    checking = subprocess.Popen(  # at the lowest priority: it is the test's, not a reader's, and it takes a core
+def _wait_until(done: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _check_apart(tmp_path: Path, sql: str) -> subprocess.Popen[bytes]:
+    """The statement check of ``sql`` in a process of its own, at the lowest priority (it is the test's, not a
+    reader's, and it takes a core)."""
+    path = tmp_path / "statement.sql"
+    path.write_text(sql)
+    return subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import os; os.nice(19); from flightrec.db.readonly import check_read_only; "
-            f"check_read_only(open({str(in_list)!r}).read())",
+            f"check_read_only(open({str(path)!r}).read())",
         ],
         env={**os.environ, "PYTHONSAFEPATH": "1"},
     )
+
+
+def _kill_a_reader_mid_query(pool: concurrent.futures.ThreadPoolExecutor, db: Path) -> None:
+    """A long read whose process is SIGKILLed while it runs says so in one line."""
+    long = pool.submit(run_query, db, "SELECT count(*) FROM range(100000) a, range(1000000) b", limits=ReadLimits())
+    deadline = time.monotonic() + 30
+    while not _reader_children():
+        assert time.monotonic() < deadline, "the long read never started"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    for pid in _reader_children():
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(QueryError, match="^the read's process was killed \\(SIGKILL") as killed:
+        long.result(60)
+    assert "\n" not in str(killed.value)
+
+
+def test_no_read_grows_stalls_or_stops_the_materializer(kafka, db: Path, tmp_path: Path) -> None:
+    statements = ISSUE + generated()
+    # Today's check lets every one through: the boundary must stop them, not a new rule. The 15 MB IN list takes
+    # the check 10-50 s (the stall it caused in the writer): checked in a process of its own meanwhile.
+    checking = _check_apart(tmp_path, ISSUE[3])
     for sql in statements:
         if sql != ISSUE[3]:
             check_read_only(sql)
@@ -303,31 +332,12 @@ def test_no_read_grows_stalls_or_stops_the_materializer(kafka, db: Path, tmp_pat
                 with pytest.raises(QueryError, match="^stopped by the memory limit"):
                     queries.console(db, ISSUE[1])
 
-                # a reader SIGKILLed mid-query
                 seen = _visible(db, ingest.boot.instance)
-                long = pool.submit(
-                    run_query, db, "SELECT count(*) FROM range(100000) a, range(1000000) b", limits=ReadLimits()
-                )
-                deadline = time.monotonic() + 30
-                while not _reader_children():
-                    assert time.monotonic() < deadline, "the long read never started"
-                    time.sleep(0.05)
-                time.sleep(0.5)
-                for pid in _reader_children():
-                    os.kill(pid, signal.SIGKILL)
-                with pytest.raises(QueryError, match="^the read's process was killed \\(SIGKILL") as killed:
-                    long.result(60)
-                assert "\n" not in str(killed.value)
-            deadline = time.monotonic() + 30
-            while _visible(db, ingest.boot.instance) <= seen:  # the writer commits on
-                assert time.monotonic() < deadline, "no commit became visible after the reader was killed"
-                time.sleep(0.2)
+                _kill_a_reader_mid_query(pool, db)
+            _wait_until(lambda: _visible(db, ingest.boot.instance) > seen, 30, "no commit visible after the kill")
             after_rss = max(watch.rss)
         sent = ingest.sent
-        deadline = time.monotonic() + 60
-        while _visible(db, ingest.boot.instance) < sent:  # every line committed, once
-            assert time.monotonic() < deadline, f"{_visible(db, ingest.boot.instance)} of {sent} lines visible"
-            time.sleep(0.2)
+        _wait_until(lambda: _visible(db, ingest.boot.instance) >= sent, 60, f"not all {sent} lines visible")
         assert _visible(db, ingest.boot.instance) == sent
         assert mat.poll() is None, mat.stderr.read() if mat.stderr else ""
         commits, slow = (a - b for a, b in zip(_commits_over(watch.last, COMMIT_BOUND_S), before, strict=True))

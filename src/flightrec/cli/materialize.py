@@ -200,10 +200,10 @@ def _reader_location(db: str, data_path: str | None) -> Location:
 
 
 def _run(opts: Options, loc: Location, settings: Settings) -> int:
-    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers.materializer import Materializer
+    from flightrec.db.nopandas import keep_pandas_out
 
-    keep_pandas_out()  # pyarrow would import it at the first commit (cli/nopandas.py)
+    keep_pandas_out()  # pyarrow would import it at the first commit (db/nopandas.py)
     made = None if loc.shared or loc.exists() else getattr(loc, "path", None)  # a file this run makes
 
     async def go() -> int:
@@ -335,9 +335,9 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _timeline(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers import timeline
     from flightrec.db.classify import load_rules
+    from flightrec.db.nopandas import keep_pandas_out
 
     keep_pandas_out()  # a conversion to Arrow would import it: ~0.3 s of a command a person waits for
     settings = settings.with_overrides(db=args.db)

@@ -128,13 +128,13 @@ def read_limits(memory: str, seconds: float) -> ReadLimits:
 
 
 def _sql(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.db.location import reader_location
+    from flightrec.db.nopandas import keep_pandas_out
     from flightrec.db.query import freshness, run_query
     from flightrec.db.sandbox import allow_fork
     from flightrec.db.views import prelude_for
 
-    keep_pandas_out()  # nothing here uses it; pyarrow would import it at its first conversion (cli/nopandas.py)
+    keep_pandas_out()  # nothing here uses it; pyarrow would import it at its first conversion (db/nopandas.py)
     settings = settings.with_overrides(db=args.db)
     loc = reader_location(settings.db, args.data_path)
     limits = read_limits(args.memory_limit, args.timeout)

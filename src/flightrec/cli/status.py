@@ -30,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.db.health import judge
     from flightrec.db.location import reader_location
+    from flightrec.db.nopandas import keep_pandas_out
 
     keep_pandas_out()
     settings = settings.with_overrides(db=args.db)
