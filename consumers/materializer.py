@@ -7,7 +7,7 @@ written while the next is folded, and a batch holds at most ``batch_bytes`` of
 messages, so memory stays bounded whatever the backlog. No read runs here: on a file, the
 writer thread publishes a snapshot for readers (flightrec.db.snapshot) between commits, at most
 every ``PUBLISH_S`` while it keeps up and every ``PUBLISH_BEHIND_S`` while it works through a
-backlog (each publish is a CHECKPOINT; under a backlog readers are behind anyway).
+backlog (a publish copies the blocks and log the commits since changed; under a backlog readers are behind anyway).
 """
 
 from __future__ import annotations
@@ -476,6 +476,7 @@ class Materializer:
             return
         try:
             await self._in_writer(record_progress, self._store.con, self._store.run_id, moment)
+            self._store.wrote()  # readers see it at the next publish
             self._progress.written(moment, time.monotonic())
             if self._metrics is not None:
                 self._metrics.caught_up(moment)
@@ -570,10 +571,11 @@ class Materializer:
             self._reported = summary
             log.info("%s", summary)
 
-    async def _between_reads(self, now: float, quiet: bool) -> None:
-        """A quiet moment's publish for readers (its commits wait no longer than PUBLISH_S), the periodic report."""
-        if quiet and self._inflight is None:
-            await self._publish(behind=False)
+    async def _between_reads(self, now: float, behind: bool) -> None:
+        """The publish for readers once due (a commit that came too soon after the last one waits no longer than
+        PUBLISH_S, or PUBLISH_BEHIND_S through a backlog), the periodic report."""
+        if self._inflight is None:
+            await self._publish(behind)
         if now - self._last_report >= 10.0:
             self._last_report = now
             self._report()
@@ -604,7 +606,7 @@ class Materializer:
                 if pending.due(now, quiet=not data, quiet_bytes=self.quiet_commit_bytes):
                     await self._flush(pending)
                 await self._reap()
-                await self._between_reads(now, quiet=not data)
+                await self._between_reads(now, behind=pending.full(now))
                 if targets is not None:
                     if await self._caught_up(targets):
                         break

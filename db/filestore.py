@@ -321,6 +321,7 @@ class FileStore(RowWriter):
         self.started_us = time.time_ns() // 1000
         self.last_commit_us = self.started_us
         self.publisher: Publisher | None = None  # the readers' snapshots (flightrec.db.snapshot)
+        self._wrote = False  # written outside commit() since the last publish
         crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
         self.con = self._connect(lock_wait)
         try:
@@ -366,8 +367,13 @@ class FileStore(RowWriter):
         return self._commits_before + self.totals.commits
 
     def unpublished(self) -> bool:
-        """Whether commits wait for the readers' next snapshot."""
-        return self.publisher is not None and self.publisher.commits != self.commits
+        """Whether commits (or writes between them: :meth:`wrote`) wait for the readers' next snapshot."""
+        return self.publisher is not None and (self._wrote or self.publisher.commits != self.commits)
+
+    def wrote(self) -> None:
+        """Say that the connection wrote outside :meth:`commit` (how far the input is read, the alerts' outbox):
+        the next publish copies it though no commit was counted."""
+        self._wrote = True
 
     def publish(self) -> bool:
         """Make the readers' snapshot hold every commit so far: the changed blocks of the file and its write-ahead log
@@ -383,7 +389,11 @@ class FileStore(RowWriter):
             pass
         except duckdb.Error as exc:  # another write under way (the alert sender): the log is copied as it is
             log.info("no CHECKPOINT before this snapshot (%s)", exc)
-        return self.publisher.publish(self.commits)
+        wrote, self._wrote = self._wrote, False
+        if self.publisher.publish(self.commits, wrote):
+            return True
+        self._wrote = wrote
+        return False
 
     def _columns(self, table: str) -> set[str]:
         """The columns of ``table`` in the file (empty: a new database)."""

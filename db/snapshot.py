@@ -4,15 +4,16 @@ While a materializer runs it holds the file (DuckDB's lock: no other process may
 snapshot instead, in their own processes: one of a few copies of the file in ``<db>.snapshots/`` (``COPIES``), each
 a valid, complete DuckDB file as of one commit. ``<db>.snapshots/current`` names the newest.
 
-How a copy is made current (:meth:`Publisher.publish`, in the writer's thread, between commits): DuckDB's
-``CHECKPOINT`` writes every commit into the file and its header (the caller runs it), then the blocks that differ
-from what the copy holds are copied into it, its header last, and the pointer is replaced. Only what changed since
-the copy was last made current is copied (a few blocks of 256 KiB per second at today's rates, not the whole file):
-DuckDB never writes over a block that its last header names (that is how it survives a crash), and every block
-begins with the checksum of its bytes, so the first 8 bytes of each block tell a changed block from an unchanged
-one. Every copied block is checked against its checksum again in the copy; one that does not match (a block
-DuckDB was writing, not named by the header) is copied again next time. Were DuckDB to change this layout, the
-check would fail for every block and every publish would copy the whole file: slower, never wrong.
+How a copy is made current (:meth:`Publisher.publish`, in the writer's thread, between commits): the blocks that
+differ from what the copy holds are copied into it, its header last, then the write-ahead log (the commits since
+DuckDB's last checkpoint, which a reader's DuckDB replays in memory when it opens the copy), and the pointer is
+replaced. Only what changed since the copy was last made current is copied (a few blocks of 256 KiB per second at
+today's rates, not the whole file): DuckDB never writes over a block that its last header names (that is how it
+survives a crash), and every block begins with the checksum of its bytes, so the first 8 bytes of each block tell a
+changed block from an unchanged one. A sample of the copied blocks is checked against its checksum again in the
+copy; one that does not match (a block DuckDB was writing, not named by the header) is copied again next time, and
+a checkpoint that ran during the copy (the header changed) has it made again later. Were DuckDB to change this
+layout, the check would fail for every block and every publish would copy the whole file: slower, never wrong.
 
 A copy is written only while no reader has it open: DuckDB takes a shared lock (fcntl) on a file it opens
 read-only, and the publisher takes the exclusive lock without waiting; a copy a reader still reads is skipped (the
@@ -268,11 +269,12 @@ class Publisher:
             with contextlib.suppress(OSError):
                 _write_json(self.folder / PENDING, {"commits": commits, "since_us": commit_us})
 
-    def publish(self, commits: int) -> bool:
+    def publish(self, commits: int, wrote: bool = False) -> bool:
         """Make a copy hold the file as it is now (just checkpointed, the caller's commit number ``commits``) and
         name it in the pointer. False when no copy was free (every other one is being read) or the copy failed:
-        the writer goes on, the next publish tries again."""
-        if commits == self.commits:
+        the writer goes on, the next publish tries again. ``wrote``: the file changed though no commit was counted
+        (a copy is made whatever ``commits`` says)."""
+        if commits == self.commits and not wrote:
             return True
         # the copy made current longest ago first (its readers are likeliest gone), one holding nothing last
         order = sorted(
