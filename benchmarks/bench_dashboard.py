@@ -155,11 +155,12 @@ FROM inst JOIN classes cl ON cl.cls = inst.c WHERE failed;
 
 
 def build_db() -> Path:
-    """Generate the benchmark database once (cached under .cache/bench_dashboard/); a cached one gains the columns
-    of migrations newer than it (their values as GENERATE gives them)."""
+    """Generate the benchmark database once (cached under .cache/bench_dashboard/); a cached one gains the tables and
+    columns of migrations newer than it (their values as GENERATE gives them)."""
     if DB.exists():
         con = duckdb.connect(str(DB))
         try:
+            con.execute(importlib.resources.files("flightrec.db").joinpath("schema.sql").read_text())  # new tables
             con.execute(migrate.columns_sql())
             con.execute(
                 f"UPDATE failures SET last_lines = {LAST_LINES.format(line='matched_line')} WHERE last_lines IS NULL"

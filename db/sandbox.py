@@ -477,6 +477,17 @@ def _fork_server(preload: str) -> _Zygote:
         return _zygote
 
 
+def _child_ended_fd() -> int:
+    """A descriptor that becomes readable when a child ends (SIGCHLD through Python's wakeup fd), so the fork server
+    reports a child's status as soon as it exits rather than at its next poll."""
+    rfd, wfd = os.pipe()
+    os.set_blocking(rfd, False)
+    os.set_blocking(wfd, False)
+    signal.set_wakeup_fd(wfd)
+    signal.signal(signal.SIGCHLD, lambda _sig, _frame: None)
+    return rfd
+
+
 def zygote_main(fd: int, preload: str) -> None:
     """The fork server's loop (its own interpreter): a child per request until the asking process goes away."""
     import duckdb  # noqa: F401 - loaded once here, inherited by every child
@@ -491,15 +502,19 @@ def zygote_main(fd: int, preload: str) -> None:
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the asker's Ctrl-C is the asker's; it ends us by closing
     children: dict[int, socket.socket] = {}
+    ended = _child_ended_fd()
     try:
         while True:
-            ready, _w, _x = select.select([sock], [], [], 0.05)
-            if ready:
+            ready, _w, _x = select.select([sock, ended], [], [], 1.0)
+            if ended in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(ended, 4096)
+            if sock in ready:
                 msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 2)
                 if not msg:
                     break
                 _spawn(sock, fds, children)
-            _reap(children)
+            _reap(children)  # at once: the asker waits for the child's status after its answer
     finally:
         for pid in list(children):
             _kill(pid)
@@ -520,6 +535,8 @@ def _spawn(server: socket.socket, fds: list[int], children: dict[int, socket.soc
             for other in children.values():
                 other.close()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)  # the server's, not the child's
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             code = _child(child_sock, None)
         finally:
             os._exit(code)
