@@ -287,8 +287,10 @@ def test_the_heldout_part_keeps_its_floor(by_builder, capsys):
     wrong, outside_classed = len(held.wrong), len(held.outside_classed)
     met = right >= HELDOUT_RIGHT * scored and wrong <= HELDOUT_WRONG and outside_classed <= HELDOUT_OUTSIDE_CLASSED
     with capsys.disabled():
-        print(f"\nthe issue's goals on heldout (>= {HELDOUT_RIGHT:.0%} right, <= {HELDOUT_WRONG} wrong, "
-              f"<= {HELDOUT_OUTSIDE_CLASSED} outside classed): {'met' if met else 'NOT met'}")
+        print(
+            f"\nthe issue's goals on heldout (>= {HELDOUT_RIGHT:.0%} right, <= {HELDOUT_WRONG} wrong, "
+            f"<= {HELDOUT_OUTSIDE_CLASSED} outside classed): {'met' if met else 'NOT met'}"
+        )
     floor_right, floor_wrong, floor_outside = HELDOUT_FLOOR
     assert cases_ >= MIN_HELDOUT, said
     assert right >= floor_right, said
