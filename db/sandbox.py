@@ -505,11 +505,11 @@ def zygote_main(fd: int, preload: str) -> None:
     ended = _child_ended_fd()
     try:
         while True:
-            ready, _w, _x = select.select([sock, ended], [], [], 1.0)
+            ready, _w, _x = select.select([sock.fileno(), ended], [], [], 1.0)
             if ended in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(ended, 4096)
-            if sock in ready:
+            if sock.fileno() in ready:
                 msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 2)
                 if not msg:
                     break
