@@ -321,10 +321,16 @@ sys.exit(code)
 AGENTS = 4  # agents run at once (each in its own spool): most of an agent's time is its start and its exit's waits
 
 
+def _stage_of(case: dict[str, Any]) -> str:
+    """A case's stage name for the agent: unique, and with no word of the case's id (an id such as
+    `...-download-checksums` would hand the rules narrowed by stage name a word the builder's stage `b` lacks)."""
+    return f"b-{hashlib.sha256(case['id'].encode()).hexdigest()[:12]}"
+
+
 def _run_case(case: dict[str, Any], tmp: Path, env: dict[str, str], spool: Path) -> None:
     """One case as a stage of the real agent: the command writes the quoted lines and ends as the source shows."""
     log = tmp / f"{case['id']}.log"
-    argv = [FLIGHTREC, "agent", "run", "--stage", f"benchmark-{case['id']}"]
+    argv = [FLIGHTREC, "agent", "run", "--stage", _stage_of(case)]
     if case.get("stream") == "file":
         argv += ["--tail", str(log)]
     text = str(case["lines"]).lstrip("\n")
@@ -373,7 +379,7 @@ def by_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dic
         rows = store.con.execute("SELECT stage, failure_class, decisive_line FROM failures").fetchall()
     finally:
         store.close()
-    stages = {f"benchmark-{c['id']}": c["id"] for c in all_cases}
+    stages = {_stage_of(c): c["id"] for c in all_cases}
     yield {stages[stage]: {"class": c, "decisive": d} for stage, c, d in rows if stage in stages}
 
 
