@@ -24,11 +24,15 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from flightrec.consumers.alerts import AlertConfig, Alerter
+from flightrec.consumers.diskfull import DiskFullGuard, marker_path
 from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
+from flightrec.consumers.storefigures import StoreFigures
+from flightrec.consumers.upkeep import Upkeep
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
-from flightrec.db.serve import QueryServer
+from flightrec.db.location import FileLocation
+from flightrec.db.serve import QueryServer, close_cursors
 from flightrec.db.stats import Stats
 from flightrec.db.store import Store, open_store
 from flightrec.db.trust import Trust, load_state
@@ -190,6 +194,9 @@ class Materializer:
         self._metrics: Metrics | None = None  # Prometheus /metrics (--metrics-port)
         self._committed: dict[tuple[str, int], int] = {}  # next offset the database holds, per partition
         self._errors_counted = 0  # stats.errors_total already added to the metrics
+        self._figures = StoreFigures()  # the store's size, retention, a full disk, the archive (/metrics)
+        self._guard = DiskFullGuard(options.location.describe())  # the store's own, made when it opens
+        self._upkeep: Upkeep | None = None  # retention, compaction, figures between a file's commits
 
     def _new_pending(self) -> Pending:
         """An empty batch, bounded by this store's limits."""
@@ -203,28 +210,10 @@ class Materializer:
         try:
             if opts.metrics_port is not None:  # first: a port in use stops the run before a database file is made
                 self._metrics = Metrics(opts.metrics_port, opts.metrics_address)
+                self._figures.register(self._metrics.registry)
                 self._metrics.start()
-            self._store = await self._in_writer(self._open_store)
-            await self._in_writer(load_state, self._trust, self._store.con)
-            if opts.webhook and not opts.replay:
-                self._alerts = Alerter(
-                    AlertConfig(
-                        opts.webhook,
-                        opts.alert_on,
-                        opts.dashboard_url,
-                        backoff=opts.alert_backoff,
-                        drain=opts.alert_drain,
-                        timeout=opts.alert_timeout,
-                        status_interval=opts.status_interval,
-                    )
-                )
-                await self._in_writer(self._alerts.start, self._store.con)
-            if opts.serve:
-                reader_root = await self._in_writer(self._store.con.cursor)
-                self._server = QueryServer(reader_root, opts.location.db)
-                self._server.start()
-                if isinstance(self._store, FileStore):
-                    self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
+            await self._open_store_side()
+            self._upkeep = self._start_upkeep()
             self._consumer = AIOKafkaConsumer(
                 **self.kafka_kwargs,
                 enable_auto_commit=False,
@@ -255,6 +244,86 @@ class Materializer:
             await self._close()
             raise
         return self
+
+    async def _open_store_side(self) -> None:
+        """The store and what hangs on its connection: the writers' trust state, the alerts' outbox, live reads."""
+        opts = self.opts
+        self._store = await self._in_writer(self._open_store)
+        await self._in_writer(load_state, self._trust, self._store.con)
+        if opts.webhook and not opts.replay:
+            self._alerts = Alerter(
+                AlertConfig(
+                    opts.webhook,
+                    opts.alert_on,
+                    opts.dashboard_url,
+                    backoff=opts.alert_backoff,
+                    drain=opts.alert_drain,
+                    timeout=opts.alert_timeout,
+                    status_interval=opts.status_interval,
+                )
+            )
+            await self._in_writer(self._alerts.start, self._store.con)
+        if opts.serve:
+            reader_root = await self._in_writer(self._store.con.cursor)
+            self._server = QueryServer(reader_root, opts.location.db)
+            self._server.start()
+            if isinstance(self._store, FileStore):
+                self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
+
+    async def _close_store_side(self) -> None:
+        """Live reads, the alerts and the store let go, in that order (their cursors first: the file is then free)."""
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.stop()
+            close_cursors(server)
+        if self._alerts is not None:
+            alerts, self._alerts = self._alerts, None
+            await self._in_writer(alerts.close, self._store.con if self._store is not None else None)
+        if self._store is not None:
+            store, self._store = self._store, None
+            await self._in_writer(store.close)
+
+    async def _reopen_store(self, between: Callable[[], T] | None = None) -> T | None:
+        """Close the store and what hangs on it, run ``between`` in the writer thread (a compaction), open them
+        again; the store is opened again whatever ``between`` did (its error is raised after)."""
+        await self._close_store_side()
+        try:
+            return await self._in_writer(between) if between is not None else None
+        finally:
+            await self._open_store_side()
+
+    def _start_upkeep(self) -> Upkeep | None:
+        """A file's retention, compaction and figures between commits (consumers/upkeep.py); the full-disk guard."""
+        loc = self.opts.location
+        if not isinstance(loc, FileLocation):
+            self._guard = DiskFullGuard(loc.describe(), space_of=self.opts.data_path, figures=self._figures)
+            return None
+        self._guard = DiskFullGuard(
+            loc.describe(),
+            marker=marker_path(loc.path),
+            space_of=loc.path.parent,
+            webhook_url=None if self.opts.replay else self.opts.webhook,
+            figures=self._figures,
+        )
+        if self.opts.replay:
+            return None
+        return Upkeep(
+            self.opts.keep,
+            loc.path,
+            self._figures,
+            run=self._in_writer,
+            con=lambda: self._writer_con(),
+            reopen=self._reopen_store,
+            commit_interval=self.opts.commit_interval,
+            compact_free_share=self.opts.compact_free_share,
+        )
+
+    def _writer_store(self) -> Store:
+        assert self._store is not None, "the store is open (a failed reopen is tried again before a commit)"
+        return self._store
+
+    def _writer_con(self) -> duckdb.DuckDBPyConnection:
+        return self._writer_store().con
 
     async def _assign_at_start(self) -> None:
         """The first assignment, tried again while it fails for up to START_RETRY_S: on a cluster, the broker asked
@@ -325,15 +394,7 @@ class Materializer:
             except (KafkaError, OSError) as exc:
                 log.warning("stopping the consumer: %s", exc)
             self._consumer = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-        if self._alerts is not None:
-            alerts, self._alerts = self._alerts, None
-            await self._in_writer(alerts.close, self._store.con if self._store is not None else None)
-        if self._store is not None:
-            store, self._store = self._store, None
-            await self._in_writer(store.close)
+        await self._close_store_side()
         self._writer.shutdown(wait=True)
         if self._metrics is not None:
             self._metrics.close()
@@ -390,7 +451,12 @@ class Materializer:
     async def _commit(self, delta: Delta) -> None:
         assert self._store is not None
         started = time.monotonic()
-        stats = await self._in_writer(self._store.commit, {0: delta})  # a file holds every partition
+        stats = await self._guard.commit(
+            lambda: self._in_writer(self._writer_store().commit, {0: delta}),  # a file holds every partition
+            self._reopen_store,
+            self._stop,
+            held=f"batch of {delta.messages} messages",
+        )
         self.stats += stats
         if self._metrics is not None:
             self._metrics.observe_commit(delta, stats, time.monotonic() - started)
@@ -497,6 +563,8 @@ class Materializer:
                 if pending.due(now, quiet=not data, quiet_bytes=self.quiet_commit_bytes):
                     await self._flush(pending)
                 await self._reap()
+                if self._upkeep is not None and self._inflight is None:
+                    self._inflight = self._upkeep.start(now, pending)  # in the gap after a commit
                 if now - last_report >= 10.0:
                     last_report = now
                     log.info("%s", self.stats.summary())

@@ -287,3 +287,11 @@ class QueryServer:
         if self._watcher is not None:
             self._watcher.join(5.0)
         self.path.unlink(missing_ok=True)
+
+
+def close_cursors(server: QueryServer) -> None:
+    """Close the cursors a stopped server holds on the writer's database (its root and the watchdog's), so that
+    the database can be closed and opened again (a compaction, a database DuckDB invalidated)."""
+    for cur in (server._probe, server.con):
+        with contextlib.suppress(duckdb.Error):
+            cur.close()

@@ -235,6 +235,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
     """The materializer's options from its flags and settings (``kinds``: the alerts the webhook gets)."""
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
     from flightrec.db.classify import load_rules
+    from flightrec.db.retention import Keep
     from flightrec.db.views import stored_views
 
     return Options(
@@ -254,6 +255,8 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         trust=trust_config(settings),
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
+        keep=Keep.from_settings(settings),
+        compact_free_share=settings.compact_free_share,
     )
 
 
