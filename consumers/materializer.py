@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import re
 import time
@@ -24,13 +25,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from flightrec.consumers.alerts import AlertConfig, Alerter
+from flightrec.consumers.archive import Archive, archived_batches, replay_plan
 from flightrec.consumers.diskfull import DiskFullGuard, marker_path
 from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.consumers.storefigures import StoreFigures
 from flightrec.consumers.upkeep import Upkeep
 from flightrec.db.filestore import FileStore
-from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
+from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
 from flightrec.db.location import FileLocation
 from flightrec.db.serve import QueryServer, close_cursors
 from flightrec.db.stats import Stats
@@ -239,6 +241,8 @@ class Materializer:
                     f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP"
                 ) from exc
             await self._check_timestamp_types()
+            if opts.replay:
+                await self._replay_archive()  # what the topics no longer hold, from FLIGHTREC_ARCHIVE
             await self._assign_at_start()
         except BaseException:
             await self._close()
@@ -291,6 +295,38 @@ class Materializer:
             return await self._in_writer(between) if between is not None else None
         finally:
             await self._open_store_side()
+
+    async def _replay_archive(self) -> None:
+        """A replay reads the archive first (consumers/archive.py), each batch committed with the offsets it ends at,
+        so that the topics are then read from where the archive ended; ArchiveGap when records are in neither.
+        Without an archive, says what the topics no longer hold."""
+        assert self._consumer is not None
+        parts = await self._partitions()
+        starts = {(tp.topic, tp.partition): o for tp, o in (await self._consumer.beginning_offsets(parts)).items()}
+        if not self.opts.archive:
+            lost = sorted(f"{t}[{p}] 0..{o - 1}" for (t, p), o in starts.items() if o > 0)
+            if lost:
+                log.warning(
+                    "the topics no longer hold offsets %s (retention): the database starts after them; set "
+                    "FLIGHTREC_ARCHIVE to replay them from an archive (docs/retention.md)",
+                    ", ".join(lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else ""),
+                )
+            return
+        archive = Archive(self.opts.archive)
+        plan = await asyncio.to_thread(replay_plan, archive, self.opts.topics, starts)
+        batches = archived_batches(archive, plan, self.batch_bytes)
+        while (batch := await asyncio.to_thread(next, batches, None)) is not None:
+            await self._commit_archived(*batch)
+            if self._stop.is_set():
+                raise MaterializeError("replay stopped while it read the archive; start it again into a new database")
+        if plan:
+            log.info("replayed the archive %s (%d partitions); now the topics from where it ended", archive.uri,
+                     len(plan))  # fmt: skip
+
+    async def _commit_archived(self, records: list[RawMessage], ends: dict[tuple[str, int], int]) -> None:
+        """One batch of archived records, with the offsets the archive's segments end at (purged records included)."""
+        delta = fold(records, keep=self._keep, trust=self._trust)
+        await self._commit(dataclasses.replace(delta, offsets={**delta.offsets, **ends}))
 
     def _start_upkeep(self) -> Upkeep | None:
         """A file's retention, compaction and figures between commits (consumers/upkeep.py); the full-disk guard."""

@@ -138,7 +138,7 @@ def _copy(con: duckdb.DuckDBPyConnection, copy: Path, memory_limit: str) -> int:
     con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute("CHECKPOINT")
     source = str(con.execute("SELECT current_database()").fetchall()[0][0])
-    con.execute("ATTACH ? AS flightrec_compacted", [str(copy)])
+    con.execute(f"ATTACH '{str(copy).replace(chr(39), chr(39) * 2)}' AS flightrec_compacted")
     try:
         con.execute(f'COPY FROM DATABASE "{source}" TO flightrec_compacted')
         tables = _tables(con, source)

@@ -213,6 +213,43 @@ def expire_lines(
     return StepResult(lines_deleted=deleted, events_judged=events, done=last)
 
 
+GONE_BOOTS_SQL = """
+SELECT instance_id, boot_id, coalesce(last_recv_us, last_event_us) AS at_us FROM boots
+WHERE coalesce(last_recv_us, last_event_us) >= $lo AND coalesce(last_recv_us, last_event_us) < $cutoff
+ORDER BY at_us LIMIT $n"""
+EXPIRE_CONTEXT_SQL = """
+DELETE FROM log_lines l
+WHERE EXISTS (SELECT 1 FROM _gone_boots g WHERE g.instance_id = l.instance_id AND g.boot_id = l.boot_id)
+  AND l.event_id IN (SELECT event_id FROM events_seen SEMI JOIN _gone_boots USING (instance_id, boot_id)
+                     WHERE kind = 'log' AND coalesce(recv_us, ts_us) < $judged)"""
+
+
+def expire_context(con: duckdb.DuckDBPyConnection, keep: Keep, now_us: int, max_boots: int) -> StepResult:
+    """Delete what is left of the boots that last spoke ``failures_days`` ago (at least ``lines_days``): their
+    lines a step judged already (received before the lines' mark) were kept as a failure's context."""
+    lines_cut = _cutoff(now_us, keep.lines_days)
+    days = keep.failures_days
+    if lines_cut is None or days is None:
+        return StepResult()
+    cutoff = min(lines_cut, now_us - int(days * DAY_US))
+    con.execute(MARKS_DDL)
+    lo, judged = mark(con, "context"), mark(con, "lines")
+    lo = NEVER if lo is None else lo
+    if judged is None or lo >= cutoff:
+        return StepResult()
+    boots = con.execute(GONE_BOOTS_SQL, {"lo": lo, "cutoff": cutoff, "n": max_boots}).to_arrow_table()
+    full = boots.num_rows >= max_boots
+    hi = int(pc.max(boots["at_us"]).as_py()) if full else cutoff - 1
+    if full:  # every boot of the last instant, so that the mark passes them all
+        boots = con.execute(GONE_BOOTS_SQL, {"lo": lo, "cutoff": hi + 1, "n": 2**62}).to_arrow_table()
+    deleted = 0
+    if boots.num_rows:
+        with arrow_views(con, _gone_boots=boots.select(["instance_id", "boot_id"])):
+            deleted = int(con.execute(EXPIRE_CONTEXT_SQL, {"judged": judged}).fetchall()[0][0])
+    _set_mark(con, "context", hi + 1, now_us)
+    return StepResult(lines_deleted=deleted, done=not full)
+
+
 SAMPLE_BUCKETS_SQL = """
 SELECT arg_max(event_id, (ts_us, event_id)) AS event_id, list(event_id) AS ids,
        CAST(sum(proofs) AS INTEGER) AS proofs, sum(seconds) AS seconds
@@ -255,7 +292,8 @@ def step(
     throughput samples to merge."""
     now_us = time.time_ns() // 1000 if now_us is None else now_us
     lines = expire_lines(con, keep, now_us, max_events, context)
-    return lines + downsample_samples(con, keep, now_us, max_buckets)
+    gone = expire_context(con, keep, now_us, max_buckets)
+    return lines + gone + downsample_samples(con, keep, now_us, max_buckets)
 
 
 def run_step(con: duckdb.DuckDBPyConnection, keep: Keep, **kwargs: Any) -> StepResult:

@@ -111,6 +111,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--since", default=None, help="only events at/after TIME (ISO-8601, epoch s, or an age: 2h)")
     r.add_argument("--instance", default=None, help="only this instance's events")
+    r.add_argument(
+        "--archive",
+        default=None,
+        metavar="URI",
+        help="read what the topics no longer hold from this archive first (default $FLIGHTREC_ARCHIVE; "
+        "`flightrec archive` writes it), then the topics from where it ends",
+    )
     r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
     r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
     r.add_argument(
@@ -257,6 +264,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         metrics_address=args.metrics_address,
         keep=Keep.from_settings(settings),
         compact_free_share=settings.compact_free_share,
+        archive=settings.archive,
     )
 
 
@@ -296,6 +304,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         serve=not loc.shared,
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
+        archive=args.archive or settings.archive,
     )
     return _run(opts, loc, settings)
 
