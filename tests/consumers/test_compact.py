@@ -13,9 +13,8 @@ from pathlib import Path
 import duckdb
 import pytest
 from flightrec.db.compact import FileBusy, compact_file, copy_path
-from retention_helpers import DAY, MINUTE, NOW, Timed, write
-
 from flightrec.db.filestore import MATERIALIZED_TABLES
+from retention_helpers import DAY, MINUTE, NOW, Timed, write
 
 
 def chatter(instances: int, batches: int, per_batch: int, kept_only: bool = False) -> list[Timed]:

@@ -306,7 +306,16 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         trust=trust_config(settings),
         archive=args.archive or settings.archive,
     )
-    return _run(opts, loc, settings)
+    from flightrec.consumers.archive import ArchiveGap
+    from flightrec.db.location import FileLocation
+
+    try:
+        return _run(opts, loc, settings)
+    except ArchiveGap:
+        if isinstance(loc, FileLocation):  # made by this replay (an existing file is refused): nothing in it
+            for made in (loc.path, loc.path.with_name(loc.path.name + ".wal")):
+                made.unlink(missing_ok=True)
+        raise
 
 
 def _timeline(args: argparse.Namespace, settings: Settings) -> int:
