@@ -18,6 +18,7 @@ from materializer_helpers import Boot, flightrec, motivating_boot, publish
 
 from flightrec.settings import TOPIC_LOGS, TOPICS
 
+
 def table(db: Path, name: str) -> list[str]:
     con = duckdb.connect(str(db), read_only=True)
     try:
