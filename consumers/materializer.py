@@ -352,6 +352,8 @@ class Materializer:
             reopen=self._reopen_store,
             commit_interval=self.opts.commit_interval,
             compact_free_share=self.opts.compact_free_share,
+            archive=self.opts.archive,
+            topics=self.opts.topics,
         )
 
     def _writer_store(self) -> Store:

@@ -6,7 +6,10 @@ for it, so a job is kept short):
 - a retention step when the batch being gathered is not due for longer than the step takes (its size adapts to
   ``STEP_S``), or once every ``FORCE_S`` whatever the load, so that a writer that never idles still expires lines;
   when nothing is left to judge, the next look is ``IDLE_S`` later;
-- the figures (file size, free blocks, oldest line, how far retention got) every ``FIGURES_S``;
+- a checkpoint once a retention pass deleted rows and found nothing more to judge: DuckDB writes the row groups
+  anew without them, and the blocks they held become free (reused by the next rows, or returned by a compaction);
+- the figures (file size, free blocks, oldest line, how far retention got) every ``FIGURES_S``, and the archive's
+  position (listed in a thread of its own, never holding up a commit);
 - a compaction when at least ``compact_free_share`` of the file is free blocks (and at least ``MIN_FREE_BYTES``),
   the materializer keeps up (the batch being gathered is small), and the last one was ``COMPACT_EVERY_S`` ago:
   the store is closed, the file copied and renamed (commits wait meanwhile: the time is on /metrics and in the
@@ -75,6 +78,8 @@ class Upkeep:
         reopen: Callable[[Callable[[], Any]], Awaitable[Any]],
         commit_interval: float,
         compact_free_share: float = 0.5,
+        archive: str | None = None,
+        topics: tuple[str, ...] = (),
     ) -> None:
         self.keep = keep
         self.path = path
@@ -92,6 +97,9 @@ class Upkeep:
         self.context: tuple[pa.Table, pa.Table] | None = None
         self.context_read = 0.0
         self.total = StepResult()
+        self.deleted_since_checkpoint = 0
+        self.archive, self.topics = archive, topics
+        self.archive_read: asyncio.Task[None] | None = None
 
     def start(self, now: float, pending: Any) -> asyncio.Future[None] | None:
         """The job due now (``now``: the loop's clock, monotonic), started (the caller holds it as the one thing in
@@ -100,8 +108,13 @@ class Upkeep:
             return None
         if self._compaction_due(now, pending):
             return asyncio.ensure_future(self._guarded("compaction", self._compact))
+        if self.deleted_since_checkpoint and now >= self.next_step:  # a pass is done: its deletes written out
+            self.deleted_since_checkpoint = 0
+            return asyncio.ensure_future(self._guarded("a checkpoint", self._checkpoint))
         if now >= self.next_figures:
             self.next_figures = now + FIGURES_S
+            if self.archive and (self.archive_read is None or self.archive_read.done()):
+                self.archive_read = asyncio.ensure_future(self._position())
             return asyncio.ensure_future(self._guarded("reading the database's figures", self._read_figures))
         if self._step_due(now, pending):
             self.last_step = now
@@ -141,6 +154,7 @@ class Upkeep:
         self.sizing.adapt(seconds, result.events_judged)
         self.total += result
         self.figures.add(lines=result.lines_deleted, samples=result.samples_merged)
+        self.deleted_since_checkpoint += result.lines_deleted + result.samples_merged
         self.next_step = time.monotonic() + (IDLE_S if result.done else 0.0)
         if result.lines_deleted or result.samples_merged:
             log.debug("retention step: %s in %.3f s", result, seconds)
@@ -152,6 +166,24 @@ class Upkeep:
             self.context = retention.kept_context(con, self.keep, time.time_ns() // 1000)
             self.context_read = now
         return retention.run_step(con, self.keep, max_events=self.sizing.events, context=self.context)
+
+    async def _checkpoint(self) -> None:
+        started = time.monotonic()
+        await self._run(lambda: self._con().execute("CHECKPOINT"))
+        log.info("retention: checkpointed the deleted rows out of %s in %.2f s", self.path, time.monotonic() - started)
+        self.next_figures = 0.0  # the free blocks it made: read them now
+
+    async def _position(self) -> None:
+        """The archive's next offset per partition, for /metrics (a failure is logged: the archive may be away)."""
+        from flightrec.consumers.archive import Archive  # only where an archive is set
+
+        try:
+            archive = Archive(self.archive or "")
+            position = await asyncio.to_thread(archive.position, self.topics)
+        except (FlightrecError, OSError, pa.ArrowException) as exc:
+            log.warning("cannot read the archive's position for /metrics: %s", exc)
+            return
+        self.figures.update(archive_next=position)
 
     async def _read_figures(self) -> None:
         figures = await self._run(self._figures_in_writer)

@@ -144,8 +144,10 @@ class QueryServer:
         self._watcher: threading.Thread | None = None
         self._wake = threading.Condition(self._lock)
         self._closing = False
-        limit = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchone()
-        self.memory_limit = memory_bytes(limit[0]) if limit else 0
+        # fetchall: a result left open keeps its transaction open, and a table made after it (DDL) then stops every
+        # checkpoint: the WAL would grow as long as the materializer runs (tests/consumers/test_wal_checkpoints.py)
+        limit = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchall()
+        self.memory_limit = memory_bytes(limit[0][0]) if limit else 0
         self._probe = con.cursor()  # the watchdog's own cursor (a cursor is used by one thread at a time)
 
     def count(self, name: str) -> None:
