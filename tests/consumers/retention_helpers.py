@@ -3,6 +3,7 @@ retention, compaction and purge tests (a database made by the real fold and stor
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,13 +97,15 @@ def records(boots: list[Timed], first_offset: int = 0) -> list[RawMessage]:
     return out
 
 
-def write(db: Path, boots: list[Timed], batch: int = 0) -> None:
-    """The boots committed by a FileStore (``batch`` records a commit; 0: one commit)."""
+def write(db: Path, boots: list[Timed], batch: int = 0, offsets: bool = True) -> None:
+    """The boots committed by a FileStore (``batch`` records a commit; 0: one commit); ``offsets=False``: their
+    made-up offsets are not stored (a database a materializer goes on with)."""
     recs = records(boots)
-    store = FileStore(db, group="t")
+    store = FileStore(db, group="t" if offsets else "flightrec-materializer")
     try:
         step = batch or len(recs) or 1
         for i in range(0, len(recs), step):
-            store.commit(fold(recs[i : i + step]))
+            delta = fold(recs[i : i + step])
+            store.commit(delta if offsets else dataclasses.replace(delta, offsets={}))
     finally:
         store.close()

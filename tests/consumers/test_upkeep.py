@@ -1,0 +1,81 @@
+"""A running materializer keeps its file bounded by itself (consumers/upkeep.py): old lines expire in steps between
+its commits, the deleted rows are checkpointed out, the file is compacted at a quiet moment, and /metrics says so."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import duckdb
+import pytest
+from flightrec.broker.local import free_port
+from flightrec.consumers import upkeep
+from flightrec.consumers.materializer import Materializer, Options
+from flightrec.db.live import socket_path
+from flightrec.db.query import run_query
+from flightrec.db.retention import Keep
+from materializer_helpers import Boot, publish
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from retention_helpers import DAY, MINUTE, Timed, write
+
+
+def history(instances: int, batches: int) -> list[Timed]:
+    """Healthy supervisors that talked 20 days ago (by the broker's clock): all of it expires at 14 days."""
+    import time
+
+    old = time.time_ns() // 1000 - 20 * DAY
+    boots = []
+    for i in range(instances):
+        b = Timed(instance=f"old-{i}")
+        b.started("supervisor", old)
+        for k in range(batches):
+            b.lines("supervisor", old + k * MINUTE + i, [f"old chatter {k}.{j} " + "y" * 60 for j in range(200)])
+        b.seal(old + batches * MINUTE + 1)
+        boots.append(b)
+    return boots
+
+
+@pytest.mark.slow  # ~15 s: a materializer that expires 200,000 lines, checkpoints and compacts while it reads
+def test_a_running_materializer_expires_checkpoints_and_compacts_by_itself(
+    kafka, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upkeep, "MIN_FREE_BYTES", 0)
+    monkeypatch.setattr(upkeep, "FIGURES_S", 0.5)
+    monkeypatch.setattr(upkeep, "IDLE_S", 0.5)
+    kafka.seed_at_mark(db)
+    write(db, history(20, 50), batch=500, offsets=False)  # 200,000 old lines
+    before = db.stat().st_size
+    fresh = Boot(instance="fresh-now")
+    for k in range(5):
+        fresh.lines("supervisor", "stdout", [f"fresh {k}.{j}" for j in range(100)], first_line=k * 100)
+    publish(kafka.bootstrap, fresh.events)
+
+    async def go() -> tuple[Materializer, str]:
+        opts = Options(
+            db=str(db), until_idle=8.0, keep=Keep(lines_days=14), compact_free_share=0.3, metrics_port=free_port(),
+            metrics_address="127.0.0.1",
+        )  # fmt: skip
+        async with Materializer(kafka.settings.kafka_kwargs(), opts) as m:
+            await m.run()
+            assert m._metrics is not None
+            assert m._server is not None and socket_path(db).exists()  # live reads served again after compacting
+            live = await asyncio.to_thread(run_query, db, "SELECT count(*) AS n FROM log_lines")
+            assert live.column("n").to_pylist() == [500]
+            return m, generate_latest(m._metrics.registry).decode()
+
+    m, text = asyncio.run(go())
+    metrics = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        left = dict(con.execute("SELECT instance_id LIKE 'old-%', count(*) FROM log_lines GROUP BY ALL").fetchall())
+    finally:
+        con.close()
+    assert left == {False: 500}  # the old chatter expired, the fresh lines are all there
+    assert metrics["flightrec_retention_lines_expired_total"] == 200_000
+    assert m._figures.figures.compactions >= 1 and metrics["flightrec_compactions_total"] >= 1
+    assert db.stat().st_size < before
+    assert metrics["flightrec_database_bytes"] > 0 and "flightrec_database_free_bytes" in metrics
+    assert metrics["flightrec_lines_expired_before_timestamp_seconds"] > 0
+    assert metrics["flightrec_oldest_line_timestamp_seconds"] > 0
+    assert metrics["flightrec_disk_full"] == 0
