@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from flightrec.consumers import webhook
 from flightrec.consumers.storefigures import StoreFigures
+from flightrec.db.markers import disk_full_path
 
 from flightrec.errors import MaterializeError
 
@@ -37,7 +38,6 @@ T = TypeVar("T")
 FIRST_PAUSE_S = 1.0
 MAX_PAUSE_S = 30.0
 _FULL = ("no space left on device", "disk quota exceeded", "disk full")
-MARKER_SUFFIX = ".disk-full"
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
@@ -66,7 +66,7 @@ def needs_reopen(exc: BaseException) -> bool:
 
 def marker_path(db: str | Path) -> Path:
     """The empty file beside a database file that says its materializer waits for disk space."""
-    return Path(f"{db}{MARKER_SUFFIX}")
+    return disk_full_path(db)
 
 
 def free_bytes_at(where: str | Path | None) -> int | None:
