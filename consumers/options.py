@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from flightrec.db.keep import Keep
 from flightrec.db.location import Location, locate
-from flightrec.db.retention import Keep
 from flightrec.db.trust import TrustConfig
 
 if TYPE_CHECKING:

@@ -31,7 +31,8 @@ import duckdb
 import pyarrow as pa
 from flightrec.consumers.storefigures import StoreFigures
 from flightrec.db import compact, retention
-from flightrec.db.retention import Keep, StepResult
+from flightrec.db.keep import Keep
+from flightrec.db.retention import StepResult
 
 from flightrec.errors import FlightrecError
 

@@ -39,11 +39,12 @@ from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import arrow_views
 from flightrec.db.filestore import RowWriter, delta_views, offsets_table
 from flightrec.db.fold import Delta
+from flightrec.db.keep import Keep
 from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, shard_schema
 from flightrec.db.lakemeta import never_written
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.nul import without_nul
-from flightrec.db.retention import Keep, StepResult
+from flightrec.db.retention import StepResult
 from flightrec.db.stats import Stats
 from flightrec.db.together import OwnedRows, derive_together, join_shards
 

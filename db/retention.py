@@ -29,10 +29,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from flightrec.db.arrowviews import arrow_views
+from flightrec.db.keep import DAY_US, Keep
 
-from flightrec.settings import Settings
-
-DAY_US = 86_400_000_000
 MINUTE_US = 60_000_000
 NEVER = -(2**62)  # the mark before any event
 # A line belongs to its batch's time: the agent stamps a LogBatch after its lines (within its 0.1 s window; a
@@ -40,43 +38,6 @@ NEVER = -(2**62)  # the mark before any event
 # (the bound lets DuckDB skip row groups by their ts_us range): such lines, which no agent writes, are kept.
 LINE_SLACK_US = 3_600_000_000
 MARKS_DDL = "CREATE TABLE IF NOT EXISTS retention_marks (what VARCHAR, until_us BIGINT, updated_us BIGINT)"
-
-
-@dataclass(frozen=True)
-class Keep:
-    """What the database keeps (the ``FLIGHTREC_KEEP_*`` settings). None: for ever."""
-
-    lines_days: float | None = 14.0
-    failures_days: float | None = None
-    context_minutes: float = 10.0
-    samples_days: float | None = 30.0
-    sample_bucket_s: int = 3600
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Keep:
-        return cls(
-            lines_days=settings.keep_lines_days,
-            failures_days=settings.keep_failures_days,
-            context_minutes=settings.keep_context_minutes,
-            samples_days=settings.keep_samples_days,
-        )
-
-    @property
-    def enforced(self) -> bool:
-        """Whether anything ever goes."""
-        return self.lines_days is not None or self.samples_days is not None
-
-    def describe(self) -> str:
-        """One line for logs."""
-
-        def days(d: float | None) -> str:
-            return "forever" if d is None else f"{d:g} days"
-
-        return (
-            f"log lines {days(self.lines_days)}, failure context {days(self.failures_days)} "
-            f"({self.context_minutes:g} min before the failed stage), throughput samples {days(self.samples_days)} "
-            "then hourly"
-        )
 
 
 @dataclass(frozen=True)

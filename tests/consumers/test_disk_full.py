@@ -15,14 +15,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
 from flightrec.broker.local import free_port
 from flightrec.consumers.diskfull import is_disk_full, marker_path, needs_reopen
+from flightrec.db.fold import Delta
+from flightrec.db.stats import Stats
 from materializer_helpers import Boot, publish
 from test_metrics import scrape, value
 
@@ -84,7 +87,7 @@ def chatty(instances: int, batches: int) -> list:
     return events
 
 
-def wait(what: str, check, timeout: float = 90.0, proc: subprocess.Popen | None = None):  # type: ignore[no-untyped-def]
+def wait(what: str, check: Callable[[], Any], timeout: float = 90.0, proc: subprocess.Popen | None = None) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -194,13 +197,13 @@ def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_a
     opened = []
     real_init = FileStore.__init__
 
-    def init(self: FileStore, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def init(self: FileStore, *args: Any, **kwargs: Any) -> None:
         opened.append(1)
         real_init(self, *args, **kwargs)
 
     filled: list[Path] = []
 
-    def checkpoint_first(self: FileStore, delta):  # type: ignore[no-untyped-def]
+    def checkpoint_first(self: FileStore, delta: Delta) -> Stats:
         if delta.messages and not filled:  # the first batch finds the disk full at DuckDB's checkpoint
             self.con.execute("CREATE TABLE pad AS SELECT range AS i FROM range(200000)")  # WAL a checkpoint writes
             filled.append(fill(small_disk, leave=0))
@@ -214,7 +217,7 @@ def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_a
     events = chatty(2, 2)
     publish(kafka.bootstrap, events)
 
-    async def go():  # type: ignore[no-untyped-def]
+    async def go() -> tuple[Stats, int]:
         opts = Options(db=str(db), until_idle=2.0, serve=True)
         async with Materializer(kafka.settings.kafka_kwargs(), opts) as m:
             stats = await m.run()

@@ -7,6 +7,7 @@ import logging
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import duckdb
 import pytest
 from flightrec.db import lake as lakes
 from flightrec.db.fold import fold
+from flightrec.db.keep import Keep
 from flightrec.db.lakestore import ALIAS, LakeStore
-from flightrec.db.retention import Keep
 from flightrec.db.views import stored_views
 from lake_helpers import lake_con, run_lake, seed_lake_at_mark
 from materializer_helpers import Boot, publish
@@ -116,7 +117,7 @@ def test_a_purged_secret_is_in_no_file_of_the_lake(lake, kafka) -> None:
 
 
 @pytest.fixture
-def small_data_path(tmp_path: Path):  # type: ignore[no-untyped-def]
+def small_data_path(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "lake-disk"
     where.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "flightrec-test", str(where)],

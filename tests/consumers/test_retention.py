@@ -7,7 +7,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from flightrec.db import retention
-from flightrec.db.retention import Keep
+from flightrec.db.keep import Keep
 from flightrec.schemas import Sealed
 from retention_helpers import DAY, HOUR, MINUTE, NOW, Timed, write
 

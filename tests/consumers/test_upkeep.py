@@ -11,9 +11,9 @@ import pytest
 from flightrec.broker.local import free_port
 from flightrec.consumers import upkeep
 from flightrec.consumers.materializer import Materializer, Options
+from flightrec.db.keep import Keep
 from flightrec.db.live import socket_path
 from flightrec.db.query import run_query
-from flightrec.db.retention import Keep
 from materializer_helpers import Boot, publish
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -242,7 +242,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
     """The materializer's options from its flags and settings (``kinds``: the alerts the webhook gets)."""
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
     from flightrec.db.classify import load_rules
-    from flightrec.db.retention import Keep
+    from flightrec.db.keep import Keep
     from flightrec.db.views import stored_views
 
     return Options(
