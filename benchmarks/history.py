@@ -7,6 +7,7 @@ Used by bench_retention.py: what retention and compaction work on must be laid o
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class Fleet:
     batch: int = 50
     fail_every: int = 10
     end_us: int = 1_767_225_600_000_000  # 2026-01-01
+    keep_every: int = 1  # >1: only every keep_every-th line (a fresh rebuild of what a deletion kept)
 
     @property
     def lines(self) -> int:
@@ -56,18 +58,19 @@ class _Instance:
         self.seq += 1
         return dict(event_id=str(uuid.uuid4()), instance_id=self.id, boot_id=self.boot, seq=self.seq - 1, ts_us=ts_us)
 
-    def lines(self, stage: str, n: int, ts_us: int) -> LogBatch:
+    def lines(self, stage: str, n: int, ts_us: int, keep_every: int = 1) -> LogBatch:
         first, self.line = self.line, self.line + n
+        numbers = [k for k in range(first, first + n) if k % keep_every == 0]
         return LogBatch(
             **self.env(ts_us),
             stage=stage,
             source="stdout",
             pid=4242,
-            line_no=list(range(first, first + n)),
-            line_ts_us=[ts_us] * n,
-            text=[_text(first + k) for k in range(n)],
-            truncated=[False] * n,
-            invalid_utf8=[False] * n,
+            line_no=numbers,
+            line_ts_us=[ts_us] * len(numbers),
+            text=[_text(k) for k in numbers],
+            truncated=[False] * len(numbers),
+            invalid_utf8=[False] * len(numbers),
         )
 
 
@@ -83,7 +86,7 @@ def events(fleet: Fleet) -> Iterator[Event]:
     for inst in fleet_list:
         t = start
         yield Lifecycle(**inst.env(t), stage="benchmark", state="started")
-        yield inst.lines("benchmark", fleet.batch, t + 1000)
+        yield inst.lines("benchmark", fleet.batch, t + 1000, fleet.keep_every)
         if inst.failing:
             yield ProcessExit(**inst.env(t + 2000), stage="benchmark", exit_code=1, **_exit(t))
             yield Lifecycle(**inst.env(t + 3000), stage="benchmark", state="failed", detail="exited with 1")
@@ -97,7 +100,7 @@ def events(fleet: Fleet) -> Iterator[Event]:
         t = start + 10_000 + span * k // per_instance
         for inst in fleet_list:
             if not inst.failing:
-                yield inst.lines("supervisor", fleet.batch, t)
+                yield inst.lines("supervisor", fleet.batch, t, fleet.keep_every)
     for inst in fleet_list:
         if not inst.failing:
             yield Sealed(**inst.env(fleet.end_us), event_count=inst.seq + 1)
@@ -113,15 +116,20 @@ def records(fleet: Fleet) -> Iterator[RawMessage]:
 
 
 def write(store: Store, fleet: Fleet, batch_lines: int = 300_000) -> int:
-    """Commit the fleet's history through ``store`` in batches of about ``batch_lines`` lines; returns lines."""
+    """Commit the fleet's history through ``store`` in batches of about ``batch_lines`` lines; returns lines. The
+    records' made-up offsets are not stored: a materializer goes on with the database from its own."""
     held: list[RawMessage] = []
     lines = written = 0
+
+    def commit() -> int:
+        return store.commit({0: dataclasses.replace(fold(held), offsets={})}).lines_written
+
     for r in records(fleet):
         held.append(r)
         lines += fleet.batch if r.topic.endswith("logs") else 0
         if lines >= batch_lines:
-            written += store.commit({0: fold(held)}).lines_written
+            written += commit()
             held, lines = [], 0
     if held:
-        written += store.commit({0: fold(held)}).lines_written
+        written += commit()
     return written

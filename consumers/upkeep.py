@@ -3,9 +3,10 @@
 
 Every job runs in the writer thread in the gap after a commit, as the one thing in flight (the next commit waits
 for it, so a job is kept short):
-- a retention step when the batch being gathered is not due for longer than the step takes (its size adapts to
-  ``STEP_S``), or once every ``FORCE_S`` whatever the load, so that a writer that never idles still expires lines;
-  when nothing is left to judge, the next look is ``IDLE_S`` later;
+- a retention step when the batch being gathered is not due for twice as long as the last step took (its size
+  adapts so that a step takes about ``STEP_S``), at most one per commit interval (the writer gives retention at most
+  ``STEP_S`` of every interval, 0.05 of 0.5 s), or once every ``FORCE_S`` whatever the load, so that a writer that
+  never idles still expires lines; when nothing is left to judge, the next look is ``IDLE_S`` later;
 - a checkpoint once a retention pass deleted rows and found nothing more to judge: DuckDB writes the row groups
   anew without them, and the blocks they held become free (reused by the next rows, or returned by a compaction);
 - the figures (file size, free blocks, oldest line, how far retention got) every ``FIGURES_S``, and the archive's
@@ -37,7 +38,7 @@ from flightrec.db.retention import StepResult
 from flightrec.errors import FlightrecError
 
 log = logging.getLogger(__name__)
-STEP_S = 0.1  # what one retention step should take
+STEP_S = 0.05  # what one retention step should take
 FORCE_S = 30.0  # a step at least this often, even when commits never leave a gap
 IDLE_S = 60.0  # the next look once nothing is left to judge
 CONTEXT_S = 60.0  # the failures' context is read again this often (it changes only with failures)
@@ -97,6 +98,7 @@ class Upkeep:
         self.paused_until = 0.0
         self.context: tuple[pa.Table, pa.Table] | None = None
         self.context_read = 0.0
+        self.step_seconds = STEP_S  # the last step's duration
         self.total = StepResult()
         self.deleted_since_checkpoint = 0
         self.archive, self.topics = archive, topics
@@ -130,7 +132,7 @@ class Upkeep:
         if pending.full(now):
             return False
         waited = now - pending.since if pending.records else 0.0
-        return self.commit_interval - waited > STEP_S
+        return self.commit_interval - waited > 2 * self.step_seconds
 
     def _compaction_due(self, now: float, pending: Any) -> bool:
         f = self.figures.figures
@@ -151,12 +153,12 @@ class Upkeep:
     async def _step(self) -> None:
         started = time.monotonic()
         result: StepResult = await self._run(self._step_in_writer)
-        seconds = time.monotonic() - started
+        seconds = self.step_seconds = time.monotonic() - started
         self.sizing.adapt(seconds, result.events_judged)
         self.total += result
         self.figures.add(lines=result.lines_deleted, samples=result.samples_merged)
         self.deleted_since_checkpoint += result.lines_deleted + result.samples_merged
-        self.next_step = time.monotonic() + (IDLE_S if result.done else 0.0)
+        self.next_step = started + (IDLE_S if result.done else self.commit_interval)  # one step an interval
         if result.lines_deleted or result.samples_merged:
             log.debug("retention step: %s in %.3f s", result, seconds)
 
