@@ -48,7 +48,7 @@ from flightrec.schemas import LogBatch, encode
 sys.path.insert(0, str(Path(__file__).parent))
 import history  # noqa: E402 - benchmarks/ on the path first
 
-from flightrec.settings import TOPIC_LOGS, TOPICS, Settings  # noqa: E402
+from flightrec.settings import TOPIC_LOGS, TOPICS, Settings  # noqa: E402 - after history's path, as isort puts it
 
 AGENT = dict(acks="all", enable_idempotence=True, linger_ms=5, request_timeout_ms=30000)  # producer/deliver.py
 TEXT = "proof {n} done in {ms} ms, root 0x{root:08x}, gpu0 util 97% mem 21311MiB"  # ~64 bytes, as the bench's
@@ -387,7 +387,8 @@ def compaction_round(broker: LocalBroker, work: Path, base: Path, seconds: float
         con.close()
     upkeep.MIN_FREE_BYTES = 0  # the benchmark's file is small: compact it all the same
     upkeep.FIGURES_S = 2.0
-    out = phase(broker.bootstrap, db, Keep(lines_days=14), seconds, share=0.3)
+    share = max(0.01, 0.9 * free / total) if total else 0.5  # whatever share the history left free: compact it
+    out = phase(broker.bootstrap, db, Keep(lines_days=14), seconds, share=share)
     f = out["figures"]
     waits = [w for _, w in out["waits"]]
     around = [w for w in waits if f.compactions and w > 0.5 * f.compaction_seconds]
