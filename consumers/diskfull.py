@@ -106,10 +106,16 @@ class DiskFullGuard:
         self.posts: list[threading.Thread] = []
 
     async def commit(
-        self, attempt: Callable[[], Awaitable[T]], reopen: Callable[[], Awaitable[None]], stop: asyncio.Event, held: str
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        reopen: Callable[[], Awaitable[None]],
+        stop: asyncio.Event,
+        held: str,
+        settle: bool = True,
     ) -> T:
         """``attempt()`` until it does not fail for want of space; ``reopen()`` first where DuckDB requires it.
-        ``held`` says what waits (for messages). MaterializeError when ``stop`` is set meanwhile."""
+        ``held`` says what waits (for messages). MaterializeError when ``stop`` is set meanwhile. ``settle=False``:
+        a step on the way (the store opened again), whose success does not end the wait (the held batch's does)."""
         pause, reopen_first = FIRST_PAUSE_S, False
         while True:
             try:
@@ -131,7 +137,8 @@ class DiskFullGuard:
                     f"stopped while the disk of {self.where} was full: the held {held} was not committed and is read "
                     "again from Kafka at the next start (nothing is lost)"
                 ) from exc
-            self._room_again()
+            if settle:
+                self._room_again()
             return result
 
     def _full(self, exc: BaseException, held: str) -> None:

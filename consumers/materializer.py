@@ -130,6 +130,10 @@ class _ClockWatch:
                 )
 
 
+async def _nothing() -> None:
+    return None
+
+
 def parse_time(text: str, now: float | None = None) -> int:
     """Microseconds since the epoch from ISO-8601, epoch seconds, or an age like 90s / 30m / 2h / 7d."""
     text = text.strip()
@@ -293,8 +297,8 @@ class Materializer:
         await self._close_store_side()
         try:
             return await self._in_writer(between) if between is not None else None
-        finally:
-            await self._open_store_side()
+        finally:  # on a full disk the opening waits for room, as a commit does
+            await self._guard.commit(self._open_store_side, _nothing, self._stop, "store to open again", settle=False)
 
     async def _replay_archive(self) -> None:
         """A replay reads the archive first (consumers/archive.py), each batch committed with the offsets it ends at,
@@ -357,8 +361,15 @@ class Materializer:
         )
 
     def _writer_store(self) -> Store:
-        assert self._store is not None, "the store is open (a failed reopen is tried again before a commit)"
+        if self._store is None:  # a reopen that failed (a full disk): the next commit opens it first
+            raise MaterializeError(f"the store {self.opts.location.describe()} is not open")
         return self._store
+
+    async def _store_commit(self, delta: Delta) -> Stats:
+        """One commit through the store, opened first where a reopen failed (a full disk: the guard tries again)."""
+        if self._store is None:
+            await self._open_store_side()
+        return await self._in_writer(self._writer_store().commit, {0: delta})  # a file holds every partition
 
     def _writer_con(self) -> duckdb.DuckDBPyConnection:
         return self._writer_store().con
@@ -487,10 +498,9 @@ class Materializer:
         return True
 
     async def _commit(self, delta: Delta) -> None:
-        assert self._store is not None
         started = time.monotonic()
         stats = await self._guard.commit(
-            lambda: self._in_writer(self._writer_store().commit, {0: delta}),  # a file holds every partition
+            lambda: self._store_commit(delta),
             self._reopen_store,
             self._stop,
             held=f"batch of {delta.messages} messages",
@@ -601,7 +611,7 @@ class Materializer:
                 if pending.due(now, quiet=not data, quiet_bytes=self.quiet_commit_bytes):
                     await self._flush(pending)
                 await self._reap()
-                if self._upkeep is not None and self._inflight is None:
+                if self._upkeep is not None and self._inflight is None and self._store is not None:
                     self._inflight = self._upkeep.start(now, pending)  # in the gap after a commit
                 if now - last_report >= 10.0:
                     last_report = now

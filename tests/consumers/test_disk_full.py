@@ -232,3 +232,19 @@ def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_a
         con.close()
     want = sum(len(e.text) for e in events)
     assert n == (want, want)
+
+
+def test_a_compaction_without_room_for_its_copy_leaves_the_file_as_it_was(small_disk: Path) -> None:
+    from flightrec.db.compact import compact_file, copy_path
+    from retention_helpers import write
+    from test_compact import chatter, rows
+
+    db = small_disk / "f.duckdb"
+    write(db, chatter(5, 20, 100), batch=200)
+    before = rows(db)
+    filler = fill(small_disk, leave=64 << 10)
+    with pytest.raises(MaterializeError, match="the file is as it was"):
+        compact_file(db)
+    filler.unlink()
+    assert rows(db) == before
+    assert not copy_path(db).exists()
