@@ -453,6 +453,25 @@ def main() -> int:
     return 0
 
 
+def fleet_table(one: dict[str, float], keep_days: float = 14.0) -> str:
+    """Disk per day for fleets, from the bytes per line at one line per LogBatch (GB = 10^9 bytes)."""
+    rows = [
+        "| instances | lines/s each | lines/day | Kafka/day, one replica | archive/day | file/day, all kept "
+        f"| file after retention: {keep_days:g}-day window | then per day (events_seen) | lake/day, all kept |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for instances in (10, 100, 1_000, 10_000):
+        for rate in (1, 10):
+            per_day = instances * rate * 86_400
+            gb = {k: per_day * one[k] / 1e9 for k in ("kafka", "archive", "log_lines", "events_seen", "lake")}
+            rows.append(
+                f"| {instances:,} | {rate} | {per_day / 1e6:,.1f}M | {gb['kafka']:,.2f} GB | {gb['archive']:,.2f} GB | "
+                f"{gb['log_lines'] + gb['events_seen']:,.2f} GB | {keep_days * gb['log_lines']:,.1f} GB | "
+                f"{gb['events_seen']:,.2f} GB | {gb['lake']:,.2f} GB |"
+            )
+    return "\n".join(rows)
+
+
 def report(sizes: dict[str, dict[str, float]], waits: dict[str, Any], ratio: dict[str, float]) -> None:
     print("\n| bytes per line | 1 line a LogBatch | 50 lines a LogBatch |\n| --- | ---: | ---: |")
     for key, what in (
@@ -466,6 +485,7 @@ def report(sizes: dict[str, dict[str, float]], waits: dict[str, Any], ratio: dic
         print(f"| {what} | {sizes['1'][key]:.1f} | {sizes['50'][key]:.1f} |")
     per_event = f"{sizes['1']['events_seen']:.1f} | {sizes['50']['events_seen']:.1f}"
     print(f"| events_seen, per event (one a LogBatch) | {per_event} |")
+    print("\n" + fleet_table(sizes["1"]))
     idle, ret = waits["idle"], waits["retention"]
     print("\n| batch wait, due -> committed | retention off | retention on | ratio |\n| --- | ---: | ---: | ---: |")
     for k in ("p50", "p99", "max"):
