@@ -460,7 +460,9 @@ class Materializer:
     async def _assign(self, initial: bool = False) -> bool:
         """(Re)assign every partition of the topics; positions come from DuckDB. True if it changed."""
         c = self._consumer
-        assert c is not None and self._store is not None
+        assert c is not None
+        if self._store is None:  # closed for a compaction, or waiting for room to open: looked at next time
+            return False
         parts = await self._partitions()
         if parts == self._parts:
             return False

@@ -94,6 +94,7 @@ def test_compaction_keeps_every_row_view_and_column_setting(tmp_path: Path) -> N
     write(db, chatter(1, 1, 3))
 
 
+@pytest.mark.slow  # a holder process and `flightrec compact` (~5 s)
 def test_a_file_another_process_holds_is_refused_with_who(tmp_path: Path) -> None:
     db = tmp_path / "f.duckdb"
     write(db, chatter(1, 2, 5))

@@ -234,6 +234,7 @@ def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_a
     assert n == (want, want)
 
 
+@pytest.mark.slow  # a database written on a small disk (~5 s)
 def test_a_compaction_without_room_for_its_copy_leaves_the_file_as_it_was(small_disk: Path) -> None:
     from flightrec.db.compact import compact_file, copy_path
     from retention_helpers import write

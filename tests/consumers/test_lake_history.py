@@ -140,16 +140,34 @@ def test_a_lake_member_waits_out_a_full_data_path_and_loses_nothing(
     seed_lake_at_mark(kafka, db, data_path, group)
     filler = small_data_path / "filler"
     with open(filler, "wb") as f:
-        f.write(b"\0" * (16 << 20))  # no room at all: the write fails with ENOSPC before it is full
-    threading.Timer(6.0, filler.unlink).start()
+        f.write(b"\0" * (16 << 20))  # no room at all
+
+    class RoomOnceSaid(logging.Handler):
+        """Gives the room back 2 s after the member said its disk is full (60 s at the latest: the test fails)."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "is full" in record.getMessage():
+                threading.Timer(
+                    2.0,
+                    filler.unlink,
+                ).start()
+
+    said_full = RoomOnceSaid()
+    logging.getLogger("flightrec.consumers.diskfull").addHandler(said_full)
+    safety = threading.Timer(60.0, lambda: filler.unlink(missing_ok=True))
+    safety.start()
     events = []
     for i in range(3):
         b = Boot(instance=f"lake-full-{i}")
         b.lines("supervisor", "stdout", [f"line {k} " + "z" * 60 for k in range(2000)])
         events += b.events
     publish(kafka.bootstrap, events)
-    with caplog.at_level(logging.WARNING, logger="flightrec.consumers.diskfull"):
-        stats = run_lake(kafka, db, data_path, idle=3.0, group=group)
+    try:
+        with caplog.at_level(logging.WARNING, logger="flightrec.consumers.diskfull"):
+            stats = run_lake(kafka, db, data_path, idle=3.0, group=group)
+    finally:
+        safety.cancel()
+        logging.getLogger("flightrec.consumers.diskfull").removeHandler(said_full)
     said = [r.getMessage() for r in caplog.records if r.name == "flightrec.consumers.diskfull"]
     assert len(said) == 2 and "is full" in said[0] and "room again" in said[1], said
     assert stats.lines_written == 6000

@@ -113,6 +113,7 @@ def test_the_context_goes_after_its_own_days_and_the_failure_row_stays(tmp_path:
     assert row is not None and "CUDA error: no kernel image" in str(row[1])  # its evidence, kept in its row
 
 
+@pytest.mark.slow  # two databases and ~60 steps (~7 s)
 def test_small_steps_give_what_one_big_step_gives(tmp_path: Path) -> None:
     boots = list(fleet().values())
     many = Timed(instance="chatty")

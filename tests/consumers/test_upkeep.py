@@ -4,6 +4,7 @@ its commits, the deleted rows are checkpointed out, the file is compacted at a q
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import duckdb
@@ -22,8 +23,6 @@ from retention_helpers import DAY, MINUTE, Timed, write
 
 def history(instances: int, batches: int) -> list[Timed]:
     """Healthy supervisors that talked 20 days ago (by the broker's clock): all of it expires at 14 days."""
-    import time
-
     old = time.time_ns() // 1000 - 20 * DAY
     boots = []
     for i in range(instances):
@@ -53,11 +52,17 @@ def test_a_running_materializer_expires_checkpoints_and_compacts_by_itself(
 
     async def go() -> tuple[Materializer, str]:
         opts = Options(
-            db=str(db), until_idle=8.0, keep=Keep(lines_days=14), compact_free_share=0.3, metrics_port=free_port(),
+            db=str(db), keep=Keep(lines_days=14), compact_free_share=0.3, metrics_port=free_port(),
             metrics_address="127.0.0.1",
         )  # fmt: skip
         async with Materializer(kafka.settings.kafka_kwargs(), opts) as m:
-            await m.run()
+            runner = asyncio.ensure_future(m.run())
+            deadline = time.monotonic() + 120
+            while not (m._figures.figures.compactions and m._figures.figures.lines_expired == 200_000):
+                assert time.monotonic() < deadline and not runner.done(), m._figures.figures
+                await asyncio.sleep(0.2)
+            m.stop()
+            await runner
             assert m._metrics is not None
             assert m._server is not None and socket_path(db).exists()  # live reads served again after compacting
             live = await asyncio.to_thread(run_query, db, "SELECT count(*) AS n FROM log_lines")

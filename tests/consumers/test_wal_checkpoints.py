@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pytest
 from flightrec.db.serve import QueryServer
 
 
+@pytest.mark.slow  # 100 commits to a file (~3-7 s)
 def test_the_live_read_server_holds_no_transaction_that_stops_checkpoints(tmp_path: Path) -> None:
     db = tmp_path / "f.duckdb"
     con = duckdb.connect(str(db))
