@@ -376,7 +376,12 @@ class Archiver:
         last_data = last_refresh = last_trim = loop.time()
         try:
             while not self._stop.is_set():
-                data = await c.getmany(timeout_ms=200, max_records=10_000)
+                try:
+                    data = await c.getmany(timeout_ms=200, max_records=10_000)
+                except KafkaError as exc:  # the broker away: what is held stays held, reading goes on after
+                    log.warning("reading the topics failed (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    continue
                 now = loop.time()
                 for tp, records in data.items():
                     self._hold(tp, records, now)
@@ -433,9 +438,15 @@ class Archiver:
         for tp in due:
             held = self._held.pop(tp)
             last = held.records[-1].offset
-            seg = await asyncio.to_thread(
-                self.archive.write, tp.topic, tp.partition, held.first, last, to_table(held.records)
-            )
+            try:
+                seg = await asyncio.to_thread(
+                    self.archive.write, tp.topic, tp.partition, held.first, last, to_table(held.records)
+                )
+            except (OSError, pa.ArrowException) as exc:
+                raise MaterializeError(
+                    f"cannot write the archive {self.archive.uri} ({exc}): what was not written is read again from "
+                    "Kafka at the next start, from the archive's position"
+                ) from exc
             self.written += 1
             self.records += len(held.records)
             log.info("archived %s[%d] offsets %d..%d (%d records)", tp.topic, tp.partition, seg.first, seg.last,

@@ -71,6 +71,16 @@ def mark(con: duckdb.DuckDBPyConnection, what: str) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
+def _ensure_marks(con: duckdb.DuckDBPyConnection) -> None:
+    """``retention_marks``, made by the first step (a DDL only then: on a lake each one is a new snapshot)."""
+    made = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'retention_marks' "
+        "AND database_name = current_database() AND schema_name = current_schema()"
+    ).fetchall()[0][0]  # asked of the catalog: a failed statement would abort the caller's transaction
+    if not made:
+        con.execute(MARKS_DDL)
+
+
 def _set_mark(con: duckdb.DuckDBPyConnection, what: str, until_us: int, now_us: int) -> None:
     con.execute("DELETE FROM retention_marks WHERE what = ?", [what])
     con.execute("INSERT INTO retention_marks VALUES (?, ?, ?)", [what, until_us, now_us])
@@ -153,7 +163,7 @@ def expire_lines(
     cutoff = _cutoff(now_us, keep.lines_days)
     if cutoff is None:
         return StepResult()
-    con.execute(MARKS_DDL)
+    _ensure_marks(con)
     lo = mark(con, "lines")
     lo = NEVER if lo is None else lo
     if lo >= cutoff:
@@ -193,7 +203,7 @@ def expire_context(con: duckdb.DuckDBPyConnection, keep: Keep, now_us: int, max_
     if lines_cut is None or days is None:
         return StepResult()
     cutoff = min(lines_cut, now_us - int(days * DAY_US))
-    con.execute(MARKS_DDL)
+    _ensure_marks(con)
     lo, judged = mark(con, "context"), mark(con, "lines")
     lo = NEVER if lo is None else lo
     if judged is None or lo >= cutoff:
