@@ -14,6 +14,7 @@ from flightrec.consumers.archive import Archive, Segment, gaps, to_records, to_t
 from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage
 from flightrec.db.location import FileLocation
+from lake_helpers import assert_lake_equals_file
 from materializer_helpers import Boot, flightrec, motivating_boot, publish
 
 from flightrec.settings import TOPIC_LOGS, TOPICS
@@ -56,7 +57,7 @@ def delete_before(bootstrap: str, offsets: dict[tuple[str, int], int]) -> None:
 
 
 @pytest.mark.slow  # a broker of its own, four replays (~40 s)
-def test_a_replay_from_the_archive_equals_a_replay_of_the_topics(fresh_kafka, tmp_path: Path) -> None:
+def test_a_replay_from_the_archive_equals_a_replay_of_the_topics(fresh_kafka, lake, tmp_path: Path) -> None:
     archive_dir = tmp_path / "archive"
     env = fresh_kafka.env(FLIGHTREC_LOG_LEVEL="WARNING")
     raw = [
@@ -97,6 +98,11 @@ def test_a_replay_from_the_archive_equals_a_replay_of_the_topics(fresh_kafka, tm
     finally:
         offsets.close()
     assert stored == {tp: end for tp, end in fresh_kafka.end_offsets().items() if end}
+
+    # the same into a lake (a replay takes every shard, reads the archive, then the topics)
+    lake_db, lake_data = lake
+    flightrec("replay", "--db", lake_db, "--data-path", lake_data, "--archive", str(archive_dir), env=env)
+    assert_lake_equals_file(lake_db, from_topics)
 
     # the topics let go of records the archive never had: a replay says which, and writes nothing
     ends = fresh_kafka.end_offsets()
