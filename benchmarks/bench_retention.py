@@ -104,17 +104,19 @@ def folder_bytes(path: Path) -> int:
 
 
 def table_bytes(db: Path, table: str, work: Path) -> int:
-    """What one table of ``db`` takes alone: copied into a file of its own, less an empty file's size."""
-    alone, empty = work / f"alone-{uuid.uuid4().hex[:6]}.duckdb", work / f"empty-{uuid.uuid4().hex[:6]}.duckdb"
-    duckdb.connect(str(empty)).close()
-    con = duckdb.connect(str(alone))
+    """The blocks one table of ``db`` holds: what dropping it (in a copy) frees at the next checkpoint."""
+    copy = work / f"drop-{uuid.uuid4().hex[:6]}.duckdb"
+    shutil.copy(db, copy)
+    con = duckdb.connect(str(copy))
     try:
-        con.execute(f"ATTACH '{db}' AS src (READ_ONLY)")
-        con.execute(f"CREATE TABLE {table} AS SELECT * FROM src.main.{table}")
-        con.execute("DETACH src")
+        _, free_before = compact.free_bytes(con)
+        con.execute(f"DROP TABLE {table}")
+        con.execute("CHECKPOINT")
+        _, free_after = compact.free_bytes(con)
     finally:
         con.close()
-    return max(0, alone.stat().st_size - empty.stat().st_size)
+        copy.unlink(missing_ok=True)
+    return free_after - free_before
 
 
 async def materialize_until_idle(bootstrap: str, db: Path, **opts: Any) -> Materializer:
@@ -323,12 +325,13 @@ def percentiles(values: list[float]) -> tuple[float, float, float, int]:
     return statistics.median(s), s[min(len(s) - 1, int(len(s) * 0.99))], s[-1], len(s)
 
 
-def build_history(broker: LocalBroker, work: Path, lines: int) -> tuple[Path, int]:
-    """60 days of a fleet's lines ending a day ago (three quarters older than 14 days), then the broker's end offsets
-    (a materializer on it reads only what comes next)."""
-    base = work / "history.duckdb"
+def build_history(broker: LocalBroker, work: Path, lines: int, days: float = 60) -> tuple[Path, int]:
+    """``days`` of a fleet's lines ending a day ago (60: three quarters older than 14 days, a materializer catching up
+    with months; 15: a day of them, as after a day's downtime), then the broker's end offsets (a materializer on it
+    reads only what comes next)."""
+    base = work / f"history-{days:g}.duckdb"
     now = time.time_ns() // 1000
-    fleet = history.Fleet(instances=200, days=60, lines_per_day=lines // 200 // 60, end_us=now - DAY_US)
+    fleet = history.Fleet(instances=200, days=days, lines_per_day=int(lines // 200 // days), end_us=now - DAY_US)
     store = FileStore(base, "flightrec-materializer")
     t0 = time.perf_counter()
     try:
@@ -337,18 +340,22 @@ def build_history(broker: LocalBroker, work: Path, lines: int) -> tuple[Path, in
     finally:
         store.close()
     mib = base.stat().st_size / 2**20
-    print(f"history: {made:,} lines over 60 days in {time.perf_counter() - t0:.0f} s, {mib:.0f} MiB")
+    print(f"history: {made:,} lines over {days:g} days in {time.perf_counter() - t0:.0f} s, {mib:.0f} MiB")
     return base, made
 
 
-def latency(broker: LocalBroker, work: Path, history_lines: int, rounds: int, seconds: float) -> dict[str, Any]:
-    """Batch waits and commits with retention off and on, in alternating rounds on fresh copies of one history (the
-    machine's load drifts alike over both); then a round in which the materializer compacts its file."""
-    base, made = build_history(broker, work, history_lines)
+def latency(
+    broker: LocalBroker, work: Path, history_lines: int, rounds: int, seconds: float, days: float = 60
+) -> dict[str, Any]:
+    """Batch waits and commits with retention off and on, in rounds on fresh copies of one history, their order
+    turned each round (off, on, on, off ...: the machine's load drifts alike over both); then a round in which the
+    materializer compacts its file."""
+    base, made = build_history(broker, work, history_lines, days)
     got: dict[str, dict[str, list[float]]] = {k: {"waits": [], "commits": []} for k in ("idle", "retention")}
     expired = 0
+    modes = [("idle", Keep(lines_days=None, samples_days=None)), ("retention", Keep(lines_days=14))]
     for r in range(rounds):
-        for name, keep in (("idle", Keep(lines_days=None, samples_days=None)), ("retention", Keep(lines_days=14))):
+        for name, keep in modes if r % 2 == 0 else modes[::-1]:
             db = work / f"{name}-{r}.duckdb"
             shutil.copy(base, db)
             out = phase(broker.bootstrap, db, keep, seconds)
@@ -360,7 +367,8 @@ def latency(broker: LocalBroker, work: Path, history_lines: int, rounds: int, se
             print(f"  round {r} {name}: {len(waits)} batches, median wait {statistics.median(waits):.3f} s, "
                   f"{gone:,} lines expired")  # fmt: skip
             db.unlink()
-    result: dict[str, Any] = {"history_lines": made, "history_bytes": base.stat().st_size, "expired": expired}
+    result: dict[str, Any] = {"history_lines": made, "history_bytes": base.stat().st_size, "expired": expired,
+                              "days": days, "rounds": rounds, "seconds": seconds}  # fmt: skip
     for name, series in got.items():
         w50, w99, wmax, n = percentiles(series["waits"])
         c50, c99, cmax, _ = percentiles(series["commits"])
@@ -387,7 +395,7 @@ def compaction_round(broker: LocalBroker, work: Path, base: Path, seconds: float
         con.close()
     upkeep.MIN_FREE_BYTES = 0  # the benchmark's file is small: compact it all the same
     upkeep.FIGURES_S = 2.0
-    share = max(0.01, 0.9 * free / total) if total else 0.5  # whatever share the history left free: compact it
+    share = max(0.01, 0.5 * free / total) if total else 0.5  # whatever share the history left free: compact it
     out = phase(broker.bootstrap, db, Keep(lines_days=14), seconds, share=share)
     f = out["figures"]
     waits = [w for _, w in out["waits"]]
@@ -428,8 +436,12 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=2_000_000, help="lines for the sizing (fewer at 1 line a batch)")
     ap.add_argument("--history", type=int, default=1_500_000, help="lines of history retention works through")
     ap.add_argument("--compact-lines", type=int, default=1_000_000)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of retention off and on")
-    ap.add_argument("--seconds", type=float, default=20.0, help="of the stream in each round")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of retention off and on, in turned order")
+    ap.add_argument("--seconds", type=float, default=30.0, help="of the stream in each round")
+    ap.add_argument("--parts", default="compaction,sizing,latency", help="which parts to run (comma separated)")
+    ap.add_argument(
+        "--history-days", default="60,15", help="histories the latency rounds run on (days ending a day ago)"
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-retention-"))
     pg = Path(tempfile.mkdtemp(prefix="flightrec-catalog-bench-"))
@@ -438,18 +450,26 @@ def main() -> int:
     catalog = LocalCatalog(port=free_port(), data=pg / "c", settings=Settings.from_env({}))
     broker.start()
     catalog.start()
+    parts = set(args.parts.split(","))
     try:
         asyncio.run(ensure_topics({"bootstrap_servers": broker.bootstrap}))
-        ratio = compaction_ratio(work, args.compact_lines)
-        print(f"compaction: {ratio}; ratio to a fresh rebuild {ratio['after'] / ratio['fresh']:.3f}")
-        sizes = sizing(broker, catalog, work, args.lines)
-        waits = latency(broker, work, args.history, args.rounds, args.seconds)
+        ratio = compaction_ratio(work, args.compact_lines) if "compaction" in parts else None
+        sizes = sizing(broker, catalog, work, args.lines) if "sizing" in parts else None
+        waits = [
+            latency(broker, work, args.history, args.rounds, args.seconds, float(days))
+            for days in args.history_days.split(",")
+        ] if "latency" in parts else None  # fmt: skip
     finally:
         broker.stop()
         catalog.stop()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(pg, ignore_errors=True)
-    report(sizes, waits, ratio)
+    if sizes:
+        report_sizes(sizes)
+    for w in waits or ():
+        report_waits(w)
+    if ratio:
+        report_ratio(ratio)
     return 0
 
 
@@ -472,13 +492,13 @@ def fleet_table(one: dict[str, float], keep_days: float = 14.0) -> str:
     return "\n".join(rows)
 
 
-def report(sizes: dict[str, dict[str, float]], waits: dict[str, Any], ratio: dict[str, float]) -> None:
+def report_sizes(sizes: dict[str, dict[str, float]]) -> None:
     print("\n| bytes per line | 1 line a LogBatch | 50 lines a LogBatch |\n| --- | ---: | ---: |")
     for key, what in (
         ("kafka", "Kafka, as the agent sends (uncompressed), one replica"),
         ("kafka_zstd", "Kafka, a topic with compression.type=zstd, one replica"),
         ("file", "the DuckDB file, everything"),
-        ("log_lines", "of which log_lines"),
+        ("log_lines", "of which log_lines (the blocks dropping it frees)"),
         ("lake", "a lake's Parquet files (6 shards, after maintenance)"),
         ("archive", "the archive (Parquet, zstd)"),
     ):
@@ -486,7 +506,11 @@ def report(sizes: dict[str, dict[str, float]], waits: dict[str, Any], ratio: dic
     per_event = f"{sizes['1']['events_seen']:.1f} | {sizes['50']['events_seen']:.1f}"
     print(f"| events_seen, per event (one a LogBatch) | {per_event} |")
     print("\n" + fleet_table(sizes["1"]))
+
+
+def report_waits(waits: dict[str, Any]) -> None:
     idle, ret = waits["idle"], waits["retention"]
+    print(f"\nhistory of {waits['days']:g} days, {waits['rounds']} rounds of {waits['seconds']:g} s each way")
     print("\n| batch wait, due -> committed | retention off | retention on | ratio |\n| --- | ---: | ---: | ---: |")
     for k in ("p50", "p99", "max"):
         print(f"| {k} | {idle[k] * 1000:.0f} ms | {ret[k] * 1000:.0f} ms | {ret[k] / idle[k]:.2f}x |")
@@ -502,6 +526,9 @@ def report(sizes: dict[str, dict[str, float]], waits: dict[str, Any], ratio: dic
         f"waiting then {[round(w, 2) for w in c['around']]} s; that round's waits p50 {c['p50'] * 1000:.0f} ms, "
         f"p99 {c['p99'] * 1000:.0f} ms"
     )
+
+
+def report_ratio(ratio: dict[str, float]) -> None:
     mib = {k: ratio[k] / 2**20 for k in ("before", "after", "fresh")}
     print(
         f"compaction of {ratio['lines']:,} lines with {ratio['deleted']:,} deleted: {mib['before']:.1f} -> "

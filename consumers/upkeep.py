@@ -52,7 +52,7 @@ FAILED_PAUSE_S = 300.0  # after a job failed
 class _Sizing:
     """The retention step's size, adapted so that a step takes about STEP_S."""
 
-    events: int = 500
+    events: int = 100  # small at first: the first step of a run reads a cold file
     lo: int = 20
     hi: int = 200_000
 
