@@ -129,6 +129,8 @@ def _purge(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.db.location import locate
 
     secret = _secret(args.text_from) if args.text_from else None
+    if args.instance is not None and not args.instance.strip():
+        raise ConfigError("--instance: give the instance id to purge")
     loc = locate(args.db or settings.db, args.data_path, writing=True)
     if not loc.exists():
         raise MaterializeError(f"no database at {loc.describe()}")
