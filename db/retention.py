@@ -103,12 +103,16 @@ UNION ALL
 SELECT instance_id, boot_id, last_event_us - $before, last_event_us FROM boots
 WHERE NOT coalesce(complete, false) AND coalesce(last_recv_us, last_event_us) >= $since"""
 
-# the log events of a slice (by when Kafka received them), and the ts_us range their lines lie in
-SLICE = "kind = 'log' AND coalesce(recv_us, ts_us) BETWEEN $lo AND $hi"
-EXPIRE_SQL = f"""
+# A step judges log events by one clock at a time, as a range of that column alone, so that DuckDB reads only the row
+# groups of events_seen whose range overlaps the slice (rows lie in commit order, close to receive order): the events
+# Kafka stamped with its own time by ``recv_us`` (mark ``lines``), those of CreateTime topics by their ``ts_us``
+# (mark ``lines-createtime``).
+CLOCKS: tuple[tuple[str, str], ...] = (("lines", "recv_us"), ("lines-createtime", "ts_us"))
+IN_CLOCK = {"recv_us": "recv_us IS NOT NULL", "ts_us": "recv_us IS NULL"}
+EXPIRE_SQL = """
 DELETE FROM log_lines l
 WHERE l.ts_us BETWEEN $ts_lo AND $ts_hi
-  AND l.event_id IN (SELECT event_id FROM events_seen WHERE {SLICE})
+  AND l.event_id IN (SELECT event_id FROM _expiring)
   AND NOT EXISTS (SELECT 1 FROM _keep_stages k
                   WHERE k.instance_id = l.instance_id AND k.boot_id = l.boot_id AND k.stage = l.stage)
   AND NOT EXISTS (SELECT 1 FROM _keep_windows w
@@ -117,18 +121,21 @@ WHERE l.ts_us BETWEEN $ts_lo AND $ts_hi
 """
 
 
-def _slice(con: duckdb.DuckDBPyConnection, lo: int, cutoff: int, max_events: int) -> tuple[int, int, bool]:
-    """The end (inclusive) of the next slice of at most about ``max_events`` log events received from ``lo`` on and
-    before ``cutoff``; (end, events in it, whether it reaches the cutoff)."""
-    at = "coalesce(recv_us, ts_us)"
+def _slice(
+    con: duckdb.DuckDBPyConnection, clock: str, lo: int, cutoff: int, max_events: int
+) -> tuple[int, pa.Table, bool]:
+    """The next slice of about ``max_events`` log events whose ``clock`` lies in [lo, cutoff): (its end, inclusive;
+    their event_id and ts_us; whether it reaches the cutoff)."""
+    where = f"{clock} >= $lo AND {clock} < $cutoff AND kind = 'log' AND {IN_CLOCK[clock]}"
     row = con.execute(
-        f"SELECT {at} AS at_us FROM events_seen WHERE kind = 'log' AND {at} >= ? AND {at} < ? "
-        "ORDER BY at_us LIMIT 1 OFFSET ?",
-        [lo, cutoff, max_events - 1],
+        f"SELECT {clock} FROM events_seen WHERE {where} ORDER BY {clock} LIMIT 1 OFFSET $skip",
+        {"lo": lo, "cutoff": cutoff, "skip": max_events - 1},
     ).fetchone()
     hi, last = (int(row[0]), False) if row else (cutoff - 1, True)
-    n = con.execute(f"SELECT count(*) FROM events_seen WHERE kind = 'log' AND {at} BETWEEN ? AND ?", [lo, hi])
-    return hi, int(n.fetchall()[0][0]), last
+    events = con.execute(
+        f"SELECT event_id, ts_us FROM events_seen WHERE {where}", {"lo": lo, "cutoff": hi + 1}
+    ).to_arrow_table()
+    return hi, events, last
 
 
 def kept_context(
@@ -158,30 +165,31 @@ def expire_lines(
     max_events: int,
     context: tuple[pa.Table, pa.Table] | None = None,
 ) -> StepResult:
-    """Delete the expired lines of the next slice of log events and move the mark past it (in the caller's
-    transaction); the failures' context (``kept_context``, read here when not given) stays."""
+    """Delete the expired lines of the next slice of log events (by each clock) and move the marks past it, in the
+    caller's transaction; the failures' context (``kept_context``, read here when not given) stays."""
     cutoff = _cutoff(now_us, keep.lines_days)
     if cutoff is None:
         return StepResult()
     _ensure_marks(con)
-    lo = mark(con, "lines")
-    lo = NEVER if lo is None else lo
-    if lo >= cutoff:
-        return StepResult()
-    hi, events, last = _slice(con, lo, cutoff, max(1, max_events))
-    deleted = 0
-    if events:
-        ts_lo, ts_hi = con.execute(
-            f"SELECT min(ts_us) - {LINE_SLACK_US}, max(ts_us) + {LINE_SLACK_US} FROM events_seen WHERE {SLICE}",
-            {"lo": lo, "hi": hi},
-        ).fetchall()[0]
-        stages, windows = kept_context(con, keep, now_us) if context is None else context
-        with arrow_views(con, _keep_stages=stages, _keep_windows=_near(windows, ts_lo, ts_hi)):
-            deleted = int(
-                con.execute(EXPIRE_SQL, {"lo": lo, "hi": hi, "ts_lo": ts_lo, "ts_hi": ts_hi}).fetchall()[0][0]
-            )
-    _set_mark(con, "lines", hi + 1, now_us)
-    return StepResult(lines_deleted=deleted, events_judged=events, done=last)
+    total = StepResult()
+    for what, clock in CLOCKS:
+        lo = mark(con, what)
+        lo = NEVER if lo is None else lo
+        if lo >= cutoff:
+            continue
+        hi, events, last = _slice(con, clock, lo, cutoff, max(1, max_events))
+        deleted = 0
+        if events.num_rows:
+            ts_lo = int(pc.min(events["ts_us"]).as_py()) - LINE_SLACK_US
+            ts_hi = int(pc.max(events["ts_us"]).as_py()) + LINE_SLACK_US
+            stages, windows = kept_context(con, keep, now_us) if context is None else (context)
+            context = (stages, windows)
+            near = _near(windows, ts_lo, ts_hi)
+            with arrow_views(con, _expiring=events.select(["event_id"]), _keep_stages=stages, _keep_windows=near):
+                deleted = int(con.execute(EXPIRE_SQL, {"ts_lo": ts_lo, "ts_hi": ts_hi}).fetchall()[0][0])
+        _set_mark(con, what, hi + 1, now_us)
+        total += StepResult(lines_deleted=deleted, events_judged=events.num_rows, done=last)
+    return total
 
 
 GONE_BOOTS_SQL = """
@@ -192,7 +200,7 @@ EXPIRE_CONTEXT_SQL = """
 DELETE FROM log_lines l
 WHERE EXISTS (SELECT 1 FROM _gone_boots g WHERE g.instance_id = l.instance_id AND g.boot_id = l.boot_id)
   AND l.event_id IN (SELECT event_id FROM events_seen SEMI JOIN _gone_boots USING (instance_id, boot_id)
-                     WHERE kind = 'log' AND coalesce(recv_us, ts_us) < $judged)"""
+                     WHERE kind = 'log' AND (recv_us < $judged OR (recv_us IS NULL AND ts_us < $judged_ts)))"""
 
 
 def expire_context(con: duckdb.DuckDBPyConnection, keep: Keep, now_us: int, max_boots: int) -> StepResult:
@@ -204,7 +212,7 @@ def expire_context(con: duckdb.DuckDBPyConnection, keep: Keep, now_us: int, max_
         return StepResult()
     cutoff = min(lines_cut, now_us - int(days * DAY_US))
     _ensure_marks(con)
-    lo, judged = mark(con, "context"), mark(con, "lines")
+    lo, judged, judged_ts = mark(con, "context"), mark(con, "lines"), mark(con, "lines-createtime")
     lo = NEVER if lo is None else lo
     if judged is None or lo >= cutoff:
         return StepResult()
@@ -216,7 +224,8 @@ def expire_context(con: duckdb.DuckDBPyConnection, keep: Keep, now_us: int, max_
     deleted = 0
     if boots.num_rows:
         with arrow_views(con, _gone_boots=boots.select(["instance_id", "boot_id"])):
-            deleted = int(con.execute(EXPIRE_CONTEXT_SQL, {"judged": judged}).fetchall()[0][0])
+            judged_by = {"judged": judged, "judged_ts": NEVER if judged_ts is None else judged_ts}
+            deleted = int(con.execute(EXPIRE_CONTEXT_SQL, judged_by).fetchall()[0][0])
     _set_mark(con, "context", hi + 1, now_us)
     return StepResult(lines_deleted=deleted, done=not full)
 
