@@ -52,7 +52,7 @@ def test_a_running_materializer_expires_checkpoints_and_compacts_by_itself(
 
     async def go() -> tuple[Materializer, str]:
         opts = Options(
-            db=str(db), keep=Keep(lines_days=14), compact_free_share=0.3, metrics_port=free_port(),
+            db=str(db), keep=Keep(lines_days=14), compact_free_share=0.15, metrics_port=free_port(),
             metrics_address="127.0.0.1",
         )  # fmt: skip
         async with Materializer(kafka.settings.kafka_kwargs(), opts) as m:
