@@ -27,8 +27,9 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/flightrec broker fetch
 	mkdir -p .cache/kafka && touch $@
 
-# Debian tools some tests and benchmarks use (kcat for the delivery baseline,
-# chromium for the browser test, postgresql for a lake's catalog); installed only when missing and when apt can.
+# Debian tools some tests and benchmarks use (kcat for the delivery baseline, chromium for the browser test,
+# postgresql for a lake's catalog, prometheus for promtool, which evaluates the alert rules); installed only when
+# missing and when apt can.
 system-packages:
 	@sh scripts/system-packages.sh
 

@@ -37,7 +37,7 @@ def avoid_these() -> None:
     st.subheader("Avoid these")
     f = fetch(cost.offer_filter).to_pylist()[0]
     st.caption(
-        "Banned: a GPU model or driver after one failure of a class deterministic for it (rules.toml's "
+        "Banned: a GPU model, driver or host after one failure of a class deterministic for it (rules.toml's "
         f"`deterministic`, e.g. gpu_arch_unsupported); anything else only after {MIN_INSTANCES} or more rentals "
         f"whose failure rate is at least {AVOID_RATE:.0%} with 95 % confidence (the low end of the Wilson "
         "interval). One flaky failure bans nothing. See docs/cost.md."

@@ -115,20 +115,48 @@ def listing(classes: list[str], gpus: list[str], since: int | None) -> str | Non
     )
 
 
-def tail_block(title: str, lines: list[str] | None, matched: str | None) -> None:
-    """One tail as a code block: the matched line marked ▶, a long tail collapsed around it (all of it below)."""
+def tail_block(title: str, lines: list[str] | None, at: int | None) -> None:
+    """One tail as a code block: the decisive line (line ``at``) marked ▶, a long tail collapsed around it (all of it
+    below)."""
     st.markdown(f"**{md(title)}**")
     if not lines:
         st.caption("(empty)")
         return
-    shown, cut = collapse(list(lines), matched)
+    shown, cut = collapse(list(lines), at)
     if shown != list(lines):
-        st.caption("▶ the matched line" + (f"; {len(shown)} of {len(lines)} lines around it" if cut else ""))
+        st.caption("▶ the decisive line" + (f"; {len(shown)} of {len(lines)} lines around it" if cut else ""))
     short = [cut_line(line) for line in shown]
     st.code("\n".join(short), language=None, wrap_lines=True)
     if cut or short != shown:
         with st.expander(f"All {len(lines)} lines"):
             st.code("\n".join(lines), language=None, wrap_lines=True)
+
+
+def where_decided(f: dict) -> str:
+    """Where a failure's decisive line stands and what classed it, in words."""
+    source, line_no = f.get("decisive_source"), f.get("decisive_line_no")
+    if source in ("exit", "result"):
+        where = "the exit's own words" if source == "exit" else "the benchmark's result"
+    elif source == "detail":
+        where = "the stage's failed event"
+    else:
+        where = f"{short_source(source) or '?'}" + (f", line {line_no + 1} of its tail" if line_no is not None else "")
+    if f.get("rule_id") and f.get("failure_class") != "unknown":
+        how = f"classed by rule `{md(f['rule_id'])}` (rules {md(f.get('rules_version') or '?')})"
+    else:
+        how = "no rule placed it: read the line and the tails"
+    return f"{md(where)} · {how}"
+
+
+def decisive(f: dict) -> None:
+    """The line that says why, for every failure (unknown included), and where it stands: above the fold."""
+    line = f.get("decisive_line")
+    st.markdown("**Why: the decisive line**")
+    if line:
+        st.code(cut_line(line), language=None, wrap_lines=True)
+        st.caption(where_decided(f))
+    else:
+        st.caption("No line recorded (a failure built before flightrec kept decisive lines: replay to add it).")
 
 
 def drill_down(failure_id: str) -> None:
@@ -146,6 +174,7 @@ def drill_down(failure_id: str) -> None:
         query_params={"instance": f["instance_id"]},
     )
     st.caption(f"failed at {f['failed_at']} UTC · failure id {md(failure_id)}")
+    decisive(f)
     name, where = f.get("killed_by"), f.get("killed_by_evidence")  # read by the materializer (db/classify.py)
     cols = st.columns([3, 1, 1])
     cols[0].metric("Class", f["failure_class"] or "unknown")
@@ -155,9 +184,6 @@ def drill_down(failure_id: str) -> None:
     st.markdown(f"**GPU** {md(f['gpu_model'] or 'unknown')} · compute capability {md(f['compute_capability'] or '?')}")
     if f["hint"]:
         st.info(f"**Hint:** {md(f['hint'], HINT_CHARS)}")
-    if f["matched_line"]:
-        st.markdown("**Matched line**")
-        st.code(f["matched_line"], language=None, wrap_lines=True)
     facts = (
         f"driver {md(f['driver_version'] or '?')} · CUDA {md(f['cuda_version'] or '?')} · "
         f"compute capability {md(f['compute_capability'] or '?')} · host {md(f['host'] or '?')}"
@@ -170,18 +196,18 @@ def drill_down(failure_id: str) -> None:
     if f["detail"]:
         st.caption(f"Detail: {md(f['detail'])}")
 
-    tails: list[tuple[str, list[str] | None]] = [("stderr", f["stderr_tail"])]
+    tails: list[tuple[str, str, list[str] | None]] = [("stderr", "stderr", f["stderr_tail"])]
     for ft in f["file_tails"] or []:
         suffix = "" if ft.get("exists", True) else " (missing)"
-        tails.append((f"{short_source(ft['path'])}{suffix}", ft.get("lines")))
+        tails.append((f"{short_source(ft['path'])}{suffix}", ft["path"], ft.get("lines")))
     if f["stdout_tail"]:
-        tails.append(("stdout", f["stdout_tail"]))
+        tails.append(("stdout", "stdout", f["stdout_tail"]))
     files = [ft["path"] for ft in f["file_tails"] or [] if short_source(ft["path"]) != ft["path"]]
     if files:
         st.caption("Files: " + " · ".join(f"{md(short_source(p))} = {md(p)}" for p in files))
-    for col, (title, lines) in zip(st.columns(len(tails)), tails, strict=True):
+    for col, (title, source, lines) in zip(st.columns(len(tails)), tails, strict=True):
         with col:
-            tail_block(title, lines, f["matched_line"])
+            tail_block(title, lines, f.get("decisive_line_no") if f.get("decisive_source") == source else None)
     if f.get("last_lines"):  # kept in the failures row by the materializer: no scan of the log lines
         with st.expander(f"The stage's last {len(f['last_lines'])} lines, every source in order"):
             st.code(

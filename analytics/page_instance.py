@@ -8,6 +8,7 @@ from flightrec.analytics import queries
 from flightrec.analytics.ui import (
     HINT_CHARS,
     REFRESH_S,
+    cut_line,
     fetch,
     fmt_num,
     fmt_offset,
@@ -226,7 +227,7 @@ def failures(instance_id: str) -> list[dict]:
         latest = rows[0]  # the decisive line, above the fold
         st.error(
             f"**{md(latest['stage'])}** failed: {md(latest['failure_class'])}"
-            + (f"\n\n{md_code_block(latest['matched_line'])}" if latest["matched_line"] else "")
+            + (f"\n\n{md_code_block(latest['decisive_line'])}" if latest["decisive_line"] else "")
         )
         st.subheader("Failures")
         for r in rows:
@@ -234,6 +235,8 @@ def failures(instance_id: str) -> list[dict]:
                 f"- **{md(r['stage'])}** {md(r['outcome'])} at {r['failed_at']} — "
                 f"{md(r['failure_class'])}: {md(r['hint'], HINT_CHARS)}"
             )
+            if r["decisive_line"]:
+                st.code(cut_line(r["decisive_line"]), language=None, wrap_lines=True)
             st.page_link(
                 "page_failures.py",
                 label=f"drill down: {md(r['stage'])} {md(r['failure_class'])}",
@@ -260,7 +263,9 @@ def logs(instance_id: str, failure_rows: list[dict]) -> None:
     default_stages: list[str] = []
     if jump and failure_rows and not live:
         failure = failure_rows[0]
-        around = failure["ts_us"]
+        # up to the failed stage's last line: a late one (the daemon's, after the exit) may be the one that says why
+        last = fetch(queries.failure_lines_end, failure["failure_id"])
+        around = max(failure["ts_us"], last or 0)
         default_stages = [failure["stage"]]
     # The filters' values are read before their widgets are drawn, so one scan answers both
     # the widgets' options and the lines (a widget keeps its value in st.session_state).

@@ -146,10 +146,12 @@ def instance_stages(db: Db, instance_id: str) -> pa.Table:
         f"""
         SELECT s.stage, s.run_no, s.boot_id, s.started_at,
                coalesce(s.ended_at, {ts("i.last_event_us")}) AS ended_at,
-               -- a run with no end on an instance that is gone did not go on running: say so
+               -- a run with no end on an instance that is gone, or in a boot that is sealed, did not go on
+               -- running: say so
                CASE WHEN s.outcome = 'running' AND (f.status IN ('lost', 'destroyed', 'finished')
-                                                    OR s.boot_id <> i.boot_id)
-                    THEN 'no end (' || CASE WHEN s.boot_id <> i.boot_id THEN 'rebooted' ELSE f.status END || ')'
+                                                    OR s.boot_id <> i.boot_id OR i.sealed)
+                    THEN 'no end (' || CASE WHEN s.boot_id <> i.boot_id THEN 'rebooted'
+                                            WHEN i.sealed THEN 'sealed' ELSE f.status END || ')'
                     ELSE s.outcome END AS outcome,
                s.detail, s.duration_s
         FROM stage_runs s LEFT JOIN instances i USING (instance_id) LEFT JOIN fleet f USING (instance_id)
@@ -249,10 +251,24 @@ def instance_failures(db: Db, instance_id: str) -> pa.Table:
     return q(
         db,
         """
-        SELECT failure_id, stage, failed_at, failure_class, outcome, hint, matched_line, ts_us
+        SELECT failure_id, stage, failed_at, failure_class, outcome, hint, decisive_line, ts_us
         FROM failure_context WHERE instance_id = $id ORDER BY ts_us DESC""",
         {"id": instance_id},
     )
+
+
+def failure_lines_end(db: Db, failure_id: str) -> int | None:
+    """When the failed stage's last line was written in the failure's boot (its late ones included: a daemon the
+    stage left running may write the decisive line after the exit), µs; None without lines."""
+    t = q(
+        db,
+        """
+        SELECT max(l.ts_us) AS last_us
+        FROM failures f JOIN log_view l ON l.instance_id = f.instance_id AND l.boot_id = f.boot_id AND l.stage = f.stage
+        WHERE f.failure_id = $id""",
+        {"id": failure_id},
+    )
+    return t.column("last_us")[0].as_py() if t.num_rows else None
 
 
 def log_page(
@@ -401,7 +417,7 @@ def failure_list(
     return q(
         db,
         """
-        SELECT failure_id, failed_at, instance_id, stage, failure_class, outcome, gpu_model, matched_line, hint
+        SELECT failure_id, failed_at, instance_id, stage, failure_class, outcome, gpu_model, decisive_line, hint
         FROM failure_context
         WHERE (len($classes) = 0 OR list_contains($classes, failure_class))
           AND (len($gpus) = 0 OR list_contains($gpus, gpu_model))

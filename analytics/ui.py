@@ -242,7 +242,7 @@ def short_source(source: str | None) -> str | None:
     return PurePosixPath(source).name or source
 
 
-CONTEXT_LINES = 10  # lines kept on each side of the matched line when a tail is collapsed
+CONTEXT_LINES = 10  # lines kept on each side of the decisive line when a tail is collapsed
 MARK = "▶ "
 
 
@@ -255,13 +255,13 @@ def cut_line(line: str, limit: int = TAIL_LINE_CHARS) -> str:
     return line if more <= 0 else f"{line[:limit]}… ({more:,} more characters)"
 
 
-def collapse(lines: list[str], matched: str | None, context: int = CONTEXT_LINES) -> tuple[list[str], bool]:
-    """A tail as shown: the matched line marked with ▶, and only ``context`` lines around it when longer.
+def collapse(lines: list[str], at: int | None, context: int = CONTEXT_LINES) -> tuple[list[str], bool]:
+    """A tail as shown: its line number ``at`` (the decisive line) marked with ▶, and only ``context`` lines
+    around it when longer.
 
     Returns (lines to show, whether lines were left out).
     """
-    at = next((n for n, line in enumerate(lines) if matched and matched in line), None)
-    if at is None:
+    if at is None or not 0 <= at < len(lines):
         return list(lines), False
     shown = [MARK + line if n == at else line for n, line in enumerate(lines)]
     if len(lines) <= 2 * context + 1:

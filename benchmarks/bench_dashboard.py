@@ -145,7 +145,9 @@ SELECT instance_id || '-exit' AS failure_id, instance_id, 'boot-' || i AS boot_i
        gpu_model, cc AS compute_capability, '570.86' AS driver_version, '12.8' AS cuda_version,
        CASE WHEN c = 2 THEN 0.5 * rate END AS proofs_per_hour, 500.0 AS min_rate, cl.failure_class,
        'hint for ' || cl.failure_class AS hint, cl.line AS matched_line,
-       {LAST_LINES.format(line="cl.line")} AS last_lines
+       {LAST_LINES.format(line="cl.line")} AS last_lines, cl.line AS decisive_line,
+       '/var/log/prover/daemon.log' AS decisive_source, 1 AS decisive_line_no, cl.failure_class AS rule_id,
+       'bench' AS rules_version
 FROM inst JOIN classes cl ON cl.cls = inst.c WHERE failed;
 """
 
@@ -159,6 +161,10 @@ def build_db() -> Path:
             con.execute(migrate.columns_sql())
             con.execute(
                 f"UPDATE failures SET last_lines = {LAST_LINES.format(line='matched_line')} WHERE last_lines IS NULL"
+            )
+            con.execute(
+                "UPDATE failures SET decisive_line = matched_line, decisive_source = '/var/log/prover/daemon.log', "
+                "decisive_line_no = 1, rule_id = failure_class, rules_version = 'bench' WHERE decisive_line IS NULL"
             )
         finally:
             con.close()
@@ -210,7 +216,7 @@ def timed(fn: Callable[[], object], runs: int = RUNS) -> list[float]:
     return out
 
 
-README_SQL = "SELECT instance_id, stage, failure_class, exit_code, matched_line, hint FROM failures ORDER BY ts_us"
+README_SQL = "SELECT instance_id, stage, failure_class, exit_code, decisive_line, hint FROM failures ORDER BY ts_us"
 
 
 def measure_pages(db: str, runs: int, failed: tuple[str, str]) -> dict[str, tuple[list[float], list[float]]]:

@@ -35,13 +35,13 @@ BATCH = 500
 FAIL_EVERY = 5  # the failure phase: a failing stage every 5th probe line (0.5 s)
 # One failure's evidence: its row, the stage's last lines kept in it (failures.last_lines, written by the materializer)
 FAILURE_CONTEXT = """
-SELECT f.failure_class, f.hint, f.exit_code, f.stage, f.matched_line, f.stderr_tail, f.file_tails,
+SELECT f.failure_class, f.hint, f.exit_code, f.stage, f.decisive_line, f.stderr_tail, f.file_tails,
        f.preceding_events, f.gpu_model, f.compute_capability, [line.text FOR line IN f.last_lines] AS last_lines
 FROM failures f WHERE f.instance_id = ?
 """
 # The baseline: the same evidence with the stage's last 50 lines read out of log_lines (a scan of the table)
 FAILURE_CONTEXT_SCAN = """
-SELECT f.failure_class, f.hint, f.exit_code, f.stage, f.matched_line, f.stderr_tail, f.file_tails,
+SELECT f.failure_class, f.hint, f.exit_code, f.stage, f.decisive_line, f.stderr_tail, f.file_tails,
        f.preceding_events, f.gpu_model, f.compute_capability,
        (SELECT list(text ORDER BY seq, line_no) FROM (
             SELECT text, seq, line_no FROM log_lines l

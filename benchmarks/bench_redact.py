@@ -96,18 +96,35 @@ def cpu(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
-def configurations(shapes_too: bool) -> dict[str, tuple[list[str], dict[str, str], str | None]]:
-    """name -> (FLIGHTREC_REDACT names, environment, FLIGHTREC_SECRET_SHAPES)."""
+def configurations(
+    shapes_too: bool, baseline: str | None = None
+) -> dict[str, tuple[list[str], dict[str, str], str | None]]:
+    """name -> (FLIGHTREC_REDACT names, environment, FLIGHTREC_SECRET_SHAPES: None built-in, "off", or a file whose
+    shapes replace the built-in list: --baseline-shapes, an earlier list measured in the same run)."""
     out = {"nothing named, no shapes": ([], {}, "off"), "2 named secrets, no shapes": (list(NAMES), NAMES, "off")}
     if shapes_too:
         out["built-in shapes (the default)"] = ([], {}, None)
         out["built-in shapes + 2 named secrets"] = (list(NAMES), NAMES, None)
+    if baseline:
+        out["baseline shapes (--baseline-shapes)"] = ([], {}, baseline)
     return out
+
+
+def _shapes(shapes: str | None) -> tuple:
+    if shapes is None:
+        return builtin_shapes()
+    if shapes == "off":
+        return ()
+    from pathlib import Path
+
+    from flightrec.producer.shapes import parse_shapes
+
+    return parse_shapes(Path(shapes).read_text("utf-8"), shapes).shapes
 
 
 def redactor(names: list[str], env: dict[str, str], shapes: str | None) -> Redactor:
     if "shapes" in inspect.signature(Redactor).parameters:
-        return Redactor(names, env, shapes=builtin_shapes() if shapes is None else ())
+        return Redactor(names, env, shapes=_shapes(shapes))
     return Redactor(names, env)
 
 
@@ -150,9 +167,15 @@ def main() -> int:
     p.add_argument("--lines", type=int, default=1_000_000, help="lines per corpus (default 1,000,000)")
     p.add_argument("--runs", type=int, default=5, help="runs of each figure; the median is shown (default 5)")
     p.add_argument("--no-batcher", action="store_true", help="skip the batcher figures (they write a spool)")
+    p.add_argument(
+        "--baseline-shapes",
+        metavar="TOML",
+        help="also measure this shapes file in place of the built-in list (an earlier list: `git show "
+        "REV:producer/secret_shapes.toml > old.toml`), in the same run",
+    )
     args = p.parse_args()
     corpora = {"bench_agent's line": bench_lines(args.lines), "mixed realistic lines": mixed_lines(args.lines)}
-    configs = configurations(builtin_shapes is not None)
+    configs = configurations(builtin_shapes is not None, args.baseline_shapes)
     print(
         f"{args.lines:,} lines per corpus, read {READ >> 20} MiB at a time; CPU seconds, median of {args.runs}; "
         f"{os.cpu_count()} cores; code: {os.path.dirname(inspect.getfile(Redactor))}",
@@ -172,7 +195,9 @@ def main() -> int:
             slow = may_need_all(r, chunks)
             t_need = cpu(partial(may_need_all, r, chunks), args.runs)
             t_stream = cpu(partial(stream_all, r, lines), args.runs)
-            t_batch = cpu(partial(batcher_all, names, env, shapes, chunks), args.runs) if not args.no_batcher else 0.0
+            # the batcher takes its shapes from the setting, which merges a file with the built-in list: not a baseline
+            batcher = not args.no_batcher and shapes != args.baseline_shapes
+            t_batch = cpu(partial(batcher_all, names, env, shapes, chunks), args.runs) if batcher else 0.0
             print(
                 f"{name:36} {t_need:8.3f} s {t_need / mib * 1e3:6.2f} ms/MiB {slow:4d}/{len(chunks):<5d} "
                 f"{t_stream:8.3f} s {t_stream / mib * 1e3:6.2f}/MiB {t_batch:8.3f} s {t_batch / mib * 1e3:6.2f}/MiB",
@@ -186,9 +211,13 @@ def main() -> int:
             with_shapes, without = redactor([], {}, None), redactor([], {}, "off")
             t_with = cpu(partial(stream_all, with_shapes, lines), args.runs)
             t_without = cpu(partial(stream_all, without, lines), args.runs)
+            base = ""
+            if args.baseline_shapes:
+                t_base = cpu(partial(stream_all, redactor([], {}, args.baseline_shapes), lines), args.runs)
+                base = f"   baseline {t_base / mib * 1e3:6.1f}"
             print(
-                f"  {template[:44]:46} built-in shapes {t_with / mib * 1e3:6.1f}   none {t_without / mib * 1e3:6.1f}  "
-                f"(first line out: {with_shapes.lines(lines[:1])[0][:48]})",
+                f"  {template[:44]:46} built-in shapes {t_with / mib * 1e3:6.1f}{base}   none "
+                f"{t_without / mib * 1e3:6.1f}  (first line out: {with_shapes.lines(lines[:1])[0][:48]})",
                 flush=True,
             )
     return 0

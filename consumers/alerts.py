@@ -1,4 +1,5 @@
-"""Webhook alerts: one Slack-compatible JSON message per new failure, incomplete boot or lost instance, at most once.
+"""Webhook alerts: one Slack-compatible JSON message per new failure, incomplete boot or lost instance, at most once;
+one per window for refused events, whatever instances they claim.
 
 How it keeps its promises:
 
@@ -27,6 +28,12 @@ How it keeps its promises:
   Where the view judges by the instance's own clock (CreateTime topics) a new alert
   needs the boot to have been seen not lost in between. A file without the stored view
   gets no ``lost`` alerts (a warning says so once).
+- *Untrusted text stays text.* Instance ids, stage names, lines and details come from hosts: in the Slack text and
+  blocks they are escaped for mrkdwn (``&`` ``<`` ``>``: no ``<!channel>``, ``<!here>``, mention or disguised
+  ``<url|label>`` can form) and kept on one line (webhook.slack_text); links are built with the id URL-quoted.
+- *Refused events are summed.* Events refused as forged, revoked or unauthenticated make one ``refused`` alert per
+  ``refused_window`` (10 minutes) at most, with how many were refused since the last one and how many more instance
+  ids they claimed: a stolen agent credential claiming hundreds of made-up ids cannot flood the channel.
 - *Alerts start when enabled.* When the outbox is first created in a database
   that already holds failures, those are recorded as not to be sent (``sent_us``
   = 0), so enabling alerts on an old database does not replay its history.
@@ -46,8 +53,9 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from flightrec.consumers import webhook
+from flightrec.consumers import alert_age, webhook
 from flightrec.consumers.options import ALERT_KINDS
+from flightrec.consumers.webhook import slack_text
 
 from flightrec.errors import ConfigError
 
@@ -55,6 +63,7 @@ log = logging.getLogger(__name__)
 
 KINDS: tuple[str, ...] = ALERT_KINDS
 MAX_FIELD = 1900  # Slack refuses a block field over 2,000 characters
+REFUSED_WINDOW_S = 600.0  # refused events: one alert per 10 minutes at most, with the count since the last one
 
 _NEW = pa.schema(
     [
@@ -67,6 +76,8 @@ _NEW = pa.schema(
         ("payload", pa.string()),
         ("created_us", pa.int64()),
         ("sent_us", pa.int64()),
+        ("refused_total", pa.int64()),
+        ("refused_instances", pa.int64()),
     ]
 )
 OUTBOX_DDL = """
@@ -86,7 +97,9 @@ CREATE TABLE IF NOT EXISTS alerts (
     outcome     VARCHAR               -- delivered / refused / unknown; NULL: to be sent
 );
 ALTER TABLE alerts ADD COLUMN IF NOT EXISTS attempted_us BIGINT;
-ALTER TABLE alerts ADD COLUMN IF NOT EXISTS outcome VARCHAR"""
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS outcome VARCHAR;
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS refused_total BIGINT;  -- refused events in all, when a 'refused' was made
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS refused_instances BIGINT  -- instances they claimed in all, then"""
 # A POST in flight when the last materializer stopped without recording its outcome: it may have been received.
 _IN_FLIGHT_LEFT = """
 UPDATE alerts SET outcome = 'unknown', attempted_us = NULL,
@@ -110,18 +123,19 @@ FROM boots b LEFT JOIN instances i USING (instance_id)
 WHERE b.sealed_count IS NOT NULL AND NOT b.complete
   AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.alert_id = 'incomplete:' || b.instance_id || ':' || b.boot_id)
 ORDER BY b.last_event_us"""
-# Events refused as forged, revoked or unauthenticated (db/trust.py), one alert per claimed instance ever: an
-# attack or a misconfigured agent is said once, its count on the dashboard (the instance_trust view).
-_NEW_REFUSED = """
-SELECT 'refused' AS kind, 'refused:' || d.instance_id AS failure_id, d.instance_id, NULL AS boot_id,
-       NULL AS stage, CAST(epoch_us(now()) AS BIGINT) AS ts_us, count(*) AS refused_events,
-       arg_max(d.reason, d."offset") AS detail, NULL AS gpu_model, NULL AS host
-FROM dead_letters d
-WHERE d.instance_id IS NOT NULL
-  AND (d.reason LIKE 'forged:%' OR d.reason LIKE 'revoked:%' OR d.reason LIKE 'unauthenticated:%')
-  AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.alert_id = 'refused:' || d.instance_id)
-GROUP BY d.instance_id
-ORDER BY d.instance_id"""
+# Events refused as forged, revoked or unauthenticated (db/trust.py), summed over every claimed instance: any stolen
+# agent credential can claim as many made-up instance ids as it likes, so the alerts are one per window with the
+# count (Alerter._refused), the claimed instances on the dashboard (the instance_trust view).
+_REFUSED = """(d.reason LIKE 'forged:%' OR d.reason LIKE 'revoked:%' OR d.reason LIKE 'unauthenticated:%')"""
+_REFUSED_NOW = f"""
+SELECT count(*) AS total, count(DISTINCT d.instance_id) AS instances, arg_max(d.reason, d."offset") AS detail,
+       (SELECT list(instance_id ORDER BY n DESC, instance_id)[1:5] FROM (
+            SELECT d.instance_id, count(*) AS n FROM dead_letters d
+            WHERE d.instance_id IS NOT NULL AND {_REFUSED} GROUP BY d.instance_id)) AS examples
+FROM dead_letters d WHERE d.instance_id IS NOT NULL AND {_REFUSED}"""
+_REFUSED_ALERTED = """
+SELECT max(created_us), coalesce(max(refused_total), 0), coalesce(max(refused_instances), 0)
+FROM alerts WHERE kind = 'refused'"""
 # Every instance the stored status view calls lost now, keyed by its silence (the last sign of life), with when
 # the latest lost alert of the same boot was made (NULL: none) and whether this silence's key is recorded.
 # ``s.*``: a view stored by an older flightrec lacks liveness_clock (then: the instance's clock).
@@ -186,45 +200,60 @@ class AlertConfig:
     queue_size: int = 256
     timeout: float = 10.0  # seconds per HTTP request
     status_interval: float = 15.0  # seconds between reads of the instance status (lost alerts)
+    max_age: float = 900.0  # evidence Kafka received longer ago than this at first sight is recorded, not posted
+    refused_window: float = REFUSED_WINDOW_S  # at most one refused-events alert per this many seconds
 
 
 def _cut(text: Any) -> str:
+    """At most MAX_FIELD characters, never ending inside an escape (&amp; &lt; &gt;)."""
     s = "" if text is None else str(text)
-    return s if len(s) <= MAX_FIELD else s[: MAX_FIELD - 1] + "…"
+    if len(s) <= MAX_FIELD:
+        return s
+    s = s[: MAX_FIELD - 1]
+    amp = s.rfind("&", len(s) - 5)
+    if amp >= 0 and ";" not in s[amp:]:
+        s = s[:amp]
+    return s + "…"
+
+
+def _refused_text(row: Mapping[str, Any]) -> tuple[str, str]:
+    examples = ", ".join(slack_text(i) for i in row.get("examples") or ())
+    hint = (
+        f"{row.get('refused_events')} event(s) refused since the last such alert, claiming "
+        f"{row.get('instances')} more instance id(s) (e.g. {examples}); the latest: {slack_text(row.get('detail'))}"
+    )
+    return hint, f"flightrec: events were refused (forged, revoked or unauthenticated): {hint}"
 
 
 def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, Any]:
-    """The Slack-compatible message for one alertable row: ``text``, ``blocks`` and a ``flightrec`` object."""
+    """The Slack-compatible message for one alertable row: ``text``, ``blocks`` and a ``flightrec`` object.
+
+    Every value that came from an instance (ids, stages, lines, details) is escaped for Slack's mrkdwn and the text
+    is one line (webhook.slack_text); the ``flightrec`` object keeps the raw values (JSON)."""
     base = dashboard_url.rstrip("/")
     inst, alert_id = row["instance_id"], row["failure_id"]
+    shown = slack_text(inst)
+    link = f"{base}/instance?instance={urllib.parse.quote(str(inst), safe='')}"
     if kind == "lost":
-        link = f"{base}/instance?instance={inst}"
-        klass, hint, matched = "lost", row.get("status_detail") or "", ""
-        text = f"flightrec: {inst} is lost: {hint}"
+        klass, hint, matched = "lost", slack_text(row.get("status_detail") or ""), ""
+        text = f"flightrec: {shown} is lost: {hint}"
     elif kind == "refused":
-        link = f"{base}/instance?instance={inst}"
-        klass, hint, matched = "refused", f"{row.get('refused_events')} event(s) refused: {row.get('detail')}", ""
-        text = f"flightrec: events claiming {inst} were refused (forged, revoked or unauthenticated): {hint}"
+        link = f"{base}/"  # the Fleet page: the refused count per claimed instance
+        klass, matched = "refused", ""
+        hint, text = _refused_text(row)
     elif kind == "incomplete":
-        link = f"{base}/instance?instance={inst}"
-        klass, hint = (
-            "incomplete",
-            (
-                f"sealed but incomplete: {row.get('incomplete_reason')} "
-                f"({row.get('events')} of {row.get('sealed_count')} events)"
-            ),
-        )
-        text = f"flightrec: {inst} ended with incomplete evidence: {row.get('incomplete_reason')}"
-        matched = ""
+        reason = slack_text(row.get("incomplete_reason"))
+        klass, matched = "incomplete", ""
+        hint = f"sealed but incomplete: {reason} ({row.get('events')} of {row.get('sealed_count')} events)"
+        text = f"flightrec: {shown} ended with incomplete evidence: {reason}"
     else:
-        link = f"{base}/failures?failure={alert_id}"
-        klass, hint, matched = (
-            row.get("failure_class") or "unclassified",
-            row.get("hint") or "",
-            row.get("matched_line") or "",
-        )
-        text = f"flightrec: {inst} failed in {row.get('stage')}: {klass}. {hint}".rstrip()
-    fields = {"Instance": inst, "Class": klass, "Hint": hint, "Matched line": matched, "Link": link}
+        link = f"{base}/failures?failure={urllib.parse.quote(str(alert_id), safe='')}"
+        klass = slack_text(row.get("failure_class") or "unclassified")
+        hint = slack_text(row.get("hint") or "")
+        matched = slack_text(row.get("decisive_line") or row.get("matched_line") or "")
+        text = f"flightrec: {shown} failed in {slack_text(row.get('stage'))}: {klass}. {hint}".rstrip()
+    fields = {"Instance": shown if kind != "refused" else "-", "Class": klass, "Hint": hint, "Decisive line": matched}
+    fields["Link"] = slack_text(link)
     body: dict[str, Any] = {
         "kind": kind,
         "alert_id": alert_id,
@@ -232,14 +261,15 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
         "instance_id": inst,
         "boot_id": row.get("boot_id"),
         "stage": row.get("stage"),
-        "failure_class": klass,
+        "failure_class": row.get("failure_class") or klass,
         "hint": hint,
-        "matched_line": matched,
+        "decisive_line": row.get("decisive_line") or row.get("matched_line") or "",
+        "matched_line": row.get("decisive_line") or row.get("matched_line") or "",  # the old name of decisive_line
         "link": link,
         "ts_us": row.get("ts_us"),
         "gpu_model": row.get("gpu_model"),
     }
-    for key in ("exit_code", "signal_name", "detail"):
+    for key in ("exit_code", "signal_name", "detail", "refused_events", "instances", "examples"):
         if row.get(key) is not None:
             body[key] = row[key]
     return {
@@ -331,22 +361,48 @@ class Alerter:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
 
-    def _refused(self, con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-        """The new refused-events rows; none from a database made before dead letters named their instance."""
+    def _refused(self, con: duckdb.DuckDBPyConnection, now_us: int) -> list[dict[str, Any]]:
+        """One refused-events row when events were refused since the last such alert and that alert is at least
+        ``refused_window`` old: their count, how many more instances they claimed, a few of those; none from a
+        database made before dead letters named their instance."""
         has = con.execute(
             "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'dead_letters' AND column_name = 'instance_id'"
         ).fetchall()[0][0]
-        return self._rows(con, _NEW_REFUSED) if has else []
+        if not has:
+            return []
+        last_us, alerted, alerted_instances = con.execute(_REFUSED_ALERTED).fetchall()[0]
+        if last_us is not None and now_us - last_us < self.config.refused_window * 1e6:
+            return []
+        now = self._rows(con, _REFUSED_NOW)[0]
+        if now["total"] <= alerted:
+            return []
+        return [
+            {
+                "kind": "refused",
+                "failure_id": f"refused:{now_us}",
+                "instance_id": None,
+                "boot_id": None,
+                "stage": None,
+                "ts_us": now_us,
+                "refused_events": now["total"] - alerted,
+                "instances": max(0, now["instances"] - alerted_instances),
+                "examples": list(now["examples"] or ()),
+                "detail": now["detail"],
+                "refused_total": now["total"],
+                "refused_instances": now["instances"],
+            }
+        ]
 
     def _record_new(self, con: duckdb.DuckDBPyConnection, sent_us: int | None) -> None:
         now = time.time_ns() // 1000
-        found = self._rows(con, _NEW_FAILURES) + self._rows(con, _NEW_INCOMPLETE) + self._refused(con)
+        found = self._rows(con, _NEW_FAILURES) + self._rows(con, _NEW_INCOMPLETE) + self._refused(con, now)
         if time.monotonic() >= self._status_due and ("lost" in self.config.kinds or sent_us is not None):
             self._status_due = time.monotonic() + self.config.status_interval
             if self._has_status_view(con):
                 lost = self._rows(con, _LOST_NOW)
                 found += new_silences(lost, self._lost_before)
                 self._lost_before = {(r["instance_id"], r["boot_id"]) for r in lost}
+        old = alert_age.historical(con, found, now, self.config.max_age) if sent_us is None else {}
         rows = []
         for row in found:
             if row["kind"] not in self.config.kinds and sent_us is None:
@@ -361,7 +417,9 @@ class Alerter:
                     row["ts_us"],
                     json.dumps(message(row["kind"], row, self.config.dashboard_url), default=str),
                     now,
-                    sent_us,
+                    0 if row["failure_id"] in old else sent_us,  # history (alert_age.py): recorded, not sent
+                    row.get("refused_total"),
+                    row.get("refused_instances"),
                 ]
             )
         if rows:  # one Arrow batch, one INSERT (a first start may record thousands of earlier failures)
@@ -374,6 +432,7 @@ class Alerter:
                 con.execute("INSERT INTO alerts BY NAME SELECT * FROM _new_alerts ON CONFLICT DO NOTHING")
             finally:
                 con.unregister("_new_alerts")
+            alert_age.mark(con, old)
 
     def _has_status_view(self, con: duckdb.DuckDBPyConnection) -> bool:
         found = con.execute(

@@ -23,15 +23,16 @@ class GateResult:
     status: str | None = None  # the fleet status when the gate gives up at once (lost, destroyed)
 
 
-HOPELESS = ("lost", "destroyed")  # statuses after which no missing event will come: waiting is pointless
+HOPELESS = ("lost", "destroyed", "forgotten")  # statuses after which no missing event will come: waiting is pointless
 # (db, instance) -> (status, status detail) of the instance, or None
 StatusOf = Callable[[str | Path | Location, str], tuple[str, str] | None]
 
 
 def fleet_status(db: str | Path | Location, instance: str) -> tuple[str, str] | None:
-    """The instance's status from the fleet view (the readers' one rule table), or None when it has no events."""
+    """The instance's status from the readers' one rule table (a forgotten one too, which the fleet view leaves
+    out), or None when it has no events."""
     rows = run_query(
-        db, "SELECT status, status_detail FROM fleet WHERE instance_id = ?", [instance], prelude=VIEWS
+        db, "SELECT status, status_detail FROM instance_status WHERE instance_id = ?", [instance], prelude=VIEWS
     ).to_pylist()
     return (rows[0]["status"], rows[0]["status_detail"]) if rows else None
 

@@ -77,7 +77,6 @@ class GroupMaterializer(Materializer):
                 f"{self.loc.describe()} is a database file, not a lake: a group writes a lake "
                 "(--db 'ducklake:postgres:dbname=… host=… port=… user=…')"
             )
-        self._next: dict[TopicPartition, int | None] = {}  # owned partitions -> next offset to fold (None: any)
         self._lock = asyncio.Lock()  # one flush/drain at a time (the loop and the rebalance callbacks)
         self._assigned_once = False
         self._last_maintenance = 0.0
@@ -189,21 +188,6 @@ class GroupMaterializer(Materializer):
             await self._in_writer(self._lake.release, shards)
 
     # -- reading and committing --------------------------------------------------------------------------
-
-    async def _read(self) -> dict[TopicPartition, list[Record]]:
-        """Only records of owned partitions, each offset once: older ones (fetched before a seek) are dropped."""
-        data = await super()._read()
-        out: dict[TopicPartition, list[Record]] = {}
-        for tp, records in data.items():
-            if tp not in self._next:
-                continue
-            expect = self._next[tp]
-            if expect is not None:
-                records = [r for r in records if r.offset >= expect]
-            if records:
-                self._next[tp] = records[-1].offset + 1
-                out[tp] = records
-        return out
 
     async def _flush(self, pending: Pending) -> None:
         async with self._lock:

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeAlias, TypeVar
 
@@ -26,11 +26,15 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from flightrec.consumers.alerts import AlertConfig, Alerter
 from flightrec.consumers.archive import Archive, archived_batches, replay_plan
+from flightrec.consumers.batches import BatchReader
 from flightrec.consumers.diskfull import DiskFullGuard, marker_path
 from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
+from flightrec.consumers.progress import Progress
+from flightrec.consumers.progress import record as record_progress
 from flightrec.consumers.storefigures import StoreFigures
 from flightrec.consumers.upkeep import Upkeep
+from flightrec.db.backup import serve_requests as serve_backups
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
 from flightrec.db.location import FileLocation
@@ -40,6 +44,7 @@ from flightrec.db.store import Store, open_store
 from flightrec.db.trust import Trust, load_state
 from flightrec.schemas.logcolumns import LogColumns
 
+from flightrec.access import refusal_line, refusal_of
 from flightrec.cluster import (
     LOG_APPEND_TIME as APPEND_TIME_CONFIG,
 )
@@ -49,7 +54,7 @@ from flightrec.cluster import (
     describe_topic_configs,
     topic_partitions,
 )
-from flightrec.errors import ConfigError, MaterializeError
+from flightrec.errors import ConfigError, CredentialError, MaterializeError
 from flightrec.settings import TOPIC_LOGS
 
 P = ParamSpec("P")
@@ -63,6 +68,14 @@ METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's 
 # Kafka's 500 ms stalled a backlog for up to half a second at a time.
 FETCH_MAX_WAIT_MS = 100
 START_RETRY_S = 30.0  # how long a starting materializer asks again for the partitions (a broker just died)
+
+
+async def _quietly(what: str, step: Awaitable[object]) -> None:
+    """Await a client's close; a Kafka or network error is logged (the run is over), never raised."""
+    try:
+        await step
+    except (KafkaError, OSError) as exc:
+        log.warning("%s: %s", what, exc)
 
 
 class Pending:
@@ -189,6 +202,8 @@ class Materializer:
         self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
         self._server: QueryServer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._reader: BatchReader | None = None  # reads through batches the client cannot parse
+        self._next: dict[TopicPartition, int | None] = {}  # partitions read -> next offset to fold (None: any)
         self._admin: AIOKafkaAdminClient | None = None  # partitions of the topics (public metadata API)
         self._parts: list[TopicPartition] = []
         self._stop = asyncio.Event()
@@ -203,6 +218,8 @@ class Materializer:
         self._figures = StoreFigures()  # the store's size, retention, a full disk, the archive (/metrics)
         self._guard = DiskFullGuard(options.location.describe())  # the store's own, made when it opens
         self._upkeep: Upkeep | None = None  # retention, compaction, figures between a file's commits
+        self._reported = Stats().summary()  # the counters as last logged (a run that did nothing logs nothing)
+        self._progress = Progress()  # how far the input is read: silences are judged up to there
 
     def _new_pending(self) -> Pending:
         """An empty batch, bounded by this store's limits."""
@@ -215,7 +232,13 @@ class Materializer:
         opts = self.opts
         try:
             if opts.metrics_port is not None:  # first: a port in use stops the run before a database file is made
-                self._metrics = Metrics(opts.metrics_port, opts.metrics_address)
+                self._metrics = Metrics(
+                    opts.metrics_port,
+                    opts.metrics_address,
+                    db_path=str(opts.location.path) if not opts.location.shared else None,  # type: ignore[union-attr]  # a file's Location has its path
+                    max_age=opts.alert_max_age,
+                    classes=(r.failure_class for r in opts.rules.rules) if opts.rules is not None else (),
+                )
                 self._figures.register(self._metrics.registry)
                 self._metrics.start()
             await self._open_store_side()
@@ -230,6 +253,7 @@ class Materializer:
                 request_timeout_ms=20000,
                 **self._consumer_options(),
             )
+            self._reader = BatchReader(self._consumer, self.kafka_kwargs)
             self._admin = AIOKafkaAdminClient(**self.kafka_kwargs, request_timeout_ms=20000)
             try:
                 await self._consumer.start()
@@ -268,6 +292,7 @@ class Materializer:
                     drain=opts.alert_drain,
                     timeout=opts.alert_timeout,
                     status_interval=opts.status_interval,
+                    max_age=opts.alert_max_age,
                 )
             )
             await self._in_writer(self._alerts.start, self._store.con)
@@ -384,6 +409,7 @@ class Materializer:
                 await self._assign(initial=True)
                 return
             except (TimeoutError, KafkaError, OSError) as exc:
+                self._refused(exc, "read")
                 if time.monotonic() > deadline:
                     raise MaterializeError(
                         f"cannot list the topics' partitions at {self.kafka_kwargs.get('bootstrap_servers')} for "
@@ -391,6 +417,12 @@ class Materializer:
                     ) from exc
                 log.warning("listing the topics' partitions failed (%s); retrying", exc)
                 await asyncio.sleep(0.5)
+
+    def _refused(self, exc: BaseException, doing: str) -> None:
+        """Raise CredentialError (one line: whose credential, what it may not do) when ``exc`` is a refusal."""
+        refusal = refusal_of(exc)
+        if refusal is not None:
+            raise CredentialError(refusal_line(refusal, self.kafka_kwargs, doing)) from exc
 
     async def _check_timestamp_types(self) -> None:
         """Warn when a topic stamps the sender's clock (CreateTime): liveness then falls back to the instances'."""
@@ -432,16 +464,13 @@ class Materializer:
 
     async def _close(self) -> None:
         if self._admin is not None:
-            try:
-                await self._admin.close()
-            except (KafkaError, OSError) as exc:
-                log.warning("closing the admin client: %s", exc)
+            await _quietly("closing the admin client", self._admin.close())
             self._admin = None
-        if self._consumer is not None:
-            try:
-                await self._consumer.stop()
-            except (KafkaError, OSError) as exc:
-                log.warning("stopping the consumer: %s", exc)
+        if self._reader is not None:
+            await _quietly("closing the batch reader's client", self._reader.close())
+            self._reader = None
+        if self._consumer is not None:  # a group's member commits what it holds as its partitions are revoked
+            await _quietly("stopping the consumer", self._consumer.stop())
             self._consumer = None
         await self._close_store_side()
         self._writer.shutdown(wait=True)
@@ -466,11 +495,13 @@ class Materializer:
         parts = await self._partitions()
         if parts == self._parts:
             return False
-        current = {tp: await c.position(tp) for tp in self._parts} if self._parts else {}
+        current = {tp: self._next.get(tp) or await c.position(tp) for tp in self._parts} if self._parts else {}
         stored = await self._in_writer(self._store.offsets)
         self._committed.update({k: v for k, v in stored.items() if v is not None})
         c.assign(parts)
-        await self._seek(parts, {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts})
+        offsets = {tp: current.get(tp, stored.get((tp.topic, tp.partition))) for tp in parts}
+        await self._seek(parts, offsets)
+        self._next = offsets
         self._parts = parts
         if not initial:
             log.info("now reading %d partitions", len(parts))
@@ -508,26 +539,56 @@ class Materializer:
             held=f"batch of {delta.messages} messages",
         )
         self.stats += stats
+        self._committed.update(delta.offsets)
         if self._metrics is not None:
             self._metrics.observe_commit(delta, stats, time.monotonic() - started)
-            self._committed.update(delta.offsets)
         await self._sync_alerts()
 
     async def _update_metrics(self) -> None:
-        """Lag per partition (one end-offsets request) and the database's figures; the broker away skips the lag."""
-        if self._metrics is None or self._consumer is None or self._store is None:
+        """End offsets (one request): the input's progress and the lag per partition; then the database's figures.
+        The broker away skips the lag and the progress."""
+        if self._consumer is None or self._store is None:
+            return
+        if self._metrics is None and not isinstance(self._store, FileStore):
+            return  # a lake's member: no metrics, no progress recorded (a lake judges silences up to now)
+        try:
+            asked_us = time.time_ns() // 1000
+            answer = await self._consumer.end_offsets(self._parts)
+            ends = {(tp.topic, tp.partition): end for tp, end in answer.items()}
+            self._progress.asked(asked_us, ends)
+            if self._metrics is not None:
+                self._metrics.set_lag(ends, self._committed)
+        except (KafkaError, OSError) as exc:
+            log.debug("no end offsets (%s)", exc)
+        await self._note_progress()
+        if isinstance(self._store, FileStore):  # backups asked for by `flightrec backup` (db/backup.py)
+            served = await self._in_writer(serve_backups, self._store.con, self._store.path)
+            if served:
+                log.info("answered %d backup request(s) for %s", served, self._store.path)
+        if self._metrics is None:
             return
         self._metrics.count_errors(self.stats.errors_total - self._errors_counted)
         self._errors_counted = self.stats.errors_total
         try:
-            ends = await self._consumer.end_offsets(self._parts)
-            self._metrics.set_lag({(tp.topic, tp.partition): end for tp, end in ends.items()}, self._committed)
-        except (KafkaError, OSError) as exc:
-            log.debug("metrics: no end offsets (%s)", exc)
-        try:
             await self._in_writer(self._metrics.read_database, self._store.con)
         except duckdb.Error as exc:
             log.warning("metrics: could not read the database's figures: %s", exc)
+
+    async def _note_progress(self, force: bool = False) -> None:
+        """Record how far the input is read (consumers/progress.py), on a database file, at most every few s."""
+        self._progress.advance(self._committed)
+        moment = self._progress.due(time.monotonic(), force)
+        if moment is None or not isinstance(self._store, FileStore):
+            return
+        try:
+            await self._in_writer(record_progress, self._store.con, self._store.run_id, moment)
+            self._progress.written(moment, time.monotonic())
+            if self._metrics is not None:
+                self._metrics.caught_up(moment)
+        except duckdb.Error as exc:  # said once until it works again (a full disk would say it every second)
+            if self._progress.recorded_at >= 0:
+                log.warning("could not record how far the input is read (said once until it works): %s", exc)
+            self._progress.recorded_at = -1.0
 
     async def _sync_alerts(self) -> None:
         if self._alerts is not None and self._store is not None:
@@ -552,17 +613,34 @@ class Materializer:
             await inflight
 
     async def _read(self) -> dict[TopicPartition, list[Record]]:
-        """The next messages; none when the broker went away (counted, waited for: what is held is kept)."""
-        assert self._consumer is not None
+        """The next messages, each offset of a partition read once; none when the broker went away (counted, waited
+        for: what is held is kept). A batch the client cannot parse comes as dead-letter messages (batches.py)."""
+        assert self._reader is not None
         try:
-            data = await self._consumer.getmany(timeout_ms=100, max_records=self.opts.batch_messages)
-            self._clocks.see(data)
-            return data
+            data = await self._reader.getmany(self._next, timeout_ms=100, max_records=self.opts.batch_messages)
         except KafkaError as exc:
+            self._refused(exc, "read")  # a credential that may not read: no retry changes that
             self.stats += Stats(errors_total=1)
             log.warning("reading the topics failed (%s); retrying", exc)
             await asyncio.sleep(1.0)
             return {}
+        out = self._admit(data)  # ConsumerRecords, and RawMessages of unreadable batches (Message)
+        self._clocks.see(out)
+        return out
+
+    def _admit(self, data: Mapping[TopicPartition, list[Record]]) -> dict[TopicPartition, list[Record]]:
+        """Only records of partitions read here, each offset once: older ones (fetched before a seek) are dropped."""
+        out: dict[TopicPartition, list[Record]] = {}
+        for tp, records in data.items():
+            if tp not in self._next or not records:
+                continue
+            expect = self._next[tp]
+            if expect is not None and records[0].offset < expect:
+                records = [r for r in records if r.offset >= expect]
+            if records:
+                self._next[tp] = records[-1].offset + 1
+                out[tp] = records
+        return out
 
     async def _idle_refresh(self) -> bool:
         """While idle: alert outcomes and retries, new partitions. True when the broker answered."""
@@ -590,12 +668,17 @@ class Materializer:
                 ) from exc
             return None
 
+    def _report(self) -> None:
+        """Log the run's counters, only when they changed since the last line (an idle run says nothing)."""
+        summary = self.stats.summary()
+        if summary != self._reported:
+            self._reported = summary
+            log.info("%s", summary)
+
     async def run(self) -> Stats:
         """Consume until stopped, idle (``until_idle``) or, for a replay, the end offsets at start."""
-        c = self._consumer
-        assert c is not None
         loop = asyncio.get_running_loop()
-        targets = await c.end_offsets(self._parts) if self.opts.replay else None
+        targets = await self._replay_targets()
         pending = self._pending = self._new_pending()
         last_data = last_refresh = last_report = last_metrics = kafka_ok = loop.time()
         await self._update_metrics()
@@ -603,7 +686,7 @@ class Materializer:
             while not self._stop.is_set():
                 data = await self._read()
                 now = loop.time()
-                if self._metrics is not None and now - last_metrics >= METRICS_INTERVAL:
+                if now - last_metrics >= METRICS_INTERVAL:
                     last_metrics = now
                     await self._update_metrics()
                 for records in data.values():
@@ -617,7 +700,7 @@ class Materializer:
                     self._inflight = self._upkeep.start(now, pending)  # in the gap after a commit
                 if now - last_report >= 10.0:
                     last_report = now
-                    log.info("%s", self.stats.summary())
+                    self._report()
                 if targets is not None:
                     if await self._caught_up(targets):
                         break
@@ -635,8 +718,24 @@ class Materializer:
                     if done is False:
                         kafka_ok = now
         finally:
-            await self._flush(pending)
-            if self._inflight is not None:
-                inflight, self._inflight = self._inflight, None
-                await inflight
+            await self._finish(pending)
+        await self._note_progress(force=True)
         return self.stats
+
+    async def _replay_targets(self) -> dict[TopicPartition, int] | None:
+        """A replay's end: the end offsets when it started (it is then caught up to that moment); None for a run."""
+        c = self._consumer
+        assert c is not None
+        if not self.opts.replay:
+            return None
+        started_us = time.time_ns() // 1000
+        targets: dict[TopicPartition, int] = await c.end_offsets(self._parts)
+        self._progress.asked(started_us, {(tp.topic, tp.partition): end for tp, end in targets.items()})
+        return targets
+
+    async def _finish(self, pending: Pending) -> None:
+        """Commit what is pending and wait for the commit (or upkeep job) in flight."""
+        await self._flush(pending)
+        if self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            await inflight

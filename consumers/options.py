@@ -58,9 +58,10 @@ class Options:
     data_path: str | None = None  # a lake's data folder (--data-path); None for a file
     session_timeout: float = 10.0  # a lake's group: seconds before a silent member's partitions move
     status_interval: float = 15.0  # seconds between evaluations of instance status (lost alerts)
+    alert_max_age: float = 900.0  # alerts for evidence Kafka received longer ago at first sight are not posted
     trust: TrustConfig = field(default_factory=TrustConfig)  # the fleet key and what untagged events get
     metrics_port: int | None = None  # serve Prometheus /metrics there (consumers/metrics.py); a file only
-    metrics_address: str = "0.0.0.0"  # the address /metrics listens on
+    metrics_address: str = "127.0.0.1"  # the address /metrics (and /health) listens on: this host unless asked
     # what the database keeps (db/retention.py): nothing expires unless told (the CLI passes FLIGHTREC_KEEP_*)
     keep: Keep = field(default_factory=lambda: Keep(lines_days=None, samples_days=None))
     compact_free_share: float = 0.0  # compact the file at a quiet moment once this share is free (0: never)

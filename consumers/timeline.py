@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from flightrec.db.classify import RuleTable, load_rules, signal_name
 from flightrec.db.failures import exit_failed, is_failure_signal
 from flightrec.db.filestore import FileStore
-from flightrec.db.fold import Message, RawMessage, fold
+from flightrec.db.fold import KIND, Message, RawMessage, fold
 from flightrec.db.liveness import Gap, ago, heartbeat_gaps
 from flightrec.db.location import Location
 from flightrec.db.query import run_query
-from flightrec.schemas import EVENT_BY_NAME, default_codec
+from flightrec.schemas import EVENT_BY_NAME, Codec, default_codec
 
-from flightrec.errors import CodecError, MaterializeError
+from flightrec.errors import CodecError, FlightrecError, MaterializeError, QueryError
 
 Row = Mapping[str, Any]
 
@@ -79,7 +80,8 @@ def _throughput_text(r: Row) -> str:
 
 
 def _failure_text(r: Row) -> str:
-    why = f" [{r['matched_line']}]" if r.get("matched_line") else ""
+    line = r.get("decisive_line") or r.get("matched_line")  # a file not yet migrated has only the old name
+    why = f" [{line}]" if line else ""
     killed = f" (killed by {r['killed_by']})" if r.get("killed_by") else ""
     return f"{r.get('failure_class')}{killed}: {r.get('hint')}{why}"
 
@@ -199,7 +201,7 @@ def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]
     intervals = {r["boot_id"]: r["interval_s"] for r in q("SELECT * FROM heartbeats WHERE instance_id = ?", instance)}
     boots = q("SELECT * FROM boots WHERE instance_id = ?", instance)  # last_recv_us: absent in an older file
     sealed = [r["boot_id"] for r in boots if r["sealed_count"] is not None]
-    now = time.time_ns() // 1000  # the receiver's clock, as the `lost` status
+    now = _heard_until(q)  # the receiver's clock up to what was read, as the `lost` status
     gaps = heartbeat_gaps(
         beats,
         intervals,
@@ -208,8 +210,59 @@ def _entries(q: Query, instance: str, max_lines: int) -> tuple[list[Entry], int]
         {r["boot_id"]: r["last_event_us"] for r in boots},
         {r["boot_id"]: r.get("last_recv_us") for r in boots},
     )
-    extra = liveness_entries(manager, gaps, now)
+    extra = liveness_entries(manager, gaps, now) + unverified_entries(_unverified(q, instance))
     return sorted(entries_from_rows(life, exits, throughput, logs, fails) + extra), total - len(logs)
+
+
+def _heard_until(q: Query) -> int:
+    """Now, or the moment the materializer's input was last read to the end when that is earlier (db/status.py:
+    a silence is counted up to what was read)."""
+    now = time.time_ns() // 1000
+    try:
+        rows = q("SELECT max(caught_up_us) AS c FROM materializer_progress")
+    except FlightrecError:  # a file made before the table: up to now, as the status view there
+        return now
+    caught = rows[0]["c"] if rows else None
+    return now if caught is None else min(now, int(caught))
+
+
+UNVERIFIED = "UNVERIFIED (delivered after the destroy)"
+
+
+def _unverified(q: Query, instance: str) -> list[dict[str, Any]]:
+    """The instance's events kept as unverified (db/trust.py: delivered after its destroy); none from a database
+    made before dead letters named their instance."""
+    try:
+        return q(
+            "SELECT value FROM dead_letters WHERE instance_id = ? AND starts_with(reason, 'unverified:') "
+            'ORDER BY "offset"',
+            instance,
+        )
+    except (QueryError, duckdb.Error):
+        return []
+
+
+def unverified_entries(rows: Iterable[Row]) -> list[Entry]:
+    """Entries for events kept unverified: shown in place, flagged, never highlighted as a failure (they count as
+    no evidence: db/trust.py)."""
+    codec = default_codec()
+    out: list[Entry] = []
+    for r in rows:
+        try:
+            name, rec = codec.decode_record(r.get("value"))
+        except CodecError:
+            continue
+        kind = KIND.get(name, "")
+        if kind == "heartbeat":
+            continue
+        ts, seq, stage = _n(rec.get("ts_us")), _n(rec.get("seq")), str(rec.get("stage") or "-")
+        if kind == "log":
+            lines = zip(rec.get("line_no", ()), rec.get("text", ()), strict=False)
+            out += [Entry(ts, seq, int(n), "unverified", stage, f"{UNVERIFIED} {rec['source']}: {t}") for n, t in lines]
+            continue
+        text = {"exit": _exit_text, "sample": _throughput_text, "result": _throughput_text}.get(kind, _lifecycle_text)
+        out.append(Entry(ts, seq, -1, "unverified", stage, f"{UNVERIFIED} {kind}: {text({**rec, 'kind': kind})}"))
+    return out
 
 
 def from_db(db: str | Path | Location, instance: str, max_lines: int = 2000) -> tuple[list[Entry], int]:
@@ -262,6 +315,7 @@ async def read_instance_messages(
     """Every decodable event of ``instance`` now in the topics (key = instance id), read to the end offsets, as
     records with their Kafka timestamps (the receive time the fold reads from a LogAppendTime topic)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
+    from flightrec.consumers.batches import BatchReader
 
     from flightrec.cluster import partitions_now
 
@@ -291,27 +345,38 @@ async def read_instance_messages(
         c.assign(parts)
         await c.seek_to_beginning(*parts)
         end = await c.end_offsets(parts)
+        reader = BatchReader(c, kafka_kwargs)  # a batch the client cannot parse is skipped, not fatal
+        nxt: dict[TopicPartition, int | None] = dict.fromkeys(parts)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while any([(await c.position(tp)) < end[tp] for tp in parts]):
-            if loop.time() > deadline:
-                raise TimeoutError(f"could not read the topics to their end within {timeout:.0f}s")
-            batch = await c.getmany(timeout_ms=500, max_records=10000)
-            for records in batch.values():
-                for r in records:
-                    if r.key != key:
-                        continue
-                    try:
-                        _name, rec = codec.decode_record(r.value)
-                    except CodecError:
-                        continue
-                    if rec.get("instance_id") == instance:
-                        out.append(
-                            RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, r.timestamp_type)
-                        )
+        try:
+            while any([(await c.position(tp)) < end[tp] for tp in parts]):
+                if loop.time() > deadline:
+                    raise TimeoutError(f"could not read the topics to their end within {timeout:.0f}s")
+                batch = await reader.getmany(nxt, timeout_ms=500, max_records=10000)
+                for tp, records in batch.items():
+                    if records:
+                        nxt[tp] = records[-1].offset + 1
+                    out.extend(_of_instance(records, key, instance, codec))
+        finally:
+            await reader.close()
         return out
     finally:
         await c.stop()
+
+
+def _of_instance(records: Iterable[Any], key: bytes, instance: str, codec: Codec) -> Iterator[RawMessage]:
+    """The decodable events of ``instance`` among records (a dead letter of an unreadable batch is none)."""
+    for r in records:
+        if r.key != key or getattr(r, "unreadable", None) is not None:
+            continue
+        try:
+            _name, rec = codec.decode_record(r.value)
+        except CodecError:
+            continue
+        if rec.get("instance_id") == instance:
+            headers = tuple(r.headers or ())  # the send time among them (schemas/sendtime.py)
+            yield RawMessage(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, r.timestamp_type, headers)
 
 
 def _when(ts_us: int) -> str:

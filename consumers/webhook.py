@@ -28,6 +28,19 @@ RETRY_STATUSES = (408, 429, 503)
 _KEY_NAMESPACE = uuid.UUID("5f4c1a56-8d0e-4c7e-9a43-6a0b1f3c2d11")  # flightrec's alert keys
 
 
+# Slack's mrkdwn gives meaning to three characters only: & < > (`<!channel>`, `<@U123>`, `<https://x|label>`); escaped
+# as Slack asks, untrusted text shows as written and can neither page a channel nor disguise a link. A message's
+# text is one line: line breaks, other control characters and Unicode's line separators become visible escapes.
+_ONE_LINE = {c: repr(chr(c))[1:-1] for c in [*range(0x20), 0x7F, 0x85]} | {0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def slack_text(value: Any) -> str:
+    """Untrusted text (an instance id, a stage name, a log line) as Slack's mrkdwn shows it literally, on one line.
+    Pure."""
+    text = "" if value is None else str(value)
+    return text.translate(_ONE_LINE).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def idempotency_key(alert_id: str) -> str:
     """The stable key of an alert (a UUIDv5 of its id): the same alert always carries the same key, so a receiver
     can drop a repeat; header-safe whatever characters an instance id holds. Pure."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal as _signal
 import tomllib
@@ -11,9 +12,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from flightrec.db.loglevel import quiet
+
 from flightrec.errors import ConfigError
 
 _KNOWN_KEYS = {
+    "id",
+    "symptom",
     "class",
     "hint",
     "lines",
@@ -26,6 +31,12 @@ _KNOWN_KEYS = {
     "stages",
     "deterministic",
 }
+
+
+# Rules (and the decisive line's weighing) read a line's first SCAN_CHARS characters: a cause is said at a line's
+# start, and a line of 64 KiB (the longest the agent ships) costs no more than this.
+SCAN_CHARS = 8192
+RATE_FIELD = "proofs_per_hour"  # what a rule on the benchmark's rate matched: `proofs_per_hour=12.5`
 
 
 @dataclass(frozen=True)
@@ -43,7 +54,9 @@ class Rule:
     min_proofs_per_hour: float | None = None
     stages: tuple[re.Pattern[str], ...] = ()
     deterministic: bool = False  # the class follows from the GPU model or the image: the same offer fails again
-    deterministic_for: str | None = None  # what it follows from: gpu_model, driver_version or image (rules.toml)
+    deterministic_for: str | None = None  # what it follows from: gpu_model, driver_version, image or host
+    rule_id: str = ""  # its name in the table (rules.toml's `id`; else the class and its place in the file)
+    symptom: bool = False  # its lines are what a crash prints after its cause: they do not choose the decisive line
 
 
 @dataclass(frozen=True)
@@ -65,20 +78,41 @@ class FailureEvidence:
 
     def lines(self) -> Iterator[str]:
         """Evidence lines in the order rules see them: followed files, stderr, stdout, details."""
-        for _path, lines in self.file_tails:
-            yield from lines
-        yield from self.stderr_tail
-        yield from self.stdout_tail
-        yield from (d for d in self.details if d)
+        for located in self.located():
+            yield located.text
+
+    def located(self) -> Iterator[Located]:
+        """The evidence lines with where each stands (its source and its place in that source's tail), in the
+        order rules see them: followed files, stderr, stdout, details (empty details left out)."""
+        for path, lines in self.file_tails:
+            yield from (Located(path, n, text) for n, text in enumerate(lines))
+        yield from (Located("stderr", n, text) for n, text in enumerate(self.stderr_tail))
+        yield from (Located("stdout", n, text) for n, text in enumerate(self.stdout_tail))
+        yield from (Located("detail", n, text) for n, text in enumerate(self.details) if text)
+
+
+@dataclass(frozen=True)
+class Located:
+    """One evidence line and where it stands: its source (stderr, stdout, a followed file's path, detail: the
+    stage's failed lifecycle events and benchmark result) and its 0-based place in that source's tail."""
+
+    source: str
+    line_no: int
+    text: str
 
 
 @dataclass(frozen=True)
 class Classification:
-    """The verdict of the rule table: class, hint, and the line (or field) that matched."""
+    """The verdict of the rule table: class and hint, the rule that gave them (its id and the table's version),
+    the first line the rule matched (or the field: ``signal SIGKILL``, ``timed_out``) and every line it matched."""
 
     failure_class: str
     hint: str
-    matched_line: str | None = None
+    rule_line: str | None = None
+    rule_id: str | None = None  # None: no rule matched
+    rules_version: str = ""
+    matched: tuple[Located, ...] = ()
+    symptom: bool = False  # the rule is a generic symptom's (rules.toml's `symptom`)
 
 
 @dataclass(frozen=True)
@@ -87,14 +121,39 @@ class RuleTable:
 
     rules: tuple[Rule, ...] = field(default_factory=tuple)
     source: str = ""
+    version: str = ""  # the table's text named by its digest: which rules classed a failure
 
     def classify(self, ev: FailureEvidence) -> Classification:
-        """Classify one failure. Pure and deterministic: same evidence, same answer."""
+        """Classify one failure. Pure and deterministic: same evidence, same answer. Lines the program itself logged
+        at INFO, NOTICE, DEBUG or TRACE (db/loglevel.py) are no evidence of a class: a healthy program says
+        "connection refused, retrying" or "CUDA cannot serve, proving on the CPU" at that level."""
+        located = evidence_lines(ev)
         for rule in self.rules:
-            matched = _match(rule, ev)
+            matched = _match(rule, ev, located)
             if matched is not None:
-                return Classification(rule.failure_class, rule.hint, matched or None)
-        return Classification("unknown", "No rule matched; read the tails and add a rule to db/rules.toml.")
+                found, lines = matched
+                return Classification(
+                    rule.failure_class,
+                    rule.hint,
+                    found or None,
+                    rule.rule_id,
+                    self.version,
+                    lines if rule.symptom else self._named(rule.failure_class, ev, located),
+                    rule.symptom,
+                )
+        return Classification(
+            "unknown", "No rule matched; read the tails and add a rule to db/rules.toml.", rules_version=self.version
+        )
+
+    def _named(self, failure_class: str, ev: FailureEvidence, located: Sequence[Located]) -> tuple[Located, ...]:
+        """Every line that a rule of this class naming a cause (no symptom) matches and that holds here, in the
+        order rules see them: where the decisive line is chosen (a download's summary and the curl error above it)."""
+        found: set[tuple[str, int]] = set()
+        for rule in self.rules:
+            if rule.failure_class == failure_class and not rule.symptom and rule.lines:
+                matched = _match(rule, ev, located)
+                found.update((at.source, at.line_no) for at in (matched[1] if matched else ()))
+        return tuple(at for at in located if (at.source, at.line_no) in found)
 
 
 def signal_name(number: int | None, name: str | None = None) -> str | None:
@@ -170,41 +229,86 @@ def killed_by(
     return None, None
 
 
-def _match(rule: Rule, ev: FailureEvidence) -> str | None:
-    """'' or the matched line when the rule holds, None when it does not."""
-    found = ""
+# How the agent's failed event repeats the stage's last stderr line (producer/run.py): the line is judged by its own
+# level, not by the summary's.
+LAST_STDERR = "; last stderr line: "
+
+
+def evidence_lines(ev: FailureEvidence) -> tuple[Located, ...]:
+    """The lines rules judge: every evidence line but those logged at a level that says they are no failure."""
+    return tuple(at for at in ev.located() if not _quiet(at))
+
+
+def matched_lines(rule: Rule, located: Sequence[Located]) -> tuple[Located, ...]:
+    """The lines of ``located`` that one of the rule's patterns matches (in a line's first SCAN_CHARS characters)."""
+    return tuple(at for at in located if any(p.search(at.text, 0, SCAN_CHARS) for p in rule.lines))
+
+
+def _quiet(at: Located) -> bool:
+    """Whether a line is logged at a level that says it is no failure (INFO, NOTICE, DEBUG, TRACE)."""
+    text = at.text[:SCAN_CHARS]
+    if at.source == "detail" and LAST_STDERR in text:
+        text = text.split(LAST_STDERR, 1)[1]
+    return quiet(text)
+
+
+def exit_signal(ev: FailureEvidence) -> str | None:
+    """The signal a failure's exit says: the one that killed the stage's command, or a shell's 128 + N."""
+    name = signal_name(ev.signal, ev.signal_name)
+    if name is None and ev.exit_code is not None and 128 < ev.exit_code < 128 + 65:
+        try:
+            name = _signal.Signals(ev.exit_code - 128).name
+        except ValueError:
+            return None
+    return name
+
+
+def _fields_hold(rule: Rule, ev: FailureEvidence) -> bool:
+    """Whether every condition of the rule on the exit, the result and the stage holds (lines aside)."""
     if rule.stages and not any(p.search(ev.stage or "") for p in rule.stages):
-        return None
+        return False
     if rule.verdict is not None and ev.verdict != rule.verdict:
-        return None
-    if rule.min_proofs_per_hour is not None:
-        if ev.proofs_per_hour is None or not ev.proofs_per_hour > rule.min_proofs_per_hour:
-            return None
-        found = f"proofs_per_hour={ev.proofs_per_hour:g}"
+        return False
+    if rule.min_proofs_per_hour is not None and not (
+        ev.proofs_per_hour is not None and ev.proofs_per_hour > rule.min_proofs_per_hour
+    ):
+        return False
     if rule.timed_out is not None and bool(ev.timed_out) != rule.timed_out:
-        return None
+        return False
     if rule.start_error is not None and bool(ev.start_error) != rule.start_error:
-        return None
+        return False
     if rule.exit_codes and ev.exit_code not in rule.exit_codes:
-        return None
+        return False
     if rule.signals:
-        name = signal_name(ev.signal, ev.signal_name)
-        if name is None or ("any" not in rule.signals and name not in rule.signals):
-            return None
-        found = found or f"signal {name}"
-    if rule.lines:
-        for line in ev.lines():
-            if any(p.search(line) for p in rule.lines):
-                return line
+        name = exit_signal(ev)
+        return name is not None and ("any" in rule.signals or name in rule.signals)
+    return True
+
+
+def _field_found(rule: Rule, ev: FailureEvidence) -> str:
+    """What a rule without lines matched: the measured rate, the signal, the timeout, the start error, the code."""
+    if rule.min_proofs_per_hour is not None:
+        return f"{RATE_FIELD}={ev.proofs_per_hour:g}"
+    if rule.signals:
+        return f"signal {exit_signal(ev)}"
+    if rule.timed_out:
+        return "timed_out"
+    if rule.start_error:
+        return ev.start_error or "start_error"
+    if rule.exit_codes:
+        return f"exit code {ev.exit_code}"
+    return ""
+
+
+def _match(rule: Rule, ev: FailureEvidence, located: Sequence[Located]) -> tuple[str, tuple[Located, ...]] | None:
+    """None when the rule does not hold; else what it matched first (a line, or a field: '' for none) and every
+    line it matched."""
+    if not _fields_hold(rule, ev):
         return None
-    if not found:
-        if rule.timed_out:
-            found = "timed_out"
-        elif rule.start_error:
-            found = ev.start_error or "start_error"
-        elif rule.exit_codes:
-            found = f"exit code {ev.exit_code}"
-    return found
+    if rule.lines:
+        lines = matched_lines(rule, located)
+        return (lines[0].text, lines) if lines else None
+    return _field_found(rule, ev), ()
 
 
 def _compile(patterns: Any, where: str) -> tuple[re.Pattern[str], ...]:
@@ -216,7 +320,7 @@ def _compile(patterns: Any, where: str) -> tuple[re.Pattern[str], ...]:
         raise ConfigError(f"{where}: bad regular expression: {exc}; fix the pattern") from exc
 
 
-DETERMINISTIC_FOR = ("gpu_model", "driver_version", "image")
+DETERMINISTIC_FOR = ("gpu_model", "driver_version", "image", "host")
 
 
 def _deterministic(value: Any, where: str) -> str | None:
@@ -231,7 +335,7 @@ def _deterministic(value: Any, where: str) -> str | None:
 
 
 def deterministic_classes(table: RuleTable) -> dict[str, tuple[str, ...]]:
-    """For each of gpu_model, driver_version, image: the classes a rule marks deterministic for it (sorted)."""
+    """For each of gpu_model, driver_version, image, host: the classes a rule marks deterministic for it (sorted)."""
     return {
         d: tuple(sorted({r.failure_class for r in table.rules if r.deterministic_for == d})) for d in DETERMINISTIC_FOR
     }
@@ -243,35 +347,47 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleTable:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
-    rules = []
-    for i, raw in enumerate(data.get("rule", [])):
-        where = f"{source} rule #{i + 1}"
-        unknown = set(raw) - _KNOWN_KEYS
-        if unknown:
-            raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_KNOWN_KEYS)}")
-        if not raw.get("class") or not raw.get("hint"):
-            raise ConfigError(f"{where}: every rule needs a class and a hint")
-        sigs = raw.get("signal", [])
-        det = _deterministic(raw.get("deterministic", False), where)
-        rules.append(
-            Rule(
-                failure_class=str(raw["class"]),
-                hint=str(raw["hint"]),
-                lines=_compile(raw.get("lines", []), where + " lines"),
-                signals=tuple(str(s) for s in ([sigs] if isinstance(sigs, str) else sigs)),
-                exit_codes=tuple(int(c) for c in raw.get("exit_codes", [])),
-                timed_out=raw.get("timed_out"),
-                start_error=raw.get("start_error"),
-                verdict=raw.get("verdict"),
-                min_proofs_per_hour=raw.get("min_proofs_per_hour"),
-                stages=_compile(raw.get("stages", []), where + " stages"),
-                deterministic=det is not None,
-                deterministic_for=det,
-            )
-        )
+    rules = [_rule(raw, i, f"{source} rule #{i + 1}") for i, raw in enumerate(data.get("rule", []))]
     if not rules:
         raise ConfigError(f"{source} holds no [[rule]] entries")
-    return RuleTable(tuple(rules), source)
+    ids = [r.rule_id for r in rules]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ConfigError(f"{source}: rule ids used twice: {twice}; give each rule its own id")
+    return RuleTable(tuple(rules), source, rules_version(text))
+
+
+def rules_version(text: str) -> str:
+    """A rule table's version: the first 12 hex digits of the SHA-256 of its text (the same text, the same
+    version, on every machine)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _rule(raw: dict[str, Any], i: int, where: str) -> Rule:
+    """One [[rule]] of the table, checked."""
+    unknown = set(raw) - _KNOWN_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_KNOWN_KEYS)}")
+    if not raw.get("class") or not raw.get("hint"):
+        raise ConfigError(f"{where}: every rule needs a class and a hint")
+    sigs = raw.get("signal", [])
+    det = _deterministic(raw.get("deterministic", False), where)
+    return Rule(
+        failure_class=str(raw["class"]),
+        hint=str(raw["hint"]),
+        lines=_compile(raw.get("lines", []), where + " lines"),
+        signals=tuple(str(s) for s in ([sigs] if isinstance(sigs, str) else sigs)),
+        exit_codes=tuple(int(c) for c in raw.get("exit_codes", [])),
+        timed_out=raw.get("timed_out"),
+        start_error=raw.get("start_error"),
+        verdict=raw.get("verdict"),
+        min_proofs_per_hour=raw.get("min_proofs_per_hour"),
+        stages=_compile(raw.get("stages", []), where + " stages"),
+        deterministic=det is not None,
+        deterministic_for=det,
+        rule_id=str(raw.get("id") or f"{raw['class']}-{i + 1}"),
+        symptom=bool(raw.get("symptom", False)),
+    )
 
 
 def load_rules(path: str | Path | None = None) -> RuleTable:

@@ -52,6 +52,11 @@ FAILURES = pa.schema(
         ("killed_by", STR),
         ("killed_by_evidence", STR),
         ("last_lines", LAST_LINES_TYPE),
+        ("decisive_line", STR),
+        ("decisive_source", STR),
+        ("decisive_line_no", I32),
+        ("rule_id", STR),
+        ("rules_version", STR),
     ]
 )
 BOOTS = pa.schema(
@@ -72,10 +77,13 @@ BOOTS = pa.schema(
     ]
 )
 MAX_RANGES = 5  # missing-seq ranges spelled out in incomplete_reason
-# The clock offset of a boot is the median of ts_us - recv_us over its latest OFFSET_EVENTS events (by seq, then
-# event id: a function of the event set). The median ignores a few events delivered late (spooled while Kafka
-# was away: their difference is their delay) and a few stamped across a clock jump; the latest ones follow a
-# clock that was set right during the boot within OFFSET_EVENTS / 2 events.
+# The clock offset of a boot is the median of sent_us - recv_us over its latest OFFSET_EVENTS events that carry a
+# send time (by seq, then event id: a function of the event set): when the sender sent each one by the instance's
+# clock (its send-time header, schemas/sendtime.py) against when Kafka appended it, so an event that waited in a
+# spool while the network was cut says nothing about the clock (its own ts_us is when it happened). The median
+# ignores a few sends Kafka took late (a retry) and a few stamped across a clock jump; the latest ones follow a
+# clock that was set right during the boot within OFFSET_EVENTS / 2 events. Events sent without the header (older
+# agents) give no offset.
 OFFSET_EVENTS = 32
 
 
@@ -264,8 +272,9 @@ def _boot_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                count(DISTINCT e.seq) AS distinct_seq,
                count(*) FILTER (WHERE e.kind = 'dropped') AS dropped_events,
                min(e.recv_us) AS first_recv_us, max(e.recv_us) AS last_recv_us,
-               CAST(round(list_median(arg_max(e.ts_us - e.recv_us, (e.seq, e.event_id), {OFFSET_EVENTS})
-                                      FILTER (WHERE e.recv_us IS NOT NULL))) AS BIGINT) AS clock_offset_us
+               CAST(round(list_median(arg_max(e.sent_us - e.recv_us, (e.seq, e.event_id), {OFFSET_EVENTS})
+                                      FILTER (WHERE e.recv_us IS NOT NULL AND e.sent_us IS NOT NULL)))
+                    AS BIGINT) AS clock_offset_us
         FROM events_seen e JOIN _aff_boot b USING (instance_id, boot_id)
         LEFT JOIN s USING (instance_id, boot_id)
         GROUP BY ALL ORDER BY e.instance_id, e.boot_id""",

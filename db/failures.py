@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flightrec.db.classify import FailureEvidence, RuleTable, killed_by, signal_name
+from flightrec.db.decisive import decisive_line
 
 PRECEDING_EVENTS = 20  # lifecycle events kept in preceding_events
 TAIL_LINES = 20  # lines per source when tails come from log_lines (no ProcessExit)
@@ -151,11 +152,12 @@ def build_failure(
     stderr, stdout, file_tails = _tails(exit_row, log_tails, late_tails)
     evidence = _evidence(stage, exit_row, result, failed_life, stderr, stdout, file_tails)
     verdict = rules.classify(evidence)
+    decisive = decisive_line(evidence, verdict)
     signal, read_from = killed_by(
         evidence.signal,
         evidence.signal_name,
         evidence.exit_code,
-        ([verdict.matched_line] if verdict.matched_line else [])
+        ([verdict.rule_line] if verdict.rule_line else [])
         + stderr[::-1]
         + [line for t in file_tails for line in t["lines"][::-1]],
     )
@@ -183,7 +185,12 @@ def build_failure(
         "min_rate": result.get("min_rate") if result else None,
         "failure_class": verdict.failure_class,
         "hint": verdict.hint,
-        "matched_line": verdict.matched_line,
+        "matched_line": decisive.line,  # the old name of decisive_line, kept for SQL written before it
         "killed_by": signal,
         "killed_by_evidence": read_from,
+        "decisive_line": decisive.line,
+        "decisive_source": decisive.source,
+        "decisive_line_no": decisive.line_no,
+        "rule_id": verdict.rule_id,
+        "rules_version": verdict.rules_version,
     }

@@ -26,6 +26,7 @@ from flightrec.schemas import EVENT_BY_NAME, TOPIC_LOGS, Codec, default_codec
 from flightrec.schemas.arrow import ENVELOPE, event_fields, event_schema
 from flightrec.schemas.limits import MAX_SEQ, TS_MAX_US, TS_MIN_US, TS_WINDOW
 from flightrec.schemas.logcolumns import LogColumns
+from flightrec.schemas.sendtime import sent_us_of
 
 from flightrec.errors import CodecError
 
@@ -47,7 +48,8 @@ _KIND = pa.field("kind", STR)  # the fold's short name of the event type (KIND b
 _RECV = pa.field("recv_us", I64)  # when Kafka appended the record (its LogAppendTime), NULL when unknown
 
 _KEY_ID = pa.field("key_id", STR)  # the key whose tag proved the event's writer (schemas/auth.py); NULL: untagged
-EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64), _RECV, _KEY_ID])
+_SENT = pa.field("sent_us", I64)  # when the sender sent it, by its clock (schemas/sendtime.py); NULL: not said
+EVENTS = pa.schema(_ENVELOPE + [_KIND, pa.field("stage", STR), pa.field("fingerprint", I64), _RECV, _KEY_ID, _SENT])
 LIFECYCLE = pa.schema(
     _ENVELOPE
     + [_KIND]
@@ -170,6 +172,9 @@ class RawMessage:
     timestamp: int | None = None
     timestamp_type: int | None = None
     headers: tuple[tuple[str, bytes], ...] = ()  # the Kafka record's headers (the writer's tag among them)
+    # why the record is a dead letter before anything of it is read: its batch could not be parsed by the Kafka
+    # client (consumers/batches.py); None for a record as read
+    unreadable: str | None = None
 
 
 def received_us(msg: Message) -> int | None:
@@ -326,7 +331,13 @@ def reused(event_id: str, stored: tuple[int, str], seq: int, kind: str) -> str:
 
 
 def _fold_one(
-    b: _Builder, name: str, rec: dict[str, Any], fp: int, recv_us: int | None = None, key_id: str | None = None
+    b: _Builder,
+    name: str,
+    rec: dict[str, Any],
+    fp: int,
+    recv_us: int | None = None,
+    key_id: str | None = None,
+    sent_us: int | None = None,
 ) -> None:
     """Append one decoded record's rows; raises FoldError (nothing appended) when it cannot."""
     env = {**_envelope(rec), "recv_us": recv_us}
@@ -421,7 +432,7 @@ def _fold_one(
                 "detail": rec.get("detail"),
             },
         )
-    b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp, "key_id": key_id})
+    b.add("events", {**env, "kind": kind, "stage": stage, "fingerprint": fp, "key_id": key_id, "sent_us": sent_us})
 
 
 _columns: LogColumns | None = None
@@ -432,6 +443,19 @@ def _log_columns() -> LogColumns:
     if _columns is None:
         _columns = LogColumns()
     return _columns
+
+
+def in_received_order(messages: Iterable[Message]) -> list[Message]:
+    """The messages in the order Kafka received them (their LogAppendTime; those without one last, as they came):
+    the judge of tags learns a ``destroyed`` before the events Kafka received after it and counts every event it
+    received before it, whatever partitions a batch drew them from. Stable: one partition's records keep their
+    order."""
+    return sorted(messages, key=_received_key)
+
+
+def _received_key(msg: Message) -> tuple[int, int]:
+    r = received_us(msg)
+    return (1, 0) if r is None else (0, r)
 
 
 def fold(
@@ -448,6 +472,7 @@ def fold(
     refuses (a tag missing, forged or revoked: db/trust.py), with the reason and the claimed instance.
     """
     codec = codec or default_codec()
+    messages = in_received_order(messages) if trust is not None and trust.verifying else messages
     logs_as_columns = _log_columns()
     b = _Builder()
     offsets: dict[tuple[str, int], int] = {}
@@ -458,8 +483,10 @@ def fold(
         n += 1
         rec: dict[str, Any] = {}
         tp = (msg.topic, msg.partition)
-        if msg.offset + 1 > offsets.get(tp, -1):
-            offsets[tp] = msg.offset + 1
+        offsets[tp] = max(offsets.get(tp, 0), msg.offset + 1)
+        if type(msg) is RawMessage and msg.unreadable is not None:
+            dups += _dead(b, msg, msg.unreadable, keep, _claims(codec, msg.value))
+            continue
         try:
             columns = logs_as_columns(msg.value) if msg.topic == TOPIC_LOGS and msg.value else None
             name, rec = (logs_as_columns.name, columns) if columns is not None else codec.decode_record(msg.value)
@@ -469,20 +496,10 @@ def fold(
             if keep is not None and not keep(rec.get("instance_id", ""), rec.get("ts_us", 0)):
                 skipped += 1
                 continue
-            key_id = None
-            if trust is not None and trust.verifying:
-                key_id, refusal = trust.judge(
-                    KIND.get(name, name),
-                    rec,
-                    msg.topic,
-                    msg.key,
-                    msg.value or b"",
-                    getattr(msg, "headers", ()),
-                    received_us(msg),
-                )
-                if refusal is not None:
-                    dups += _dead(b, msg, refusal, keep, rec)
-                    continue
+            key_id, refusal = _judged(trust, name, rec, msg)
+            if refusal is not None:
+                dups += _dead(b, msg, refusal, keep, rec)
+                continue
             fp = fingerprint(msg.value or b"")
             first = seen.get(rec.get("event_id"))  # type: ignore[arg-type]  # a decoded record always has its event_id (a str)
             if first is not None:
@@ -493,7 +510,7 @@ def fold(
                         b, msg, reused(rec["event_id"], first[1:], rec.get("seq", -1), KIND.get(name, name)), keep, rec
                     )
                 continue
-            _fold_one(b, name, rec, fp, received_us(msg), key_id)
+            _fold_one(b, name, rec, fp, received_us(msg), key_id, sent_us_of(getattr(msg, "headers", ())))
             if trust is not None and KIND.get(name) == "manager":
                 trust.folded_manager_event(rec, received_us(msg))
             seen[rec["event_id"]] = (fp, rec["seq"], KIND[name])
@@ -518,6 +535,30 @@ def fold(
         heartbeats=b.table("heartbeats", HEARTBEATS),
         manager=b.table("manager", MANAGER),
     )
+
+
+def _judged(trust: Trust | None, name: str, rec: dict[str, Any], msg: Message) -> tuple[str | None, str | None]:
+    """What ``trust`` says of a decoded record: (the key id that wrote it, None) or (None, why it is refused)."""
+    if trust is None or not trust.verifying:
+        return None, None
+    return trust.judge(
+        KIND.get(name, name),
+        rec,
+        msg.topic,
+        msg.partition,
+        msg.key,
+        msg.value or b"",
+        getattr(msg, "headers", ()),
+        received_us(msg),
+    )
+
+
+def _claims(codec: Codec, value: bytes | None) -> dict[str, Any] | None:
+    """What an unreadable record's value says of itself (its instance and event id), when it decodes; else None."""
+    try:
+        return codec.decode_record(value)[1] if value else None
+    except Exception:  # noqa: BLE001 - any bytes: nothing decoded is nothing claimed
+        return None
 
 
 def _dead(

@@ -87,6 +87,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         (Column("failures", "last_lines", "STRUCT(seq BIGINT, line_no BIGINT, source VARCHAR, text VARCHAR)[]"),),
         rebuild_failures=True,
     ),
+    Migration(
+        6,
+        "events_seen.sent_us: when the sender sent an event (its send-time header), which the clock offset is "
+        "judged by (an event's own time, after it waited in a spool, is not)",
+        (Column("events_seen", "sent_us", "BIGINT"),),  # NULL: sent without the header (older agents)
+    ),
+    Migration(
+        7,
+        "failures.decisive_line: the line that says why, for every failure, where it stands, and the rule (and the "
+        "rules' version) that classed it; matched_line becomes its old name",
+        (
+            Column("failures", "decisive_line", "VARCHAR"),
+            Column("failures", "decisive_source", "VARCHAR"),
+            Column("failures", "decisive_line_no", "INTEGER"),
+            Column("failures", "rule_id", "VARCHAR"),
+            Column("failures", "rules_version", "VARCHAR"),
+        ),
+        rebuild_failures=True,
+    ),
 )
 
 VERSION_TABLE = "schema_version"

@@ -91,7 +91,7 @@ ORDER BY dollars_lost DESC NULLS LAST, instances DESC
 """
 
 # Per GPU model, host, driver version and image: how many failed, what was paid and what was lost, and how many
-# failed with a class deterministic for that dimension (db/rules.toml's `deterministic`; hosts have none).
+# failed with a class deterministic for that dimension (db/rules.toml's `deterministic`).
 _DETERMINISTIC = deterministic_classes(load_rules())
 
 
@@ -105,7 +105,7 @@ COST_BREAKDOWN = f"""
 CREATE OR REPLACE TEMP VIEW cost_breakdown AS
 WITH d AS (
     SELECT 'gpu_model' AS dimension, gpu_model AS value, {_det("gpu_model")} AS det, * FROM instance_cost
-    UNION ALL SELECT 'host', host_id, []::VARCHAR[], * FROM instance_cost
+    UNION ALL SELECT 'host', host_id, {_det("host")}, * FROM instance_cost
     UNION ALL SELECT 'driver_version', driver_version, {_det("driver_version")}, * FROM instance_cost
     UNION ALL SELECT 'image', image, {_det("image")}, * FROM instance_cost)
 SELECT dimension, value, count(*) AS instances, count(*) FILTER (WHERE failed) AS failed_instances,

@@ -157,7 +157,7 @@ CREATE TABLE IF NOT EXISTS failures (
     min_rate           DOUBLE,
     failure_class      VARCHAR,
     hint               VARCHAR,
-    matched_line       VARCHAR,              -- the line (or field) the class rule matched
+    matched_line       VARCHAR,              -- the old name of decisive_line (migration 7), the same value
     killed_by          VARCHAR,              -- the signal behind the failure (SIGSEGV), also one a process the stage
                                              -- started died of, as its wrapper reported; NULL: none
     killed_by_evidence VARCHAR               -- where killed_by was read (the exit, 128+n, the line)
@@ -271,6 +271,14 @@ CREATE TABLE IF NOT EXISTS materializer_runs (
     lines           BIGINT,
     duplicates      BIGINT,
     dead_letters    BIGINT
+);
+
+-- When each materializer run last had committed everything Kafka held when it asked (its input caught up; the
+-- materializer's wall-clock time, like materializer_runs): instance silences are judged up to the latest of these
+-- (db/status.py), so a materializer whose input lags or that is away judges no instance lost.
+CREATE TABLE IF NOT EXISTS materializer_progress (
+    run_id       VARCHAR PRIMARY KEY,  -- materializer_runs.run_id
+    caught_up_us BIGINT
 );
 
 -- The schema versions applied to this database (db/migrate.py): columns added

@@ -25,6 +25,10 @@ CLOCK_SKEW_BOUND_S = 60
 # Tried in order; the first rule that holds is the instance's status. Conditions read the
 # columns of the `_st` relation built in INSTANCE_STATUS below. `lost` is the only rule that
 # reads the clock (now()), so the tables stay replay-identical: status is derived at read time.
+# A silence is counted up to the moment the materializer had committed everything Kafka held
+# (materializer_progress, consumers/progress.py; now() where none is recorded: a lake, an older
+# file), never beyond: while its input lags or it is away, no instance turns lost for a
+# silence it has not read.
 # Liveness is judged on the receiver's clock: silent_s counts from when Kafka received the
 # latest boot's last event (boots.last_recv_us, the broker's LogAppendTime), never from the
 # instance's own timestamps, which a wrong clock moves. Only where no event carries a
@@ -34,6 +38,13 @@ CLOCK_SKEW_BOUND_S = 60
 # (an instance whose clock is ahead), or the destroy's time is after the boot's first time (an
 # instance whose events Kafka received late, from its spool, after its network was cut).
 STATUS_RULES: tuple[StatusRule, ...] = (
+    StatusRule(
+        "forgotten",
+        "manager_kind = 'forgotten' AND coalesce(manager_recv_us >= boot_last_recv_us, "
+        "manager_ts_us >= boot_last_us, true)",
+        "the manager said it should never have existed (`flightrec manager forget`), and nothing was heard from it "
+        "after; left out of the fleet view and its alerts",
+    ),
     StatusRule(
         "destroyed",
         "manager_kind = 'destroyed' AND (coalesce(boot_first_us, 0) <= manager_ts_us "
@@ -86,19 +97,23 @@ mg AS (
            arg_max(detail, (ts_us, seq, event_id)) AS manager_detail,
            arg_max(source_id, (ts_us, seq, event_id)) AS manager_source,
            arg_max(recv_us, (ts_us, seq, event_id)) AS manager_recv_us
-    FROM manager_events WHERE kind IN ('rented', 'destroyed', 'released', 'rebooted') GROUP BY instance_id),
+    FROM manager_events WHERE kind IN ('rented', 'destroyed', 'released', 'rebooted', 'forgotten')
+    GROUP BY instance_id),
+hu AS (SELECT least(max(caught_up_us), epoch_us(now())) AS heard_until_us FROM materializer_progress),
 _st AS (
     SELECT i.instance_id, i.sealed, i.verdict, i.proofs_per_hour, i.min_rate,
            b.first_event_us AS boot_first_us, b.last_event_us AS boot_last_us, b.first_recv_us AS boot_first_recv_us,
+           b.last_recv_us AS boot_last_recv_us,
            lf.failure_class, lf.failed_stage, rs.running_stages,
            h.last_us AS last_heartbeat_us, h.interval_s,
            CASE WHEN b.last_recv_us IS NOT NULL THEN 'receiver' ELSE 'instance' END AS liveness_clock,
            coalesce(b.last_recv_us, greatest(h.last_us, b.last_event_us)) AS last_sign_us,
            CASE WHEN b.last_recv_us IS NOT NULL THEN h.last_recv_us ELSE h.last_us END AS last_heartbeat_heard_us,
-           (epoch_us(now()) - coalesce(b.last_recv_us, greatest(h.last_us, b.last_event_us))) / 1e6 AS silent_s,
+           (coalesce(hu.heard_until_us, epoch_us(now()))
+            - coalesce(b.last_recv_us, greatest(h.last_us, b.last_event_us))) / 1e6 AS silent_s,
            b.clock_offset_us,
            mg.manager_kind, mg.manager_ts_us, mg.manager_detail, mg.manager_source, mg.manager_recv_us
-    FROM instances i
+    FROM instances i CROSS JOIN hu
     LEFT JOIN boots b ON b.instance_id = i.instance_id AND b.boot_id = i.boot_id
     LEFT JOIN heartbeats h ON h.instance_id = i.instance_id AND h.boot_id = i.boot_id
     LEFT JOIN lf ON lf.instance_id = i.instance_id
@@ -109,6 +124,8 @@ SELECT instance_id, status,
        CASE status
            WHEN 'destroyed' THEN 'destroyed by ' || manager_source || ' at '
                 || strftime(make_timestamp(manager_ts_us), '%Y-%m-%d %H:%M:%S')
+                || CASE WHEN coalesce(manager_detail, '') <> '' THEN ': ' || manager_detail ELSE '' END
+           WHEN 'forgotten' THEN 'forgotten by ' || manager_source
                 || CASE WHEN coalesce(manager_detail, '') <> '' THEN ': ' || manager_detail ELSE '' END
            WHEN 'failed' THEN failed_stage || ' failed: ' || failure_class
            WHEN 'below_min_rate' THEN coalesce(round(proofs_per_hour, 1)::VARCHAR, '?') || ' proofs/h < min '

@@ -51,6 +51,7 @@ SELECT
     s.clock_offset_s, s.clock_skewed
 FROM instances i
 LEFT JOIN instance_status s USING (instance_id)
+WHERE s.status IS DISTINCT FROM 'forgotten'  -- `flightrec manager forget`: never should have existed
 """
 
 # One row per run of a stage: started -> the next succeeded / failed / skipped of the
@@ -82,7 +83,7 @@ FAILURE_CONTEXT = f"""
 CREATE OR REPLACE TEMP VIEW failure_context AS
 SELECT
     f.failure_id, f.instance_id, f.boot_id, f.stage, {ts("f.ts_us")} AS failed_at,
-    f.failure_class, f.hint, f.matched_line,
+    f.failure_class, f.hint, f.decisive_line, f.decisive_source, f.decisive_line_no, f.rule_id, f.rules_version,
     CASE
         WHEN f.signal IS NOT NULL AND f.signal <> 0
             THEN 'signal ' || coalesce(f.signal_name, CAST(f.signal AS VARCHAR))
@@ -169,9 +170,10 @@ VIEW_NAMES: tuple[str, ...] = (
     "gpu_throughput",
 )
 
-# Who wrote each instance's events (db/trust.py): authenticated when a valid key tagged them, and the events
-# refused in its name (forged, revoked, untagged). Needs schema version 3 (events_seen.key_id): kept out of VIEWS,
-# which every page binds, so a reader of a file a materializer has not yet migrated still reads the rest.
+# Who wrote each instance's events (db/trust.py): authenticated when a valid key tagged them, the events
+# refused in its name (forged, revoked, untagged), and its own events kept unverified (delivered after its destroy).
+# Needs schema version 3 (events_seen.key_id): kept out of VIEWS, which every page binds, so a reader of a file
+# a materializer has not yet migrated still reads the rest.
 INSTANCE_TRUST = """
 CREATE OR REPLACE TEMP VIEW instance_trust AS
 WITH tagged AS (
@@ -183,12 +185,17 @@ WITH tagged AS (
     WHERE instance_id IS NOT NULL
       AND (reason LIKE 'forged:%' OR reason LIKE 'revoked:%' OR reason LIKE 'unauthenticated:%')
     GROUP BY instance_id
+), unverified AS (
+    SELECT instance_id, count(*) AS unverified_events
+    FROM dead_letters WHERE instance_id IS NOT NULL AND starts_with(reason, 'unverified:') GROUP BY instance_id
 ), named AS (
-    SELECT instance_id FROM instances UNION SELECT instance_id FROM refused
+    SELECT instance_id FROM instances UNION SELECT instance_id FROM refused UNION SELECT instance_id FROM unverified
 )
 SELECT n.instance_id, t.instance_id IS NOT NULL AS authenticated, t.key_id, coalesce(t.keys, 0) AS keys,
-       coalesce(r.refused_events, 0) AS refused_events, r.last_refusal
+       coalesce(r.refused_events, 0) AS refused_events, r.last_refusal,
+       coalesce(u.unverified_events, 0) AS unverified_events
 FROM named n LEFT JOIN tagged t USING (instance_id) LEFT JOIN refused r USING (instance_id)
+     LEFT JOIN unverified u USING (instance_id)
 """
 
 # Every shared view, the money too (db/money.py). Binding a view costs a few ms and

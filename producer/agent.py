@@ -203,9 +203,10 @@ class _AgentBase:
         if self.deliverer is not None:
             self.deliverer.start()
 
-    def _close(self, timeout: float | None = None) -> bool:
+    def _close(self, timeout: float | None = None, unless_away: bool | None = None) -> bool:
         """Wait up to the flush timeout for delivery, stop; True if everything was acknowledged.
 
+        ``unless_away`` (default: when no ``timeout`` is given): a Kafka that does not answer is not waited for.
         Closing again (``close()`` inside ``with``) does nothing and says how the first close went.
         """
         if self._closed is not None:
@@ -219,12 +220,15 @@ class _AgentBase:
             )
         if self.deliverer is not None:
             # at the default exit, a Kafka that does not answer is not waited for (the events are safe in the spool)
-            unless_away = timeout is None
+            at_exit = timeout is None  # the default exit, not a caller's own bound
+            unless_away = at_exit if unless_away is None else unless_away
             timeout = self.settings.flush_timeout if timeout is None else timeout
             t0 = time.monotonic()
             ok = self._flush_blocking(timeout, unless_away)
             away = not ok and self.deliverer.away(t0)
-            if not ok:
+            if not ok and self.deliverer.denied is not None:
+                self._say_denied()
+            elif not ok:
                 why = f" (last error: {self.deliverer.last_error})" if self.deliverer.last_error else ""
                 after = (
                     f"Kafka at {self.settings.bootstrap} does not answer{why}: not waited for after "
@@ -250,11 +254,25 @@ class _AgentBase:
                     "; ".join(self.deliverer.dropped),
                 )
             # the thread's stop waits for a request in flight; a caller's own timeout bounds that wait too
-            stop_wait = 0.2 if away else (5.0 if unless_away else min(5.0, max(0.2, timeout - (time.monotonic() - t0))))
+            stop_wait = 0.2 if away else (5.0 if at_exit else min(5.0, max(0.2, timeout - (time.monotonic() - t0))))
             self.deliverer.stop(stop_wait)
         self.spool.close()
         self._closed = ok
         return ok
+
+    def _say_denied(self) -> None:
+        """The broker refuses this credential: stop the sender (its next tries would say the same), then say so last."""
+        assert self.deliverer is not None
+        denied = self.deliverer.denied
+        self.deliverer.stop(0.2)
+        log.warning(
+            "%d events of %s not delivered: %s; they stay in %s for `flightrec agent flush` with a credential that "
+            "may write",
+            self.spool.pending(),
+            self.instance_id,
+            denied,
+            self.spool.dir,
+        )
 
     def _flush_blocking(self, timeout: float, unless_away: bool = False) -> bool:
         if self.deliverer is None:
@@ -524,9 +542,10 @@ class SyncAgent(_AgentBase):
             require_delivered(ok, self.spool, timeout, self.deliverer.last_error if self.deliverer else None)
         return ok
 
-    def close(self, timeout: float | None = None) -> bool:
-        """Flush for up to ``timeout`` (default: the flush timeout), then stop delivering."""
-        return self._close(timeout)
+    def close(self, timeout: float | None = None, *, unless_away: bool | None = None) -> bool:
+        """Flush for up to ``timeout`` (default: the flush timeout), then stop delivering; ``unless_away``: a Kafka
+        that does not answer is not waited for (the default when no ``timeout`` is given)."""
+        return self._close(timeout, unless_away)
 
 
 class Agent(_AgentBase):

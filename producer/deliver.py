@@ -24,7 +24,9 @@ from flightrec.producer.fit import (
 from flightrec.producer.lost import LostSpool
 from flightrec.producer.redact import visible
 from flightrec.producer.spool import Position, Record, Spool
+from flightrec.schemas import now_us
 from flightrec.schemas.auth import Signer, parse_fleet_key
+from flightrec.schemas.sendtime import sent_header
 
 from flightrec.errors import ConfigError, DeliveryError
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LIFECYCLE, TOPICS, Settings
@@ -39,6 +41,9 @@ AWAY = "delivery-away"  # in the spool folder while Kafka does not answer its se
 AWAY_AFTER_S = 2.0  # an attempt that has not come back after this long may mean Kafka does not answer
 PROBE_EVERY_S = 1.0  # then a TCP connection to the bootstrap addresses decides, at most this often
 PROBE_TIMEOUT_S = 0.5
+# Bytes kept under a topic's limit for a message's headers (the send time, the writer's tag): events are built
+# further under it (fit.py MARGIN, batcher.py BATCH_SLACK); parts of a split batch are cut to leave this room
+HEADER_ROOM = 256
 
 
 def bootstrap_answers(bootstrap: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
@@ -108,6 +113,7 @@ class Deliverer:
         self.errors_total = 0
         self.last_error: str | None = None
         self.dropped: list[str] = []  # one line per record replaced by a marker
+        self.denied: str | None = None  # why the broker refuses this credential (access.py), while it does
         self.limits: dict[str, int] = {}
         self._cause_line: str | None = None  # why Kafka cannot be reached, as connection_cause named it
         self._acked = spool.load_cursor()
@@ -205,6 +211,7 @@ class Deliverer:
     def _answer(self) -> None:
         """Kafka acknowledged a round of sends: delivery works (the spool's note, if any, is removed)."""
         self._failed_attempt = None
+        self.denied = None
         with contextlib.suppress(OSError):
             (self.spool.dir / AWAY).unlink(missing_ok=True)
 
@@ -231,8 +238,8 @@ class Deliverer:
                     self._acked = max(self._acked, self.spool.load_cursor())
                 if self._acked >= target:
                     return True
-            if unless_away and self.away(since):  # the probe runs without the lock the sender needs
-                return False
+            if unless_away and (self.denied is not None or self.away(since)):  # the probe runs without the lock
+                return False  # the sender needs; a refused credential is refused again on every try
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop sending (what is not acknowledged stays in the spool) and release the lock."""
@@ -312,6 +319,8 @@ class Deliverer:
         try:
             learned = await topic_limits(self.settings.kafka_kwargs(), TOPICS)
         except Exception as exc:  # no DescribeConfigs right, broker away: the setting or the stock limit applies
+            if self._stopping:  # the agent has said its last word: a try cut short by its stop is not news
+                return False
             log.info(
                 "cannot describe the topics' max.message.bytes (%s: %s); using %d bytes",
                 type(exc).__name__,
@@ -327,7 +336,7 @@ class Deliverer:
         forced = self._forced.get(rec.end)
         if forced is not None:
             return [self._drop(rec, f"Kafka refused it: {forced}")]
-        limit = self.limit(rec.topic)
+        limit = self.limit(rec.topic) - HEADER_ROOM  # the record's headers count against the topic's limit too
         if message_size(rec.key, rec.value) <= limit:
             return [Outgoing(rec.topic, rec.key, rec.value)]
         parts = split_log_batch(rec.value, rec.key, limit)
@@ -348,6 +357,20 @@ class Deliverer:
             log.error("Kafka refuses an event for good; a Dropped marker keeps its place: %s", line)
         return Outgoing(TOPIC_LIFECYCLE, rec.key, marker_for(rec, reason))
 
+    async def _send_one(self, producer: Any, out: Outgoing) -> Any:
+        """Send one message; signed, it goes to the partition its tag names: the one the client's default partitioner
+        picks for its key now (schemas/auth.py: a copy in another partition is refused)."""
+        # the send time (schemas/sendtime.py): the clock is judged by it, never by an event's own time
+        headers = [sent_header(now_us())]
+        if self._signer is None:
+            return await producer.send(out.topic, out.value, key=out.key, headers=headers)
+        from aiokafka.partitioner import DefaultPartitioner
+
+        partitions = sorted(await producer.partitions_for(out.topic))
+        partition = DefaultPartitioner()(out.key, partitions, partitions)
+        headers.append(self._signer.header(out.topic, partition, out.key, out.value))
+        return await producer.send(out.topic, out.value, key=out.key, partition=partition, headers=headers)
+
     async def _send_all(self, producer: Any, records: list[Record]) -> tuple[BaseException | None, bool]:
         """Send what is not yet acknowledged; mark what Kafka acknowledged. Returns (transient error, retry now)."""
         plans: list[tuple[Record, list[Any]]] = []
@@ -358,8 +381,7 @@ class Deliverer:
             futures = []
             for out in self._outgoing(rec):
                 try:
-                    headers = [self._signer.header(out.topic, out.key, out.value)] if self._signer else None
-                    futures.append(await producer.send(out.topic, out.value, key=out.key, headers=headers))
+                    futures.append(await self._send_one(producer, out))
                 except Exception as exc:  # refused before sending (size) or the producer is unusable
                     futures.append(exc)
             plans.append((rec, futures))
@@ -453,6 +475,7 @@ class Deliverer:
                     if failures == 1 or (failures % 20 == 0):  # name the cause: credentials, TLS, nothing there...
                         self._cause_line = await self._cause()
                     self.last_error = self._cause_line or f"{type(transient).__name__}: {transient}"
+                    self.denied = self._denial(transient)
                     self.say_away()
                     if failures == 1:
                         log.warning(
@@ -475,6 +498,17 @@ class Deliverer:
             if producer is not None:
                 await _close(producer)
             self._release()
+
+    def _denial(self, exc: BaseException) -> str | None:
+        """One line when the broker refuses this credential (authorization, or the login the cause names)."""
+        from flightrec.access import REFUSED_LOGIN, refusal_line, refusal_of
+
+        refusal = refusal_of(exc)
+        if refusal is not None:
+            return refusal_line(refusal, self.settings.kafka_kwargs(), "write")
+        if self._cause_line and REFUSED_LOGIN in self._cause_line:
+            return self._cause_line  # connection_cause names the user and role
+        return None
 
     async def _cause(self) -> str | None:
         from flightrec.cluster import connection_cause

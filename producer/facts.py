@@ -14,6 +14,7 @@ from typing import Any
 
 from flightrec.schemas import InstanceFacts
 
+from flightrec import __version__
 from flightrec.errors import ConfigError
 
 GPU_FIELDS = ("gpu_model", "gpu_count", "gpu_memory_mib", "driver_version", "cuda_version", "compute_capability")
@@ -129,4 +130,6 @@ def collect_facts(override: Mapping[str, Any] | None = None) -> dict[str, Any]:
     else:
         facts.update(probe_gpu())
     facts.update(override)
+    # which agent sent them (`flightrec status` lists the versions seen); an override's attributes come on top
+    facts["attributes"] = {"agent_version": __version__, **dict(override.get("attributes") or {})}
     return facts

@@ -11,10 +11,16 @@ from flightrec.producer.agent import SyncAgent
 from flightrec.producer.names import safe_name
 from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, now_us
 
-from flightrec.errors import ConfigError
+from flightrec.errors import ConfigError, CredentialError
 from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+# Kinds after which this source says nothing more about the instance: its spool folder there is removed once
+# delivered (an id rented again starts a new one).
+ENDS = ("destroyed", "forgotten")
+ENDED = "ended"  # in the manager's instance folder: its last event was one of ENDS; removed once delivered
 
 
 def default_source() -> str:
@@ -68,8 +74,15 @@ def send_manager_event(
                 attributes=attrs,
             )
 
+        _mark_ended(agent.spool.dir, kind in ENDS)
         event = agent.emit_makers([make])[0]
         ok = agent.close(timeout)
+    denied = agent.deliverer.denied if agent.deliverer is not None and not ok else None
+    if denied is not None:  # no retry changes it: the manager is told now, not after each timeout
+        raise CredentialError(
+            f"{denied}; the {kind} event about {instance} stays spooled in {agent.spool.dir}: deliver it with "
+            f"`flightrec agent flush --all --spool {manager_spool(settings, source)}` and a credential that may write"
+        )
     if not ok:
         log.warning(
             "manager event %s about %s is spooled in %s but not yet acknowledged; deliver it with "
@@ -79,4 +92,31 @@ def send_manager_event(
             agent.spool.dir,
             manager_spool(settings, source),
         )
+    if ok:
+        remove_if_ended(manager_spool(settings, source), instance)
     return event, ok  # type: ignore[return-value]  # emit returns the Event base: it is the ManagerEvent made here
+
+
+def _mark_ended(folder: Path, ended: bool) -> None:
+    """Note (or clear) that the source's last word on the instance ends it: the folder may go once delivered."""
+    marker = folder / ENDED
+    try:
+        if ended:
+            marker.touch()
+        else:
+            marker.unlink(missing_ok=True)
+    except OSError as exc:  # the folder then stays: nothing is lost
+        log.debug("%s: %s", marker, exc)
+
+
+def remove_if_ended(root: Path, instance: str) -> bool:
+    """Remove the manager's spool folder of ``instance`` under ``root`` when its last event destroyed or forgot the
+    instance and Kafka acknowledged everything in it (a folder kept per instance for ever otherwise)."""
+    from flightrec.producer.spool import Spool, instance_dir
+
+    if not (instance_dir(root, instance) / ENDED).exists():
+        return False
+    removed = Spool(root, instance).remove_if_delivered()
+    if removed:
+        log.info("removed the delivered manager spool folder of %s (%s)", instance, instance_dir(root, instance))
+    return removed

@@ -469,8 +469,29 @@ class Redactor:
         return self.stream([line], [True])[0][0]
 
     def argv(self, argv: Sequence[str]) -> str:
-        """A command line for display: each argument masked, then joined with shell quoting."""
-        return shlex.join(self.text(a) for a in argv)
+        """A command line for display: masked as one command line (:meth:`argv_list`), joined with shell quoting."""
+        return shlex.join(self.argv_list(argv))
+
+    def argv_list(self, argv: Sequence[str]) -> list[str]:
+        """The arguments of a command masked as one command line, element by element: an argument that holds a secret
+        of its own is masked as :meth:`text` masks it (``--token=***``); one that a match over the joined command line
+        reaches (the value after ``--password``, a separate argument) becomes ``***`` whole."""
+        own = [self.text(a) for a in argv]
+        quoted = [shlex.quote(a) for a in argv]
+        line = " ".join(quoted)
+        spans = self._named_spans(line)
+        if self.shapes and (self._exact(line) or (self._needles and self._needles(line.lower()))):
+            for shape in self._candidates(line):
+                spans += _shape_spans(shape, line)[0]
+        if not spans:
+            return own
+        out, pos = [], 0
+        for arg, mine, q in zip(argv, own, quoted, strict=True):
+            start, end = pos, pos + len(q)
+            pos = end + 1
+            reached = any(a < end and b > start for a, b, _ in spans)
+            out.append(mine if mine != arg or not reached else MASK)
+        return out
 
     def mapping(self, values: Mapping[str, str]) -> dict[str, str]:
         """A string map with its keys and values masked."""

@@ -27,6 +27,7 @@ from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.follow import FileFollower
 from flightrec.producer.handoff import GATHER_BELOW, GATHER_S, HandedFile, HandedPipe, Handoff, hand_off
 from flightrec.producer.heartbeat import heartbeat
+from flightrec.producer.redact import visible
 from flightrec.producer.term import (
     FORWARDED,
     Canary,
@@ -283,8 +284,9 @@ def _spawn(argv: list[str], env: dict[str, str], ptys: dict[int, PtyPair]) -> su
 
 
 def set_title(stage: str) -> None:
-    """Show the agent as ``flightrec-agent stage=NAME`` in ps and to ``pkill -f`` (not the wrapped command line)."""
-    setproctitle(f"flightrec-agent stage={stage}")
+    """Show the agent as ``flightrec-agent stage=NAME`` in ps and to ``pkill -f`` (not the wrapped command line); a
+    name that is not UTF-8 shown with its bytes as ``\\xNN`` (as its events record it)."""
+    setproctitle(f"flightrec-agent stage={visible(stage)[0]}")
 
 
 @dataclass
@@ -406,7 +408,7 @@ def _report_start_error(r: _Run, exc: OSError) -> StageResult:
     exit_ev = agent.emit(
         ProcessExit,
         stage=r.stage,
-        argv=[agent.redactor.text(a) for a in r.argv],
+        argv=list(r.argv),  # masked as one command line when spooled (scrub.py)
         exit_code=status,
         start_error=why,
         started_us=r.started_us,
@@ -487,7 +489,7 @@ def _report(r: _Run, seal_on_success: bool) -> StageResult:
     exit_ev = agent.emit(
         ProcessExit,
         stage=stage,
-        argv=[agent.redactor.text(a) for a in r.argv],
+        argv=list(r.argv),  # masked as one command line when spooled (scrub.py)
         pid=proc.pid,
         exit_code=None if signum else rc,
         signal=signum,

@@ -41,6 +41,18 @@ class _Scrubber:
             values = [self.text(v, where) for v in values]
         return self.redactor.lines(values)
 
+    def argv(self, values: list[str], where: str) -> list[str]:
+        """A command's arguments masked as one command line (a secret option's value is its own argument)."""
+        shown = []
+        for v in values:
+            text, bad = visible(v)
+            if bad:
+                self.escaped.append(where)
+            shown.append(text)
+        masked = self.redactor.argv_list(shown)
+        out = [cut(v, self.cap) for v in masked] if self.cap is not None else masked
+        return values if out == values else out
+
     def value(self, value: Any, where: str) -> Any:
         if isinstance(value, str):
             return self.text(value, where)
@@ -68,6 +80,8 @@ class _Scrubber:
                 lines = old if isinstance(old, list) else list(old)
                 new = self.lines(lines, "text")
                 new = old if new is lines else new
+            elif f.name == "argv" and isinstance(old, (list, tuple)) and all(isinstance(a, str) for a in old):
+                new = self.argv(list(old), f"{where}.argv" if where else "argv")
             else:
                 new = self.value(old, f"{where}{f.name}" if not where else f"{where}.{f.name}")
             if new is not old:

@@ -565,6 +565,50 @@ class Spool:
             cursor = nxt
         return count
 
+    def remove_if_delivered(self) -> bool:
+        """Remove this instance's folder when Kafka acknowledged every record in it and no other process uses it
+        (the manager's folder of an instance it destroyed or forgot: nothing more is said about it); False, the
+        folder left as it is, otherwise. Closes this Spool either way."""
+        removed = False
+        with self._tlock:
+            if self._lock_fd < 0:
+                return False
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False
+            try:
+                removed = self._remove_unused()
+            finally:
+                self._unlock()
+        self.close()
+        return removed
+
+    def _remove_unused(self) -> bool:
+        """Under the lock: the folder removed if no process delivers from it and nothing in it is unacknowledged."""
+        deliver = os.open(self.dir / "deliver.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(deliver, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(deliver)
+            return False
+        try:
+            head = self._recover()
+            if head is not None and self.load_cursor() < Position(head.seg, head.offset):
+                return False
+            entries = list(self.dir.iterdir())
+            if any(p.is_dir() and not p.is_symlink() for p in entries):
+                return False  # a folder of someone else's inside: not ours to remove
+            for p in entries:
+                p.unlink(missing_ok=True)
+            self.dir.rmdir()
+            return True
+        except OSError as exc:
+            log.warning("spool %s: could not remove the delivered folder: %s", self.dir, exc)
+            return False
+        finally:
+            os.close(deliver)
+
     def close(self) -> None:
         """Release the file descriptors (the spool stays on disk)."""
         try:

@@ -9,8 +9,13 @@ The contract (the agent signs, the materializer verifies; both pure, stdlib ``hm
   derives any instance's secret from the key id alone: no table of secrets to keep, leak or sync, and nothing
   an instance can read tells it another instance's secret.
 - The manager's events are signed with the **manager key**, derived from the fleet key with key id ``manager``.
-- Every Kafka message carries the header ``flightrec-tag`` = ``<key id> <tag hex>``, the tag being
-  ``HMAC-SHA256(secret, topic \\0 key \\0 value)``: the Avro single-object value stays as it is.
+- Every Kafka message carries the header ``flightrec-tag`` = ``<key id> <tag hex>``, the tag being an
+  HMAC-SHA256 with the secret over the topic, the **partition**, the key (its length first) and the value
+  (:func:`tag`): the Avro single-object value stays as it is. The writer picks the partition before it signs (the
+  agent names it in its send, by the default partitioner of its Kafka client), so a copy of a message into another
+  partition is no longer tagged: whatever partitioner a producer uses, and however many partitions a topic gains,
+  the tag proves the one partition its writer chose. A tag of the first version (no partition in it) proves nothing
+  of the partition: it is refused, naming the upgrade.
 - A tag proves which key wrote the message. The materializer then holds the event to that key's instance: an
   instance key writes only events of its own instance id and never manager events, and a key enrolled before
   the instance's ``destroyed`` (by the manager's clock) writes nothing received after that ``destroyed``.
@@ -84,9 +89,9 @@ class Signer:
     key_id: str
     secret: bytes = field(repr=False)
 
-    def header(self, topic: str, key: bytes | None, value: bytes) -> tuple[str, bytes]:
-        """The ``flightrec-tag`` header of one message."""
-        return HEADER, f"{self.key_id} {tag(self.secret, topic, key, value)}".encode()
+    def header(self, topic: str, partition: int, key: bytes | None, value: bytes) -> tuple[str, bytes]:
+        """The ``flightrec-tag`` header of one message, to be sent to ``partition`` of ``topic``."""
+        return HEADER, f"{self.key_id} {tag(self.secret, topic, partition, key, value)}".encode()
 
     @property
     def token(self) -> str:
@@ -125,8 +130,22 @@ def enroll(fleet_key: bytes, instance_id: str, now_us: int) -> Signer:
     return Signer(key_id, secret_for(fleet_key, key_id))
 
 
-def tag(secret: bytes, topic: str, key: bytes | None, value: bytes) -> str:
-    """HMAC-SHA256 over the topic, the message key and the value, hex."""
+_TAG_LABEL = b"flightrec tag v2\x00"
+
+
+def tag(secret: bytes, topic: str, partition: int, key: bytes | None, value: bytes) -> str:
+    """HMAC-SHA256 over the topic, the partition, the message key (after its length: no byte moves between key and
+    value unseen) and the value, hex."""
+    key_len = b"-1" if key is None else str(len(key)).encode()
+    head = b"\x00".join((_TAG_LABEL + topic.encode(), str(partition).encode(), key_len, key or b""))
+    mac = hmac.new(secret, head, hashlib.sha256)
+    mac.update(value)
+    return mac.hexdigest()
+
+
+def first_version_tag(secret: bytes, topic: str, key: bytes | None, value: bytes) -> str:
+    """The tag of agents before the partition was bound (topic, key, value only): recognised to say so, never
+    accepted."""
     mac = hmac.new(secret, topic.encode() + b"\x00" + (key or b"") + b"\x00", hashlib.sha256)
     mac.update(value)
     return mac.hexdigest()
@@ -162,8 +181,10 @@ def header_of(headers: object) -> bytes | None:
     return None
 
 
-def verify(fleet_key: bytes, header: bytes | None, topic: str, key: bytes | None, value: bytes) -> Verdict:
-    """Check one message's tag against the key its key id names. Pure."""
+def verify(
+    fleet_key: bytes, header: bytes | None, topic: str, partition: int, key: bytes | None, value: bytes
+) -> Verdict:
+    """Check one message's tag, for the partition it was read from, against the key its key id names. Pure."""
     if header is None:
         return Verdict(None)
     try:
@@ -173,7 +194,18 @@ def verify(fleet_key: bytes, header: bytes | None, topic: str, key: bytes | None
     parsed = KeyId.parse(key_id)
     if parsed is None:
         return Verdict(None, problem="its tag names no flightrec key")
-    want = tag(secret_for(fleet_key, key_id), topic, key, value)
+    secret = secret_for(fleet_key, key_id)
+    want = tag(secret, topic, partition, key, value)
     if not hmac.compare_digest(want.encode(), got.encode()):  # bytes: compare_digest refuses non-ASCII str
-        return Verdict(None, problem=f"its tag does not match key {key_id!r}: not made by that key, or altered")
+        if hmac.compare_digest(first_version_tag(secret, topic, key, value).encode(), got.encode()):
+            return Verdict(
+                None,
+                problem=f"its tag (key {key_id!r}) does not bind the partition: an agent older than this "
+                "materializer wrote it; upgrade the agent",
+            )
+        return Verdict(
+            None,
+            problem=f"its tag does not match key {key_id!r} for partition {partition}: not made by that key, made "
+            "for another partition (a copy), or altered",
+        )
     return Verdict(key_id, parsed.instance_id, parsed.enrolled_us)

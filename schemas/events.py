@@ -17,6 +17,7 @@ VERDICTS = ("pass", "fail", "error")
 
 
 CLOCK_OFFSET_ENV = "FLIGHTREC_CLOCK_OFFSET_S"  # testing/diagnostics: the instance's clock, shifted
+MAX_CLOCK_OFFSET_S = 10**9  # about 31 years either way: beyond it (or not finite) the setting is no shift
 _clock_offset_us: int | None = None
 
 
@@ -25,14 +26,16 @@ def clock_offset_us() -> int:
 
     A testing and diagnostic setting: it makes the agent stamp its events as an instance whose
     clock is wrong would (negative: behind), without touching the machine's clock. Read once.
-    An unreadable value is no shift: a diagnostic setting never stops the agent.
+    An unreadable value, or one beyond MAX_CLOCK_OFFSET_S, is no shift: a diagnostic setting never stops the agent.
     """
     global _clock_offset_us
     if _clock_offset_us is None:
         try:
-            _clock_offset_us = int(float(os.environ.get(CLOCK_OFFSET_ENV) or 0) * 1_000_000)
+            seconds = float(os.environ.get(CLOCK_OFFSET_ENV) or 0)
         except ValueError:
-            _clock_offset_us = 0
+            seconds = 0.0
+        # NaN, infinities and shifts no clock has are no shift (an event stamped there would not even encode)
+        _clock_offset_us = int(seconds * 1_000_000) if abs(seconds) <= MAX_CLOCK_OFFSET_S else 0
     return _clock_offset_us
 
 
@@ -273,7 +276,7 @@ class Heartbeat(Event):
 
 
 LOST_AFTER_INTERVALS = 3  # an unsealed instance silent for this many heartbeat intervals is `lost`
-MANAGER_KINDS = ("rented", "destroyed", "note", "rebooted", "released")
+MANAGER_KINDS = ("rented", "destroyed", "note", "rebooted", "released", "forgotten")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

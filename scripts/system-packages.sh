@@ -6,6 +6,8 @@ command -v kcat >/dev/null 2>&1 || need="$need kcat"
 command -v chromium >/dev/null 2>&1 || need="$need chromium"
 # PostgreSQL's server programs, for `flightrec catalog` (a lake's catalog) and the tests' catalog fixture
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || need="$need postgresql"
+# promtool, from Prometheus itself, evaluates the shipped alert rules in the tests (examples/prometheus/)
+command -v promtool >/dev/null 2>&1 || need="$need prometheus"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing Debian packages:$need"

@@ -28,7 +28,7 @@ MAPPED = {
 DATA_SUFFIXES = {".py", ".avsc", ".sql", ".toml", ".cu", ".cuh", ".xml"}
 # The layering: which part may import which. Every part may import the ground floor (GROUND, the root package's
 # own modules); only the CLI and the demo (src/flightrec/cli, src/flightrec/demo) wire the parts together.
-GROUND = {"errors", "settings", "cluster", "localservice"}
+GROUND = {"errors", "settings", "cluster", "localservice", "access"}
 LAYERS: dict[str, set[str]] = {
     "schemas": set(),
     "db": {"schemas"},  # the database: tables, views, the store (file or lake), the read path

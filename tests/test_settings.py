@@ -39,12 +39,19 @@ def test_every_setting_is_read_from_its_variable():
 
     for f in dataclasses.fields(Settings):
         kind = str(f.type).replace(" | None", "")
-        special = {"security_protocol": ("SASL_SSL", "SASL_SSL"), "unauthenticated": ("Refuse", "refuse")}
-        raw = {"int": "7", "float": "2.5", "tuple[str, ...]": "A, B"}.get(kind, special.get(f.name, ("debug",))[0])
+        special = {
+            "security_protocol": ("SASL_SSL", "SASL_SSL"),
+            "unauthenticated": ("Refuse", "refuse"),
+            "max_message_bytes": ("4096", 4096),  # bounded: at least MIN_LIMIT
+            "max_line": ("4096", 4096),  # bounded: at least 16
+        }
+        raw = {"int": "7", "float": "2.5", "tuple[str, ...]": "A, B"}.get(kind, "debug")
+        raw = special.get(f.name, (raw,))[0]
         value = getattr(Settings.from_env({f.metadata["setting"].env: raw}), f.name)
-        assert value == {"int": 7, "float": 2.5, "tuple[str, ...]": ("A", "B")}.get(
-            kind, special[f.name][1] if f.name in special else "DEBUG" if f.name == "log_level" else "debug"
-        ), f.name
+        want = {"int": 7, "float": 2.5, "tuple[str, ...]": ("A", "B")}.get(
+            kind, "DEBUG" if f.name == "log_level" else "debug"
+        )
+        assert value == (special[f.name][1] if f.name in special else want), f.name
 
 
 def test_every_env_var_the_code_reads_is_a_declared_setting():
@@ -119,3 +126,16 @@ def test_the_batch_window_is_a_setting_the_materializer_gets() -> None:
     for bad in ("0", "-1", "nan", "inf", "61", "soon"):
         with pytest.raises(ConfigError, match="FLIGHTREC_COMMIT_INTERVAL"):
             Settings.from_env({"FLIGHTREC_COMMIT_INTERVAL": bad})
+
+
+def test_a_number_out_of_its_bounds_is_refused_or_taken_as_the_default_where_asked() -> None:
+    """What the agent's parts would refuse later (a line limit under 16 bytes, a negative wait, NaN) is refused at
+    reading; `agent run` reads leniently (cli.run_command): the default, and the message kept."""
+    bad = {"FLIGHTREC_MAX_LINE": "0", "FLIGHTREC_SEAL_WAIT": "-1", "FLIGHTREC_HEARTBEAT_S": "nan"}
+    for name, raw in bad.items():
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env({name: raw})
+    unusable: list[str] = []
+    s = Settings.from_env({**bad, "FLIGHTREC_TAIL_LINES": "12"}, unusable=unusable)
+    assert (s.max_line, s.seal_wait, s.heartbeat_s, s.tail_lines) == (65536, 10.0, 30.0, 12)
+    assert len(unusable) == 3 and all(any(n in u for u in unusable) for n in bad)

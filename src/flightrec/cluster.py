@@ -100,9 +100,11 @@ async def connection_cause(kafka_kwargs: Mapping[str, object], timeout: float = 
                 timeout,
             )
         except (SaslAuthenticationFailed, AuthenticationFailedError) as exc:
+            from flightrec.access import role_of
+
             user = kafka_kwargs.get("sasl_plain_username")
             causes.append(
-                f"the broker at {where} refused the SASL credentials of user {user!r} "
+                f"the broker at {where} refused the SASL credentials of {role_of(str(user) if user else None)} "
                 f"({kafka_kwargs.get('sasl_mechanism')}): wrong user or password; check "
                 f"FLIGHTREC_SASL_USERNAME and FLIGHTREC_SASL_PASSWORD_FILE ({exc})"
             )

@@ -16,6 +16,12 @@ class ConfigError(FlightrecError):
     """A flag, environment variable or file holds a value flightrec cannot use."""
 
 
+class CredentialError(ConfigError):
+    """The broker refuses the Kafka credential in use (authorization or authentication): no retry changes that; the
+    message names the credential's user and role, what it may not do, and which credential would
+    (flightrec/access.py)."""
+
+
 class MissingExtraError(FlightrecError):
     """A command needs a package of an extra (``server``, ``gpu``) that this installation lacks: install the extra."""
 

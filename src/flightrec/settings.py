@@ -108,6 +108,33 @@ def _commit_interval(text: str) -> float:
     return value
 
 
+def _bounded(name: str, kind: type, low: float | None = None, high: float | None = None) -> Callable[[str], Any]:
+    """How a number with bounds is read: a finite ``kind`` between ``low`` and ``high``, else ConfigError naming
+    the setting and what it takes (a value the agent's parts would refuse later, stopping a stage, is refused here,
+    where `agent run` falls back to the default: cli.run_command)."""
+    what = "a whole number" if kind is int else "a number"
+    shown = [f"{int(b):,}" if float(b).is_integer() else f"{b:g}" for b in (low, high) if b is not None]
+    if low is not None and high is not None:
+        span = f" from {shown[0]} to {shown[1]}"
+    elif low is not None:
+        span = f" of at least {shown[0]}"
+    else:
+        span = f" of at most {shown[0]}" if shown else ""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text.strip())
+        except ValueError:
+            raise ConfigError(f"{name}={text!r} is not {what}; set it to {what}{span} or unset it") from None
+        if value != value or value in (float("inf"), float("-inf")) or (low is not None and value < low):
+            raise ConfigError(f"{name}={text!r}: set it to {what}{span} or unset it")
+        if high is not None and value > high:
+            raise ConfigError(f"{name}={text!r}: set it to {what}{span} or unset it")
+        return value
+
+    return parse
+
+
 def parse_days(name: str, text: str) -> float | None:
     """Days from a setting's text; ``forever`` (or ``never``, ``off``) is None: kept for ever."""
     value = text.strip().lower()
@@ -320,6 +347,7 @@ class Settings:
         "Seconds an exiting agent waits for Kafka to acknowledge its events; the rest stays in the spool. Not "
         "waited for when Kafka does not answer (an attempt made at exit fails, or one has not come back for 2 s, "
         "and no bootstrap address accepts a TCP connection): the stage ends as fast as without the agent.",
+        parse=_bounded("FLIGHTREC_FLUSH_TIMEOUT", float, 0, 86400),
     )
     max_message_bytes: int | None = setting(
         "FLIGHTREC_MAX_MESSAGE_BYTES",
@@ -327,34 +355,40 @@ class Settings:
         "Largest Kafka message the agent builds, in bytes. Unset: each topic's `max.message.bytes` as the cluster"
         " describes it, else Kafka's stock 1048588. Set it where the agent may not describe topic configs, or to "
         "stay below them.",
+        parse=_bounded("FLIGHTREC_MAX_MESSAGE_BYTES", int, 1024, 1 << 31),
     )
     max_line: int = setting(
         "FLIGHTREC_MAX_LINE",
         65536,
         "Longest log line shipped, in bytes; longer lines are cut and flagged truncated.",
+        parse=_bounded("FLIGHTREC_MAX_LINE", int, 16, 1 << 26),
     )
     tail_lines: int = setting(
         "FLIGHTREC_TAIL_LINES",
         100,
         "Lines of stdout, stderr and each followed file kept in a process-exit event.",
+        parse=_bounded("FLIGHTREC_TAIL_LINES", int, 0, 100_000),
     )
     follow_grace: float = setting(
         "FLIGHTREC_FOLLOW_GRACE",
         2.0,
         "Seconds at most that `agent run` keeps reading followed files after CMD exits when no process the stage "
         "started still runs (it stops once they were read to their end: 0.2 s without new bytes).",
+        parse=_bounded("FLIGHTREC_FOLLOW_GRACE", float, 0, 86400),
     )
     seal_wait: float = setting(
         "FLIGHTREC_SEAL_WAIT",
         10.0,
         "Seconds a seal waits for the boot's other running stages (a background tunnel) and a facts probe (a slow"
         " nvidia-smi) to end; what still runs then is named in the seal and its later events are not recorded.",
+        parse=_bounded("FLIGHTREC_SEAL_WAIT", float, 0, 86400),
     )
     heartbeat_s: float = setting(
         "FLIGHTREC_HEARTBEAT_S",
         30.0,
         "Seconds between the agent's heartbeats while a stage runs (0: none). The interval travels in each "
         "heartbeat, so readers know it: an unsealed instance silent for 3 intervals has status `lost`.",
+        parse=_bounded("FLIGHTREC_HEARTBEAT_S", float, None, 86400),
     )
     late_wait: float = setting(
         "FLIGHTREC_LATE_WAIT",
@@ -363,6 +397,7 @@ class Settings:
         "write it (holds its pipes, or carries its token while its files are followed) has ended. Quiet is not an"
         " end: a proving daemon loads tens of GB of parameters for seconds before a GPU error. What still writes "
         "then is named in the seal; its later lines are passed on but not recorded.",
+        parse=_bounded("FLIGHTREC_LATE_WAIT", float, 0, 86400),
     )
     webhook: str | None = setting(
         "FLIGHTREC_WEBHOOK",
@@ -375,6 +410,13 @@ class Settings:
         None,
         "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).",
         shown="failed,lost,below_min_rate,incomplete,refused",
+    )
+    alert_max_age: float = setting(
+        "FLIGHTREC_ALERT_MAX_AGE",
+        900.0,
+        "Seconds: a failure, incomplete boot or silence whose evidence Kafka received longer ago than this when the "
+        "materializer first sees it is recorded in the alerts outbox but not posted (`outcome` 'historical'): a "
+        "database built from old topics, or a materializer restarted after hours, posts no history. 0: post all.",
     )
     commit_interval: float = setting(
         "FLIGHTREC_COMMIT_INTERVAL",
@@ -399,6 +441,7 @@ class Settings:
         "touching the machine's clock; read once per process, an unreadable value is no shift. Liveness does not "
         "follow it: the materializer judges `lost` by when Kafka received the events; the instance page shows the"
         ' offset (docs/materializer.md, "Clocks").',
+        parse=_bounded("FLIGHTREC_CLOCK_OFFSET_S", float, -(10**9), 10**9),  # schemas.events.MAX_CLOCK_OFFSET_S
     )
     keep_lines_days: float | None = setting(
         "FLIGHTREC_KEEP_LINES_DAYS",
@@ -463,15 +506,23 @@ class Settings:
     )
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read every FLIGHTREC_* variable; unset or empty ones take the default."""
+    def from_env(cls, env: Mapping[str, str] | None = None, unusable: list[str] | None = None) -> Settings:
+        """Read every FLIGHTREC_* variable; unset or empty ones take the default. A value that cannot be read raises
+        ConfigError, or, given ``unusable``, takes the default and its message is appended there (the agent's
+        `run`: a stage never waits on the agent's configuration)."""
         env = os.environ if env is None else env
         given: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             s: Setting = f.metadata["setting"]
             raw = _env(env, s.env)
-            if raw is not None:
+            if raw is None:
+                continue
+            try:
                 given[f.name] = _read(s.env, str(f.type), raw, f.metadata["parse"])
+            except ConfigError as exc:
+                if unusable is None:
+                    raise
+                unusable.append(str(exc))
         return cls(**given)
 
     def with_overrides(self, **flags: Any) -> Settings:

@@ -207,6 +207,51 @@ def test_failure_long_tail_collapsed_around_the_highlighted_line(glance_db, open
     assert any(e.label.startswith("All 90 lines") for e in at.expander)
 
 
+UNKNOWN_WHY = "Error: witness column 7 has 3 rows, the circuit expects 4"
+
+
+def _unknown_failure_db(path) -> tuple[str, str]:
+    """A database of one instance whose benchmark failed in a way no rule knows; (instance id, failure id)."""
+    from dashdata import Boot, commit, facts, first_failure_id, stages_ok
+    from flightrec.schemas import Lifecycle, ProcessExit
+
+    b = Boot("a100-unknown")
+    facts(b, "NVIDIA A100-SXM4-80GB", "8.0", 1.1)
+    t = stages_ok(b, "benchmark", BASE_US)
+    b.add(Lifecycle, t, stage="benchmark", state="started")
+    stderr = ["loading circuit", UNKNOWN_WHY, "exit status 1", "benchmark exited with error"]
+    b.lines("benchmark", "stderr", stderr, t + 1000)
+    b.add(
+        ProcessExit,
+        t + 9_000_000,
+        stage="benchmark",
+        argv=["./bench"],
+        pid=7,
+        exit_code=1,
+        started_us=t,
+        ended_us=t + 9_000_000,
+        duration_s=9.0,
+        stderr_tail=stderr,
+    )
+    b.add(Lifecycle, t + 9_500_000, stage="benchmark", state="failed", detail="benchmark exited with error")
+    commit(path, [b])
+    return b.instance, first_failure_id(path, b.instance)
+
+
+def test_an_unknown_failure_shows_its_decisive_line_above_the_fold(tmp_path, open_page):
+    """No rule knows it: the Failures page still shows the line that says why, where it stands, and that no rule
+    placed it; the Instance page shows the same line in its failure banner."""
+    db = tmp_path / "unknown.duckdb"
+    instance, failure = _unknown_failure_db(db)
+    at = open_page(db, "failures", failure=failure)
+    assert next(m.value for m in at.metric if m.label == "Class") == "unknown"
+    assert UNKNOWN_WHY in [c.value for c in at.code]
+    assert any("stderr, line 2 of its tail" in c.value and "no rule placed it" in c.value for c in at.caption)
+    assert any(f"▶ {UNKNOWN_WHY}" in c.value for c in at.code)  # and marked in its tail
+    at = open_page(db, "instance", instance=instance)
+    assert any(UNKNOWN_WHY in e.value for e in at.error)
+
+
 def test_failure_events_that_led_up_to_it_have_times(glance_db, open_page):
     db, ids = glance_db
     at = open_page(db, "failures", failure=ids["no_kernel_failure"])
@@ -256,12 +301,14 @@ def test_collapse_keeps_context_around_the_marked_line():
     from flightrec.analytics.ui import collapse
 
     lines = [f"l{n}" for n in range(90)]
-    shown, cut = collapse(lines, "l60")
+    shown, cut = collapse(lines, 60)
     assert cut and len(shown) == 21 and shown[10] == "▶ l60" and shown[0] == "l50" and shown[-1] == "l70"
-    shown, cut = collapse(lines, "l88")  # near the end: still 21 lines, ending with the last
+    shown, cut = collapse(lines, 88)  # near the end: still 21 lines, ending with the last
     assert cut and len(shown) == 21 and shown[-1] == "l89" and "▶ l88" in shown
-    assert collapse(lines[:5], "l2") == (["l0", "l1", "▶ l2", "l3", "l4"], False)
-    assert collapse(lines, None) == (lines, False) and collapse(lines, "absent") == (lines, False)
+    assert collapse(lines[:5], 2) == (["l0", "l1", "▶ l2", "l3", "l4"], False)
+    assert collapse(lines, None) == (lines, False) and collapse(lines, 90) == (lines, False)
+    same = ["retry", "retry", "retry"]  # the decisive line by its place, not the first line with its text
+    assert collapse(same, 2) == (["retry", "retry", "▶ retry"], False)
 
 
 def test_bucket_unit_and_short_source():

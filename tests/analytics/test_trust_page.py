@@ -40,7 +40,7 @@ def test_fleet_page_names_refused_events_and_unauthenticated_instances(tmp_path:
         ]
     ):
         key, value = ev.instance_id.encode(), encode(ev)
-        headers = (signer.header(ev.topic, key, value),) if signer else ()
+        headers = (signer.header(ev.topic, 0, key, value),) if signer else ()
         msgs.append(RawMessage(ev.topic, 0, n, key, value, headers=headers))
     db = tmp_path / "trust.duckdb"
     store = FileStore(db, "g")

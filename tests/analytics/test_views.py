@@ -126,6 +126,23 @@ def test_dollars_by_class_gpu_and_host_count_each_instance_once(money_db):
     assert {r["host"] for r in _rows(money_db, "FROM cost_by_host")} == {"123", "456", "h-c"}
 
 
+def test_a_host_whose_gpu_fell_off_the_bus_is_banned_at_once(tmp_path):
+    """gpu_hardware_error is deterministic for the host (rules.toml): one Xid 79 bans that host, not its GPU model."""
+    from dashdata import BASE_US, HOUR, MIN, Boot, _money_facts, commit, manager_events
+    from flightrec.schemas import Lifecycle
+
+    b = Boot("x79", BASE_US)
+    _money_facts(b, "NVIDIA GeForce RTX 4090", "h-x", "570.86", 0.5)
+    b.add(Lifecycle, BASE_US + MIN, stage="benchmark", state="started")
+    b.lines("benchmark", "/var/log/kern.log", ["NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus."])
+    b.add(Lifecycle, BASE_US + HOUR, stage="benchmark", state="failed", detail="benchmark exited with error")
+    db = tmp_path / "x79.duckdb"
+    commit(db, [b, manager_events("x79", ("rented", BASE_US, {"price_per_hour": "0.5", "host_id": "789"}))])
+    got = {(r["dimension"], r["value"]): (r["banned"], r["because"]) for r in _rows(db, "FROM avoid_list")}
+    assert got[("host", "789")] == (True, "deterministic")
+    assert got[("gpu_model", "NVIDIA GeForce RTX 4090")] == (False, "too_few")
+
+
 def test_avoid_list_bans_on_a_deterministic_class_or_a_confident_rate_and_says_why(money_db):
     """RTX 4090: a gpu_arch_unsupported (deterministic for the GPU model) bans it; a driver, hosts with 1 or 2
     flaky failures are listed with their counts and interval, not banned (db/avoid.py's rule)."""

@@ -47,3 +47,15 @@ def test_broker_start_says_a_wrong_quota_in_one_line_before_starting_anything(tm
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "FLIGHTREC_AGENT_BYTE_RATE=0" in r.stderr.strip().splitlines()[-1]
     assert not (data / "logs").exists(), "nothing was formatted"
+
+
+def test_a_refusal_names_the_same_roles_the_broker_grants() -> None:
+    """flightrec/access.py (the ground floor: the agent has no broker helpers) names each role by its user."""
+    from flightrec.broker.roles import ROLES
+
+    from flightrec.access import ROLE_OF_USER, ROLE_PURPOSE, role_of
+
+    assert {r.user: r.name for r in ROLES} == ROLE_OF_USER
+    assert set(ROLE_PURPOSE) == {r.name for r in ROLES}
+    assert role_of("flightrec-agent").startswith("user 'flightrec-agent' (the agent role: ")
+    assert role_of("someone-else") == "user 'someone-else'"

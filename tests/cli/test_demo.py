@@ -81,10 +81,24 @@ def test_every_failure_fate_is_explained_with_its_class(demo):
 def test_the_motivating_case_shows_the_daemon_line(demo):
     db, *_ = demo
     rows = run_query(
-        db, "SELECT matched_line, exit_code, stage FROM failures WHERE failure_class = 'gpu_arch_unsupported'"
+        db,
+        "SELECT decisive_line, decisive_source, exit_code, stage FROM failures "
+        "WHERE failure_class = 'gpu_arch_unsupported'",
     ).to_pylist()
-    assert rows and "no kernel image is available" in rows[0]["matched_line"]
+    assert rows and "no kernel image is available" in rows[0]["decisive_line"]
+    assert rows[0]["decisive_source"].endswith(".log")  # the daemon's own log, not the benchmark's stderr
     assert rows[0]["exit_code"] == 1 and rows[0]["stage"] == "benchmark"
+
+
+def test_every_failure_of_the_demo_says_why(demo):
+    """Each demo failure's decisive line is the line its fate is about (not the wrapper that reported it)."""
+    db, *_ = demo
+    rows = run_query(db, "SELECT failure_class, decisive_line FROM failures").to_pylist()
+    assert rows and all(r["decisive_line"] for r in rows), rows
+    why = {r["failure_class"]: r["decisive_line"] for r in rows}
+    assert "out of memory" in why["cuda_out_of_memory"].lower(), why
+    assert "404" in why["params_download_failed"], why
+    assert "proofs/hour" in why["below_min_rate"], why
 
 
 def test_healthy_instances_have_throughput_and_complete_evidence(demo):
@@ -117,6 +131,13 @@ def test_the_destroyed_instances_late_events_arrived(demo):
         db, "SELECT complete, incomplete_reason FROM instances WHERE instance_id = ?", [inst]
     ).to_pylist()
     assert not row["complete"] and "not sealed" in row["incomplete_reason"]
+    # its events waited in the spool and were flushed later: that is no wrong clock (its send times say so)
+    from flightrec.db.views import VIEWS
+
+    (clock,) = run_query(
+        db, "SELECT clock_offset_s, clock_skewed FROM fleet WHERE instance_id = ?", [inst], prelude=VIEWS
+    ).to_pylist()
+    assert not clock["clock_skewed"] and abs(clock["clock_offset_s"] or 0) < 10, clock
 
 
 def _plan():

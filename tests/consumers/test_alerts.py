@@ -77,7 +77,8 @@ def test_one_failure_one_post_and_a_restart_sends_nothing_again(kafka, db, hook)
     assert b.instance in msg["text"] and "gpu_arch_unsupported" in msg["text"]
     fields = msg["flightrec"]
     assert fields["kind"] == "failed" and fields["failure_class"] == "gpu_arch_unsupported"
-    assert "no kernel image" in fields["matched_line"] and "architecture" in fields["hint"]
+    assert "no kernel image" in fields["decisive_line"] and "architecture" in fields["hint"]
+    assert fields["matched_line"] == fields["decisive_line"]  # the old name, kept for receivers written before
     assert fields["link"].endswith(f"failure={fields['alert_id']}")
     section = json.dumps(msg["blocks"])  # Slack blocks carry the same fields
     assert b.instance in section and "gpu_arch_unsupported" in section

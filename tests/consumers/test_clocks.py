@@ -15,6 +15,7 @@ from flightrec.db.fold import CREATE_TIME, LOG_APPEND_TIME, RawMessage, fold, re
 from flightrec.db.query import run_query
 from flightrec.db.views import VIEWS
 from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent, encode
+from flightrec.schemas.sendtime import sent_header
 from materializer_helpers import Boot
 
 from flightrec.errors import QueryError
@@ -28,10 +29,16 @@ def _now() -> int:
 
 
 def _msgs(
-    events: list[Any], recv_us: list[int | None] | int | None, kind: int = LOG_APPEND_TIME, first_offset: int = 0
+    events: list[Any],
+    recv_us: list[int | None] | int | None,
+    kind: int = LOG_APPEND_TIME,
+    first_offset: int = 0,
+    sent_us: list[int] | None = None,
 ) -> list[RawMessage]:
-    """Records as a consumer reads them: each with Kafka's timestamp (ms) of ``kind``, or none."""
+    """Records as a consumer reads them: each with Kafka's timestamp (ms) of ``kind``, or none, and the sender's
+    send-time header (``sent_us``; by default each event's own time: sent as it happened, by the same clock)."""
     times = recv_us if isinstance(recv_us, list) else [recv_us] * len(events)
+    sent = sent_us if sent_us is not None else [e.ts_us for e in events]
     return [
         RawMessage(
             e.topic,
@@ -41,8 +48,9 @@ def _msgs(
             encode(e),
             None if t is None else t // 1000,
             None if t is None else kind,
+            (sent_header(s),),
         )
-        for n, (e, t) in enumerate(zip(events, times, strict=True))
+        for n, (e, t, s) in enumerate(zip(events, times, sent, strict=True))
     ]
 
 
@@ -89,7 +97,8 @@ def test_the_fold_keeps_the_brokers_time_and_only_that():
 def test_a_clock_an_hour_behind_heartbeating_is_running_and_one_ahead_and_silent_is_lost(tmp_path):
     db = tmp_path / "f.duckdb"
     now = _now()
-    behind = _running(now - HOUR)  # beats now, stamps an hour ago
+    behind = _running(now - HOUR, interval=60.0)  # beats now, stamps an hour ago (a minute's interval: a loaded
+    # machine's seconds between the commit and the read are no silence)
     ahead = _running(now + HOUR)  # stamps an hour ahead, heard from last a minute ago
     quiet_ok = _running(now - 60 * S, interval=3600.0)  # a right clock: silent a minute at a 1 h interval
     _commit(db, _msgs(behind.events, now), _msgs(ahead.events, now - 60 * S), _msgs(quiet_ok.events, now - 60 * S))
@@ -116,7 +125,7 @@ def test_a_clock_an_hour_behind_heartbeating_is_running_and_one_ahead_and_silent
 def test_without_receive_times_liveness_falls_back_to_the_instances_clock_and_says_so(tmp_path):
     db = tmp_path / "f.duckdb"
     now = _now()
-    behind = _running(now - HOUR)
+    behind = _running(now - HOUR, interval=60.0)
     _commit(db, _msgs(behind.events, now, CREATE_TIME))  # an operator's CreateTime topic
     row = _status(db, behind.instance)
     assert row["liveness_clock"] == "instance" and row["clock_offset_s"] is None and not row["clock_skewed"]
@@ -124,7 +133,7 @@ def test_without_receive_times_liveness_falls_back_to_the_instances_clock_and_sa
     # the topic switched to LogAppendTime: from its next records on, the receiver's clock judges
     more = Boot(instance=behind.instance, boot=behind.boot, t0=now - HOUR)
     more.events = list(behind.events)
-    more.add(Heartbeat, stage="benchmark", interval_s=1.0)
+    more.add(Heartbeat, stage="benchmark", interval_s=60.0)
     _commit(db, _msgs(more.events[-1:], now, first_offset=100))
     row = _status(db, behind.instance)
     assert row["liveness_clock"] == "receiver" and row["status"] == "running" and row["clock_offset_s"] < -3000
@@ -136,11 +145,17 @@ def test_the_offset_is_the_median_of_the_latest_events_robust_to_late_ones_and_f
     now = _now()
     b = _running(now, beats=60, interval=3600.0)
     n = len(b.events)
-    # the clock ran 10 s ahead; 5 of the latest 32 events waited 10 min in the spool while Kafka was away
+    # the clock ran 10 s ahead; 5 of the latest 32 events were sent 10 min late (they waited in the spool while
+    # Kafka was away: their send time says so) and 5 more were taken 10 min late by Kafka (a retry; their send
+    # time does not)
     recv = [e.ts_us - 10 * S for e in b.events]
+    sent = [e.ts_us for e in b.events]
     for i in range(n - 20, n - 15):
         recv[i] = b.events[i].ts_us + 600 * S
-    _commit(db, _msgs(b.events, recv))
+        sent[i] = recv[i] + 10 * S
+    for i in range(n - 10, n - 5):
+        recv[i] = b.events[i].ts_us + 600 * S
+    _commit(db, _msgs(b.events, recv, sent_us=sent))
     assert _status(db, b.instance)["clock_offset_s"] == pytest.approx(10, abs=0.01)
     # NTP set the clock right mid-boot: 40 more events 0 s off; the offset follows within the 32 latest
     fixed = Boot(instance=b.instance, boot=b.boot, t0=now + 100 * S)
@@ -152,7 +167,7 @@ def test_the_offset_is_the_median_of_the_latest_events_robust_to_late_ones_and_f
     assert _status(db, b.instance)["clock_offset_s"] == pytest.approx(0, abs=0.01)
     # the same events in other batches give the same rows (replay equals live)
     other = tmp_path / "other.duckdb"
-    msgs = _msgs(b.events, recv) + _msgs(new, [e.ts_us for e in new], first_offset=n)
+    msgs = _msgs(b.events, recv, sent_us=sent) + _msgs(new, [e.ts_us for e in new], first_offset=n)
     _commit(other, *[msgs[i : i + 7] for i in range(0, len(msgs), 7)][::-1])
     for table in ("boots", "instances", "heartbeats", "events_seen"):
         assert run_query(db, f"SELECT * FROM {table} ORDER BY ALL").equals(
@@ -237,7 +252,8 @@ def test_a_database_made_before_receive_times_gains_them_at_the_first_open(tmp_p
     more = Boot(instance=b.instance, boot=b.boot, t0=now - HOUR)
     more.events = list(b.events)
     more.add(Heartbeat, stage="benchmark", interval_s=1.0)
-    _commit(db, _msgs(more.events[-1:], now, first_offset=50))
+    recv = _now()  # received now (on a loaded machine, seconds after the test began), sent an hour behind
+    _commit(db, _msgs(more.events[-1:], recv, first_offset=50, sent_us=[recv - HOUR]))
     row = _status(db, b.instance)
     assert row["liveness_clock"] == "receiver" and row["status"] == "running"
     assert row["clock_offset_s"] == pytest.approx(-3600, abs=1)

@@ -98,7 +98,7 @@ def test_rules_classify_lines(line, cls):
     got = RULES.classify(ev)
     assert got.failure_class == cls
     if cls != "unknown":
-        assert got.matched_line == line and got.hint
+        assert got.rule_line == line and got.hint and got.rule_id and got.rules_version == RULES.version
 
 
 def test_rules_classify_exits_and_results():

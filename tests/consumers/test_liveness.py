@@ -97,6 +97,19 @@ def test_sigkilled_agent_is_lost_at_once_while_a_live_one_stays_running(kafka, t
         mat.wait(60)
 
 
+def _read_until(kafka, db: Path, instance: str, want: str, within: float) -> dict:  # type: ignore[no-untyped-def]  # kafka: the fixture
+    """Materialize again until ``instance`` has status ``want``: a silence counts only once the materializer has
+    read the time it spans (materializer_progress: its input caught up after it), not while none runs."""
+    t0 = time.monotonic()
+    while True:
+        materialize(kafka, db, idle=0.5)
+        row = _fleet(db, instance)
+        if row["status"] == want or time.monotonic() - t0 > within:
+            assert row["status"] == want, row
+            return row
+        time.sleep(0.5)
+
+
 def test_manager_destroyed_event_status_timeline_completeness(kafka, tmp_path, db, env_for):
     env = env_for(FLIGHTREC_SPOOL=str(tmp_path / "spool"))
     b = Boot()  # its agent is gone: started a stage, a few heartbeats, then nothing (never sealed)
@@ -108,7 +121,7 @@ def test_manager_destroyed_event_status_timeline_completeness(kafka, tmp_path, d
     materialize(kafka, db, idle=0.5)
     # lost 3 intervals after Kafka received its last event (its own timestamps, a fixed epoch long past, do not
     # decide: that would be the instance's clock)
-    _wait_status(db, b.instance, "lost", 30)
+    _read_until(kafka, db, b.instance, "lost", 30)
     before = run_query(db, "SELECT * FROM boots WHERE instance_id = ? ORDER BY ALL", [b.instance])
     inst_before = run_query(
         db,
@@ -222,7 +235,8 @@ def test_every_status_and_replay_gives_identical_tables(kafka, tmp_path, db, env
         assert _fleet(db, b.instance)["status"] == want, (want, _fleet(db, b.instance))
     assert _fleet(db, boots["failed"].instance)["failure_class"] == "gpu_arch_unsupported"
     assert _fleet(db, boots["failed"].instance)["status_detail"] == "benchmark failed: gpu_arch_unsupported"
-    _wait_status(db, gone.instance, "lost", 30)  # 3 intervals after Kafka received its last event; a note is no destroy
+    _read_until(kafka, db, gone.instance, "lost", 30)  # 3 intervals after Kafka received its last event (read by a
+    # materializer after them); a note is no destroy
     hb = run_query(db, "SELECT beats, interval_s, stage FROM heartbeats WHERE instance_id = ?", [gone.instance])
     assert hb.to_pylist() == [{"beats": 2, "interval_s": 1.0, "stage": "benchmark"}]
     # `flightrec sql` speaks the same status

@@ -61,6 +61,7 @@ def test_heartbeats_count_in_the_boot_and_manager_events_do_not():
             "stage": "bench",
             "recv_us": 1_700_000_000_000_000,
             "key_id": None,
+            "sent_us": None,
         }
     ]
     assert d.manager.column("recv_us").to_pylist() == [1_700_000_000_001_000]
@@ -71,7 +72,7 @@ def test_heartbeats_count_in_the_boot_and_manager_events_do_not():
 
 
 def test_the_status_rule_table_is_one_ordered_case():
-    assert STATUSES[:4] == ("destroyed", "failed", "below_min_rate", "finished")
+    assert STATUSES[:5] == ("forgotten", "destroyed", "failed", "below_min_rate", "finished")
     assert set(STATUSES) >= {"running", "healthy", "failed", "below_min_rate", "lost", "destroyed", "finished"}
     case = status_case()
     assert case.index("'destroyed'") < case.index("'failed'") < case.index("'lost'") < case.index("'running'")

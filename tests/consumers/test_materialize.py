@@ -31,7 +31,8 @@ def test_motivating_case_failure_row_holds_the_daemon_log_line(kafka, db):
     assert f["stage"] == "benchmark"
     assert f["exit_code"] == 1
     assert f["failure_class"] == "gpu_arch_unsupported"
-    assert "no kernel image is available" in f["matched_line"]
+    assert "no kernel image is available" in f["decisive_line"] and f["matched_line"] == f["decisive_line"]
+    assert f["decisive_source"] == "/var/log/prover-daemon.log" and f["rule_id"] == "no-kernel-for-gpu-arch"
     assert "architecture" in f["hint"]
     daemon = [t for t in f["file_tails"] if t["path"] == "/var/log/prover-daemon.log"]
     assert daemon and any("no kernel image" in line for line in daemon[0]["lines"])

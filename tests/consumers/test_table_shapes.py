@@ -28,7 +28,7 @@ WRITTEN: dict[str, pa.Schema] = {
     "consumer_offsets": OFFSETS,
 }
 # Tables made by SQL over the others (their event-named columns are checked against the .avsc below).
-BY_SQL = {"instances", "heartbeats", "running_stages", "materializer_runs", "schema_version"}
+BY_SQL = {"instances", "heartbeats", "running_stages", "materializer_runs", "materializer_progress", "schema_version"}
 # LogBatch's per-line arrays land one element per log_lines row (line_ts_us as ts_us).
 PER_LINE = {
     "line_no": "line_no",

@@ -9,8 +9,17 @@ import pytest
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage, fold
 from flightrec.db.trust import Trust, TrustConfig, load_state
-from flightrec.schemas import Event, Lifecycle, ManagerEvent, Sealed, encode
-from flightrec.schemas.auth import HEADER, Signer, enroll, new_fleet_key, parse_fleet_key, tag, verify
+from flightrec.schemas import Event, Heartbeat, Lifecycle, ManagerEvent, Sealed, decode, encode
+from flightrec.schemas.auth import (
+    HEADER,
+    Signer,
+    enroll,
+    first_version_tag,
+    new_fleet_key,
+    parse_fleet_key,
+    tag,
+    verify,
+)
 from materializer_helpers import Boot
 
 from flightrec.errors import ConfigError
@@ -21,7 +30,7 @@ T_ENROLL = 1_700_000_000_000_000
 
 def _msg(ev: Event, offset: int, signer: Signer | None, recv_ms: int | None = None) -> RawMessage:
     key, value = ev.instance_id.encode(), encode(ev)
-    headers = (signer.header(ev.topic, key, value),) if signer else ()
+    headers = (signer.header(ev.topic, 0, key, value),) if signer else ()
     return RawMessage(ev.topic, 0, offset, key, value, recv_ms, LOG_APPEND_TIME if recv_ms else None, headers)
 
 
@@ -51,25 +60,55 @@ def _manager(instance: str, kind: str, ts_us: int) -> ManagerEvent:
 def test_a_tag_proves_its_key_and_nothing_else() -> None:
     a = enroll(FLEET, "inst-a", T_ENROLL)
     value = b"\xc3\x01payload"
-    _, header = a.header("flightrec.logs", b"inst-a", value)
-    assert verify(FLEET, header, "flightrec.logs", b"inst-a", value).instance_id == "inst-a"
+    _, header = a.header("flightrec.logs", 0, b"inst-a", value)
+    assert verify(FLEET, header, "flightrec.logs", 0, b"inst-a", value).instance_id == "inst-a"
     for topic, key, val in (("flightrec.exits", b"inst-a", value), ("flightrec.logs", b"x", value)):
-        assert verify(FLEET, header, topic, key, val).problem, "the tag covers the topic and the key"
-    assert verify(FLEET, header, "flightrec.logs", b"inst-a", value + b"!").problem, "and the value"
+        assert verify(FLEET, header, topic, 0, key, val).problem, "the tag covers the topic and the key"
+    assert verify(FLEET, header, "flightrec.logs", 0, b"inst-a", value + b"!").problem, "and the value"
     other_fleet = parse_fleet_key(new_fleet_key())
-    assert verify(other_fleet, header, "flightrec.logs", b"inst-a", value).problem
+    assert verify(other_fleet, header, "flightrec.logs", 0, b"inst-a", value).problem
     # a host that knows its own secret cannot make a key id of another instance verify
     b_id = a.key_id.replace("inst-a", "inst-b")
-    forged = f"{b_id} {tag(a.secret, 'flightrec.logs', b'inst-a', value)}".encode()
-    assert verify(FLEET, forged, "flightrec.logs", b"inst-a", value).problem
-    assert verify(FLEET, b"\xff\xfe", "flightrec.logs", None, value).problem
-    assert verify(FLEET, None, "flightrec.logs", None, value).key_id is None
+    forged = f"{b_id} {tag(a.secret, 'flightrec.logs', 0, b'inst-a', value)}".encode()
+    assert verify(FLEET, forged, "flightrec.logs", 0, b"inst-a", value).problem
+    assert verify(FLEET, b"\xff\xfe", "flightrec.logs", 0, None, value).problem
+    assert verify(FLEET, None, "flightrec.logs", 0, None, value).key_id is None
+
+
+def test_a_tag_binds_the_partition_its_writer_chose() -> None:
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    value = b"\xc3\x01payload"
+    for partition in (0, 5, 11):  # any partition any partitioner picks, and partitions added since
+        _, header = a.header("flightrec.logs", partition, b"inst-a", value)
+        assert verify(FLEET, header, "flightrec.logs", partition, b"inst-a", value).valid
+        other = verify(FLEET, header, "flightrec.logs", partition + 1, b"inst-a", value)
+        assert other.problem and f"for partition {partition + 1}" in other.problem
+    # bytes moved between the key and the value change the tag (the key's length is in it)
+    _, header = a.header("flightrec.logs", 0, b"inst-a\x00", b"x" + value)
+    assert verify(FLEET, header, "flightrec.logs", 0, b"inst-a", b"\x00x" + value).problem
+    # a tag of the first version (no partition) is refused, and says why
+    old = f"{a.key_id} {first_version_tag(a.secret, 'flightrec.logs', b'inst-a', value)}".encode()
+    v = verify(FLEET, old, "flightrec.logs", 0, b"inst-a", value)
+    assert not v.valid and "does not bind the partition" in (v.problem or "") and "upgrade the agent" in v.problem
+
+
+def test_a_verbatim_copy_in_another_partition_is_a_dead_letter() -> None:
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    b = Boot(instance="inst-a")
+    b.stage_ok("benchmark", ["one", "two", "three"])
+    msgs = [_msg(ev, n, a) for n, ev in enumerate(b.events)]
+    copies = [dataclasses.replace(m, partition=3) for m in msgs]
+    delta = fold(msgs + copies, trust=_trust())
+    assert delta.events.num_rows == len(msgs) and delta.logs.num_rows == 3
+    dead = delta.dead.to_pylist()
+    assert len(dead) == len(copies) and {d["partition"] for d in dead} == {3}
+    assert all(d["reason"].startswith("forged: its tag does not match key") for d in dead), dead[0]
 
 
 def test_the_secret_is_never_in_a_repr_or_a_header() -> None:
     a = enroll(FLEET, "inst-a", T_ENROLL)
     assert a.secret.hex() not in repr(a)
-    assert a.secret.hex() not in a.header("t", b"k", b"v")[1].decode()
+    assert a.secret.hex() not in a.header("t", 0, b"k", b"v")[1].decode()
     assert a.secret.hex() in a.token and Signer.from_token(a.token) == a
     for bad in ("", "v2." + a.token[3:], a.token[:-4], a.token.replace(".", "x")):
         with pytest.raises(ConfigError) as err:
@@ -142,13 +181,13 @@ def test_destroyed_revokes_the_key_for_what_kafka_receives_after_it(store: FileS
     msgs = [
         _msg(early, 0, a, t_destroy_ms - 5_000),  # received before the destroy: the evidence, kept
         _msg(destroyed, 1, manager, t_destroy_ms),
-        _msg(late, 2, a, t_destroy_ms + 5_000),  # received after: refused
+        _msg(late, 2, a, t_destroy_ms + 5_000),  # received after, and nothing before counted past it: unverified
     ]
     trust = _trust()
     stats = store.commit(fold(msgs, trust=trust))
     assert stats.dead_letters == 1
     (reason,) = store.con.execute("SELECT reason FROM dead_letters").fetchone()
-    assert reason.startswith("revoked: instance 'inst-a' was destroyed")
+    assert reason.startswith("unverified: delivered after instance 'inst-a' was destroyed")
     # a materializer started afresh learns the revocation from the database
     fresh = _trust()
     load_state(fresh, store.con)
@@ -202,8 +241,8 @@ def test_no_header_bytes_make_verify_raise_or_pass() -> None:
     from hypothesis import strategies as st
 
     a = enroll(FLEET, "inst-a", T_ENROLL)
-    real = a.header("flightrec.lifecycle", b"inst-a", b"value")[1]
-    assert verify(FLEET, real, "flightrec.lifecycle", b"inst-a", b"value").valid
+    real = a.header("flightrec.lifecycle", 0, b"inst-a", b"value")[1]
+    assert verify(FLEET, real, "flightrec.lifecycle", 0, b"inst-a", b"value").valid
     assert KeyId.parse(a.key_id + "\n") is None
 
     @settings(max_examples=300, deadline=None)
@@ -211,7 +250,7 @@ def test_no_header_bytes_make_verify_raise_or_pass() -> None:
         st.one_of(st.binary(max_size=3000), st.binary(max_size=40).map(lambda b: real[:60] + b), st.just(real + b"\n"))
     )
     def check(header: bytes) -> None:
-        v = verify(FLEET, header, "flightrec.lifecycle", b"inst-a", b"value")
+        v = verify(FLEET, header, "flightrec.lifecycle", 0, b"inst-a", b"value")
         assert not v.valid or header == real
         assert v.problem is None or len(v.problem) < 400
 
@@ -222,7 +261,7 @@ def test_no_header_bytes_make_verify_raise_or_pass() -> None:
 def test_an_instance_id_beyond_ascii_signs_and_verifies(instance: str) -> None:
     a = enroll(FLEET, instance, T_ENROLL)
     key = instance.encode()
-    v = verify(FLEET, a.header("flightrec.logs", key, b"v")[1], "flightrec.logs", key, b"v")
+    v = verify(FLEET, a.header("flightrec.logs", 0, key, b"v")[1], "flightrec.logs", 0, key, b"v")
     assert v.valid and v.instance_id == instance, v
     assert Signer.from_token(a.token).key_id == a.key_id
 
@@ -258,3 +297,55 @@ def test_storing_dead_letters_is_a_hash_join_not_a_loop_over_the_table(store: Fi
     plan = "\n".join(r[1] for r in store.con.execute("EXPLAIN " + DEAD_INSERT_SQL.format(view="_d_dead")).fetchall())
     assert "HASH_JOIN" in plan
     assert "NESTED_LOOP" not in plan and "BLOCKWISE_NL" not in plan and "CROSS_PRODUCT" not in plan, plan
+
+
+def test_evidence_spooled_before_the_destroy_is_kept_unverified_or_verified_by_what_was_committed(
+    store: FileStore,
+) -> None:
+    """The README's h100-01 with a fleet key: the network cut, the failure spooled, the instance destroyed, then its
+    spool delivered. Kafka receives it after the destroy: kept (a dead letter saying `unverified`, its bytes and
+    claimed instance), never folded as evidence, never changing the status; but where a tagged event received
+    before the destroy (a heartbeat) had counted past it in the boot's seq, it was committed then: verified."""
+    a = enroll(FLEET, "h100-01", T_ENROLL)
+    boot = Boot(instance="h100-01")
+    boot.add(Lifecycle, stage="supervisor", state="started")  # seq 0
+    boot.lines("supervisor", "stdout", ["proving"])  # seq 1: sent late, but committed by the heartbeat (seq 2)
+    beat = boot.add(Heartbeat, stage="supervisor", interval_s=30.0, pid=7)  # seq 2: received before the destroy
+    boot.lines("supervisor", "stderr", ["CUDA error: an illegal memory access"])  # seq 3: after the last heartbeat
+    boot.add(Lifecycle, stage="supervisor", state="failed", detail="exit 1")  # seq 4
+    t_destroy_ms = 1_700_000_100_000
+    destroyed = _manager("h100-01", "destroyed", (t_destroy_ms - 1_000) * 1000)
+    before = [_msg(boot.events[0], 0, a, t_destroy_ms - 60_000), _msg(beat, 1, a, t_destroy_ms - 30_000)]
+    store.commit(fold([*before, _msg(destroyed, 2, Signer.manager(FLEET), t_destroy_ms)], trust=(trust := _trust())))
+    late = [_msg(e, 3 + i, a, t_destroy_ms + 600_000) for i, e in enumerate(boot.events) if e.seq in (1, 3, 4)]
+    stats = store.commit(fold(late, trust=trust))
+
+    rows = store.con.execute("SELECT seq FROM events_seen WHERE instance_id = 'h100-01' ORDER BY seq").fetchall()
+    assert [r[0] for r in rows] == [0, 1, 2]  # seq 1 verified: the heartbeat at seq 2 had committed to it
+    assert store.con.execute("SELECT count(*) FROM log_lines WHERE text LIKE 'CUDA%'").fetchone() == (0,)
+    dead = store.con.execute('SELECT reason, value, instance_id FROM dead_letters ORDER BY "offset"').fetchall()
+    assert stats.dead_letters == 2 and [d[2] for d in dead] == ["h100-01", "h100-01"]
+    assert all(d[0].startswith("unverified: delivered after instance 'h100-01' was destroyed") for d in dead), dead
+    assert [decode(d[1]).seq for d in dead] == [3, 4]  # kept whole: the timeline shows them, flagged
+    assert store.con.execute("SELECT count(*) FROM failures WHERE instance_id = 'h100-01'").fetchone() == (0,)
+    # a restart judges alike: what was committed is read back from the database
+    fresh = _trust()
+    load_state(fresh, store.con)
+    again = [_msg(boot.events[1], 9, a, t_destroy_ms + 700_000), _msg(boot.events[3], 10, a, t_destroy_ms + 700_000)]
+    delta = fold(again, trust=fresh)
+    assert delta.events.num_rows == 1 and delta.dead.num_rows == 1
+
+
+def test_a_key_inventing_boot_ids_keeps_its_instance_s_counts_bounded() -> None:
+    """Every tagged event may name a new boot: the judge keeps the signed counts of an instance's latest boots only,
+    so a flood of made-up boot ids costs the materializer no more memory than one instance's share."""
+    from flightrec.db.trust import COMMITTED_BOOTS
+
+    a = enroll(FLEET, "inst-a", T_ENROLL)
+    trust = _trust()
+    msgs = []
+    for n in range(200):
+        b = Boot(instance="inst-a")
+        msgs.append(_msg(b.add(Lifecycle, stage="s", state="started"), n, a, 1_700_000_000_000 + n))
+    assert fold(msgs, trust=trust).events.num_rows == 200
+    assert len(trust.committed["inst-a"]) == COMMITTED_BOOTS

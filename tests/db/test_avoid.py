@@ -62,9 +62,19 @@ def test_the_shipped_rules_say_what_each_deterministic_class_follows_from():
     assert deterministic_classes(load_rules()) == {
         "gpu_model": ("gpu_arch_unsupported",),
         "driver_version": ("driver_mismatch",),
-        "image": ("protocol_mismatch",),
+        "image": ("missing_library", "protocol_mismatch"),
+        "host": ("gpu_hardware_error", "illegal_instruction", "io_error"),  # the host's GPU, CPU or disk
     }
-    flaky = {"cuda_out_of_memory", "daemon_crashed", "illegal_memory_access", "gpu_hardware_error", "timeout"}
+    flaky = {
+        "cuda_out_of_memory",
+        "daemon_crashed",
+        "illegal_memory_access",
+        "timeout",
+        "network_error",
+        "rpc_rejected",
+        "oom_killed",
+        "unknown",
+    }
     assert not flaky & {c for cs in deterministic_classes(load_rules()).values() for c in cs}
 
 
@@ -72,4 +82,4 @@ def test_deterministic_true_means_the_gpu_model_and_a_wrong_value_is_refused():
     table = parse_rules('[[rule]]\nclass = "x"\nhint = "h"\ndeterministic = true\n')
     assert table.rules[0].deterministic_for == "gpu_model" and table.rules[0].deterministic
     with pytest.raises(ConfigError, match="deterministic must be true, false or one of"):
-        parse_rules('[[rule]]\nclass = "x"\nhint = "h"\ndeterministic = "host"\n')
+        parse_rules('[[rule]]\nclass = "x"\nhint = "h"\ndeterministic = "the moon"\n')

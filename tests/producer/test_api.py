@@ -17,6 +17,7 @@ from flightrec.producer import Agent, open_agent
 from flightrec.producer.facts import parse_cuda_version, parse_gpu_query
 from flightrec.schemas import Heartbeat, InstanceFacts, Lifecycle, Sealed, Throughput
 
+from flightrec import __version__
 from flightrec.errors import ConfigError
 
 
@@ -221,7 +222,7 @@ def test_facts_override_file(spool_env, tmp_path: Path) -> None:
         24564,
         0.35,
         None,
-        {"region": "eu"},
+        {"agent_version": __version__, "region": "eu"},  # which agent sent them, beside the file's own
     )
     path.write_text(json.dumps({"gpu_modle": "typo"}))
     bad = spool_env.run("facts", "--force", env=spool_env.env(FLIGHTREC_FACTS=str(path)))

@@ -307,3 +307,77 @@ def test_a_batch_of_lines_is_masked_as_each_line_alone(lines: list[str]) -> None
     # the batch path (needles found in the joined lines, a shape found in many lines matched in one pass over
     # them) masks exactly what masking each line alone does
     assert R.lines(lines) == [R.text(t) for t in lines]
+
+
+# -- the secrets a rented GPU host holds (issue 44) ------------------------------------------------------------------
+
+HF = "hf" + "_" + "aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"
+VAST = "3f2a" * 16  # Vast.ai's API keys: 64 hex digits
+SLACK_BOT = "xo" + "xb-" + "123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx"
+SLACK_HOOK = "T00000000/B00000000/" + "X" * 24
+STRIPE = "sk" + "_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
+OPENAI = "sk" + "-proj-" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789_-abcdEFGH"
+JWT = (
+    "eyJ" + "hbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+)
+AZURE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + "EXAMPLEKEY"
+
+HOST_SECRETS = [
+    (f"HF_TOKEN loaded: {HF}", HF),
+    (f"huggingface-cli login --token {HF}", HF),
+    (f"git clone https://huggingface.co/org/model (using {HF})", HF),
+    (f"vastai set api-key {VAST}", VAST),
+    (f"vastai set api-key {VAST[:40]}", VAST[:40]),  # whatever the key, the command names it
+    (f"vast.ai api key {VAST} saved", VAST),
+    (f"cat ~/.vast_api_key -> {VAST}", VAST),
+    (f"SLACK_BOT {SLACK_BOT}", SLACK_BOT),
+    (f"posting to https://hooks.slack.com/services/{SLACK_HOOK} failed", SLACK_HOOK),
+    (f"stripe.api_key set ({STRIPE})", STRIPE),
+    (f"client = OpenAI() # {OPENAI}", OPENAI),
+    (f"session cookie {JWT} renewed", JWT),
+    (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=" + AZURE_KEY + ";EndpointSuffix=core.windows.net",
+        AZURE_KEY,
+    ),
+    ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;SharedAccessKey=" + AZURE_KEY, AZURE_KEY),
+    ("GET https://acct.blob.core.windows.net/c/b?sv=2022-11-02&se=2026-01-01&sig=" + AZURE_KEY[:44] + " 200", "sig"),
+    (f"{AWS} {AWS_SECRET}", AWS_SECRET),
+    (f"credentials: {AWS},{AWS_SECRET}", AWS_SECRET),
+    (f'aws keys "{AWS}" and "{AWS_SECRET}"', AWS_SECRET),
+]
+
+
+@pytest.mark.parametrize("line,secret", HOST_SECRETS, ids=[f"host{i}" for i in range(len(HOST_SECRETS))])
+def test_the_secret_shapes_of_a_gpu_host_are_masked(line: str, secret: str) -> None:
+    if secret == "sig":  # the SAS signature: what follows sig= up to the next parameter
+        secret = AZURE_KEY[:44]
+    for out in (R.text(line), R.lines([line, "next"])[0], R.lines(["x"] * 100 + [line] * 40)[-1]):
+        assert secret not in out and "***" in out, out
+        assert secret[:12] not in out, out
+
+
+def test_a_yaml_password_on_the_next_line_is_masked_and_the_next_key_is_not() -> None:
+    lines = ["db:", "  password:", "    correct-horse-battery", "  user: bob", "token: |", "  multi", "  line", "x: 1"]
+    assert R.lines(lines) == ["db:", "  password:", "    ***", "  user: bob", "token: |", "  ***", "  ***", "x: 1"]
+    # the carry takes it across reads: the value may come in the next read of the output
+    first, carry = R.stream(["  password:"])
+    assert R.stream(["    correct-horse-battery", "  user: bob"], None, carry)[0] == ["    ***", "  user: bob"]
+
+
+HOST_FALSE_POSITIVES = [
+    "sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855 ok",
+    "root=0x" + "ab" * 32,
+    "hf_hub_download: fetched config.json",
+    "disk-sk-proj-01 mounted",
+    "signal sig=15 received",
+    "AccountKey is not set; see the docs",
+    "the task sk_live_ mode",
+    'eyJ is how base64 of {" starts',
+]
+
+
+@pytest.mark.parametrize("line", HOST_FALSE_POSITIVES)
+def test_a_gpu_hosts_ordinary_lines_are_not_masked(line: str) -> None:
+    assert R.text(line) == line
+    assert R.lines([line, line]) == [line, line]

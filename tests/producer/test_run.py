@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -281,3 +282,48 @@ def test_output_still_unread_when_cmd_exits_is_read_to_its_end_by_the_agent(agen
     assert not any(any(getattr(e, "late", ()) or ()) for e in events if isinstance(e, LogBatch))
     end = next(e.seq for e in events if isinstance(e, ProcessExit))
     assert max(s for s, _ in lines) < end, "a line was recorded after the stage's end"
+
+
+@pytest.mark.parametrize("closed", [">&-", "2>&-", ">&- 2>&-", "<&- >&- 2>&-"])
+def test_the_agent_with_its_own_streams_closed_keeps_the_commands_exit_status(
+    spool_env, tmp_path: Path, closed: str
+) -> None:
+    """A `set -e` entrypoint run with stdout or stderr closed: the agent exits with CMD's status, not 1 with a
+    traceback, and records what CMD wrote (no file the agent opens takes a closed stream's number)."""
+    agent = " ".join(shlex.quote(a) for a in spool_env.argv("run", "--stage", "closed"))
+    status, err = tmp_path / "status", tmp_path / "err"
+    script = f"{agent} -- sh -c 'echo to-out; echo to-err >&2; exit 3' {closed}; echo $? > {status}"
+    if "2>&-" not in closed:
+        script = f"exec 2> {err}; {script}"
+    subprocess.run(["sh", "-c", script], env=spool_env.env(), timeout=120, stdout=subprocess.DEVNULL)
+    assert status.read_text().strip() == "3"
+    assert not err.exists() or "Traceback" not in err.read_text(), err.read_text()
+    lines = {t for _n, t, _cut, _bad in spool_env.lines("stdout") + spool_env.lines("stderr")}
+    assert lines == {"to-out", "to-err"}, lines
+    (exit_,) = spool_env.of(ProcessExit)
+    assert exit_.exit_code == 3
+
+
+def test_a_stage_name_that_is_not_utf8_runs_the_command_and_is_recorded_escaped(spool_env) -> None:
+    stage = os.fsdecode(b"bench\xff\xfe")  # argv bytes that are not UTF-8 (surrogate escapes in Python)
+    r = subprocess.run(
+        [*spool_env.argv("run", "--stage", stage), "--", "sh", "-c", "echo ran; exit 4"],
+        env=spool_env.env(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert r.returncode == 4, r.stderr
+    assert b"Traceback" not in r.stderr and r.stdout == b"ran\n"
+    (exit_,) = spool_env.of(ProcessExit)
+    assert exit_.stage == "bench\\xff\\xfe"
+
+
+def test_a_setting_the_agent_cannot_read_does_not_stop_the_command(spool_env) -> None:
+    """FLIGHTREC_HEARTBEAT_S=abc in an image's environment: the stage still runs and keeps its exit status; the
+    agent says what it could not read and uses the default."""
+    r = spool_env.run(
+        "run", "--stage", "s", "--", "sh", "-c", "echo ran; exit 6", env=spool_env.env(FLIGHTREC_HEARTBEAT_S="abc")
+    )
+    assert r.returncode == 6 and r.stdout == b"ran\n", r.stderr
+    assert b"FLIGHTREC_HEARTBEAT_S='abc' is not a number" in r.stderr and b"default" in r.stderr
+    assert [e.state for e in spool_env.of(Lifecycle)][:1] == ["started"]

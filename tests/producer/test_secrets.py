@@ -155,6 +155,10 @@ SHAPED = [
     ("mysql --password hunter2horse -h db", "hunter2horse"),
     ("SECRET_KEY=django-insecure-9f8e7d", "django-insecure-9f8e7d"),
     ("connect postgres://user:p@ss/word@db.internal:5432/app", "p@ss/word"),
+    ("login ok " + "hf" + "_QwErTyUiOpAsDfGhJkLzXcVbNm12345678", "hf" + "_QwErTyUiOpAsDfGhJkLzXcVbNm12345678"),
+    ("vastai set api-key " + "9c" * 32, "9c" * 32),
+    ("webhook https://hooks.slack.com/services/" + "T0/B0/" + "z" * 24, "z" * 24),
+    ("AccountName=a;AccountKey=" + "K" * 86 + "==;EndpointSuffix=x", "K" * 86),
 ]
 
 
@@ -564,3 +568,38 @@ def test_a_secret_that_spells_a_part_of_the_spool_header_is_still_checked(tmp_pa
     with b:  # not secret-shaped: recorded as written, and the check sees it
         b.emit(Lifecycle, stage="s", state="info", detail="created_ is a word here", attributes={})
     assert b"created_" in _spooled(tmp_path / "b")
+
+
+def test_secret_options_and_their_values_are_masked_as_one_command_line(spool_env) -> None:
+    """`--password X`: the flag and its value are two elements of argv; masked one by one neither is a secret."""
+    values = {
+        "--password": "hunter2-Pass",
+        "--api-key": "api-VALUE-77x",
+        "--db-token": "dbtok-1234567",
+        "--secret": "two words-42",  # quoted in the joined command line
+        "--hf-token": "hf_" + "Xy7" * 12,
+    }
+    args = [a for flag, v in values.items() for a in (flag, v)] + ["--client-secret=cs-VALUE-999", "--plain", "keep"]
+    r = spool_env.run("run", "--stage", "flags", "--", "sh", "-c", "exit 3", "sh", *args)
+    assert r.returncode == 3, r.stderr
+    spooled = b"".join(p.read_bytes() for p in spool_env.spool.rglob("*.seg"))
+    for v in [*values.values(), "cs-VALUE-999"]:
+        assert v.encode() not in spooled, v
+        assert v.split()[-1].encode() not in spooled, v
+    (exit_,) = spool_env.of(ProcessExit)
+    argv = list(exit_.argv)
+    assert argv[:3] == ["sh", "-c", "exit 3"] and argv[-2:] == ["--plain", "keep"]
+    flags = argv[4:-2]
+    assert flags[0::2][:5] == list(values) and set(flags[1::2][:5]) == {"***"}, flags
+    started = [e for e in spool_env.of(Lifecycle) if e.state == "started"]
+    shown = started[0].attributes["argv"]
+    assert "--password ***" in shown and "--plain keep" in shown and "hunter2" not in shown, shown
+
+
+def test_a_yaml_secret_on_the_lines_after_its_key_never_reaches_the_spool(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("YAML", "db:\n  password:\n    horse-battery-staple-77\n  user: bob\n")
+    a = _agent(tmp_path, {})
+    with a:
+        run_stage(a, "s", ["sh", "-c", 'printf "%s" "$YAML"'], passthrough=False)
+    assert b"horse-battery-staple-77" not in _spooled(tmp_path)
+    assert _lines(tmp_path) == ["db:", "  password:", "    ***", "  user: bob"]

@@ -9,11 +9,24 @@ import sys
 from collections.abc import Sequence
 
 from flightrec import __version__
-from flightrec.cli import agent, analytics, broker, catalog, demo, history, manager, materialize, prove, sql
+from flightrec.cli import (
+    agent,
+    analytics,
+    backup,
+    broker,
+    catalog,
+    demo,
+    history,
+    manager,
+    materialize,
+    prove,
+    sql,
+    status,
+)
 from flightrec.errors import FlightrecError, MissingExtraError
 from flightrec.settings import Settings
 
-GROUPS = (broker, catalog, agent, manager, materialize, history, sql, analytics, prove, demo)
+GROUPS = (broker, catalog, agent, manager, materialize, history, status, backup, sql, analytics, prove, demo)
 # The top-level modules of the packages an extra brings (pyproject.toml [project.optional-dependencies]); a command
 # that imports one where it is absent says which extra to install (tests/cli/test_profiles.py keeps this current).
 EXTRA_OF_MODULE = {
@@ -32,6 +45,19 @@ EXTRA_OF_MODULE = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an argument it does not know is its own error, said with its own usage (argparse
+    leaves such arguments to the top-level parser, which printed the top-level usage)."""
+
+    def parse_known_args(  # type: ignore[override]  # the same signature; typeshed's overloads differ
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree; each module in flightrec.cli registers its own commands."""
     parser = argparse.ArgumentParser(
@@ -39,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A flight recorder for fleets of rented GPU proving machines.",
     )
     parser.add_argument("--version", action="version", version=f"flightrec {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=CommandParser)
     for group in GROUPS:
         group.register(sub)
     return parser
@@ -84,10 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` with ``parser`` and run the chosen command (shared by `flightrec` and `flightrec-agent`)."""
+    reserve_standard_fds()
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env()
+        # a command that runs a stage reads its settings leniently: what it cannot read takes the default, said
+        unusable: list[str] | None = [] if getattr(args, "lenient_settings", False) else None
+        settings = Settings.from_env(unusable=unusable)
         _configure_logging(settings.log_level)
+        for problem in unusable or ():
+            print(f"{parser.prog} {args.command}: {problem}; using the default (the command runs)", file=sys.stderr)
         return int(args.func(args, settings) or 0)
     except FlightrecError as exc:
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
@@ -102,6 +133,21 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None = No
         return 130
     except BrokenPipeError:
         return _closed_pipe()
+
+
+def reserve_standard_fds() -> None:
+    """Put /dev/null on any of the standard descriptors (0, 1, 2) the process was started without (``cmd >&-``):
+    a file it opens later would take the lowest free number, and what is written to stdout or stderr (the stage's
+    passed-through output, a log line) would land in it (the spool). The wrapped command then reads /dev/null as
+    its stdin where it had none; its output the agent reads through pipes as ever."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd``, the ones below are open
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def _closed_pipe() -> int:

@@ -49,7 +49,7 @@ def add_actions(actions: argparse._SubParsersAction, prog: str) -> None:
         "--no-facts", action="store_true", help="do not send instance facts (sent once per boot otherwise)"
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
-    run.set_defaults(func=_run)
+    run.set_defaults(func=_run, lenient_settings=True)
     ev = actions.add_parser("event", help="publish one lifecycle event")
     common(ev)
     ev.add_argument("--stage", required=True, help="the stage the event belongs to")
@@ -135,9 +135,10 @@ def _exit_now(status: int) -> None:
     import os
     import sys
 
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    for stream in (sys.stdout, sys.stderr):  # None: the agent was started with it closed (`>&-`)
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
     logging.shutdown()
     os._exit(status)
 
@@ -211,8 +212,6 @@ def _spooled(root: Path, depth: int = 2) -> list[tuple[Path, str]]:
 
 
 def _flush(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.producer import open_agent
-
     s = _settings(args, settings)
     timeout = args.timeout if args.timeout is not None else max(30.0, s.flush_timeout)
     if args.all:
@@ -221,29 +220,40 @@ def _flush(args: argparse.Namespace, settings: Settings) -> int:
             print(f"no spooled instances under {s.spool}")
     else:
         instances = [(Path(s.spool), s.instance)]
-    left = 0
-    for root, iid in instances:
-        with open_agent(instance_id=iid, settings=s, spool_dir=str(root)) as agent:
-            deadline = time.monotonic() + timeout
-            before = agent.pending()
-            ok = agent.flush(timeout, unless_away=True)  # nothing answers: say so now, not after the timeout
-            after = agent.pending()
-            agent.close(max(0.0, deadline - time.monotonic()))  # no second wait at the exit: --timeout is all
-            d = agent.deliverer
-            dropped = (
-                f", {len(d.dropped)} refused by Kafka for good and replaced by Dropped markers ({'; '.join(d.dropped)})"
-                if d is not None and d.dropped
-                else ""
-            )
-            print(f"{iid}: {before - after} events delivered, {after} left in {agent.spool.dir}{dropped}")
-            if not ok:
-                left += after
-                print(
-                    f"{iid}: not everything was acknowledged within {timeout:g}s "
-                    f"(last error: {agent.deliverer.last_error if agent.deliverer else None})",
-                    file=sys.stderr,
-                )
+    left = sum(_flush_one(root, iid, s, timeout) for root, iid in instances)
     return 1 if left else 0
+
+
+def _flush_one(root: Path, iid: str, s: Settings, timeout: float) -> int:
+    """Deliver one instance's spool; the events left (said on stderr with why)."""
+    from flightrec.producer import open_agent
+    from flightrec.producer.manager import remove_if_ended
+
+    with open_agent(instance_id=iid, settings=s, spool_dir=str(root)) as agent:
+        deadline = time.monotonic() + timeout
+        before = agent.pending()
+        ok = agent.flush(timeout, unless_away=True)  # nothing answers: say so now, not after the timeout
+        after = agent.pending()
+        # no second wait at the exit: --timeout is all, and a Kafka found away is not waited for again
+        agent.close(max(0.0, deadline - time.monotonic()), unless_away=True)
+        d = agent.deliverer
+        dropped = (
+            f", {len(d.dropped)} refused by Kafka for good and replaced by Dropped markers ({'; '.join(d.dropped)})"
+            if d is not None and d.dropped
+            else ""
+        )
+        print(f"{iid}: {before - after} events delivered, {after} left in {agent.spool.dir}{dropped}")
+    if ok:
+        remove_if_ended(root, iid)  # a manager's folder of an instance it destroyed or forgot goes once delivered
+        return 0
+    if d is not None and d.denied is not None:
+        print(f"flightrec agent flush: {iid}: {d.denied}", file=sys.stderr)
+    else:
+        print(
+            f"{iid}: not everything was acknowledged within {timeout:g}s (last error: {d.last_error if d else None})",
+            file=sys.stderr,
+        )
+    return after
 
 
 def _seal(args: argparse.Namespace, settings: Settings) -> int:

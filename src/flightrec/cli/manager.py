@@ -20,21 +20,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--kind", required=True, choices=MANAGER_KINDS, help="what the manager did or says")
     ev.add_argument("--detail", default="", help="why, in words (shown in the timeline and the dashboard)")
     ev.add_argument("--attr", action="append", default=[], metavar="K=V", help="an attribute (repeatable)")
-    ev.add_argument(
-        "--source",
-        default=None,
-        help="this manager's source id (default manager@<host name>); it has its own spool and seq",
-    )
-    ev.add_argument("--spool", default=None, help="spool root (default $FLIGHTREC_SPOOL); events go under manager/")
-    ev.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default $FLIGHTREC_BOOTSTRAP)")
-    ev.add_argument(
-        "--flush-timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="seconds to wait for Kafka (default $FLIGHTREC_FLUSH_TIMEOUT, 10)",
-    )
+    _delivery_flags(ev)
     ev.set_defaults(func=_event)
+    fo = actions.add_parser(
+        "forget",
+        help="say that an instance should never have existed (made by mistake): it leaves the fleet and its alerts; "
+        "a manager event, so a replay forgets it too; it comes back if it is heard from again",
+    )
+    fo.add_argument("--instance", required=True, help="the instance to forget")
+    fo.add_argument("--detail", default="", help="why, in words (kept with the event)")
+    _delivery_flags(fo)
+    fo.set_defaults(func=_forget)
     en = actions.add_parser(
         "enroll",
         help="make an instance's key (needs FLIGHTREC_FLEET_KEY); prints the NAME=value lines for its environment",
@@ -46,6 +42,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="print a new fleet key (FLIGHTREC_FLEET_KEY=…) for the operator's side; never put it into an instance",
     )
     fk.set_defaults(func=_fleet_key)
+
+
+def _delivery_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--source",
+        default=None,
+        help="this manager's source id (default manager@<host name>); it has its own spool and seq",
+    )
+    p.add_argument("--spool", default=None, help="spool root (default $FLIGHTREC_SPOOL); events go under manager/")
+    p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default $FLIGHTREC_BOOTSTRAP)")
+    p.add_argument(
+        "--flush-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds to wait for Kafka (default $FLIGHTREC_FLUSH_TIMEOUT, 10)",
+    )
+
+
+def _forget(args: argparse.Namespace, settings: Settings) -> int:
+    args.kind, args.attr = "forgotten", []
+    return _event(args, settings)
 
 
 def _event(args: argparse.Namespace, settings: Settings) -> int:

@@ -8,10 +8,10 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flightrec.cli.options import add_read_db
-from flightrec.errors import ConfigError, MaterializeError
+from flightrec.errors import ConfigError, CredentialError, MaterializeError
 from flightrec.settings import Settings
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Kafka consumer group whose members share the partitions",
     )
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
+    add_create_folder(m)
     m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
     m.add_argument(
         "--memory-limit",
@@ -90,9 +91,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument(
         "--metrics-address",
-        default="0.0.0.0",
+        default=Options.metrics_address,
         metavar="ADDRESS",
-        help="the address /metrics listens on (default 0.0.0.0: every interface; 127.0.0.1: this host only)",
+        help="the address /metrics and /health listen on (default 127.0.0.1: this host only; 0.0.0.0: every "
+        "interface, for a Prometheus on another host)",
     )
     m.set_defaults(func=_materialize)
     r = sub.add_parser("replay", help="rebuild a database from the topics")
@@ -120,6 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
     r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
+    add_create_folder(r)
     r.add_argument(
         "--memory-limit",
         default=Options.memory_limit,
@@ -145,6 +148,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--poll", type=float, default=0.5, metavar="SECONDS", help="read the database again every SECONDS (default 0.5)"
     )
     w.set_defaults(func=_wait_sealed)
+
+
+def add_create_folder(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--create-folder",
+        action="store_true",
+        help="make the --db file's folder when it does not exist (without it a missing folder is refused: "
+        "a mistyped path would start a new database from the topics' beginning)",
+    )
+
+
+def check_folder(loc: Location, create: bool) -> None:
+    """Refuse a database file whose folder does not exist, unless asked to create it (ConfigError)."""
+    path = getattr(loc, "path", None)
+    if path is None or create or path.parent.is_dir():
+        return
+    raise ConfigError(
+        f"--db {path}: the folder {path.parent} does not exist; check the path (a new database would be built "
+        "from the topics' beginning), or add --create-folder to make it"
+    )
 
 
 def _ensure_topics(settings: Settings) -> None:
@@ -184,6 +207,7 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
     from flightrec.consumers.materializer import Materializer
 
     keep_pandas_out()  # pyarrow would import it at the first commit (cli/nopandas.py)
+    made = None if loc.shared or loc.exists() else getattr(loc, "path", None)  # a file this run makes
 
     async def go() -> int:
         loop = asyncio.get_running_loop()
@@ -211,7 +235,13 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
         )
         return 0
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except CredentialError:
+        if made is not None:  # nothing could be read into it: no empty database is left behind
+            for path in (made, made.with_name(made.name + ".wal")):
+                path.unlink(missing_ok=True)
+        raise
 
 
 def _materialize(args: argparse.Namespace, settings: Settings) -> int:
@@ -221,6 +251,7 @@ def _materialize(args: argparse.Namespace, settings: Settings) -> int:
     settings = settings.with_overrides(db=args.db, webhook=args.webhook, alert_on=args.alert_on)
     kinds = parse_kinds(settings.alert_on)
     loc = locate(settings.db, args.data_path, writing=True)
+    check_folder(loc, args.create_folder)
     if loc.shared and settings.webhook:
         raise ConfigError(
             "--webhook/FLIGHTREC_WEBHOOK: alerts are sent by a materializer on a database file only "
@@ -257,6 +288,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         webhook=settings.webhook,
         alert_on=kinds,
         dashboard_url=settings.dashboard_url,
+        alert_max_age=settings.alert_max_age,
         views=stored_views(),
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
@@ -292,6 +324,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     settings = settings.with_overrides(db=args.db)
     loc = locate(settings.db, args.data_path, writing=True)
+    check_folder(loc, args.create_folder)
     opts = Options(
         db=settings.db,
         group=args.group or DEFAULT_GROUP,
@@ -322,7 +355,6 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers import timeline
     from flightrec.db.classify import load_rules
-    from flightrec.settings import TOPICS
 
     keep_pandas_out()  # a conversion to Arrow would import it: ~0.3 s of a command a person waits for
     settings = settings.with_overrides(db=args.db)
@@ -332,7 +364,7 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     else:
         if not args.from_topics:
             print(f"no database at {settings.db}; reading the topics at {settings.bootstrap}", file=sys.stderr)
-        messages = asyncio.run(timeline.read_instance_messages(settings.kafka_kwargs(), args.instance, TOPICS))
+        messages = _read_topics(settings, args.instance)
         entries, left_out = (
             timeline.entries_from_messages(messages, args.instance, load_rules(args.rules), args.max_lines)
             if messages
@@ -344,6 +376,22 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")  # https://no-color.org
     print(timeline.render(entries, left_out, color=color))
     return 0
+
+
+def _read_topics(settings: Settings, instance: str) -> list[Any]:  # RawMessages (db.fold), imported late
+    """The instance's messages from the topics; a credential that may not read them ends the command in one line."""
+    from flightrec.access import refusal_line, refusal_of
+    from flightrec.consumers import timeline
+    from flightrec.errors import CredentialError
+    from flightrec.settings import TOPICS
+
+    try:
+        return asyncio.run(timeline.read_instance_messages(settings.kafka_kwargs(), instance, TOPICS))
+    except Exception as exc:
+        refusal = refusal_of(exc)
+        if refusal is None:
+            raise
+        raise CredentialError(refusal_line(refusal, settings.kafka_kwargs(), "read")) from exc
 
 
 def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
@@ -361,6 +409,36 @@ def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
         print(f"flightrec wait-sealed: {args.instance} is {result.reason}", file=sys.stderr)
         return 3
     print(
-        f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}", file=sys.stderr
+        f"flightrec wait-sealed: {args.instance} not complete after {args.timeout:g}s: {result.reason}"
+        + _materializer_note(loc),
+        file=sys.stderr,
     )
     return 3
+
+
+def _materializer_note(loc: Location) -> str:
+    """'; no materializer is running on DB ...: start ...' when the seal may be in Kafka unread, else ''."""
+    import time
+
+    from flightrec.cli.status import read_health
+    from flightrec.db.health import BEHIND_AFTER_S, ago
+    from flightrec.errors import FlightrecError
+
+    try:
+        h, serving = read_health(loc)
+    except FlightrecError:
+        return ""
+    now = time.time_ns() // 1000
+    where = loc.describe()
+    if serving is False:
+        return (
+            f"; no materializer is running on {where} (its last commit: {ago(h.last_commit_us, now)}): the seal may "
+            f"be waiting in Kafka unread; start one: flightrec materialize --db {where}"
+        )
+    if h.caught_up_us is None or now - h.caught_up_us > BEHIND_AFTER_S * 1e6:
+        return (
+            f"; the materializer's input was last read to the end {ago(h.caught_up_us, now)} (its last commit: "
+            f"{ago(h.last_commit_us, now)}): it lags or cannot reach Kafka, and the seal may be among what it has "
+            "not read (`flightrec status`)"
+        )
+    return ""

@@ -16,13 +16,13 @@ LATE = "flightrec.producer.late"  # the late-output process: `flightrec-agent -m
 
 def build_parser() -> argparse.ArgumentParser:
     """`flightrec agent`'s actions at the top, and `manager event`: the same flags as under `flightrec`."""
-    from flightrec.cli import agent, manager
+    from flightrec.cli import CommandParser, agent, manager
 
     parser = argparse.ArgumentParser(
         prog=PROG, description="The flightrec instance agent: wrap stages, publish their lines and exits to Kafka."
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=CommandParser)
     agent.add_actions(sub, PROG)
     manager.register(sub)
     return parser
