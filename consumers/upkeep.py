@@ -12,7 +12,9 @@ for it, so a job is kept short):
 - the figures (file size, free blocks, oldest line, how far retention got) every ``FIGURES_S``, and the archive's
   position (listed in a thread of its own, never holding up a commit);
 - a compaction when at least ``compact_free_share`` of the file is free blocks (and at least ``MIN_FREE_BYTES``),
-  the materializer keeps up (the batch being gathered is small), and the last one was ``COMPACT_EVERY_S`` ago:
+  the retention pass is over and checkpointed (a compaction in the middle of one copies the rows it deletes next,
+  whose space then stays in the new file), the materializer keeps up (the batch being gathered is small), and the
+  last one was ``COMPACT_EVERY_S`` ago:
   the store is closed, the file copied and renamed (commits wait meanwhile: the time is on /metrics and in the
   log), the store and its live reads opened again.
 A job that fails is logged and tried again later; it never stops the materializer.
@@ -101,6 +103,7 @@ class Upkeep:
         self.step_seconds = STEP_S  # the last step's duration
         self.total = StepResult()
         self.deleted_since_checkpoint = 0
+        self.expiring = keep.enforced  # a retention pass has more to judge (none judged yet at the start)
         self.archive, self.topics = archive, topics
         self.archive_read: asyncio.Task[None] | None = None
 
@@ -140,6 +143,8 @@ class Upkeep:
             return False
         if now - self.last_compaction < COMPACT_EVERY_S or f.free_bytes < MIN_FREE_BYTES:
             return False
+        if self.expiring or self.deleted_since_checkpoint:  # mid-pass: it would copy what the pass deletes next
+            return False
         quiet = pending.bytes < pending.max_bytes // 4 and pending.lines < pending.max_lines // 4
         return quiet and f.free_bytes >= self.compact_free_share * f.database_bytes
 
@@ -158,6 +163,7 @@ class Upkeep:
         self.total += result
         self.figures.add(lines=result.lines_deleted, samples=result.samples_merged)
         self.deleted_since_checkpoint += result.lines_deleted + result.samples_merged
+        self.expiring = not result.done
         self.next_step = started + (IDLE_S if result.done else self.commit_interval)  # one step an interval
         if result.lines_deleted or result.samples_merged:
             log.debug("retention step: %s in %.3f s", result, seconds)

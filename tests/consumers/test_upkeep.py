@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
 from flightrec.broker.local import free_port
 from flightrec.consumers import upkeep
 from flightrec.consumers.materializer import Materializer, Options
+from flightrec.consumers.storefigures import StoreFigures
 from flightrec.db.keep import Keep
 from flightrec.db.live import socket_path
 from flightrec.db.query import run_query
+from flightrec.db.retention import StepResult
 from materializer_helpers import Boot, publish
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -84,3 +88,48 @@ def test_a_running_materializer_expires_checkpoints_and_compacts_by_itself(
     assert metrics["flightrec_lines_expired_before_timestamp_seconds"] > 0
     assert metrics["flightrec_oldest_line_timestamp_seconds"] > 0
     assert metrics["flightrec_disk_full"] == 0
+
+
+@dataclass
+class _Gathering:
+    """The batch being gathered, as the upkeep sees it: small (the materializer keeps up)."""
+
+    bytes: int = 0
+    lines: int = 0
+    max_bytes: int = 1 << 20
+    max_lines: int = 10_000
+
+
+def test_no_compaction_while_a_retention_pass_is_still_deleting(tmp_path: Path) -> None:
+    """A compaction in the middle of a pass copies the rows the pass deletes next and leaves their space behind (the
+    file ended larger than before); it waits until the pass found nothing more to judge and was checkpointed."""
+    figures = StoreFigures()
+    figures.update(database_bytes=200 << 20, free_bytes=120 << 20)  # due by share and bytes
+
+    async def run(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    async def reopen(between: Any) -> Any:
+        return between()
+
+    u = upkeep.Upkeep(Keep(lines_days=14), tmp_path / "f.duckdb", figures, run=run, con=lambda: None,
+                      reopen=reopen, commit_interval=0.5, compact_free_share=0.3)  # fmt: skip
+    now, small = time.monotonic() + 1, _Gathering()
+    assert not u._compaction_due(now, small)  # retention has not judged the file yet
+    steps = iter([StepResult(lines_deleted=100, done=False), StepResult(lines_deleted=100, done=True)])
+    u._run = lambda fn: run(lambda: next(steps))
+    asyncio.run(u._step())
+    assert not u._compaction_due(now, small)  # more to judge
+    asyncio.run(u._step())
+    assert not u._compaction_due(now, small)  # the pass's deletes not yet checkpointed
+    u._run = run
+    u._con = lambda: duckdb.connect()
+    asyncio.run(u._checkpoint())
+    u.deleted_since_checkpoint = 0  # as start() does when it hands out the checkpoint
+    assert u._compaction_due(now, small)
+    assert not upkeep.Upkeep(Keep(lines_days=None, samples_days=None), tmp_path / "g.duckdb", figures, run=run,
+                             con=lambda: None, reopen=reopen, commit_interval=0.5,
+                             compact_free_share=0.3)._compaction_due(now, _Gathering(bytes=1 << 20))  # fmt: skip
+    assert upkeep.Upkeep(Keep(lines_days=None, samples_days=None), tmp_path / "g.duckdb", figures, run=run,
+                         con=lambda: None, reopen=reopen, commit_interval=0.5,
+                         compact_free_share=0.3)._compaction_due(now, small)  # fmt: skip  # nothing expires: free
