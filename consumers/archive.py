@@ -2,9 +2,10 @@
 with its disk can be rebuilt after Kafka let the records go (``flightrec archive``, ``flightrec replay``).
 
 A record is kept as Kafka holds it: topic, partition, offset, timestamp and its type (the broker's append time
-liveness and retention judge by), key, value (the Avro bytes) and headers (the writer's tag); so a replay from the
-archive is the same replay as from the topics. Layout, under the archive's root (a folder, or a URL such as
-``s3://bucket/prefix`` that pyarrow's file systems take)::
+liveness and retention judge by), key, value (the Avro bytes) and headers (the writer's tag); a record of a batch the
+Kafka client cannot parse as the materializer reads it (consumers/batches.py: its bytes, and why in ``unreadable``);
+so a replay from the archive is the same replay as from the topics, its dead letters included. Layout, under the
+archive's root (a folder, or a URL such as ``s3://bucket/prefix`` that pyarrow's file systems take)::
 
     <topic>/<partition>/<first>-<last>-<newest>.parquet
 
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from flightrec.consumers.batches import BatchReader
 from flightrec.db.fold import RawMessage
 from pyarrow import fs as pafs
 
@@ -53,6 +55,8 @@ SCHEMA = pa.schema(
         ("key", pa.binary()),
         ("value", pa.binary()),
         ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        # why the record's batch could not be parsed (consumers/batches.py: a dead letter at any replay); else null
+        ("unreadable", pa.string()),
     ]
 )
 NAME = re.compile(r"(\d{20})-(\d{20})-(\d{13})\.parquet")
@@ -190,6 +194,7 @@ def to_table(records: Iterable[Any]) -> pa.Table:
         rows["key"].append(r.key)
         rows["value"].append(r.value)
         rows["headers"].append([{"key": k, "value": v} for k, v in (getattr(r, "headers", None) or ())])
+        rows["unreadable"].append(getattr(r, "unreadable", None))
     return pa.table(rows, schema=SCHEMA)
 
 
@@ -206,6 +211,7 @@ def to_records(table: pa.Table) -> list[RawMessage]:
             timestamp=cols["timestamp"][i],
             timestamp_type=cols["timestamp_type"][i],
             headers=tuple((h["key"], h["value"]) for h in cols["headers"][i] or ()),
+            unreadable=cols["unreadable"][i],
         )
         for i in range(table.num_rows)
     ]
@@ -308,12 +314,14 @@ class Archiver:
         self._next: dict[TopicPartition, int] = {}  # the next offset expected per partition
         self._stop = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
+        self._reader: BatchReader | None = None  # reads past batches the client cannot parse (kept, with why)
         self._admin: AIOKafkaAdminClient | None = None
 
     async def __aenter__(self) -> Archiver:
         self._consumer = AIOKafkaConsumer(
             **self.kafka_kwargs, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
         )
+        self._reader = BatchReader(self._consumer, self.kafka_kwargs)
         self._admin = AIOKafkaAdminClient(**self.kafka_kwargs)
         try:
             await self._consumer.start()
@@ -327,6 +335,10 @@ class Archiver:
         await self._close()
 
     async def _close(self) -> None:
+        if self._reader is not None:
+            with contextlib.suppress(KafkaError, OSError):
+                await self._reader.close()
+            self._reader = None
         for client in (self._consumer, self._admin):
             if client is None:
                 continue
@@ -369,15 +381,15 @@ class Archiver:
 
     async def run(self) -> int:
         """Archive until stopped (or idle for ``until_idle`` s once caught up); returns records archived."""
-        c = self._consumer
-        assert c is not None
+        reader = self._reader
+        assert reader is not None
         await self._assign()
         loop = asyncio.get_running_loop()
         last_data = last_refresh = last_trim = loop.time()
         try:
             while not self._stop.is_set():
                 try:
-                    data = await c.getmany(timeout_ms=200, max_records=10_000)
+                    data = await reader.getmany(self._next, timeout_ms=200, max_records=10_000)
                 except KafkaError as exc:  # the broker away: what is held stays held, reading goes on after
                     log.warning("reading the topics failed (%s); retrying", exc)
                     await asyncio.sleep(1.0)

@@ -14,10 +14,12 @@ from flightrec.consumers.archive import Archive, Segment, gaps, to_records, to_t
 from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage
 from flightrec.db.location import FileLocation
+from flightrec.schemas import encode
 from lake_helpers import assert_lake_equals_file
 from materializer_helpers import Boot, flightrec, motivating_boot, publish
+from rawkafka import RawRecord, produce, record_batch
 
-from flightrec.settings import TOPIC_LOGS, TOPICS
+from flightrec.settings import TOPIC_LIFECYCLE, TOPIC_LOGS, TOPICS
 
 
 def table(db: Path, name: str) -> list[str]:
@@ -154,3 +156,35 @@ def test_the_archive_keeps_its_own_days_and_its_last_segment(tmp_path: Path) -> 
 
 def test_a_file_location_is_not_an_archive_uri(tmp_path: Path) -> None:
     assert Archive(str(tmp_path)).local and FileLocation(tmp_path).exists()
+
+
+@pytest.mark.slow  # a broker of its own, an archiver and two replays (~20 s)
+def test_the_archive_keeps_batches_the_client_cannot_parse_and_replays_them_as_dead_letters(
+    fresh_kafka, tmp_path: Path
+) -> None:
+    """A host may write a batch the Kafka client cannot parse (a header name that is not UTF-8): the archiver reads
+    past it as the materializer does (consumers/batches.py), keeps its records with why they are unreadable, and a
+    replay of the archive alone makes the same dead letters as a replay of the topics."""
+    archive_dir = tmp_path / "archive"
+    env = fresh_kafka.env(FLIGHTREC_LOG_LEVEL="WARNING")
+    victim = motivating_boot()
+    publish(fresh_kafka.bootstrap, victim.events[:6])
+    forged = Boot(instance=victim.instance)
+    forged.stage_ok("forged")
+    bad = [RawRecord(e.instance_id.encode(), encode(e), ((b"\xff\xfe", b""),)) for e in forged.events
+           if e.topic == TOPIC_LIFECYCLE]  # fmt: skip
+    produce(fresh_kafka.bootstrap, [(TOPIC_LIFECYCLE, 0, record_batch(bad))])
+    publish(fresh_kafka.bootstrap, [*victim.events[6:], *boots(2, "after")])
+
+    flightrec("archive", "--to", str(archive_dir), "--until-idle", "1", env=env)  # before: UnicodeDecodeError
+    ends = {tp: end for tp, end in fresh_kafka.end_offsets().items() if end}
+    assert Archive(str(archive_dir)).position() == ends
+    from_topics = tmp_path / "topics.duckdb"
+    flightrec("replay", "--db", str(from_topics), env=env)
+    delete_before(fresh_kafka.bootstrap, ends)  # the topics hold nothing more: the archive alone
+    from_archive = tmp_path / "archive.duckdb"
+    flightrec("replay", "--db", str(from_archive), "--archive", str(archive_dir), env=env)
+    for name in MATERIALIZED_TABLES:
+        assert table(from_archive, name) == table(from_topics, name), name
+    dead = table(from_archive, "dead_letters")
+    assert len(dead) == len(bad) and all("unreadable:" in d for d in dead)
