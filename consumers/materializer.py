@@ -505,7 +505,35 @@ class Materializer:
         self._parts = parts
         if not initial:
             log.info("now reading %d partitions", len(parts))
+        elif not self.opts.replay:
+            await self._say_what_kafka_let_go(offsets)
         return True
+
+    async def _say_what_kafka_let_go(self, offsets: Mapping[TopicPartition, int | None]) -> None:
+        """Say it plainly when the topics no longer hold records after the database's offsets (their retention let
+        them go while no materializer ran, or a restored backup is older than what the topics keep): the reading
+        goes on from what Kafka holds, and those records are not in the database."""
+        c = self._consumer
+        known = {tp: o for tp, o in offsets.items() if o is not None}
+        if c is None or not known:
+            return
+        try:
+            starts = await c.beginning_offsets(list(known))
+        except (KafkaError, OSError) as exc:
+            log.debug("no beginning offsets (%s)", exc)
+            return
+        lost = sorted(
+            f"{tp.topic}[{tp.partition}] {o}..{starts[tp] - 1}" for tp, o in known.items() if starts.get(tp, 0) > o
+        )
+        if lost:
+            log.error(
+                "the topics no longer hold offsets %s that the database %s never read (their retention let them go "
+                "while no materializer ran, or a restored backup is older than what they keep): those records are "
+                "not in it; rebuild it from the archive with `flightrec replay --db NEW --archive URI` "
+                "(docs/retention.md)",
+                ", ".join(lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else ""),
+                self.opts.location.describe(),
+            )
 
     async def _seek(self, parts: Iterable[TopicPartition], offsets: dict[TopicPartition, int | None]) -> None:
         """Position each partition at its offset, or at its beginning where the offset is None."""

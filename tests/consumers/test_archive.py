@@ -188,3 +188,25 @@ def test_the_archive_keeps_batches_the_client_cannot_parse_and_replays_them_as_d
         assert table(from_archive, name) == table(from_topics, name), name
     dead = table(from_archive, "dead_letters")
     assert len(dead) == len(bad) and all("unreadable:" in d for d in dead)
+
+
+@pytest.mark.slow  # a broker of its own, two materializer runs (~15 s)
+def test_a_materializer_says_which_records_the_topics_let_go_before_it_read_them(fresh_kafka, tmp_path: Path) -> None:
+    """A database behind what the topics still hold (a materializer stopped longer than their retention, a restored
+    backup older than it): the run goes on from what Kafka holds, and says which offsets are not in the database and
+    how to rebuild it from the archive."""
+    env = fresh_kafka.env(FLIGHTREC_LOG_LEVEL="WARNING")
+    db = tmp_path / "behind.duckdb"
+    publish(fresh_kafka.bootstrap, boots(2, "first"))
+    flightrec("materialize", "--db", str(db), "--until-idle", "1", env=env)
+    read = {tp: end for tp, end in fresh_kafka.end_offsets().items() if end}
+    publish(fresh_kafka.bootstrap, boots(2, "gone"))
+    ends = fresh_kafka.end_offsets()
+    delete_before(fresh_kafka.bootstrap, {tp: end for tp, end in ends.items() if end})  # gone before it was read
+    publish(fresh_kafka.bootstrap, boots(1, "last"))
+    told = flightrec("materialize", "--db", str(db), "--until-idle", "1", env=env)
+    lost = [(tp, read.get(tp, 0), end) for tp, end in ends.items() if end > read.get(tp, 0)]
+    assert lost and all(f"{t}[{p}] {start}..{end - 1}" in told.stderr for (t, p), start, end in lost if start), told
+    assert "never read" in told.stderr and "--archive" in told.stderr
+    instances = {r.split("'")[1] for r in table(db, "instances")}
+    assert {i.split("-")[0] for i in instances} == {"first", "last"}  # what Kafka still held was read
