@@ -15,7 +15,7 @@ from flightrec.analytics.fleetsummary import (  # noqa: F401 - the pages' names
     fleet_filter_options,
     fleet_summary,
 )
-from flightrec.db.query import run_query
+from flightrec.db.query import freshness, run_query
 from flightrec.db.views import ALL_VIEWS, VIEWS, prelude_for, ts
 
 log = logging.getLogger(__name__)
@@ -536,27 +536,44 @@ EXAMPLES: dict[str, str] = {
 def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Table, bool]:
     """Run the console's read-only SQL; return at most ``max_rows`` rows and whether it was cut.
 
-    The statement itself is checked by flightrec.db.query (one read statement, no file
-    access); a SELECT is wrapped in a LIMIT so a huge result cannot exhaust memory.
+    On a file the statement is checked and run in a process of its own, bounded by the OS
+    (flightrec.db.sandbox: ``CONSOLE_LIMITS``), never in the dashboard's or the materializer's; a
+    SELECT is wrapped in a LIMIT so a huge result cannot exhaust memory.
     """
-    from flightrec.db.query import check_read_only
+    import duckdb
+    from flightrec.db.sandbox import ReadLimits
 
     text = sql.strip().rstrip(";").strip()
-    check_read_only(text)
-    import duckdb
-
-    statement = duckdb.extract_statements(text)[0]
+    try:
+        statements = duckdb.extract_statements(text)
+    except (duckdb.Error, ValueError) as exc:  # the check in the read's process says the same, with the reason
+        statements = []
+        log.debug("console: %s", exc)
     prelude = prelude_for(text)  # every shared view it names, the money ones too
-    if statement.type.name == "SELECT":  # the query DuckDB made of it (a describing PRAGMA: its SELECT)
-        query = statement.query
+    limits = ReadLimits()
+    if len(statements) == 1 and _is_select(statements[0]):  # the query DuckDB made of it (a PRAGMA: its SELECT)
+        query = statements[0].query
         tokens = duckdb.tokenize(query)
         if tokens and tokens[-1][1] == duckdb.token_type.operator and query[tokens[-1][0]] == ";":
             query = query[: tokens[-1][0]]  # its closing ';' (a comment may follow it), by DuckDB's lexer
-        t = run_query(db, f"SELECT * FROM (\n{query}\n) LIMIT {int(max_rows) + 1}", prelude=prelude)
+        t = run_query(db, f"SELECT * FROM (\n{query}\n) LIMIT {int(max_rows) + 1}", prelude=prelude, limits=limits)
     else:
-        t = run_query(db, text, prelude=prelude)
+        t = run_query(db, text, prelude=prelude, limits=limits)
     cut = t.num_rows > max_rows
     return (t.slice(0, max_rows) if cut else t), cut
+
+
+def _is_select(statement: Any) -> bool:
+    try:
+        return bool(statement.type.name == "SELECT")
+    except (AttributeError, ValueError):  # a statement type this duckdb package does not name
+        return False
+
+
+def data_freshness(db: Db) -> str:
+    """How fresh what the pages read is: 'as of commit 1,234 (…), 0.4 s behind the materializer'."""
+    fresh = freshness(run_query(db, "SELECT 1 AS one"))
+    return fresh.line() if fresh is not None else ""
 
 
 def catalog(db: Db) -> pa.Table:

@@ -86,6 +86,17 @@ def disk_full_notice(db: str) -> None:
     )
 
 
+def freshness_caption() -> None:
+    """The sidebar's line saying how fresh every page's data is (nothing when the database cannot be read: the page
+    says why)."""
+    try:
+        line = _cached("flightrec.analytics.queries", "data_freshness", db_path(), (), ())
+    except FlightrecError:
+        return
+    if line:
+        st.sidebar.caption(f"Data {line}.")
+
+
 def _freeze(value: Any) -> Any:
     if isinstance(value, (list, set)):
         return tuple(value)

@@ -69,7 +69,7 @@ class GroupMaterializer(Materializer):
                 "webhook alerts are not sent from a lake (their outbox is a table only one "
                 "writer may own): run the materializer on a file for alerts, or drop --webhook"
             )
-        options = dataclasses.replace(options, serve=False)  # readers read the lake itself, not a socket
+        options = dataclasses.replace(options, serve=False)  # readers read the lake itself, not a snapshot
         super().__init__(kafka_kwargs, options)
         self.loc = options.location
         if not isinstance(self.loc, LakeLocation):

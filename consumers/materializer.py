@@ -1,10 +1,13 @@
-"""The consume loop: Kafka -> fold -> one writer thread committing to DuckDB, with live reads served.
+"""The consume loop: Kafka -> fold -> one writer thread committing to DuckDB and publishing snapshots for readers.
 
 Guarantees: partitions are assigned by hand and positioned at the offsets stored
 in DuckDB (the start of each partition when none are stored), so a restart after
 SIGKILL resumes exactly after the last commit; at most one batch is being
 written while the next is folded, and a batch holds at most ``batch_bytes`` of
-messages, so memory stays bounded whatever the backlog.
+messages, so memory stays bounded whatever the backlog. No read runs here: on a file, the
+writer thread publishes a snapshot for readers (flightrec.db.snapshot) between commits, at most
+every ``PUBLISH_S`` while it keeps up and every ``PUBLISH_BEHIND_S`` while it works through a
+backlog (a publish copies the blocks and log the commits since changed; under a backlog readers are behind anyway).
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from flightrec.db.backup import serve_requests as serve_backups
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
 from flightrec.db.location import FileLocation
-from flightrec.db.serve import QueryServer, close_cursors
 from flightrec.db.stats import Stats
 from flightrec.db.store import Store, open_store
 from flightrec.db.trust import Trust, load_state
@@ -68,6 +70,8 @@ METRICS_INTERVAL = 1.0  # seconds between updates of the lag and the database's 
 # Kafka's 500 ms stalled a backlog for up to half a second at a time.
 FETCH_MAX_WAIT_MS = 100
 START_RETRY_S = 30.0  # how long a starting materializer asks again for the partitions (a broker just died)
+PUBLISH_S = 0.5  # a file's snapshot for readers is made current at most this often while the writer keeps up
+PUBLISH_BEHIND_S = 2.0  # and this often while it works through a backlog (full batches)
 
 
 async def _quietly(what: str, step: Awaitable[object]) -> None:
@@ -200,7 +204,8 @@ class Materializer:
         self._keep = event_filter(options.instance, options.since_us)
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
         self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
-        self._server: QueryServer | None = None
+        self._published_at = 0.0  # when the readers' snapshot was last made current (loop time)
+        self._last_report = 0.0  # when the stats were last logged (loop time)
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: BatchReader | None = None  # reads through batches the client cannot parse
         self._next: dict[TopicPartition, int | None] = {}  # partitions read -> next offset to fold (None: any)
@@ -278,7 +283,7 @@ class Materializer:
         return self
 
     async def _open_store_side(self) -> None:
-        """The store and what hangs on its connection: the writers' trust state, the alerts' outbox, live reads."""
+        """The store and what hangs on its connection: the writers' trust state, the alerts' outbox."""
         opts = self.opts
         self._store = await self._in_writer(self._open_store)
         await self._in_writer(load_state, self._trust, self._store.con)
@@ -296,19 +301,9 @@ class Materializer:
                 )
             )
             await self._in_writer(self._alerts.start, self._store.con)
-        if opts.serve:
-            reader_root = await self._in_writer(self._store.con.cursor)
-            self._server = QueryServer(reader_root, opts.location.db)
-            self._server.start()
-            if isinstance(self._store, FileStore):
-                self._store.make_room = self._server.make_room  # a commit short of memory stops live reads
 
     async def _close_store_side(self) -> None:
-        """Live reads, the alerts and the store let go, in that order (their cursors first: the file is then free)."""
-        if self._server is not None:
-            server, self._server = self._server, None
-            server.stop()
-            close_cursors(server)
+        """The alerts and the store let go, in that order (the file is then free)."""
         if self._alerts is not None:
             alerts, self._alerts = self._alerts, None
             await self._in_writer(alerts.close, self._store.con if self._store is not None else None)
@@ -453,6 +448,7 @@ class Materializer:
             memory_limit=opts.memory_limit,
             lock_wait=opts.lock_wait,
             views=opts.views,
+            publish=opts.serve,
         )
 
     def _consumer_options(self) -> dict[str, object]:
@@ -558,7 +554,7 @@ class Materializer:
                 return False
         return True
 
-    async def _commit(self, delta: Delta) -> None:
+    async def _commit(self, delta: Delta, behind: bool = False) -> None:
         started = time.monotonic()
         stats = await self._guard.commit(
             lambda: self._store_commit(delta),
@@ -571,6 +567,19 @@ class Materializer:
         if self._metrics is not None:
             self._metrics.observe_commit(delta, stats, time.monotonic() - started)
         await self._sync_alerts()
+        await self._publish(behind)
+
+    async def _publish(self, behind: bool) -> None:
+        """Make the readers' snapshot current when commits wait for it and it is due (a file only; in the writer
+        thread, between commits: ``_flush`` waits for the commit this runs in)."""
+        store = self._store
+        if not isinstance(store, FileStore) or not store.unpublished():
+            return
+        now = time.monotonic()
+        if now - self._published_at < (PUBLISH_BEHIND_S if behind else PUBLISH_S):
+            return
+        self._published_at = now
+        await self._in_writer(store.publish)
 
     async def _update_metrics(self) -> None:
         """End offsets (one request): the input's progress and the lag per partition; then the database's figures.
@@ -610,6 +619,7 @@ class Materializer:
             return
         try:
             await self._in_writer(record_progress, self._store.con, self._store.run_id, moment)
+            self._store.wrote()  # readers see it at the next publish
             self._progress.written(moment, time.monotonic())
             if self._metrics is not None:
                 self._metrics.caught_up(moment)
@@ -629,10 +639,11 @@ class Materializer:
         """Fold what is pending and start committing it, once the previous commit is done (one at a time)."""
         if not pending.records:
             return
+        behind = pending.full(time.monotonic())  # a full batch: a backlog is being worked through
         delta = fold(pending.take(), keep=self._keep, trust=self._trust)
         if self._inflight is not None:
             await self._inflight
-        self._inflight = asyncio.ensure_future(self._commit(delta))
+        self._inflight = asyncio.ensure_future(self._commit(delta, behind))
 
     async def _reap(self) -> None:
         """Collect a finished commit (raising what it raised)."""
@@ -703,12 +714,21 @@ class Materializer:
             self._reported = summary
             log.info("%s", summary)
 
+    async def _between_reads(self, now: float, behind: bool) -> None:
+        """The publish for readers once due (a commit that came too soon after the last one waits no longer than
+        PUBLISH_S, or PUBLISH_BEHIND_S through a backlog), the periodic report."""
+        if self._inflight is None:
+            await self._publish(behind)
+        if now - self._last_report >= 10.0:
+            self._last_report = now
+            self._report()
+
     async def run(self) -> Stats:
         """Consume until stopped, idle (``until_idle``) or, for a replay, the end offsets at start."""
         loop = asyncio.get_running_loop()
         targets = await self._replay_targets()
         pending = self._pending = self._new_pending()
-        last_data = last_refresh = last_report = last_metrics = kafka_ok = loop.time()
+        last_data = last_refresh = last_metrics = kafka_ok = self._last_report = loop.time()
         await self._update_metrics()
         try:
             while not self._stop.is_set():
@@ -724,11 +744,9 @@ class Materializer:
                 if pending.due(now, quiet=not data, quiet_bytes=self.quiet_commit_bytes):
                     await self._flush(pending)
                 await self._reap()
+                await self._between_reads(now, behind=pending.full(now))
                 if self._upkeep is not None and self._inflight is None and self._store is not None:
                     self._inflight = self._upkeep.start(now, pending)  # in the gap after a commit
-                if now - last_report >= 10.0:
-                    last_report = now
-                    self._report()
                 if targets is not None:
                     if await self._caught_up(targets):
                         break

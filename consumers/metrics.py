@@ -24,8 +24,9 @@ from flightrec.errors import MaterializeError
 
 log = logging.getLogger(__name__)
 
-# Commits take milliseconds when idle and seconds under a backlog of large batches.
-COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Commits take milliseconds when idle and seconds under a backlog of large batches; 2 s: no commit waits longer
+# for anything a reader does (docs/materializer.md).
+COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0)
 ALERT_FAILED = ("refused", "unknown")  # the outbox's outcomes that will not be delivered
 REFUSED_REASONS = (
     "forged",

@@ -41,7 +41,7 @@ class Options:
     instance: str | None = None  # replay only this instance
     since_us: int | None = None  # replay only events at or after this time
     rules: RuleTable | None = None
-    serve: bool = True  # serve live queries on the socket
+    serve: bool = True  # publish snapshots of the file for readers (flightrec.db.snapshot)
     batch_bytes: int | None = None  # message bytes per transaction (None: the store's default, the materializer's)
     batch_messages: int = 5000
     commit_interval: float = 0.5  # seconds a partial batch may wait

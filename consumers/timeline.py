@@ -282,7 +282,9 @@ def entries_from_messages(
     Whatever the materializer would dead-letter is left out here too, so the timeline from the
     topics shows exactly what a database built from them would.
     """
-    store = FileStore(":memory:", group="timeline", rules=rules or load_rules(), memory_limit=memory_limit)
+    store = FileStore(
+        ":memory:", group="timeline", rules=rules or load_rules(), memory_limit=memory_limit, publish=False
+    )
     try:
         store.commit(fold(messages, keep=lambda who, _ts: who == instance))
         return _entries(

@@ -16,7 +16,7 @@ for it, so a job is kept short):
   whose space then stays in the new file), the materializer keeps up (the batch being gathered is small), and the
   last one was ``COMPACT_EVERY_S`` ago:
   the store is closed, the file copied and renamed (commits wait meanwhile: the time is on /metrics and in the
-  log), the store and its live reads opened again.
+  log), the store opened again.
 A job that fails is logged and tried again later; it never stops the materializer.
 """
 

@@ -15,7 +15,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -27,12 +27,17 @@ from flightrec.db.derive import affected_keys, arrow_views, recompute, recompute
 from flightrec.db.fold import DEAD, UNCOMPARED, Delta, reused
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.query import writer_notice_path
+from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 
 from flightrec.errors import MaterializeError
 
 log = logging.getLogger(__name__)
-OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in all, live reads stopped in between
+OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in all
+# A snapshot's write-ahead log is replayed by each reader that opens it (~20 ms a MiB): past this much, the
+# materializer checkpoints before it publishes (at today's rates every few seconds; a backlog's large commits
+# are written straight into the file and leave the log small).
+SNAPSHOT_WAL_BYTES = 4 << 20
 
 # The materialized tables (what replay must reproduce), in comparison order.
 MATERIALIZED_TABLES: tuple[str, ...] = (
@@ -304,6 +309,7 @@ class FileStore(RowWriter):
         memory_limit: str = "512MB",
         lock_wait: float = 30.0,
         views: tuple[str, ...] = (),
+        publish: bool = True,
     ) -> None:
         self.path = Path(path)
         self.group = group
@@ -312,35 +318,82 @@ class FileStore(RowWriter):
         self.mode = mode
         self.totals = Stats()  # this run's commits, summed
         self._totals_before = self.totals
-        self.make_room: Callable[[str], int] | None = None  # stops live reads when a commit runs out of memory
         self.started_us = time.time_ns() // 1000
+        self.last_commit_us = self.started_us
+        self.publisher: Publisher | None = None  # the readers' snapshots (flightrec.db.snapshot)
+        self._wrote = False  # written outside commit() since the last publish
         crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
         self.con = self._connect(lock_wait)
         try:
+            if publish and str(path) != ":memory:":  # first: readers wait for its snapshot rather than the file
+                self.publisher = Publisher(self.path, self._block_size())
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
             self._migrate(self._columns("failures"))
             if crashed or self._lines_unaccounted():
                 self._drop_rows_without_event()
             self._store_views(views)
-            # Nothing the writer does needs files; readers share this database
-            # instance through cursors, so this also closes file access to them.
+            # Nothing the writer does needs files (readers never share this instance: they read snapshots).
             self.con.execute("SET enable_external_access = false")
             self.con.execute("SET autoload_known_extensions = false")
             self.con.execute("SET autoinstall_known_extensions = false")
             self.con.execute("SET python_enable_replacements = false")
-            self.con.execute(
-                "SET GLOBAL TimeZone = 'UTC'"
-            )  # live reads' (cursors') TIMESTAMPTZ in UTC, as on the file path
-            # Last: from here on no connection of this database, the live readers' cursors
-            # included, can change any setting (memory_limit, threads, default_order ...).
+            self.con.execute("SET GLOBAL TimeZone = 'UTC'")  # TIMESTAMPTZ in UTC, as readers see it
+            # Last: from here on no connection of this database can change any setting
+            # (memory_limit, threads, default_order ...).
             self.con.execute("SET lock_configuration = true")
+            self._commits_before = int(
+                self.con.execute("SELECT coalesce(sum(commits), 0) FROM materializer_runs").fetchall()[0][0]
+            )
         except duckdb.Error as exc:
-            self.con.close()
+            self._close_all()
             raise MaterializeError(f"cannot prepare the tables in {self.path}: {exc}") from exc
         except BaseException:
-            self.con.close()
+            self._close_all()
             raise
+        self.publish()
+
+    def _block_size(self) -> int:
+        """The file's block size (what a snapshot copies in units of)."""
+        return int(
+            self.con.execute(
+                "SELECT block_size FROM pragma_database_size() WHERE database_name = current_database()"
+            ).fetchall()[0][0]
+        )
+
+    @property
+    def commits(self) -> int:
+        """The database's commit number: every run's commits, this one's included."""
+        return self._commits_before + self.totals.commits
+
+    def unpublished(self) -> bool:
+        """Whether commits (or writes between them: :meth:`wrote`) wait for the readers' next snapshot."""
+        return self.publisher is not None and (self._wrote or self.publisher.commits != self.commits)
+
+    def wrote(self) -> None:
+        """Say that the connection wrote outside :meth:`commit` (how far the input is read, the alerts' outbox):
+        the next publish copies it though no commit was counted."""
+        self._wrote = True
+
+    def publish(self) -> bool:
+        """Make the readers' snapshot hold every commit so far: the changed blocks of the file and its write-ahead log
+        copied (flightrec.db.snapshot), after a CHECKPOINT when the log has grown past ``SNAPSHOT_WAL_BYTES`` (a
+        reader replays the log when it opens the snapshot). False when it was skipped (readers hold every spare
+        copy, the disk refused): nothing is lost, the next publish tries again."""
+        if self.publisher is None or not self.unpublished():
+            return self.publisher is not None
+        try:
+            if Path(f"{self.path}.wal").stat().st_size > SNAPSHOT_WAL_BYTES:
+                self.con.execute("CHECKPOINT")
+        except FileNotFoundError:
+            pass
+        except duckdb.Error as exc:  # another write under way (the alert sender): the log is copied as it is
+            log.info("no CHECKPOINT before this snapshot (%s)", exc)
+        wrote, self._wrote = self._wrote, False
+        if self.publisher.publish(self.commits, wrote):
+            return True
+        self._wrote = wrote
+        return False
 
     def _columns(self, table: str) -> set[str]:
         """The columns of ``table`` in the file (empty: a new database)."""
@@ -480,9 +533,8 @@ class FileStore(RowWriter):
         """Write one Delta and the offsets after it in one transaction; returns what it wrote. Given Deltas by
         shard (the Store interface), each is committed so in turn: a file holds every shard.
 
-        The writer always wins: a commit that meets "Out of Memory" (live reads share the database's
-        memory) is rolled back, the running reads are stopped (``make_room``) and it runs again, up to
-        OOM_TRIES times; nothing of a failed try stays.
+        A commit that meets "Out of Memory" is rolled back and runs again, up to OOM_TRIES times; nothing of a
+        failed try stays.
         """
         if not isinstance(delta, Delta):
             total = Stats()
@@ -493,18 +545,11 @@ class FileStore(RowWriter):
             try:
                 return self._commit_once(delta) + Stats(oom_retried=attempt - 1)
             except duckdb.OutOfMemoryException as exc:
-                stopped = self.make_room("a commit ran out of memory") if self.make_room is not None else 0
                 if attempt == OOM_TRIES:
                     raise MaterializeError(
-                        f"could not commit a batch to {self.path}: {exc} (tried {attempt} times, "
-                        f"stopping live reads in between); raise --memory-limit"
+                        f"could not commit a batch to {self.path}: {exc} (tried {attempt} times); raise --memory-limit"
                     ) from exc
-                log.warning(
-                    "a commit ran out of memory (try %d of %d); %d live reads stopped, committing again",
-                    attempt,
-                    OOM_TRIES,
-                    stopped,
-                )
+                log.warning("a commit ran out of memory (try %d of %d); committing again", attempt, OOM_TRIES)
                 time.sleep(0.1 * attempt)
         raise AssertionError("unreachable")
 
@@ -518,6 +563,8 @@ class FileStore(RowWriter):
                 self._store_offsets(delta)
                 self._bookkeeping(stats)
             con.execute("COMMIT")
+            if self.publisher is not None:
+                self.publisher.committed(self.commits, self.last_commit_us)
         except duckdb.Error as exc:
             with contextlib.suppress(duckdb.Error):
                 con.execute("ROLLBACK")
@@ -533,6 +580,7 @@ class FileStore(RowWriter):
 
     def _bookkeeping(self, stats: Stats) -> None:
         self.totals = t = self.totals + stats
+        self.last_commit_us = time.time_ns() // 1000
         self.con.execute(
             "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
@@ -540,7 +588,7 @@ class FileStore(RowWriter):
                 self.group,
                 self.mode,
                 self.started_us,
-                time.time_ns() // 1000,
+                self.last_commit_us,
                 t.commits,
                 t.events_received,
                 t.lines_written,
@@ -549,9 +597,18 @@ class FileStore(RowWriter):
             ],
         )
 
-    def close(self) -> None:
-        """Checkpoint and close the database."""
+    def _close_all(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
         try:
             self.con.close()
+        finally:
+            if self.publisher is not None:
+                self.publisher.release()  # after DuckDB let the file go: closing a descriptor drops its lock
+
+    def close(self) -> None:
+        """Checkpoint and close the database; readers read the file itself from then on."""
+        try:
+            self._close_all()
         except duckdb.Error as exc:
             log.warning("closing %s: %s", self.path, exc)

@@ -226,6 +226,13 @@ def still_to_run(loc: LakeLocation, prelude: Sequence[str]) -> tuple[str, ...]:
     return tuple(stmt for stmt in prelude if stmt not in ready)
 
 
+def reader_snapshot(loc: LakeLocation) -> int | None:
+    """The lake snapshot this process's reader of ``loc`` last brought its copy to (None before its first read)."""
+    with _readers_lock:
+        reader = _readers.get(loc)
+    return reader[1].seen if reader is not None else None
+
+
 def forget_reader(loc: LakeLocation) -> None:
     """Drop the shared reader of ``loc`` so that the next read attaches afresh. Not closed here: cursors other
     threads still hold keep it until they finish."""

@@ -21,7 +21,7 @@ def _is_lake(db: str | os.PathLike[str]) -> bool:
 
 @dataclass(frozen=True)
 class FileLocation:
-    """An embedded DuckDB file: one materializer writes it and serves live reads on a socket beside it."""
+    """An embedded DuckDB file: one materializer writes it and publishes snapshots of it for readers beside it."""
 
     path: Path
     shared: ClassVar[bool] = False  # written by one materializer, not by a consumer group

@@ -1,53 +1,64 @@
 """Read-only SQL over a flightrec database, whether or not a materializer holds it.
 
-This is the one door readers (``flightrec sql``, the dashboard, ``timeline``)
+This is the one door readers (``flightrec sql``, the dashboard, ``timeline``, ``wait-sealed``)
 use. Guarantees: the statement is one a reader may run (decided by DuckDB's own
 parser, see ``flightrec.db.readonly``), cannot read or write files, and returns a
-pyarrow Table. Parameters are bound,
-never pasted into SQL text. ``prelude`` holds temp views (checked: one
+pyarrow Table whose schema metadata says how fresh it is (:class:`Freshness`). Parameters
+are bound, never pasted into SQL text. ``prelude`` holds temp views (checked: one
 ``CREATE TEMP VIEW`` each) run first on the same connection.
 
-While a materializer runs it holds DuckDB's write lock and no other process can
-open the file; it then serves queries on a Unix socket next to the database
-(Arrow Flight, see ``flightrec.db.live`` for the protocol both sides share and
-``flightrec.db.serve`` for the server), answering from a snapshot of its
-last commit. ``run_query`` asks that socket first
-and opens the file read-only when nobody answers. A read on the file gives
+No read runs in the materializer's process. While a materializer runs it holds DuckDB's
+write lock on the file and no other process can open it; it publishes snapshots instead
+(``flightrec.db.snapshot``: complete copies of the file as of a commit, made current within
+about a second of each commit), and a read opens the newest snapshot read-only in the
+reader's own process. With no materializer running, a read opens the file read-only and gives
 way: a materializer that cannot get the file writes ``<db>.writer-waiting``
-(:func:`writer_notice_path`) and every flightrec read on the file is
-interrupted within ``GIVE_WAY_POLL_S`` and asked again live.
+(:func:`writer_notice_path`) and every flightrec read on the file is interrupted within
+``GIVE_WAY_POLL_S`` and asked again, on the snapshots that materializer publishes.
+
+A read given :class:`~flightrec.db.sandbox.ReadLimits` (a reader's own SQL: ``flightrec sql``, the
+dashboard's console) runs in a child process bounded by the OS (``flightrec.db.sandbox``), so that
+nothing it does reaches the process that asked either. On a lake every read runs in the reader's own
+process, on its own attachment of the lake (``flightrec.db.lake``): there is no writer's process to
+keep it out of.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+from flightrec.db import snapshot
 from flightrec.db.lake import (
     LakeLocation,
     forget_reader,
     is_catalog_away,
     mask_password,
     reader_cursor,
+    reader_snapshot,
     still_to_run,
 )
-from flightrec.db.live import Params, query_live
 from flightrec.db.location import Location, locate
-from flightrec.db.readonly import check_prelude, check_read_only
+from flightrec.db.readonly import check_prelude, check_read_only, parse_with
+from flightrec.db.sandbox import Params, ReadLimits, Retry, Target, read_apart
 
 from flightrec.errors import QueryError
 
 log = logging.getLogger(__name__)
 GIVE_WAY_POLL_S = 0.2  # how often a file-path read looks for a materializer waiting for the file
-WRITER_START_S = 30.0  # how long a reader that gave way waits for that materializer's socket
+WRITER_START_S = 30.0  # how long a reader waits for a starting materializer's first snapshot
 STARTING_S = 5.0  # how long a read retries a file it cannot open yet (a materializer may be starting)
-# The file path's own DuckDB instance: no files, no extensions, no Python objects, settings locked
+SNAPSHOT_IDLE_S = 1.0  # a snapshot this process keeps open is closed after this long unused (its copy is freed)
+# The reader's own DuckDB instance: no files, no extensions, no Python objects, settings locked
 # (after the time zone: the views' TIMESTAMPTZ columns come out in UTC whatever the machine's zone,
 # as the dashboard says; DuckDB takes TimeZone only as a SET, not in the connect config).
 READER_CONFIG = {
@@ -58,6 +69,7 @@ READER_CONFIG = {
     "lock_configuration": True,
 }
 READER_TIME_ZONE = "UTC"
+FRESHNESS_KEY = b"flightrec.freshness"  # the schema metadata of every result: how fresh it is (JSON)
 
 
 def writer_notice_path(db: str | Path) -> Path:
@@ -81,53 +93,86 @@ def writer_waiting(db: str | Path) -> int | None:
     return pid
 
 
-class _GaveWay(Exception):
-    """A file-path read was interrupted because a materializer wants the file."""
+# ---- how fresh a result is ---------------------------------------------------------------------------------
 
 
-def _read_file(
-    con: duckdb.DuckDBPyConnection, db: str | Path, sql: str, params: Params, prelude: Sequence[str]
-) -> pa.Table:
-    """Run the read on the file, interrupting it as soon as a materializer asks for the file."""
-    done = threading.Event()
-    asked: list[int] = []
+@dataclass(frozen=True)
+class Freshness:
+    """How fresh a result is: the commit it was read as of, and how long commits it does not see have waited.
 
-    def watch() -> None:
-        while not done.wait(GIVE_WAY_POLL_S):
-            pid = writer_waiting(db)
-            if pid is not None:
-                asked.append(pid)
-                con.interrupt()
-                return
+    ``source``: ``snapshot`` (a materializer runs and published it), ``file`` (no materializer runs: nothing
+    waits) or ``lake`` (the lake's latest snapshot at the time of the read)."""
 
-    watcher = threading.Thread(target=watch, name="flightrec-give-way", daemon=True)
-    watcher.start()
+    source: str
+    commits: int | None  # the database's commit number (every materializer run's commits counted)
+    commit_us: int | None  # when that commit was made
+    behind_s: float = 0.0
+
+    def line(self) -> str:
+        """'as of commit 1,234 (2026-12-05 10:00:01 UTC), 0.4 s behind the materializer'."""
+        at = (
+            datetime.fromtimestamp(self.commit_us / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            if self.commit_us
+            else "no time known"
+        )
+        if self.source == "lake":
+            return f"as of the lake's snapshot {self.commits}, the latest when it was read"
+        what = f"as of commit {self.commits:,} ({at})" if self.commits else "as of no commit yet"
+        if self.source == "snapshot":
+            return f"{what}, {self.behind_s:.1f} s behind the materializer"
+        return f"{what}; no materializer is running"
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.__dict__).encode()
+
+
+def freshness(table: pa.Table) -> Freshness | None:
+    """The freshness a result of :func:`run_query` carries."""
+    raw = (table.schema.metadata or {}).get(FRESHNESS_KEY)
+    if not raw:
+        return None
     try:
-        return execute_read_only(con, sql, params, prelude)
-    except QueryError:
-        if asked:
-            raise _GaveWay(asked[0]) from None
-        raise
-    finally:
-        done.set()
-        watcher.join()
+        return Freshness(**json.loads(raw))
+    except (TypeError, ValueError):
+        return None
 
 
-def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
-    """Open the database file read-only with file access disabled."""
+def _stamped(table: pa.Table, fresh: Freshness) -> pa.Table:
+    meta = dict(table.schema.metadata or {})
+    meta[FRESHNESS_KEY] = fresh.to_json()
+    return table.replace_schema_metadata(meta)
+
+
+def last_commit(con: duckdb.DuckDBPyConnection) -> tuple[int | None, int | None]:
+    """(commit number, its time in µs) of the database ``con`` reads: the runs' commits summed, the latest end."""
+    try:
+        row = con.execute("SELECT sum(commits), max(last_commit_us) FROM main.materializer_runs").fetchall()[0]
+    except duckdb.Error:
+        return None, None  # not a flightrec database (yet)
+    return (int(row[0]) if row[0] is not None else None), (int(row[1]) if row[1] is not None else None)
+
+
+# ---- opening a file --------------------------------------------------------------------------------------
+
+
+class FileBusy(QueryError):
+    """Another process holds the file (a materializer; for a snapshot copy, the one making it current)."""
+
+
+def open_read_only(db: str | Path, config: dict[str, str | int] | None = None) -> duckdb.DuckDBPyConnection:
+    """Open the database file read-only with file access disabled (``config``: more of DuckDB's settings)."""
     path = Path(db)
     if not path.exists():
         raise QueryError(f"no database at {path}; run `flightrec materialize --db {path}` first")
+    settings: dict[str, str | int | bool] = {
+        k: v for k, v in READER_CONFIG.items() if k not in ("lock_configuration", "enable_external_access")
+    }
     try:
-        con = duckdb.connect(
-            str(path), read_only=True, config={k: v for k, v in READER_CONFIG.items() if k != "lock_configuration"}
-        )
+        con = duckdb.connect(str(path), read_only=True, config={**settings, **(config or {})})
     except duckdb.IOException as exc:
-        raise QueryError(
-            f"{path} is held by another process and it serves no queries: {exc}"
-            if "lock" in str(exc).lower()
-            else f"{path} is not a DuckDB database flightrec can read (check --db): {exc}"
-        ) from exc
+        if "lock" in str(exc).lower():
+            raise FileBusy(f"{path} is held by another process: {exc}") from exc
+        raise QueryError(f"{path} is not a DuckDB database flightrec can read (check --db): {exc}") from exc
     try:  # another open connection of this process to the file shares its instance, already set and locked
         locked, zone = con.execute(
             "SELECT current_setting('lock_configuration'), current_setting('TimeZone')"
@@ -135,6 +180,8 @@ def open_read_only(db: str | Path) -> duckdb.DuckDBPyConnection:
         if not locked:
             if zone != READER_TIME_ZONE:
                 con.execute(f"SET GLOBAL TimeZone = '{READER_TIME_ZONE}'")
+            con.execute("SET enable_progress_bar = false")  # never drawn on a reader's terminal
+            con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
     except BaseException:
         con.close()
@@ -146,6 +193,18 @@ class ResultTooLarge(QueryError):
     """A read's result passed the bytes a reader may have built for it."""
 
 
+def _bounded_result(rel: duckdb.DuckDBPyRelation, max_bytes: int) -> pa.Table:
+    """The relation's table, built batch by batch and given up (ResultTooLarge) once it holds over ``max_bytes``."""
+    reader = rel.to_arrow_reader(1 << 13)
+    batches, size = [], 0
+    for batch in reader:
+        size += batch.nbytes
+        if size > max_bytes:
+            raise ResultTooLarge(f"its result passed {max_bytes >> 20} MiB")
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
 def execute_read_only(
     con: duckdb.DuckDBPyConnection,
     sql: str,
@@ -155,8 +214,7 @@ def execute_read_only(
 ) -> pa.Table:
     """Run the checked ``prelude`` statements (temp views), then the checked user statement.
 
-    ``max_bytes``: the result is built batch by batch and given up (ResultTooLarge) once it holds more
-    (a result lives outside DuckDB's memory limit).
+    ``max_bytes``: the result is built batch by batch and given up (ResultTooLarge) once it holds more.
     """
     check_read_only(sql)
     for stmt in prelude:
@@ -176,68 +234,327 @@ def execute_read_only(
         rel = con.sql(sql, params=params) if params else con.sql(sql)
         if rel is None:
             return pa.table({})
-        if max_bytes is None:
-            return rel.to_arrow_table()
-        reader = rel.to_arrow_reader(1 << 16)
-        batches, size = [], 0
-        for batch in reader:
-            size += batch.nbytes
-            if size > max_bytes:
-                raise ResultTooLarge(f"its result passed {max_bytes >> 20} MiB")
-            batches.append(batch)
-        return pa.Table.from_batches(batches, schema=reader.schema)
+        return rel.to_arrow_table() if max_bytes is None else _bounded_result(rel, max_bytes)
     except duckdb.Error as exc:
         raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+    except RuntimeError as exc:
+        if "interrupted" in str(exc).lower():  # a stop signal (Ctrl-C) that DuckDB turned into this: stop
+            raise KeyboardInterrupt from exc
+        raise
 
 
-def run_query(db: str | Path | Location, sql: str, params: Params = None, prelude: Sequence[str] = ()) -> pa.Table:
-    """Run one read-only statement against the database and return its rows as Arrow.
+# ---- the file, with no materializer: give way when one asks for it -----------------------------------------
 
-    Live through the materializer's socket when one serves ``db``; else on the file, read-only,
-    giving the file up within ``GIVE_WAY_POLL_S`` when a materializer asks for it (then the
-    read is asked again, live, once that materializer serves).
+
+class _GaveWay(Retry):
+    """A file-path read was interrupted because a materializer wants the file."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__("gave_way", f"gave the file up to the materializer (pid {pid}) that asked for it")
+        self.pid = pid
+
+
+def _read_file(
+    con: duckdb.DuckDBPyConnection,
+    db: str | Path,
+    sql: str,
+    params: Params,
+    prelude: Sequence[str],
+    max_bytes: int | None = None,
+) -> pa.Table:
+    """Run the read on the file, interrupting it as soon as a materializer asks for the file."""
+    done = threading.Event()
+    asked: list[int] = []
+
+    def watch() -> None:
+        while not done.wait(GIVE_WAY_POLL_S):
+            pid = writer_waiting(db)
+            if pid is not None:
+                asked.append(pid)
+                con.interrupt()
+                return
+
+    watcher = threading.Thread(target=watch, name="flightrec-give-way", daemon=True)
+    watcher.start()
+    try:
+        return execute_read_only(con, sql, params, prelude, max_bytes)
+    except QueryError:
+        if asked:
+            raise _GaveWay(asked[0]) from None
+        raise
+    finally:
+        done.set()
+        watcher.join()
+
+
+# ---- a read in a process of its own (flightrec.db.sandbox calls this in the child) -------------------------
+
+
+def _limited_config(limits: ReadLimits) -> dict[str, str | int]:
+    return {
+        "memory_limit": f"{limits.memory // 2}B",
+        "threads": max(1, limits.threads),
+        "temp_directory": "",  # never spills: a reader writes nothing to the disk the writer writes
+    }
+
+
+def _limit_hit(exc: QueryError, limits: ReadLimits, timed_out: bool) -> QueryError:
+    """The one line for a read a limit stopped (``exc`` itself when none did)."""
+    cause = exc.__cause__
+    if isinstance(exc, ResultTooLarge):
+        return QueryError(limits.result_message())
+    if timed_out:
+        return QueryError(limits.time_message())
+    if isinstance(cause, duckdb.OutOfMemoryException):
+        return QueryError(limits.memory_message())
+    return exc
+
+
+def read_target(target: Target, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits) -> pa.Table:
+    """One read in the bounded child (flightrec.db.sandbox): open the target read-only, run, stamp its freshness."""
+    try:
+        con = open_read_only(target.path, _limited_config(limits))
+    except FileBusy as exc:
+        raise Retry("busy", str(exc)) from None
+    parse_with(con.cursor())  # the check's syntax trees on this connection: no second DuckDB in this process
+    fired = threading.Event()
+
+    def stop() -> None:
+        fired.set()
+        con.interrupt()
+
+    timer = threading.Timer(limits.seconds, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        if target.kind == "file":
+            table = _read_file(con, target.db, sql, params, prelude, limits.result_bytes)
+        else:
+            table = execute_read_only(con, sql, params, prelude, limits.result_bytes)
+        commits, commit_us = last_commit(con)
+    except Retry:
+        raise
+    except QueryError as exc:
+        raise _limit_hit(exc, limits, fired.is_set()) from None
+    finally:
+        timer.cancel()
+        con.close()
+    return _stamped(table, Freshness(target.kind, commits, commit_us))
+
+
+# ---- snapshots this process keeps open (reads of its own SQL: the dashboard's pages, timeline, the gate) ------
+
+
+class _OpenCopy:
+    """A snapshot copy open read-only in this process: reused while it is the newest, closed when idle."""
+
+    def __init__(self, path: Path, token: str) -> None:
+        self.path = path
+        self.token = token
+        self.con = open_read_only(path)
+        self.commits, self.commit_us = last_commit(self.con)
+        self.users = 0
+        self.used = time.monotonic()
+
+
+_copies: dict[Path, _OpenCopy] = {}  # database -> its newest copy this process opened
+_retired: list[_OpenCopy] = []  # copies no longer the newest, closed once their reads end
+_copies_lock = threading.Lock()
+_closer: threading.Thread | None = None
+
+
+def _take_copy(db: Path, published: snapshot.Published) -> _OpenCopy:
+    """The open copy the pointer names (FileBusy while the materializer writes it)."""
+    assert published.path is not None
+    with _copies_lock:
+        held = _copies.get(db)
+        if held is None or held.token != published.token:
+            if held is not None:
+                _retired.append(_copies.pop(db))
+            _close_idle(time.monotonic())
+            if any(h.path == published.path for h in _retired):
+                # DuckDB would hand back the instance still open on that path (as of an older publish)
+                raise FileBusy(f"{published.path} is still read here as of an older publish")
+            held = _copies[db] = _OpenCopy(published.path, published.token)
+            _start_closer()
+        held.users += 1
+        held.used = time.monotonic()
+        return held
+
+
+def _give_copy(held: _OpenCopy) -> None:
+    with _copies_lock:
+        held.users -= 1
+        held.used = time.monotonic()
+        _close_idle(time.monotonic())
+
+
+def _close_idle(now: float) -> None:
+    """(under the lock) Close retired copies no read uses, and kept ones unused for SNAPSHOT_IDLE_S."""
+    for held in [h for h in _retired if h.users == 0]:
+        _retired.remove(held)
+        held.con.close()
+    for db, held in list(_copies.items()):
+        if held.users == 0 and now - held.used >= SNAPSHOT_IDLE_S:
+            del _copies[db]
+            held.con.close()
+
+
+def _start_closer() -> None:
+    """(under the lock) A thread that frees idle copies, so an idle reader never keeps one from the publisher."""
+    global _closer
+    if _closer is not None and _closer.is_alive():
+        return
+
+    def close_idle() -> None:
+        while True:
+            time.sleep(SNAPSHOT_IDLE_S / 2)
+            with _copies_lock:
+                _close_idle(time.monotonic())
+                if not _copies and not _retired:
+                    return
+
+    _closer = threading.Thread(target=close_idle, name="flightrec-snapshot-closer", daemon=True)
+    _closer.start()
+
+
+def _read_snapshot(
+    db: Path, published: snapshot.Published, sql: str, params: Params, prelude: Sequence[str]
+) -> pa.Table:
+    try:
+        held = _take_copy(db, published)
+    except FileBusy as exc:
+        raise Retry("busy", str(exc)) from None
+    try:
+        cur = held.con.cursor()
+        try:
+            table = execute_read_only(cur, sql, params, prelude)
+        finally:
+            cur.close()
+    finally:
+        _give_copy(held)
+    behind = snapshot.behind_s(db, held.commits or 0, held.commit_us)
+    return _stamped(table, Freshness("snapshot", held.commits, held.commit_us, behind))
+
+
+def _read_file_here(db: Path, sql: str, params: Params, prelude: Sequence[str]) -> pa.Table:
+    try:
+        con = open_read_only(db)
+    except FileBusy as exc:
+        raise Retry("busy", str(exc)) from None
+    try:
+        table = _read_file(con, db, sql, params, prelude)
+        commits, commit_us = last_commit(con)
+    finally:
+        con.close()
+    return _stamped(table, Freshness("file", commits, commit_us))
+
+
+# ---- the one door -----------------------------------------------------------------------------------------
+
+
+def run_query(
+    db: str | Path | Location,
+    sql: str,
+    params: Params = None,
+    prelude: Sequence[str] = (),
+    limits: ReadLimits | None = None,
+) -> pa.Table:
+    """Run one read-only statement against the database and return its rows as Arrow, stamped with its freshness.
+
+    On a file: the newest snapshot while a materializer runs, else the file itself, read-only (given up within
+    ``GIVE_WAY_POLL_S`` when a materializer asks for it; the read is then asked again, on its snapshots). With
+    ``limits`` the read runs in a child process bounded by them (flightrec.db.sandbox), and the statement is
+    checked there too; else here.
     """
-    check_read_only(sql)
     loc = locate(db)
     if isinstance(loc, LakeLocation):
+        check_read_only(sql)
         return _read_lake(loc, sql, params, prelude)
-    db = loc.path
+    if limits is None:
+        check_read_only(sql)
+    return _read_db_file(loc.path.absolute(), sql, params, prelude, limits)
+
+
+def _read_db_file(db: Path, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits | None) -> pa.Table:
+    """The read on a file: a snapshot while a materializer runs, else the file; retried while that changes."""
     deadline = time.monotonic() + STARTING_S
+    last = ""
     while True:
-        live = query_live(db, sql, params, prelude)
-        if live is not None:
-            return live
-        waiting = writer_waiting(db)
-        if waiting is not None:
-            if time.monotonic() < deadline:
-                time.sleep(0.2)
-                continue
-            raise QueryError(
-                f"a materializer (pid {waiting}) is taking {db} and does not serve yet; "
-                "run the query again in a moment (it will be answered live)"
-            )
-        try:
-            con = open_read_only(db)
-        except QueryError:
-            # A materializer may be starting (lock taken, socket not yet up): retry briefly.
-            if time.monotonic() < deadline and Path(db).exists():
-                time.sleep(0.2)
-                continue
-            raise
-        try:
-            return _read_file(con, db, sql, params, prelude)
-        except _GaveWay as exc:
-            log.info("gave %s up to the materializer (pid %s) that asked for it; asking it instead", db, exc)
-            deadline = time.monotonic() + WRITER_START_S
-        finally:
-            con.close()
+        published = snapshot.current(db)
+        if published is not None:
+            if published.path is not None:
+                try:
+                    return _snapshot_read(db, published, sql, params, prelude, limits)
+                except Retry:  # the copy was taken for a newer snapshot meanwhile: the pointer names another one
+                    time.sleep(0.01)
+                    continue
+            if last != "starting":  # a materializer is starting: its first snapshot is on its way
+                deadline, last = time.monotonic() + WRITER_START_S, "starting"
+        elif writer_waiting(db) is None:
+            try:
+                return _file_read(db, sql, params, prelude, limits)
+            except Retry as exc:
+                last = str(exc)
+                if exc.why == "gave_way":
+                    log.info("%s; reading its snapshot instead", exc)
+                    deadline = time.monotonic() + WRITER_START_S
+        if time.monotonic() >= deadline:
+            raise QueryError(_not_readable(db, published, last))
+        time.sleep(0.05 if published is not None else 0.2)
+
+
+def _not_readable(db: Path, published: snapshot.Published | None, last: str) -> str:
+    if published is not None:
+        return (
+            f"the materializer (pid {published.pid}) writing {db} has not published a snapshot for readers yet; "
+            "run the query again in a moment"
+        )
+    waiting = writer_waiting(db)
+    if waiting is not None:
+        return (
+            f"a materializer (pid {waiting}) is taking {db} and has not published a snapshot yet; "
+            "run the query again in a moment"
+        )
+    if not db.exists():
+        return f"no database at {db}; run `flightrec materialize --db {db}` first"
+    return (
+        f"{db} is held by a process that publishes no snapshots for readers (a materializer with --no-serve, "
+        f"or another DuckDB client): {last}"
+    )
+
+
+def _snapshot_read(
+    db: Path,
+    published: snapshot.Published,
+    sql: str,
+    params: Params,
+    prelude: Sequence[str],
+    limits: ReadLimits | None,
+) -> pa.Table:
+    if limits is None:
+        return _read_snapshot(db, published, sql, params, prelude)
+    assert published.path is not None
+    table = read_apart(read_target, Target("snapshot", published.path, db), sql, params, prelude, limits)
+    fresh = freshness(table)
+    commits = fresh.commits if fresh is not None else None
+    commit_us = fresh.commit_us if fresh is not None else None
+    return _stamped(table, Freshness("snapshot", commits, commit_us, snapshot.behind_s(db, commits or 0, commit_us)))
+
+
+def _file_read(db: Path, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits | None) -> pa.Table:
+    if not db.exists():
+        raise QueryError(f"no database at {db}; run `flightrec materialize --db {db}` first")
+    if limits is None:
+        return _read_file_here(db, sql, params, prelude)
+    return read_apart(read_target, Target("file", db, db), sql, params, prelude, limits)
 
 
 def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[str]) -> pa.Table:
     """Run the read on this process's locked-down read-only attachment of the lake (flightrec.db.lake)."""
     cur = reader_cursor(loc, texts=(sql, *prelude))
     try:
-        return execute_read_only(cur, sql, params, still_to_run(loc, prelude))
+        table = execute_read_only(cur, sql, params, still_to_run(loc, prelude))
     except QueryError as exc:
         if is_catalog_away(exc):  # the next read attaches afresh
             forget_reader(loc)
@@ -250,6 +567,7 @@ def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[st
         raise QueryError(mask_password(str(exc)) + hint) from None
     finally:
         cur.close()
+    return _stamped(table, Freshness("lake", reader_snapshot(loc), None))
 
 
 def _lake_has_tables(cur: duckdb.DuckDBPyConnection) -> bool:

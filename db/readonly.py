@@ -18,8 +18,9 @@ Everything else is refused with the reason: SET/RESET/USE, CALL and CHECKPOINT,
 ATTACH/DETACH, COPY, EXPORT/IMPORT, LOAD/INSTALL, transactions, CREATE/ALTER/DROP,
 DML, PREPARE/EXECUTE, VACUUM/ANALYZE, PRAGMAs that change something, statement types
 this DuckDB adds later, and a query whose tree cannot be checked. This is the first of
-several walls: the live path also runs reads in a read-only transaction on a database
-whose configuration is locked and whose file access is off (see flightrec.db.serve).
+several walls: behind it every read opens the file or the materializer's snapshot read-only,
+its configuration locked and its file access off, in a process apart from the materializer
+(see flightrec.db.query).
 """
 
 from __future__ import annotations
@@ -129,6 +130,14 @@ WRITING_FUNCTIONS = frozenset(
 
 _parser_lock = threading.Lock()
 _parser: duckdb.DuckDBPyConnection | None = None
+
+
+def parse_with(con: duckdb.DuckDBPyConnection) -> None:
+    """Make the check serialize syntax trees on ``con`` (a read's own process: the connection it reads with, rather
+    than a DuckDB instance of its own, which costs ~10 ms to make)."""
+    global _parser
+    with _parser_lock:
+        _parser = con
 
 
 def _parse(sql: str) -> list[Any]:

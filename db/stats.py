@@ -20,7 +20,7 @@ class Stats:
     conflicts_retried: int = 0  # lake transactions retried after a DuckLake "Transaction conflict"
     fenced: int = 0  # lake commits refused because another member had claimed the partition
     catalog_waits: int = 0  # lake transactions retried after the catalog (PostgreSQL) did not answer
-    oom_retried: int = 0  # commits run again after "Out of Memory" (live reads were stopped first)
+    oom_retried: int = 0  # commits run again after "Out of Memory"
 
     def __add__(self, other: Stats) -> Stats:
         return Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})

@@ -54,14 +54,16 @@ def open_store(
     memory_limit: str = "512MB",
     lock_wait: float = 30.0,
     views: tuple[str, ...] = (),
+    publish: bool = True,
 ) -> Store:
     """The store of ``loc`` (in the writer thread). A replay builds a new database: an existing file, or a lake
-    that holds events, is refused (MaterializeError) before anything is written."""
+    that holds events, is refused (MaterializeError) before anything is written. ``publish``: a file's store
+    publishes snapshots for readers (flightrec.db.snapshot); a lake's readers attach it themselves."""
     mode = "replay" if replay else "materialize"
     if isinstance(loc, FileLocation):
         if replay and loc.exists():
             raise MaterializeError(f"{loc.path} exists; replay builds a new database: remove it or pick another path")
-        return FileStore(loc.path, group, rules, mode, memory_limit, lock_wait, views)
+        return FileStore(loc.path, group, rules, mode, memory_limit, lock_wait, views, publish)
     store = LakeStore(loc, group, rules, mode, memory_limit, views)
     if replay and store.holds_events():
         store.close()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flightrec.db.live import socket_path
+from flightrec.db.snapshot import current
 
 from flightrec.cli import build_parser
 
@@ -128,7 +128,7 @@ def test_the_backup_and_restore_commands_run_as_written(kafka, tmp_path: Path) -
     )
     try:
         deadline = time.monotonic() + 240  # a loaded machine starts a materializer in seconds to minutes
-        while not socket_path(db).exists():  # it serves: it holds the file
+        while current(db) is None:  # it publishes for readers: it holds the file
             assert time.monotonic() < deadline and mat.poll() is None
             time.sleep(0.2)
         r = subprocess.run(

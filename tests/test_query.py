@@ -74,15 +74,16 @@ def test_the_file_path_reads_with_views_and_refuses_files(tmp_path):
         run_query(tmp_path / "missing.duckdb", "SELECT 1")
 
 
-def test_live_reads_survive_a_materializer_restart_and_keep_parameter_types(tmp_path):
-    """A reader process keeps one Flight channel per database: a restarted server on the same socket
-    answers it; dates, timestamps and decimals arrive as themselves (no encoding of our own)."""
+def test_snapshot_reads_survive_a_materializer_restart_and_keep_parameter_types(tmp_path):
+    """While a store holds the file, reads go to its snapshot, in this process and in a bounded one of their own;
+    after a restart, the new store's; dates, timestamps and decimals arrive as themselves."""
     import datetime as dt
     import decimal
 
+    from flightrec.db import snapshot
     from flightrec.db.filestore import FileStore
-    from flightrec.db.live import socket_path
-    from flightrec.db.serve import QueryServer
+    from flightrec.db.query import freshness
+    from flightrec.db.sandbox import ReadLimits
 
     db = tmp_path / "fr.duckdb"
     when = dt.datetime(2026, 12, 2, 23, 0, tzinfo=dt.UTC)
@@ -91,12 +92,15 @@ def test_live_reads_survive_a_materializer_restart_and_keep_parameter_types(tmp_
     for _ in range(2):
         store = FileStore(db, "g")
         try:
-            with QueryServer(store.con.cursor(), db) as server:
-                row = run_query(db, sql, params).to_pylist()[0]
-                assert server.counters["queries_served"] == 1
+            assert snapshot.current(db) is not None
+            for limits in (None, ReadLimits()):
+                t = run_query(db, sql, params, limits=limits)
+                row = t.to_pylist()[0]
+                assert row["a"] == "DATE" and row["b"].startswith("TIMESTAMP") and row["c"].startswith("DECIMAL")
+                assert freshness(t).source == "snapshot"
         finally:
             store.close()
-        assert row["a"] == "DATE" and row["b"].startswith("TIMESTAMP") and row["c"].startswith("DECIMAL")
-        assert not socket_path(db).exists()
-    # With no server, the same read is answered from the file.
-    assert run_query(db, "SELECT ? + 1 AS n", [41]).to_pylist() == [{"n": 42}]
+        assert snapshot.current(db) is None
+    # With no materializer, the same read is answered from the file.
+    t = run_query(db, "SELECT ? + 1 AS n", [41])
+    assert t.to_pylist() == [{"n": 42}] and freshness(t).source == "file"

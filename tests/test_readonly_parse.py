@@ -114,28 +114,35 @@ def test_no_wrapping_changes_the_verdict_on_a_read(sql: str, before: str, after:
     check_read_only(text)
 
 
-def test_tricks_change_nothing_on_the_live_path(tmp_path) -> None:
-    """Through the materializer's live endpoint: every trick refused, no logging switched on, no checkpoint run."""
+def test_tricks_change_nothing_on_the_snapshot_path(tmp_path) -> None:
+    """While a materializer holds the file: every trick refused, in this process and in a read's own process; the
+    writer's settings and logs, and the snapshot copy's bytes, are as they were."""
+    import hashlib
+
+    from flightrec.db import snapshot
     from flightrec.db.filestore import FileStore
-    from flightrec.db.live import query_live
-    from flightrec.db.serve import QueryServer
+    from flightrec.db.query import run_query
+    from flightrec.db.sandbox import ReadLimits
 
     db = tmp_path / "fr.duckdb"
     store = FileStore(db, "g")
     try:
 
         def state() -> tuple:
+            published = snapshot.current(db)
+            assert published is not None and published.path is not None
             return (
                 store.con.execute("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall(),
                 store.con.execute("SELECT count(*) FROM duckdb_logs").fetchall(),
+                hashlib.sha256(published.path.read_bytes()).hexdigest(),
             )
 
         before = state()
-        with QueryServer(store.con.cursor(), db):
+        for limits in (None, ReadLimits(seconds=20)):
             for sql in TRICKS:
                 with pytest.raises(QueryError):
-                    query_live(db, sql)
-            assert query_live(db, "PRAGMA version").num_rows == 1
+                    run_query(db, sql, limits=limits)
+            assert run_query(db, "PRAGMA version", limits=limits).num_rows == 1
         assert state() == before
     finally:
         store.close()

@@ -1,4 +1,5 @@
-"""Helpers for the stop-signal tests: a live endpoint in a process of its own, and a reader pelted with signals."""
+"""Helpers for the stop-signal tests: a materializer's store publishing snapshots in a process of its own, and a
+reader pelted with signals."""
 
 from __future__ import annotations
 
@@ -10,15 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-# A materializer's live endpoint (Arrow Flight) in a process of its own, as in the demo.
+# A materializer's store in a process of its own, as in the demo: it holds the file and publishes its snapshot.
 SERVER = """
 import sys, time
-from flightrec.db.serve import QueryServer
 from flightrec.db.filestore import FileStore
 store = FileStore(sys.argv[1], "g")
-with QueryServer(store.con.cursor(), sys.argv[1]):
-    print("serving", flush=True)
-    time.sleep(600)
+print("serving", flush=True)
+time.sleep(600)
 """
 
 
@@ -32,8 +31,9 @@ def _signals_as_at_a_terminal() -> None:
 
 
 def signals_lost(db: Path, reader_code: str, count: int, seed: int, stopped: tuple[bytes, ...]) -> list[str]:
-    """Serve ``db`` live, start ``reader_code`` (it prints "reading", then a line for each stop signal that
-    reached it), send it ``count`` SIGINTs and SIGTERMs at random moments, each after the previous one's line.
+    """Hold ``db`` as a materializer does (readers read its snapshot), start ``reader_code`` (it prints "reading",
+    then a line for each stop signal that reached it), send it ``count`` SIGINTs and SIGTERMs at random moments,
+    each after the previous one's line.
     The names of the signals that brought no line within 5 s. A line not starting with one of ``stopped`` fails at
     once."""
     env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}

@@ -145,12 +145,12 @@ with StopSignals() as stops:
 """
 
 
-def test_no_stop_signal_is_lost_while_the_demo_reads_live(tmp_path):
-    """SIGINT/SIGTERM arriving during a live read (Arrow Flight) always reach the demo's handler.
+def test_no_stop_signal_is_lost_while_the_demo_reads_the_snapshot(tmp_path):
+    """SIGINT/SIGTERM arriving during a read of the materializer's snapshot always reach the demo's handler.
 
-    pyarrow swaps its own handler in for SIGINT and SIGTERM during a Flight read and hands the
-    signal to a thread of its own; one that lands as the read ends was dropped (the demo then
-    never stopped). Each signal here waits for its "stopped" line before the next is sent.
+    One that lands inside a DuckDB query comes back as "Query interrupted" (flightrec.db.query makes it a stop);
+    before, through Arrow Flight, pyarrow's own handler dropped one that landed as the read ended. Each signal
+    here waits for its "stopped" line before the next is sent.
     """
     lost = signals_lost(tmp_path / "flightrec.duckdb", READER, 500, 7, (b"stopped",))
     assert lost == [], f"{len(lost)} of 500 stop signals never reached the handler: {lost}"

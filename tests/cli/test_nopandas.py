@@ -17,7 +17,7 @@ def test_pyarrow_and_duckdb_convert_and_query_without_importing_pandas():
     r = _python(
         """
         import sys
-        from flightrec.cli.nopandas import PandasKeptOut, keep_pandas_out
+        from flightrec.db.nopandas import PandasKeptOut, keep_pandas_out
         assert keep_pandas_out()
         import duckdb, numpy as np, pyarrow as pa
         t = pa.Table.from_pydict({"text": ["a", None, "é"], "n": np.arange(3)})
@@ -51,7 +51,7 @@ def test_a_process_that_already_holds_pandas_keeps_it():
     r = _python(
         """
         import pandas
-        from flightrec.cli.nopandas import keep_pandas_out
+        from flightrec.db.nopandas import keep_pandas_out
         assert not keep_pandas_out()
         import pandas.api.types  # still importable: nothing was installed
         print("ok")

@@ -1,4 +1,5 @@
-"""Ctrl-C (SIGINT) and SIGTERM always stop `flightrec wait-sealed`, also when they land as a live read ends."""
+"""Ctrl-C (SIGINT) and SIGTERM always stop `flightrec wait-sealed`, also when they land as a read of the snapshot
+ends (DuckDB turns one that lands inside a query into "Query interrupted": flightrec.db.query makes it a stop)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ while True:
 """
 
 
-def test_no_ctrl_c_is_lost_while_wait_sealed_reads_live(tmp_path):
-    """pyarrow swaps its own handler in for SIGINT during a Flight read and hands the signal to a thread of
-    its own; one that landed as the read ended was dropped and `wait-sealed` went on waiting."""
+def test_no_ctrl_c_is_lost_while_wait_sealed_reads_the_snapshot(tmp_path):
+    """(Reads went through Arrow Flight before, whose handler dropped a signal that landed as a read ended.)"""
     lost = signals_lost(tmp_path / "flightrec.duckdb", WAITER, 400, 11, (b"stopped 130\n", b"stopped outside\n"))
     assert lost == [], f"{len(lost)} of 400 stop signals never stopped wait-sealed: {lost}"

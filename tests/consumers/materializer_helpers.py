@@ -213,3 +213,11 @@ def materialize(kafka: Any, db: Path, idle: float = 1.5, from_mark: bool = True,
             return await m.run()
 
     return asyncio.run(go())
+
+
+def serving(db: Path) -> bool:
+    """Whether a running materializer has published a snapshot of ``db`` for readers (flightrec.db.snapshot)."""
+    from flightrec.db import snapshot
+
+    published = snapshot.current(db)
+    return published is not None and published.path is not None

@@ -51,13 +51,14 @@ def test_the_duckdb_cli_and_the_python_client_read_a_materialized_file(kafka, db
         con.close()
 
 
-def test_while_a_materializer_runs_the_duckdb_cli_is_refused_and_flightrec_sql_reads(kafka, db, env_for):
+def test_while_a_materializer_runs_the_duckdb_cli_reads_its_snapshot_and_flightrec_sql_reads(kafka, db, env_for):
     """What the README says where it says any client reads the file: DuckDB's lock refuses the plain CLI (even
-    -readonly) while the materializer holds the file; `flightrec sql` reads through the materializer."""
+    -readonly) on the file the materializer holds; the CLI reads the snapshot the materializer publishes (the copy
+    `<db>.snapshots/current` names), and so does `flightrec sql`."""
+    import json
     import time
 
-    from flightrec.db.live import socket_path
-    from materializer_helpers import flightrec
+    from materializer_helpers import flightrec, serving
 
     b = motivating_boot()
     publish(kafka.bootstrap, b.events)
@@ -71,7 +72,7 @@ def test_while_a_materializer_runs_the_duckdb_cli_is_refused_and_flightrec_sql_r
     )
     try:
         deadline = time.monotonic() + 60
-        while not socket_path(db).exists():
+        while not serving(db):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()
             time.sleep(0.2)
         r = subprocess.run(
@@ -81,10 +82,19 @@ def test_while_a_materializer_runs_the_duckdb_cli_is_refused_and_flightrec_sql_r
             timeout=60,
         )
         assert r.returncode != 0 and "lock" in (r.stdout + r.stderr).lower(), r
+        folder = db.with_name(db.name + ".snapshots")
+        copy = folder / json.loads((folder / "current").read_text())["copy"]
+        r = subprocess.run(
+            [str(_duckdb_cli()), "-readonly", "-csv", "-noheader", str(copy), "-c", "SELECT count(*) FROM instances"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0 and r.stdout.split() == ["1"], r
         out = flightrec("sql", "--db", str(db), "--csv", "SELECT count(*) AS n FROM instances", env=env)
         assert out.stdout.splitlines()[1:] == ["1"], out.stdout
     finally:
         proc.send_signal(2)
         proc.wait(timeout=60)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert "**but not while a materializer runs**" in readme and "`flightrec sql` (it reads through" in readme
+    assert "**but not while a materializer runs**" in readme and "the snapshot the materializer publishes" in readme

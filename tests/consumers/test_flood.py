@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flightrec.db.live import socket_path
-from materializer_helpers import flightrec
+from materializer_helpers import flightrec, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,7 +40,7 @@ def test_a_failure_is_seen_within_the_bound_while_another_instance_floods(kafka,
             stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 120
-        while not socket_path(db).exists() or _count(db, env, "log_lines", "flood-1") < 200_000:
+        while not serving(db) or _count(db, env, "log_lines", "flood-1") < 200_000:
             assert time.monotonic() < deadline, "the flood never reached the database"
             assert mat.poll() is None, mat.communicate()[1].decode()
             time.sleep(0.2)

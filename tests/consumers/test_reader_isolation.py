@@ -1,4 +1,5 @@
-"""Readers cannot reach the writer: every statement type DuckDB reports is refused or proven harmless, on every path."""
+"""Readers cannot reach the writer: every statement type DuckDB reports is refused or proven harmless, on every path
+(the file, the materializer's snapshot in the reader's process, a read's own bounded process, the dashboard)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,11 @@ import hashlib
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
 from flightrec.analytics import queries
-from flightrec.db.live import encode_request, location, socket_path
-from flightrec.db.query import run_query
+from flightrec.db import snapshot
+from flightrec.db.query import open_read_only, run_query
+from flightrec.db.sandbox import ReadLimits
 
 from flightrec.errors import QueryError
 
@@ -133,18 +133,11 @@ def test_the_samples_cover_every_statement_type():
     assert not (NOT_FROM_TEXT & ALLOWED)
 
 
-def _raw(db: Path, sql: str) -> None:
-    """The Flight endpoint's answer to a ticket of our own, skipping the client's checks; QueryError when refused."""
-    client = flight.FlightClient(location(db))
-    try:
-        client.do_get(flight.Ticket(encode_request(sql, None, []))).read_all()
-    except flight.FlightServerError as exc:
-        raise QueryError((exc.extra_info or b"").decode() or str(exc)) from None
-    finally:
-        client.close()
-
-
-PATHS = {"client": lambda db, sql: run_query(db, sql), "dashboard": lambda db, sql: queries.console(db, sql)}
+PATHS = {
+    "client": lambda db, sql: run_query(db, sql),
+    "apart": lambda db, sql: run_query(db, sql, limits=ReadLimits(seconds=30)),
+    "dashboard": lambda db, sql: queries.console(db, sql),
+}
 
 
 def _attack(db: Path, paths: dict) -> dict[str, list[str]]:
@@ -179,7 +172,6 @@ def _state(con: duckdb.DuckDBPyConnection) -> tuple:
 
 def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
     from flightrec.db.filestore import FileStore
-    from flightrec.db.serve import QueryServer
 
     LEAK.unlink(missing_ok=True)
     store = FileStore(db, "g")
@@ -192,14 +184,17 @@ def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
     assert "SELECT count(*) AS n FROM instances" in answered["client"]  # reads still work
     assert _digest(db) == before
 
-    # The live path: the writer's settings, data and catalog are what they were, and it still commits.
+    # While a materializer holds the file: reads go to its snapshot; the writer's settings, data and catalog are
+    # what they were, the snapshot's bytes too, and it still commits.
     store = FileStore(db, "g")
     try:
         reference = _state(store.con)
-        with QueryServer(store.con.cursor(), db):
-            answered = _attack(db, {**PATHS, "flight": _raw})
-            assert "EXPLAIN SELECT count(*) FROM instances" in answered["flight"]
+        copy = snapshot.current(db).path
+        before = _digest(copy)
+        answered = _attack(db, PATHS)
+        assert "EXPLAIN SELECT count(*) FROM instances" in answered["apart"]
         assert _state(store.con) == reference
+        assert _digest(copy) == before
         store.con.execute("BEGIN TRANSACTION")
         store.con.execute("INSERT INTO instances (instance_id) VALUES ('i-2')")
         store.con.execute("COMMIT")
@@ -210,8 +205,8 @@ def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
 
 
 def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_missed(db):
-    # Defence in depth: were a setting-changing statement to pass the check, the writer's
-    # database refuses it (lock_configuration), so the live path cannot change the writer.
+    # Defence in depth: the writer's own connections refuse a setting change (lock_configuration) and file
+    # access, should any statement ever reach them (no reader's does: reads run in other processes).
     from flightrec.db.filestore import FileStore
 
     store = FileStore(db, "g")
@@ -234,45 +229,28 @@ def test_the_writer_configuration_is_locked_even_for_a_statement_the_check_misse
         store.close()
 
 
-def test_the_flight_endpoint_answers_checked_reads_and_nothing_else(db):
-    """Every other Flight call, a ticket that is no request and a file read are refused; the socket is owner-only."""
+def test_a_statement_the_check_missed_can_change_neither_a_snapshot_nor_a_setting(db):
+    """Defence in depth on the snapshot path: a reader's connection to a copy is read-only, its settings locked and
+    its file access off, whatever statement reaches it."""
     from flightrec.db.filestore import FileStore
-    from flightrec.db.serve import QueryServer
 
     store = FileStore(db, "g")
     try:
-        with QueryServer(store.con.cursor(), db) as server:
-            assert socket_path(db).stat().st_mode & 0o777 == 0o600
-            client = flight.FlightClient(location(db))
-            try:
-                calls = {
-                    "list_flights": lambda: list(client.list_flights()),
-                    "list_actions": lambda: client.list_actions(),
-                    "do_action": lambda: list(client.do_action(flight.Action("shutdown", b""))),
-                    "get_flight_info": lambda: client.get_flight_info(flight.FlightDescriptor.for_command(b"x")),
-                    "get_schema": lambda: client.get_schema(flight.FlightDescriptor.for_command(b"x")),
-                    "do_put": lambda: client.do_put(
-                        flight.FlightDescriptor.for_path("instances"), pa.schema([("instance_id", pa.string())])
-                    )[0].close(),
-                    "do_exchange": lambda: client.do_exchange(flight.FlightDescriptor.for_command(b"x"))[0].close(),
-                }
-                for name, call in calls.items():
-                    with pytest.raises((flight.FlightError, pa.ArrowException), match="read-only queries only"):
-                        call()
-                        raise AssertionError(f"{name} was answered")
-                for garbage in (b"", b"not arrow", b"\xff" * 64):
-                    with pytest.raises(flight.FlightServerError, match="bad request"):
-                        client.do_get(flight.Ticket(garbage)).read_all()
-                with pytest.raises(flight.FlightServerError, match="read_text"):
-                    client.do_get(
-                        flight.Ticket(encode_request(f"SELECT * FROM read_text('{LEAK}')", None, []))
-                    ).read_all()
-                ok = client.do_get(flight.Ticket(encode_request("SELECT ? + 1 AS n", [41], []))).read_all()
-                assert ok.to_pylist() == [{"n": 42}]
-            finally:
-                client.close()
-            assert server.counters["queries_served"] == 1 and server.counters["errors_total"] == 4
-        # Nothing was written: the writer commits as before.
-        assert store.con.execute("SELECT count(*) FROM instances").fetchone()[0] == 0
+        copy = snapshot.current(db).path
+        before = _digest(copy)
+        con = open_read_only(copy)
+        try:
+            for sql in ("INSERT INTO instances (instance_id) VALUES ('evil')", "CREATE TABLE evil AS SELECT 1"):
+                with pytest.raises(duckdb.Error, match="(?i)read-only|read only"):
+                    con.execute(sql)
+            for sql in ("SET threads = 1", "SET enable_external_access = true", "SET GLOBAL memory_limit = '2MB'"):
+                with pytest.raises(duckdb.Error, match="locked"):
+                    con.execute(sql)
+            with pytest.raises(duckdb.Error, match="disabled"):
+                con.execute(f"COPY (SELECT 1) TO '{LEAK}.csv'")
+        finally:
+            con.close()
+        assert _digest(copy) == before
     finally:
         store.close()
+    assert not list(LEAK.parent.glob(LEAK.name + "*"))

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "dashboard",
         help="start the Streamlit app",
         description="Start the Streamlit dashboard (Fleet, Instance, Failures, Throughput, SQL) "
-        "on a flightrec database; it reads it live while a materializer runs.",
+        "on a flightrec database; while a materializer runs, it reads the snapshot the materializer publishes.",
     )
     add_read_db(
         d, f"the database (default: $FLIGHTREC_DB, else flightrec.duckdb), or a DuckLake: {LAKE_FORM}, read read-only"

@@ -54,7 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
     add_create_folder(m)
-    m.add_argument("--no-serve", action="store_true", help="do not serve live queries on <db>.sock")
+    m.add_argument(
+        "--no-serve",
+        action="store_true",
+        help="publish no snapshot of the file for readers (<db>.snapshots/): they cannot read it while this runs",
+    )
     m.add_argument(
         "--memory-limit",
         default=Options.memory_limit,
@@ -203,10 +207,10 @@ def _reader_location(db: str, data_path: str | None) -> Location:
 
 
 def _run(opts: Options, loc: Location, settings: Settings) -> int:
-    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers.materializer import Materializer
+    from flightrec.db.nopandas import keep_pandas_out
 
-    keep_pandas_out()  # pyarrow would import it at the first commit (cli/nopandas.py)
+    keep_pandas_out()  # pyarrow would import it at the first commit (db/nopandas.py)
     made = None if loc.shared or loc.exists() else getattr(loc, "path", None)  # a file this run makes
 
     async def go() -> int:
@@ -352,9 +356,9 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _timeline(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.consumers import timeline
     from flightrec.db.classify import load_rules
+    from flightrec.db.nopandas import keep_pandas_out
 
     keep_pandas_out()  # a conversion to Arrow would import it: ~0.3 s of a command a person waits for
     settings = settings.with_overrides(db=args.db)
@@ -396,12 +400,10 @@ def _read_topics(settings: Settings, instance: str) -> list[Any]:  # RawMessages
 
 def _wait_sealed(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.gate import wait_sealed
-    from flightrec.db.live import python_signals
 
     settings = settings.with_overrides(db=args.db)
     loc = _reader_location(settings.db, args.data_path)
-    with python_signals():  # Ctrl-C stops the wait whenever it comes
-        result = wait_sealed(loc, args.instance, args.timeout, poll=max(0.0, args.poll))
+    result = wait_sealed(loc, args.instance, args.timeout, poll=max(0.0, args.poll))
     if result.complete:
         print(f"{args.instance}: complete: {result.reason}")
         return 0

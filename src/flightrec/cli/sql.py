@@ -1,4 +1,4 @@
-"""`flightrec sql`: read-only SQL over the database, live or not (see flightrec.db.query)."""
+"""`flightrec sql`: read-only SQL over the database, in a bounded process of its own (see flightrec.db.query)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # imported where used: every `flightrec` command (the agent's too) would pay for it at start
     import pyarrow as pa
 
+    from flightrec.db.sandbox import ReadLimits
+
 from flightrec.cli.options import add_read_db
+from flightrec.errors import ConfigError
 from flightrec.settings import Settings
 
 MAX_CELL = 200  # characters shown per cell in the text table
@@ -24,6 +27,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="print CSV")
     fmt.add_argument("--json", action="store_true", help="print one JSON object per line")
+    s.add_argument(
+        "--memory-limit",
+        default="1GiB",
+        metavar="SIZE",
+        help="memory the query's own process may take (RLIMIT_AS; DuckDB keeps half; it never spills to disk; "
+        "default 1GiB); a file only, never in the materializer",
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="stop the query after SECONDS (default 60); a file only",
+    )
     s.set_defaults(func=_sql)
 
 
@@ -97,14 +114,33 @@ def format_table(table: pa.Table) -> str:
     return "\n".join(out)
 
 
+def read_limits(memory: str, seconds: float) -> ReadLimits:
+    """The limits of `flightrec sql`'s read from its flags (ConfigError with the fix)."""
+    from flightrec.db.sandbox import ReadLimits, parse_bytes
+
+    try:
+        size = parse_bytes(memory)
+    except ValueError as exc:
+        raise ConfigError(f"--memory-limit {memory}: {exc}") from None
+    if not seconds > 0:
+        raise ConfigError(f"--timeout {seconds:g}: give a number of seconds above 0")
+    return ReadLimits(memory=size, seconds=seconds)
+
+
 def _sql(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.db.location import reader_location
-    from flightrec.db.query import run_query
+    from flightrec.db.nopandas import keep_pandas_out
+    from flightrec.db.query import freshness, run_query
+    from flightrec.db.sandbox import allow_fork
     from flightrec.db.views import prelude_for
 
+    keep_pandas_out()  # nothing here uses it; pyarrow would import it at its first conversion (db/nopandas.py)
     settings = settings.with_overrides(db=args.db)
     loc = reader_location(settings.db, args.data_path)
-    table = run_query(loc, args.query, prelude=prelude_for(args.query))  # the shared views it names
+    limits = read_limits(args.memory_limit, args.timeout)
+    allow_fork()  # this process opens no DuckDB database: the read's process is forked from it (a few ms)
+    table = run_query(loc, args.query, prelude=prelude_for(args.query), limits=limits)  # the shared views it names
+    fresh = freshness(table)
     if args.csv:
         w = csv.writer(sys.stdout)
         w.writerow(table.column_names)
@@ -120,4 +156,7 @@ def _sql(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
     else:
         print(format_table(table))
+    if fresh is not None:
+        sys.stdout.flush()
+        print(f"-- {fresh.line()}", file=sys.stderr)
     return 0

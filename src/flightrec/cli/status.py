@@ -30,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from flightrec.cli.nopandas import keep_pandas_out
     from flightrec.db.health import judge
     from flightrec.db.location import reader_location
+    from flightrec.db.nopandas import keep_pandas_out
 
     keep_pandas_out()
     settings = settings.with_overrides(db=args.db)
@@ -58,15 +58,15 @@ def _replace(h: Health, **changes: Any) -> Health:
 def read_health(loc: Location) -> tuple[Health, bool | None]:
     """The database's figures, and whether a materializer serves it (None: cannot tell, a lake)."""
     from flightrec.db.health import STATUSES, VERSIONS, Health, disk, figures_sql
-    from flightrec.db.live import query_live
     from flightrec.db.query import run_query
+    from flightrec.db.snapshot import current
     from flightrec.db.views import VIEWS
     from flightrec.errors import QueryError
 
     if not loc.exists():
         raise QueryError(f"no database at {loc.describe()}; start `flightrec materialize --db {loc.describe()}`")
     path = getattr(loc, "path", None)
-    serving = None if path is None else query_live(path, "SELECT 1") is not None
+    serving = None if path is None else current(path) is not None  # a running materializer publishes for readers
     try:
         row = run_query(loc, figures_sql()).to_pylist()[0]
     except QueryError as exc:

@@ -83,9 +83,7 @@ class StopSignals:
     :meth:`check` the note and stop all the same. Inside :meth:`held` the exception waits for
     the block's end (a child started but not yet recorded would be left running).
 
-    While installed, pyarrow's own signal handling is off (:func:`flightrec.db.live.python_signals`:
-    it dropped a signal that landed as a live read to the materializer ended, 3 to 6 of 500 in
-    tests/cli/test_demo_signals.py). And SIGINT has this handler rather than Python's
+    While installed, SIGINT has this handler rather than Python's
     default one, so ``asyncio.run`` does not put in its own (that one only cancels the task: a
     coroutine that catches the cancellation, as ``except BaseException`` blocks do, would lose it).
     """
@@ -95,12 +93,8 @@ class StopSignals:
         self._held = 0
         self._previous: dict[int, object] = {}
         self._hook = sys.unraisablehook  # restored on exit
-        self._reads = contextlib.ExitStack()
 
     def __enter__(self) -> StopSignals:
-        from flightrec.db.live import python_signals
-
-        self._reads.enter_context(python_signals())
         self._hook = sys.unraisablehook
         sys.unraisablehook = self._unraisable
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
@@ -110,7 +104,6 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]  # restored as saved / set once the instance started
         sys.unraisablehook = self._hook
-        self._reads.close()
 
     def _unraisable(self, info: sys.UnraisableHookArgs) -> None:
         """A stop signal that landed in a callback Python cannot raise from (a weakref's, the garbage collector's):

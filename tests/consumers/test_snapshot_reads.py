@@ -1,4 +1,5 @@
-"""Live reads: `flightrec sql` while the materializer writes, and reader SQL can neither write nor touch files."""
+"""Reads while the materializer writes: `flightrec sql` on its snapshot, and reader SQL can neither write nor touch
+files, on the snapshot, in a read's own process and on the file."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.flight as flight
 import pytest
-from flightrec.db.live import encode_request, location, socket_path
-from flightrec.db.query import run_query
-from materializer_helpers import Boot, flightrec, materialize, publish
+from flightrec.db.query import freshness, run_query
+from flightrec.db.sandbox import ReadLimits
+from materializer_helpers import Boot, flightrec, materialize, publish, serving
 
 from flightrec.errors import QueryError
 
@@ -38,19 +38,7 @@ def _count(db: Path, instance: str) -> int:
     return run_query(db, "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?", [instance]).to_pylist()[0]["n"]
 
 
-def _raw_request(db: Path, request: dict) -> bytes:
-    """Talk to the Flight endpoint directly, skipping the reader's own checks: b"A" answered, b"E..." refused."""
-    client = flight.FlightClient(location(db))
-    try:
-        client.do_get(flight.Ticket(encode_request(request["sql"], request["params"], request["prelude"]))).read_all()
-        return b"A"
-    except flight.FlightServerError as exc:
-        return b"E" + (exc.extra_info or b"")
-    finally:
-        client.close()
-
-
-def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for):
+def test_sql_reads_counts_while_the_materializer_writes(kafka, db, env_for):
     env = env_for()
     b = Boot()
     b.facts()
@@ -70,7 +58,7 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
             deadline = time.monotonic() + 60
             while True:
                 assert proc.poll() is None, proc.communicate()[1].decode()
-                if socket_path(db).exists():
+                if serving(db):
                     out = flightrec(
                         "sql",
                         "--db",
@@ -87,7 +75,7 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
                 time.sleep(0.2)
         assert seen == [100, 200, 300]
 
-        # The text table, through the CLI, live.
+        # The text table, through the CLI, on the snapshot; stderr says as of which commit.
         out = flightrec(
             "sql",
             "--db",
@@ -97,22 +85,13 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
         )
         assert out.stdout.splitlines()[0].split() == ["instance_id", "events"]
         assert b.instance in out.stdout and "(1 row)" in out.stdout
+        assert out.stderr.startswith("-- as of commit ") and "s behind the materializer" in out.stderr, out.stderr
 
-        # Reader SQL can neither write nor read files on the live path, whatever the client does.
+        # Reader SQL can neither write nor read files on the snapshot, in this process or a read's own.
         for sql, why in FORBIDDEN:
-            with pytest.raises(QueryError, match=why):
-                run_query(db, sql)
-            reply = _raw_request(db, {"sql": sql, "params": None, "prelude": []})
-            assert reply[:1] == b"E" and why.encode() in reply, (sql, reply)
-        reply = _raw_request(
-            db,
-            {
-                "sql": "SELECT count(*) AS n FROM log_lines WHERE instance_id = ?",
-                "params": [b.instance],
-                "prelude": ["CREATE OR REPLACE TEMP VIEW v AS SELECT 1 AS one"],
-            },
-        )
-        assert reply[:1] == b"A"
+            for limits in (None, ReadLimits(seconds=30)):
+                with pytest.raises(QueryError, match=why):
+                    run_query(db, sql, limits=limits)
         assert not Path("/tmp/flightrec-leak.csv").exists()
         # The CLI says no, with a non-zero exit.
         bad = flightrec("sql", "--db", str(db), "DELETE FROM log_lines", env=env, check=False)
@@ -122,7 +101,7 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
-    assert not socket_path(db).exists()  # a clean stop removes the socket
+    assert not serving(db)  # a clean stop takes the pointer away: readers read the file
 
     # With no materializer running the file is opened read-only, with the same refusals.
     assert _count(db, b.instance) == 300
@@ -138,6 +117,7 @@ def test_sql_reads_live_counts_while_the_materializer_writes(kafka, db, env_for)
         env=env,
     )
     assert out.stdout.splitlines() == ["n", "300"]
+    assert "no materializer is running" in out.stderr
 
 
 def test_sql_on_a_missing_database_says_what_to_do(tmp_path, env_for):
@@ -145,18 +125,17 @@ def test_sql_on_a_missing_database_says_what_to_do(tmp_path, env_for):
     assert out.returncode == 1 and "flightrec materialize" in out.stderr
 
 
-def test_prelude_views_and_params_on_the_live_path(kafka, db):
+def test_prelude_views_and_params_on_the_snapshot_path(kafka, db):
     b = Boot()
     b.facts()
     b.lines("s", "stdout", ["a", "b", "c"])
     publish(kafka.bootstrap, b.events)
     materialize(kafka, db, idle=0.5)
     from flightrec.db.filestore import FileStore
-    from flightrec.db.serve import QueryServer
 
     store = FileStore(db, "g")
     try:
-        with QueryServer(store.con.cursor(), db):
+        for limits in (None, ReadLimits(seconds=30)):
             t = run_query(
                 db,
                 "SELECT n FROM three WHERE instance_id = $i",
@@ -164,29 +143,34 @@ def test_prelude_views_and_params_on_the_live_path(kafka, db):
                 prelude=[
                     "CREATE OR REPLACE TEMP VIEW three AS SELECT instance_id, count(*) AS n FROM log_lines GROUP BY ALL"
                 ],
+                limits=limits,
             )
-            assert t.to_pylist() == [{"n": 3}]
-            # Temp views of one request do not leak into the next.
+            assert t.to_pylist() == [{"n": 3}] and freshness(t).source == "snapshot"
+            # Temp views of one read do not leak into the next.
             with pytest.raises(QueryError, match="three"):
-                run_query(db, "SELECT * FROM three")
-            # The writer still writes after serving (reads were rolled back, nothing held).
-            store.con.execute("CREATE TABLE scratch AS SELECT 1 AS x")
+                run_query(db, "SELECT * FROM three", limits=limits)
+        # The writer writes on: nothing of the reads is in its process.
+        store.con.execute("CREATE TABLE scratch AS SELECT 1 AS x")
     finally:
         store.close()
 
 
 def test_the_prelude_is_no_way_around_the_read_only_check(db):
-    # The live path runs the client's prelude on the writer's database: a COMMIT in it would
-    # let later statements write for good, so only CREATE TEMP VIEW statements pass.
+    # A COMMIT in a prelude would let later statements write for good (on a read-write connection), so only
+    # CREATE TEMP VIEW statements pass, whichever path the read takes.
+    import hashlib
+
+    from flightrec.db import snapshot
     from flightrec.db.filestore import FileStore
-    from flightrec.db.serve import QueryServer
 
     evil = (
         """INSERT INTO dead_letters (topic, "partition", "offset", reason) VALUES ('x', 0, 0, 'written by a reader')"""
     )
     store = FileStore(db, "g")
     try:
-        with QueryServer(store.con.cursor(), db):
+        copy = snapshot.current(db).path
+        before = hashlib.sha256(copy.read_bytes()).hexdigest()
+        for limits in (None, ReadLimits(seconds=30)):
             for prelude in (
                 ["COMMIT", evil],
                 [evil, "COMMIT"],
@@ -194,40 +178,31 @@ def test_the_prelude_is_no_way_around_the_read_only_check(db):
                 ["CREATE TABLE kept AS SELECT 1 AS x", "COMMIT"],
                 ["SET threads = 1"],
             ):
-                reply = _raw_request(db, {"sql": "SELECT 1 AS one", "params": None, "prelude": prelude})
-                assert reply[:1] == b"E" and b"CREATE TEMP VIEW" in reply, (prelude, reply)
                 with pytest.raises(QueryError, match="CREATE TEMP VIEW"):
-                    run_query(db, "SELECT 1 AS one", prelude=prelude)
-            assert store.con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
-            assert (
-                store.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'kept'").fetchone()[0] == 0
-            )
-            t = run_query(db, "SELECT * FROM v", prelude=["create temporary view v as select 1 as one"])
+                    run_query(db, "SELECT 1 AS one", prelude=prelude, limits=limits)
+            t = run_query(db, "SELECT * FROM v", prelude=["create temporary view v as select 1 as one"], limits=limits)
             assert t.to_pylist() == [{"one": 1}]
+        assert store.con.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
+        assert store.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'kept'").fetchone()[0] == 0
+        assert hashlib.sha256(copy.read_bytes()).hexdigest() == before
     finally:
         store.close()
 
 
-def test_a_write_hidden_in_explain_analyze_is_refused_on_the_live_path(db):
-    # EXPLAIN ANALYZE runs its statement: on the writer's database an uncommitted DELETE would hold
-    # the rows the writer recomputes, and the writer's next commit would fail on the conflict.
+def test_a_write_hidden_in_explain_analyze_is_refused_on_the_snapshot_path(db):
     from flightrec.db.filestore import FileStore
-    from flightrec.db.serve import QueryServer
 
     store = FileStore(db, "g")
     try:
         store.con.execute("INSERT INTO instances (instance_id) VALUES ('i-1')")
-        with QueryServer(store.con.cursor(), db):
+        for limits in (None, ReadLimits(seconds=30)):
             for sql in (
                 "EXPLAIN ANALYZE DELETE FROM instances",
                 "EXPLAIN ANALYZE INSERT INTO instances (instance_id) VALUES ('x')",
             ):
-                reply = _raw_request(db, {"sql": sql, "params": None, "prelude": []})
-                assert reply[:1] == b"E" and b"read-only" in reply, (sql, reply)
-            reply = _raw_request(
-                db, {"sql": "EXPLAIN ANALYZE SELECT count(*) FROM instances", "params": None, "prelude": []}
-            )
-            assert reply[:1] == b"A"
+                with pytest.raises(QueryError, match="read-only"):
+                    run_query(db, sql, limits=limits)
+            assert run_query(db, "EXPLAIN ANALYZE SELECT count(*) FROM instances", limits=limits).num_rows
         assert store.con.execute("SELECT count(*) FROM instances").fetchone()[0] == 1
     finally:
         store.close()
@@ -248,9 +223,9 @@ def test_a_batch_is_committed_once_the_topics_go_quiet_not_at_the_end_of_the_win
     )
     try:
         deadline = time.monotonic() + 60
-        while not socket_path(db).exists():
+        while not serving(db):
             assert proc.poll() is None, proc.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the materializer never served"
+            assert time.monotonic() < deadline, "the materializer never published a snapshot"
             time.sleep(0.1)
         for round_ in range(2):
             b.lines("supervisor", "stdout", [f"round {round_} line {i}" for i in range(10)])
