@@ -41,6 +41,7 @@ from flightrec.db.backup import serve_requests as serve_backups
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
 from flightrec.db.location import FileLocation
+from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 from flightrec.db.store import Store, open_store
 from flightrec.db.trust import Trust, load_state
@@ -151,6 +152,12 @@ async def _nothing() -> None:
     return None
 
 
+def _let_go(snapshots: Publisher) -> None:
+    """The readers' snapshots of a store that is not open: readers read the file from now on."""
+    snapshots.close()
+    snapshots.release()
+
+
 def parse_time(text: str, now: float | None = None) -> int:
     """Microseconds since the epoch from ISO-8601, epoch seconds, or an age like 90s / 30m / 2h / 7d."""
     text = text.strip()
@@ -205,6 +212,7 @@ class Materializer:
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
         self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
         self._published_at = 0.0  # when the readers' snapshot was last made current (loop time)
+        self._snapshots: Publisher | None = None  # a file's, while its store is closed to be opened again
         self._last_report = 0.0  # when the stats were last logged (loop time)
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: BatchReader | None = None  # reads through batches the client cannot parse
@@ -302,19 +310,27 @@ class Materializer:
             )
             await self._in_writer(self._alerts.start, self._store.con)
 
-    async def _close_store_side(self) -> None:
-        """The alerts and the store let go, in that order (the file is then free)."""
+    async def _close_store_side(self, detach: bool = False) -> None:
+        """The alerts and the store let go, in that order (the file is then free). ``detach``: to be opened again
+        (a compaction, a full disk): a file's readers keep its snapshots meanwhile (``_snapshots``)."""
         if self._alerts is not None:
             alerts, self._alerts = self._alerts, None
             await self._in_writer(alerts.close, self._store.con if self._store is not None else None)
         if self._store is not None:
             store, self._store = self._store, None
-            await self._in_writer(store.close)
+            if detach and isinstance(store, FileStore):
+                self._snapshots = await self._in_writer(store.detach)
+            else:
+                await self._in_writer(store.close)
+        if not detach and self._snapshots is not None:  # a reopen that never succeeded (a full disk)
+            snapshots, self._snapshots = self._snapshots, None
+            await self._in_writer(_let_go, snapshots)
 
     async def _reopen_store(self, between: Callable[[], T] | None = None) -> T | None:
         """Close the store and what hangs on it, run ``between`` in the writer thread (a compaction), open them
-        again; the store is opened again whatever ``between`` did (its error is raised after)."""
-        await self._close_store_side()
+        again; the store is opened again whatever ``between`` did (its error is raised after). Readers read the
+        last snapshot meanwhile; the store opened again takes its publisher over."""
+        await self._close_store_side(detach=True)
         try:
             return await self._in_writer(between) if between is not None else None
         finally:  # on a full disk the opening waits for room, as a commit does
@@ -373,6 +389,7 @@ class Materializer:
             self._figures,
             run=self._in_writer,
             con=lambda: self._writer_con(),
+            wrote=self._writer_wrote,
             reopen=self._reopen_store,
             commit_interval=self.opts.commit_interval,
             compact_free_share=self.opts.compact_free_share,
@@ -393,6 +410,11 @@ class Materializer:
 
     def _writer_con(self) -> duckdb.DuckDBPyConnection:
         return self._writer_store().con
+
+    def _writer_wrote(self) -> None:
+        """Retention deleted rows (not a commit): readers see it at the next publish."""
+        if isinstance(self._store, FileStore):
+            self._store.wrote()
 
     async def _assign_at_start(self) -> None:
         """The first assignment, tried again while it fails for up to START_RETRY_S: on a cluster, the broker asked
@@ -438,9 +460,9 @@ class Materializer:
             self._clocks.said.update(t for t, kind in types.items() if kind != APPEND_TIME_CONFIG)
 
     def _open_store(self) -> Store:
-        """The store this run writes (in the writer thread)."""
+        """The store this run writes (in the writer thread), with the snapshots of the one before, if any."""
         opts = self.opts
-        return open_store(
+        store = open_store(
             opts.location,
             opts.group,
             rules=opts.rules,
@@ -449,7 +471,10 @@ class Materializer:
             lock_wait=opts.lock_wait,
             views=opts.views,
             publish=opts.serve,
+            snapshots=self._snapshots,
         )
+        self._snapshots = None  # taken over
+        return store
 
     def _consumer_options(self) -> dict[str, object]:
         """Consumer arguments beyond the common ones: no group here (partitions assigned by hand)."""

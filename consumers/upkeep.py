@@ -69,7 +69,8 @@ class _Sizing:
 
 class Upkeep:
     """The jobs of one file's materializer (see the module's doc). ``run(fn, *args)`` runs in the writer thread;
-    ``reopen(between)`` closes the store, runs ``between`` and opens the store again (the materializer's)."""
+    ``reopen(between)`` closes the store, runs ``between`` and opens the store again (the materializer's); ``wrote()``
+    says, in the writer thread, that a step deleted rows (readers see it at the next publish)."""
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class Upkeep:
         *,
         run: Callable[..., Awaitable[Any]],
         con: Callable[[], duckdb.DuckDBPyConnection],
+        wrote: Callable[[], None] = lambda: None,
         reopen: Callable[[Callable[[], Any]], Awaitable[Any]],
         commit_interval: float,
         compact_free_share: float = 0.5,
@@ -88,7 +90,7 @@ class Upkeep:
         self.keep = keep
         self.path = path
         self.figures = figures
-        self._run, self._con, self._reopen = run, con, reopen
+        self._run, self._con, self._reopen, self._wrote = run, con, reopen, wrote
         self.commit_interval = commit_interval
         self.compact_free_share = compact_free_share
         self.sizing = _Sizing()
@@ -174,7 +176,10 @@ class Upkeep:
         if self.context is None or now - self.context_read >= CONTEXT_S:
             self.context = retention.kept_context(con, self.keep, time.time_ns() // 1000)
             self.context_read = now
-        return retention.run_step(con, self.keep, max_events=self.sizing.events, context=self.context)
+        result = retention.run_step(con, self.keep, max_events=self.sizing.events, context=self.context)
+        if result.lines_deleted or result.samples_merged:
+            self._wrote()  # not a commit: the readers' next snapshot has it all the same
+        return result
 
     async def _checkpoint(self) -> None:
         started = time.monotonic()

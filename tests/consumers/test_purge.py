@@ -11,8 +11,9 @@ from pathlib import Path
 import duckdb
 import pytest
 from flightrec.consumers.archive import Archive, to_records, to_table
-from flightrec.db.filestore import MATERIALIZED_TABLES
+from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
 from flightrec.db.fold import fold
+from flightrec.db.snapshot import snapshot_dir
 from flightrec.schemas import FileTail, ProcessExit
 from retention_helpers import DAY, MINUTE, NOW, Timed, records, write
 
@@ -61,6 +62,9 @@ def test_a_leaked_secret_is_masked_everywhere_and_its_bytes_leave_the_file(tmp_p
     write(db, boots)
     archive = archived(tmp_path, boots)
     assert SECRET in everything(db) and SECRET.encode() in db.read_bytes()  # on the disk
+    FileStore(db, "flightrec-materializer").close()  # a materializer's run leaves its readers' snapshot copies
+    copies = snapshot_dir(db)
+    assert any(SECRET.encode() in p.read_bytes() for p in copies.iterdir() if p.is_file())
     secret_file = tmp_path / "secret.txt"
     secret_file.write_text(SECRET + "\n")
     proc = flightrec("purge", "--db", str(db), "--text-from", str(secret_file), "--archive", str(archive))
@@ -72,6 +76,7 @@ def test_a_leaked_secret_is_masked_everywhere_and_its_bytes_leave_the_file(tmp_p
     text = everything(db)
     assert SECRET not in text and "*" * len(SECRET) in text
     assert SECRET.encode() not in db.read_bytes() and not Path(f"{db}.wal").exists()  # compacted: not on the disk
+    assert not any(SECRET.encode() in p.read_bytes() for p in copies.iterdir() if p.is_file())  # nor in a copy
     # the archive's records still decode (same length), with the text masked
     segment = Archive(str(archive)).segments("flightrec.logs", 0)[0]
     recs = to_records(Archive(str(archive)).read(segment))

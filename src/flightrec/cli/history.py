@@ -164,6 +164,7 @@ def _purge_file(path: Path, apply: Any) -> dict[str, int]:
     import duckdb
 
     from flightrec.db.compact import FileBusy, _connect, compact_file
+    from flightrec.db.snapshot import remove_copies
 
     try:
         con = _connect(path, lock_wait=5.0)
@@ -180,6 +181,10 @@ def _purge_file(path: Path, apply: Any) -> dict[str, int]:
         con.close()
     done = compact_file(path)  # the deleted bytes leave the file only when it is written anew
     print(f"{done.summary()} (the purged bytes are no longer in it)")
+    try:  # the readers' snapshot copies a materializer left hold them too (the next run copies the file anew)
+        remove_copies(path)
+    except OSError as exc:
+        raise MaterializeError(f"{path} is purged but its readers' snapshot copies are not: {exc}") from exc
     return changed
 
 
