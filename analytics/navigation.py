@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import streamlit as st
-from flightrec.analytics.ui import db_path, freshness_caption, time_range_picker
+from flightrec.analytics.ui import db_path, disk_full_notice, freshness_caption, time_range_picker
 from flightrec.db.lake import mask_password
 
 # The page scripts sit next to this module. Not in a `pages/` folder: Streamlit treats
@@ -37,5 +37,6 @@ def main() -> None:
     time_range_picker()
     st.sidebar.caption(f"Database: `{mask_password(db_path())}`")
     st.sidebar.caption("Times are UTC.")
+    disk_full_notice(db_path())
     freshness_caption()
     nav.run()

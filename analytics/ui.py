@@ -69,6 +69,23 @@ def fetch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         st.stop()
 
 
+def disk_full_notice(db: str) -> None:
+    """A banner while the materializer of a database file waits for disk space (its marker, db/markers.py)."""
+    from flightrec.db.markers import disk_full_path
+
+    if db.startswith("ducklake:"):
+        return
+    try:
+        since = disk_full_path(db).stat().st_mtime
+    except OSError:
+        return
+    st.error(
+        f"The materializer's disk is full since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(since))} UTC: it "
+        "holds its last batch and takes no more, so what you see stops there. Nothing is lost (Kafka keeps the "
+        "rest); free space and it goes on by itself (docs/retention.md)."
+    )
+
+
 def freshness_caption() -> None:
     """The sidebar's line saying how fresh every page's data is (nothing when the database cannot be read: the page
     says why)."""

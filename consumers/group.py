@@ -212,7 +212,12 @@ class GroupMaterializer(Materializer):
         assert self._store is not None
         while deltas:
             try:
-                self.stats += await self._in_writer(self._lake.commit, deltas)
+                self.stats += await self._guard.commit(
+                    lambda: self._in_writer(self._lake.commit, deltas),  # noqa: B023 - awaited here, in this pass
+                    self._reopen_lake,
+                    self._stop,
+                    held=f"batch of {sum(d.messages for d in deltas.values())} messages",
+                )
                 return
             except Fenced as exc:
                 self.stats += Stats(fenced=1)
@@ -222,6 +227,27 @@ class GroupMaterializer(Materializer):
                     del self._next[tp]
                 await self._in_writer(self._lake.release, lost)
                 deltas = {s: d for s, d in deltas.items() if s not in lost}
+
+    async def _replay_archive(self) -> None:
+        """The archive read into a lake that holds no events yet: every shard claimed first (the commits check it)."""
+        if self.opts.archive:
+            _, shards = await self._shard_count()
+            await self._in_writer(self._lake.add_shards, range(shards), views=False)
+            await self._in_writer(self._lake.claim, range(shards))
+        await super()._replay_archive()
+
+    async def _commit_archived(self, records: list[Record], ends: dict[tuple[str, int], int]) -> None:
+        by_shard: dict[int, list[Record]] = defaultdict(list)
+        for r in records:
+            by_shard[r.partition].append(r)
+        deltas = {s: fold(rs, keep=self._keep, trust=self._trust) for s, rs in by_shard.items()}
+        for (topic, partition), end in ends.items():
+            delta = deltas.get(partition) or fold([])
+            deltas[partition] = dataclasses.replace(delta, offsets={**delta.offsets, (topic, partition): end})
+        await self._commit_shards(deltas)
+
+    async def _reopen_lake(self) -> None:
+        await self._in_writer(self._lake.reopen)
 
     async def _drain(self) -> None:
         """Commit everything read so far and wait for it."""
@@ -249,7 +275,13 @@ class GroupMaterializer(Materializer):
                 if self._inflight is not None:
                     inflight, self._inflight = self._inflight, None
                     await inflight
-                await self._in_writer(self._lake.maintain)
+                await self._in_writer(self._lake_upkeep)
+
+    def _lake_upkeep(self) -> None:
+        """Retention's steps (FLIGHTREC_KEEP_*), then maintenance, which takes what they deleted out of the files."""
+        if self.opts.keep.enforced:
+            self._lake.retain(self.opts.keep)
+        self._lake.maintain()
 
     def _owns_shard_zero(self) -> bool:
         """One member runs maintenance: the owner of partition 0 (a replay owns every partition)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import re
 import time
@@ -27,14 +28,20 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from flightrec.consumers.alerts import AlertConfig, Alerter
+from flightrec.consumers.archive import Archive, archived_batches, replay_plan
 from flightrec.consumers.batches import BatchReader
+from flightrec.consumers.diskfull import DiskFullGuard, marker_path
 from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.consumers.progress import Progress
 from flightrec.consumers.progress import record as record_progress
+from flightrec.consumers.storefigures import StoreFigures
+from flightrec.consumers.upkeep import Upkeep
 from flightrec.db.backup import serve_requests as serve_backups
 from flightrec.db.filestore import FileStore
-from flightrec.db.fold import LOG_APPEND_TIME, Delta, fold
+from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
+from flightrec.db.location import FileLocation
+from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 from flightrec.db.store import Store, open_store
 from flightrec.db.trust import Trust, load_state
@@ -141,6 +148,16 @@ class _ClockWatch:
                 )
 
 
+async def _nothing() -> None:
+    return None
+
+
+def _let_go(snapshots: Publisher) -> None:
+    """The readers' snapshots of a store that is not open: readers read the file from now on."""
+    snapshots.close()
+    snapshots.release()
+
+
 def parse_time(text: str, now: float | None = None) -> int:
     """Microseconds since the epoch from ISO-8601, epoch seconds, or an age like 90s / 30m / 2h / 7d."""
     text = text.strip()
@@ -195,6 +212,7 @@ class Materializer:
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightrec-writer")
         self._store: Store | None = None  # a FileStore here, a LakeStore in a group (group.py)
         self._published_at = 0.0  # when the readers' snapshot was last made current (loop time)
+        self._snapshots: Publisher | None = None  # a file's, while its store is closed to be opened again
         self._last_report = 0.0  # when the stats were last logged (loop time)
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: BatchReader | None = None  # reads through batches the client cannot parse
@@ -210,6 +228,9 @@ class Materializer:
         self._metrics: Metrics | None = None  # Prometheus /metrics (--metrics-port)
         self._committed: dict[tuple[str, int], int] = {}  # next offset the database holds, per partition
         self._errors_counted = 0  # stats.errors_total already added to the metrics
+        self._figures = StoreFigures()  # the store's size, retention, a full disk, the archive (/metrics)
+        self._guard = DiskFullGuard(options.location.describe())  # the store's own, made when it opens
+        self._upkeep: Upkeep | None = None  # retention, compaction, figures between a file's commits
         self._reported = Stats().summary()  # the counters as last logged (a run that did nothing logs nothing)
         self._progress = Progress()  # how far the input is read: silences are judged up to there
 
@@ -231,23 +252,10 @@ class Materializer:
                     max_age=opts.alert_max_age,
                     classes=(r.failure_class for r in opts.rules.rules) if opts.rules is not None else (),
                 )
+                self._figures.register(self._metrics.registry)
                 self._metrics.start()
-            self._store = await self._in_writer(self._open_store)
-            await self._in_writer(load_state, self._trust, self._store.con)
-            if opts.webhook and not opts.replay:
-                self._alerts = Alerter(
-                    AlertConfig(
-                        opts.webhook,
-                        opts.alert_on,
-                        opts.dashboard_url,
-                        backoff=opts.alert_backoff,
-                        drain=opts.alert_drain,
-                        timeout=opts.alert_timeout,
-                        status_interval=opts.status_interval,
-                        max_age=opts.alert_max_age,
-                    )
-                )
-                await self._in_writer(self._alerts.start, self._store.con)
+            await self._open_store_side()
+            self._upkeep = self._start_upkeep()
             self._consumer = AIOKafkaConsumer(
                 **self.kafka_kwargs,
                 enable_auto_commit=False,
@@ -274,11 +282,139 @@ class Materializer:
                     f"{exc}; start one (`flightrec broker start`) or set FLIGHTREC_BOOTSTRAP"
                 ) from exc
             await self._check_timestamp_types()
+            if opts.replay:
+                await self._replay_archive()  # what the topics no longer hold, from FLIGHTREC_ARCHIVE
             await self._assign_at_start()
         except BaseException:
             await self._close()
             raise
         return self
+
+    async def _open_store_side(self) -> None:
+        """The store and what hangs on its connection: the writers' trust state, the alerts' outbox."""
+        opts = self.opts
+        self._store = await self._in_writer(self._open_store)
+        await self._in_writer(load_state, self._trust, self._store.con)
+        if opts.webhook and not opts.replay:
+            self._alerts = Alerter(
+                AlertConfig(
+                    opts.webhook,
+                    opts.alert_on,
+                    opts.dashboard_url,
+                    backoff=opts.alert_backoff,
+                    drain=opts.alert_drain,
+                    timeout=opts.alert_timeout,
+                    status_interval=opts.status_interval,
+                    max_age=opts.alert_max_age,
+                )
+            )
+            await self._in_writer(self._alerts.start, self._store.con)
+
+    async def _close_store_side(self, detach: bool = False) -> None:
+        """The alerts and the store let go, in that order (the file is then free). ``detach``: to be opened again
+        (a compaction, a full disk): a file's readers keep its snapshots meanwhile (``_snapshots``)."""
+        if self._alerts is not None:
+            alerts, self._alerts = self._alerts, None
+            await self._in_writer(alerts.close, self._store.con if self._store is not None else None)
+        if self._store is not None:
+            store, self._store = self._store, None
+            if detach and isinstance(store, FileStore):
+                self._snapshots = await self._in_writer(store.detach)
+            else:
+                await self._in_writer(store.close)
+        if not detach and self._snapshots is not None:  # a reopen that never succeeded (a full disk)
+            snapshots, self._snapshots = self._snapshots, None
+            await self._in_writer(_let_go, snapshots)
+
+    async def _reopen_store(self, between: Callable[[], T] | None = None) -> T | None:
+        """Close the store and what hangs on it, run ``between`` in the writer thread (a compaction), open them
+        again; the store is opened again whatever ``between`` did (its error is raised after). Readers read the
+        last snapshot meanwhile; the store opened again takes its publisher over."""
+        await self._close_store_side(detach=True)
+        try:
+            return await self._in_writer(between) if between is not None else None
+        finally:  # on a full disk the opening waits for room, as a commit does
+            await self._guard.commit(self._open_store_side, _nothing, self._stop, "store to open again", settle=False)
+
+    async def _replay_archive(self) -> None:
+        """A replay reads the archive first (consumers/archive.py), each batch committed with the offsets it ends at,
+        so that the topics are then read from where the archive ended; ArchiveGap when records are in neither.
+        Without an archive, says what the topics no longer hold."""
+        assert self._consumer is not None
+        parts = await self._partitions()
+        starts = {(tp.topic, tp.partition): o for tp, o in (await self._consumer.beginning_offsets(parts)).items()}
+        if not self.opts.archive:
+            lost = sorted(f"{t}[{p}] 0..{o - 1}" for (t, p), o in starts.items() if o > 0)
+            if lost:
+                log.warning(
+                    "the topics no longer hold offsets %s (retention): the database starts after them; set "
+                    "FLIGHTREC_ARCHIVE to replay them from an archive (docs/retention.md)",
+                    ", ".join(lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else ""),
+                )
+            return
+        archive = Archive(self.opts.archive)
+        plan = await asyncio.to_thread(replay_plan, archive, self.opts.topics, starts)
+        batches = archived_batches(archive, plan, self.batch_bytes)
+        while (batch := await asyncio.to_thread(next, batches, None)) is not None:
+            await self._commit_archived(*batch)
+            if self._stop.is_set():
+                raise MaterializeError("replay stopped while it read the archive; start it again into a new database")
+        if plan:
+            log.info("replayed the archive %s (%d partitions); now the topics from where it ended", archive.uri,
+                     len(plan))  # fmt: skip
+
+    async def _commit_archived(self, records: list[RawMessage], ends: dict[tuple[str, int], int]) -> None:
+        """One batch of archived records, with the offsets the archive's segments end at (purged records included)."""
+        delta = fold(records, keep=self._keep, trust=self._trust)
+        await self._commit(dataclasses.replace(delta, offsets={**delta.offsets, **ends}))
+
+    def _start_upkeep(self) -> Upkeep | None:
+        """A file's retention, compaction and figures between commits (consumers/upkeep.py); the full-disk guard."""
+        loc = self.opts.location
+        if not isinstance(loc, FileLocation):
+            self._guard = DiskFullGuard(loc.describe(), space_of=self.opts.data_path, figures=self._figures)
+            return None
+        self._guard = DiskFullGuard(
+            loc.describe(),
+            marker=marker_path(loc.path),
+            space_of=loc.path.parent,
+            webhook_url=None if self.opts.replay else self.opts.webhook,
+            figures=self._figures,
+        )
+        if self.opts.replay:
+            return None
+        return Upkeep(
+            self.opts.keep,
+            loc.path,
+            self._figures,
+            run=self._in_writer,
+            con=lambda: self._writer_con(),
+            wrote=self._writer_wrote,
+            reopen=self._reopen_store,
+            commit_interval=self.opts.commit_interval,
+            compact_free_share=self.opts.compact_free_share,
+            archive=self.opts.archive,
+            topics=self.opts.topics,
+        )
+
+    def _writer_store(self) -> Store:
+        if self._store is None:  # a reopen that failed (a full disk): the next commit opens it first
+            raise MaterializeError(f"the store {self.opts.location.describe()} is not open")
+        return self._store
+
+    async def _store_commit(self, delta: Delta) -> Stats:
+        """One commit through the store, opened first where a reopen failed (a full disk: the guard tries again)."""
+        if self._store is None:
+            await self._open_store_side()
+        return await self._in_writer(self._writer_store().commit, {0: delta})  # a file holds every partition
+
+    def _writer_con(self) -> duckdb.DuckDBPyConnection:
+        return self._writer_store().con
+
+    def _writer_wrote(self) -> None:
+        """Retention deleted rows (not a commit): readers see it at the next publish."""
+        if isinstance(self._store, FileStore):
+            self._store.wrote()
 
     async def _assign_at_start(self) -> None:
         """The first assignment, tried again while it fails for up to START_RETRY_S: on a cluster, the broker asked
@@ -324,9 +460,9 @@ class Materializer:
             self._clocks.said.update(t for t, kind in types.items() if kind != APPEND_TIME_CONFIG)
 
     def _open_store(self) -> Store:
-        """The store this run writes (in the writer thread)."""
+        """The store this run writes (in the writer thread), with the snapshots of the one before, if any."""
         opts = self.opts
-        return open_store(
+        store = open_store(
             opts.location,
             opts.group,
             rules=opts.rules,
@@ -335,7 +471,10 @@ class Materializer:
             lock_wait=opts.lock_wait,
             views=opts.views,
             publish=opts.serve,
+            snapshots=self._snapshots,
         )
+        self._snapshots = None  # taken over
+        return store
 
     def _consumer_options(self) -> dict[str, object]:
         """Consumer arguments beyond the common ones: no group here (partitions assigned by hand)."""
@@ -354,12 +493,7 @@ class Materializer:
         if self._consumer is not None:  # a group's member commits what it holds as its partitions are revoked
             await _quietly("stopping the consumer", self._consumer.stop())
             self._consumer = None
-        if self._alerts is not None:
-            alerts, self._alerts = self._alerts, None
-            await self._in_writer(alerts.close, self._store.con if self._store is not None else None)
-        if self._store is not None:
-            store, self._store = self._store, None
-            await self._in_writer(store.close)
+        await self._close_store_side()
         self._writer.shutdown(wait=True)
         if self._metrics is not None:
             self._metrics.close()
@@ -376,7 +510,9 @@ class Materializer:
     async def _assign(self, initial: bool = False) -> bool:
         """(Re)assign every partition of the topics; positions come from DuckDB. True if it changed."""
         c = self._consumer
-        assert c is not None and self._store is not None
+        assert c is not None
+        if self._store is None:  # closed for a compaction, or waiting for room to open: looked at next time
+            return False
         parts = await self._partitions()
         if parts == self._parts:
             return False
@@ -390,7 +526,35 @@ class Materializer:
         self._parts = parts
         if not initial:
             log.info("now reading %d partitions", len(parts))
+        elif not self.opts.replay:
+            await self._say_what_kafka_let_go(offsets)
         return True
+
+    async def _say_what_kafka_let_go(self, offsets: Mapping[TopicPartition, int | None]) -> None:
+        """Say it plainly when the topics no longer hold records after the database's offsets (their retention let
+        them go while no materializer ran, or a restored backup is older than what the topics keep): the reading
+        goes on from what Kafka holds, and those records are not in the database."""
+        c = self._consumer
+        known = {tp: o for tp, o in offsets.items() if o is not None}
+        if c is None or not known:
+            return
+        try:
+            starts = await c.beginning_offsets(list(known))
+        except (KafkaError, OSError) as exc:
+            log.debug("no beginning offsets (%s)", exc)
+            return
+        lost = sorted(
+            f"{tp.topic}[{tp.partition}] {o}..{starts[tp] - 1}" for tp, o in known.items() if starts.get(tp, 0) > o
+        )
+        if lost:
+            log.error(
+                "the topics no longer hold offsets %s that the database %s never read (their retention let them go "
+                "while no materializer ran, or a restored backup is older than what they keep): those records are "
+                "not in it; rebuild it from the archive with `flightrec replay --db NEW --archive URI` "
+                "(docs/retention.md)",
+                ", ".join(lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else ""),
+                self.opts.location.describe(),
+            )
 
     async def _seek(self, parts: Iterable[TopicPartition], offsets: dict[TopicPartition, int | None]) -> None:
         """Position each partition at its offset, or at its beginning where the offset is None."""
@@ -416,9 +580,13 @@ class Materializer:
         return True
 
     async def _commit(self, delta: Delta, behind: bool = False) -> None:
-        assert self._store is not None
         started = time.monotonic()
-        stats = await self._in_writer(self._store.commit, {0: delta})  # a file holds every partition
+        stats = await self._guard.commit(
+            lambda: self._store_commit(delta),
+            self._reopen_store,
+            self._stop,
+            held=f"batch of {delta.messages} messages",
+        )
         self.stats += stats
         self._committed.update(delta.offsets)
         if self._metrics is not None:
@@ -582,13 +750,8 @@ class Materializer:
 
     async def run(self) -> Stats:
         """Consume until stopped, idle (``until_idle``) or, for a replay, the end offsets at start."""
-        c = self._consumer
-        assert c is not None
         loop = asyncio.get_running_loop()
-        started_us = time.time_ns() // 1000
-        targets = await c.end_offsets(self._parts) if self.opts.replay else None
-        if targets is not None:  # a replay reads everything Kafka held when it started: caught up to then at its end
-            self._progress.asked(started_us, {(tp.topic, tp.partition): end for tp, end in targets.items()})
+        targets = await self._replay_targets()
         pending = self._pending = self._new_pending()
         last_data = last_refresh = last_metrics = kafka_ok = self._last_report = loop.time()
         await self._update_metrics()
@@ -607,6 +770,8 @@ class Materializer:
                     await self._flush(pending)
                 await self._reap()
                 await self._between_reads(now, behind=pending.full(now))
+                if self._upkeep is not None and self._inflight is None and self._store is not None:
+                    self._inflight = self._upkeep.start(now, pending)  # in the gap after a commit
                 if targets is not None:
                     if await self._caught_up(targets):
                         break
@@ -624,9 +789,24 @@ class Materializer:
                     if done is False:
                         kafka_ok = now
         finally:
-            await self._flush(pending)
-            if self._inflight is not None:
-                inflight, self._inflight = self._inflight, None
-                await inflight
+            await self._finish(pending)
         await self._note_progress(force=True)
         return self.stats
+
+    async def _replay_targets(self) -> dict[TopicPartition, int] | None:
+        """A replay's end: the end offsets when it started (it is then caught up to that moment); None for a run."""
+        c = self._consumer
+        assert c is not None
+        if not self.opts.replay:
+            return None
+        started_us = time.time_ns() // 1000
+        targets: dict[TopicPartition, int] = await c.end_offsets(self._parts)
+        self._progress.asked(started_us, {(tp.topic, tp.partition): end for tp, end in targets.items()})
+        return targets
+
+    async def _finish(self, pending: Pending) -> None:
+        """Commit what is pending and wait for the commit (or upkeep job) in flight."""
+        await self._flush(pending)
+        if self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            await inflight

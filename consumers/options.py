@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from flightrec.db.keep import Keep
 from flightrec.db.location import Location, locate
 from flightrec.db.trust import TrustConfig
 
@@ -61,6 +62,10 @@ class Options:
     trust: TrustConfig = field(default_factory=TrustConfig)  # the fleet key and what untagged events get
     metrics_port: int | None = None  # serve Prometheus /metrics there (consumers/metrics.py); a file only
     metrics_address: str = "127.0.0.1"  # the address /metrics (and /health) listens on: this host unless asked
+    # what the database keeps (db/retention.py): nothing expires unless told (the CLI passes FLIGHTREC_KEEP_*)
+    keep: Keep = field(default_factory=lambda: Keep(lines_days=None, samples_days=None))
+    compact_free_share: float = 0.0  # compact the file at a quiet moment once this share is free (0: never)
+    archive: str | None = None  # replay reads what the topics no longer hold from this archive (consumers/archive.py)
 
     @property
     def location(self) -> Location:

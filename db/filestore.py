@@ -310,6 +310,7 @@ class FileStore(RowWriter):
         lock_wait: float = 30.0,
         views: tuple[str, ...] = (),
         publish: bool = True,
+        snapshots: Publisher | None = None,
     ) -> None:
         self.path = Path(path)
         self.group = group
@@ -325,7 +326,7 @@ class FileStore(RowWriter):
         crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
         self.con = self._connect(lock_wait)
         try:
-            if publish and str(path) != ":memory:":  # first: readers wait for its snapshot rather than the file
+            if snapshots is None and publish and str(path) != ":memory:":  # first: readers wait for its snapshot
                 self.publisher = Publisher(self.path, self._block_size())
             self.con.execute(f"SET memory_limit = '{memory_limit}'")
             self.con.execute("SET checkpoint_threshold = '64MB'")
@@ -351,7 +352,31 @@ class FileStore(RowWriter):
         except BaseException:
             self._close_all()
             raise
+        if snapshots is not None:
+            self._adopt(snapshots)
         self.publish()
+
+    def _adopt(self, snapshots: Publisher) -> None:
+        """Take over the readers' snapshots of the store this one replaces (:meth:`detach`), once the file is open:
+        readers kept reading them meanwhile. The next publish copies the file (whole when it is another file)."""
+        try:
+            snapshots.follow(self._block_size())
+        except (OSError, duckdb.Error) as exc:
+            self._close_all()
+            raise MaterializeError(f"cannot publish snapshots of {self.path} again: {exc}") from exc
+        self.publisher, self._wrote = snapshots, True
+
+    def detach(self) -> Publisher | None:
+        """Close the database but not the readers' snapshots (a compaction, a reopen after a full disk): the
+        pointer stays, so readers go on reading the last copy rather than the file (which they would hold against
+        the reopen), and the publisher keeps its descriptors. Hand it to the store opened next
+        (``open_store(..., snapshots=)``), or :meth:`Publisher.close` and :meth:`Publisher.release` it."""
+        publisher, self.publisher = self.publisher, None
+        try:
+            self.con.close()
+        except duckdb.Error as exc:
+            log.warning("closing %s: %s", self.path, exc)
+        return publisher
 
     def _block_size(self) -> int:
         """The file's block size (what a snapshot copies in units of)."""

@@ -245,6 +245,7 @@ def forget_reader(loc: LakeLocation) -> None:
 MAINTENANCE_INTERVAL = timedelta(minutes=10)  # how often a materializer runs maintain() (docs/lake.md)
 KEEP_SNAPSHOTS = timedelta(hours=1)  # snapshots younger than this stay (time travel, slow readers)
 FILE_GRACE = timedelta(minutes=10)  # retired files stay this long after their snapshot expired
+REWRITE_DELETED = 0.5  # a Parquet file with this share of its rows deleted (retention, a purge) is written anew
 ORPHAN_GRACE = timedelta(hours=1)  # with orphans=True: a file no snapshot names goes once this old
 # (younger: it may be another writer's uncommitted transaction's)
 
@@ -261,6 +262,7 @@ class Maintenance:
     files_deleted: int
     orphans_deleted: int
     conflicts_retried: int
+    files_rewritten: int = 0  # files written anew without their deleted rows
 
 
 def live_files(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> int:
@@ -281,11 +283,13 @@ def maintain(
     orphans: bool = False,
     orphan_grace: timedelta = ORPHAN_GRACE,
     retries: int = 8,
+    rewrite_deleted: float = REWRITE_DELETED,
 ) -> Maintenance:
     """Compact and tidy the lake while writers keep writing; each step is its own short transaction.
 
     1. flush rows DuckLake inlined into the catalog (small commits) out to Parquet;
-    2. merge adjacent small Parquet files of each table into larger ones;
+    2. write anew the files with at least ``rewrite_deleted`` of their rows deleted (retention, a purge), without
+       them, and merge adjacent small Parquet files of each table into larger ones;
     3. expire snapshots older than ``keep_snapshots`` (their files become unreferenced);
     4. delete the files retired more than ``file_grace`` ago (a reader still on an old snapshot keeps them);
     5. with ``orphans``, delete orphans older than ``orphan_grace``: files under the data path no snapshot
@@ -313,6 +317,7 @@ def maintain(
 
     before = live_files(con, alias)
     flushed = step("FROM ducklake_flush_inlined_data(?)")
+    rewritten = step(f"FROM ducklake_rewrite_data_files(?, delete_threshold => {float(rewrite_deleted)})")
     merged = step("FROM ducklake_merge_adjacent_files(?)")
     expired = step(
         f"FROM ducklake_expire_snapshots(?, older_than => now() - INTERVAL '{_seconds(keep_snapshots)} seconds')"
@@ -336,6 +341,7 @@ def maintain(
         files_deleted=len(deleted),
         orphans_deleted=len(deleted_orphans),
         conflicts_retried=conflicts,
+        files_rewritten=sum(int(r["files_processed"] or 0) for r in rewritten),
     )
     log.info("lake maintenance: %s", result)
     return result

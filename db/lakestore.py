@@ -34,15 +34,17 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from flightrec.db import lake as lakes
-from flightrec.db import lakelayout, migrate
+from flightrec.db import lakelayout, migrate, retention
 from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import arrow_views
 from flightrec.db.filestore import RowWriter, delta_views, offsets_table
 from flightrec.db.fold import Delta
+from flightrec.db.keep import Keep
 from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, shard_schema
 from flightrec.db.lakemeta import never_written
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.nul import without_nul
+from flightrec.db.retention import StepResult
 from flightrec.db.stats import Stats
 from flightrec.db.together import OwnedRows, derive_together, join_shards
 
@@ -57,6 +59,8 @@ RETRY_BASE_S = 0.05  # first back-off; doubles, capped at 1 s, times a random fa
 CATALOG_WAIT_S = 120.0  # how long a transaction waits for a catalog that does not answer (under Kafka's 300 s
 # max.poll.interval; a rebalance meanwhile stops the member, see docs/lake.md)
 CATALOG_POLL_S = (0.5, 5.0)  # first and longest pause between attempts to reach the catalog again
+RETAIN_BUDGET_S = 30.0  # retention steps at each maintenance, at most this long (the member's commits wait)
+RETAIN_EVENTS = 20_000  # log events judged per step on a lake (each step is a catalog transaction)
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -540,6 +544,36 @@ class LakeStore(RowWriter):
             self._retrying("record the run", lambda: self._in_transaction(write), wait=False)
         except MaterializeError as exc:
             log.warning("%s", exc)
+
+    def transaction(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn`` in one transaction, run again when it loses a commit race or the catalog is away (a purge, a
+        retention step); the retries are counted in ``totals``."""
+        result, retried = self._retrying(what, lambda: self._in_transaction(fn))
+        self.totals += retried
+        return result
+
+    def reopen(self) -> None:
+        """Attach the lake afresh (after DuckDB invalidated the connection: a write that found no room)."""
+        self._owned.forget()
+        with contextlib.suppress(duckdb.Error):
+            self.con.close()
+        self.con = self._attach()
+
+    def retain(self, keep: Keep, budget_s: float = RETAIN_BUDGET_S) -> StepResult:
+        """Retention steps (db/retention.py) for up to ``budget_s``, each its own transaction; the rows they delete
+        leave the Parquet files at the next maintain() (files mostly deleted are written anew)."""
+        total = StepResult()
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            result = self.transaction(
+                "expire old rows", lambda: retention.step(self.con, keep, max_events=RETAIN_EVENTS)
+            )
+            total += result
+            if result.done:
+                break
+        if total.lines_deleted or total.samples_merged:
+            log.info("retention: %d lines expired, %d samples merged", total.lines_deleted, total.samples_merged)
+        return total
 
     def maintain(self) -> lakes.Maintenance | None:
         """One maintenance pass (flightrec.db.lake.maintain); a failure is logged, never fatal to the writer."""

@@ -151,6 +151,19 @@ def current(db: str | Path) -> Published | None:
     return published if published.alive() else None
 
 
+def remove_copies(db: str | Path) -> int:
+    """Remove the snapshot copies of ``db`` a materializer left (with their logs and marks), when none runs: they
+    hold what the file held (a purge takes it out of the file; the next run copies the file whole). Returns how
+    many files went."""
+    if current(db) is not None:
+        raise OSError(f"a materializer publishes snapshots of {db}: stop it first")
+    gone = 0
+    for copy in snapshot_dir(db).glob("*.duckdb*"):
+        copy.unlink(missing_ok=True)
+        gone += 1
+    return gone
+
+
 def behind_s(db: str | Path, commits: int, commit_us: int | None, now_us: int | None = None) -> float:
     """How long the oldest commit a read of a snapshot holding ``commits`` (made at ``commit_us``) does not see has
     waited to be published: 0 when it holds the materializer's latest commit."""
@@ -389,6 +402,23 @@ class Publisher:
                 "copied whole from now on (correct, slower); is this a DuckDB flightrec does not know?",
                 self.db,
             )
+
+    def follow(self, block: int) -> bool:
+        """After the store opened the database again (a compaction, a full disk): when the path now names another
+        file (a compaction renamed its copy over it), read that one from now on and forget what every copy was known
+        to hold, so that the next publish copies the new file whole; returns whether it was replaced.
+
+        Compares ``os.stat`` of the path with ``os.fstat`` of the descriptor held: opening and closing the live file
+        to look would drop DuckDB's write lock (closing any descriptor of a file drops the process's locks on it).
+        The old descriptor is closed after the new one is open: it is the replaced file's, whose locks are nobody's."""
+        now, held = os.stat(self.db), os.fstat(self._src)
+        if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino) and block == self.block:
+            return False
+        src = os.open(self.db, os.O_RDONLY)
+        os.close(self._src)
+        self._src, self.block = src, block
+        self._fields = [None] * len(self._fields)
+        return True
 
     def close(self) -> None:
         """The materializer stops: readers read the file itself from now on (the copies stay for the next run).

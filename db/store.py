@@ -11,6 +11,7 @@ from flightrec.db.filestore import FileStore
 from flightrec.db.fold import Delta
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import FileLocation, Location
+from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 
 from flightrec.errors import MaterializeError
@@ -55,15 +56,17 @@ def open_store(
     lock_wait: float = 30.0,
     views: tuple[str, ...] = (),
     publish: bool = True,
+    snapshots: Publisher | None = None,
 ) -> Store:
     """The store of ``loc`` (in the writer thread). A replay builds a new database: an existing file, or a lake
     that holds events, is refused (MaterializeError) before anything is written. ``publish``: a file's store
-    publishes snapshots for readers (flightrec.db.snapshot); a lake's readers attach it themselves."""
+    publishes snapshots for readers (flightrec.db.snapshot); a lake's readers attach it themselves. ``snapshots``: the
+    publisher of the file's store before (``FileStore.detach``), taken over once the file is open."""
     mode = "replay" if replay else "materialize"
     if isinstance(loc, FileLocation):
         if replay and loc.exists():
             raise MaterializeError(f"{loc.path} exists; replay builds a new database: remove it or pick another path")
-        return FileStore(loc.path, group, rules, mode, memory_limit, lock_wait, views, publish)
+        return FileStore(loc.path, group, rules, mode, memory_limit, lock_wait, views, publish, snapshots)
     store = LakeStore(loc, group, rules, mode, memory_limit, views)
     if replay and store.holds_events():
         store.close()

@@ -135,6 +135,20 @@ def _bounded(name: str, kind: type, low: float | None = None, high: float | None
     return parse
 
 
+def parse_days(name: str, text: str) -> float | None:
+    """Days from a setting's text; ``forever`` (or ``never``, ``off``) is None: kept for ever."""
+    value = text.strip().lower()
+    if value in ("forever", "never", "off"):
+        return None
+    try:
+        days = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: a number of days (e.g. 14) or `forever`") from None
+    if not 0 < days < float("inf"):  # NaN fails too
+        raise ConfigError(f"{name}={text!r}: more than 0 days (e.g. 14), or `forever`")
+    return days
+
+
 def _default_spool() -> str:
     return str(Path(_default_state_dir()) / "spool")
 
@@ -428,6 +442,59 @@ class Settings:
         "follow it: the materializer judges `lost` by when Kafka received the events; the instance page shows the"
         ' offset (docs/materializer.md, "Clocks").',
         parse=_bounded("FLIGHTREC_CLOCK_OFFSET_S", float, -(10**9), 10**9),  # schemas.events.MAX_CLOCK_OFFSET_S
+    )
+    keep_lines_days: float | None = setting(
+        "FLIGHTREC_KEEP_LINES_DAYS",
+        14.0,
+        "Days a log line is kept after Kafka received it (`forever`: every line is kept), except the context of a "
+        "failure (`FLIGHTREC_KEEP_FAILURES_DAYS`). The materializer deletes expired lines in small steps between "
+        "its commits, on a file and on a lake (docs/retention.md).",
+        parse=lambda text: parse_days("FLIGHTREC_KEEP_LINES_DAYS", text),
+    )
+    keep_failures_days: float | None = setting(
+        "FLIGHTREC_KEEP_FAILURES_DAYS",
+        None,
+        "Days the context of a failure outlives the lines around it, counted from when its boot last spoke: every "
+        "line of the failed stage and of the minutes before it (`FLIGHTREC_KEEP_CONTEXT_MINUTES`), and the last "
+        "minutes of a boot that never completed. `forever` keeps them. The failures rows themselves (tails, last "
+        "lines), exits, lifecycle events, instances, boots and manager events are always kept.",
+        shown="forever",
+        parse=lambda text: parse_days("FLIGHTREC_KEEP_FAILURES_DAYS", text),
+    )
+    keep_context_minutes: float = setting(
+        "FLIGHTREC_KEEP_CONTEXT_MINUTES",
+        10.0,
+        "Minutes of a failed boot's lines kept before its failed stage began (other stages' lines: the daemon a "
+        "previous stage started), and of the last lines of a boot that never completed.",
+    )
+    keep_samples_days: float | None = setting(
+        "FLIGHTREC_KEEP_SAMPLES_DAYS",
+        30.0,
+        "Days throughput samples are kept one by one; older ones are merged into one row per stage and hour (proofs "
+        "and seconds summed). `forever` keeps every sample. Benchmark results are always kept.",
+        parse=lambda text: parse_days("FLIGHTREC_KEEP_SAMPLES_DAYS", text),
+    )
+    compact_free_share: float = setting(
+        "FLIGHTREC_COMPACT_FREE_SHARE",
+        0.5,
+        "A materializer compacts its database file (`flightrec compact`) at a quiet moment once this share of the "
+        "file is free space that deletes left (0: never by itself). Commits wait while it copies (docs/retention.md)"
+        ".",
+    )
+    archive: str | None = setting(
+        "FLIGHTREC_ARCHIVE",
+        None,
+        "Where `flightrec archive` keeps the topics' raw records as Parquet files (a folder, or a URL such as "
+        "`s3://bucket/prefix`), and where `flightrec replay` reads what the topics no longer hold "
+        "(docs/retention.md).",
+    )
+    archive_keep_days: float | None = setting(
+        "FLIGHTREC_ARCHIVE_KEEP_DAYS",
+        None,
+        "Days the archive keeps a file after its newest record (`forever`: the archive is the history). "
+        "The database's retention does not apply to it.",
+        shown="forever",
+        parse=lambda text: parse_days("FLIGHTREC_ARCHIVE_KEEP_DAYS", text),
     )
     log_level: str = setting(
         "FLIGHTREC_LOG_LEVEL",

@@ -261,3 +261,51 @@ def test_readers_read_the_snapshot_while_a_store_holds_the_file_and_the_file_aft
     t = run_query(db, "SELECT count(*) AS n FROM instances")
     assert t.to_pylist() == [{"n": 1}]
     assert freshness(t).source == "file" and "no materializer is running" in freshness(t).line()
+
+
+def test_a_detached_stores_snapshots_stay_and_follow_a_file_replaced_meanwhile(tmp_path):
+    """A store closed to be opened again (a compaction) keeps the pointer, so readers read the last copy and not the
+    file; the store opened next takes the publisher over. When the path names another file by then (a compaction
+    renamed its copy over it), the publisher reads that one, keeps DuckDB's lock on it, and copies it whole."""
+    from flightrec.db.compact import compact_file
+
+    db = tmp_path / "f.duckdb"
+    store = FileStore(db, "g")
+    store.con.execute("INSERT INTO instances (instance_id) SELECT 'i-' || range FROM range(5000)")
+    store.wrote()
+    assert store.publish()
+    publisher = store.detach()
+    assert publisher is not None and store.publisher is None
+    try:
+        assert snapshot.current(db) is not None  # readers keep the snapshot while the file is replaced
+        assert run_query(db, "SELECT count(*) AS n FROM instances").to_pylist() == [{"n": 5000}]
+        compact_file(db, lock_wait=1.0)
+        runs = []
+        real = snapshot.changed_runs
+        snapshot.changed_runs = lambda new, old: runs.append((len(new), real(new, old))) or runs[-1][1]
+        try:
+            again = FileStore(db, "g", snapshots=publisher)
+        finally:
+            snapshot.changed_runs = real
+    except BaseException:
+        publisher.close()
+        publisher.release()
+        raise
+    try:
+        assert again.publisher is publisher
+        blocks, copied = runs[0]
+        assert copied == [(0, blocks)]  # the new file whole
+        assert not publisher.follow(publisher.block)  # the same file: nothing opened, nothing closed
+        out = subprocess.run(
+            [sys.executable, "-c", f"import duckdb; duckdb.connect({str(db)!r}, read_only=True)"],
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode != 0 and "lock" in out.stderr.lower()  # DuckDB's lock on the new file held
+        again.con.execute("DELETE FROM instances WHERE instance_id <> 'i-1'")
+        again.wrote()
+        assert again.publish()
+        assert run_query(db, "SELECT count(*) AS n FROM instances").to_pylist() == [{"n": 1}]
+    finally:
+        again.close()
+    assert snapshot.current(db) is None

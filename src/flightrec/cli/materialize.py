@@ -117,6 +117,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--since", default=None, help="only events at/after TIME (ISO-8601, epoch s, or an age: 2h)")
     r.add_argument("--instance", default=None, help="only this instance's events")
+    r.add_argument(
+        "--archive",
+        default=None,
+        metavar="URI",
+        help="read what the topics no longer hold from this archive first (default $FLIGHTREC_ARCHIVE; "
+        "`flightrec archive` writes it), then the topics from where it ends",
+    )
     r.add_argument("--group", default=None, help="name of the offsets kept in the new database")
     r.add_argument("--rules", default=None, metavar="FILE", help="failure rule table (default: db/rules.toml)")
     add_create_folder(r)
@@ -270,6 +277,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
     """The materializer's options from its flags and settings (``kinds``: the alerts the webhook gets)."""
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
     from flightrec.db.classify import load_rules
+    from flightrec.db.keep import Keep
     from flightrec.db.views import stored_views
 
     return Options(
@@ -290,6 +298,9 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         trust=trust_config(settings),
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
+        keep=Keep.from_settings(settings),
+        compact_free_share=settings.compact_free_share,
+        archive=settings.archive,
     )
 
 
@@ -330,8 +341,18 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         serve=not loc.shared,
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
+        archive=args.archive or settings.archive,
     )
-    return _run(opts, loc, settings)
+    from flightrec.consumers.archive import ArchiveGap
+    from flightrec.db.location import FileLocation
+
+    try:
+        return _run(opts, loc, settings)
+    except ArchiveGap:
+        if isinstance(loc, FileLocation):  # made by this replay (an existing file is refused): nothing in it
+            for made in (loc.path, loc.path.with_name(loc.path.name + ".wal")):
+                made.unlink(missing_ok=True)
+        raise
 
 
 def _timeline(args: argparse.Namespace, settings: Settings) -> int:

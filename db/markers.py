@@ -1,0 +1,14 @@
+"""Files a materializer leaves beside its database file to tell readers something they cannot ask it for."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DISK_FULL_SUFFIX = ".disk-full"
+
+
+def disk_full_path(db: str | os.PathLike[str]) -> Path:
+    """The empty file beside a database file that says its materializer waits for disk space (consumers/diskfull.py;
+    an empty file needs no data block, so it can be made on a full disk). Its time is when the wait began."""
+    return Path(f"{os.fspath(db)}{DISK_FULL_SUFFIX}")

@@ -1,0 +1,251 @@
+"""A materializer on a full disk (consumers/diskfull.py): it holds its batch, says so once (log, /metrics, the marker
+the dashboard shows, the webhook), and goes on by itself when there is room: no line lost, none doubled.
+
+The disk is real: a tmpfs of a few MiB mounted for the test (mount(2) needs root, as CI runs; the test fails, never
+skips, where it cannot mount), filled with a file the test removes to give the room back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from flightrec.broker.local import free_port
+from flightrec.consumers.diskfull import is_disk_full, marker_path, needs_reopen
+from flightrec.db.fold import Delta
+from flightrec.db.stats import Stats
+from materializer_helpers import Boot, publish
+from test_metrics import scrape, value
+
+from flightrec.errors import MaterializeError
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MiB tmpfs at tmp_path/disk, unmounted after."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "flightrec-test", str(where)],
+                          capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs for the full-disk test (root is needed, as CI has): {made.stderr}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+class Hook:
+    """A webhook receiver: the JSON bodies posted to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/hook"
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """A file taking all the room of ``disk`` but ``leave`` bytes."""
+    filler = disk / "filler"
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+    return filler
+
+
+def chatty(instances: int, batches: int) -> list:
+    events = []
+    for i in range(instances):
+        b = Boot(instance=f"full-{i}-{time.time_ns()}")
+        for k in range(batches):
+            b.lines("supervisor", "stdout", [f"line {k}.{j} " + "x" * 80 for j in range(400)], first_line=k * 400)
+        events += b.events
+    return events
+
+
+def wait(what: str, check: Callable[[], Any], timeout: float = 90.0, proc: subprocess.Popen | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the materializer exited while waiting for {what}: {proc.communicate()[1]}")
+        try:
+            got = check()
+        except OSError:
+            got = None
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow  # fills a disk through Kafka and gives the room back (~30 s)
+def test_a_full_disk_holds_the_batch_and_room_again_resumes_with_every_line_once(kafka, small_disk, env_for):
+    db = small_disk / "f.duckdb"
+    kafka.seed_at_mark(db)
+    hook, port = Hook(), free_port()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("flightrec")), "materialize", "--db", str(db), "--metrics-port", str(port),
+         "--metrics-address", "127.0.0.1", "--webhook", hook.url],
+        env={**env_for(FLIGHTREC_KEEP_LINES_DAYS="forever"), "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    published: list = []
+    try:
+        wait("/metrics", lambda: scrape(port), proc=proc)
+        filler = fill(small_disk, leave=6 << 20)
+        full = False
+        while not full:  # ~1.4 MiB of lines a round, until the materializer says the disk is full
+            round_ = chatty(4, 1)
+            publish(kafka.bootstrap, round_)
+            published += round_
+            full = bool(
+                wait(
+                    "a commit",
+                    lambda: (
+                        (value(scrape(port), "flightrec_disk_full") == 1)
+                        or value(scrape(port), "flightrec_consumer_lag_messages") == 0
+                    ),
+                    proc=proc,
+                )  # fmt: skip
+                and value(scrape(port), "flightrec_disk_full") == 1
+            )
+            assert len(published) < 400, "the disk never filled"
+        assert marker_path(db).exists()  # what the dashboard shows
+        wait("the webhook's alert", lambda: hook.bodies, timeout=20)
+        more = chatty(4, 1)  # what comes while the disk is full waits in Kafka
+        publish(kafka.bootstrap, more)
+        published += more
+        time.sleep(3)  # retries meanwhile: still one alert, still full, still running
+        assert proc.poll() is None
+        assert value(scrape(port), "flightrec_disk_full") == 1 and len(hook.bodies) == 1
+
+        filler.unlink()  # room again
+        wait("room again", lambda: value(scrape(port), "flightrec_disk_full") == 0, proc=proc)
+        wait("the backlog", lambda: value(scrape(port), "flightrec_consumer_lag_messages") == 0, proc=proc)
+        assert not marker_path(db).exists()
+        wait("the resumed alert", lambda: len(hook.bodies) == 2, timeout=20)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    full_lines = [line for line in err.splitlines() if "is full" in line]
+    assert len(full_lines) == 1 and "nothing is lost" in full_lines[0], err  # said once, in one line
+    assert "room again" in err
+    assert [b["flightrec"]["kind"] for b in hook.bodies] == ["disk_full", "disk_resumed"]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        got = con.execute(
+            "SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines WHERE instance_id LIKE 'full-%'"
+        ).fetchall()[0]
+    finally:
+        con.close()
+    want = sum(len(e.text) for e in published)
+    assert got == (want, want)  # every line once
+
+
+def test_disk_full_errors_are_told_apart() -> None:
+    wal = duckdb.TransactionException('Failed to commit: Could not write file "x.wal": No space left on device')
+    wrapped = MaterializeError("could not commit a batch to x")
+    wrapped.__cause__ = wal
+    assert is_disk_full(wrapped) and not needs_reopen(wrapped)
+    assert is_disk_full(OSError(28, "No space left on device"))
+    assert is_disk_full(OSError(122, "Disk quota exceeded"))
+    fatal = duckdb.FatalException("Failed to create checkpoint because of error: No space left on device")
+    assert is_disk_full(fatal) and needs_reopen(fatal)
+    assert not is_disk_full(MaterializeError("could not commit a batch: Constraint Error"))
+    assert not is_disk_full(OSError(13, "Permission denied"))
+
+
+@pytest.mark.slow  # ~9 s
+def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_again(
+    kafka, small_disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB invalidates a database whose checkpoint could not write (FATAL): the guard waits for room, opens the
+    database again, and commits the held batch once."""
+    from flightrec.consumers.materializer import Materializer, Options
+    from flightrec.db.filestore import FileStore
+
+    db = small_disk / "f.duckdb"
+    kafka.seed_at_mark(db)
+    real = FileStore._commit_once
+    opened = []
+    real_init = FileStore.__init__
+
+    def init(self: FileStore, *args: Any, **kwargs: Any) -> None:
+        opened.append(1)
+        real_init(self, *args, **kwargs)
+
+    filled: list[Path] = []
+
+    def checkpoint_first(self: FileStore, delta: Delta) -> Stats:
+        if delta.messages and not filled:  # the first batch finds the disk full at DuckDB's checkpoint
+            self.con.execute("CREATE TABLE pad AS SELECT range AS i FROM range(200000)")  # WAL a checkpoint writes
+            filled.append(fill(small_disk, leave=0))
+            threading.Timer(4.0, filled[0].unlink).start()  # room again in 4 s
+            self.con.execute("CHECKPOINT")  # as DuckDB's own past 64 MB of WAL: FATAL, the database invalidated
+            pytest.fail("a checkpoint on a full disk did not fail")
+        return real(self, delta)
+
+    monkeypatch.setattr(FileStore, "__init__", init)
+    monkeypatch.setattr(FileStore, "_commit_once", checkpoint_first)
+    events = chatty(2, 2)
+    publish(kafka.bootstrap, events)
+
+    async def go() -> tuple[Stats, int]:
+        opts = Options(db=str(db), until_idle=2.0, serve=True)
+        async with Materializer(kafka.settings.kafka_kwargs(), opts) as m:
+            stats = await m.run()
+            return stats, m._guard.episodes
+
+    stats, episodes = asyncio.run(go())
+    assert episodes == 1 and len(opened) >= 2  # the guard opened the database again
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        n = con.execute("SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines").fetchall()[0]
+    finally:
+        con.close()
+    want = sum(len(e.text) for e in events)
+    assert n == (want, want)
+
+
+@pytest.mark.slow  # a database written on a small disk (~5 s)
+def test_a_compaction_without_room_for_its_copy_leaves_the_file_as_it_was(small_disk: Path) -> None:
+    from flightrec.db.compact import compact_file, copy_path
+    from retention_helpers import write
+    from test_compact import chatter, rows
+
+    db = small_disk / "f.duckdb"
+    write(db, chatter(5, 20, 100), batch=200)
+    before = rows(db)
+    filler = fill(small_disk, leave=64 << 10)
+    with pytest.raises(MaterializeError, match="the file is as it was"):
+        compact_file(db)
+    filler.unlink()
+    assert rows(db) == before
+    assert not copy_path(db).exists()
