@@ -106,10 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    for group in ("goal", "held_out"):
+    for group, names in (("goal", GOAL), ("held_out", HELD_OUT)):
         print(f"{group} (mean GA {out[f'{group}_mean']}):")
-        for name, ga in out[group].items():  # type: ignore[attr-defined]
-            print(f"  {name:12s} {ga:.3f}")
+        for name in names:
+            print(f"  {name:12s} {figures[name]:.3f}")
     print(f"templater: {out['lines_per_s']:,} lines/s over {out['lines']} lines (median of {REPEATS})")
     return 0
 
