@@ -9,11 +9,24 @@ import sys
 from collections.abc import Sequence
 
 from flightrec import __version__
-from flightrec.cli import agent, analytics, backup, broker, catalog, demo, manager, materialize, prove, sql, status
+from flightrec.cli import (
+    agent,
+    analytics,
+    backup,
+    broker,
+    catalog,
+    demo,
+    kinds,
+    manager,
+    materialize,
+    prove,
+    sql,
+    status,
+)
 from flightrec.errors import FlightrecError, MissingExtraError
 from flightrec.settings import Settings
 
-GROUPS = (broker, catalog, agent, manager, materialize, status, backup, sql, analytics, prove, demo)
+GROUPS = (broker, catalog, agent, manager, materialize, status, kinds, backup, sql, analytics, prove, demo)
 # The top-level modules of the packages an extra brings (pyproject.toml [project.optional-dependencies]); a command
 # that imports one where it is absent says which extra to install (tests/cli/test_profiles.py keeps this current).
 EXTRA_OF_MODULE = {

@@ -1,0 +1,85 @@
+"""Failure kinds end to end: failures made by the real agent (`flightrec agent run`), folded by the real
+materializer, become kinds (failures.kind, the failure_kinds view, `flightrec kinds`); a replay gives the same."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from flightrec.db.views import prelude_for
+from materializer_helpers import flightrec, materialize
+
+# Three kinds no rule knows, each with its own variable parts: numbers, a path, an address, a hex value, a duration.
+SCRIPTS = {
+    "params": 'echo "zorblax: shard {n} of /data/run-{n}/p.bin unreadable at offset {m}" >&2; exit 3',
+    "bench-{i}": 'echo "zorblax quorum gone: peer 10.0.{i}.9:70{i} answered {m} frames" >&2; exit 1',
+    "prove": 'echo "zorblax ledger 0x{h:x} turned away after {m}ms" >&2; exit 2',
+}
+KINDS_SQL = "SELECT kind, template, status, failures, instances FROM failure_kinds WHERE template LIKE '%zorblax%'"
+
+
+def _kinds(db: Path) -> list[tuple[Any, ...]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        for stmt in prelude_for(KINDS_SQL):
+            con.execute(stmt)
+        return sorted(con.execute(KINDS_SQL).fetchall())
+    finally:
+        con.close()
+
+
+def _fail(kafka: Any, tmp_path: Path, instance: str, i: int, rnd: random.Random) -> None:
+    """One instance's three failed stages, one of each kind, through the real agent and its spool."""
+    env = kafka.env(FLIGHTREC_SPOOL=str(tmp_path / f"spool-{instance}"), FLIGHTREC_FACTS="", FLIGHTREC_HEARTBEAT_S="0")
+    for stage, script in SCRIPTS.items():
+        text = script.format(i=i, n=rnd.randint(1, 999), m=rnd.randint(1, 10**6), h=rnd.getrandbits(48))
+        r = flightrec(
+            "agent", "run", "--instance", instance, "--stage", stage.format(i=i), "--", "sh", "-c", text,
+            env=env, check=False,
+        )  # fmt: skip
+        assert r.returncode != 0, r.stderr
+    assert flightrec("agent", "flush", "--timeout", "60", env=env).returncode == 0
+
+
+def test_thirty_failures_of_three_new_kinds_become_three_kinds_and_a_replay_agrees(kafka, tmp_path, env_for):
+    rnd = random.Random(47)
+    tag = uuid.uuid4().hex[:6]
+    instances = [f"kinds-{tag}-{k}" for k in range(10)]
+    for i, instance in enumerate(instances):
+        _fail(kafka, tmp_path, instance, i, rnd)
+    live = tmp_path / "live.duckdb"
+    materialize(kafka, live)
+    kinds = _kinds(live)
+    assert [(status, failures, n) for _, _, status, failures, n in kinds] == [("new", 10, 10)] * 3, kinds
+    assert sorted(t for _, t, *_ in kinds) == [
+        "zorblax ledger <hex> turned away after <duration>",
+        "zorblax quorum gone: peer <ip> answered <*> frames",
+        "zorblax: shard <*> of <path> unreadable at offset <*>",
+    ]
+    con = duckdb.connect(str(live), read_only=True)
+    try:
+        classes = con.execute(
+            "SELECT DISTINCT failure_class FROM failures WHERE instance_id LIKE ?", [f"kinds-{tag}-%"]
+        )
+        assert classes.fetchall() == [("unknown",)]
+    finally:
+        con.close()
+
+    replayed = tmp_path / "replayed.duckdb"
+    flightrec("replay", "--db", str(replayed), env=env_for())
+    assert _kinds(replayed) == kinds
+
+    out = flightrec("kinds", "--db", str(live), "--json", env=env_for()).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    mine = [r for r in rows if "zorblax" in r["template"]]
+    assert sorted((r["kind"], r["status"], r["failures"], r["instances"]) for r in mine) == [
+        (k, s, f, n) for k, _, s, f, n in kinds
+    ]
+    assert all(len(r["example_failure_ids"]) == 5 for r in mine)
+    table = flightrec("kinds", "--db", str(live), env=env_for()).stdout
+    assert table.splitlines()[0].split()[:3] == ["KIND", "STATUS", "FAILURES"]
+    assert all(k in table for k, *_ in kinds)
