@@ -83,3 +83,39 @@ def test_thirty_failures_of_three_new_kinds_become_three_kinds_and_a_replay_agre
     table = flightrec("kinds", "--db", str(live), env=env_for()).stdout
     assert table.splitlines()[0].split()[:3] == ["KIND", "STATUS", "FAILURES"]
     assert all(k in table for k, *_ in kinds)
+
+
+def test_a_database_made_before_kinds_gets_them_at_the_first_open(tmp_path):
+    from flightrec.db.filestore import FileStore
+    from flightrec.db.fold import RawMessage, fold
+    from flightrec.schemas import Lifecycle, encode
+    from materializer_helpers import Boot
+
+    b = Boot()
+    b.add(Lifecycle, stage="bench-2", state="started")
+    lines = ["loading circuit", "Error: witness column 7 has 3 rows, the circuit expects 4"]
+    b.exit("bench-2", 1, stderr=lines)
+    b.add(Lifecycle, stage="bench-2", state="failed", detail="exit code 1")
+    db = tmp_path / "old.duckdb"
+    store = FileStore(db, group="t")
+    try:
+        store.commit(
+            fold([RawMessage(e.topic, 0, n, e.instance_id.encode(), encode(e)) for n, e in enumerate(b.events)])
+        )
+    finally:
+        store.close()
+    con = duckdb.connect(str(db))
+    con.execute("ALTER TABLE failures DROP COLUMN kind_template")  # as version 7 made it
+    con.execute("ALTER TABLE failures DROP COLUMN kind")
+    con.execute("DELETE FROM schema_version WHERE version >= 8")
+    con.execute("INSERT INTO schema_version (version, what, applied_us, run_id) VALUES (7, 'as before kinds', 0, 't')")
+    con.close()
+    FileStore(db, group="t").close()
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        kind, template = con.execute("SELECT kind, kind_template FROM failures").fetchone()
+        assert template == "Error: witness column <*> has <*> rows, the circuit expects <*>"
+        assert len(kind) == 16
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] >= 8
+    finally:
+        con.close()
