@@ -20,7 +20,8 @@ A kind is keyed by the template's :func:`shape` (every placeholder as ``<*>``, a
 Pure and per line: a line's template depends on that line alone, never on lines seen before it. That is why it is
 not a Drain-style miner (drain3 and its forks): those grow a tree from the lines in the order they arrive, so the
 same line may get another template in a replay or on another member of a lake group; a kind must be the same
-everywhere. Only the first TEMPLATE_CHARS characters of a line are read (a hostile line may be 64 KiB).
+everywhere. Only the first TEMPLATE_CHARS characters of a line are read (a hostile line may be 64 KiB), and a
+template is at most as long.
 """
 
 from __future__ import annotations
@@ -72,12 +73,20 @@ def _values(line: str) -> str:
 
 
 def _token(token: str) -> str:
-    """One token masked (pass 2): kept when it holds no digit; a key=value keeps its key."""
-    if not token or _PLACEHOLDER.fullmatch(token.rstrip(_KEEP_END)):
-        return token
-    key_value = _KEY_VALUE.fullmatch(token)
-    if key_value and not key_value.group(1)[-1].isdigit():
-        return key_value.group(1) + key_value.group(2) + _token(key_value.group(3))
+    """One token masked (pass 2): kept when it holds no digit; a key=value keeps its key (and a value's own keys:
+    ``device=cuda:1`` is ``device=cuda:<*>``), peeled in a loop, not a recursion (``a:a:a:...`` has thousands)."""
+    keys: list[str] = []
+    while token and not _PLACEHOLDER.fullmatch(token.rstrip(_KEEP_END)):
+        key_value = _KEY_VALUE.fullmatch(token)
+        if key_value is None or key_value.group(1)[-1].isdigit():
+            return "".join(keys) + _masked(token)
+        keys.append(key_value.group(1) + key_value.group(2))
+        token = key_value.group(3)
+    return "".join(keys) + token
+
+
+def _masked(token: str) -> str:
+    """A token that is not a key=value: ANY when it holds a digit or a placeholder, else itself."""
     if _DIGIT.search(token) or _PLACEHOLDER.search(token):
         return ANY + (token[-1] if token[-1] in _KEEP_END else "")
     return token
@@ -87,7 +96,8 @@ def template(line: str) -> str:
     """The line's template: its variable parts replaced by placeholders (see the module's doc). Pure."""
     parts = _SPLIT.split(_values(line[:TEMPLATE_CHARS].strip()))
     # re.split with a capturing group alternates tokens (even places) and the delimiters between them (odd ones).
-    return "".join(_token(part) if i % 2 == 0 else part for i, part in enumerate(parts))
+    templated = "".join(_token(part) if i % 2 == 0 else part for i, part in enumerate(parts))
+    return templated[:TEMPLATE_CHARS]  # a placeholder may be longer than its value: the template is bounded too
 
 
 def shape(templated: str) -> str:

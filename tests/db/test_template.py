@@ -67,6 +67,32 @@ def test_a_64_kib_line_is_read_only_in_part_and_quickly() -> None:
     assert template(line) == template(line + "tail past the limit")
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "a:" * 5000,  # a key:value in a key:value ... (once a recursion per pair: RecursionError)
+        "k=" * 5000,
+        "ab:cd:" * 3000,
+        "1" * 70000,
+        "1." * 30000,
+        "/a" * 30000,
+        'k="' * 20000,
+        "<" * 60000,
+        "::" * 20000,
+        "<*>" * 20000,
+        "\x00" * 65536,
+        "🔥1" * 20000,
+        '0x1:/a="b" 12ms ' * 3000,
+    ],
+    ids=lambda line: repr(line[:6]),
+)
+def test_hostile_lines_give_a_bounded_template(line: str) -> None:
+    started = time.perf_counter()
+    out = template(line)
+    assert time.perf_counter() - started < 2.0  # a bound against a runaway regex, not a speed figure
+    assert len(out) <= TEMPLATE_CHARS and shape(out) == shape(template(line))
+
+
 def test_undecodable_bytes_replaced_are_kept_as_words() -> None:
     line = b"bad \xff\xfe byte at 12".decode("utf-8", "replace")
     assert template(line) == "bad \ufffd\ufffd byte at <*>"
