@@ -85,6 +85,55 @@ def test_thirty_failures_of_three_new_kinds_become_three_kinds_and_a_replay_agre
     assert all(k in table for k, *_ in kinds)
 
 
+def test_a_lake_group_of_two_members_gives_the_kinds_of_one_file(kafka, lake, tmp_path, env_for):
+    """The failures split between two members' shards: the failure_kinds view over the lake equals the file's."""
+    import subprocess
+    import sys
+
+    from lake_helpers import lake_con, seed_lake_at_mark
+
+    db, data_path = lake
+    rnd = random.Random(48)
+    tag = uuid.uuid4().hex[:6]
+    for i in range(10):
+        _fail(kafka, tmp_path, f"kinds-{tag}-{i}", i, rnd)
+    group = f"kinds-{tag}"
+    seed_lake_at_mark(kafka, db, data_path, group)
+    exe = Path(sys.executable).with_name("flightrec")
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    members = [
+        subprocess.Popen(
+            [str(exe), "materialize", "--db", db, "--data-path", data_path, "--group", group, "--until-idle", "6"],
+            env={**env_for(), "PYTHONSAFEPATH": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("ab"),
+        )
+        for log in logs
+    ]
+    try:
+        codes = [m.wait(240) for m in members]
+    finally:
+        for m in members:
+            if m.poll() is None:
+                m.kill()
+                m.wait(30)
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    con = lake_con(db, data_path)
+    try:
+        owners = con.execute("SELECT count(DISTINCT owner) FROM claims WHERE owner <> 'seed'").fetchone()[0]
+    finally:
+        con.close()
+    assert owners == 2, "one member read every shard: the failures were not split"
+    file = tmp_path / "file.duckdb"
+    materialize(kafka, file)
+    kinds = _kinds(file)
+    assert [(s, f, n) for _, _, s, f, n in kinds] == [("new", 10, 10)] * 3, kinds
+    out = flightrec("kinds", "--db", db, "--data-path", data_path, "--json", env=env_for()).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    in_lake = sorted((r["kind"], r["template"], r["status"], r["failures"], r["instances"]) for r in rows)
+    assert [r for r in in_lake if "zorblax" in r[1]] == kinds
+
+
 def test_a_database_made_before_kinds_gets_them_at_the_first_open(tmp_path):
     from flightrec.db.filestore import FileStore
     from flightrec.db.fold import RawMessage, fold
