@@ -153,3 +153,10 @@ def test_a_class_from_a_rule_explains_the_kind() -> None:
     rows = _rows([(0, 0)], 0, random.Random(2))
     rows[0]["failure_class"] = "params_missing"
     assert [r[2] for r in _kinds(_store(rows))] == ["explained"]
+
+
+def test_a_line_with_lone_surrogates_or_nul_has_a_kind() -> None:
+    """What a decoder may leave in a line (a lone surrogate, NUL, U+FFFD) templates and hashes like any text."""
+    for line in ("bad \udcff byte 3", "nul \x00 at 4", "\ufffd\ufffd 5", "", "x" * 70_000):
+        kind, templated = failure_kind({"stage": "s", "exit_code": 1, "decisive_line": line})
+        assert len(kind) == 16 and int(kind, 16) >= 0 and len(templated) <= 2048
