@@ -76,11 +76,18 @@ PUBLISH_BEHIND_S = 2.0  # and this often while it works through a backlog (full 
 
 
 async def _quietly(what: str, step: Awaitable[object]) -> None:
-    """Await a client's close; a Kafka or network error is logged (the run is over), never raised."""
+    """Await a client's close; a Kafka or network error is logged (the run is over), never raised. So is the
+    CancelledError of a task the client cancelled itself (aiokafka's fetcher awaits the fetches it cancels when a
+    broker is away): only a cancellation of this task goes on."""
     try:
         await step
     except (KafkaError, OSError) as exc:
         log.warning("%s: %s", what, exc)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("%s: a request of the client's own was cancelled", what)
 
 
 class Pending:

@@ -161,7 +161,8 @@ def test_readers_stop_seeing_the_lines_retention_deleted(kafka, db: Path, monkey
             assert await asyncio.to_thread(old_lines) == 20_000
             commits = m.stats.commits
             m._upkeep.next_step = 0.0
-            await _until(lambda: m._figures.figures.lines_expired == 20_000, "the old lines expired", runner)
+            # retention paces its steps by how long commits wait: under `make test`'s load it took over 90 s
+            await _until(lambda: m._figures.figures.lines_expired == 20_000, "the old lines expired", runner, 300.0)
             deadline = time.monotonic() + 10
             left = await asyncio.to_thread(old_lines)
             while left and time.monotonic() < deadline:
