@@ -143,6 +143,7 @@ def test_a_host_whose_gpu_fell_off_the_bus_is_banned_at_once(tmp_path):
     assert got[("gpu_model", "NVIDIA GeForce RTX 4090")] == (False, "too_few")
 
 
+@pytest.mark.slow  # ~3 s
 def test_avoid_list_bans_on_a_deterministic_class_or_a_confident_rate_and_says_why(money_db):
     """RTX 4090: a gpu_arch_unsupported (deterministic for the GPU model) bans it; a driver, hosts with 1 or 2
     flaky failures are listed with their counts and interval, not banned (db/avoid.py's rule)."""

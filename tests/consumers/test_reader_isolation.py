@@ -170,6 +170,7 @@ def _state(con: duckdb.DuckDBPyConnection) -> tuple:
     return settings, data, catalog, seqs
 
 
+@pytest.mark.slow  # ~18 s: every statement type on every read path
 def test_every_statement_type_is_refused_or_harmless_on_every_path(db):
     from flightrec.db.filestore import FileStore
 
