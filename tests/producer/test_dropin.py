@@ -23,12 +23,13 @@ from flightrec.schemas import LogBatch, ProcessExit
 
 PY = sys.executable
 
-# a daemon that prints a numbered line every 50 ms for 5 s, on the stdout it inherited
+# a daemon that prints a numbered line every 50 ms for 5 s, on the stdout it inherited; each line one write (print
+# writes the line and its newline apart where PYTHONUNBUFFERED is set, and the stage's echo could land between them)
 DAEMON = r"""
 import os, sys, time
 open(sys.argv[1], "w").write(str(os.getpid()))
 for i in range(1, 101):
-    print(f"daemon line {i}", flush=True)
+    os.write(1, f"daemon line {i}\n".encode())
     time.sleep(0.05)
 """
 STAGE = """
