@@ -39,7 +39,7 @@ demo: setup
 # The whole suite on two workers, each test file on one (each worker starts its own Kafka and PostgreSQL):
 # 19 min instead of over 25 serially on the 2-core machine (docs/contributing.md).
 test: setup system-packages
-	$(VENV)/bin/pytest -n 2 --dist loadfile
+	$(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop, and the first gate of CI (.ci/run): lint, format, types, then every test that needs no broker or
 # PostgreSQL (tests using their fixtures are marked integration) and takes under about 3 s (the slower ones are
@@ -49,7 +49,7 @@ check: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/typecheck.py
-	$(VENV)/bin/pytest -q -m "not integration and not slow" -n 4 --dist loadfile
+	$(VENV)/bin/pytest -q -m "not integration and not slow" -n 4 --dist loadfile --no-loadscope-reorder
 
 bench: setup system-packages
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -290,12 +290,30 @@ BROKER_FIXTURES = frozenset({"kafka", "fresh_kafka", "sasl_kafka", "kafka_cluste
 SERVICE_FIXTURES = BROKER_FIXTURES | {"pg_catalog", "lake", "pg_dir"}  # a real Kafka or a real PostgreSQL
 
 
+FILE_SECONDS = Path(__file__).with_name("file_seconds.txt")  # scripts/test_seconds.py writes it from a full run
+
+
+def file_seconds(path: Path = FILE_SECONDS) -> dict[str, float]:
+    """The seconds each test file took in a full run, by its path from the repository root ({} without the file)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    rows = (line.split() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    return {name: float(seconds) for seconds, name in rows}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that needs a broker or PostgreSQL, directly or through another fixture, is an integration test
-    (marked or not), so `make check` (`-m "not integration and not slow"`) starts neither."""
+    (marked or not), so `make check` (`-m "not integration and not slow"`) starts neither. The longest files come
+    first (``file_seconds``; the Makefile turns off xdist's reordering by test count), so that each of the workers
+    ends on short files; within a file the order stays as written."""
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    seconds = file_seconds()
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: -seconds.get(item.path.relative_to(root).as_posix(), 0.0))
 
 
 @pytest.fixture
