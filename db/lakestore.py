@@ -501,8 +501,8 @@ class LakeStore(RowWriter):
 
     def _insert_events(self) -> pa.Table:
         # A duplicate is the same event (same bytes, same ts_us), so only files whose ts_us range overlaps the
-        # batch's can hold one: DuckLake prunes the others by the catalog's column statistics (2M events seen:
-        # 147 -> 5.5 ms a commit), so the check does not grow with the lake.
+        # batch's can hold one: DuckLake prunes the others by the catalog's column statistics, so the check does not
+        # grow with the lake.
         lo, hi = self.con.execute("SELECT min(ts_us), max(ts_us) FROM _d_events").fetchall()[0]
         new = self.con.execute(
             """SELECT instance_id, boot_id, stage, event_id, kind FROM _d_events

@@ -52,7 +52,8 @@ class OwnedRows:
         self._key = None
         first, *rest = sorted(schemas)
         alias = first.split(".", 1)[0]  # each schema is the lake's alias and the shard's schema: lake.part_3
-        # a table that never held a row is not read (lakemeta.py: ~2 ms, not 30-60): a new lake, a new shard
+        # a table that never held a row is not read (lakemeta.py: one question to the catalog for all of them, where a
+        # read of each empty table costs its round trips; BENCHMARKS.md, The lake): a new lake, a new shard
         empty = {f"{alias}.{schema}.{table}" for schema, table in never_written(con, alias)}
         for name, columns in KEPT.items():  # shard by shard: a union of lake tables reads each slower
             none = " LIMIT 0" if f"{first}.{name}" in empty else ""
