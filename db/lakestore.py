@@ -451,7 +451,8 @@ class LakeStore(RowWriter):
 
     def _store_shard_offsets(self, shard: int, delta: Delta) -> None:
         """The next offsets of ``shard`` (its schema on the search path): an INSERT into a table empty at the claim (a
-        MERGE costs ~20 ms more), else a MERGE. Another writer would have claimed it: this commit's check fences it."""
+        MERGE costs more round trips), else a MERGE. Another writer would have claimed it: this commit's check fences
+        it."""
         if shard not in self._offsets_new or not delta.offsets:
             return self._store_offsets(delta)
         with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
