@@ -11,7 +11,8 @@ from flightrec.db.views import VIEWS
 Db = str | Path
 
 # The Fleet page's headline, both breakdowns and its filters' choices in one statement: the fleet view (a status
-# for every instance) is computed once, where four queries computed it four times (each ~25-35 ms on a file)
+# for every instance) is computed once, where four queries computed it four times and each opened the database
+# and bound the views again (BENCHMARKS.md, Dashboard)
 _FLEET_SUMMARY = """
 WITH everyone AS MATERIALIZED (SELECT status, state, gpu_model, failures, complete, verdict, last_event_us FROM fleet),
 f AS MATERIALIZED (SELECT * FROM everyone WHERE $since IS NULL OR last_event_us >= $since),

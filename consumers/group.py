@@ -53,13 +53,13 @@ class GroupMaterializer(Materializer):
     no events yet, and stops at the end offsets seen at start, like a replay into a file.
     """
 
-    # a commit costs the catalog some 25-40 ms of CPU whatever its size (docs/lake.md): a member commits once per
-    # window however its input trickles, so one catalog's load per member stays bounded; what is read of a backlog
+    # a commit costs the catalog CPU whatever its size (docs/lake.md; BENCHMARKS.md, The lake): a member commits once
+    # per window however its input trickles, so one catalog's load per member stays bounded; what is read of a backlog
     # is committed as soon as the topics go quiet (a short backlog does not wait for the window)
     quiet_commit_bytes = 4 << 20
-    # A lake's commit has a fixed price (catalog round trips per shard: claims, offsets, derived rows; ~0.4 s for six
-    # shards): a backlog read in larger batches pays it less often (bench_lake.py: 2M lines 0.53x the file at 16 MiB,
-    # 0.70x at 48 MiB; a member's peak RSS 0.86-0.9 GiB). BENCHMARKS.md.
+    # A lake's commit has a fixed price (catalog round trips per shard: claims, offsets, derived rows): a backlog
+    # read in larger batches pays it less often, for a member's memory (benchmarks/bench_lake.py; the throughput
+    # against the file's and the peak RSS at each batch size: BENCHMARKS.md, The lake).
     default_batch_bytes = 48 << 20
     default_batch_lines = 1_500_000  # ~48 MiB of 60-byte lines; fewer when they are short (materializer.py)
 

@@ -219,7 +219,7 @@ def _write_cached(path: Path, cubin: bytes, text: str) -> None:
 def compile_cubin_any(arch: str) -> tuple[bytes, str]:
     """The kernels as a cubin for ``arch``: NVRTC where it is found, else (or where NVRTC fails) nvcc;
     compiled once per process, and kept on disk ($FLIGHTREC_CACHE/cubin, keyed by the sources' bytes, the
-    arch and the compiler) so the next process loads it instead of compiling (~3 s).
+    arch and the compiler) so the next process loads it instead of compiling (seconds).
 
     CompileError when neither is there (its message names what to install) or the
     compiler rejects the source (with its log).

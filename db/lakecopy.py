@@ -2,9 +2,9 @@
 
 The rewritten tables of a lake (instances, boots, failures, …) live once per shard (``part_<p>``, see
 db/lakestore.py) and ``main`` unites them in views. Every statement that names them binds one DuckLake table per
-shard and table, each a catalog round trip, so a page's query cost ~0.4 s on six shards where a file answers in
-~30 ms. A reader process therefore reads in its in-memory database (``USE memory``), laid out as the lake and
-defined as statements need it:
+shard and table, each a catalog round trip, so a page's query cost many times what it costs on a file
+(BENCHMARKS.md, The lake). A reader process therefore reads in its in-memory database (``USE memory``), laid out
+as the lake and defined as statements need it:
 
 * a shard table is copied (``memory.part_<p>.<table>``) the first time a statement reads it;
 * ``main``'s views are defined there with the lake's own SQL, so they read the copies, except where the reader

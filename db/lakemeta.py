@@ -13,8 +13,8 @@ def never_written(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> set[tu
     """(schema, table) of each table of the lake ``alias`` attached to ``con`` that never held a row: no row was ever
     inserted into it, inlined in the catalog or in a file (DuckLake's table stats: no ``next_row_id`` yet).
 
-    Reading such a table through DuckLake costs some 30-60 ms of catalog round trips where ``LIMIT 0`` costs ~2 ms
-    (it skips the scan of the catalog's inlined rows), and one catalog query answers for every table. The answer is
+    Reading such a table through DuckLake costs catalog round trips that ``LIMIT 0`` skips (the scan of the catalog's
+    inlined rows), and one catalog query answers for every table (BENCHMARKS.md, The lake). The answer is
     the catalog's latest: a table never written now was never written at any earlier snapshot either (row ids only
     grow), but rows the caller's own open transaction wrote are not counted."""
     meta = _ident(f"__ducklake_metadata_{alias}")

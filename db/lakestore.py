@@ -451,7 +451,8 @@ class LakeStore(RowWriter):
 
     def _store_shard_offsets(self, shard: int, delta: Delta) -> None:
         """The next offsets of ``shard`` (its schema on the search path): an INSERT into a table empty at the claim (a
-        MERGE costs ~20 ms more), else a MERGE. Another writer would have claimed it: this commit's check fences it."""
+        MERGE costs more round trips), else a MERGE. Another writer would have claimed it: this commit's check fences
+        it."""
         if shard not in self._offsets_new or not delta.offsets:
             return self._store_offsets(delta)
         with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
@@ -501,8 +502,8 @@ class LakeStore(RowWriter):
 
     def _insert_events(self) -> pa.Table:
         # A duplicate is the same event (same bytes, same ts_us), so only files whose ts_us range overlaps the
-        # batch's can hold one: DuckLake prunes the others by the catalog's column statistics (2M events seen:
-        # 147 -> 5.5 ms a commit), so the check does not grow with the lake.
+        # batch's can hold one: DuckLake prunes the others by the catalog's column statistics, so the check does not
+        # grow with the lake.
         lo, hi = self.con.execute("SELECT min(ts_us), max(ts_us) FROM _d_events").fetchall()[0]
         new = self.con.execute(
             """SELECT instance_id, boot_id, stage, event_id, kind FROM _d_events

@@ -29,9 +29,10 @@ def keep_pandas_out() -> bool:
     """Makes ``import pandas`` fail in this process from now on; returns False (and does nothing) if it is imported.
 
     Why: pyarrow imports pandas at its first conversion of Python or NumPy values (apache/arrow#34994) to recognise
-    pandas' own values, whether or not the process holds any: ~0.3 s of CPU at a quiet start, about three times that
-    inside a busy materializer's first commit, and ~0.2 s of `flightrec timeline`'s 0.7 s. A refused import is what
-    pyarrow and DuckDB see when pandas is not installed: they convert and query as before (tests/cli/test_nopandas.py).
+    pandas' own values, whether or not the process holds any: CPU at every start, more inside a busy materializer's
+    first commit, and a good part of a short `flightrec timeline` (BENCHMARKS.md, Materializer). A refused import is
+    what pyarrow and DuckDB see when pandas is not installed: they convert and query as before
+    (tests/cli/test_nopandas.py).
     It is an ImportError, not a FlightrecError: that is what they catch.
     """
     if "pandas" in sys.modules:

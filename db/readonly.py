@@ -134,7 +134,7 @@ _parser: duckdb.DuckDBPyConnection | None = None
 
 def parse_with(con: duckdb.DuckDBPyConnection) -> None:
     """Make the check serialize syntax trees on ``con`` (a read's own process: the connection it reads with, rather
-    than a DuckDB instance of its own, which costs ~10 ms to make)."""
+    than a DuckDB instance of its own, which costs time to make at every read)."""
     global _parser
     with _parser_lock:
         _parser = con

@@ -259,7 +259,7 @@ def _child(sock: socket.socket, request: bytes | None) -> int:
     from flightrec.db.nopandas import keep_pandas_out
 
     _die_with_parent()
-    keep_pandas_out()  # pyarrow would import it at its first conversion: ~1 s of CPU a read (db/nopandas.py)
+    keep_pandas_out()  # pyarrow would import it at its first conversion, in every read's process (db/nopandas.py)
     if request is None:
         request = _recv_all(sock, None)
     frame, table = serve_request(request)

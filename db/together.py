@@ -34,7 +34,7 @@ PREFETCHED: tuple[str, ...] = ("lifecycle_events", "throughput", "process_exits"
 class OwnedRows:
     """The derived rows of the shards a member owns, kept between commits in temporary tables of its connection
     (``_kept_boots``...), so the derivation reads no lake table of them: on a lake every table read costs catalog
-    round trips, and a union of six shards' tables ~100 ms.
+    round trips, and a union of every shard's tables costs them once per shard.
 
     Guarantees: the kept rows are those of the lake's tables for the owned shards at the last successful commit.
     They are written in the commit's transaction (rolled back with it) and read again from the lake after any
@@ -52,7 +52,8 @@ class OwnedRows:
         self._key = None
         first, *rest = sorted(schemas)
         alias = first.split(".", 1)[0]  # each schema is the lake's alias and the shard's schema: lake.part_3
-        # a table that never held a row is not read (lakemeta.py: ~2 ms, not 30-60): a new lake, a new shard
+        # a table that never held a row is not read (lakemeta.py: one question to the catalog for all of them, where a
+        # read of each empty table costs its round trips; BENCHMARKS.md, The lake): a new lake, a new shard
         empty = {f"{alias}.{schema}.{table}" for schema, table in never_written(con, alias)}
         for name, columns in KEPT.items():  # shard by shard: a union of lake tables reads each slower
             none = " LIMIT 0" if f"{first}.{name}" in empty else ""
@@ -81,7 +82,7 @@ def fresh_instances(con: duckdb.DuckDBPyConnection, ids: pa.Array) -> pa.Array:
 class ShardRewrite(Rewrite):
     """Derived rows written to the shard of their instance (``mine`` maps each shard's schema, ``lake.part_3``, to
     its instance ids), and to the kept rows (OwnedRows). Rows of ``fresh`` instances (fresh_instances) are only
-    inserted: a lake's DELETE costs catalog round trips even where it finds nothing (~15 ms a table and shard)."""
+    inserted: a lake's DELETE costs catalog round trips even where it finds nothing (for each table and shard)."""
 
     def __init__(self, mine: Mapping[str, pa.Array], fresh: pa.Array | None = None) -> None:
         self.mine = mine

@@ -76,7 +76,7 @@ def consecutive(start: int, stop: int) -> bytes:
 def varints(values: Sequence[int]) -> bytes:
     """Zigzag varints of many longs at once (numpy where installed), concatenated."""
     try:
-        import numpy as np  # only here: the agent's usual batches never need it, and it costs ~40 ms to import
+        import numpy as np  # only here: the agent's usual batches never need it, and its import slows the start
     except ModuleNotFoundError:  # `pip install flightrec` and the single file have no numpy: one at a time
         return b"".join(map(_long, values))
 

@@ -22,7 +22,7 @@ _LONGS = ("line_no", "line_ts_us")
 _FLAGS = ("truncated", "invalid_utf8", "late")
 # the fewest bytes a line takes in a LogBatch: a byte each for its number, time, text length and two flags
 LINE_MIN_BYTES = 5
-MIN_BYTES = 4096  # smaller messages (a few lines) decode faster through the codec: numpy costs ~30 µs a message
+MIN_BYTES = 4096  # smaller messages (a few lines) decode faster through the codec: numpy's fixed cost a message
 
 
 class _Unusual(Exception):

@@ -48,7 +48,7 @@ PYTHON_FIXES = (
 )
 FIXES_FROM = "shutdown-deadlock.diff"
 # zlib from Debian 12 for the file's zlib module: the spool frames every record with zlib.crc32, which Debian 11's
-# zlib 1.2.11 computes ~5x slower (12% of the agent's CPU when shipping lines, against 2% with 1.2.13).
+# zlib 1.2.11 computes several times slower (the share of the agent's CPU in it: BENCHMARKS.md, Single-file agent).
 ZLIB_SOURCE = (
     f"{MIRROR}/pool/main/z/zlib/zlib_1.2.13.dfsg.orig.tar.bz2",
     "71feb7947e3c00ef125f83b79a4e529bde31171e5babe48b391f06758d1ab0a1",

@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _exit_now(status: int) -> None:
     """End the process at once with ``status``: everything is spooled and flushed, and the interpreter's own
-    teardown (modules, the Kafka client's threads) would add ~0.1 s between CMD's exit and the agent's."""
+    teardown (modules, the Kafka client's threads) would add a delay between CMD's exit and the agent's."""
     import logging
     import os
     import sys

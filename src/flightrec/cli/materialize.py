@@ -360,7 +360,7 @@ def _timeline(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.db.classify import load_rules
     from flightrec.db.nopandas import keep_pandas_out
 
-    keep_pandas_out()  # a conversion to Arrow would import it: ~0.3 s of a command a person waits for
+    keep_pandas_out()  # a conversion to Arrow would import it, in a command a person waits for (BENCHMARKS.md)
     settings = settings.with_overrides(db=args.db)
     loc = _reader_location(settings.db, args.data_path)
     if loc.exists() and not args.from_topics:
