@@ -381,6 +381,7 @@ class Materializer:
         if not isinstance(loc, FileLocation):
             self._guard = DiskFullGuard(loc.describe(), space_of=self.opts.data_path, figures=self._figures)
             return None
+        marker_path(loc.path).unlink(missing_ok=True)  # left by a run that ended during its wait; this one met none
         self._guard = DiskFullGuard(
             loc.describe(),
             marker=marker_path(loc.path),

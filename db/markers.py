@@ -12,3 +12,14 @@ def disk_full_path(db: str | os.PathLike[str]) -> Path:
     """The empty file beside a database file that says its materializer waits for disk space (consumers/diskfull.py;
     an empty file needs no data block, so it can be made on a full disk). Its time is when the wait began."""
     return Path(f"{os.fspath(db)}{DISK_FULL_SUFFIX}")
+
+
+def disk_full_since_us(db: str | os.PathLike[str]) -> int | None:
+    """When the materializer of a database file began to wait for disk space (its marker's time, Unix µs); None when
+    it does not wait (no marker) or ``db`` is no file (a lake's string)."""
+    if str(db).startswith("ducklake:"):
+        return None
+    try:
+        return disk_full_path(db).stat().st_mtime_ns // 1000
+    except OSError:
+        return None
