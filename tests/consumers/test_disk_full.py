@@ -231,6 +231,48 @@ def test_a_run_ended_during_the_wait_is_told_by_status_and_the_next_run_clears_i
     assert got == (want, want)  # every line once
 
 
+@pytest.mark.slow  # a broker of its own, a disk filled (~40 s)
+def test_a_replay_stopped_on_a_full_disk_leaves_a_file_no_writer_takes_for_whole(fresh_kafka, small_disk) -> None:
+    """A replay on a full disk, stopped during its wait: exit 1, and its file is marked unfinished. Replayed again into
+    it, or materialized on, it is refused with what to do; done as told, the replay has every line once."""
+    from flightrec.db.markers import replaying_path
+
+    db = small_disk / "f.duckdb"
+    env = {**fresh_kafka.env(FLIGHTREC_LOG_LEVEL="WARNING"), "PYTHONSAFEPATH": "1"}
+    exe = str(Path(sys.executable).with_name("flightrec"))
+    events = chatty(8, 6)  # 19,200 lines: more than the room left
+    publish(fresh_kafka.bootstrap, events)
+    filler = fill(small_disk, leave=1 << 20)  # room for the new file, not for the lines
+    proc = subprocess.Popen([exe, "replay", "--db", str(db)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait("the full disk", lambda: marker_path(db).exists(), proc=proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert replaying_path(db).exists() and db.exists()
+    filler.unlink()
+    for command in ("replay", "materialize"):
+        r = subprocess.run([exe, command, "--db", str(db), "--until-idle", "2"][: 4 if command == "replay" else 6],
+                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode != 0, r.stderr
+        assert "is a replay that did not finish" in r.stderr and "Delete it" in r.stderr, r.stderr
+        assert "replay again, or replay into another --db; nothing is lost" in r.stderr, r.stderr
+    for left in (db, Path(f"{db}.wal"), replaying_path(db)):  # as told
+        left.unlink(missing_ok=True)
+    r = subprocess.run([exe, "replay", "--db", str(db)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not replaying_path(db).exists()
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        got = con.execute("SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines").fetchall()[0]
+    finally:
+        con.close()
+    want = sum(len(e.text) for e in events)
+    assert got == (want, want)  # every line once
+
+
 def test_disk_full_errors_are_told_apart() -> None:
     wal = duckdb.TransactionException('Failed to commit: Could not write file "x.wal": No space left on device')
     wrapped = MaterializeError("could not commit a batch to x")
@@ -250,11 +292,30 @@ def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_a
 ) -> None:
     """DuckDB invalidates a database whose checkpoint could not write (FATAL): the guard waits for room, opens the
     database again, and commits the held batch once."""
+    db = small_disk / "f.duckdb"
+    kafka.seed_at_mark(db)
+    _checkpoint_without_room(kafka, db, small_disk, monkeypatch, replay=False)
+
+
+@pytest.mark.slow  # a broker of its own (~20 s)
+def test_a_replay_whose_checkpoint_finds_no_room_opens_its_own_file_again(
+    fresh_kafka, small_disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a replay: the file it opens again is its own, not an existing database it must refuse; it ends
+    whole (its unfinished-replay marker taken away)."""
+    from flightrec.db.markers import replaying_path
+
+    db = small_disk / "f.duckdb"
+    _checkpoint_without_room(fresh_kafka, db, small_disk, monkeypatch, replay=True)
+    assert not replaying_path(db).exists()
+
+
+def _checkpoint_without_room(
+    kafka: Any, db: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch, replay: bool
+) -> None:
     from flightrec.consumers.materializer import Materializer, Options
     from flightrec.db.filestore import FileStore
 
-    db = small_disk / "f.duckdb"
-    kafka.seed_at_mark(db)
     real = FileStore._commit_once
     opened = []
     real_init = FileStore.__init__
@@ -280,7 +341,7 @@ def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_a
     publish(kafka.bootstrap, events)
 
     async def go() -> tuple[Stats, int]:
-        opts = Options(db=str(db), until_idle=2.0, serve=True)
+        opts = Options(db=str(db), until_idle=2.0, serve=True, replay=replay)
         async with Materializer(kafka.settings.kafka_kwargs(), opts) as m:
             stats = await m.run()
             return stats, m._guard.episodes
