@@ -41,6 +41,7 @@ from flightrec.db.backup import serve_requests as serve_backups
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
 from flightrec.db.location import FileLocation
+from flightrec.db.markers import replaying_path
 from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 from flightrec.db.store import Store, open_store
@@ -240,6 +241,8 @@ class Materializer:
         self._upkeep: Upkeep | None = None  # retention, compaction, figures between a file's commits
         self._reported = Stats().summary()  # the counters as last logged (a run that did nothing logs nothing)
         self._progress = Progress()  # how far the input is read: silences are judged up to there
+        self._store_opened = False  # the store was opened once: opened again, its own file is no refusal
+        self.replay_finished = False  # a replay reached the end offsets it set out for (its marker is taken away)
 
     def _new_pending(self) -> Pending:
         """An empty batch, bounded by this store's limits."""
@@ -381,6 +384,7 @@ class Materializer:
         if not isinstance(loc, FileLocation):
             self._guard = DiskFullGuard(loc.describe(), space_of=self.opts.data_path, figures=self._figures)
             return None
+        marker_path(loc.path).unlink(missing_ok=True)  # left by a run that ended during its wait; this one met none
         self._guard = DiskFullGuard(
             loc.describe(),
             marker=marker_path(loc.path),
@@ -479,8 +483,10 @@ class Materializer:
             views=opts.views,
             publish=opts.serve,
             snapshots=self._snapshots,
+            again=self._store_opened,
         )
         self._snapshots = None  # taken over
+        self._store_opened = True
         return store
 
     def _consumer_options(self) -> dict[str, object]:
@@ -781,6 +787,7 @@ class Materializer:
                     self._inflight = self._upkeep.start(now, pending)  # in the gap after a commit
                 if targets is not None:
                     if await self._caught_up(targets):
+                        self.replay_finished = True
                         break
                     continue
                 if data:
@@ -798,6 +805,8 @@ class Materializer:
         finally:
             await self._finish(pending)
         await self._note_progress(force=True)
+        if self.replay_finished and isinstance(self.opts.location, FileLocation):
+            replaying_path(self.opts.location.path).unlink(missing_ok=True)  # the file is whole
         return self.stats
 
     async def _replay_targets(self) -> dict[TopicPartition, int] | None:

@@ -14,6 +14,7 @@ from flightrec.consumers.alert_age import historical
 from flightrec.consumers.health import serve
 from flightrec.db.fold import Delta
 from flightrec.db.health import VERSIONS, Health, disk, figures_sql, judge, lag
+from flightrec.db.markers import disk_full_since_us
 from flightrec.db.stats import Stats
 from flightrec.db.status import STATUSES
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -230,6 +231,7 @@ class Metrics:
             last_commit_us=self._last_commit_us or h.last_commit_us,
             disk_free_bytes=free,
             disk_total_bytes=total,
+            disk_full_since_us=disk_full_since_us(self.db_path) if self.db_path else None,
         )
         h = replace(h, problems=judge(h, time.time_ns() // 1000))
         return not h.problems, h.as_dict()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class Health:
     disk_total_bytes: int | None = None
     versions: tuple[tuple[str, int], ...] = ()  # (agent version, instances), newest first
     statuses: tuple[tuple[str, int], ...] = ()
+    disk_full_since_us: int | None = None  # the materializer waits for disk space since then (db/markers.py)
     problems: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -62,6 +64,7 @@ class Health:
             "instances": self.instances,
             "disk_free_bytes": self.disk_free_bytes,
             "disk_total_bytes": self.disk_total_bytes,
+            "disk_full_since_us": self.disk_full_since_us,
             "agent_versions": dict(self.versions),
             "statuses": dict(self.statuses),
         }
@@ -90,10 +93,24 @@ def judge(h: Health, now_us: int, serving: bool | None = None) -> tuple[str, ...
             f"its input was last caught up {ago(h.caught_up_us, now_us)} (behind: more than {BEHIND_AFTER_S:g} s); "
             "no instance turns lost meanwhile"
         )
+    if h.disk_full_since_us is not None:
+        out.append("the materializer is " + disk_full_line(h.disk_full_since_us, now_us, serving))
     free, total = h.disk_free_bytes, h.disk_total_bytes
     if free is not None and total and free < LOW_DISK_FRACTION * total:
         out.append(f"the database's disk is {100 * (1 - free / total):.0f}% full")
     return tuple(out)
+
+
+def disk_full_line(since_us: int, now_us: int, serving: bool | None = None) -> str:
+    """The materializer stopped on a full disk (its marker, db/markers.py), in words that follow "the materializer
+    is". ``serving`` False: the marker of a run that ended during the wait."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since_us / 1e6)) + f" ({ago(since_us, now_us)})"
+    if serving is False:
+        return (
+            f"stopped on a full disk since {since} and no longer runs (free space, then start it: it reads again "
+            "what it held; nothing is lost)"
+        )
+    return f"stopped, disk full since {since} (free space: it resumes by itself; nothing is lost)"
 
 
 def disk(path: str | os.PathLike[str]) -> tuple[int | None, int | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -11,6 +12,7 @@ from flightrec.db.filestore import FileStore
 from flightrec.db.fold import Delta
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import FileLocation, Location
+from flightrec.db.markers import replaying_path, unfinished_replay
 from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 
@@ -57,15 +59,18 @@ def open_store(
     views: tuple[str, ...] = (),
     publish: bool = True,
     snapshots: Publisher | None = None,
+    again: bool = False,
 ) -> Store:
     """The store of ``loc`` (in the writer thread). A replay builds a new database: an existing file, or a lake
-    that holds events, is refused (MaterializeError) before anything is written. ``publish``: a file's store
-    publishes snapshots for readers (flightrec.db.snapshot); a lake's readers attach it themselves. ``snapshots``: the
-    publisher of the file's store before (``FileStore.detach``), taken over once the file is open."""
+    that holds events, is refused (MaterializeError) before anything is written; a file a replay left unfinished is
+    refused to every writer (db/markers.py). ``again``: the same run opens its store again (a compaction, a full
+    disk), so its own file is no refusal. ``publish``: a file's store publishes snapshots for readers
+    (flightrec.db.snapshot); a lake's readers attach it themselves. ``snapshots``: the publisher of the file's store
+    before (``FileStore.detach``), taken over once the file is open."""
     mode = "replay" if replay else "materialize"
     if isinstance(loc, FileLocation):
-        if replay and loc.exists():
-            raise MaterializeError(f"{loc.path} exists; replay builds a new database: remove it or pick another path")
+        if not again:
+            _check_new_file(loc, replay)
         return FileStore(loc.path, group, rules, mode, memory_limit, lock_wait, views, publish, snapshots)
     store = LakeStore(loc, group, rules, mode, memory_limit, views)
     if replay and store.holds_events():
@@ -75,3 +80,22 @@ def open_store(
             "give a new catalog database (`flightrec catalog` makes one per --db string)"
         )
     return store
+
+
+def _check_new_file(loc: FileLocation, replay: bool) -> None:
+    """Refuse a file a replay left unfinished, and for a replay any existing file. A replay's marker is made before
+    its file, so that a replay stopped at any point is known as one; one left beside no file is stale."""
+    marker = replaying_path(loc.path)
+    if loc.exists():
+        if marker.exists():
+            raise MaterializeError(unfinished_replay(loc.path))
+        if replay:
+            raise MaterializeError(
+                f"{loc.path} exists; replay builds a new database: replay into another --db, or delete it (and "
+                f"{loc.path}.wal) to build it again"
+            )
+    elif replay:
+        with contextlib.suppress(OSError):  # no folder: the store says so
+            marker.touch()
+    else:
+        marker.unlink(missing_ok=True)

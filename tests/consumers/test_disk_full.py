@@ -102,6 +102,39 @@ def wait(what: str, check: Callable[[], Any], timeout: float = 90.0, proc: subpr
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def status(db: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`flightrec status` of ``db`` (without Kafka's end offsets)."""
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("flightrec")), "status", "--db", str(db), "--no-kafka"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def fill_until_full(bootstrap: str, disk: Path, port: int, proc: subprocess.Popen, published: list) -> Path:
+    """Fill ``disk`` but 6 MiB and publish ~1.4 MiB of lines a round (added to ``published``) until the materializer
+    on ``port`` says its disk is full; the file that fills it."""
+    wait("/metrics", lambda: scrape(port), proc=proc)
+    filler = fill(disk, leave=6 << 20)
+    full = False
+    while not full:
+        round_ = chatty(4, 1)
+        publish(bootstrap, round_)
+        published += round_
+        full = bool(
+            wait(
+                "a commit",
+                lambda: (
+                    (value(scrape(port), "flightrec_disk_full") == 1)
+                    or value(scrape(port), "flightrec_consumer_lag_messages") == 0
+                ),
+                proc=proc,
+            )  # fmt: skip
+            and value(scrape(port), "flightrec_disk_full") == 1
+        )
+        assert len(published) < 400, "the disk never filled"
+    return filler
+
+
 @pytest.mark.slow  # fills a disk through Kafka and gives the room back (~30 s)
 def test_a_full_disk_holds_the_batch_and_room_again_resumes_with_every_line_once(kafka, small_disk, env_for):
     db = small_disk / "f.duckdb"
@@ -117,26 +150,12 @@ def test_a_full_disk_holds_the_batch_and_room_again_resumes_with_every_line_once
     )  # fmt: skip
     published: list = []
     try:
-        wait("/metrics", lambda: scrape(port), proc=proc)
-        filler = fill(small_disk, leave=6 << 20)
-        full = False
-        while not full:  # ~1.4 MiB of lines a round, until the materializer says the disk is full
-            round_ = chatty(4, 1)
-            publish(kafka.bootstrap, round_)
-            published += round_
-            full = bool(
-                wait(
-                    "a commit",
-                    lambda: (
-                        (value(scrape(port), "flightrec_disk_full") == 1)
-                        or value(scrape(port), "flightrec_consumer_lag_messages") == 0
-                    ),
-                    proc=proc,
-                )  # fmt: skip
-                and value(scrape(port), "flightrec_disk_full") == 1
-            )
-            assert len(published) < 400, "the disk never filled"
+        filler = fill_until_full(kafka.bootstrap, small_disk, port, proc, published)
         assert marker_path(db).exists()  # what the dashboard shows
+        said = status(db, env_for())  # and `flightrec status`, from the marker (the writer is not asked)
+        assert said.returncode == 3, said.stdout + said.stderr
+        assert "\n  materializer    stopped, disk full since " in said.stdout, said.stdout
+        assert "(free space: it resumes by itself; nothing is lost)" in said.stdout, said.stdout
         wait("the webhook's alert", lambda: hook.bodies, timeout=20)
         more = chatty(4, 1)  # what comes while the disk is full waits in Kafka
         publish(kafka.bootstrap, more)
@@ -149,6 +168,7 @@ def test_a_full_disk_holds_the_batch_and_room_again_resumes_with_every_line_once
         wait("room again", lambda: value(scrape(port), "flightrec_disk_full") == 0, proc=proc)
         wait("the backlog", lambda: value(scrape(port), "flightrec_consumer_lag_messages") == 0, proc=proc)
         assert not marker_path(db).exists()
+        assert "disk full" not in status(db, env_for()).stdout
         wait("the resumed alert", lambda: len(hook.bodies) == 2, timeout=20)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -166,6 +186,90 @@ def test_a_full_disk_holds_the_batch_and_room_again_resumes_with_every_line_once
     finally:
         con.close()
     want = sum(len(e.text) for e in published)
+    assert got == (want, want)  # every line once
+
+
+@pytest.mark.slow  # fills a disk through Kafka (~30 s)
+def test_a_run_ended_during_the_wait_is_told_by_status_and_the_next_run_clears_its_marker(
+    kafka, small_disk, env_for
+) -> None:
+    """SIGTERM while the disk is full: the run ends (exit 1) and its marker stays; `flightrec status` says the
+    materializer stopped on a full disk and no longer runs. The next run, with room again, takes the marker away
+    (it has met no full disk) and commits every line once."""
+    db = small_disk / "f.duckdb"
+    kafka.seed_at_mark(db)
+    env = {**env_for(FLIGHTREC_KEEP_LINES_DAYS="forever"), "PYTHONSAFEPATH": "1"}
+    exe, port = str(Path(sys.executable).with_name("flightrec")), free_port()
+    proc = subprocess.Popen([exe, "materialize", "--db", str(db), "--metrics-port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    published: list = []
+    try:
+        filler = fill_until_full(kafka.bootstrap, small_disk, port, proc, published)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "read again from Kafka at the next start" in err, err
+    said = status(db, env)
+    assert said.returncode == 3, said.stdout + said.stderr
+    assert "NO materializer is running" in said.stdout, said.stdout
+    assert "\n  materializer    stopped on a full disk since " in said.stdout, said.stdout
+    assert "and no longer runs (free space, then start it" in said.stdout, said.stdout
+    filler.unlink()
+    r = subprocess.run([exe, "materialize", "--db", str(db), "--until-idle", "2"], env=env, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not marker_path(db).exists()
+    assert "disk full" not in status(db, env).stdout
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        got = con.execute(
+            "SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines WHERE instance_id LIKE 'full-%'"
+        ).fetchall()[0]
+    finally:
+        con.close()
+    want = sum(len(e.text) for e in published)
+    assert got == (want, want)  # every line once
+
+
+@pytest.mark.slow  # a broker of its own, a disk filled (~40 s)
+def test_a_replay_stopped_on_a_full_disk_leaves_a_file_no_writer_takes_for_whole(fresh_kafka, small_disk) -> None:
+    """A replay on a full disk, stopped during its wait: exit 1, and its file is marked unfinished. Replayed again into
+    it, or materialized on, it is refused with what to do; done as told, the replay has every line once."""
+    from flightrec.db.markers import replaying_path
+
+    db = small_disk / "f.duckdb"
+    env = {**fresh_kafka.env(FLIGHTREC_LOG_LEVEL="WARNING"), "PYTHONSAFEPATH": "1"}
+    exe = str(Path(sys.executable).with_name("flightrec"))
+    events = chatty(8, 6)  # 19,200 lines: more than the room left
+    publish(fresh_kafka.bootstrap, events)
+    filler = fill(small_disk, leave=1 << 20)  # room for the new file, not for the lines
+    proc = subprocess.Popen([exe, "replay", "--db", str(db)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait("the full disk", lambda: marker_path(db).exists(), proc=proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert replaying_path(db).exists() and db.exists()
+    filler.unlink()
+    for command in ("replay", "materialize"):
+        r = subprocess.run([exe, command, "--db", str(db), "--until-idle", "2"][: 4 if command == "replay" else 6],
+                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode != 0, r.stderr
+        assert "is a replay that did not finish" in r.stderr and "Delete it" in r.stderr, r.stderr
+        assert "replay again, or replay into another --db; nothing is lost" in r.stderr, r.stderr
+    for left in (db, Path(f"{db}.wal"), replaying_path(db)):  # as told
+        left.unlink(missing_ok=True)
+    r = subprocess.run([exe, "replay", "--db", str(db)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not replaying_path(db).exists()
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        got = con.execute("SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines").fetchall()[0]
+    finally:
+        con.close()
+    want = sum(len(e.text) for e in events)
     assert got == (want, want)  # every line once
 
 
@@ -188,11 +292,30 @@ def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_a
 ) -> None:
     """DuckDB invalidates a database whose checkpoint could not write (FATAL): the guard waits for room, opens the
     database again, and commits the held batch once."""
+    db = small_disk / "f.duckdb"
+    kafka.seed_at_mark(db)
+    _checkpoint_without_room(kafka, db, small_disk, monkeypatch, replay=False)
+
+
+@pytest.mark.slow  # a broker of its own (~20 s)
+def test_a_replay_whose_checkpoint_finds_no_room_opens_its_own_file_again(
+    fresh_kafka, small_disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a replay: the file it opens again is its own, not an existing database it must refuse; it ends
+    whole (its unfinished-replay marker taken away)."""
+    from flightrec.db.markers import replaying_path
+
+    db = small_disk / "f.duckdb"
+    _checkpoint_without_room(fresh_kafka, db, small_disk, monkeypatch, replay=True)
+    assert not replaying_path(db).exists()
+
+
+def _checkpoint_without_room(
+    kafka: Any, db: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch, replay: bool
+) -> None:
     from flightrec.consumers.materializer import Materializer, Options
     from flightrec.db.filestore import FileStore
 
-    db = small_disk / "f.duckdb"
-    kafka.seed_at_mark(db)
     real = FileStore._commit_once
     opened = []
     real_init = FileStore.__init__
@@ -218,7 +341,7 @@ def test_a_checkpoint_that_finds_no_room_is_waited_out_and_the_database_opened_a
     publish(kafka.bootstrap, events)
 
     async def go() -> tuple[Stats, int]:
-        opts = Options(db=str(db), until_idle=2.0, serve=True)
+        opts = Options(db=str(db), until_idle=2.0, serve=True, replay=replay)
         async with Materializer(kafka.settings.kafka_kwargs(), opts) as m:
             stats = await m.run()
             return stats, m._guard.episodes

@@ -242,8 +242,8 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
     try:
         return asyncio.run(go())
     except CredentialError:
-        if made is not None:  # nothing could be read into it: no empty database is left behind
-            for path in (made, made.with_name(made.name + ".wal")):
+        if made is not None:  # nothing could be read into it: no empty database is left behind (nor a replay's marker)
+            for path in (made, made.with_name(made.name + ".wal"), made.with_name(made.name + ".replaying")):
                 path.unlink(missing_ok=True)
         raise
 
@@ -345,14 +345,19 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     )
     from flightrec.consumers.archive import ArchiveGap
     from flightrec.db.location import FileLocation
+    from flightrec.db.markers import replaying_path, unfinished_replay
 
     try:
-        return _run(opts, loc, settings)
+        code = _run(opts, loc, settings)
     except ArchiveGap:
         if isinstance(loc, FileLocation):  # made by this replay (an existing file is refused): nothing in it
-            for made in (loc.path, loc.path.with_name(loc.path.name + ".wal")):
+            for made in (loc.path, loc.path.with_name(loc.path.name + ".wal"), replaying_path(loc.path)):
                 made.unlink(missing_ok=True)
         raise
+    if isinstance(loc, FileLocation) and replaying_path(loc.path).exists():  # stopped before its end offsets
+        print(f"flightrec replay: {unfinished_replay(loc.path)}", file=sys.stderr)
+        return 1
+    return code
 
 
 def _timeline(args: argparse.Namespace, settings: Settings) -> int:

@@ -58,6 +58,7 @@ def _replace(h: Health, **changes: Any) -> Health:
 def read_health(loc: Location) -> tuple[Health, bool | None]:
     """The database's figures, and whether a materializer serves it (None: cannot tell, a lake)."""
     from flightrec.db.health import STATUSES, VERSIONS, Health, disk, figures_sql
+    from flightrec.db.markers import disk_full_since_us
     from flightrec.db.query import run_query
     from flightrec.db.snapshot import current
     from flightrec.db.views import VIEWS
@@ -89,6 +90,7 @@ def read_health(loc: Location) -> tuple[Health, bool | None]:
             disk_total_bytes=total,
             versions=versions,
             statuses=statuses,
+            disk_full_since_us=None if path is None else disk_full_since_us(path),
         ),
         serving,
     )
@@ -153,7 +155,7 @@ def _gib(n: int | None) -> str:
 
 def render(where: str, h: Health, serving: bool | None, why_no_lag: str | None, now_us: int) -> str:
     """The one screen (pure)."""
-    from flightrec.db.health import ago
+    from flightrec.db.health import ago, disk_full_line
 
     def when(us: int | None) -> str:
         if us is None:
@@ -163,6 +165,11 @@ def render(where: str, h: Health, serving: bool | None, why_no_lag: str | None, 
     running = {True: "a materializer serves it live", False: "NO materializer is running on it", None: "a lake"}
     lines = [
         f"flightrec status: {where} ({running[serving]})",
+        *(
+            [f"  materializer    {disk_full_line(h.disk_full_since_us, now_us, serving)}"]
+            if h.disk_full_since_us is not None
+            else []
+        ),
         f"  last commit     {when(h.last_commit_us)}",
         f"  input read to   {when(h.caught_up_us)}  (silences are judged up to there)",
         "  lag             "
