@@ -123,6 +123,15 @@ LINES = [
         "missing_library",
     ),
     ("Failed to initialize NVML: could not load NVML library", "missing_library"),
+    # musl's loader says it in its own words
+    ("Error loading shared library libcuda.so.1: No such file or directory (needed by ./prover)", "missing_library"),
+    ("Error relocating ./prover: cuMemAlloc_v2: symbol not found", "missing_library"),
+    # the child could not be executed: Python's subprocess names the program twice, Node's spawn its errno
+    ("FileNotFoundError: [Errno 2] No such file or directory: 'nvidia-smi': 'nvidia-smi'", "process_start_failed"),
+    ("Error: spawn nvidia-smi ENOENT", "process_start_failed"),
+    ("ValueError: Invalid file /plots/plot-k32-0001.plot", "corrupted_data"),
+    ("Error: invalid parameters file: /var/tmp/params/v28-stacked-proof.params", "corrupted_data"),
+    ("OSError: invalid file descriptor 12", "unknown"),  # EBADF: a bug of the program, no damaged data
     ("Could not load library libcudnn_cnn_infer.so.8. Error: libcuda.so: cannot open", "missing_library"),
     ("Unable to load any of {libcudnn_graph.so.9.1.0, libcudnn_graph.so.9.1, libcudnn_graph.so.9}", "missing_library"),
     ("CUDA error: insufficient CUDA driver: 11020", "driver_mismatch"),
