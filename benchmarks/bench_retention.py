@@ -264,9 +264,9 @@ class Timed(Materializer):
         self.waits: list[tuple[float, float]] = []  # (when due, seconds to committed)
         self.commits: list[float] = []  # each commit's own duration (what the writer spent on it)
 
-    async def _commit(self, delta: Any) -> None:
+    async def _commit(self, delta: Any, behind: bool = False) -> None:
         started = time.monotonic()
-        await super()._commit(delta)
+        await super()._commit(delta, behind)
         self.commits.append(time.monotonic() - started)
 
     async def _flush(self, pending: Any) -> None:
