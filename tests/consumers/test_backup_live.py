@@ -115,7 +115,8 @@ def _back_up_while_it_writes(kafka: Any, db: Path, to: Path, ids: list[str]) -> 
             timeout=180,
         )
         assert r.returncode == 0 and "running materializer's snapshot" in r.stdout, r.stdout + r.stderr
-        assert snapshot.current(db) is not None and snapshot.current(db).token == token  # type: ignore[union-attr]
+        after = snapshot.current(db)
+        assert after is not None and after.token == token  # the pointer stayed: the backup took the pinned copy
         held = subprocess.run(  # the materializer is still the file's one writer (its lock kept)
             [sys.executable, "-c", f"import duckdb; duckdb.connect({str(db)!r}, read_only=True)"],
             capture_output=True,

@@ -111,8 +111,11 @@ def test_a_writer_that_publishes_no_snapshot_is_named_and_nothing_is_written(tmp
     _db(db)
     to.parent.mkdir()
     holder = subprocess.Popen(  # another DuckDB client holding the file for writing (no snapshots published)
-        [sys.executable, "-c", f"import duckdb, sys, time; c = duckdb.connect({str(db)!r}); print('held', flush=True); "
-         "sys.stdin.read()"],
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, sys, time; c = duckdb.connect({str(db)!r}); print('held', flush=True); sys.stdin.read()",
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -160,3 +163,27 @@ def test_a_backup_killed_leaves_no_file_and_the_next_one_clears_what_it_left(tmp
     assert _leftovers(to.parent) == []
     restore(to, tmp_path / "restored.duckdb")
     assert _rows(tmp_path / "restored.duckdb") == _rows(db)
+
+
+FULL = """
+import resource, signal, sys
+from pathlib import Path
+from flightrec.db.backup import backup
+from flightrec.errors import QueryError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))  # no file may grow past 64 KiB: a full disk
+try:
+    backup(Path(sys.argv[1]), Path(sys.argv[2]))
+except QueryError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+def test_a_backup_that_cannot_write_says_so_and_leaves_nothing(tmp_path: Path) -> None:
+    db, to = tmp_path / "fleet.duckdb", tmp_path / "b" / "nightly.duckdb"
+    _db(db)
+    to.parent.mkdir()
+    r = subprocess.run([sys.executable, "-c", FULL, str(db), str(to)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and "cannot write the backup" in r.stdout, r.stdout + r.stderr
+    assert not to.exists() and _leftovers(to.parent) == []
