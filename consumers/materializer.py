@@ -37,7 +37,6 @@ from flightrec.consumers.progress import Progress
 from flightrec.consumers.progress import record as record_progress
 from flightrec.consumers.storefigures import StoreFigures
 from flightrec.consumers.upkeep import Upkeep
-from flightrec.db.backup import serve_requests as serve_backups
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
 from flightrec.db.location import FileLocation
@@ -636,10 +635,6 @@ class Materializer:
         except (KafkaError, OSError) as exc:
             log.debug("no end offsets (%s)", exc)
         await self._note_progress()
-        if isinstance(self._store, FileStore):  # backups asked for by `flightrec backup` (db/backup.py)
-            served = await self._in_writer(serve_backups, self._store.con, self._store.path)
-            if served:
-                log.info("answered %d backup request(s) for %s", served, self._store.path)
         if self._metrics is None:
             return
         self._metrics.count_errors(self.stats.errors_total - self._errors_counted)

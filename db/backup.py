@@ -1,12 +1,17 @@
-"""Backups of a database file, live or not, and their restore: one consistent file, at a commit.
+"""Backups of a database file, live or not, and their restore: one self-contained file, consistent at a commit.
 
-``backup(db, to)`` is the one door (the readers' snapshot of the readers-apart work can take its place: it is the
-same thing, a consistent copy of the file at a commit). While a materializer holds the file, the copy is made by
-the materializer itself, in its writer thread between two commits: it checkpoints (the WAL folded into the file)
-and copies the file's bytes, with no commit of its own in between; only its alert sender may commit meanwhile,
-small updates that go to the WAL, not the file. The command asks for it with a request file beside the database
-(``<db>.backup-request-<id>``) and waits for the answer (``<db>.backup-done-<id>``). With no materializer, the
-command holds the file read-only (a materializer starting meanwhile waits) and copies it, its WAL folded in.
+``backup(db, to)`` takes what the readers read (flightrec.db.snapshot): while a materializer runs, the copy its
+pointer names (``<db>.snapshots/current``) and that copy's write-ahead log, copied under a read lock on the copy
+(the publisher never writes a copy someone reads; a copy taken for a newer snapshot meanwhile is let go and the
+pointer read again). With no materializer running, the database file itself and its log, under a read lock on the
+file (a materializer starting meanwhile waits, as it waits for readers). A file held for writing by a process that
+publishes no snapshots (a materializer with ``--no-serve``, another DuckDB client) is refused, naming what to do.
+
+The copy is made in a work folder beside the destination (``.<name>.partial-<pid>-<start>/``): its log folded
+into it (DuckDB opens it and checkpoints: one file, no ``.wal``), opened read-only and checked to hold the tables
+it held before the fold, row for row counted, then linked to its name (never replacing a file made there
+meanwhile). A backup killed at any point leaves no file at the destination, only its work folder, which every
+later backup or restore in that folder removes once the process that made it is gone.
 
 ``restore(backup, db)`` checks the backup is a flightrec database and puts it at ``db``, which must not exist: a
 materializer started on it resumes at the offsets the backup holds and reads the rest from Kafka.
@@ -15,21 +20,23 @@ materializer started on it resumes at the offsets the backup holds and reads the
 from __future__ import annotations
 
 import contextlib
-import json
+import fcntl
 import os
-import subprocess
+import re
+import shutil
 import time
-import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+from flightrec.db import snapshot
 
 from flightrec.errors import QueryError
 
-REQUEST = ".backup-request-"
-DONE = ".backup-done-"
-POLL_S = 0.1
+POLL_S = 0.05
+HELD_S = 3.0  # how long a file held for writing with no snapshot published is looked at again before refusing
+_WORK = re.compile(r"^\..+\.partial-(\d+)-(\d*)$")  # a backup's or restore's work folder: its pid, its start
 
 
 @dataclass(frozen=True)
@@ -40,15 +47,8 @@ class Backup:
     instances: int
     events: int
     bytes: int
-    live: bool  # made by a running materializer
-
-
-def _request_path(db: Path, rid: str) -> Path:
-    return db.with_name(db.name + REQUEST + rid)
-
-
-def _done_path(db: Path, rid: str) -> Path:
-    return db.with_name(db.name + DONE + rid)
+    live: bool  # taken from a running materializer's snapshot
+    commits: int | None = None  # the database's commit number it holds
 
 
 def _check_target(db: Path, to: Path) -> None:
@@ -60,118 +60,176 @@ def _check_target(db: Path, to: Path) -> None:
         raise QueryError("the backup must be another file than the database")
 
 
-def copy_file(src: Path, to: Path) -> None:
-    """Copy ``src``'s bytes to ``to`` through a partial file renamed at the end (fsync'd): ``to`` appears whole.
+def _sweep(folder: Path) -> None:
+    """Remove the work folders of backups and restores whose process is gone (killed: nothing else removed them)."""
+    for left in folder.iterdir():
+        found = _WORK.match(left.name)
+        if found and left.is_dir() and not snapshot.running(int(found[1]), found[2]):
+            shutil.rmtree(left, ignore_errors=True)
 
-    The copy is made by a child process (cp): DuckDB holds its file with a POSIX (fcntl) lock, which the kernel
-    drops as soon as the holding process closes *any* descriptor of that file, so the materializer must never
-    open and close its own database file (a read here once released its lock to every other process)."""
-    partial = to.with_name(to.name + ".partial")
-    if partial.exists():
-        raise FileExistsError(f"{partial} exists (another backup to the same file under way?)")
-    subprocess.run(["cp", "--", str(src), str(partial)], check=True, capture_output=True, timeout=3600)
-    fd = os.open(partial, os.O_RDONLY)
+
+@contextlib.contextmanager
+def _workspace(to: Path) -> Iterator[Path]:
+    """A work folder beside ``to`` (same file system: the result is linked into place), removed afterwards."""
+    _sweep(to.parent)
+    pid = os.getpid()
+    work = to.with_name(f".{to.name}.partial-{pid}-{snapshot.process_start(pid)}")
+    work.mkdir(mode=0o700)
     try:
-        os.fsync(fd)
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _copy_out(fd: int, dst: Path) -> None:
+    """Copy the whole file open at ``fd`` to the new file ``dst`` (fsync'd)."""
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        snapshot.copy_range(fd, out, 0, os.fstat(fd).st_size)
+        os.fsync(out)
+    finally:
+        os.close(out)
+
+
+def _copy_locked(src: Path, dst: Path) -> bool:
+    """Copy ``src`` and its write-ahead log to ``dst`` under a read lock on ``src``; False when a writer holds it.
+
+    An open-file-description lock, which DuckDB's write lock (and the snapshot publisher's) excludes. Closing the
+    descriptor drops this process's POSIX locks on ``src``: call it with no DuckDB connection of ``src`` open here."""
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        if not snapshot.ofd_lock(fd, fcntl.F_RDLCK):
+            return False
+        try:
+            _copy_out(fd, dst)
+            with contextlib.suppress(FileNotFoundError):
+                wal = os.open(src.with_name(src.name + ".wal"), os.O_RDONLY)
+                try:
+                    if os.fstat(wal).st_size:
+                        _copy_out(wal, dst.with_name(dst.name + ".wal"))
+                finally:
+                    os.close(wal)
+        finally:
+            snapshot.ofd_lock(fd, fcntl.F_UNLCK)
     finally:
         os.close(fd)
+    return True
+
+
+def _copy_published(db: Path, published: snapshot.Published, dst: Path) -> bool:
+    """Copy the snapshot ``published`` names; False when it is no longer the current one (taken for a newer)."""
+    assert published.path is not None
     try:
-        os.link(partial, to)  # not rename: a file made at ``to`` meanwhile is never replaced
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def checkpoint_and_copy(con: duckdb.DuckDBPyConnection, src: Path, to: Path) -> bool:
-    """The live copy (the materializer's writer thread, between commits): fold the WAL into the file and copy it;
-    where DuckDB will not checkpoint now (a transaction of another thread under way), copy the file and its WAL
-    as they are (no commit of the writer comes in between) for the asker to fold. True when the WAL was copied."""
-    with contextlib.suppress(duckdb.TransactionException):
-        con.execute("CHECKPOINT")
-    wal = src.with_name(src.name + ".wal")
-    copy_file(src, to)
-    if wal.exists():
-        copy_file(wal, to.with_name(to.name + ".wal"))
-        return True
-    return False
-
-
-def fold_wal(path: Path) -> None:
-    """Fold a copied WAL into its database file (in the asking process: the copy is its own file)."""
-    if path.with_name(path.name + ".wal").exists():
-        con = duckdb.connect(str(path))
+        fd = os.open(published.path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False  # the materializer stopped and the copies went: read the pointer again
+    try:
+        if not snapshot.ofd_lock(fd, fcntl.F_RDLCK):
+            return False  # the publisher writes it for a newer snapshot
         try:
+            again = snapshot.current(db)
+            if again is None or again.token != published.token:
+                return False  # it may have been rewritten before the lock: read the pointer again
+            _copy_out(fd, dst)
+            wal = published.path.with_name(published.path.name + ".wal")
+            if wal.exists():  # the publisher writes a copy's log only under its lock on the copy
+                walfd = os.open(wal, os.O_RDONLY)
+                try:
+                    _copy_out(walfd, dst.with_name(dst.name + ".wal"))
+                finally:
+                    os.close(walfd)
+        finally:
+            snapshot.ofd_lock(fd, fcntl.F_UNLCK)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _not_published(db: Path) -> QueryError:
+    return QueryError(
+        f"{db} is held for writing by a process that publishes no snapshot for readers (a materializer run with "
+        "--no-serve, or another DuckDB client), and a backup copies either a snapshot or a file no one writes: "
+        "restart the materializer without --no-serve (its snapshots are backed up while it runs), or stop it and "
+        "run the backup again"
+    )
+
+
+def _take(db: Path, dst: Path, timeout: float) -> bool:
+    """Copy the current snapshot of ``db`` (True) or, with no materializer running, ``db`` itself (False)."""
+    deadline = time.monotonic() + timeout
+    held_since: float | None = None
+    while True:
+        published = snapshot.current(db)
+        if published is not None:
+            if published.path is not None and _copy_published(db, published, dst):
+                return True
+            held_since = None
+        elif _copy_locked(db, dst):
+            return False
+        elif held_since is None:
+            held_since = time.monotonic()
+        elif time.monotonic() - held_since > HELD_S:
+            raise _not_published(db)
+        for partial in (dst, dst.with_name(dst.name + ".wal")):
+            partial.unlink(missing_ok=True)
+        if time.monotonic() > deadline:
+            raise QueryError(
+                f"the materializer writing {db} published no snapshot within {timeout:g}s (it is starting, or "
+                "readers hold every copy); run the backup again, or raise --timeout"
+            )
+        time.sleep(POLL_S)
+
+
+def _table_rows(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    names = con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() AND NOT internal"
+    ).fetchall()
+    return {n: int(con.execute(f'SELECT count(*) FROM "{n}"').fetchall()[0][0]) for (n,) in names}
+
+
+def _fold(copy: Path) -> None:
+    """Fold the copied write-ahead log into the copy (DuckDB replays it, CHECKPOINT writes it to the file), then open
+    it read-only: the same tables with the same rows, and no log left."""
+    try:
+        con = duckdb.connect(str(copy))
+        try:
+            before = _table_rows(con)
             con.execute("CHECKPOINT")
         finally:
             con.close()
-
-
-def serve_requests(con: duckdb.DuckDBPyConnection, db: Path) -> int:
-    """Answer the backup requests beside ``db`` (the materializer's writer thread); how many were answered."""
-    served = 0
-    for req in sorted(db.parent.glob(db.name + REQUEST + "*")):
-        rid = req.name[len(db.name + REQUEST) :]
+        con = duckdb.connect(str(copy), read_only=True)
         try:
-            if req.stat().st_uid != os.getuid():  # only this user's requests: a copy goes where the asker says
-                continue
-        except OSError:
-            continue
-        try:
-            to = Path(json.loads(req.read_text())["to"])
-            _check_target(db, to)
-            answer: dict[str, object] = {"ok": True, "wal": checkpoint_and_copy(con, db, to)}
-        except (OSError, ValueError, KeyError, duckdb.Error, QueryError, subprocess.SubprocessError) as exc:
-            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        with contextlib.suppress(OSError):
-            _done_path(db, rid).write_text(json.dumps(answer))
-            req.unlink()
-        served += 1
-    return served
+            after = _table_rows(con)
+        finally:
+            con.close()
+    except duckdb.Error as exc:
+        raise QueryError(f"the copy does not open as a DuckDB database: {exc}") from exc
+    if copy.with_name(copy.name + ".wal").exists() or after != before:
+        raise QueryError(f"the copy did not fold its write-ahead log whole ({before} before, {after} after)")
 
 
-def _held(db: Path) -> bool:
-    """Whether another process holds the file for writing (a materializer)."""
+def _place(copy: Path, to: Path) -> None:
+    """Give the finished copy its name: a hard link, so a file made at ``to`` meanwhile is never replaced."""
     try:
-        duckdb.connect(str(db), read_only=True).close()
-    except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():
-            return True
-        raise QueryError(f"{db} is not a DuckDB database flightrec can read: {exc}") from exc
-    return False
-
-
-def _ask_materializer(db: Path, to: Path, timeout: float) -> None:
-    rid = uuid.uuid4().hex[:12]
-    req, done = _request_path(db, rid), _done_path(db, rid)
-    req.write_text(json.dumps({"to": str(to.absolute()), "pid": os.getpid()}))
-    deadline = time.monotonic() + timeout
+        os.link(copy, to)
+    except FileExistsError as exc:
+        raise QueryError(f"{to} was made while the backup ran: a backup never overwrites; give a new file") from exc
+    folder = os.open(to.parent, os.O_RDONLY)
     try:
-        while not done.exists():
-            if time.monotonic() > deadline:
-                raise QueryError(
-                    f"the materializer holding {db} did not answer the backup request within {timeout:g}s "
-                    "(a flightrec older than the backups?); stop it and run the backup again, or raise --timeout"
-                )
-            time.sleep(POLL_S)
-        answer = json.loads(done.read_text() or "{}")
+        os.fsync(folder)
     finally:
-        req.unlink(missing_ok=True)
-        done.unlink(missing_ok=True)
-    if not answer.get("ok"):
-        raise QueryError(f"the materializer could not back {db} up: {answer.get('error')}")
-    fold_wal(to)
+        os.close(folder)
 
 
-def _copy_offline(db: Path, to: Path) -> None:
-    """No materializer: hold the file read-only while copying it (and its WAL), then fold the WAL into the copy."""
-    holder = duckdb.connect(str(db), read_only=True)  # a materializer starting now waits for this
+def _commits(path: Path) -> int | None:
+    con = duckdb.connect(str(path), read_only=True)
     try:
-        wal = db.with_name(db.name + ".wal")
-        copy_file(db, to)
-        if wal.exists():
-            copy_file(wal, to.with_name(to.name + ".wal"))
+        row = con.execute("SELECT sum(commits) FROM materializer_runs").fetchall()[0][0]
+    except duckdb.Error:
+        return None
     finally:
-        holder.close()
-    fold_wal(to)
+        con.close()
+    return int(row) if row is not None else None
 
 
 def describe(path: Path, live: bool = False) -> Backup:
@@ -189,28 +247,45 @@ def describe(path: Path, live: bool = False) -> Backup:
         raise QueryError(f"{path} is not a flightrec database: {exc}") from exc
     finally:
         con.close()
-    return Backup(path, int(instances), int(events), path.stat().st_size, live)
+    return Backup(path, int(instances), int(events), path.stat().st_size, live, _commits(path))
 
 
 def backup(db: Path, to: Path, timeout: float = 120.0) -> Backup:
-    """A consistent copy of the database file ``db`` at ``to`` (a new file), whether a materializer holds it or not."""
+    """A consistent, self-contained copy of the database file ``db`` at ``to`` (a new file): the running
+    materializer's current snapshot, or with none running the file itself."""
+    db, to = db.absolute(), to.absolute()
     if not db.exists():
         raise QueryError(f"no database at {db}")
     _check_target(db, to)
-    live = _held(db)
-    if live:
-        _ask_materializer(db, to, timeout)
-    else:
-        _copy_offline(db, to)
-    return describe(to, live)
+    try:
+        with _workspace(to) as work:
+            copy = work / "backup.duckdb"
+            live = _take(db, copy, timeout)
+            _fold(copy)
+            made = describe(copy, live)
+            _place(copy, to)
+    except OSError as exc:
+        raise QueryError(f"cannot write the backup {to}: {exc} (nothing was left at {to})") from exc
+    return Backup(to, made.instances, made.events, made.bytes, live, made.commits)
 
 
 def restore(src: Path, db: Path) -> Backup:
     """Put the backup ``src`` at ``db`` (which must not exist), after checking it is a flightrec database."""
+    db = db.absolute()
     found = describe(src)
     if db.exists() or db.with_name(db.name + ".wal").exists():
         raise QueryError(f"{db} exists: restore never overwrites a database; move it away first (or restore elsewhere)")
     if not db.parent.is_dir():
         raise QueryError(f"the folder {db.parent} does not exist; make it first")
-    copy_file(src, db)
-    return Backup(db, found.instances, found.events, found.bytes, False)
+    try:
+        with _workspace(db) as work:
+            copy = work / "restore.duckdb"
+            fd = os.open(src, os.O_RDONLY)
+            try:
+                _copy_out(fd, copy)
+            finally:
+                os.close(fd)
+            _place(copy, db)
+    except OSError as exc:
+        raise QueryError(f"cannot restore to {db}: {exc} (nothing was left at {db})") from exc
+    return Backup(db, found.instances, found.events, found.bytes, False, found.commits)

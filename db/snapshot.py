@@ -98,7 +98,8 @@ def process_start(pid: int) -> str:
     return stat.rsplit(")", 1)[-1].split()[19] if ")" in stat else ""
 
 
-def _alive(pid: int, started: str) -> bool:
+def running(pid: int, started: str) -> bool:
+    """Whether the process ``pid`` that started at ``started`` (:func:`process_start`; "" for any) still runs."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -120,7 +121,7 @@ class Published:
 
     def alive(self) -> bool:
         """Whether the materializer that wrote the pointer still runs."""
-        return _alive(self.pid, self.started)
+        return running(self.pid, self.started)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -186,7 +187,8 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
+def copy_range(src: int, dst: int, offset: int, length: int) -> None:
+    """Copy ``length`` bytes at ``offset`` of the file ``src`` to the same offset of ``dst`` (in the kernel)."""
     while length > 0:
         n = os.copy_file_range(src, dst, length, offset, offset)
         if n <= 0:
@@ -195,8 +197,9 @@ def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
         length -= n
 
 
-def _ofd_lock(fd: int, kind: int) -> bool:
-    """Take (F_WRLCK) or drop (F_UNLCK) an exclusive open-file-description lock on the whole file without waiting.
+def ofd_lock(fd: int, kind: int) -> bool:
+    """Take (F_WRLCK: exclusive, F_RDLCK: shared) or drop (F_UNLCK) an open-file-description lock on the whole
+    file without waiting; False when another holds a conflicting one.
 
     An OFD lock, not a process-associated one (``fcntl.lockf``): it conflicts with DuckDB's read lock even when a
     reader of the copy lives in this very process, and closing another descriptor of the file does not drop it."""
@@ -248,12 +251,12 @@ class Publisher:
         or was left half-written (``<copy>.partial``)."""
         partial = copy.with_name(copy.name + ".partial")
         try:
-            if partial.exists() and _ofd_lock(fd, fcntl.F_WRLCK):
+            if partial.exists() and ofd_lock(fd, fcntl.F_WRLCK):
                 try:
                     os.ftruncate(fd, 0)
                     copy.with_name(copy.name + ".wal").unlink(missing_ok=True)
                 finally:
-                    _ofd_lock(fd, fcntl.F_UNLCK)
+                    ofd_lock(fd, fcntl.F_UNLCK)
                 partial.unlink()
             size = os.fstat(fd).st_size
             return checksum_fields(fd, size, self.block) if size and not partial.exists() else None
@@ -311,12 +314,12 @@ class Publisher:
     def _publish_into(self, i: int) -> bool | None:
         """Copy the file into copy ``i``: True when done, None when a reader holds it, False when it failed."""
         dst = self._fds[i]
-        if not _ofd_lock(dst, fcntl.F_WRLCK):
+        if not ofd_lock(dst, fcntl.F_WRLCK):
             return None
         try:
             return self._copy(i, dst)
         finally:
-            _ofd_lock(dst, fcntl.F_UNLCK)
+            ofd_lock(dst, fcntl.F_UNLCK)
 
     def _copy(self, i: int, dst: int) -> bool:
         copy = self.copies[i]
@@ -330,11 +333,11 @@ class Publisher:
             fields = checksum_fields(src, size, self.block)
             runs = changed_runs(fields, None if self._whole_file else known)
             for first, count in runs:
-                _copy_range(src, dst, HEADER_BYTES + first * self.block, count * self.block)
+                copy_range(src, dst, HEADER_BYTES + first * self.block, count * self.block)
             os.ftruncate(dst, size)
             tail = size - HEADER_BYTES - len(fields) * self.block
             if tail > 0:  # not whole blocks: not DuckDB's layout as known here
-                _copy_range(src, dst, size - tail, tail)
+                copy_range(src, dst, size - tail, tail)
             wal = self._copy_wal(copy)
             self._check(dst, runs, fields)
             if os.pread(src, HEADER_BYTES, 0) != header:  # a checkpoint ran meanwhile: not one state
@@ -370,7 +373,7 @@ class Publisher:
                 return 0
             dst = os.open(theirs, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
-                _copy_range(src, dst, 0, size)
+                copy_range(src, dst, 0, size)
                 os.ftruncate(dst, size)
             finally:
                 os.close(dst)

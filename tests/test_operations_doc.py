@@ -142,5 +142,5 @@ def test_the_backup_and_restore_commands_run_as_written(kafka, tmp_path: Path) -
         mat.terminate()
         mat.wait(60)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "by the running materializer" in r.stdout and "restored" in r.stdout, r.stdout
+    assert "running materializer's snapshot" in r.stdout and "restored" in r.stdout, r.stdout
     assert (root / "flightrec-new" / "fleet.duckdb").exists()

@@ -1,4 +1,5 @@
-"""`flightrec backup|restore`: a consistent copy of a database file, live or not, and its restore (db/backup.py)."""
+"""`flightrec backup|restore`: a consistent copy of a database file (the readers' snapshot while a materializer
+runs), and its restore (db/backup.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--db", default=None, help="the database file (default $FLIGHTREC_DB)")
     b.add_argument("--to", required=True, metavar="FILE", help="the backup: a new file (never overwritten)")
     b.add_argument(
-        "--timeout", type=float, default=120.0, metavar="S", help="how long a running materializer may take (120)"
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="how long to wait for a starting materializer's first snapshot (120)",
     )
     b.set_defaults(func=_backup)
     r = sub.add_parser("restore", help="put a backup in place of a lost database (the rest comes from Kafka)")
@@ -39,7 +44,9 @@ def _backup(args: argparse.Namespace, settings: Settings) -> int:
 
     db = _file(settings.with_overrides(db=args.db).db)
     made = backup(db, Path(args.to), timeout=args.timeout)
-    how = "by the running materializer" if made.live else "with no materializer running"
+    how = (
+        f"the running materializer's snapshot at commit {made.commits}" if made.live else "with no materializer running"
+    )
     print(
         f"backed up {db} to {made.path} ({how}): {made.instances} instances, {made.events} events, "
         f"{made.bytes / (1 << 20):.1f} MiB; restore: flightrec restore --from {made.path} --db {db}"
