@@ -10,7 +10,7 @@ import asyncio
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import pytest
@@ -243,7 +243,7 @@ def test_an_untagged_copy_of_a_tagged_event_in_another_partition_leaves_the_lake
     pool = _away_from_home(f"hu-{uuid.uuid4().hex[:6]}-")
     facts = pool[0]
     copy = RawRecord(facts.instance_id.encode(), encode(facts), (), 0)
-    batches = _signed(_NoCopies(), parse_fleet_key(fleet_hex), pool)  # type: ignore[arg-type]
+    batches = _signed(cast(st.DataObject, _NoCopies()), parse_fleet_key(fleet_hex), pool)
     batches.append((facts.topic, 0, record_batch([copy], "gzip", base_timestamp=0), [copy]))
     file = _lake_and_file(kafka, pg_catalog, tmp_path_factory, batches, fleet_hex)
     con = duckdb.connect(str(file), read_only=True)
