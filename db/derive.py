@@ -57,6 +57,8 @@ FAILURES = pa.schema(
         ("decisive_line_no", I32),
         ("rule_id", STR),
         ("rules_version", STR),
+        ("kind", STR),
+        ("kind_template", STR),
     ]
 )
 BOOTS = pa.schema(

@@ -11,6 +11,7 @@ from typing import Any
 
 from flightrec.db.classify import FailureEvidence, RuleTable, killed_by, signal_name
 from flightrec.db.decisive import decisive_line
+from flightrec.db.kinds import failure_kind
 
 PRECEDING_EVENTS = 20  # lifecycle events kept in preceding_events
 TAIL_LINES = 20  # lines per source when tails come from log_lines (no ProcessExit)
@@ -162,7 +163,7 @@ def build_failure(
         + [line for t in file_tails for line in t["lines"][::-1]],
     )
     first, facts = revealing[0], facts or {}
-    return {
+    row = {
         "failure_id": first["event_id"],
         "instance_id": instance_id,
         "boot_id": boot_id,
@@ -194,3 +195,5 @@ def build_failure(
         "rule_id": verdict.rule_id,
         "rules_version": verdict.rules_version,
     }
+    row["kind"], row["kind_template"] = failure_kind(row, timed_out=evidence.timed_out)
+    return row

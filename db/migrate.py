@@ -106,6 +106,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
         rebuild_failures=True,
     ),
+    Migration(
+        8,
+        "failures.kind: each failure's kind (a fingerprint of its stage kind, exit kind and decisive line's "
+        "template, db/kinds.py) and that template, for the failure_kinds view",
+        (
+            Column("failures", "kind", "VARCHAR"),
+            Column("failures", "kind_template", "VARCHAR"),
+        ),
+        rebuild_failures=True,
+    ),
 )
 
 VERSION_TABLE = "schema_version"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from flightrec.db.kinds import EXAMPLES, NEW_WINDOW_US, QUIET_US
 from flightrec.db.money import MONEY_VIEW_NAMES, MONEY_VIEWS
 from flightrec.db.status import INSTANCE_STATUS
 from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
@@ -198,11 +199,43 @@ FROM named n LEFT JOIN tagged t USING (instance_id) LEFT JOIN refused r USING (i
      LEFT JOIN unverified u USING (instance_id)
 """
 
+# One row per failure kind (failures.kind, db/kinds.py), derived from failures alone: lake members never write it,
+# a replay rebuilds it. Its status, in this order: explained (the latest failure's class is not 'unknown': a rule
+# covers it), new (first seen within NEW_WINDOW_US), regressed (a failure within NEW_WINDOW_US came after QUIET_US
+# without one), else ongoing. Needs schema version 8 (failures.kind): kept out of VIEWS, like instance_trust.
+FAILURE_KINDS = f"""
+CREATE OR REPLACE TEMP VIEW failure_kinds AS
+WITH f AS (
+    SELECT f.kind, f.kind_template, f.failure_id, f.instance_id, f.failure_class, {sane_us("f.ts_us")} AS ts_us,
+           coalesce(f.gpu_model, nullif(i.gpu_model, '')) AS gpu_model, nullif(i.host, '') AS host,
+           {sane_us("f.ts_us")} - lag({sane_us("f.ts_us")}) OVER (
+               PARTITION BY f.kind ORDER BY f.ts_us, f.failure_id) AS quiet_us
+    FROM failures f LEFT JOIN instances i USING (instance_id)
+    WHERE f.kind IS NOT NULL
+), k AS (
+    SELECT kind, min(kind_template) AS template, min(ts_us) AS first_us, max(ts_us) AS last_us,
+           count(*) AS failures, count(DISTINCT instance_id) AS instances, count(DISTINCT host) AS hosts,
+           list(DISTINCT gpu_model ORDER BY gpu_model) FILTER (WHERE gpu_model IS NOT NULL) AS gpu_models,
+           (list(failure_id ORDER BY ts_us DESC NULLS LAST, failure_id DESC))[1:{EXAMPLES}] AS example_failure_ids,
+           (list(failure_class ORDER BY ts_us DESC NULLS LAST, failure_id DESC))[1] AS failure_class,
+           coalesce(max(quiet_us) FILTER (WHERE ts_us >= epoch_us(now()) - {NEW_WINDOW_US}), 0) AS recent_quiet_us
+    FROM f GROUP BY kind
+)
+SELECT kind, template,
+       CASE WHEN coalesce(failure_class, 'unknown') <> 'unknown' THEN 'explained'
+            WHEN first_us >= epoch_us(now()) - {NEW_WINDOW_US} THEN 'new'
+            WHEN recent_quiet_us >= {QUIET_US} THEN 'regressed'
+            ELSE 'ongoing' END AS status,
+       {ts("first_us")} AS first_seen, {ts("last_us")} AS last_seen, failures, instances, hosts, gpu_models,
+       example_failure_ids, failure_class, first_us, last_us, {ts("first_us")} AS first_at, {ts("last_us")} AS last_at
+FROM k
+"""
+
 # Every shared view, the money too (db/money.py). Binding a view costs a few ms and
 # the money views nest several deep, so a reader passes only what its statement names
 # (``prelude_for``); the pages' queries pass VIEWS, which they all use.
-ALL_VIEWS: tuple[str, ...] = VIEWS + MONEY_VIEWS + (INSTANCE_TRUST,)
-ALL_VIEW_NAMES: tuple[str, ...] = VIEW_NAMES + MONEY_VIEW_NAMES + ("instance_trust",)
+ALL_VIEWS: tuple[str, ...] = VIEWS + MONEY_VIEWS + (INSTANCE_TRUST, FAILURE_KINDS)
+ALL_VIEW_NAMES: tuple[str, ...] = VIEW_NAMES + MONEY_VIEW_NAMES + ("instance_trust", "failure_kinds")
 
 
 def _named(name: str, text: str) -> bool:

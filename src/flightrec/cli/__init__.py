@@ -17,6 +17,7 @@ from flightrec.cli import (
     catalog,
     demo,
     history,
+    kinds,
     manager,
     materialize,
     prove,
@@ -26,7 +27,7 @@ from flightrec.cli import (
 from flightrec.errors import FlightrecError, MissingExtraError
 from flightrec.settings import Settings
 
-GROUPS = (broker, catalog, agent, manager, materialize, history, status, backup, sql, analytics, prove, demo)
+GROUPS = (broker, catalog, agent, manager, materialize, history, status, kinds, backup, sql, analytics, prove, demo)
 # The top-level modules of the packages an extra brings (pyproject.toml [project.optional-dependencies]); a command
 # that imports one where it is absent says which extra to install (tests/cli/test_profiles.py keeps this current).
 EXTRA_OF_MODULE = {
