@@ -21,7 +21,15 @@ def _table(db: Path, name: str, where: str = "", params: list | None = None):
     return run_query(db, f"SELECT * FROM {name} {where} ORDER BY ALL", params or None)
 
 
-def test_replay_equals_live_table_by_table(kafka, tmp_path, env_for):
+def test_replay_equals_live_table_by_table(fresh_kafka, tmp_path):
+    # a broker of its own: it reads the topics from the beginning, and what earlier tests left in the session's broker
+    # includes hostile copies of one event in several partitions, whose kept receive time depends on the order the
+    # partitions are read (docs/security.md, Limits)
+    kafka = fresh_kafka
+
+    def env_for() -> dict[str, str]:
+        return kafka.env(FLIGHTREC_LOG_LEVEL="WARNING")
+
     boots = [motivating_boot(), Boot(), Boot()]
     boots[1].facts()
     boots[1].stage_ok("tunnel", ["up"])
@@ -49,8 +57,7 @@ def test_replay_equals_live_table_by_table(kafka, tmp_path, env_for):
     materialize(kafka, live, idle=0.5, batch_messages=3, from_mark=False)  # the replay below reads everything
     replayed = tmp_path / "replayed.duckdb"
     flightrec("replay", "--db", str(replayed), env=env_for())
-    # Dead letters are the shared topics' whole garbage: compare the replay up to the offsets the live run had
-    # read (a process of an earlier test may still publish after the live run went idle).
+    # Dead letters: compare the replay up to the offsets the live run had read.
     read = run_query(live, 'SELECT topic, "partition", next_offset FROM consumer_offsets').to_pylist()
     upto = (
         " OR ".join(
