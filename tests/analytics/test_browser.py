@@ -313,6 +313,31 @@ def _pixels(png: bytes):
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
+def _watch_refreshes(page: Any, table: Any, shots: Path, refresh_s: float) -> tuple[list[bytes], int, list[float]]:
+    """Three refresh cycles of the page: the table's screenshot once each settled, how often it was greyed
+    (``data-stale``) and its longest greyed time in each cycle; it must stay visible throughout."""
+    from playwright.sync_api import expect
+
+    pictures: list[bytes] = []
+    stale_runs, longest_each = 0, []
+    for cycle in range(3):
+        stale_since, longest = None, 0.0
+        end = time.monotonic() + refresh_s + 0.5
+        while time.monotonic() < end:
+            assert table.is_visible(), f"the fleet table went away in refresh cycle {cycle + 1}"
+            stale = page.locator("[data-stale='true'] [data-testid='stDataFrame']").count() > 0
+            if stale and stale_since is None:
+                stale_since, stale_runs = time.monotonic(), stale_runs + 1
+            elif not stale and stale_since is not None:
+                longest, stale_since = max(longest, time.monotonic() - stale_since), None
+            page.wait_for_timeout(50)
+        longest_each.append(longest)
+        settled = page.locator("[data-stale='true'] [data-testid='stDataFrame']")
+        expect(settled).to_have_count(0, timeout=int(refresh_s * 1000))  # compare settled tables
+        pictures.append(table.screenshot(path=str(shots / f"fleet-{cycle}.png")))
+    return pictures, stale_runs, longest_each
+
+
 def test_browser_fleet_on_a_lake_stays_visible_while_it_refreshes(arrow_db, lake, tmp_path):
     """The Fleet page on a sharded lake with refresh on: across three refresh cycles its table never goes away nor
     stays greyed for long (Streamlit marks what a rerun has not redrawn yet `data-stale`), the screenshots of the
@@ -333,22 +358,7 @@ def test_browser_fleet_on_a_lake_stays_visible_while_it_refreshes(arrow_db, lake
         store.load_file(str(arrow_db[0]))
         with serve(db) as url, opened(url) as page:
             table = page.locator("[data-testid='stDataFrame']").first
-            pictures, stale_runs, longest_each = [], 0, []
-            for cycle in range(3):
-                stale_since, longest = None, 0.0
-                end = time.monotonic() + REFRESH_S + 0.5
-                while time.monotonic() < end:
-                    assert table.is_visible(), f"the fleet table went away in refresh cycle {cycle + 1}"
-                    stale = page.locator("[data-stale='true'] [data-testid='stDataFrame']").count() > 0
-                    if stale and stale_since is None:
-                        stale_since, stale_runs = time.monotonic(), stale_runs + 1
-                    elif not stale and stale_since is not None:
-                        longest, stale_since = max(longest, time.monotonic() - stale_since), None
-                    page.wait_for_timeout(50)
-                longest_each.append(longest)
-                settled = page.locator("[data-stale='true'] [data-testid='stDataFrame']")
-                expect(settled).to_have_count(0, timeout=int(REFRESH_S * 1000))  # compare settled tables
-                pictures.append(table.screenshot(path=str(shots / f"fleet-{cycle}.png")))
+            pictures, stale_runs, longest_each = _watch_refreshes(page, table, shots, REFRESH_S)
             # Greyed (stale) at most half a cycle in the median cycle: before its reader kept a copy (db/lakecopy.py)
             # the lake's Fleet page was greyed most of every cycle; one cycle slowed by another test's load is not
             # that (how fast a refresh is: BENCHMARKS.md, Dashboard)
