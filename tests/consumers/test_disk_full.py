@@ -32,6 +32,19 @@ from test_metrics import scrape, value
 from flightrec.errors import MaterializeError
 
 
+def assert_every_line_once(db: Path, published: list) -> None:
+    """Every line of the published ``full-*`` batches is in the file, and once."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        got = con.execute(
+            "SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines WHERE instance_id LIKE 'full-%'"
+        ).fetchall()[0]
+    finally:
+        con.close()
+    want = sum(len(e.text) for e in published)
+    assert got == (want, want)
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 24 MiB tmpfs at tmp_path/disk, unmounted after."""
@@ -178,15 +191,7 @@ def test_a_full_disk_holds_the_batch_and_room_again_resumes_with_every_line_once
     assert len(full_lines) == 1 and "nothing is lost" in full_lines[0], err  # said once, in one line
     assert "room again" in err
     assert [b["flightrec"]["kind"] for b in hook.bodies] == ["disk_full", "disk_resumed"]
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        got = con.execute(
-            "SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines WHERE instance_id LIKE 'full-%'"
-        ).fetchall()[0]
-    finally:
-        con.close()
-    want = sum(len(e.text) for e in published)
-    assert got == (want, want)  # every line once
+    assert_every_line_once(db, published)
 
 
 @pytest.mark.slow  # fills a disk through Kafka (~30 s)
@@ -220,15 +225,7 @@ def test_a_run_ended_during_the_wait_is_told_by_status_and_the_next_run_clears_i
     assert r.returncode == 0, r.stderr
     assert not marker_path(db).exists()
     assert "disk full" not in status(db, env).stdout
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        got = con.execute(
-            "SELECT count(*), count(DISTINCT (event_id, line_no)) FROM log_lines WHERE instance_id LIKE 'full-%'"
-        ).fetchall()[0]
-    finally:
-        con.close()
-    want = sum(len(e.text) for e in published)
-    assert got == (want, want)  # every line once
+    assert_every_line_once(db, published)
 
 
 @pytest.mark.slow  # a broker of its own, a disk filled (~40 s)
