@@ -36,8 +36,8 @@ system-packages:
 demo: setup
 	$(VENV)/bin/flightrec demo
 
-# The whole suite on two workers, each test file on one (each worker starts its own Kafka and PostgreSQL):
-# 19 min instead of over 25 serially on the 2-core machine (docs/contributing.md).
+# The whole suite on two workers, each test file on one (each worker starts its own Kafka and PostgreSQL), the
+# longest files first (tests/file_seconds.txt; xdist's own order by test count off): docs/contributing.md.
 test: setup system-packages
 	$(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder
 
