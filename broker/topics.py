@@ -59,6 +59,13 @@ async def _any_port_open(bootstrap: str, timeout: float) -> bool:
     return False
 
 
+def topic_config(retention_ms: int = -1) -> dict[str, str]:
+    """The configuration flightrec creates its topics with. LogAppendTime: every record carries the broker's clock,
+    the receive time liveness and retention judge by. Kafka's AlterConfigs replaces a topic's whole configuration,
+    so whoever alters one sends all of this along with the change."""
+    return {"retention.ms": str(retention_ms), "retention.bytes": "-1", TIMESTAMP_TYPE: LOG_APPEND_TIME}
+
+
 async def ensure_topics(
     kafka_kwargs: dict[str, Any],
     topics: Iterable[str] = TOPICS,
@@ -80,8 +87,7 @@ async def ensure_topics(
         wanted = [t for t in topics if t not in existing]
         if not wanted:
             return []
-        # LogAppendTime: every record carries the broker's clock, the receive time liveness is judged by
-        config = {"retention.ms": str(retention_ms), "retention.bytes": "-1", TIMESTAMP_TYPE: LOG_APPEND_TIME}
+        config = topic_config(retention_ms)
         new = [
             NewTopic(t, num_partitions=partitions, replication_factor=replication, topic_configs=config) for t in wanted
         ]

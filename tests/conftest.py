@@ -194,8 +194,31 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kafka]:
     broker = _start_broker(tmp_path_factory.mktemp("kafka"))
     try:
         yield Kafka(broker)
+        _assert_topics_as_created(broker.bootstrap)
     finally:
         broker.stop()
+
+
+def _assert_topics_as_created(bootstrap: str) -> None:
+    """At the end of the session: no test left a shared topic configured otherwise than flightrec creates it. Kafka's
+    AlterConfigs replaces a topic's whole configuration, and a topic left stamping CreateTime makes every later test
+    on this broker judge receive times by the events' own (fixed, 2025) clocks."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from flightrec.broker.topics import topic_config
+
+    from flightrec.cluster import describe_topic_configs
+
+    async def configs() -> dict[str, dict[str, str]]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return await describe_topic_configs(admin, TOPICS)
+        finally:
+            await admin.close()
+
+    wanted = topic_config()
+    changed = {t: {k: c.get(k) for k in wanted if c.get(k) != wanted[k]} for t, c in asyncio.run(configs()).items()}
+    assert not any(changed.values()), f"a test left the session broker's topics configured otherwise: {changed}"
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,17 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from flightrec.broker.topics import topic_config
 from flightrec.schemas import Dropped, Lifecycle, LogBatch, ProcessExit, Sealed
 
+from flightrec.cluster import LOG_APPEND_TIME, TIMESTAMP_TYPE, describe_topic_configs
 from flightrec.settings import TOPIC_LOGS
 
 PY = sys.executable
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 pytestmark = pytest.mark.integration
 
-STOCK_TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1"}
+STOCK_TOPIC_CONFIG = topic_config()  # AlterConfigs replaces the whole configuration: send all of it
 
 
 def _materialize(agent_env, db: Path) -> None:
@@ -122,6 +124,17 @@ async def _set_max_message_bytes(bootstrap: str, topic: str, value: int | None) 
         await admin.close()
 
 
+async def _timestamp_type(bootstrap: str, topic: str) -> str:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return (await describe_topic_configs(admin, [topic]))[topic][TIMESTAMP_TYPE]
+    finally:
+        await admin.close()
+
+
 def test_a_record_refused_for_good_becomes_a_marker_and_later_events_flow(agent_env, tmp_path: Path) -> None:
     # the topic's limit drops below the batch size while the stage runs (as when an operator changes it)
     shrink = (
@@ -144,6 +157,10 @@ def test_a_record_refused_for_good_becomes_a_marker_and_later_events_flow(agent_
         assert r.returncode == 0, r.stderr.decode()[-3000:]
     finally:
         asyncio.run(_set_max_message_bytes(agent_env.kafka.bootstrap, TOPIC_LOGS, None))
+    # Kafka's AlterConfigs replaces a topic's whole configuration: what the test put back must be what flightrec
+    # created, or the session broker's later tests read a CreateTime topic (retention then judges by the events'
+    # own 2025 clocks and expires their lines)
+    assert asyncio.run(_timestamp_type(agent_env.kafka.bootstrap, TOPIC_LOGS)) == LOG_APPEND_TIME
     assert b"dropped" in r.stderr, r.stderr.decode()[-3000:]  # the agent's last line says what was lost
     assert agent_env.run("event", "--stage", "later", "--state", "info").returncode == 0
     assert agent_env.run("seal").returncode == 0
