@@ -53,7 +53,7 @@ MIN_CASES, MIN_REPOS, MIN_HELDOUT, MAX_PER_CLASS, MAX_PER_THREAD = 200, 40, 60, 
 # part, which the rules were written from, is held to at least 95 % right.
 TRAIN_RIGHT, HELDOUT_RIGHT, HELDOUT_WRONG, HELDOUT_OUTSIDE_CLASSED, DECISIVE_AGREE = 0.95, 0.90, 2, 1, 0.95
 # The held-out figure measured after the rules' last change (right, wrong, outside given a class): a floor, not a goal
-HELDOUT_FLOOR = (77, 3, 1)
+HELDOUT_FLOOR = (84, 0, 1)
 
 
 def corpus() -> dict[str, Any]:
@@ -278,7 +278,7 @@ def test_the_figures_on_each_part(by_builder, capsys):
 def test_the_heldout_part_keeps_its_floor(by_builder, capsys):
     """The held-out part's figure may not fall below what was measured when the rules were last changed
     (``HELDOUT_FLOOR``); the issue's goals (``HELDOUT_RIGHT``, ``HELDOUT_WRONG``, ``HELDOUT_OUTSIDE_CLASSED``) are
-    printed beside it, met or not: today they are not, and a rule written to meet them must come from the train part.
+    printed beside it, met or not (today they are met), and a rule written to meet them must come from the train part.
     The assertions compare plain counts: pytest's rewriting of `len(held.right)` would print the held-out cases'
     ids and lines, which whoever writes rules must not read."""
     held = figures(_parts()["heldout"], by_builder)

@@ -368,6 +368,7 @@ HOSTILE = {
     "versions": "v1.2.3 " * 9362,
     "json": '{"level":"' + "e" * 65500 + '"}',
     "one word repeated": "cudaMalloc" * 6554,  # `cudaMalloc\w*.*(fail|error)` took 11 minutes on its first 8192
+    "a path word repeated": "proving" * 9363,  # `\S*(proving|...)[\w.-]*\.key` unanchored: 210 s on its first 8192
 }
 
 

@@ -177,6 +177,12 @@ LINES = [
     ("The job has exceeded the maximum execution time of 2h0m0s", "timeout"),
     ("prover result: Timeout (30.00s)", "timeout"),
     ("Error: time limit exceeded while proving block 9", "timeout"),
+    # a batch scheduler stopped the job at its time limit (Slurm's and PBS's words)
+    ("slurmstepd: error: *** JOB 812 ON gpu-07 CANCELLED AT 2026-01-02T03:04:05 DUE TO TIME LIMIT ***", "timeout"),
+    ("=>> PBS: job killed: walltime 7230 exceeded limit 7200", "timeout"),
+    # sha256sum -c refusing a proving-parameter file: the parameters did not verify
+    ("/root/.zcash-params/sapling-spend.params: FAILED", "params_download_failed"),
+    ("params/v28-proving-key.key: FAILED", "params_download_failed"),
     ("free(): invalid pointer", "daemon_crashed"),
     ("*** stack smashing detected ***: terminated", "daemon_crashed"),
     ("thread 'prover' has overflowed its stack", "daemon_crashed"),
@@ -258,6 +264,22 @@ def test_the_exit_status_means_what_a_shell_means_by_it(ev, cls):
             6,
             "gpu_hardware_error",
         ),
+        # NCCL's network transport failing first: the CUDA errors that follow on the same rank are its fallout
+        (
+            [
+                "n1:101:202 [0] transport/net_ib.cc:1700 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4000> "
+                "with status=12 opcode=0 len=0 vendor err 129 (Recv)",
+                "n1:101:101 [0] init.cc:300 NCCL WARN Cuda failure 'an illegal memory access was encountered'",
+            ],
+            None,
+            "nccl_error",
+        ),
+        (
+            ["n1:101:101 [0] enqueue.cc:90 NCCL WARN Cuda failure 'an illegal memory access was encountered'"],
+            6,
+            "illegal_memory_access",
+        ),
+        (["n1:101:101 [0] enqueue.cc:90 NCCL WARN Cuda failure 'out of memory'"], None, "cuda_out_of_memory"),
         # device memory before host memory, TLS before the download it broke
         (["CUDA error: out of memory", "std::bad_alloc"], 6, "cuda_out_of_memory"),
         (["fetching params: x509: certificate has expired or is not yet valid"], None, "tls_error"),
