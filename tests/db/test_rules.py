@@ -177,6 +177,13 @@ LINES = [
     ("The job has exceeded the maximum execution time of 2h0m0s", "timeout"),
     ("prover result: Timeout (30.00s)", "timeout"),
     ("Error: time limit exceeded while proving block 9", "timeout"),
+    # no driver for CUDA to start on, in a program's own words
+    ("prover: no NVIDIA driver was found on this host", "cuda_init_failed"),
+    ("fatal: CUDA driver not found (is the NVIDIA driver installed?)", "cuda_init_failed"),
+    # wget's (GnuTLS/OpenSSL) refusal of a certificate
+    ("ERROR: cannot verify params.example.org's certificate, issued by 'CN=R3,O=Let's Encrypt,C=US':", "tls_error"),
+    ("  Unable to locally verify the issuer's authority.", "tls_error"),
+    ("Unable to establish SSL connection.", "tls_error"),
     # a batch scheduler stopped the job at its time limit (Slurm's and PBS's words)
     ("slurmstepd: error: *** JOB 812 ON gpu-07 CANCELLED AT 2026-01-02T03:04:05 DUE TO TIME LIMIT ***", "timeout"),
     ("=>> PBS: job killed: walltime 7230 exceeded limit 7200", "timeout"),
