@@ -177,6 +177,11 @@ LINES = [
     ("The job has exceeded the maximum execution time of 2h0m0s", "timeout"),
     ("prover result: Timeout (30.00s)", "timeout"),
     ("Error: time limit exceeded while proving block 9", "timeout"),
+    # the C library's allocator refused, with the size asked for (host memory; CUDA's own allocators have their class)
+    ("Error: Witness::build() failed calling malloc() of size 68719476736", "oom_killed"),
+    ("fatal: malloc(4294967296) failed", "oom_killed"),
+    ("posix_memalign() failed for 17179869184 bytes", "oom_killed"),
+    ("cudaMalloc(&d_buf, 17179869184) failed: out of memory", "cuda_out_of_memory"),
     # no driver for CUDA to start on, in a program's own words
     ("prover: no NVIDIA driver was found on this host", "cuda_init_failed"),
     ("fatal: CUDA driver not found (is the NVIDIA driver installed?)", "cuda_init_failed"),
