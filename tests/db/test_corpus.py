@@ -53,7 +53,7 @@ MIN_CASES, MIN_REPOS, MIN_HELDOUT, MAX_PER_CLASS, MAX_PER_THREAD = 200, 40, 60, 
 # part, which the rules were written from, is held to at least 95 % right.
 TRAIN_RIGHT, HELDOUT_RIGHT, HELDOUT_WRONG, HELDOUT_OUTSIDE_CLASSED, DECISIVE_AGREE = 0.95, 0.90, 2, 1, 0.95
 # The held-out figure measured after the rules' last change (right, wrong, outside given a class): a floor, not a goal
-HELDOUT_FLOOR = (90, 0, 1)
+HELDOUT_FLOOR = (93, 0, 1)
 
 
 def corpus() -> dict[str, Any]:

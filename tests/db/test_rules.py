@@ -189,6 +189,9 @@ LINES = [
     ("ERROR: cannot verify params.example.org's certificate, issued by 'CN=R3,O=Let's Encrypt,C=US':", "tls_error"),
     ("  Unable to locally verify the issuer's authority.", "tls_error"),
     ("Unable to establish SSL connection.", "tls_error"),
+    # the program gave up waiting for a part of itself (a runner, a worker) to start or answer
+    ("Error: timed out waiting for the prover worker to become ready", "timeout"),
+    ("timeout waiting for witness generator 3 to finish", "timeout"),
     # a batch scheduler stopped the job at its time limit (Slurm's and PBS's words)
     ("slurmstepd: error: *** JOB 812 ON gpu-07 CANCELLED AT 2026-01-02T03:04:05 DUE TO TIME LIMIT ***", "timeout"),
     ("=>> PBS: job killed: walltime 7230 exceeded limit 7200", "timeout"),
