@@ -39,8 +39,9 @@ from flightrec.consumers.storefigures import StoreFigures
 from flightrec.consumers.upkeep import Upkeep
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
+from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import FileLocation
-from flightrec.db.markers import replaying_path
+from flightrec.db.markers import lake_replay_ends, replaying_path
 from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 from flightrec.db.store import Store, open_store
@@ -800,9 +801,19 @@ class Materializer:
         finally:
             await self._finish(pending)
         await self._note_progress(force=True)
-        if self.replay_finished and isinstance(self.opts.location, FileLocation):
-            replaying_path(self.opts.location.path).unlink(missing_ok=True)  # the file is whole
+        if self.replay_finished:
+            await self._replay_whole()
         return self.stats
+
+    async def _replay_whole(self) -> None:
+        """A replay reached its end offsets: its marker is taken away (db/markers.py)."""
+        if isinstance(self.opts.location, FileLocation):
+            replaying_path(self.opts.location.path).unlink(missing_ok=True)
+        elif isinstance(self._store, LakeStore):
+            store = self._store
+            await self._in_writer(
+                store.transaction, "mark the lake whole", lambda: lake_replay_ends(store.con, store.run_id)
+            )
 
     async def _replay_targets(self) -> dict[TopicPartition, int] | None:
         """A replay's end: the end offsets when it started (it is then caught up to that moment); None for a run."""

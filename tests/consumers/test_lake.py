@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Any
 
 import duckdb
 import pytest
@@ -74,6 +75,52 @@ def test_replay_into_a_lake(kafka, lake, tmp_path, env_for):
     assert again.returncode == 1 and "already holds events" in again.stderr
     no_path = flightrec("replay", "--db", db, env=env_for(), check=False)
     assert no_path.returncode == 1 and "--data-path" in no_path.stderr
+    # a replay that reached its end leaves a whole lake: a materializer takes it (and goes on from its offsets)
+    flightrec("materialize", "--db", db, "--data-path", data_path, "--until-idle", "1", env=env_for())
+
+
+@pytest.mark.slow  # a lake replay stopped by a signal after its first commit (~20 s with its catalog)
+def test_a_lake_replay_stopped_before_its_end_is_a_lake_no_writer_takes_for_whole(
+    fresh_kafka, lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM after the replay's first commit (`flightrec replay` in this process, committing one event at a time
+    here): it exits 1 saying the lake holds part of the topics only, and a materializer or another replay refuses
+    the lake."""
+    import functools
+    import os
+    import signal
+
+    from flightrec.consumers import materializer
+
+    from flightrec.cli import main
+
+    db, data_path = lake
+    events = []
+    for i in range(3):
+        b = Boot(instance=f"replayed-{i}")
+        b.lines("supervisor", "stdout", [f"line {k}" for k in range(10)])
+        events += b.events
+    publish(fresh_kafka.bootstrap, events)
+    real = LakeStore.commit
+
+    def commit_then_signal(self: LakeStore, deltas: Any, **kw: Any) -> Any:
+        done = real(self, deltas, **kw)
+        if self.mode == "replay" and done.events_received:
+            os.kill(os.getpid(), signal.SIGTERM)  # the CLI's handler stops the run: before its end offsets
+        return done
+
+    monkeypatch.setattr(LakeStore, "commit", commit_then_signal)
+    monkeypatch.setattr(materializer, "Options", functools.partial(materializer.Options, batch_messages=1))
+    monkeypatch.setenv("FLIGHTREC_BOOTSTRAP", fresh_kafka.bootstrap)
+    assert main(["replay", "--db", db, "--data-path", data_path]) == 1
+    monkeypatch.undo()
+    env = fresh_kafka.env(FLIGHTREC_LOG_LEVEL="WARNING")
+    for command in ("materialize", "replay"):
+        extra = ["--until-idle", "1"] if command == "materialize" else []
+        refused = flightrec(command, "--db", db, "--data-path", data_path, *extra, env=env, check=False)
+        assert refused.returncode == 1, refused.stderr
+        said = "is a replay that did not finish" if command == "materialize" else "already holds events"
+        assert said in refused.stderr, refused.stderr
 
 
 def _delta(boot: Boot, partition: int = 0, first_offset: int = 0):

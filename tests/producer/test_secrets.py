@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import string
 import subprocess
 import sys
@@ -387,6 +388,13 @@ FIELDS = (
 )
 
 
+def _port_then_slash(secret: str) -> bool:
+    """A password that begins like a port (``user:8080/rest@host``): the one reading the URL rule cannot tell
+    (docs/agent.md, "Secrets"), so not generated."""
+    head = re.split(r"[/?#]", secret, maxsplit=1)
+    return len(head) == 2 and head[0].isdigit() and len(head[0]) <= 5 and int(head[0]) <= 65535
+
+
 @hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     secret=secrets,
@@ -407,7 +415,7 @@ def test_no_generated_secret_reaches_the_spool(
     if where == "url_password":  # a password in a URL needs no FLIGHTREC_REDACT at all ('/', '@', ':' in it too)
         secret = secret.replace("\n", "").replace(" ", "").replace("\\", "").replace("'", "").replace('"', "")
         secret = secret.lstrip("/:@").rstrip("/:@")
-        if sum(c.isalpha() for c in secret) < 4:
+        if sum(c.isalpha() for c in secret) < 4 or _port_then_slash(secret):
             return
         env = {}
         text = f"{pre} https://user:{secret}@host/path {post}"

@@ -208,10 +208,13 @@ def _reader_location(db: str, data_path: str | None) -> Location:
 
 def _run(opts: Options, loc: Location, settings: Settings) -> int:
     from flightrec.consumers.materializer import Materializer
+    from flightrec.db.markers import unfinished_lake_replay
     from flightrec.db.nopandas import keep_pandas_out
 
     keep_pandas_out()  # pyarrow would import it at the first commit (db/nopandas.py)
     made = None if loc.shared or loc.exists() else getattr(loc, "path", None)  # a file this run makes
+
+    unfinished: list[str] = []  # a lake's replay stopped before its end offsets (a file's says so by its marker)
 
     async def go() -> int:
         loop = asyncio.get_running_loop()
@@ -224,6 +227,8 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, m.stop)
             stats = await m.run()
+            if opts.replay and loc.shared and not m.replay_finished:
+                unfinished.append(loc.describe())
         print(
             f"events_received={stats.events_received} lines_written={stats.lines_written} "
             f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
@@ -237,6 +242,9 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
             + (f" oom_retried={stats.oom_retried}" if stats.oom_retried else ""),
             file=sys.stderr,
         )
+        if unfinished:
+            print(f"flightrec replay: {unfinished_lake_replay(unfinished[0])}", file=sys.stderr)
+            return 1
         return 0
 
     try:
