@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 KINDS: tuple[str, ...] = ALERT_KINDS
 MAX_FIELD = 1900  # Slack refuses a block field over 2,000 characters
 REFUSED_WINDOW_S = 600.0  # refused events: one alert per 10 minutes at most, with the count since the last one
+# Failure kinds: those of the failures each commit added are looked at after it; every kind only this often (the
+# failure_kinds view over every failure costs about a second per 100,000 failures on a loaded 2-core machine).
+KINDS_INTERVAL_S = 300.0
 
 _NEW = pa.schema(
     [
@@ -108,7 +111,8 @@ WHERE attempted_us IS NOT NULL AND outcome IS NULL AND sent_us IS NULL AND error
 
 # The alertable rows that the outbox does not hold yet, as (kind, row).
 _NEW_FAILURES = """
-WITH f AS (SELECT CASE WHEN failure_class = 'below_min_rate' THEN 'below_min_rate' ELSE 'failed' END AS kind, *
+WITH f AS (SELECT CASE WHEN failure_class = 'below_min_rate' THEN 'below_min_rate' ELSE 'failed' END AS kind,
+                  * EXCLUDE (kind), kind AS failure_kind
            FROM failures)
 SELECT * FROM f
 WHERE failure_id NOT IN (SELECT alert_id FROM alerts)
@@ -202,6 +206,7 @@ class AlertConfig:
     status_interval: float = 15.0  # seconds between reads of the instance status (lost alerts)
     max_age: float = 900.0  # evidence Kafka received longer ago than this at first sight is recorded, not posted
     refused_window: float = REFUSED_WINDOW_S  # at most one refused-events alert per this many seconds
+    kinds_interval: float = KINDS_INTERVAL_S  # seconds between looks at every failure kind (else: those just failed)
 
 
 def _cut(text: Any) -> str:
@@ -323,6 +328,7 @@ class Alerter:
         self._status_due = 0.0  # monotonic time of the next status read
         self._status_missing_said = False
         self._kinds_missing_said = False
+        self._kinds_due = 0.0  # monotonic time of the next look at every failure kind
         self._lost_before: set[tuple[str, str]] = set()  # (instance, boot) lost at the previous status read
 
     # -- writer thread -----------------------------------------------------------
@@ -422,12 +428,17 @@ class Alerter:
             lost = self._rows(con, _LOST_NOW)
             found += new_silences(lost, self._lost_before)
             self._lost_before = {(r["instance_id"], r["boot_id"]) for r in lost}
-        return found + self._kinds(con, sent_us, status_due or bool(failures))
+        return found + self._kinds(con, sent_us, {r["failure_kind"] for r in failures if r.get("failure_kind")})
 
-    def _kinds(self, con: duckdb.DuckDBPyConnection, sent_us: int | None, due: bool) -> list[dict[str, Any]]:
-        """The new and regressed failure kinds not alerted yet (kind_alerts.py), when ``due`` and chosen (or at the
-        outbox's creation, to record them as not to be sent); none from a file without the stored view."""
-        if not due or (kind_alerts.ALERT not in self.config.kinds and sent_us is None):
+    def _kinds(self, con: duckdb.DuckDBPyConnection, sent_us: int | None, touched: set[str]) -> list[dict[str, Any]]:
+        """The new and regressed failure kinds not alerted yet (kind_alerts.py), when chosen (or at the outbox's
+        creation, to record them as not to be sent): those of the failures just found (``touched``), and every kind
+        at start and each ``kinds_interval`` (a failure the per-failure query leaves out, a row rebuilt); none from
+        a file without the stored view."""
+        if kind_alerts.ALERT not in self.config.kinds and sent_us is None:
+            return []
+        every = time.monotonic() >= self._kinds_due
+        if not every and not touched:
             return []
         if not kind_alerts.has_view(con):
             if not self._kinds_missing_said:
@@ -437,7 +448,9 @@ class Alerter:
                     "(run the materializer through `flightrec materialize`, which stores the views)"
                 )
             return []
-        return kind_alerts.kinds_now(con)
+        if every:
+            self._kinds_due = time.monotonic() + self.config.kinds_interval
+        return kind_alerts.kinds_now(con, None if every else sorted(touched))
 
     def _record_new(self, con: duckdb.DuckDBPyConnection, sent_us: int | None) -> None:
         now = time.time_ns() // 1000

@@ -33,7 +33,7 @@ EXAMPLES_SHOWN = 3  # example failure ids in the message's text
 # The kinds to alert that the outbox does not hold yet, each with the failure that opened its episode: the latest
 # failure of the kind that follows a quiet gap of QUIET_US or more (the first failure, for a kind seen once).
 _KINDS_NOW = f"""
-WITH s AS (SELECT * FROM main.failure_kinds WHERE list_contains($statuses, status)),
+WITH s AS (SELECT * FROM main.failure_kinds WHERE list_contains($statuses, status){{only}}),
 f AS (SELECT f.kind, f.failure_id, {sane_us("f.ts_us")} AS ts_us,
              {sane_us("f.ts_us")} - lag({sane_us("f.ts_us")}) OVER (
                  PARTITION BY f.kind ORDER BY f.ts_us, f.failure_id) AS quiet_us
@@ -59,9 +59,17 @@ def has_view(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(found)
 
 
-def kinds_now(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """The new and regressed kinds whose episode the outbox does not hold yet, as alertable rows."""
-    cur = con.execute(_KINDS_NOW, {"statuses": list(STATUSES)})
+_EVERY = _KINDS_NOW.replace("{only}", "")
+_ONLY = _KINDS_NOW.replace("{only}", " AND list_contains($kinds, kind)")  # the filter reaches the view's scan
+
+
+def kinds_now(con: duckdb.DuckDBPyConnection, kinds: list[str] | None = None) -> list[dict[str, Any]]:
+    """The new and regressed kinds (of ``kinds``; None: every kind) whose episode the outbox does not hold yet, as
+    alertable rows."""
+    if kinds is None:
+        cur = con.execute(_EVERY, {"statuses": list(STATUSES)})
+    else:
+        cur = con.execute(_ONLY, {"statuses": list(STATUSES), "kinds": kinds})
     names = [d[0] for d in cur.description]
     return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
 

@@ -3,6 +3,7 @@ from events (money_db's explained kinds and two new ones, kind_boots), then the 
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import quote
 
 from flightrec.analytics import queries
@@ -12,7 +13,7 @@ QUORUM = "zorblax quorum gone: peer <ip> answered <*> frames"
 LEDGER = "zorblax ledger <hex> turned away after <duration>"
 
 
-def _kinds(db) -> list[dict]:  # type: ignore[no-untyped-def]
+def _kinds(db: Path) -> list[dict]:
     return queries.failure_kinds(db).to_pylist()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from flightrec.db.query import run_query
@@ -53,7 +54,7 @@ def _kind_posts(hook: Hook) -> list[dict]:
     return [m["flightrec"] for m in hook.delivered if m["flightrec"]["kind"] == "failure_kind"]
 
 
-def _kinds(db, instances: list[str]) -> list[dict]:  # type: ignore[no-untyped-def]
+def _kinds(db: Path, instances: list[str]) -> list[dict]:
     sql = """SELECT kind, status, failures, instances, template FROM failure_kinds
              WHERE kind IN (SELECT kind FROM failures WHERE list_contains($ids, instance_id)) ORDER BY kind"""
     return run_query(db, sql, {"ids": instances}, prelude=prelude_for(sql)).to_pylist()
@@ -130,3 +131,48 @@ def test_alert_on_failure_kind_posts_only_kinds(kafka, db, hook):
     materialize(kafka, db, idle=1.0, webhook=hook.url, views=stored_views(), alert_on=("failure_kind",))
     assert {m["flightrec"]["kind"] for m in hook.delivered} == {"failure_kind"}
     assert len(hook.delivered) == 3
+
+
+def test_a_kind_the_per_failure_query_leaves_out_is_found_by_the_look_at_every_kind(tmp_path: Path) -> None:
+    """After each commit only the kinds of the failures it added are looked at; a failure already in the outbox
+    (alerted before its row was built again, under another kind: a rule changed its decisive line) is not among
+    them, so its kind alerts at the next look at every kind (``kinds_interval``), not before, and once."""
+    import json
+
+    from flightrec.consumers.alerts import AlertConfig, Alerter
+    from flightrec.consumers.webhook import PostResult
+    from flightrec.db.filestore import FileStore
+    from flightrec.db.fold import RawMessage, fold
+    from flightrec.schemas import encode
+
+    b = _failing(0, _now_us(), {"load": "zorblax shard {n} unreadable after {m} tries"})
+    posted: list[dict] = []
+
+    def post(url: str, body: bytes, key: str, timeout: float) -> PostResult:
+        posted.append(json.loads(body)["flightrec"])
+        return PostResult("delivered")
+
+    store = FileStore(tmp_path / "fr.duckdb", "g")
+    for stmt in stored_views():
+        store.con.execute(stmt)
+    alerts = Alerter(AlertConfig("http://hook.example/x", kinds_interval=2.0, drain=5.0), post=post)
+    try:
+        alerts.start(store.con)  # the first look at every kind: none yet
+        store.commit(fold([RawMessage(e.topic, 0, n, b.instance.encode(), encode(e)) for n, e in enumerate(b.events)]))
+        ((failure_id, kind),) = store.con.execute("SELECT failure_id, kind FROM failures").fetchall()
+        store.con.execute(
+            "INSERT INTO alerts (alert_id, kind, instance_id, created_us, sent_us) VALUES (?, 'failed', ?, 0, 0)",
+            [failure_id, b.instance],
+        )
+        alerts.sync(store.con)
+        count = "SELECT count(*) FROM alerts WHERE kind = 'failure_kind'"
+        assert store.con.execute(count).fetchone() == (0,)  # not among the commit's new failures
+        time.sleep(2.1)
+        alerts.sync(store.con)
+        alerts.sync(store.con)
+        made = store.con.execute("SELECT alert_id FROM alerts WHERE kind = 'failure_kind'").fetchall()
+        assert made == [(f"failure_kind:{kind}:{failure_id}",)], made
+    finally:
+        alerts.close(store.con)
+        store.close()
+    assert [(p["kind"], p["failure_kind"]) for p in posted] == [("failure_kind", kind)]
