@@ -39,6 +39,11 @@ def money(row: dict[str, Any]) -> str:
     return md_money(row["dollars_lost"], 2)
 
 
+def when(at: Any) -> str:
+    """A time as the page writes it; '?' for none (a failure whose own clock was far off: db/views.py's sane_us)."""
+    return f"{at:%Y-%m-%d %H:%M:%S}" if at is not None else "?"
+
+
 def headline(rows: list[dict[str, Any]]) -> None:
     """How many kinds, by status."""
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("new", "regressed", "ongoing", "explained")}
@@ -104,7 +109,7 @@ def kind_detail(row: dict[str, Any] | None, kind: str) -> None:
     gpus = ", ".join(md(g) for g in row["gpu_models"] or []) or "unknown"
     st.caption(
         f"{row['failures']:,} failure(s) on {row['instances']:,} instance(s) and {row['hosts']:,} host(s) · "
-        f"first seen {row['first_seen']:%Y-%m-%d %H:%M:%S} · last seen {row['last_seen']:%Y-%m-%d %H:%M:%S} UTC · "
+        f"first seen {when(row['first_seen'])} · last seen {when(row['last_seen'])} UTC · "
         f"GPU models: {gpus} · class {md(row['failure_class'] or 'unknown')} · lost: {money(row)}"
     )
     failures(kind)

@@ -100,3 +100,13 @@ def test_markup_and_long_lines_in_a_kind_show_literally(hostile_db, open_page):
     assert any("NVIDIA 'GPU' \\$9 \\*9\\*" in t for t in prose), prose  # the GPU model, escaped
     assert all(len(t) < 2_000 for t in prose + [c.value for c in at.code])
     assert list(at.dataframe[1].value["instance"]) == [f"instance?instance={quote(ids['id'], safe='')}"]
+
+
+def test_a_kind_without_a_sane_time_reads_as_unknown():
+    """first_seen / last_seen are NULL when the failures' own clock was absurd (db/views.py's sane_us)."""
+    import datetime
+
+    from flightrec.analytics.page_kinds import when
+
+    assert when(None) == "?"
+    assert when(datetime.datetime(2026, 1, 2, 3, 4, 5)) == "2026-01-02 03:04:05"
