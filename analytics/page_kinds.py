@@ -62,6 +62,7 @@ def listing(table: Any) -> None:
         hide_index=True,
         width="stretch",
         height=table_height(len(frame), 420),
+        placeholder="—",
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="open", width="small"),
             "status": st.column_config.TextColumn("status", help=STATUS_HELP),
@@ -69,6 +70,7 @@ def listing(table: Any) -> None:
             "hours_lost": st.column_config.NumberColumn("hours lost", format="%.1f"),
             "unpriced": st.column_config.NumberColumn("unpriced", help="instances of the kind without a price"),
             "template": st.column_config.TextColumn("template", width="large"),
+            "failure_class": st.column_config.TextColumn("class"),
         },
     )
 
@@ -132,6 +134,7 @@ def failures(kind: str) -> None:
         hide_index=True,
         width="stretch",
         height=table_height(len(frame), 420),
+        placeholder="—",
         column_config={
             "open": st.column_config.LinkColumn("failure", display_text="open", width="small"),
             "instance": st.column_config.LinkColumn("instance", display_text="open", width="small"),

@@ -475,9 +475,9 @@ WITH m AS (
            count(*) FILTER (WHERE c.first_of_instance AND c.price_per_hour IS NULL) AS unpriced,
            count(*) FILTER (WHERE c.first_of_instance) AS first_failures
     FROM failure_cost c JOIN failures f USING (failure_id) WHERE f.kind IS NOT NULL GROUP BY f.kind)
-SELECT k.kind, k.status, k.failures, k.instances, m.dollars_lost, m.hours_lost, coalesce(m.unpriced, 0) AS unpriced,
-       coalesce(m.first_failures, 0) AS first_failures, k.failure_class, k.first_seen, k.last_seen, k.hosts,
-       k.gpu_models, k.template, k.example_failure_ids, k.first_us, k.last_us
+SELECT k.kind, k.status, k.failures, k.instances, m.dollars_lost, k.template, k.failure_class, k.first_seen,
+       k.last_seen, m.hours_lost, coalesce(m.unpriced, 0) AS unpriced, k.hosts, k.gpu_models,
+       coalesce(m.first_failures, 0) AS first_failures, k.example_failure_ids, k.first_us, k.last_us
 FROM failure_kinds k LEFT JOIN m USING (kind)
 WHERE $since IS NULL OR k.last_us >= $since
 ORDER BY CASE k.status WHEN 'new' THEN 0 WHEN 'regressed' THEN 1 ELSE 2 END, m.dollars_lost DESC NULLS LAST,
