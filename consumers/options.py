@@ -27,6 +27,7 @@ ALERT_KINDS: tuple[str, ...] = (
     "below_min_rate",
     "incomplete",
     "refused",
+    "failure_kind",
 )  # what a webhook may be sent
 
 

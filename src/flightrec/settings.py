@@ -402,14 +402,15 @@ class Settings:
     webhook: str | None = setting(
         "FLIGHTREC_WEBHOOK",
         None,
-        "The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL "
+        "The materializer posts one Slack-compatible JSON message per new failure, incomplete boot, lost instance "
+        "and new or regressed failure kind to this URL "
         '(same as `materialize --webhook`; see docs/materializer.md, "Alerts").',
     )
     alert_on: str | None = setting(
         "FLIGHTREC_ALERT_ON",
         None,
         "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).",
-        shown="failed,lost,below_min_rate,incomplete,refused",
+        shown="failed,lost,below_min_rate,incomplete,refused,failure_kind",
     )
     alert_max_age: float = setting(
         "FLIGHTREC_ALERT_MAX_AGE",

@@ -76,13 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--webhook",
         default=None,
         metavar="URL",
-        help="post a Slack-compatible JSON message per new failure or status change here (default $FLIGHTREC_WEBHOOK)",
+        help="post a Slack-compatible JSON message per new failure, status change or new failure kind here "
+        "(default $FLIGHTREC_WEBHOOK)",
     )
     m.add_argument(
         "--alert-on",
         default=None,
         metavar="KINDS",
-        help="which alerts, comma separated: failed,lost,below_min_rate,incomplete,refused "
+        help="which alerts, comma separated: failed,lost,below_min_rate,incomplete,refused,failure_kind "
         "(default $FLIGHTREC_ALERT_ON, else all)",
     )
     m.add_argument(
