@@ -24,6 +24,7 @@ from typing import Any
 
 from flightrec.db.template import ANY, shape, template
 from flightrec.schemas.events import KIND_DECISIONS
+
 from flightrec.settings import Settings
 
 # The windows of the failure_kinds view's statuses (db/views.py), by default: FLIGHTREC_KINDS_NEW_HOURS and

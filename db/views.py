@@ -239,8 +239,9 @@ def _kind_decisions() -> str:
 )"""
 
 
-def failure_kinds_view(windows: KindWindows = KindWindows()) -> str:
-    """The failure_kinds view with the statuses' windows given (see above)."""
+def failure_kinds_view(windows: KindWindows | None = None) -> str:
+    """The failure_kinds view with the statuses' windows given (see above; None: the defaults)."""
+    windows = windows or KindWindows()
     new_since = f"epoch_us(now()) - {int(windows.new_us)}"
     return f"""
 CREATE OR REPLACE TEMP VIEW failure_kinds AS

@@ -479,7 +479,7 @@ class Settings:
         24.0,
         "Hours a failure kind stays `new` after its first failure, and a kind's return after a quiet spell (or its "
         "change of class after a rule explained it) stays `regressed` (the `failure_kinds` view, `flightrec kinds`; "
-        "read by each reader, docs/materializer.md, \"Failure kinds\").",
+        'read by each reader, docs/materializer.md, "Failure kinds").',
         parse=_bounded("FLIGHTREC_KINDS_NEW_HOURS", float, 1e-3, 24 * 3650),
     )
     kinds_quiet_days: float = setting(

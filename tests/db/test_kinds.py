@@ -27,11 +27,12 @@ from flightrec.db.kinds import (
     stage_kind,
 )
 from flightrec.db.views import prelude_for
-from flightrec.errors import ConfigError
 from flightrec.schemas import ManagerEvent, encode
-from flightrec.settings import Settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from flightrec.errors import ConfigError
+from flightrec.settings import Settings
 
 # One rule that matches none of the lines below: every failure unknown, so the statuses show (the class: below).
 RULES = parse_rules('[[rule]]\nid = "never"\nclass = "never"\nhint = "h"\nlines = ["matches no line here"]\n')
@@ -323,6 +324,7 @@ def test_hostile_decisions_never_break_the_view() -> None:
         ("kind_muted", {"failure_kind": "'; DROP TABLE failures; --"}),
     )
     assert _decided(con) == before
-    _decide(con, ("kind_merged", {"failure_kind": a, "into": b}), ("kind_merged", {"failure_kind": b, "into": a}), t0=2 * 10**15)
+    cycle = (("kind_merged", {"failure_kind": a, "into": b}), ("kind_merged", {"failure_kind": b, "into": a}))
+    _decide(con, *cycle, t0=2 * 10**15)
     rows = _decided(con)  # a cycle: resolved the same way every time, every failure counted once
     assert sum(f for _, _, f, *_ in rows) == 6 and rows == _decided(con)
