@@ -135,6 +135,16 @@ def test_a_lake_group_of_two_members_gives_the_kinds_of_one_file(kafka, lake, tm
     in_lake = sorted((r["kind"], r["template"], r["status"], r["failures"], r["instances"]) for r in rows)
     assert [r for r in in_lake if "zorblax" in r[1]] == kinds
 
+    # a decision is a manager event in the lake's shared manager_events: every member and reader sees it
+    muted = kinds[0][0]
+    flightrec("kinds", "mute", muted, env=env_for(FLIGHTREC_SPOOL=str(tmp_path / "manager-spool")))
+    again = ["materialize", "--db", db, "--data-path", data_path, "--group", group, "--until-idle", "3"]
+    flightrec(*again, env=env_for())
+    out = flightrec("kinds", "--db", db, "--data-path", data_path, "--json", env=env_for()).stdout
+    mine = {k for k, *_ in kinds}
+    status = {r["kind"]: r["status"] for r in map(json.loads, out.splitlines()) if r["kind"] in mine}
+    assert status == {k: "muted" if k == muted else "new" for k in mine}
+
 
 def test_a_database_made_before_kinds_gets_them_at_the_first_open(tmp_path):
     from flightrec.db.filestore import FileStore
