@@ -52,11 +52,12 @@ class KindWindows:
         return cls(round(settings.kinds_new_hours * 3600 * 10**6), round(settings.kinds_quiet_days * 24 * 3600 * 10**6))
 
 
-# The operator's decisions on kinds (`flightrec kinds mute|merge|split`) are manager events (ManagerEvent.kind), so
-# a replay and every member of a lake group read the same ones from `manager_events`. Their attributes:
+# The operator's decisions on kinds (`flightrec kinds mute|unmute|merge|unmerge|split`) are manager events
+# (ManagerEvent.kind), so a replay and every member of a lake group read the same ones from `manager_events`. Their
+# attributes:
 # ``failure_kind`` (the kind decided on), ``into`` (a merge's target), ``pattern`` (a split's RE2 expression, matched
 # against each failure's decisive line). They are keyed by DECISIONS_INSTANCE, an instance id no agent uses.
-KIND_MUTED, KIND_MERGED, KIND_SPLIT = KIND_DECISIONS
+KIND_MUTED, KIND_MERGED, KIND_SPLIT, KIND_UNMUTED, KIND_UNMERGED = KIND_DECISIONS
 DECISIONS_INSTANCE = "failure-kinds"
 KIND_PATTERN = re.compile(rf"[0-9a-f]{{{KIND_HEX}}}")  # what a kind looks like (fingerprint, split_kind)
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import re
 
-from flightrec.db.kinds import EXAMPLES, KIND_DECISIONS, KIND_HEX, KIND_MERGED, KIND_MUTED, KIND_SPLIT, KindWindows
+from flightrec.db.kinds import (
+    EXAMPLES,
+    KIND_DECISIONS,
+    KIND_HEX,
+    KIND_MERGED,
+    KIND_MUTED,
+    KIND_SPLIT,
+    KIND_UNMERGED,
+    KIND_UNMUTED,
+    KindWindows,
+)
 from flightrec.db.money import MONEY_VIEW_NAMES, MONEY_VIEWS
 from flightrec.db.status import INSTANCE_STATUS
 from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
@@ -204,7 +214,8 @@ FROM named n LEFT JOIN tagged t USING (instance_id) LEFT JOIN refused r USING (i
 # kind winning by its own time (ts_us, seq, event id), never by order of arrival: a split first (a failure of kind K
 # whose decisive line matches the split's RE2 pattern is of the split's kind, db.kinds.split_kind; an expression RE2
 # refuses matches nothing), then merges (a kind merged into another counts as its target, followed up to
-# MERGE_DEPTH merges; `merged_kinds` lists them), then a mute (on the kind as shown). Its status, in this order:
+# MERGE_DEPTH merges; `merged_kinds` lists them; a later unmerge takes one back), then a mute (on the kind as
+# shown; a later unmute takes it back). Its status, in this order:
 # muted; regressed (a failure within the new window was classed otherwise than the latest failure a rule explained
 # before it); explained (the latest failure's class is not 'unknown': a rule covers it); new (first seen within the
 # new window); regressed (a failure within the new window came after the quiet window without one); else ongoing.
@@ -225,8 +236,9 @@ def _kind_decisions() -> str:
     SELECT of_kind, pattern, left(sha256(of_kind || chr(31) || pattern), {KIND_HEX}) AS new_kind, said
     FROM d WHERE decision = '{KIND_SPLIT}' AND coalesce(pattern, '') <> ''
 ), merges AS (
-    SELECT of_kind, arg_max(into_kind, said) AS into_kind
-    FROM d WHERE decision = '{KIND_MERGED}' AND coalesce(into_kind, '') <> '' GROUP BY of_kind
+    SELECT of_kind, into_kind FROM d
+    WHERE decision = '{KIND_UNMERGED}' OR (decision = '{KIND_MERGED}' AND coalesce(into_kind, '') <> '')
+    QUALIFY row_number() OVER (PARTITION BY of_kind ORDER BY said DESC) = 1 AND decision = '{KIND_MERGED}'
 ), chain AS (
     SELECT of_kind, into_kind, 1 AS depth FROM merges
     UNION ALL
@@ -235,7 +247,8 @@ def _kind_decisions() -> str:
 ), target AS (
     SELECT of_kind, arg_max(into_kind, depth) AS into_kind FROM chain GROUP BY of_kind
 ), muted AS (
-    SELECT DISTINCT of_kind FROM d WHERE decision = '{KIND_MUTED}'
+    SELECT of_kind FROM d WHERE decision IN ('{KIND_MUTED}', '{KIND_UNMUTED}')
+    QUALIFY row_number() OVER (PARTITION BY of_kind ORDER BY said DESC) = 1 AND decision = '{KIND_MUTED}'
 )"""
 
 

@@ -229,6 +229,11 @@ def test_a_mute_and_a_merge_sent_as_manager_events_change_the_kinds_and_a_replay
     flightrec("replay", "--db", str(replayed), env=env_for())
     assert _listed(replayed, env_for()) == after
 
+    flightrec("kinds", "unmute", before["ledger"][0], env=manager)
+    flightrec("kinds", "unmerge", before["quorum"][0], env=manager)
+    materialize(kafka, live)
+    assert _listed(live, env_for()) == {w: (*r[:4], None) for w, r in before.items()}
+
 
 def test_kinds_decisions_refuse_what_the_view_could_not_use(tmp_path):
     """A decision that names no kind, merges a kind into itself or splits by an expression RE2 refuses is refused
@@ -242,6 +247,7 @@ def test_kinds_decisions_refuse_what_the_view_could_not_use(tmp_path):
         ("mute", "ABC"): "is not a kind",
         ("merge", k, k.upper()): "is not a kind",
         ("merge", k, k): "into itself",
+        ("unmerge", "0x" + k[2:]): "is not a kind",
         ("split", k, "--pattern", "(?=ahead)"): "RE2",
         ("split", k, "--pattern", ""): "1 to",
     }

@@ -328,3 +328,13 @@ def test_hostile_decisions_never_break_the_view() -> None:
     _decide(con, *cycle, t0=2 * 10**15)
     rows = _decided(con)  # a cycle: resolved the same way every time, every failure counted once
     assert sum(f for _, _, f, *_ in rows) == 6 and rows == _decided(con)
+
+
+def test_a_mute_and_a_merge_can_be_taken_back_and_the_latest_word_wins() -> None:
+    con, (a, b, c) = _three_kinds()
+    _decide(con, ("kind_muted", {"failure_kind": a}), ("kind_merged", {"failure_kind": c, "into": b}))
+    _decide(con, ("kind_unmuted", {"failure_kind": a}), ("kind_unmerged", {"failure_kind": c}), t0=10**15 + 10)
+    assert [(k, s, f) for k, s, f, *_ in _decided(con)] == [(a, "new", 3), (b, "new", 2), (c, "new", 1)]
+    _decide(con, ("kind_muted", {"failure_kind": a}), t0=10**15 + 20)  # muted again, after the unmute
+    _decide(con, ("kind_unmuted", {"failure_kind": b}), t0=10**15 - 20)  # an unmute before any mute: nothing
+    assert [(k, s) for k, s, *_ in _decided(con)] == [(a, "muted"), (b, "new"), (c, "new")]

@@ -35,12 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_read_db(k)
     k.add_argument("--json", action="store_true", help="print one JSON object per kind, a line each")
     k.set_defaults(func=_kinds)
-    actions = k.add_subparsers(dest="action", metavar="[mute|merge|split]", help="none: list the kinds")
-    mute = _decision(actions, "mute", "mute a kind: its status is muted (never new or regressed) from now on")
+    actions = k.add_subparsers(dest="action", metavar="[mute|unmute|merge|unmerge|split]", help="none: list the kinds")
+    mute = _decision(actions, "mute", "mute a kind: its status is muted (never new or regressed) until unmuted")
     mute.add_argument("kind", metavar="K", help="the kind (16 hex digits, as `flightrec kinds` shows it)")
+    unmute = _decision(actions, "unmute", "take a mute back: the kind's status is what its failures say")
+    unmute.add_argument("kind", metavar="K", help="the kind muted")
     merge = _decision(actions, "merge", "count the failures of kind K1 as kind K2's (K2 shows them; K1 is gone)")
     merge.add_argument("kind", metavar="K1", help="the kind merged away")
     merge.add_argument("into", metavar="K2", help="the kind that shows both")
+    unmerge = _decision(actions, "unmerge", "take a merge back: kind K shows its own failures again")
+    unmerge.add_argument("kind", metavar="K", help="the kind merged away (K1 of its merge)")
     split = _decision(
         actions, "split", "separate the failures of kind K whose decisive line matches RE into a new kind"
     )
@@ -112,22 +116,34 @@ def _cells(r: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def decision(args: argparse.Namespace, max_len: int) -> tuple[str, dict[str, str]]:
-    """The manager event's kind and attributes of a `flightrec kinds mute|merge|split`, checked (ConfigError)."""
-    from flightrec.db.kinds import KIND_MERGED, KIND_MUTED, KIND_PATTERN, KIND_SPLIT
+    """The manager event's kind and attributes of a `flightrec kinds ACTION`, checked (ConfigError)."""
+    from flightrec.db import kinds as k
     from flightrec.errors import ConfigError
 
-    kinds = [args.kind] + ([args.into] if args.action == "merge" else [])
-    for k in kinds:
-        if not KIND_PATTERN.fullmatch(k):
-            raise ConfigError(f"{k!r} is not a kind: 16 hex digits, as `flightrec kinds` shows them")
-    if args.action == "mute":
-        return KIND_MUTED, {"failure_kind": args.kind}
+    into = getattr(args, "into", None)
+    for kind in (args.kind, into) if into is not None else (args.kind,):
+        if not k.KIND_PATTERN.fullmatch(kind):
+            raise ConfigError(f"{kind!r} is not a kind: 16 hex digits, as `flightrec kinds` shows them")
+    if args.action == "split":
+        _check_pattern(args.pattern, max_len)
+        return k.KIND_SPLIT, {"failure_kind": args.kind, "pattern": args.pattern}
+    if into is None:
+        event = {"mute": k.KIND_MUTED, "unmute": k.KIND_UNMUTED, "unmerge": k.KIND_UNMERGED}[args.action]
+        return event, {"failure_kind": args.kind}
+    if into == args.kind:
+        raise ConfigError(f"merging {args.kind} into itself changes nothing: name two kinds")
+    return k.KIND_MERGED, {"failure_kind": args.kind, "into": into}
+
+
+def said_text(args: argparse.Namespace, attrs: dict[str, str]) -> str:
+    """What a decision did, in words (a split names the kind it makes, from the pattern sent)."""
+    from flightrec.db.kinds import split_kind
+
+    if args.action == "split":
+        return f"split {args.kind} by {args.pattern!r} into {split_kind(args.kind, attrs.get('pattern', ''))}"
     if args.action == "merge":
-        if args.into == args.kind:
-            raise ConfigError(f"merging {args.kind} into itself changes nothing: name two kinds")
-        return KIND_MERGED, {"failure_kind": args.kind, "into": args.into}
-    _check_pattern(args.pattern, max_len)
-    return KIND_SPLIT, {"failure_kind": args.kind, "pattern": args.pattern}
+        return f"merged {args.kind} into {args.into}"
+    return f"{args.action}d {args.kind}"  # muted, unmuted, unmerged
 
 
 def _check_pattern(pattern: str, max_len: int) -> None:
@@ -151,7 +167,7 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
     import dataclasses
     import sys
 
-    from flightrec.db.kinds import DECISIONS_INSTANCE, split_kind
+    from flightrec.db.kinds import DECISIONS_INSTANCE
     from flightrec.producer.manager import send_manager_event
 
     kind, attrs = decision(args, settings.max_line)
@@ -161,12 +177,7 @@ def _decide(args: argparse.Namespace, settings: Settings) -> int:
     said = dict(ev.attributes)
     if said != attrs:  # the agent's redaction masked a part of it: what was sent is what counts
         print(f"warning: sent as {said} (a part looked like a secret and was masked)", file=sys.stderr)
-    if args.action == "mute":
-        what = f"muted {args.kind}"
-    elif args.action == "merge":
-        what = f"merged {args.kind} into {args.into}"
-    else:
-        what = f"split {args.kind} by {args.pattern!r} into {split_kind(args.kind, said.get('pattern', ''))}"
+    what = said_text(args, said)
     where = "delivered" if ok else "spooled, not yet delivered"
     print(f"{what} by {ev.source_id}: {where}", file=sys.stdout if ok else sys.stderr)
     return 0
