@@ -475,6 +475,20 @@ class Settings:
         "and seconds summed). `forever` keeps every sample. Benchmark results are always kept.",
         parse=lambda text: parse_days("FLIGHTREC_KEEP_SAMPLES_DAYS", text),
     )
+    kinds_new_hours: float = setting(
+        "FLIGHTREC_KINDS_NEW_HOURS",
+        24.0,
+        "Hours a failure kind stays `new` after its first failure, and a kind's return after a quiet spell (or its "
+        "change of class after a rule explained it) stays `regressed` (the `failure_kinds` view, `flightrec kinds`; "
+        'read by each reader, docs/materializer.md, "Failure kinds").',
+        parse=_bounded("FLIGHTREC_KINDS_NEW_HOURS", float, 1e-3, 24 * 3650),
+    )
+    kinds_quiet_days: float = setting(
+        "FLIGHTREC_KINDS_QUIET_DAYS",
+        7.0,
+        "Days without a failure of a kind after which its next failure makes it `regressed`.",
+        parse=_bounded("FLIGHTREC_KINDS_QUIET_DAYS", float, 1e-3, 3650),
+    )
     compact_free_share: float = setting(
         "FLIGHTREC_COMPACT_FREE_SHARE",
         0.5,

@@ -287,6 +287,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
     from flightrec.db.classify import load_rules
     from flightrec.db.keep import Keep
+    from flightrec.db.kinds import KindWindows
     from flightrec.db.views import stored_views
 
     return Options(
@@ -302,7 +303,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         alert_on=kinds,
         dashboard_url=settings.dashboard_url,
         alert_max_age=settings.alert_max_age,
-        views=stored_views(),
+        views=stored_views(KindWindows.from_settings(settings)),
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
         metrics_port=args.metrics_port,
@@ -332,6 +333,7 @@ def trust_config(settings: Settings) -> TrustConfig:
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options, parse_time
     from flightrec.db.classify import load_rules
+    from flightrec.db.kinds import KindWindows
     from flightrec.db.location import locate
     from flightrec.db.views import stored_views
 
@@ -346,7 +348,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         since_us=parse_time(args.since) if args.since else None,
         rules=load_rules(args.rules),
         memory_limit=args.memory_limit,
-        views=stored_views(),
+        views=stored_views(KindWindows.from_settings(settings)),
         serve=not loc.shared,
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
