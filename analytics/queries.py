@@ -15,8 +15,12 @@ from flightrec.analytics.fleetsummary import (  # noqa: F401 - the pages' names
     fleet_filter_options,
     fleet_summary,
 )
+from flightrec.db.kinds import KindWindows
 from flightrec.db.query import freshness, run_query
 from flightrec.db.views import ALL_VIEWS, VIEWS, prelude_for, ts
+from flightrec.schemas.events import KIND_DECISIONS
+
+from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -216,10 +220,11 @@ def manager_only_instances(db: Db, since_us: int | None = None) -> pa.Table:
         SELECT instance_id, make_timestamp(min(ts_us)) AS first_manager_event
         FROM manager_events m
         WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = m.instance_id)
+          AND NOT list_contains($decisions, m.kind)
         GROUP BY instance_id
         HAVING NOT bool_or(kind IN ('destroyed', 'released')) AND ($since IS NULL OR max(ts_us) >= $since)
         ORDER BY min(ts_us) DESC, instance_id""",
-        {"since": since_us},
+        {"since": since_us, "decisions": list(KIND_DECISIONS)},  # decisions on kinds: no instance's
     )
 
 
@@ -484,10 +489,15 @@ ORDER BY CASE k.status WHEN 'new' THEN 0 WHEN 'regressed' THEN 1 ELSE 2 END, m.d
          k.failures DESC, k.kind"""
 
 
+def _kind_windows() -> KindWindows:
+    """The failure kinds' status windows of this dashboard's settings (FLIGHTREC_KINDS_*), as `flightrec kinds`."""
+    return KindWindows.from_settings(Settings.from_env())
+
+
 def failure_kinds(db: Db, since_us: int | None = None) -> pa.Table:
     """Every failure kind (the failure_kinds view), new and regressed first, then by the money lost to it
     (``dollars_lost``, ``unpriced``: see _KINDS), then by failures; with ``since_us``, those seen since then."""
-    return run_query(db, _KINDS, {"since": since_us}, prelude=prelude_for(_KINDS))
+    return run_query(db, _KINDS, {"since": since_us}, prelude=prelude_for(_KINDS, _kind_windows()))
 
 
 def kind_failures(db: Db, kind: str, limit: int = KIND_FAILURES_SHOWN) -> pa.Table:
@@ -513,7 +523,7 @@ def new_kinds(db: Db) -> int | None:
     if not has.column("n")[0].as_py():
         return None
     sql = "SELECT count(*) AS n FROM failure_kinds WHERE status = 'new'"
-    return int(run_query(db, sql, prelude=prelude_for(sql)).column("n")[0].as_py())
+    return int(run_query(db, sql, prelude=prelude_for(sql, _kind_windows())).column("n")[0].as_py())
 
 
 # ---- Throughput ----------------------------------------------------------------------
@@ -607,7 +617,7 @@ def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Tabl
     except (duckdb.Error, ValueError) as exc:  # the check in the read's process says the same, with the reason
         statements = []
         log.debug("console: %s", exc)
-    prelude = prelude_for(text)  # every shared view it names, the money ones too
+    prelude = prelude_for(text, _kind_windows())  # every shared view it names, the money ones too
     limits = ReadLimits()
     if len(statements) == 1 and _is_select(statements[0]):  # the query DuckDB made of it (a PRAGMA: its SELECT)
         query = statements[0].query

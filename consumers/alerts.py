@@ -56,6 +56,7 @@ import pyarrow as pa
 from flightrec.consumers import alert_age, kind_alerts, webhook
 from flightrec.consumers.options import ALERT_KINDS
 from flightrec.consumers.webhook import slack_text
+from flightrec.db.kinds import QUIET_US
 
 from flightrec.errors import ConfigError
 
@@ -207,6 +208,7 @@ class AlertConfig:
     max_age: float = 900.0  # evidence Kafka received longer ago than this at first sight is recorded, not posted
     refused_window: float = REFUSED_WINDOW_S  # at most one refused-events alert per this many seconds
     kinds_interval: float = KINDS_INTERVAL_S  # seconds between looks at every failure kind (else: those just failed)
+    kinds_quiet_us: int = QUIET_US  # the failure_kinds view's quiet window (FLIGHTREC_KINDS_QUIET_DAYS)
 
 
 def _cut(text: Any) -> str:
@@ -450,7 +452,7 @@ class Alerter:
             return []
         if every:
             self._kinds_due = time.monotonic() + self.config.kinds_interval
-        return kind_alerts.kinds_now(con, None if every else sorted(touched))
+        return kind_alerts.kinds_now(con, None if every else sorted(touched), self.config.kinds_quiet_us)
 
     def _record_new(self, con: duckdb.DuckDBPyConnection, sent_us: int | None) -> None:
         now = time.time_ns() // 1000

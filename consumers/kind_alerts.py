@@ -31,7 +31,8 @@ STATUSES = ("new", "regressed")  # the statuses that alert
 EXAMPLES_SHOWN = 3  # example failure ids in the message's text
 
 # The kinds to alert that the outbox does not hold yet, each with the failure that opened its episode: the latest
-# failure of the kind that follows a quiet gap of QUIET_US or more (the first failure, for a kind seen once).
+# failure of the kind that follows a quiet gap of $quiet µs or more (the first failure, for a kind seen once): the
+# view's own quiet window (FLIGHTREC_KINDS_QUIET_DAYS, AlertConfig.kinds_quiet_us).
 _KINDS_NOW = f"""
 WITH s AS (SELECT * FROM main.failure_kinds WHERE list_contains($statuses, status){{only}}),
 f AS (SELECT f.kind, f.failure_id, {sane_us("f.ts_us")} AS ts_us,
@@ -39,7 +40,7 @@ f AS (SELECT f.kind, f.failure_id, {sane_us("f.ts_us")} AS ts_us,
                  PARTITION BY f.kind ORDER BY f.ts_us, f.failure_id) AS quiet_us
       FROM failures f WHERE f.kind IN (SELECT kind FROM s)),
 o AS (SELECT kind, arg_max(failure_id, (ts_us, failure_id))
-                       FILTER (WHERE quiet_us IS NULL OR quiet_us >= {QUIET_US}) AS opened_by
+                       FILTER (WHERE quiet_us IS NULL OR quiet_us >= $quiet) AS opened_by
       FROM f GROUP BY kind)
 SELECT '{ALERT}' AS kind, s.kind AS failure_kind, '{ALERT}:' || s.kind || ':' || o.opened_by AS failure_id,
        NULL AS instance_id, NULL AS boot_id, NULL AS stage, s.last_us AS ts_us, o.opened_by, s.status, s.template,
@@ -63,13 +64,15 @@ _EVERY = _KINDS_NOW.replace("{only}", "")
 _ONLY = _KINDS_NOW.replace("{only}", " AND list_contains($kinds, kind)")  # the filter reaches the view's scan
 
 
-def kinds_now(con: duckdb.DuckDBPyConnection, kinds: list[str] | None = None) -> list[dict[str, Any]]:
+def kinds_now(
+    con: duckdb.DuckDBPyConnection, kinds: list[str] | None = None, quiet_us: int = QUIET_US
+) -> list[dict[str, Any]]:
     """The new and regressed kinds (of ``kinds``; None: every kind) whose episode the outbox does not hold yet, as
-    alertable rows."""
+    alertable rows; ``quiet_us``: the silence after which a kind's next failure opens a new episode."""
     if kinds is None:
-        cur = con.execute(_EVERY, {"statuses": list(STATUSES)})
+        cur = con.execute(_EVERY, {"statuses": list(STATUSES), "quiet": quiet_us})
     else:
-        cur = con.execute(_ONLY, {"statuses": list(STATUSES), "kinds": kinds})
+        cur = con.execute(_ONLY, {"statuses": list(STATUSES), "kinds": kinds, "quiet": quiet_us})
     names = [d[0] for d in cur.description]
     return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
 

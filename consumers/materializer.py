@@ -316,6 +316,7 @@ class Materializer:
                     timeout=opts.alert_timeout,
                     status_interval=opts.status_interval,
                     max_age=opts.alert_max_age,
+                    kinds_quiet_us=opts.kind_windows.quiet_us,
                 )
             )
             await self._in_writer(self._alerts.start, self._store.con)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from flightrec.db.keep import Keep
+from flightrec.db.kinds import KindWindows
 from flightrec.db.location import Location, locate
 from flightrec.db.trust import TrustConfig
 
@@ -67,6 +68,7 @@ class Options:
     keep: Keep = field(default_factory=lambda: Keep(lines_days=None, samples_days=None))
     compact_free_share: float = 0.0  # compact the file at a quiet moment once this share is free (0: never)
     archive: str | None = None  # replay reads what the topics no longer hold from this archive (consumers/archive.py)
+    kind_windows: KindWindows = field(default_factory=KindWindows)  # the failure kinds' statuses (FLIGHTREC_KINDS_*)
 
     @property
     def location(self) -> Location:

@@ -110,3 +110,19 @@ def test_a_kind_without_a_sane_time_reads_as_unknown():
 
     assert when(None) == "?"
     assert when(datetime.datetime(2026, 1, 2, 3, 4, 5)) == "2026-01-02 03:04:05"
+
+
+def test_a_decision_on_kinds_is_no_silent_rented_instance(tmp_path) -> None:
+    """Decisions on kinds travel as manager events about the reserved id `failure-kinds`: never an instance the
+    manager rented that stays silent (the Fleet page's list of paid-for, silent instances)."""
+    from dashdata import BASE_US, commit, manager_events
+
+    db = tmp_path / "m.duckdb"
+    commit(
+        db,
+        [
+            manager_events("silent-1", ("rented", BASE_US, {})),
+            manager_events("failure-kinds", ("kind_muted", BASE_US, {"failure_kind": "0123456789abcdef"})),
+        ],
+    )
+    assert [r["instance_id"] for r in queries.manager_only_instances(db).to_pylist()] == ["silent-1"]

@@ -304,6 +304,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         dashboard_url=settings.dashboard_url,
         alert_max_age=settings.alert_max_age,
         views=stored_views(KindWindows.from_settings(settings)),
+        kind_windows=KindWindows.from_settings(settings),
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
         metrics_port=args.metrics_port,
