@@ -398,7 +398,7 @@ class _AgentBase:
         override: dict[str, Any] = load_override(self.settings.facts) if self.settings.facts else {}
         override.update(overrides)
         boot_id, _ = self.spool.boot()
-        if not force and (self.spool.dir / f"once-{boot_id}-facts").exists():
+        if not force and self.spool.files.once(boot_id, "facts").exists():
             return None
         values = collect_facts(override)
         eid, iid, ts = new_event_id(), self.instance_id, now_us()
@@ -434,12 +434,12 @@ class _AgentBase:
         them (it died; its keeper passed them on and left notes, flightrec.producer.keeper): one per stage, in the
         current boot, with ``lost_lines`` and ``lost_bytes``; returns how many lines. Notes of older boots are
         dropped (said in the log): their boot was sealed, and the seal named what still ran."""
-        from flightrec.producer.keeper import LOST, take_late_losses
+        from flightrec.producer.keeper import take_late_losses
 
-        if not isinstance(self.spool, Spool) or not any(self.spool.dir.glob(f"{LOST}*")):
+        if not isinstance(self.spool, Spool) or not self.spool.files.late_losts():
             return 0
         boot_id = self.spool.boot()[0]
-        losses, files = take_late_losses(self.spool.dir, boot_id)
+        losses, files = take_late_losses(self.spool.files, boot_id)
         total = 0
         for stage, (lines, size) in sorted(losses.items()):
             self.event(
@@ -452,8 +452,8 @@ class _AgentBase:
             total += lines
         for p in files:
             p.unlink(missing_ok=True)
-        for p in self.spool.dir.glob(f"{LOST}*"):
-            if not p.name.startswith(f"{LOST}{boot_id}-"):
+        for p in self.spool.files.late_losts():
+            if not self.spool.files.late_lost_of(p, boot_id):
                 log.warning("dropping %s: its boot is sealed (its late output was named by the seal)", p.name)
                 p.unlink(missing_ok=True)
         return total
@@ -478,14 +478,14 @@ class _AgentBase:
             while running(self.spool, boot_id, own) and time.monotonic() < deadline:
                 time.sleep(0.05)
             late_wait = self.settings.late_wait
-            for st in late_stages(self.spool.dir, boot_id):
+            for st in late_stages(self.spool.files, boot_id):
                 self.event(
                     st.stage,
                     "info",
                     detail=f"the seal waits up to {late_wait:g}s for the late output of {still_writing(st)}",
                     attributes={"seal_waits_for": "late_output", "late_wait_s": f"{late_wait:g}"},
                 )
-            left_late = settle_late_output(self.spool.dir, boot_id, late_wait)
+            left_late = settle_late_output(self.spool.files, boot_id, late_wait)
             self.note_late_losses()  # what a dead late-output process's keeper passed on unrecorded, in this boot
         spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
 

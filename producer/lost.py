@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flightrec.producer.spool import Maker, Position, SpoolWriteError, _built, instance_dir
+from flightrec.producer.spool import Maker, Position, SpoolWriteError, _built
+from flightrec.producer.spoolfolder import SpoolFolder
 from flightrec.schemas import Event
 
 
@@ -19,7 +20,8 @@ class LostSpool:
     def __init__(self, root: str | Path, instance_id: str, reason: str) -> None:
         self.instance_id = instance_id
         self.key = instance_id.encode("utf-8")
-        self.dir = instance_dir(root, instance_id)
+        self.files = SpoolFolder.of(root, instance_id)  # where it would have been (named in messages)
+        self.dir = self.files.path
         self.reason = reason
         self.events_spooled = 0
 

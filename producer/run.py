@@ -362,7 +362,7 @@ def _prepare(agent: SyncAgent, stage: str, argv: list[str], tails: Sequence[str]
     follows = [(FileFollower(p), SourceBatcher(agent, stage, p, 0, **kw)) for p in tails]
     for f, _b in follows:  # an earlier stage's leftover following the same file stops where this one starts
         _fd, offset, ino = f.state()
-        write_claim(agent.spool.dir, agent.boot_id, f.path, Claim(token, ino, offset))
+        write_claim(agent.spool.files, agent.boot_id, f.path, Claim(token, ino, offset))
     ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
     sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
     return _Run(agent, stage, argv, tails, passthrough, token, env, kw, follows, ptys, sigs)
@@ -568,7 +568,7 @@ def _hand_off(
         )
     h = Handoff(settings=agent.settings, stage=stage, boot_id=agent.boot_id, token=token, pipes=pipes, files=files)
     try:
-        pid = hand_off(h, agent.spool.dir)
+        pid = hand_off(h, agent.spool.files)
     except OSError as exc:  # cannot start it: read on here rather than cut CMD's leftovers off
         log.error("the late-output process did not start (%s); the leftovers' output is no longer recorded", exc)
         pid = None
