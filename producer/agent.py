@@ -24,7 +24,7 @@ from flightrec.producer.members import Member, join, leave, running
 from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
 from flightrec.producer.shapes import SecretShape, SecretShapesError, builtin_shapes, load_shapes
-from flightrec.producer.spool import BootSealedError, Spool, SpoolWriteError
+from flightrec.producer.spool import AnySpool, BootSealedError, Spool, SpoolWriteError
 from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
 
 from flightrec.errors import FlightrecError, SpoolError
@@ -182,17 +182,19 @@ class _AgentBase:
         self.instance_id = visible(instance_id or self.settings.instance)[0]  # non-UTF-8 bytes as \xNN
         root = spool_dir or self.settings.spool
         self.losses = Losses()
-        self.spool: Spool | LostSpool
+        self.spool: AnySpool
+        working: Spool | None = None  # only a spool that works is delivered
         try:
-            self.spool = Spool(root, self.instance_id, new_boot=new_boot)
+            self.spool = working = Spool(root, self.instance_id, new_boot=new_boot)
         except SpoolError as exc:  # the stage must run anyway: nothing is recorded, and that is said
             say(f"NOT RECORDED: {exc}. Nothing of instance {self.instance_id} is recorded by this agent.")
             self.spool = LostSpool(root, self.instance_id, str(exc))
-            deliver = False
         self.redactor = Redactor(
             *_secrets(self.settings, os.environ if env is None else env), shapes=_shapes(self.settings)
         )
-        self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]  # a LostSpool is never delivered: deliver is False with it
+        self.deliverer: Deliverer | None = (
+            Deliverer(working, self.settings) if deliver and working is not None else None
+        )
         self.events_emitted = 0
         self._stage_member: Member | None = None  # the stage this agent runs (a seal does not wait for it)
         self._closed: bool | None = None  # once closed: whether everything was acknowledged then
@@ -398,7 +400,7 @@ class _AgentBase:
         override: dict[str, Any] = load_override(self.settings.facts) if self.settings.facts else {}
         override.update(overrides)
         boot_id, _ = self.spool.boot()
-        if not force and self.spool.files.once(boot_id, "facts").exists():
+        if not force and self.spool.sent_once(boot_id, "facts"):
             return None
         values = collect_facts(override)
         eid, iid, ts = new_event_id(), self.instance_id, now_us()

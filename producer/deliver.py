@@ -21,9 +21,8 @@ from flightrec.producer.fit import (
     message_size,
     split_log_batch,
 )
-from flightrec.producer.lost import LostSpool
 from flightrec.producer.redact import visible
-from flightrec.producer.spool import Position, Record, Spool
+from flightrec.producer.spool import AnySpool, Position, Record, Spool
 from flightrec.schemas import now_us
 from flightrec.schemas.auth import Signer, parse_fleet_key
 from flightrec.schemas.sendtime import sent_header
@@ -536,7 +535,7 @@ async def _close(producer: Any) -> None:
         await asyncio.wait_for(producer.stop(), 5.0)
 
 
-def require_delivered(ok: bool, spool: Spool | LostSpool, timeout: float, last_error: str | None) -> None:
+def require_delivered(ok: bool, spool: AnySpool, timeout: float, last_error: str | None) -> None:
     """Raise DeliveryError (saying what is left and what to do) when a flush did not finish."""
     if ok:
         return

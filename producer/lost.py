@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flightrec.producer.spool import Maker, Position, SpoolWriteError, _built
+from flightrec.producer.spool import Maker, Position, SpoolWriteError, built_for_counting
 from flightrec.producer.spoolfolder import SpoolFolder
 from flightrec.schemas import Event
 
 
 class LostSpool:
-    """Stands in for a spool that cannot be created: the command still runs, nothing is written.
+    """Stands in for a spool that cannot be created (an :class:`~flightrec.producer.spool.AnySpool`): the command
+    still runs, nothing is written.
 
     Every :meth:`append` raises :class:`SpoolWriteError` carrying the events it would have
     written, so that the agent can say what was lost; the rest answers "empty".
@@ -31,6 +32,10 @@ class LostSpool:
 
     dirty = False
 
+    def sent_once(self, boot_id: str, name: str) -> bool:
+        """Nothing was ever sent."""
+        return False
+
     def append(
         self,
         makers: Sequence[Maker],
@@ -41,7 +46,7 @@ class LostSpool:
         boot: str | None = None,
     ) -> list[Event]:
         """Nothing can be written: SpoolWriteError with the events that were lost."""
-        raise SpoolWriteError(self.reason, _built(makers, ""))
+        raise SpoolWriteError(self.reason, built_for_counting(makers, ""))
 
     def committed_end(self) -> Position:
         """Nothing written: the start."""

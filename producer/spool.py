@@ -37,7 +37,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from flightrec.producer.names import instance_dir, safe_name  # noqa: F401 (re-exported)
 from flightrec.producer.segment import (
@@ -103,7 +103,7 @@ class BootSealedError(SpoolWriteError):
     """Events of a stage that still ran when its boot was sealed: the seal names the stage; they are not noted."""
 
 
-def _built(makers: Sequence[Maker], boot_id: str) -> list[Event]:
+def built_for_counting(makers: Sequence[Maker], boot_id: str) -> list[Event]:
     """The events the makers would have spooled (seq -1: never written), to count what was lost."""
     out: list[Event] = []
     for make in makers:
@@ -112,6 +112,46 @@ def _built(makers: Sequence[Maker], boot_id: str) -> list[Event]:
         except Exception:  # noqa: BLE001 - only counting: an event that cannot even be built counts as one
             log.debug("an event that was not spooled could not be built for counting", exc_info=True)
     return out
+
+
+class AnySpool(Protocol):
+    """What the agent asks of a spool: :class:`Spool`, or ``LostSpool`` (flightrec.producer.lost) where none could be
+    created (every append then raises SpoolWriteError with what was lost). Only a :class:`Spool` is delivered, holds
+    members and late output."""
+
+    instance_id: str
+    files: SpoolFolder  # the folder's files by name (of a LostSpool: where they would have been)
+    dir: Path  # where the folder is (or would have been): named in messages
+    events_spooled: int
+
+    @property
+    def dirty(self) -> bool: ...
+
+    def boot(self) -> tuple[str, int]: ...
+
+    def sent_once(self, boot_id: str, name: str) -> bool: ...
+
+    def append(
+        self,
+        makers: Sequence[Maker],
+        *,
+        once: str | None = None,
+        encode: Callable[[Event], bytes] | None = None,
+        sync: bool = True,
+        boot: str | None = None,
+    ) -> list[Event]: ...
+
+    def committed_end(self) -> Position: ...
+
+    def load_cursor(self) -> Position: ...
+
+    def pending(self) -> int: ...
+
+    def sync(self) -> None: ...
+
+    def sync_due(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Spool:
@@ -313,6 +353,10 @@ class Spool:
             finally:
                 self._unlock()
 
+    def sent_once(self, boot_id: str, name: str) -> bool:
+        """Whether the event ``name`` sent once per boot (``append(once=name)``) is spooled in ``boot_id``."""
+        return self.files.once(boot_id, name).exists()
+
     def with_boot(self, fn: Callable[[str], T]) -> T:
         """``fn(boot id)`` run under the lock, the boot started if none is open (no seal comes in between)."""
         with self._tlock:
@@ -333,7 +377,7 @@ class Spool:
         raise BootSealedError(
             f"boot {gone} was sealed while this stage was still running (a seal waits "
             "FLIGHTREC_SEAL_WAIT seconds for running stages); its later events are not recorded",
-            _built(makers, gone),
+            built_for_counting(makers, gone),
         )
 
     def hold(self, boot_id: str) -> None:
@@ -448,13 +492,13 @@ class Spool:
                         raise BootSealedError(
                             f"boot {boot} was sealed before these lines of a stage's late output "
                             "were spooled; they are passed on but not recorded",
-                            _built(makers, boot),
+                            built_for_counting(makers, boot),
                         )
                 try:
                     head = self._current()
                 except OSError as exc:
                     raise SpoolWriteError(
-                        f"cannot start a spool segment in {self.dir}: {exc}", _built(makers, "")
+                        f"cannot start a spool segment in {self.dir}: {exc}", built_for_counting(makers, "")
                     ) from exc
                 marker = self.files.once(head.boot_id, once) if once else None
                 if marker is not None and marker.exists():
