@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal
 
+from flightrec.producer.batcher import LineSink
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
 from flightrec.producer.fit import fit_exit_event
@@ -28,7 +29,7 @@ from flightrec.producer.spool import AnySpool, BootSealedError, Spool, SpoolWrit
 from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
 
 from flightrec.errors import FlightrecError, SpoolError
-from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LOGS, Settings
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +330,18 @@ class _AgentBase:
         if self.deliverer is not None and events:
             self.deliverer.notify()
         return events
+
+    def line_sink(self) -> LineSink:
+        """What a line source (flightrec.producer.batcher) needs of this agent: its batches go through
+        :meth:`emit_makers` into the spool."""
+        return LineSink(
+            instance_id=self.instance_id,
+            redactor=self.redactor,
+            emit=self.emit_makers,
+            sync_due=self.spool.sync_due,
+            sync=self.spool.sync,
+            logs_limit=lambda: self.message_limit(TOPIC_LOGS),
+        )
 
     def _note_losses(self) -> None:
         """After a successful write: a Lifecycle ``info`` event saying what was lost before it, if anything."""

@@ -34,15 +34,6 @@ from flightrec.settings import Settings
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
-# A command that writes each line with a write of its own (a flush per line: stderr, print(flush=True), most loggers)
-# would be read a line at a time, and a read per line costs the agent many times the CPU of its share of a block
-# (BENCHMARKS.md, Agent: the write-per-line runs of benchmarks/bench_agent.py). After a read of less than GATHER_BELOW
-# bytes, a reader (the agent's pump, the late-output process) waits GATHER_S before it reads again: the lines gather in
-# the pipe (1 MiB, run.py's PIPE_SIZE: more than the fastest writer fills in GATHER_S) and are read, passed through and
-# stamped together, at most GATHER_S late. Output that comes now and then is read at once (only what comes within
-# GATHER_S of a read waits).
-GATHER_S = 0.002
-GATHER_BELOW = 64 * 1024
 POLL_S = 0.05
 HOLDER_SCAN_S = 1.0  # how often /proc is scanned for processes the stages started
 SEAL_SCAN_S = 0.2  # the same while a seal waits for a stage's late output

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.producer.agent import SyncAgent
+from flightrec.producer.batcher import LineSink
 from flightrec.producer.handoff import (
     CHUNK,
-    GATHER_BELOW,
-    GATHER_S,
     HOLDER_SCAN_S,
     MAX_FDS,
     POLL_S,
@@ -31,6 +30,7 @@ from flightrec.producer.handoff import (
     decode,
     still_writing,
 )
+from flightrec.producer.pump import GATHER_BELOW, GATHER_S
 from flightrec.producer.spoolfolder import SpoolFolder
 from flightrec.producer.tokens import alive_tokens, writers
 
@@ -53,7 +53,7 @@ def _request(request: Path) -> tuple[bool, float | None]:
 class _Stage:
     """One handed-off stage in the late-output process: its pipes, followed files and batchers."""
 
-    def __init__(self, h: Handoff, agent: Any, folder: SpoolFolder) -> None:
+    def __init__(self, h: Handoff, sink: LineSink, folder: SpoolFolder) -> None:
         from flightrec.producer.batcher import SourceBatcher
         from flightrec.producer.follow import FileFollower
 
@@ -65,14 +65,14 @@ class _Stage:
         kw: dict[str, Any] = dict(max_line=s.max_line, tail_lines=0, boot=h.boot_id)
         self.pipes: dict[int, tuple[HandedPipe, Any]] = {}
         for p in h.pipes:
-            b = SourceBatcher(agent, h.stage, p.source, p.pid, **kw)
+            b = SourceBatcher(sink, h.stage, p.source, p.pid, **kw)
             b.resume(p.next_no, p.pending, p.overflow, p.carry, late=not p.early)
             self.pipes[p.fd] = (p, b)
         self.files: list[tuple[Any, Any]] = []
         for f in h.files:
             follower = FileFollower(f.path)
             follower.resume(f.fd, f.offset, f.ino, f.exists)
-            b = SourceBatcher(agent, h.stage, f.path, 0, **kw)
+            b = SourceBatcher(sink, h.stage, f.path, 0, **kw)
             b.resume(f.next_no, f.pending, f.overflow, f.carry, late=True)
             self.files.append((follower, b))
         self.recording = True
@@ -250,7 +250,7 @@ class _Late:
         if self.agent is None:
             self.agent = SyncAgent(instance_id=h.settings.instance, settings=h.settings)
             self.agent.__enter__()
-        st = _Stage(h, self.agent, self.folder)
+        st = _Stage(h, self.agent.line_sink(), self.folder)
         self.stages.append(st)
         for fd, (p, _b) in st.pipes.items():
             self.by_fd[fd] = st
