@@ -26,7 +26,8 @@ from typing import Any
 
 from flightrec.producer.redact import NO_CARRY, Carry
 from flightrec.producer.spoolfolder import SpoolFolder
-from flightrec.producer.tokens import carriers, describe, writers
+from flightrec.producer.tokens import carriers
+from flightrec.producer.writers import describe, writers
 
 from flightrec.errors import FlightrecError
 from flightrec.settings import Settings

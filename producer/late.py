@@ -32,7 +32,8 @@ from flightrec.producer.handoff import (
 )
 from flightrec.producer.pump import GATHER_BELOW, GATHER_S
 from flightrec.producer.spoolfolder import SpoolFolder
-from flightrec.producer.tokens import alive_tokens, writers
+from flightrec.producer.tokens import alive_tokens
+from flightrec.producer.writers import writers
 
 log = logging.getLogger(__name__)
 

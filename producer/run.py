@@ -34,7 +34,8 @@ from flightrec.producer.term import (
     unblock_in_child,
 )
 from flightrec.producer.term import block as block_signals
-from flightrec.producer.tokens import TOKEN_ENV, stage_alive, writers
+from flightrec.producer.tokens import TOKEN_ENV, stage_alive
+from flightrec.producer.writers import writers
 from flightrec.schemas import FileTail, ProcessExit, now_us
 from setproctitle import setproctitle
 
