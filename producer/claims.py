@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 
 from flightrec.producer.spoolfolder import SpoolFolder
@@ -31,7 +30,7 @@ class Claim:
 def write_claim(folder: SpoolFolder, boot_id: str, path: str, claim: Claim) -> None:
     """Record that the stage of ``claim.token`` follows ``path`` from here on (never raises)."""
     target = folder.follow_claim(boot_id, path)
-    tmp = target.with_name(f"{target.name}.{os.getpid()}")
+    tmp = folder.claim_tmp(target)
     try:
         tmp.write_text(
             json.dumps({"token": claim.token, "ino": list(claim.ino) if claim.ino else None, "offset": claim.offset})

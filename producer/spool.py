@@ -312,7 +312,7 @@ class Spool:
             + b"\n"
         )
         path = self._path(n)
-        tmp = path.with_suffix(".tmp")
+        tmp = self.files.segment_tmp(path)
         with open(tmp, "wb") as f:
             f.write(SEG_MAGIC + header)
             f.flush()

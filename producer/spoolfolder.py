@@ -90,6 +90,11 @@ class SpoolFolder:
     def segment(self, n: int) -> Path:
         return self.path / segment_name(n)
 
+    @staticmethod
+    def segment_tmp(segment: Path) -> Path:
+        """Where a new segment is written before it takes its name."""
+        return segment.with_suffix(".tmp")
+
     def segment_numbers(self) -> list[int]:
         """Numbers of the segment files present, oldest first."""
         out = []
@@ -137,6 +142,11 @@ class SpoolFolder:
         """The claim file of one followed path in one boot."""
         key = hashlib.sha256(os.fsencode(os.path.abspath(followed))).hexdigest()[:20]
         return self.path / f"{CLAIM}{boot_id}-{key}"
+
+    @staticmethod
+    def claim_tmp(claim: Path) -> Path:
+        """Where this process writes a claim before it replaces the old one."""
+        return claim.with_name(f"{claim.name}.{os.getpid()}")
 
     # -- late output ---------------------------------------------------------------
 

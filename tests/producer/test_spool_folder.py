@@ -53,8 +53,17 @@ def joins(source: str) -> list[tuple[int, str]]:
             hit = _is_folder(node.left) or _names_a_spool_file(node.right)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in JOINS:
             hit = _is_folder(node.func.value) or any(_names_a_spool_file(a) for a in node.args)
-        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join":
-            hit = any(_is_folder(a) or _names_a_spool_file(a) for a in node.args)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.path.join", "Path", "pathlib.Path"):
+            hit = len(node.args) > 1 and any(_is_folder(a) or _names_a_spool_file(a) for a in node.args)
+        elif isinstance(node, ast.JoinedStr):  # f"{spool.dir}/cursor"
+            parts = node.values
+            hit = any(
+                isinstance(v, ast.FormattedValue)
+                and _is_folder(v.value)
+                and isinstance(w, ast.Constant)
+                and str(w.value).startswith("/")
+                for v, w in zip(parts, parts[1:], strict=False)
+            )
         if hit:
             out.append((node.lineno, ast.unparse(node)))
     return out
@@ -82,8 +91,10 @@ def test_the_check_finds_each_kind_of_join() -> None:
         "t = instance_dir(root, i) / ENDED\n"
         "u = os.path.join(spool_dir, 'cursor')\n"
         "v = p / 'lock'\n"
+        "w = Path(agent.spool.dir, 'cursor')\n"
+        "x = open(f'{spool_dir}/late.pid')\n"
     )
-    assert sorted({line for line, _code in found}) == [1, 2, 3, 4, 5, 6, 7]
+    assert sorted({line for line, _code in found}) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     assert not joins("home = Path(settings.home) / 'demo'\nout = Path(tmp) / 'prove.cubin'\n")
 
 
