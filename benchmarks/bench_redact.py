@@ -156,7 +156,7 @@ def batcher_all(names: list[str], env: dict[str, str], shapes: str | None, chunk
     with tempfile.TemporaryDirectory(prefix="bench-redact-") as tmp:
         settings = Settings(instance="bench", spool=tmp, **fields)
         with open_agent("bench", settings, deliver=False, env=env) as agent:
-            b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=100)
+            b = SourceBatcher(agent.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=100)
             for c in chunks:
                 b.feed(c)
             b.close()
