@@ -53,6 +53,8 @@ def _propose(args: argparse.Namespace, settings: Settings) -> int:
         raise QueryError(f"no database at {loc.describe()}; start `flightrec materialize --db {loc.describe()}`")
     kind, templated = _kind(loc, args.kind)
     rule = propose(kind, templated, args.failure_class, args.hint)
+    if not rule.pattern:
+        raise ConfigError(f"kind {kind} has no decisive line to make a pattern of; write its rule by hand")
     test = _backtest(loc, rule)
     print(render(rule, test))
     refusal = test.refusal()
