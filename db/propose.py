@@ -1,17 +1,17 @@
 """A rule proposed from a failure kind (`flightrec rules propose --kind K`): its pattern, derived from the kind's
 template, its backtest over the whole history (one DuckDB statement) and its [[rule]] entry. Pure.
 
-The pattern is the template's literal parts, escaped (a run of white space as any run of it), with each placeholder as a bounded
-pattern of what it stood for (db/template.py): a value without a space (``<hex>``, ``<path>``, ``<ip>``, ...) as 1
-to 1000 characters that are no white space; ``<time>`` and ``<size>`` as up to two such runs with one space between
-(``2026-12-07 01:02:03``, ``12 MiB``); ``<quoted>`` as a quoted value; ``<*>`` (a token that held a digit, or another
-placeholder: ``:"Too Many Requests"``) as up to 1000 characters that are no white space or whole quoted values. No
-part can match a character two ways (no backtracking that grows with a line's quotes). It uses only what Python's
-``re`` (the classifier) and RE2 (DuckDB's ``regexp_matches``, the backtest) read alike, and is searched
-case-insensitively in a line's first SCAN_CHARS characters by both. A ``<*>`` that stood for a token holding a size
-(``847 Mb/s``) does not match its space: of the loghub samples' and the corpus's 35,000 lines, 3 are not matched by
-their own template's pattern; the backtest says so (matched inside the kind), and a rule that matches no failure
-of its kind is refused.
+The pattern is the template's literal parts, escaped (a run of white space as any run of it), with each placeholder
+as a bounded pattern of what it stood for (db/template.py): a value without a space (``<hex>``, ``<path>``,
+``<ip>``, ...) as 1 to 1000 characters that are no white space; ``<time>`` and ``<size>`` as up to two such runs
+with one space between (``2026-12-07 01:02:03``, ``12 MiB``); ``<quoted>`` as a quoted value; ``<*>`` (a token
+that held a digit, or another placeholder: ``:"Too Many Requests"``) as up to 1000 characters that are no white
+space or whole quoted values. No part can match a character two ways (no backtracking that grows with a line's
+quotes). It uses only what Python's ``re`` (the classifier) and RE2 (DuckDB's ``regexp_matches``, the backtest) read
+alike, and is searched case-insensitively in a line's first SCAN_CHARS characters by both. A ``<*>`` that stood for
+a token holding a size (``847 Mb/s``) does not match its space: of the loghub samples' and the corpus's 35,000
+lines, 3 are not matched by their own template's pattern; the backtest says so (matched inside the kind), and a rule
+that matches no failure of its kind is refused.
 
 The backtest counts, over every stored failure and line:
 

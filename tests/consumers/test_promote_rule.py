@@ -28,7 +28,9 @@ OOM = 'echo "CUDA error: out of memory" >&2; exit 1'
 def _run(kafka: Any, tmp_path: Path, instance: str, stage: str, script: str, code: int | None = None) -> None:
     """One stage through the real agent and its spool (``code``: the exit expected, else any failure)."""
     env = kafka.env(FLIGHTREC_SPOOL=str(tmp_path / f"spool-{instance}"), FLIGHTREC_FACTS="", FLIGHTREC_HEARTBEAT_S="0")
-    r = flightrec("agent", "run", "--instance", instance, "--stage", stage, "--", "sh", "-c", script, env=env, check=False)
+    r = flightrec(
+        "agent", "run", "--instance", instance, "--stage", stage, "--", "sh", "-c", script, env=env, check=False
+    )
     assert r.returncode == code if code is not None else r.returncode != 0, r.stderr
     assert flightrec("agent", "flush", "--timeout", "60", env=env).returncode == 0
 
@@ -70,9 +72,7 @@ def _start(db: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
     )
 
 
-def test_a_promoted_rule_reclassifies_exactly_its_kinds_failures_while_the_materializer_runs(
-    kafka, tmp_path, env_for
-):
+def test_a_promoted_rule_reclassifies_exactly_its_kinds_failures_while_the_materializer_runs(kafka, tmp_path, env_for):
     tag = uuid.uuid4().hex[:6]
     for i in range(4):
         _run(kafka, tmp_path, f"promote-{tag}-{i}", "params", SHARD.format(n=i + 1, m=1000 + i))
@@ -89,7 +89,9 @@ def test_a_promoted_rule_reclassifies_exactly_its_kinds_failures_while_the_mater
         assert [(c, rid, v, n) for _, c, rid, v, n in before] == [("unknown", "unknown", base, 4)] * 2, before
         shard = _rows(db, "SELECT DISTINCT kind FROM failures WHERE decisive_line LIKE '%shard%' AND instance_id "
                       "LIKE ?", [f"promote-{tag}-%"])[0]["kind"]  # fmt: skip
-        out = flightrec("rules", "propose", "--db", str(db), "--kind", shard[:10], "--class", "zorblax_shard", "--save", env=env)
+        out = flightrec(
+            "rules", "propose", "--db", str(db), "--kind", shard[:10], "--class", "zorblax_shard", "--save", env=env
+        )
         assert "failures of the kind" in out.stdout and f"saved as rule kind-{shard}" in out.stdout, out.stdout
         version = load_table(None, rules_file).version
         assert version != base
@@ -140,7 +142,9 @@ def test_a_rule_that_matches_a_healthy_line_or_an_explained_failure_is_refused_w
     assert counts["failures of the kind"] == 3 and counts["matched inside the kind"] == 3, out.stdout
     assert counts["healthy lines matched (must be 0)"] == 1, out.stdout
     assert "refused: it matches 1 healthy line(s)" in out.stdout
-    out = flightrec("rules", "propose", "--db", str(db), "--kind", kinds["oom"], "--class", "mine", "--save", env=env, check=False)
+    out = flightrec(
+        "rules", "propose", "--db", str(db), "--kind", kinds["oom"], "--class", "mine", "--save", env=env, check=False
+    )
     assert out.returncode == 3, out.stdout + out.stderr
     assert _counts(out.stdout)["explained failures it would change (must be 0)"] == 1, out.stdout
     assert "refused: it would change the class of 1 failure(s) a rule already explains" in out.stdout

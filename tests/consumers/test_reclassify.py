@@ -47,7 +47,9 @@ def _build(db: Path, healthy: list[str] = ()) -> None:
 def _kind(db: Path, like: str) -> tuple[str, str]:
     con = duckdb.connect(str(db), read_only=True)
     try:
-        return con.execute("SELECT DISTINCT kind, kind_template FROM failures WHERE decisive_line LIKE ?", [like]).fetchone()
+        return con.execute(
+            "SELECT DISTINCT kind, kind_template FROM failures WHERE decisive_line LIKE ?", [like]
+        ).fetchone()
     finally:
         con.close()
 

@@ -61,7 +61,7 @@ def _propose(args: argparse.Namespace, settings: Settings) -> int:
     if refusal is not None:
         print(f"refused: {refusal}; nothing saved")
         return REFUSED
-    if args.save:
+    if args.save and settings.rules_file:  # checked above: --save has a file
         save(Path(settings.rules_file), rule)
         print(f"saved as rule {rule.rule_id} in {settings.rules_file}")
     return 0
