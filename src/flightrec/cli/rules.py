@@ -125,6 +125,13 @@ def _locked(path: Path) -> Iterator[None]:
 def save(path: Path, rule: ProposedRule) -> None:
     """Append the rule to the operator's rules file, atomically (a new file renamed over it, after it is checked
     to parse in front of the packaged table): a reader sees the old file or the new one, never a part."""
+    try:
+        _append(path, rule)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the operator's rules file {path}: {exc}; check FLIGHTREC_RULES_FILE") from exc
+
+
+def _append(path: Path, rule: ProposedRule) -> None:
     from flightrec.db.classify import load_rules, read_operator_rules, with_operator_rules
     from flightrec.db.propose import rule_entry
 
