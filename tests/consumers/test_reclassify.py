@@ -76,6 +76,9 @@ def test_the_backtest_counts_the_kind_healthy_lines_and_explained_failures(tmp_p
     shard = backtest(propose(shard_kind, shard_template, "zorblax_shard"))
     assert shard == Backtest(5, 5, 0, 0, 5, 0)
     assert shard.refusal() is None
+    hostile = propose(shard_kind, shard_template + "'; DROP TABLE failures; --", "it's'); DROP TABLE failures; --")
+    assert backtest(hostile) == Backtest(5, 0, 0, 0, 0, 0)  # literals, not statements: nothing matched, nothing gone
+    assert backtest(propose(shard_kind, shard_template, "zorblax_shard")) == shard  # the table is whole
     ledger = backtest(propose(ledger_kind, ledger_template, "zorblax_ledger"))
     assert ledger == Backtest(5, 5, 0, 5, 5, 0)
     assert "5 healthy line(s)" in (ledger.refusal() or "")
