@@ -1,12 +1,12 @@
-"""`flightrec rules propose --save` writes the operator's rules file (src/flightrec/cli/rules.py): appended to what it
+"""`flightrec rules propose --save` writes the operator's rules file (db/rulesfile.py): appended to what it
 holds, loaded back, never a rule twice, and a file it cannot write is said as such."""
 
 from __future__ import annotations
 
 import pytest
-from flightrec.cli.rules import save
 from flightrec.db.classify import load_table
 from flightrec.db.propose import propose
+from flightrec.db.rulesfile import save
 
 from flightrec.errors import ConfigError
 
