@@ -42,7 +42,8 @@ class Options:
     replay: bool = False  # stop at the end offsets seen at start; the db must be new
     instance: str | None = None  # replay only this instance
     since_us: int | None = None  # replay only events at or after this time
-    rules: RuleTable | None = None
+    rules: RuleTable | None = None  # the base table (--rules; None: the packaged one)
+    rules_file: str | None = None  # the operator's rules, in front of the base, watched (consumers/rulewatch.py)
     serve: bool = True  # publish snapshots of the file for readers (flightrec.db.snapshot)
     batch_bytes: int | None = None  # message bytes per transaction (None: the store's default, the materializer's)
     batch_messages: int = 5000

@@ -399,6 +399,15 @@ class Settings:
         "then is named in the seal; its later lines are passed on but not recorded.",
         parse=_bounded("FLIGHTREC_LATE_WAIT", float, 0, 86400),
     )
+    rules_file: str | None = setting(
+        "FLIGHTREC_RULES_FILE",
+        None,
+        "The operator's own failure rules: a TOML file of `[[rule]]` entries as in `db/rules.toml`, tried before "
+        "the packaged ones (which stay as they are); `flightrec rules propose --save` appends to it. Each failure "
+        "records the rule and the rules version (of both tables) that classed it. A running materializer reads "
+        "the file again when it changes and classes the stored failures again, without a replay; a file that "
+        "does not parse is refused with one log line and the rules in use stay (docs/materializer.md).",
+    )
     webhook: str | None = setting(
         "FLIGHTREC_WEBHOOK",
         None,
