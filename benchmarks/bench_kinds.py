@@ -25,7 +25,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-from flightrec.db.filestore import schema_sql
+from flightrec.db.migrate import schema_sql
 from flightrec.db.template import shape, template
 from flightrec.db.views import prelude_for
 

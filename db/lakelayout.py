@@ -6,7 +6,7 @@ import hashlib
 import re
 
 import duckdb
-from flightrec.db.filestore import schema_sql
+from flightrec.db.migrate import schema_sql
 
 # Tables rewritten by commits (DELETE/UPDATE, which conflict per table in DuckLake): one copy per shard.
 SHARD_TABLES: tuple[str, ...] = ("instances", "boots", "failures", "heartbeats", "running_stages", "consumer_offsets")

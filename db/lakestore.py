@@ -37,7 +37,6 @@ from flightrec.db import lake as lakes
 from flightrec.db import lakelayout, migrate, retention
 from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import arrow_views
-from flightrec.db.filestore import RowWriter, delta_views, offsets_table
 from flightrec.db.fold import Delta
 from flightrec.db.keep import Keep
 from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, shard_schema
@@ -45,6 +44,7 @@ from flightrec.db.lakemeta import never_written
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.nul import without_nul
 from flightrec.db.retention import StepResult
+from flightrec.db.rowwriter import RowWriter, delta_views, offsets_table
 from flightrec.db.stats import Stats
 from flightrec.db.together import OwnedRows, derive_together, join_shards
 
@@ -69,7 +69,8 @@ def is_conflict(exc: BaseException) -> bool:
 
 
 class LakeStore(RowWriter):
-    """The materialized tables in a DuckLake, written by one member of a consumer group (or a replay)."""
+    """The materialized tables in a DuckLake, written by one member of a consumer group (or a replay); the commit's
+    steps: RowWriter (db/rowwriter.py)."""
 
     def __init__(
         self,
@@ -523,19 +524,7 @@ class LakeStore(RowWriter):
 
     def record_run(self) -> None:
         """This run's row of materializer_runs (its own short transaction: the table is shared by members)."""
-        t = self.totals
-        row = [
-            self.run_id,
-            self.group,
-            self.mode,
-            self.started_us,
-            self.last_commit_us,
-            t.commits,
-            t.events_received,
-            t.lines_written,
-            t.duplicates_dropped,
-            t.dead_letters,
-        ]
+        row = self._run_row()
 
         def write() -> None:
             self.con.execute("DELETE FROM main.materializer_runs WHERE run_id = ?", [self.run_id])

@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from flightrec.db.compact import FileBusy, compact_file, copy_path
-from flightrec.db.filestore import MATERIALIZED_TABLES
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from retention_helpers import DAY, MINUTE, NOW, Timed, write
 
 

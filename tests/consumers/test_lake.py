@@ -9,9 +9,10 @@ import uuid
 import duckdb
 import pytest
 from flightrec.db import lake as lakes
-from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.lakestore import LakeStore
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from flightrec.db.stats import Stats
 from flightrec.schemas import Lifecycle, encode
 from lake_helpers import (

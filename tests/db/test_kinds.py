@@ -12,8 +12,8 @@ import pyarrow as pa
 from flightrec.db.classify import parse_rules
 from flightrec.db.derive import FAILURES
 from flightrec.db.failures import build_failure
-from flightrec.db.filestore import schema_sql
 from flightrec.db.kinds import QUIET_US, exit_kind, failure_kind, fingerprint, stage_kind
+from flightrec.db.migrate import schema_sql
 from flightrec.db.views import prelude_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
