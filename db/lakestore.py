@@ -39,14 +39,13 @@ from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import arrow_views
 from flightrec.db.fold import Delta
 from flightrec.db.keep import Keep
-from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, shard_schema
-from flightrec.db.lakemeta import never_written
+from flightrec.db.lakederive import OwnedRows, derive_together, join_shards
+from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, never_written, shard_schema
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.nul import without_nul
 from flightrec.db.retention import StepResult
 from flightrec.db.rowwriter import RowWriter, delta_views, offsets_table
 from flightrec.db.stats import Stats
-from flightrec.db.together import OwnedRows, derive_together, join_shards
 
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
@@ -322,7 +321,9 @@ class LakeStore(RowWriter):
 
         def take() -> tuple[dict[int, int], set[int], dict[tuple[str, int], int]]:
             epochs = {}
-            empty = never_written(self.con, ALIAS)  # a new lake's or shard's tables are not read (lakemeta.py)
+            empty = never_written(
+                self.con, ALIAS
+            )  # a new lake's or shard's tables are not read (lakelayout.never_written)
             for s in shards:
                 schema = shard_schema(s)
                 if (schema, "claim") in empty:
@@ -470,7 +471,7 @@ class LakeStore(RowWriter):
         """One commit's shards with each shared table written once: the events and their rows, then manager events
         and dead letters, for all the shards' Deltas joined (``delta``, its views ``joined``), in ``main``; each
         shard's heartbeats and offsets in its own schema, for its own new events; the derived rows of all of them
-        computed once and written to each instance's shard (together.derive_together). The same rows as writing
+        computed once and written to each instance's shard (lakederive.derive_together). The same rows as writing
         the shards one after another (RowWriter._write each), in a fraction of the statements."""
         self.con.execute(f"SET search_path = '{ALIAS}.main'")
         with arrow_views(self.con, **joined):
