@@ -14,14 +14,13 @@ import logging
 import os
 import re
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 from flightrec.db import migrate
-from flightrec.db.classify import RuleTable, load_rules
+from flightrec.db.classify import RuleTable
 from flightrec.db.derive import arrow_views, recompute_failures
 from flightrec.db.fold import Delta
 from flightrec.db.query import writer_notice_path
@@ -84,14 +83,8 @@ class FileStore(RowWriter):
         snapshots: Publisher | None = None,
     ) -> None:
         self.path = Path(path)
-        self.group = group
-        self.rules = rules or load_rules()
-        self.run_id = str(uuid.uuid4())
-        self.mode = mode
-        self.totals = Stats()  # this run's commits, summed
+        self._begin_run(group, rules, mode)
         self._totals_before = self.totals
-        self.started_us = time.time_ns() // 1000
-        self.last_commit_us = self.started_us
         self.publisher: Publisher | None = None  # the readers' snapshots (flightrec.db.snapshot)
         self._wrote = False  # written outside commit() since the last publish
         crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from flightrec.db import lake as lakes
 from flightrec.db import lakelayout, migrate, retention
-from flightrec.db.classify import RuleTable, load_rules
+from flightrec.db.classify import RuleTable
 from flightrec.db.derive import arrow_views
 from flightrec.db.fold import Delta
 from flightrec.db.keep import Keep
@@ -84,15 +84,9 @@ class LakeStore(RowWriter):
         retries: int = RETRIES,
     ) -> None:
         self.loc = loc
-        self.group = group
-        self.rules = rules or load_rules()
-        self.mode = mode
+        self._begin_run(group, rules, mode)
         self.owner = owner or f"{mode}-{uuid.uuid4()}"
-        self.run_id = str(uuid.uuid4())
         self.retries = retries
-        self.totals = Stats()
-        self.started_us = time.time_ns() // 1000
-        self.last_commit_us = self.started_us
         self.epochs: dict[int, int] = {}  # shard -> the epoch this member claimed it at
         self._owned = OwnedRows()  # the owned shards' derived rows, kept between commits
         self._shards: set[int] = set()  # shard schemas known to exist

@@ -9,10 +9,12 @@ opens, retries and ends the transaction, and how it stores the batch's event ids
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 
 import duckdb
 import pyarrow as pa
-from flightrec.db.classify import RuleTable
+from flightrec.db.classify import RuleTable, load_rules
 from flightrec.db.derive import affected_keys, arrow_views, recompute
 from flightrec.db.fold import DEAD, UNCOMPARED, Delta, reused
 from flightrec.db.liveness import merge_heartbeats
@@ -103,6 +105,16 @@ class RowWriter:
     started_us: int
     last_commit_us: int
     totals: Stats
+
+    def _begin_run(self, group: str, rules: RuleTable | None, mode: str) -> None:
+        """This run's identity and counters (its row of materializer_runs), the same on a file and a lake."""
+        self.group = group
+        self.rules = rules or load_rules()
+        self.mode = mode
+        self.run_id = str(uuid.uuid4())
+        self.totals = Stats()  # this run's commits, summed
+        self.started_us = time.time_ns() // 1000
+        self.last_commit_us = self.started_us
 
     def _write(self, delta: Delta) -> Stats:
         """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
