@@ -51,6 +51,38 @@ def _ask_readers_to_leave(db: Path) -> Path | None:
     return notice
 
 
+class LockHeld(MaterializeError):
+    """Another process held the file past the wait: ``holder`` says who (:func:`lock_holder`)."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by {holder}")
+        self.holder = holder
+
+
+def connect_giving_way(path: Path, lock_wait: float, what: str) -> duckdb.DuckDBPyConnection:
+    """The DuckDB file ``path`` opened for writing (a materializer's store, a compaction). flightrec's readers on the
+    file leave when asked (the notice, flightrec.db.query.writer_notice_path); anything else holding it is waited for
+    up to ``lock_wait`` s, then named (LockHeld, from DuckDB's lock error). Any other refusal: MaterializeError saying
+    ``what`` the file was opened for ("for writing", "to compact it")."""
+    deadline = time.monotonic() + lock_wait
+    notice: Path | None = None
+    try:
+        while True:
+            try:
+                return duckdb.connect(str(path))
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower():
+                    raise MaterializeError(f"cannot open {path} {what}: {exc}") from exc
+                if notice is None:
+                    notice = _ask_readers_to_leave(path)
+                if time.monotonic() >= deadline:
+                    raise LockHeld(lock_holder(str(exc))) from exc
+                time.sleep(0.1)
+    finally:
+        if notice is not None:
+            notice.unlink(missing_ok=True)
+
+
 def lock_holder(message: str) -> str:
     """Who holds the file, from DuckDB's lock error: 'pid N (command line)' when it can tell."""
     m = re.search(r"PID (\d+)", message)
@@ -278,34 +310,17 @@ class FileStore(RowWriter):
                 )
 
     def _connect(self, lock_wait: float) -> duckdb.DuckDBPyConnection:
-        # flightrec readers on the file path leave when asked (the notice file, see
-        # flightrec.db.query.writer_notice_path); anything else holding the file is waited for
-        # up to ``lock_wait`` seconds and then named.
-        deadline = time.monotonic() + lock_wait
-        notice: Path | None = None
         try:
-            while True:
-                try:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    return duckdb.connect(str(self.path))
-                except duckdb.IOException as exc:
-                    if "lock" not in str(exc).lower():
-                        raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
-                    if notice is None:
-                        notice = _ask_readers_to_leave(self.path)
-                    if time.monotonic() < deadline:
-                        time.sleep(0.1)
-                        continue
-                    raise MaterializeError(
-                        f"cannot open {self.path} for writing: {lock_holder(str(exc))} held it for "
-                        f"{lock_wait:g}s; stop that process (or let it finish) and start again "
-                        "(flightrec readers leave by themselves; is another materializer running on it?)"
-                    ) from exc
-                except (duckdb.Error, OSError) as exc:
-                    raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
-        finally:
-            if notice is not None:
-                notice.unlink(missing_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return connect_giving_way(self.path, lock_wait, "for writing")
+        except LockHeld as held:
+            raise MaterializeError(
+                f"cannot open {self.path} for writing: {held.holder} held it for "
+                f"{lock_wait:g}s; stop that process (or let it finish) and start again "
+                "(flightrec readers leave by themselves; is another materializer running on it?)"
+            ) from held.__cause__
+        except (duckdb.Error, OSError) as exc:
+            raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offset to read per (topic, partition) for this consumer group."""
