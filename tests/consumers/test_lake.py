@@ -10,9 +10,10 @@ from typing import Any
 import duckdb
 import pytest
 from flightrec.db import lake as lakes
-from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.lakestore import LakeStore
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from flightrec.db.stats import Stats
 from flightrec.schemas import Lifecycle, encode
 from lake_helpers import (
@@ -650,7 +651,7 @@ def test_a_commit_of_several_shards_derives_its_rows_in_one_pass(lake, tmp_path)
 
 def test_an_instance_in_two_shards_of_a_commit_is_derived_in_each(lake):
     """Kafka keys events by instance id, so an instance lives in one shard; a producer keying otherwise puts it in
-    two. Such a commit is written shard after shard (together.join_shards says no): each shard holds the instance's
+    two. Such a commit is written shard after shard (lakederive.join_shards says no): each shard holds the instance's
     derived rows, as when the two shards commit apart, and nothing fails."""
     b = Boot()
     b.stage_ok("tunnel", ["up"])
@@ -674,7 +675,7 @@ def test_an_instance_in_two_shards_of_a_commit_is_derived_in_each(lake):
 
 
 def _kept_equals_lake(store: LakeStore, shards: range) -> None:
-    """The derived rows a member keeps (together.OwnedRows) are its shards' rows in the lake."""
+    """The derived rows a member keeps (lakederive.OwnedRows) are its shards' rows in the lake."""
     for name, columns in {"boots": "*", "instances": "*", "failures": "instance_id, boot_id, stage"}.items():
         union = " UNION ALL ".join(f"SELECT {columns} FROM lake.part_{s}.{name}" for s in shards)
         lake_rows = store.con.execute(f"SELECT * FROM ({union}) ORDER BY ALL").fetchall()
@@ -743,7 +744,7 @@ def test_the_kept_derived_rows_follow_claims_and_failed_commits(lake, monkeypatc
 
 def test_the_derived_rows_of_instances_new_to_the_shards_are_inserted_without_deletes(lake, tmp_path):
     """A lake's DELETE costs catalog round trips even where it finds nothing (~15 ms a table and shard): a commit's
-    instances that the member's shards never held (no kept row, together.fresh_instances) have their derived rows
+    instances that the member's shards never held (no kept row, lakederive.fresh_instances) have their derived rows
     only inserted; instances seen before have theirs replaced. Either way the rows are a file's."""
     events, _ = varied_fleet()
     instances = list(dict.fromkeys(ev.instance_id for ev in events))

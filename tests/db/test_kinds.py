@@ -13,7 +13,6 @@ import pytest
 from flightrec.db.classify import parse_rules
 from flightrec.db.derive import FAILURES
 from flightrec.db.failures import build_failure
-from flightrec.db.filestore import schema_sql
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.kinds import (
     DECISIONS_INSTANCE,
@@ -26,6 +25,7 @@ from flightrec.db.kinds import (
     split_kind,
     stage_kind,
 )
+from flightrec.db.migrate import schema_sql
 from flightrec.db.views import prelude_for
 from flightrec.schemas import ManagerEvent, encode
 from hypothesis import given, settings
