@@ -51,8 +51,10 @@ check: $(VENV)/.installed
 	$(PY) scripts/typecheck.py
 	$(VENV)/bin/pytest -q -m "not integration and not slow" -n 4 --dist loadfile --no-loadscope-reorder
 
+# Each benchmark writes its result file (benchmarks/results/<bench>.json); BENCHMARKS.md is rendered from them.
 bench: setup system-packages
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) scripts/benchmarks_doc.py
 
 # The agent as one file that needs no Python (PyInstaller onefile; docs/agent-binary.md): dist/flightrec-agent, built
 # in a Debian 11 root filesystem with an optimized CPython (glibc >= 2.30; root needed; ~12 min the first time).
@@ -62,6 +64,7 @@ agent-binary: setup
 docs: setup
 	$(PY) -m flightrec.cli.reference > docs/cli.md
 	$(PY) -m flightrec.settings > docs/settings.md
+	$(PY) scripts/benchmarks_doc.py
 
 # Wheels and pycuda's sdist for scripts/device_run.sh on a GPU machine without PyPI (.cache/device-wheels).
 device-wheels: setup

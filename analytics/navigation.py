@@ -17,6 +17,7 @@ PAGES: tuple[tuple[str, str, str, str], ...] = (
     ("page_fleet.py", "Fleet", ":material/dns:", "fleet"),
     ("page_instance.py", "Instance", ":material/memory:", "instance"),
     ("page_failures.py", "Failures", ":material/error:", "failures"),
+    ("page_kinds.py", "Failure kinds", ":material/category:", "kinds"),
     ("page_throughput.py", "Throughput", ":material/speed:", "throughput"),
     ("page_cost.py", "Cost", ":material/payments:", "cost"),
     ("page_sql.py", "SQL", ":material/terminal:", "sql"),

@@ -89,17 +89,31 @@ def silent(since: int | None) -> None:
         )
 
 
+def new_kinds(col: Any) -> None:
+    """The headline's count of new failure kinds (first seen within 24 h, whatever the time range), linked to the
+    Failure kinds page."""
+    n = fetch(queries.new_kinds)
+    col.metric(
+        "New failure kinds (24 h)",
+        "—" if n is None else f"{n:,}",
+        help="kinds of failure first seen in the last 24 h that no rule explains: the Failure kinds page lists them",
+    )
+    if n:
+        col.page_link("page_kinds.py", label="open", icon=":material/category:")
+
+
 def overview() -> None:
     """Headline numbers, the two breakdowns and the instances table."""
     since = since_us()
     counts = fetch(queries.fleet_summary, since_us=since).to_pylist()[0]
-    cols = st.columns(6)
+    cols = st.columns(7)
     cols[0].metric("Instances", f"{counts['instances']:,}")
     cols[1].metric("Failed now", f"{counts['failed']:,}")
     cols[2].metric("Failures", f"{counts['failures']:,}")
     cols[3].metric("Evidence incomplete", f"{counts['incomplete']:,}")
     cols[4].metric("Benchmark passed", f"{counts['passed']:,}")
     cols[5].metric("Lost or destroyed", f"{counts['gone']:,}")
+    new_kinds(cols[6])
     silent(since)
     trust()
     if not counts["instances"]:

@@ -15,8 +15,12 @@ from flightrec.analytics.fleetsummary import (  # noqa: F401 - the pages' names
     fleet_filter_options,
     fleet_summary,
 )
+from flightrec.db.kinds import KindWindows
 from flightrec.db.query import freshness, run_query
 from flightrec.db.views import ALL_VIEWS, VIEWS, prelude_for, ts
+from flightrec.schemas.events import KIND_DECISIONS
+
+from flightrec.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -216,10 +220,11 @@ def manager_only_instances(db: Db, since_us: int | None = None) -> pa.Table:
         SELECT instance_id, make_timestamp(min(ts_us)) AS first_manager_event
         FROM manager_events m
         WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = m.instance_id)
+          AND NOT list_contains($decisions, m.kind)
         GROUP BY instance_id
         HAVING NOT bool_or(kind IN ('destroyed', 'released')) AND ($since IS NULL OR max(ts_us) >= $since)
         ORDER BY min(ts_us) DESC, instance_id""",
-        {"since": since_us},
+        {"since": since_us, "decisions": list(KIND_DECISIONS)},  # decisions on kinds: no instance's
     )
 
 
@@ -458,6 +463,69 @@ def failure_events(db: Db, failure_id: str, limit: int = 20) -> pa.Table:
     )
 
 
+# ---- Failure kinds -------------------------------------------------------------------
+
+KIND_FAILURES_SHOWN = 200  # a kind's failures listed on its page at most, the latest first
+
+# Every kind with its money: each failed instance's cost up to its first failure (failure_cost, db/money.py) goes to
+# that failure's kind, as the Cost page gives it to its class, so no dollar counts twice (a kind that was no
+# instance's first failure lost $0 of its own); ``dollars_lost`` is NULL when no instance that lost money to the kind
+# has a price (unknown, not $0), and only what the priced ones lost when some have none (``unpriced`` counts them).
+_KINDS = """
+WITH m AS (
+    SELECT f.kind,
+           CASE WHEN bool_or(c.first_of_instance) THEN sum(c.dollars_before_failure) FILTER (WHERE c.first_of_instance)
+                ELSE 0 END AS dollars_lost,
+           coalesce(sum(c.hours_before_failure) FILTER (WHERE c.first_of_instance), 0) AS hours_lost,
+           count(*) FILTER (WHERE c.first_of_instance AND c.price_per_hour IS NULL) AS unpriced,
+           count(*) FILTER (WHERE c.first_of_instance) AS first_failures
+    FROM failure_cost c JOIN failures f USING (failure_id) WHERE f.kind IS NOT NULL GROUP BY f.kind)
+SELECT k.kind, k.status, k.failures, k.instances, m.dollars_lost, k.template, k.failure_class, k.first_seen,
+       k.last_seen, m.hours_lost, coalesce(m.unpriced, 0) AS unpriced, k.hosts, k.gpu_models,
+       coalesce(m.first_failures, 0) AS first_failures, k.example_failure_ids, k.first_us, k.last_us
+FROM failure_kinds k LEFT JOIN m USING (kind)
+WHERE $since IS NULL OR k.last_us >= $since
+ORDER BY CASE k.status WHEN 'new' THEN 0 WHEN 'regressed' THEN 1 ELSE 2 END, m.dollars_lost DESC NULLS LAST,
+         k.failures DESC, k.kind"""
+
+
+def _kind_windows() -> KindWindows:
+    """The failure kinds' status windows of this dashboard's settings (FLIGHTREC_KINDS_*), as `flightrec kinds`."""
+    return KindWindows.from_settings(Settings.from_env())
+
+
+def failure_kinds(db: Db, since_us: int | None = None) -> pa.Table:
+    """Every failure kind (the failure_kinds view), new and regressed first, then by the money lost to it
+    (``dollars_lost``, ``unpriced``: see _KINDS), then by failures; with ``since_us``, those seen since then."""
+    return run_query(db, _KINDS, {"since": since_us}, prelude=prelude_for(_KINDS, _kind_windows()))
+
+
+def kind_failures(db: Db, kind: str, limit: int = KIND_FAILURES_SHOWN) -> pa.Table:
+    """One kind's failures with their decisive lines, the latest first; ``more`` counts those past ``limit``."""
+    return q(
+        db,
+        """
+        SELECT c.failure_id, c.failed_at, c.instance_id, c.stage, c.failure_class, c.outcome, c.gpu_model,
+               c.decisive_line, count(*) OVER () - $limit AS more
+        FROM failure_context c JOIN failures f USING (failure_id)
+        WHERE f.kind = $kind
+        ORDER BY c.ts_us DESC NULLS LAST, c.failure_id DESC LIMIT $limit""",
+        {"kind": kind, "limit": int(limit)},
+    )
+
+
+def new_kinds(db: Db) -> int | None:
+    """How many failure kinds are new now (first seen within the failure_kinds view's window: 24 h); None from a
+    database a materializer has not yet migrated to failures.kind (version 8)."""
+    has = run_query(
+        db, "SELECT count(*) AS n FROM duckdb_columns() WHERE table_name = 'failures' AND column_name = 'kind'"
+    )
+    if not has.column("n")[0].as_py():
+        return None
+    sql = "SELECT count(*) AS n FROM failure_kinds WHERE status = 'new'"
+    return int(run_query(db, sql, prelude=prelude_for(sql, _kind_windows())).column("n")[0].as_py())
+
+
 # ---- Throughput ----------------------------------------------------------------------
 
 
@@ -549,7 +617,7 @@ def console(db: Db, sql: str, max_rows: int = MAX_CONSOLE_ROWS) -> tuple[pa.Tabl
     except (duckdb.Error, ValueError) as exc:  # the check in the read's process says the same, with the reason
         statements = []
         log.debug("console: %s", exc)
-    prelude = prelude_for(text)  # every shared view it names, the money ones too
+    prelude = prelude_for(text, _kind_windows())  # every shared view it names, the money ones too
     limits = ReadLimits()
     if len(statements) == 1 and _is_select(statements[0]):  # the query DuckDB made of it (a PRAGMA: its SELECT)
         query = statements[0].query

@@ -23,6 +23,9 @@ from flightrec.schemas import MAGIC, decode_record
 
 from flightrec.settings import TOPIC_LOGS, Settings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402 - benchmarks/ on the path first
+
 FLIGHTREC = str(Path(sys.executable).parent / "flightrec")
 
 
@@ -264,7 +267,7 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
     compile_as_installed(env)
     med = statistics.median
     if args.capacity_only:
-        report_capacity(*pipeline_capacity(bootstrap, tmp, env, args.pairs, args.variant))
+        _record(report_capacity(*pipeline_capacity(bootstrap, tmp, env, args.pairs, args.variant)))
         return 0
     py = sys.executable
     to_file: list[tuple[float, ChildTime]] = []
@@ -423,14 +426,43 @@ def run(bootstrap: str, tmp: Path, args: argparse.Namespace) -> int:
         f"max {lat_ms[-1]:.0f} ms (goal p99 <= 250 ms)"
     )
     print(f"agent peak RSS: {max(rss)} MiB (goal <= 150 MiB)")
-    report_capacity(*capacity)
+    kcat_own = med(c.wall for c in kcat_child)
+    children = [
+        record.Figure(
+            "a child computing between its lines: its own time",
+            f"{b_agent:.2f} s",
+            f"to a file {b_file:.2f} s",
+            f"{(b_agent / b_file - 1) * 100:+.1f}% (#32: <= 5%)",
+        ),
+        record.Figure(
+            f"the fast child ({LINES:,} lines): its own time",
+            f"{a_child:.2f} s",
+            f"to a file {f_child:.2f} s; into kcat {kcat_own:.2f} s",
+            f"{(a_child / f_child - 1) * 100:+.0f}% (kcat {(kcat_own / f_child - 1) * 100:+.0f}%)",
+        ),
+        record.Figure(
+            "the fast child, whole run",
+            f"{med(agent_total):.2f} s",
+            f"`child | kcat -P` {med(kcat):.2f} s",
+            f"{med(agent_total) / med(kcat):.2f}x kcat (goal <= 2x)",
+        ),
+        record.Figure(
+            f"latency, line written -> its batch read back from Kafka, 1,000 lines/s ({n_lat:,} lines)",
+            f"p50 {lat_ms[len(lat_ms) // 2]:.0f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99)]:.0f} ms, "
+            f"max {lat_ms[-1]:.0f} ms",
+            note="p99 <= 250 ms",
+        ),
+        record.Figure("peak RSS", f"{max(rss)} MiB", note="<= 150 MiB"),
+    ]
+    _record(report_capacity(*capacity) + children)
     return 0
 
 
 Runs = dict[str, list[tuple[float, float]]]  # agent label -> (wall s, CPU s of the agent process) per pair
 
 
-def report_capacity(kc: list[float], agents: Runs) -> None:
+def report_capacity(kc: list[float], agents: Runs) -> list[record.Figure]:
+    """Print the capacity pairs; return their figures (the agent, its null sink, the floors; kcat the baseline)."""
     med = statistics.median
     wall, cpu = [w for w, _ in agents["agent"]], [c for _, c in agents["agent"]]
     print(
@@ -447,7 +479,31 @@ def report_capacity(kc: list[float], agents: Runs) -> None:
         f"{med(a / k for a, k in zip(nw, kc, strict=True)):.2f}x), CPU {med(nc):.2f}s; delivery to Kafka adds "
         f"{med(wall) - med(nw):+.2f}s wall, {med(cpu) - med(nc):+.2f}s CPU (medians)"
     )
+    kcat = f"`kcat -P -l FILE` {med(kc):.2f} s"
+    figures = [
+        record.Figure(
+            f"capacity, {LINES:,} lines from a file, wall (CPU)",
+            f"{med(wall):.2f} s ({med(cpu):.2f} s)",
+            kcat,
+            f"{med(wall) / med(kc):.2f}x kcat (#32: <= 1.25x)",
+        ),
+        record.Figure(
+            "the agent with no Kafka (null sink), wall (CPU)",
+            f"{med(nw):.2f} s ({med(nc):.2f} s)",
+            kcat,
+            f"{med(nw) / med(kc):.2f}x kcat",
+        ),
+    ]
     floors = {label: runs for label, runs in agents.items() if label.startswith("floor ")}
+    figures += [
+        record.Figure(
+            f"floor `{label.split()[1]}` (benchmarks/agent_floor.py), wall (CPU)",
+            f"{med(w for w, _ in runs):.2f} s ({med(c for _, c in runs):.2f} s)",
+            kcat,
+            f"{med(w for w, _ in runs) / med(kc):.2f}x kcat",
+        )
+        for label, runs in floors.items()
+    ]
     if floors:
         print(
             "  floors (agent_floor.py: one Python process, aiokafka with the agent's options; each adds to the one "
@@ -475,6 +531,21 @@ def report_capacity(kc: list[float], agents: Runs) -> None:
             f"{med(wall):.2f}s, CPU {med(cpu):.2f}s (runs {', '.join(f'{x:.2f}' for x in cpu)}); "
             f"plain / variant CPU, median of the pairs: {med(a / b for a, b in zip(cpu, c, strict=True)):.2f}"
         )
+    return figures
+
+
+def _record(figures: list[record.Figure]) -> None:
+    record.write(
+        "bench_agent",
+        "Agent",
+        f"Capacity: one file of {LINES:,} lines (~60 bytes) sent by `flightrec agent run -- cat FILE` (acks=all, one "
+        "partition) and by `kcat -P -l FILE` (acks=all, idempotent), in alternating pairs with the agent with no Kafka "
+        "(the null sink) and the floors (`benchmarks/agent_floor.py`: the least one Python process needs, each adding "
+        "to the one before); medians; CPU is the process's rusage. The children (unless --capacity-only): a Python "
+        f"loop printing {LINES:,} lines as fast as it can, and one computing between its lines. Its own broker; needs "
+        "`kcat`.",
+        figures,
+    )
 
 
 def pipeline_capacity(

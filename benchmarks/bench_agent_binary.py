@@ -20,6 +20,9 @@ from flightrec.broker.local import free_port
 
 from flightrec.settings import Settings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402 - benchmarks/ on the path first
+
 ROOT = Path(__file__).resolve().parents[1]
 BINARY = ROOT / "dist" / "flightrec-agent"
 PIP_AGENT = str(Path(sys.executable).parent / "flightrec-agent")  # the console script: the same argv
@@ -140,6 +143,18 @@ def main() -> int:
         print(f"| {name} | {b} | {p} | {budget}: {'met' if ok else 'NOT met'} |")
     if left:
         print(f"left behind: {left}")
+    record.write(
+        "bench_agent_binary",
+        "Single-file agent",
+        "`dist/flightrec-agent` as `make agent-binary` builds it (PyInstaller onefile; docs/agent-binary.md) against "
+        "the pip-installed `flightrec-agent`, alternating, one broker.",
+        [
+            record.Figure(
+                name, b, f"pip agent {p}" if p != "-" else record.NO_BASELINE, f"{budget}: {'met' if ok else 'not met'}"
+            )
+            for name, b, p, budget, ok in rows
+        ],
+    )
     return 0
 
 

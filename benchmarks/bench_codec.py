@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from flightrec.schemas import LogBatch, decode_record, default_codec, encode, new_event_id, now_us
 from flightrec.schemas.logcolumns import LogColumns
+
+sys.path.insert(0, str(Path(__file__).parent))
+import record  # noqa: E402 - benchmarks/ on the path first
 
 LINES = 200_000
 BATCH = 256
@@ -75,6 +80,39 @@ def main() -> None:
     print(
         f"goal >= 300,000 lines/s each way: encode {'met' if enc_b >= 3e5 else 'NOT met'}, "
         f"decode {'met' if dec_b >= 3e5 else 'NOT met'}"
+    )
+    _record(sum(map(len, lines)) // LINES, enc_b, enc_s, dec_b, dec_s, dec_c)
+
+
+def _record(size: int, enc_b: float, enc_s: float, dec_b: float, dec_s: float, dec_c: float) -> None:
+    def goal(rate: float) -> str:
+        return "goal >= 300,000 per core: " + ("met" if rate >= 3e5 else "not met")
+
+    record.write(
+        "bench_codec",
+        "Codec",
+        f"Avro single-object encoding (fastavro), {LINES:,} log lines of ~{size} bytes, one core, median of "
+        f"{REPEATS} runs; batched: a LogBatch of {BATCH} lines per message; the baseline: one LogBatch per line.",
+        [
+            record.Figure(
+                "encode, lines/s, batched",
+                f"{enc_b:,.0f}",
+                f"{enc_s:,.0f} (1 line/msg)",
+                f"{enc_b / enc_s:.1f}x; {goal(enc_b)}",
+            ),
+            record.Figure(
+                "decode (`decode_record`), lines/s, batched",
+                f"{dec_b:,.0f}",
+                f"{dec_s:,.0f} (1 line/msg)",
+                f"{dec_b / dec_s:.1f}x; {goal(dec_b)}",
+            ),
+            record.Figure(
+                "decode to columns (`schemas/logcolumns.py`, the consumers' fold), lines/s",
+                f"{dec_c:,.0f}",
+                f"`decode_record` {dec_b:,.0f}",
+                f"{dec_c / dec_b:.1f}x",
+            ),
+        ],
     )
 
 

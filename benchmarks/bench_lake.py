@@ -24,9 +24,9 @@ from pathlib import Path
 import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
-
 import contextlib
 
+import record  # noqa: E402 - benchmarks/ on the path first
 from bench_lake_capacity import CLK_TCK, catalog_cpu_s
 from bench_materialize import BATCH, FAIL_EVERY, env_for, flightrec_cmd, pct, probe_latency, produce_backlog
 from flightrec.broker import LocalBroker
@@ -290,12 +290,94 @@ def main() -> int:
             f"stage every {FAIL_EVERY / 10:g} s: p50 {pct(fail_lat, 0.5):.2f}s p99 {pct(fail_lat, 0.99):.2f}s "
             f"max {max(fail_lat):.2f}s; the lines meanwhile: p50 {pct(lat_f, 0.5):.2f}s p99 {pct(lat_f, 0.99):.2f}s"
         )
+        file = FileRuns(med["file"], statistics.median(file_cpu), max(file_rss))
+        _record(sent, args.runs, file, med, runs, (lat, lat_f, fail_lat))
         return 0
     finally:
         catalog.stop()
         broker.stop()
         shutil.rmtree(pg, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRuns:
+    """The file's runs of the same backlog (the baseline): median rate, CPU s per million lines, peak RSS."""
+
+    rate: float
+    cpu: float
+    rss: float
+
+
+def _record(
+    sent: int,
+    n: int,
+    file: FileRuns,
+    med: dict[str, float],
+    runs: dict[str, list[LakeRun]],
+    latencies: tuple[list[float], list[float], list[float]],
+) -> None:
+    lat, lat_f, fail_lat = latencies
+    one = runs["lake1"]
+    figures = [
+        record.Figure(
+            "lines/s, a lake, 1 member",
+            f"{med['lake1']:,.0f}",
+            f"the file: {file.rate:,.0f}",
+            f"{med['lake1'] / file.rate:.2f} (#26 goal 0.6)",
+        ),
+        record.Figure(
+            "lines/s, 2 members of one group",
+            f"{med['lake2']:,.0f}",
+            f"1 member: {med['lake1']:,.0f}",
+            f"{med['lake2'] / med['lake1']:.2f}",
+        ),
+    ]
+    if "pinned1" in med:
+        figures.append(
+            record.Figure(
+                "lines/s, 2 members pinned to a core each",
+                f"{med['pinned2']:,.0f}",
+                f"1 member pinned: {med['pinned1']:,.0f}",
+                f"{med['pinned2'] / med['pinned1']:.2f} (#26: above 1)",
+            )
+        )
+    figures += [
+        record.Figure(
+            "CPU of a member, s per million lines (start included)",
+            f"{statistics.median(r.member_cpu / r.lines * 1e6 for r in one):.2f}",
+            f"the file's process: {file.cpu:.2f}",
+        ),
+        record.Figure(
+            "CPU of the catalog per commit",
+            f"{statistics.median(r.catalog_cpu / max(r.commits, 1) * 1000 for r in one):.0f} ms",
+            note=f"{statistics.median(r.commits for r in one):.0f} commits",
+        ),
+        record.Figure(
+            "peak RSS of a member",
+            f"{max(r.peak_rss_mib for r in one):.0f} MiB",
+            f"the file's process: {file.rss:.0f} MiB",
+        ),
+        record.Figure("transaction conflicts retried", str(sum(r.conflicts for v in runs.values() for r in v))),
+        record.Figure(
+            f"Kafka ack -> visible to a lake reader, lines only, {len(lat)} probes",
+            f"p50 {pct(lat, 0.5):.2f} s, p99 {pct(lat, 0.99):.2f} s",
+            note="#26 goal p99 <= 1.5 s",
+        ),
+        record.Figure(
+            "with a failing stage every 0.5 s: lines p99; exit -> `failures` row p99",
+            f"{pct(lat_f, 0.99):.2f} s; {pct(fail_lat, 0.99):.2f} s",
+        ),
+    ]
+    record.write(
+        "bench_lake",
+        "The lake",
+        f"Own Kafka and PostgreSQL; a backlog of {sent:,} lines in LogBatches of {BATCH} lines (20 instances, 6 "
+        "partitions) read into a new file / a new lake per run, interleaved, medians of "
+        f"{n}; two latency phases (~10k lines/s; the second adds a failing stage every 0.5 s). The baseline: the file, "
+        "or one member, in the same run.",
+        figures,
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
-
+import record  # noqa: E402 - benchmarks/ on the path first
 from bench_materialize import batch, pct
 from flightrec.catalog import LocalCatalog
 from flightrec.db import lake as lakes
@@ -269,11 +269,41 @@ def main() -> int:
             "commit time: from when the commit was due (open loop: a commit waits for the member's one before it) "
             "to its end; catalog: PostgreSQL's processes (/proc), its transactions from pg_stat_database"
         )
+        _record(rows, loop, args)
         return 0
     finally:
         catalog.stop()
         shutil.rmtree(pg, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _record(rows: list[dict], loop: str, args: argparse.Namespace) -> None:
+    def row(r: dict) -> str:
+        offered = f"{r['offered']:.1f}" if r["offered"] else "max"
+        return (
+            f"{offered} / {r['commits_s']:.1f}; {r['p50'] * 1000:,.0f} / {r['p99'] * 1000:,.0f} ms; "
+            f"{r['member_cpu_per_commit_ms']:.0f} / {r['cpu_per_commit_ms']:.1f} ms"
+        )
+
+    first = rows[0]
+    record.write(
+        "bench_lake_capacity",
+        "Capacity of one catalog",
+        f"Own PostgreSQL, no Kafka; each member a process with its own LakeStore and shard, committing Deltas folded "
+        f"beforehand ({args.lines} lines from {args.instances} instances, {loop}); {args.seconds:g} s per member "
+        "count; commit time from due to done. Each row: commits/s offered / done; commit p50 / p99; CPU per commit, "
+        f"member / catalog. The baseline: {first['members']} member(s) in the same run. The model: docs/lake.md.",
+        [
+            record.Figure(
+                f"{r['members']} member(s)",
+                row(r),
+                "(the baseline)" if r is first else f"{first['members']}: {row(first)}",
+                f"catalog {r['catalog_cores']:.2f} cores, {r['xacts_per_commit']:.1f} transactions a commit, "
+                f"{r['conflicts']} conflicts",
+            )
+            for r in rows
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_materialize's helpers (PYTHONSAFEPATH=1)
-
+import record  # noqa: E402 - benchmarks/ on the path first
 from bench_materialize import BATCH, batch, failing_instance
 from flightrec.catalog import LocalCatalog
 from flightrec.db import lake as lakes
@@ -188,6 +188,7 @@ def main() -> int:
         }
         again = [start(LakeStore, lakes.parse_db(db, str(data / "lake")), f"again-{i}") for i in range(args.starts)]
         store.claim(range(SHARDS))  # back to the measured member
+        figures: list[record.Figure] = []
         for what, runs in (("a new lake", starts), (f"the lake after {args.warm} commits", again)):
             opens, claims = zip(*runs, strict=True)
             print(
@@ -196,6 +197,12 @@ def main() -> int:
                 f"(open {', '.join(f'{o * 1000:.0f}' for o in opens)}; "
                 f"claim {', '.join(f'{c * 1000:.0f}' for c in claims)})"
             )
+            figures.append(
+                record.Figure(
+                    f"a member's start, {SHARDS} shards, {what}: open / claim, median of {len(runs)}",
+                    f"{statistics.median(opens) * 1000:.0f} / {statistics.median(claims) * 1000:.0f} ms",
+                )
+            )
         if args.kept_instances:
             kept = catalog.create_database(f"kept_{uuid.uuid4().hex[:6]}")
             took, mib = kept_rows(LakeStore, lakes.parse_db(kept, str(data / "kept")), args.kept_instances)
@@ -203,6 +210,12 @@ def main() -> int:
                 f"kept derived rows of a member owning {SHARDS} shards of {args.kept_instances:,} instances (as many "
                 f"boots, {args.kept_instances * 3 // 20:,} failures): read at its claim in {took:.2f} s, "
                 f"{mib:.1f} MiB of DuckDB's memory"
+            )
+            figures.append(
+                record.Figure(
+                    f"kept derived rows of {SHARDS} shards ({args.kept_instances:,} instances) read at the claim",
+                    f"{took:.2f} s, {mib:.1f} MiB",
+                )
             )
         print(f"\none member owning {SHARDS} shards, after {args.warm} commits; medians of each pattern's commits")
         for name, (n, make) in patterns.items():
@@ -222,7 +235,21 @@ def main() -> int:
             rows = sorted(timed.times.items(), key=lambda kv: -sum(kv[1]))[: args.top]
             for sql, v in rows:
                 print(f"  {sum(v) / n * 1000:6.1f} ms/commit  {len(v) / n:4.1f}x  {sql}")
+            figures.append(
+                record.Figure(
+                    f"{name}: commit median (of it, statements)",
+                    f"{statistics.median(walls) * 1000:.0f} ms ({total * 1000:.0f} ms)",
+                )
+            )
         store.close()
+        record.write(
+            "bench_lake_commit",
+            "A lake commit, statement by statement",
+            f"Own PostgreSQL, no Kafka; one member owning {SHARDS} shards after {args.warm} commits; each commit's "
+            "statements timed by wrapping the store's connection. No baseline runs in it: compare with an earlier "
+            "run of the code before a change.",
+            figures,
+        )
         return 0
     finally:
         catalog.stop()

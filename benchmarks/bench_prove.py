@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from flightrec.cuda import field, ntt
@@ -17,6 +19,9 @@ from flightrec.cuda.backend import CpuProver
 from flightrec.cuda.field import P
 from flightrec.cuda.merkle import merkle_root
 from flightrec.cuda.proof import ProofParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402 - benchmarks/ on the path first
 
 
 def median_s(fn: Callable[[], object], repeats: int) -> float:
@@ -57,6 +62,7 @@ def hashlib_merkle(columns: np.ndarray) -> bytes:
 def main() -> None:
     rng = np.random.default_rng(0)
     print("proving core, CPU backend (NumPy); medians; baselines measured in this run")
+    figures: list[record.Figure] = []
 
     print("\n-- NTT, one column, natural order in and out")
     for log_n in (12, 14):
@@ -68,12 +74,22 @@ def main() -> None:
         print(
             f"n=2^{log_n}: numpy {t_np * 1e3:8.2f} ms   plain python {t_py * 1e3:8.1f} ms   speed-up x{t_py / t_np:.1f}"
         )
+        figures.append(
+            record.Figure(
+                f"NTT, 1 column, n = 2^{log_n}",
+                f"{t_np * 1e3:.2f} ms",
+                f"plain-Python radix-2: {t_py * 1e3:.1f} ms",
+                f"{t_py / t_np:.1f}x",
+            )
+        )
     x = rng.integers(0, P, size=(8, 1 << 20), dtype=np.uint64)
     t_big = median_s(lambda: ntt.ntt(x), 3)
     print(
         f"8 columns x 2^20 (the k=20 trace): numpy {t_big:.2f} s "
         f"({8 * 2**20 * 20 / 2 / t_big / 1e6:.1f} M butterflies/s)"
     )
+    butterflies = f"{t_big:.2f} s ({8 * 2**20 * 20 / 2 / t_big / 1e6:.1f} M butterflies/s)"
+    figures.append(record.Figure("NTT, 8 columns x 2^20 (the k=20 trace)", butterflies))
 
     print("\n-- Merkle root, 8 columns (64-byte leaves)")
     cols = rng.integers(0, P, size=(8, 1 << 14), dtype=np.uint64)
@@ -82,6 +98,14 @@ def main() -> None:
     t_hl = median_s(lambda: hashlib_merkle(cols), 5)
     print(
         f"2^14 leaves: numpy sha256 {t_np * 1e3:.1f} ms   hashlib loop {t_hl * 1e3:.1f} ms   ratio x{t_hl / t_np:.2f}"
+    )
+    figures.append(
+        record.Figure(
+            "Merkle root, 2^14 leaves of 64 bytes, vectorized SHA-256",
+            f"{t_np * 1e3:.1f} ms",
+            f"hashlib, one call per node: {t_hl * 1e3:.1f} ms",
+            f"{t_hl / t_np:.2f}x",
+        )
     )
 
     print("\n-- whole proof (W=8, blowup 4): 1 warm-up, then measured proofs")
@@ -95,6 +119,13 @@ def main() -> None:
             + ", ".join(f"{t:.2f}" for t in times)
             + ")"
         )
+        figures.append(record.Figure(f"whole proof, W=8, blowup 4, k = {k}", f"{3600 / med:,.0f} proofs/hour"))
+    record.write(
+        "bench_prove",
+        "Proving core",
+        "CPU backend (NumPy), medians; GPU: not measured yet (`sh scripts/device_run.sh`, docs/proving.md).",
+        figures,
+    )
 
 
 if __name__ == "__main__":

@@ -12,12 +12,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from flightrec.producer import open_agent
 from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.redact import Redactor
 
 from flightrec.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402 - benchmarks/ on the path first
 
 try:  # absent from the code before secret shapes: then only the configurations without shapes are measured
     from flightrec.producer.shapes import builtin_shapes
@@ -156,7 +160,7 @@ def batcher_all(names: list[str], env: dict[str, str], shapes: str | None, chunk
     with tempfile.TemporaryDirectory(prefix="bench-redact-") as tmp:
         settings = Settings(instance="bench", spool=tmp, **fields)
         with open_agent("bench", settings, deliver=False, env=env) as agent:
-            b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=100)
+            b = SourceBatcher(agent.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=100)
             for c in chunks:
                 b.feed(c)
             b.close()
@@ -181,6 +185,7 @@ def main() -> int:
         f"{os.cpu_count()} cores; code: {os.path.dirname(inspect.getfile(Redactor))}",
         flush=True,
     )
+    ms: dict[str, list[tuple[float, float, float]]] = {name: [] for name in configs}  # per corpus, ms per MiB
     for cname, lines in corpora.items():
         data = ("\n".join(lines) + "\n").encode()
         chunks = reads(data)
@@ -203,6 +208,8 @@ def main() -> int:
                 f"{t_stream:8.3f} s {t_stream / mib * 1e3:6.2f}/MiB {t_batch:8.3f} s {t_batch / mib * 1e3:6.2f}/MiB",
                 flush=True,
             )
+            ms[name].append((t_need / mib * 1e3, t_stream / mib * 1e3, t_batch / mib * 1e3))
+    _record(args.lines, args.runs, ms)
     if builtin_shapes is not None:
         print(f"\nevery line holds a needle ({args.lines:,} lines each): the masking pass, CPU ms per MiB")
         for template in HOT:
@@ -221,6 +228,31 @@ def main() -> int:
                 flush=True,
             )
     return 0
+
+
+def _record(lines: int, runs: int, ms: dict[str, list[tuple[float, float, float]]]) -> None:
+    """One row per configuration and pass (the fast test, the masking pass, the batcher): the two corpora's ms/MiB."""
+    base = ms.pop("baseline shapes (--baseline-shapes)", None)
+    figures = []
+    for i, what in enumerate(("`may_need` (fast test)", "masking pass (`Redactor.stream`)", "batcher feed + close")):
+        for name, per_corpus in ms.items():
+            if not per_corpus[0][i] or (
+                i and name not in ("nothing named, no shapes", "built-in shapes (the default)")
+            ):
+                continue  # not measured (--no-batcher); the passes after the fast test: the two ends only
+            value = " / ".join(f"{c[i]:.2f}" for c in per_corpus)
+            baseline = record.NO_BASELINE
+            if base is not None and name == "built-in shapes (the default)" and base[0][i]:
+                baseline = "the --baseline-shapes list: " + " / ".join(f"{c[i]:.2f}" for c in base)
+            figures.append(record.Figure(f"{what}, {name}", value, baseline))
+    record.write(
+        "bench_redact",
+        "Secret masking",
+        f"{lines:,} lines per corpus in {READ >> 20} MiB reads: the agent benchmark's line / a realistic proving "
+        f"machine's mix (no secret); CPU ms per MiB, median of {runs}. `--baseline-shapes`: an earlier shapes list, "
+        "measured in the same run with the same code.",
+        figures,
+    )
 
 
 if __name__ == "__main__":

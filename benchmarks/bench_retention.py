@@ -47,6 +47,7 @@ from flightrec.schemas import LogBatch, encode
 
 sys.path.insert(0, str(Path(__file__).parent))
 import history  # noqa: E402 - benchmarks/ on the path first
+import record  # noqa: E402 - benchmarks/ on the path first
 
 from flightrec.settings import TOPIC_LOGS, TOPICS, Settings  # noqa: E402 - after history's path, as isort puts it
 
@@ -470,7 +471,75 @@ def main() -> int:
         report_waits(w)
     if ratio:
         report_ratio(ratio)
+    _record(sizes, waits or [], ratio)
     return 0
+
+
+def _record(
+    sizes: dict[str, dict[str, float]] | None, waits: list[dict[str, Any]], ratio: dict[str, float] | None
+) -> None:
+    """The parts that ran, one table: bytes per line (1 / 50 lines a LogBatch), the batches' waits with retention on
+    against off (the rounds of the same run), compaction."""
+    figures = []
+    if sizes:
+        for key, what in (
+            ("kafka", "bytes per line: Kafka as the agent sends, one replica"),
+            ("kafka_zstd", "bytes per line: Kafka, compression.type=zstd"),
+            ("file", "bytes per line: the DuckDB file"),
+            ("lake", "bytes per line: a lake's Parquet files (6 shards, after maintenance)"),
+            ("archive", "bytes per line: the archive (Parquet, zstd)"),
+        ):
+            figures.append(
+                record.Figure(f"{what}; 1 / 50 lines a LogBatch", f"{sizes['1'][key]:.1f} / {sizes['50'][key]:.1f}")
+            )
+    if waits:
+        days = " / ".join(f"{w['days']:g}" for w in waits)
+        for k, what in (
+            ("p50", "batch wait, due -> committed, p50"),
+            ("p99", "batch wait, p99"),
+            ("max", "batch wait, max"),
+            ("commit_p50", "the commit alone, p50"),
+            ("commit_p99", "the commit alone, p99"),
+        ):
+            figures.append(
+                record.Figure(
+                    f"{what}, histories of {days} days",
+                    " / ".join(f"{w['retention'][k] * 1000:,.0f}" for w in waits) + " ms",
+                    "retention off: " + " / ".join(f"{w['idle'][k] * 1000:,.0f}" for w in waits) + " ms",
+                    " / ".join(f"{w['retention'][k] / w['idle'][k]:.2f}x" for w in waits)
+                    + (" (goal <= 1.2x)" if k == "commit_p99" else ""),
+                )
+            )
+        figures.append(
+            record.Figure(
+                "compaction by a running materializer at its first quiet moment",
+                " / ".join(f"{w['compaction']['seconds']:.2f} s" for w in waits),
+                note="free before: "
+                + " / ".join(
+                    f"{w['compaction']['free'] / 2**20:.0f} of {w['compaction']['before'] / 2**20:.0f} MiB"
+                    for w in waits
+                ),
+            )
+        )
+    if ratio:
+        figures.append(
+            record.Figure(
+                f"compaction alone: {ratio['lines']:,} lines, {ratio['deleted']:,} deleted",
+                f"{ratio['before'] / 2**20:.1f} -> {ratio['after'] / 2**20:.1f} MiB in {ratio['seconds']:.1f} s",
+                f"a fresh rebuild of what is kept: {ratio['fresh'] / 2**20:.1f} MiB",
+                f"{ratio['after'] / ratio['fresh']:.3f}x (goal <= 1.2x)",
+            )
+        )
+    if figures:
+        record.write(
+            "bench_retention",
+            "Retention",
+            "Bytes per line where flightrec keeps them; a stream into a copy of a history, rounds with retention off "
+            "and on in turned order (the baseline: the retention-off rounds of the same run); compaction against a "
+            "fresh "
+            "rebuild. Own Kafka and PostgreSQL.",
+            figures,
+        )
 
 
 def fleet_table(one: dict[str, float], keep_days: float = 14.0) -> str:

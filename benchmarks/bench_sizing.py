@@ -22,6 +22,9 @@ from flightrec.broker.local import free_port
 
 from flightrec.settings import Settings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402 - benchmarks/ on the path first
+
 # A proving daemon's lines: a time stamp, a level, a component and a message with numbers that change (so the
 # columns do not compress to nothing, as real logs do not).
 CHILD = r"""
@@ -114,8 +117,31 @@ def main() -> None:
         )
         print(f"DuckDB file: {db_bytes:,} bytes = {db_bytes / lines:.1f} bytes/line")
         print(f"Kafka flightrec.logs segments: {kafka_bytes:,} bytes = {kafka_bytes / lines:.1f} bytes/line")
+        _record(args.instances, lines, text_bytes / lines, db_bytes, kafka_bytes)
     finally:
         broker.stop()
+
+
+def _record(instances: int, lines: int, text: float, db_bytes: int, kafka_bytes: int) -> None:
+    record.write(
+        "bench_sizing",
+        "Disk per line",
+        f"{lines:,} proving-daemon-like lines of {text:.1f} bytes of text on average, printed by {instances} real "
+        "agents, through Kafka into a new database, then closed (checkpointed); bytes do not depend on load. "
+        'docs/operations.md ("Sizing") computes disk per day from these.',
+        [
+            record.Figure(
+                "the database file, bytes per line",
+                f"{db_bytes / lines:.1f} ({db_bytes:,} bytes)",
+                f"the lines' text: {text:.1f}",
+            ),
+            record.Figure(
+                "Kafka's `flightrec.logs` segments (one replica, uncompressed), bytes per line",
+                f"{kafka_bytes / lines:.1f} ({kafka_bytes:,} bytes)",
+                f"the lines' text: {text:.1f}",
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from flightrec.schemas import LogBatch, encode
 from flightrec.schemas.topics import TOPIC_LOGS
 
 sys.path.insert(0, str(Path(__file__).parent))
+import record  # noqa: E402 - benchmarks/ on the path first
 from bench_dashboard import build_db, held_copy  # noqa: E402 - its folder: the cached 10M-line file
 
 QUERIES = {
@@ -83,7 +84,7 @@ def ms(values: list[float]) -> str:
     return f"median {statistics.median(values) * 1000:.1f} ms, p95 {pct(values, 0.95) * 1000:.1f} ms"
 
 
-def writer_side(src: Path, work: Path, commits: int) -> None:
+def writer_side(src: Path, work: Path, commits: int) -> list[record.Figure]:
     db = work / "fleet.duckdb"
     held_copy(src, db)
     t = time.perf_counter()
@@ -125,9 +126,21 @@ def writer_side(src: Path, work: Path, commits: int) -> None:
         f"MiB; publishing at most every 0.5 s takes {statistics.median(times['publish']) / 0.5:.0%} of the writer "
         "thread's time (median)"
     )
+    return [
+        record.Figure("open + first publish of a run (the whole file copied)", f"{opened:.2f} s"),
+        record.Figure(
+            "commit of 5,000 lines, published after", ms(times["commit"]), ms(times["commit (not published)"])
+        ),
+        record.Figure(
+            "publish (changed blocks and the write-ahead log copied)",
+            ms(times["publish"]),
+            note=f"{checkpoints} of {commits} checkpointed first",
+        ),
+        record.Figure("bytes copied per publish", f"median {statistics.median(copied) / 2**20:.1f} MiB"),
+    ]
 
 
-def reads(src: Path, work: Path, runs: int) -> None:
+def reads(src: Path, work: Path, runs: int) -> list[record.Figure]:
     db = work / "reads.duckdb"
     held_copy(src, db)
     ways = {}
@@ -156,6 +169,15 @@ def reads(src: Path, work: Path, runs: int) -> None:
     print(f"\nreads, {runs} each after one warm-up:")
     for (name, way), values in ways.items():
         print(f"  {name}, {way}: {ms(values)}")
+    ways_ = ("snapshot, in the reader's process", "snapshot, a bounded process (fork server)")
+    file = "the file, no materializer (before: every read with none running)"
+    return [
+        record.Figure(
+            f"read of {name}: {way}", ms(ways[(name, way)]), f"on the file, no materializer: {ms(ways[(name, file)])}"
+        )
+        for name in QUERIES
+        for way in ways_
+    ]
 
 
 def timed(fn: Callable[[], object], runs: int) -> list[float]:
@@ -176,8 +198,16 @@ def main() -> int:
     src = build_db()
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="flightrec-bench-snapshot-") as tmp:
-        writer_side(src, Path(tmp), args.commits)
-        reads(src, Path(tmp), args.runs)
+        figures = writer_side(src, Path(tmp), args.commits) + reads(src, Path(tmp), args.runs)
+    record.write(
+        "bench_snapshot",
+        "Readers apart",
+        f"The dashboard benchmark's 10M-line file; {2 * args.commits} commits of 5,000 lines, every other one "
+        "published "
+        f'for readers (docs/materializer.md, "Reads, apart from the writer"); reads {args.runs} each after a warm-up; '
+        "the baseline: the same reads on the file with no materializer, in the same run.",
+        figures,
+    )
     return 0
 
 

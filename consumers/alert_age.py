@@ -7,7 +7,9 @@ the materializer first saw it (``FLIGHTREC_ALERT_MAX_AGE``) goes into the outbox
 
 - a failure or an incomplete boot: the newest append time of its boot's events (``boots.last_recv_us``: one
   row per boot, no scan of the events);
-- a lost instance: when its silence passed the `lost` limit (its last sign plus LOST_AFTER_INTERVALS intervals).
+- a lost instance: when its silence passed the `lost` limit (its last sign plus LOST_AFTER_INTERVALS intervals);
+- a new or regressed failure kind: the newest append time over the boots of all its failures (history only when
+  all of its evidence is).
 
 Rows without any receive time (CreateTime topics) are not judged: they alert as before. Refused events carry no
 append time in dead_letters and are not judged here either.
@@ -28,6 +30,32 @@ OUTCOME = "historical"
 _BOOT_APPENDED = """
 SELECT k.alert_id, b.last_recv_us AS appended_us
 FROM _failed_keys k JOIN boots b ON b.instance_id = k.instance_id AND b.boot_id = k.boot_id"""
+
+
+# The newest append time over every failure of each kind among _kind_keys (a kind's alert is history when all of its
+# evidence is).
+_KIND_APPENDED = """
+SELECT k.alert_id, max(b.last_recv_us) AS appended_us
+FROM _kind_keys k JOIN failures f ON f.kind = k.kind
+JOIN boots b ON b.instance_id = f.instance_id AND b.boot_id = f.boot_id
+GROUP BY k.alert_id"""
+
+
+def _kinds_appended(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -> dict[str, int]:
+    chosen = [r for r in rows if r["kind"] == "failure_kind"]
+    if not chosen:
+        return {}
+    keys = pa.table(
+        {
+            "alert_id": pa.array([str(r["failure_id"]) for r in chosen], pa.string()),
+            "kind": pa.array([str(r["failure_kind"]) for r in chosen], pa.string()),
+        }
+    )
+    con.register("_kind_keys", keys)
+    try:
+        return {a: int(t) for a, t in con.execute(_KIND_APPENDED).fetchall() if t is not None}
+    finally:
+        con.unregister("_kind_keys")
 
 
 def _keys(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
@@ -52,6 +80,7 @@ def appended(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -> dict
             out.update({a: int(t) for a, t in con.execute(_BOOT_APPENDED).fetchall() if t is not None})
         finally:
             con.unregister("_failed_keys")
+    out.update(_kinds_appended(con, rows))
     for r in rows:
         if r["kind"] == "lost" and r.get("liveness_clock", "receiver") == "receiver":
             interval = r.get("heartbeat_interval_s") or 0

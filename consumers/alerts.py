@@ -53,9 +53,10 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from flightrec.consumers import alert_age, webhook
+from flightrec.consumers import alert_age, kind_alerts, webhook
 from flightrec.consumers.options import ALERT_KINDS
 from flightrec.consumers.webhook import slack_text
+from flightrec.db.kinds import QUIET_US
 
 from flightrec.errors import ConfigError
 
@@ -64,6 +65,9 @@ log = logging.getLogger(__name__)
 KINDS: tuple[str, ...] = ALERT_KINDS
 MAX_FIELD = 1900  # Slack refuses a block field over 2,000 characters
 REFUSED_WINDOW_S = 600.0  # refused events: one alert per 10 minutes at most, with the count since the last one
+# Failure kinds: those of the failures each commit added are looked at after it; every kind only this often (the
+# failure_kinds view over every failure costs about a second per 100,000 failures on a loaded 2-core machine).
+KINDS_INTERVAL_S = 300.0
 
 _NEW = pa.schema(
     [
@@ -108,7 +112,8 @@ WHERE attempted_us IS NOT NULL AND outcome IS NULL AND sent_us IS NULL AND error
 
 # The alertable rows that the outbox does not hold yet, as (kind, row).
 _NEW_FAILURES = """
-WITH f AS (SELECT CASE WHEN failure_class = 'below_min_rate' THEN 'below_min_rate' ELSE 'failed' END AS kind, *
+WITH f AS (SELECT CASE WHEN failure_class = 'below_min_rate' THEN 'below_min_rate' ELSE 'failed' END AS kind,
+                  * EXCLUDE (kind), kind AS failure_kind
            FROM failures)
 SELECT * FROM f
 WHERE failure_id NOT IN (SELECT alert_id FROM alerts)
@@ -202,6 +207,8 @@ class AlertConfig:
     status_interval: float = 15.0  # seconds between reads of the instance status (lost alerts)
     max_age: float = 900.0  # evidence Kafka received longer ago than this at first sight is recorded, not posted
     refused_window: float = REFUSED_WINDOW_S  # at most one refused-events alert per this many seconds
+    kinds_interval: float = KINDS_INTERVAL_S  # seconds between looks at every failure kind (else: those just failed)
+    kinds_quiet_us: int = QUIET_US  # the failure_kinds view's quiet window (FLIGHTREC_KINDS_QUIET_DAYS)
 
 
 def _cut(text: Any) -> str:
@@ -231,6 +238,9 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
     Every value that came from an instance (ids, stages, lines, details) is escaped for Slack's mrkdwn and the text
     is one line (webhook.slack_text); the ``flightrec`` object keeps the raw values (JSON)."""
     base = dashboard_url.rstrip("/")
+    if kind == kind_alerts.ALERT:
+        text, fields, own = kind_alerts.message_parts(row, base)
+        return _slack(text, fields, {**_common(kind, row), "failure_class": row.get("failure_class"), **own})
     inst, alert_id = row["instance_id"], row["failure_id"]
     shown = slack_text(inst)
     link = f"{base}/instance?instance={urllib.parse.quote(str(inst), safe='')}"
@@ -255,12 +265,7 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
     fields = {"Instance": shown if kind != "refused" else "-", "Class": klass, "Hint": hint, "Decisive line": matched}
     fields["Link"] = slack_text(link)
     body: dict[str, Any] = {
-        "kind": kind,
-        "alert_id": alert_id,
-        "idempotency_key": webhook.idempotency_key(alert_id),
-        "instance_id": inst,
-        "boot_id": row.get("boot_id"),
-        "stage": row.get("stage"),
+        **_common(kind, row),
         "failure_class": row.get("failure_class") or klass,
         "hint": hint,
         "decisive_line": row.get("decisive_line") or row.get("matched_line") or "",
@@ -272,6 +277,23 @@ def message(kind: str, row: Mapping[str, Any], dashboard_url: str) -> dict[str, 
     for key in ("exit_code", "signal_name", "detail", "refused_events", "instances", "examples"):
         if row.get(key) is not None:
             body[key] = row[key]
+    return _slack(text, fields, body)
+
+
+def _common(kind: str, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys every alert's ``flightrec`` object starts with."""
+    return {
+        "kind": kind,
+        "alert_id": row["failure_id"],
+        "idempotency_key": webhook.idempotency_key(row["failure_id"]),
+        "instance_id": row["instance_id"],
+        "boot_id": row.get("boot_id"),
+        "stage": row.get("stage"),
+    }
+
+
+def _slack(text: str, fields: Mapping[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    """A Slack-compatible message: ``text``, ``blocks`` (the text, then the fields) and the ``flightrec`` object."""
     return {
         "text": _cut(text),
         "blocks": [
@@ -307,6 +329,8 @@ class Alerter:
         self._thread = threading.Thread(target=self._send_loop, name="flightrec-alerts", daemon=True)
         self._status_due = 0.0  # monotonic time of the next status read
         self._status_missing_said = False
+        self._kinds_missing_said = False
+        self._kinds_due = 0.0  # monotonic time of the next look at every failure kind
         self._lost_before: set[tuple[str, str]] = set()  # (instance, boot) lost at the previous status read
 
     # -- writer thread -----------------------------------------------------------
@@ -393,15 +417,46 @@ class Alerter:
             }
         ]
 
+    def _found(self, con: duckdb.DuckDBPyConnection, now: int, sent_us: int | None) -> list[dict[str, Any]]:
+        """Every alertable row the outbox does not hold yet: failures, incomplete boots, refused events; lost
+        instances every ``status_interval``; new and regressed failure kinds when failures were added or at the
+        status read."""
+        failures = self._rows(con, _NEW_FAILURES)
+        found = failures + self._rows(con, _NEW_INCOMPLETE) + self._refused(con, now)
+        status_due = time.monotonic() >= self._status_due
+        if status_due:
+            self._status_due = time.monotonic() + self.config.status_interval
+        if status_due and ("lost" in self.config.kinds or sent_us is not None) and self._has_status_view(con):
+            lost = self._rows(con, _LOST_NOW)
+            found += new_silences(lost, self._lost_before)
+            self._lost_before = {(r["instance_id"], r["boot_id"]) for r in lost}
+        return found + self._kinds(con, sent_us, {r["failure_kind"] for r in failures if r.get("failure_kind")})
+
+    def _kinds(self, con: duckdb.DuckDBPyConnection, sent_us: int | None, touched: set[str]) -> list[dict[str, Any]]:
+        """The new and regressed failure kinds not alerted yet (kind_alerts.py), when chosen (or at the outbox's
+        creation, to record them as not to be sent): those of the failures just found (``touched``), and every kind
+        at start and each ``kinds_interval`` (a failure the per-failure query leaves out, a row rebuilt); none from
+        a file without the stored view."""
+        if kind_alerts.ALERT not in self.config.kinds and sent_us is None:
+            return []
+        every = time.monotonic() >= self._kinds_due
+        if not every and not touched:
+            return []
+        if not kind_alerts.has_view(con):
+            if not self._kinds_missing_said:
+                self._kinds_missing_said = True
+                log.warning(
+                    "no failure_kinds view stored in the database: no `failure_kind` alerts "
+                    "(run the materializer through `flightrec materialize`, which stores the views)"
+                )
+            return []
+        if every:
+            self._kinds_due = time.monotonic() + self.config.kinds_interval
+        return kind_alerts.kinds_now(con, None if every else sorted(touched), self.config.kinds_quiet_us)
+
     def _record_new(self, con: duckdb.DuckDBPyConnection, sent_us: int | None) -> None:
         now = time.time_ns() // 1000
-        found = self._rows(con, _NEW_FAILURES) + self._rows(con, _NEW_INCOMPLETE) + self._refused(con, now)
-        if time.monotonic() >= self._status_due and ("lost" in self.config.kinds or sent_us is not None):
-            self._status_due = time.monotonic() + self.config.status_interval
-            if self._has_status_view(con):
-                lost = self._rows(con, _LOST_NOW)
-                found += new_silences(lost, self._lost_before)
-                self._lost_before = {(r["instance_id"], r["boot_id"]) for r in lost}
+        found = self._found(con, now, sent_us)
         old = alert_age.historical(con, found, now, self.config.max_age) if sent_us is None else {}
         rows = []
         for row in found:

@@ -35,12 +35,16 @@ from flightrec.consumers.metrics import Metrics
 from flightrec.consumers.options import DEFAULT_GROUP, Options  # noqa: F401 - DEFAULT_GROUP: the materializer's names
 from flightrec.consumers.progress import Progress
 from flightrec.consumers.progress import record as record_progress
+from flightrec.consumers.rulewatch import RulesWatch
 from flightrec.consumers.storefigures import StoreFigures
 from flightrec.consumers.upkeep import Upkeep
+from flightrec.db.classify import load_rules
 from flightrec.db.filestore import FileStore
 from flightrec.db.fold import LOG_APPEND_TIME, Delta, RawMessage, fold
+from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import FileLocation
-from flightrec.db.markers import replaying_path
+from flightrec.db.markers import lake_replay_ends, replaying_path
+from flightrec.db.reclassify import reclassify_step
 from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 from flightrec.db.store import Store, open_store
@@ -212,6 +216,9 @@ class Materializer:
 
     def __init__(self, kafka_kwargs: Mapping[str, object], options: Options) -> None:
         self.kafka_kwargs = kafka_kwargs
+        # the rules in use: the operator's file (watched) in front of the base table; a file that does not parse
+        # stops the start here
+        self._rules = RulesWatch(options.rules or load_rules(), options.rules_file)
         self.batch_bytes = options.batch_bytes or self.default_batch_bytes
         self.opts = options
         self.stats = Stats()  # the run's commits, summed, and the errors it survived
@@ -259,7 +266,7 @@ class Materializer:
                     opts.metrics_address,
                     db_path=str(opts.location.path) if not opts.location.shared else None,  # type: ignore[union-attr]  # a file's Location has its path
                     max_age=opts.alert_max_age,
-                    classes=(r.failure_class for r in opts.rules.rules) if opts.rules is not None else (),
+                    classes=(r.failure_class for r in self._rules.table.rules),
                 )
                 self._figures.register(self._metrics.registry)
                 self._metrics.start()
@@ -315,6 +322,7 @@ class Materializer:
                     timeout=opts.alert_timeout,
                     status_interval=opts.status_interval,
                     max_age=opts.alert_max_age,
+                    kinds_quiet_us=opts.kind_windows.quiet_us,
                 )
             )
             await self._in_writer(self._alerts.start, self._store.con)
@@ -475,7 +483,7 @@ class Materializer:
         store = open_store(
             opts.location,
             opts.group,
-            rules=opts.rules,
+            rules=self._rules.table,
             replay=opts.replay,
             memory_limit=opts.memory_limit,
             lock_wait=opts.lock_wait,
@@ -778,6 +786,8 @@ class Materializer:
                     await self._flush(pending)
                 await self._reap()
                 await self._between_reads(now, behind=pending.full(now))
+                if self._inflight is None:
+                    self._inflight = self._rules_job(now)  # in the gap after a commit, before upkeep's
                 if self._upkeep is not None and self._inflight is None and self._store is not None:
                     self._inflight = self._upkeep.start(now, pending)  # in the gap after a commit
                 if targets is not None:
@@ -800,9 +810,50 @@ class Materializer:
         finally:
             await self._finish(pending)
         await self._note_progress(force=True)
-        if self.replay_finished and isinstance(self.opts.location, FileLocation):
-            replaying_path(self.opts.location.path).unlink(missing_ok=True)  # the file is whole
+        if self.replay_finished:
+            await self._replay_whole()
         return self.stats
+
+    async def _replay_whole(self) -> None:
+        """A replay reached its end offsets: its marker is taken away (db/markers.py)."""
+        if isinstance(self.opts.location, FileLocation):
+            replaying_path(self.opts.location.path).unlink(missing_ok=True)
+        elif isinstance(self._store, LakeStore):
+            store = self._store
+            await self._in_writer(
+                store.transaction, "mark the lake whole", lambda: lake_replay_ends(store.con, store.run_id)
+            )
+
+    def _rules_job(self, now: float) -> asyncio.Future[None] | None:
+        """A changed operator's rules file taken up (consumers/rulewatch.py), and a step of classing the stored
+        failures again, started (the caller holds it as the one thing in flight), or None. A file's run only: a
+        replay classes every failure as it builds it, a lake's member keeps the rules it started with."""
+        store = self._store
+        if not isinstance(store, FileStore) or self.opts.replay:
+            return None
+        if self._rules.look(now):
+            store.rules = self._rules.table  # nothing in flight: the next commit classes by it
+        if not self._rules.reclassifying:
+            return None
+        return asyncio.ensure_future(self._reclassify_step(store))
+
+    async def _reclassify_step(self, store: FileStore) -> None:
+        """One step of classing the stored failures again by the rules in use, in the writer thread; a step that
+        fails is logged and the reclassification given up until the rules change again (a replay does it too)."""
+        watch = self._rules
+        try:
+            step = await self._in_writer(reclassify_step, store.con, watch.table, watch.cursor)
+        except (duckdb.Error, MaterializeError) as exc:
+            watch.reclassifying = False
+            log.warning("classing the stored failures again by rules %s failed: %s", watch.table.version, exc)
+            return
+        watch.cursor, watch.reclassified = step.cursor, watch.reclassified + step.rows
+        if step.rows:
+            store.wrote()  # readers see it at the next publish
+        if step.done:
+            watch.reclassifying = False
+            if watch.reclassified:
+                log.info("%d failures classed again by rules %s", watch.reclassified, watch.table.version)
 
     async def _replay_targets(self) -> dict[TopicPartition, int] | None:
         """A replay's end: the end offsets when it started (it is then caught up to that moment); None for a run."""

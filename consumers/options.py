@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from flightrec.db.keep import Keep
+from flightrec.db.kinds import KindWindows
 from flightrec.db.location import Location, locate
 from flightrec.db.trust import TrustConfig
 
@@ -27,6 +28,7 @@ ALERT_KINDS: tuple[str, ...] = (
     "below_min_rate",
     "incomplete",
     "refused",
+    "failure_kind",
 )  # what a webhook may be sent
 
 
@@ -40,7 +42,8 @@ class Options:
     replay: bool = False  # stop at the end offsets seen at start; the db must be new
     instance: str | None = None  # replay only this instance
     since_us: int | None = None  # replay only events at or after this time
-    rules: RuleTable | None = None
+    rules: RuleTable | None = None  # the base table (--rules; None: the packaged one)
+    rules_file: str | None = None  # the operator's rules, in front of the base, watched (consumers/rulewatch.py)
     serve: bool = True  # publish snapshots of the file for readers (flightrec.db.snapshot)
     batch_bytes: int | None = None  # message bytes per transaction (None: the store's default, the materializer's)
     batch_messages: int = 5000
@@ -66,6 +69,7 @@ class Options:
     keep: Keep = field(default_factory=lambda: Keep(lines_days=None, samples_days=None))
     compact_free_share: float = 0.0  # compact the file at a quiet moment once this share is free (0: never)
     archive: str | None = None  # replay reads what the topics no longer hold from this archive (consumers/archive.py)
+    kind_windows: KindWindows = field(default_factory=KindWindows)  # the failure kinds' statuses (FLIGHTREC_KINDS_*)
 
     @property
     def location(self) -> Location:

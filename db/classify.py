@@ -399,3 +399,49 @@ def load_rules(path: str | Path | None = None) -> RuleTable:
         return parse_rules(Path(path).read_text("utf-8"), str(path))
     except OSError as exc:
         raise ConfigError(f"cannot read the rule table {path}: {exc}") from exc
+
+
+def parse_operator_rules(text: str, source: str) -> tuple[Rule, ...]:
+    """The rules of an operator's own rules file (FLIGHTREC_RULES_FILE): the same [[rule]] entries as rules.toml, and
+    none at all is allowed (a file made before its first rule). ConfigError names the bad rule."""
+    if not text.strip():
+        return ()
+    try:
+        if not tomllib.loads(text).get("rule"):
+            return ()
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+    return parse_rules(text, source).rules
+
+
+def with_operator_rules(base: RuleTable, text: str, source: str) -> RuleTable:
+    """``base`` with the operator's rules (``text``, from ``source``) in front of its own. Its version covers both:
+    the base's when the operator's file holds no rule, else the digest of the two versions. An id used in both is
+    refused (``failures.rule_id`` names one rule)."""
+    rules = parse_operator_rules(text, source)
+    if not rules:
+        return base
+    clash = sorted({r.rule_id for r in rules} & {r.rule_id for r in base.rules})
+    if clash:
+        raise ConfigError(f"{source}: rule ids {clash} are the packaged table's too; give the operator's rules own ids")
+    version = rules_version(f"{rules_version(text)}+{base.version}")
+    return RuleTable(rules + base.rules, f"{source} + {base.source}", version)
+
+
+def read_operator_rules(path: str | Path) -> str:
+    """The text of an operator's rules file; a file not made yet holds no rule (empty text)."""
+    try:
+        return Path(path).read_text("utf-8")
+    except FileNotFoundError:
+        return ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the operator's rules file {path}: {exc}") from exc
+
+
+def load_table(base: str | Path | None = None, operator: str | Path | None = None) -> RuleTable:
+    """The rule table a materializer classes with: the operator's rules (FLIGHTREC_RULES_FILE) in front of ``base``
+    (``--rules FILE``, else the packaged db/rules.toml)."""
+    table = load_rules(base)
+    if not operator:
+        return table
+    return with_operator_rules(table, read_operator_rules(operator), str(operator))

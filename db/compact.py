@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-from flightrec.db.filestore import _ask_readers_to_leave, lock_holder
+from flightrec.db.filestore import LockHeld, connect_giving_way
 
 from flightrec.errors import MaterializeError
 
@@ -87,25 +87,10 @@ def remove_leftovers(path: Path) -> None:
 
 def _connect(path: Path, lock_wait: float) -> duckdb.DuckDBPyConnection:
     """The file, opened for writing; FileBusy naming the holder after ``lock_wait`` s (readers are asked to leave)."""
-    deadline = time.monotonic() + lock_wait
-    notice: Path | None = None
     try:
-        while True:
-            try:
-                return duckdb.connect(str(path))
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower():
-                    raise MaterializeError(f"cannot open {path} to compact it: {exc}") from exc
-                if notice is None:
-                    notice = _ask_readers_to_leave(path)
-                if time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    continue
-                holder = lock_holder(str(exc))
-                raise FileBusy(f"{path} is held by {holder}", holder) from exc
-    finally:
-        if notice is not None:
-            notice.unlink(missing_ok=True)
+        return connect_giving_way(path, lock_wait, "to compact it")
+    except LockHeld as held:
+        raise FileBusy(f"{path} is held by {held.holder}", held.holder) from held.__cause__
 
 
 def _tables(con: duckdb.DuckDBPyConnection, database: str) -> list[tuple[str, str]]:

@@ -14,19 +14,17 @@ import logging
 import os
 import re
 import time
-import uuid
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 from flightrec.db import migrate
-from flightrec.db.classify import RuleTable, load_rules
-from flightrec.db.derive import affected_keys, arrow_views, recompute, recompute_failures
-from flightrec.db.fold import DEAD, UNCOMPARED, Delta, reused
-from flightrec.db.liveness import merge_heartbeats
+from flightrec.db.classify import RuleTable
+from flightrec.db.derive import arrow_views, recompute_failures
+from flightrec.db.fold import Delta
 from flightrec.db.query import writer_notice_path
+from flightrec.db.rowwriter import ROWS_BY_EVENT, RowWriter, delta_views
 from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 
@@ -38,61 +36,6 @@ OOM_TRIES = 3  # a commit that meets "Out of Memory" is run again this often in 
 # much, the materializer checkpoints before it publishes (at today's rates every few seconds; a backlog's large commits
 # are written straight into the file and leave the log small).
 SNAPSHOT_WAL_BYTES = 4 << 20
-
-# The materialized tables (what replay must reproduce), in comparison order.
-MATERIALIZED_TABLES: tuple[str, ...] = (
-    "instances",
-    "boots",
-    "lifecycle_events",
-    "instance_facts",
-    "log_lines",
-    "process_exits",
-    "throughput",
-    "failures",
-    "dead_letters",
-    "events_seen",
-    "heartbeats",
-    "manager_events",
-    "running_stages",
-)
-# The tables whose rows are written with their event (same transaction as its events_seen row), keyed by event_id.
-ROWS_BY_EVENT: tuple[str, ...] = ("log_lines", "lifecycle_events", "instance_facts", "process_exits", "throughput")
-# The Delta's row batches, registered as _d_<name> for the duration of a commit.
-DELTA_TABLES: tuple[str, ...] = (
-    "events",
-    "lifecycle",
-    "facts",
-    "exits",
-    "throughput",
-    "logs",
-    "dead",
-    "heartbeats",
-    "manager",
-)
-OFFSETS = pa.schema(
-    [("consumer_group", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("next_offset", pa.int64())]
-)
-
-
-def schema_sql() -> str:
-    """The DDL of every table (db/schema.sql), then every migration's columns (db/migrate.py), idempotent."""
-    return resources.files("flightrec.db").joinpath("schema.sql").read_text("utf-8") + "\n" + migrate.columns_sql()
-
-
-def delta_views(delta: Delta) -> dict[str, pa.Table]:
-    """The Delta's row batches by the names a commit's statements read them under (``_d_<name>``)."""
-    return {f"_d_{name}": getattr(delta, name) for name in DELTA_TABLES}
-
-
-def offsets_table(group: str, offsets: dict[tuple[str, int], int]) -> pa.Table:
-    """The next offset per (topic, partition) as rows of consumer_offsets."""
-    return pa.Table.from_pylist(
-        [
-            {"consumer_group": group, "topic": t, "partition": p, "next_offset": o}
-            for (t, p), o in sorted(offsets.items())
-        ],
-        schema=OFFSETS,
-    )
 
 
 def _ask_readers_to_leave(db: Path) -> Path | None:
@@ -106,6 +49,38 @@ def _ask_readers_to_leave(db: Path) -> Path | None:
         log.warning("cannot ask readers of %s to leave (%s); waiting for them", db, exc)
         return None
     return notice
+
+
+class LockHeld(MaterializeError):
+    """Another process held the file past the wait: ``holder`` says who (:func:`lock_holder`)."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by {holder}")
+        self.holder = holder
+
+
+def connect_giving_way(path: Path, lock_wait: float, what: str) -> duckdb.DuckDBPyConnection:
+    """The DuckDB file ``path`` opened for writing (a materializer's store, a compaction). flightrec's readers on the
+    file leave when asked (the notice, flightrec.db.query.writer_notice_path); anything else holding it is waited for
+    up to ``lock_wait`` s, then named (LockHeld, from DuckDB's lock error). Any other refusal: MaterializeError saying
+    ``what`` the file was opened for ("for writing", "to compact it")."""
+    deadline = time.monotonic() + lock_wait
+    notice: Path | None = None
+    try:
+        while True:
+            try:
+                return duckdb.connect(str(path))
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower():
+                    raise MaterializeError(f"cannot open {path} {what}: {exc}") from exc
+                if notice is None:
+                    notice = _ask_readers_to_leave(path)
+                if time.monotonic() >= deadline:
+                    raise LockHeld(lock_holder(str(exc))) from exc
+                time.sleep(0.1)
+    finally:
+        if notice is not None:
+            notice.unlink(missing_ok=True)
 
 
 def lock_holder(message: str) -> str:
@@ -123,182 +98,9 @@ def lock_holder(message: str) -> str:
     return f"pid {pid} ({command})" if command else f"pid {pid}"
 
 
-# A dead letter not stored yet (RowWriter._insert_dead): two NOT EXISTS, each an equality join (hashed); one NOT EXISTS
-# with an OR was planned as a nested loop over the whole table, whose cost grew with every dead letter stored.
-DEAD_INSERT_SQL = """INSERT INTO main.dead_letters BY NAME SELECT * FROM {view} v
-    WHERE NOT EXISTS (SELECT 1 FROM main.dead_letters t
-                      WHERE t.topic = v.topic AND t."partition" = v."partition" AND t."offset" = v."offset")
-      AND NOT EXISTS (SELECT 1 FROM main.dead_letters t
-                      WHERE t.event_id = v.event_id AND t.value = v.value AND t.reason = v.reason)"""
-
-
-# the commit's new lines when it has none: a relation of the columns derive._last_lines reads, without a row
-_NO_LINES = (
-    "(SELECT NULL::VARCHAR AS instance_id, NULL::VARCHAR AS boot_id, NULL::VARCHAR AS stage, NULL::BIGINT AS seq, "
-    "NULL::BIGINT AS line_no, NULL::VARCHAR AS source, NULL::VARCHAR AS text WHERE false)"
-)
-
-
-class RowWriter:
-    """The steps of one commit shared by the file (FileStore) and the lake (LakeStore), in statements both engines take
-    (DuckLake has no keys, ON CONFLICT or RETURNING: MERGE INTO and NOT EXISTS instead); each store supplies only
-    how it stores the batch's event ids (``_insert_events``).
-
-    Runs on ``self.con`` inside a transaction the store opened, with the Delta's tables registered as ``_d_<name>``.
-    """
-
-    con: duckdb.DuckDBPyConnection
-    rules: RuleTable
-    group: str
-
-    def _write(self, delta: Delta) -> Stats:
-        """The steps of one commit, in order: events, their rows, derived tables, manager events, dead letters."""
-        new, conflicts, lines = self._write_events(delta)
-        failures = self._write_derived(delta.heartbeats, new, bool(delta.logs.num_rows))
-        dead = self._write_shared(delta)
-        return self._stats(delta, new, conflicts, lines, failures, dead)
-
-    def _write_events(self, delta: Delta) -> tuple[pa.Table, int, int]:
-        """The batch's events and their rows (``_d_<name>`` registered): (the new events' keys, conflicts, lines)."""
-        new = self._insert_events()
-        conflicts = self._conflicts(delta, new) if new.num_rows < delta.events.num_rows else 0
-        lines = 0
-        if new.num_rows:
-            first_sight = delta.duplicates == 0 and new.num_rows == delta.events.num_rows
-            lines = self._insert_rows(delta, new, first_sight)
-        return new, conflicts, lines
-
-    def _write_derived(self, heartbeats: pa.Table, new: pa.Table, lines: bool = False) -> int:
-        """The derived tables for the new events ``new`` (and their ``heartbeats``; ``lines``: the batch's lines are
-        registered as ``_d_logs``); returns failure rows written."""
-        if not new.num_rows:
-            return 0
-        if heartbeats.num_rows:
-            merge_heartbeats(self.con, heartbeats, new)
-        if not lines:  # no line came in: a failure's stored last lines stay as they are
-            return recompute(self.con, self.rules, affected_keys(self.con, new), new_lines=_NO_LINES)
-        with arrow_views(self.con, _derive_new=new.select(["event_id"])):
-            return recompute(
-                self.con,
-                self.rules,
-                affected_keys(self.con, new),
-                new_lines="(SELECT * FROM _d_logs SEMI JOIN _derive_new USING (event_id))",
-            )
-
-    def _write_shared(self, delta: Delta) -> int:
-        """Manager events and dead letters (``_d_<name>`` registered); returns dead letters written."""
-        if delta.manager.num_rows:
-            self._insert_new("manager_events", "_d_manager", ("event_id",))
-        return self._insert_dead("_d_dead") if delta.dead.num_rows else 0
-
-    @staticmethod
-    def _stats(delta: Delta, new: pa.Table, conflicts: int, lines: int, failures: int, dead: int) -> Stats:
-        return Stats(
-            events_received=delta.messages,
-            events_written=new.num_rows,
-            lines_written=lines,
-            duplicates_dropped=delta.duplicates
-            + delta.events.num_rows
-            - new.num_rows
-            - conflicts
-            + delta.dead.num_rows
-            - dead,
-            dead_letters=dead + conflicts,
-            failures_written=failures,
-            commits=1,
-        )
-
-    def _stored_events(self) -> str:
-        """The relation of stored events_seen rows an id of this batch can be found in (the lake narrows it)."""
-        return "main.events_seen"
-
-    def _conflicts(self, delta: Delta, new: pa.Table) -> int:
-        """The batch's events whose id is stored already with other bytes (fingerprint): each becomes a dead letter
-        with the reason (it is not stored; the first stays). A true redelivery (same bytes) is a duplicate."""
-        with arrow_views(self.con, _new_ids=new.select(["event_id"])):
-            rows = self.con.execute(f"""SELECT d.event_id, s.seq, s.kind, d.seq, d.kind
-                                        FROM (SELECT * FROM _d_events ANTI JOIN _new_ids USING (event_id)) d
-                                        JOIN {self._stored_events()} s USING (event_id)
-                                        WHERE s.fingerprint IS NOT NULL AND d.fingerprint <> s.fingerprint
-                                          AND d.kind NOT IN {UNCOMPARED!r}
-                                        """).fetchall()
-        if not rows:
-            return 0
-        dead = []
-        for event_id, stored_seq, stored_kind, seq, kind in rows:
-            topic, partition, offset, key, value = delta.origins[event_id]
-            dead.append(
-                {
-                    "topic": topic,
-                    "partition": partition,
-                    "offset": offset,
-                    "key": key,
-                    "value": value,
-                    "reason": reused(event_id, (stored_seq, stored_kind), seq, kind),
-                    "event_id": event_id,
-                }
-            )
-        with arrow_views(self.con, _d_conflicts=pa.Table.from_pylist(dead, schema=DEAD)):
-            n = self._insert_dead("_d_conflicts")
-        log.warning("%d events came again with an event id already stored with other content: dead letters", n)
-        return n
-
-    def _insert_events(self) -> pa.Table:
-        """Store the batch's event ids (``_d_events``); returns the keys of those stored for the first time:
-        instance_id, boot_id, stage, event_id, kind."""
-        raise NotImplementedError
-
-    def _insert_new(self, table: str, view: str, key: tuple[str, ...]) -> int:
-        """Insert the rows of ``view`` whose ``key`` is not in ``table`` yet (a lake has no keys, so no ON CONFLICT;
-        the fold already dropped a batch's own repeats); returns how many."""
-        on = " AND ".join(f't."{k}" = v."{k}"' for k in key)
-        return int(
-            self.con.execute(f"""INSERT INTO main.{table} BY NAME SELECT * FROM {view} v
-                                        WHERE NOT EXISTS (SELECT 1 FROM main.{table} t WHERE {on})""").fetchall()[0][0]
-        )
-
-    def _insert_dead(self, view: str) -> int:
-        """Insert the dead letters of ``view`` not stored yet; returns how many. Stored already: the same Kafka record
-        (a replay), or the same event id with the same bytes and reason in another record (Kafka holds the event
-        twice: a producer's retry), so each refused event is one dead letter however often it comes."""
-        return int(self.con.execute(DEAD_INSERT_SQL.format(view=view)).fetchall()[0][0])
-
-    def _store_offsets(self, delta: Delta) -> None:
-        """The next offset per partition after this Delta (same transaction as its rows; MERGE: a lake has no keys)."""
-        if not delta.offsets:
-            return
-        with arrow_views(self.con, _d_offsets=offsets_table(self.group, delta.offsets)):
-            self.con.execute("""MERGE INTO consumer_offsets o USING _d_offsets d
-                                ON o.consumer_group = d.consumer_group AND o.topic = d.topic
-                                   AND o."partition" = d."partition"
-                                WHEN MATCHED THEN UPDATE SET next_offset = d.next_offset
-                                WHEN NOT MATCHED THEN INSERT BY NAME""")
-
-    def _insert_rows(self, delta: Delta, new: pa.Table, first_sight: bool) -> int:
-        """The rows of the new events (a stored event's rows are not written again); returns log lines written."""
-        con = self.con
-        lines = 0
-        with arrow_views(con, _new=new):
-            for table, name in (
-                ("lifecycle_events", "lifecycle"),
-                ("instance_facts", "facts"),
-                ("process_exits", "exits"),
-                ("throughput", "throughput"),
-            ):
-                if getattr(delta, name).num_rows:
-                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _d_{name} SEMI JOIN _new USING (event_id)")
-            if delta.logs.num_rows:
-                if first_sight:  # every event of the batch is new: no join needed
-                    con.execute("INSERT INTO log_lines BY NAME SELECT * FROM _d_logs")
-                    lines = delta.logs.num_rows
-                else:
-                    lines = con.execute("""INSERT INTO log_lines BY NAME SELECT * FROM _d_logs
-                                           SEMI JOIN _new USING (event_id)""").fetchall()[0][0]
-        return lines
-
-
 class FileStore(RowWriter):
-    """One writable DuckDB database holding the materialized tables and the consumer offsets."""
+    """One writable DuckDB database holding the materialized tables and the consumer offsets (the commit's steps:
+    RowWriter, db/rowwriter.py)."""
 
     def __init__(
         self,
@@ -313,14 +115,8 @@ class FileStore(RowWriter):
         snapshots: Publisher | None = None,
     ) -> None:
         self.path = Path(path)
-        self.group = group
-        self.rules = rules or load_rules()
-        self.run_id = str(uuid.uuid4())
-        self.mode = mode
-        self.totals = Stats()  # this run's commits, summed
+        self._begin_run(group, rules, mode)
         self._totals_before = self.totals
-        self.started_us = time.time_ns() // 1000
-        self.last_commit_us = self.started_us
         self.publisher: Publisher | None = None  # the readers' snapshots (flightrec.db.snapshot)
         self._wrote = False  # written outside commit() since the last publish
         crashed = Path(f"{self.path}.wal").exists()  # the last writer did not close (checked before DuckDB replays it)
@@ -438,7 +234,7 @@ class FileStore(RowWriter):
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
-            con.execute(schema_sql())
+            con.execute(migrate.schema_sql())
             version = migrate.recorded(con)
             todo = migrate.pending(migrate.baseline(failures_before) if version is None else version)
             for m in todo:
@@ -514,34 +310,17 @@ class FileStore(RowWriter):
                 )
 
     def _connect(self, lock_wait: float) -> duckdb.DuckDBPyConnection:
-        # flightrec readers on the file path leave when asked (the notice file, see
-        # flightrec.db.query.writer_notice_path); anything else holding the file is waited for
-        # up to ``lock_wait`` seconds and then named.
-        deadline = time.monotonic() + lock_wait
-        notice: Path | None = None
         try:
-            while True:
-                try:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    return duckdb.connect(str(self.path))
-                except duckdb.IOException as exc:
-                    if "lock" not in str(exc).lower():
-                        raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
-                    if notice is None:
-                        notice = _ask_readers_to_leave(self.path)
-                    if time.monotonic() < deadline:
-                        time.sleep(0.1)
-                        continue
-                    raise MaterializeError(
-                        f"cannot open {self.path} for writing: {lock_holder(str(exc))} held it for "
-                        f"{lock_wait:g}s; stop that process (or let it finish) and start again "
-                        "(flightrec readers leave by themselves; is another materializer running on it?)"
-                    ) from exc
-                except (duckdb.Error, OSError) as exc:
-                    raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
-        finally:
-            if notice is not None:
-                notice.unlink(missing_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return connect_giving_way(self.path, lock_wait, "for writing")
+        except LockHeld as held:
+            raise MaterializeError(
+                f"cannot open {self.path} for writing: {held.holder} held it for "
+                f"{lock_wait:g}s; stop that process (or let it finish) and start again "
+                "(flightrec readers leave by themselves; is another materializer running on it?)"
+            ) from held.__cause__
+        except (duckdb.Error, OSError) as exc:
+            raise MaterializeError(f"cannot open {self.path} for writing: {exc}") from exc
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offset to read per (topic, partition) for this consumer group."""
@@ -604,22 +383,10 @@ class FileStore(RowWriter):
                                    RETURNING instance_id, boot_id, stage, event_id, kind""").to_arrow_table()
 
     def _bookkeeping(self, stats: Stats) -> None:
-        self.totals = t = self.totals + stats
+        self.totals = self.totals + stats
         self.last_commit_us = time.time_ns() // 1000
         self.con.execute(
-            "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                self.run_id,
-                self.group,
-                self.mode,
-                self.started_us,
-                self.last_commit_us,
-                t.commits,
-                t.events_received,
-                t.lines_written,
-                t.duplicates_dropped,
-                t.dead_letters,
-            ],
+            "INSERT OR REPLACE INTO materializer_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self._run_row()
         )
 
     def _close_all(self) -> None:

@@ -19,11 +19,16 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flightrec.db.template import ANY, shape, template
+from flightrec.schemas.events import KIND_DECISIONS
 
-# The statuses of the failure_kinds view (db/views.py). Settings to be: constants until an operator needs another.
+from flightrec.settings import Settings
+
+# The windows of the failure_kinds view's statuses (db/views.py), by default: FLIGHTREC_KINDS_NEW_HOURS and
+# FLIGHTREC_KINDS_QUIET_DAYS give each reader its own (KindWindows.from_settings).
 NEW_WINDOW_US = 24 * 3600 * 10**6  # a kind first seen this recently is new
 QUIET_US = 7 * 24 * 3600 * 10**6  # a kind seen again (within NEW_WINDOW_US) after this long without a failure regressed
 EXAMPLES = 5  # failure ids a kind shows, the latest first
@@ -31,6 +36,36 @@ KIND_HEX = 16  # hex digits of the fingerprint kept (64 bits: no two kinds of on
 _STAGE_VARIABLE = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|\d+(?:\.\d+)*"
 )
+
+
+@dataclass(frozen=True)
+class KindWindows:
+    """The windows of the kinds' statuses, in microseconds: ``new_us`` (a kind first seen this recently is new; a
+    return or a change of class this recent is regressed) and ``quiet_us`` (the silence after which a kind's next
+    failure is a return)."""
+
+    new_us: int = NEW_WINDOW_US
+    quiet_us: int = QUIET_US
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KindWindows:
+        return cls(round(settings.kinds_new_hours * 3600 * 10**6), round(settings.kinds_quiet_days * 24 * 3600 * 10**6))
+
+
+# The operator's decisions on kinds (`flightrec kinds mute|unmute|merge|unmerge|split`) are manager events
+# (ManagerEvent.kind), so a replay and every member of a lake group read the same ones from `manager_events`. Their
+# attributes:
+# ``failure_kind`` (the kind decided on), ``into`` (a merge's target), ``pattern`` (a split's RE2 expression, matched
+# against each failure's decisive line). They are keyed by DECISIONS_INSTANCE, an instance id no agent uses.
+KIND_MUTED, KIND_MERGED, KIND_SPLIT, KIND_UNMUTED, KIND_UNMERGED = KIND_DECISIONS
+DECISIONS_INSTANCE = "failure-kinds"
+KIND_PATTERN = re.compile(rf"[0-9a-f]{{{KIND_HEX}}}")  # what a kind looks like (fingerprint, split_kind)
+
+
+def split_kind(kind: str, pattern: str) -> str:
+    """The kind a split of ``kind`` by ``pattern`` makes: a function of the decision alone (the failure_kinds view
+    computes the same in SQL: ``left(sha256(kind || chr(31) || pattern), KIND_HEX)``)."""
+    return hashlib.sha256(f"{kind}\x1f{pattern}".encode("utf-8", "replace")).hexdigest()[:KIND_HEX]
 
 
 def stage_kind(stage: str | None) -> str:

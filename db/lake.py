@@ -15,6 +15,7 @@ from typing import Any
 
 import duckdb
 from flightrec.db.lakecopy import COPY, ShardCopy
+from flightrec.db.lakelayout import ident
 
 # the --db grammar's lake names, re-exported here (``X as X``) for the lake's callers
 from flightrec.db.location import DATA_PATH_ENV as DATA_PATH_ENV
@@ -115,7 +116,7 @@ def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "l
     target = loc.attach
     if target.startswith(PREFIX + "postgres:") and "connect_timeout" not in target:
         target += f" connect_timeout={CONNECT_TIMEOUT_S}"  # libpq waits for TCP's own timeout (minutes) without it
-    sql = f"ATTACH {_quote(target)} AS {_ident(alias)}" + (f" ({', '.join(options)})" if options else "")
+    sql = f"ATTACH {_quote(target)} AS {ident(alias)}" + (f" ({', '.join(options)})" if options else "")
     try:
         con.execute(sql)
     except duckdb.Error as exc:
@@ -127,7 +128,7 @@ def attach(con: duckdb.DuckDBPyConnection, loc: LakeLocation, *, alias: str = "l
                 "--data-path DIR` first"
             )
         raise LakeError(f"cannot attach the lake {loc.describe()}: {cause}{hint}") from None
-    con.execute(f"USE {_ident(alias)}")
+    con.execute(f"USE {ident(alias)}")
 
 
 def connect(
@@ -349,7 +350,3 @@ def maintain(
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

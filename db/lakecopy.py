@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 import duckdb
-from flightrec.db.lakemeta import never_written
+from flightrec.db.lakelayout import ident, never_written
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,6 @@ ADDED_ROWS = frozenset({"tables_inserted_into", "inlined_insert"})  # changes th
 # in the lake). The materializer only adds to them, so a copy takes the rows later snapshots added (DuckLake's
 # change feed) rather than the whole table again; a snapshot that did anything else to one copies it again.
 EVENT_COPIES = frozenset({"lifecycle_events", "throughput", "process_exits", "manager_events", "instance_facts"})
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _words(text: str) -> set[str]:
@@ -154,7 +150,7 @@ class ShardCopy:
                 found |= direct.get(other, set())
             reads[name] = frozenset(found)
         for schema in sorted(schemas):  # what a former layout defined stays until replaced: a statement that is
-            con.execute(f"CREATE SCHEMA IF NOT EXISTS {COPY}.{_ident(schema)}")  # running may still read it
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {COPY}.{ident(schema)}")  # running may still read it
         self.main_tables, self.lake_views, self.shards, self.deps, self.reads = (
             main_tables,
             lake_views,
@@ -194,9 +190,9 @@ class ShardCopy:
         want = self._named_in(words) - self.defined
         if not want:
             return
-        a = _ident(self.alias)
+        a = ident(self.alias)
         own = dict(self.own)
-        order = [(t, f"FROM {a}.main.{_ident(t)}", False) for t in self.main_tables if t in want]
+        order = [(t, f"FROM {a}.main.{ident(t)}", False) for t in self.main_tables if t in want]
         order += [(v, body, False) for v, body in self.lake_views.items() if v in want and v not in own]
         order += [(v, body, True) for v, body in self.own if v in want]
         defined, from_own = set(), set()
@@ -204,7 +200,7 @@ class ShardCopy:
             failed = []
             for name, body, mine in order:
                 try:
-                    con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{_ident(name)} AS {body}")
+                    con.execute(f"CREATE OR REPLACE VIEW {COPY}.main.{ident(name)} AS {body}")
                 except duckdb.Error as exc:
                     failed.append((name, body, mine))
                     log.debug("view %s not defined in the reader's copy (yet: %s)", name, exc)
@@ -246,7 +242,7 @@ class ShardCopy:
             return n
 
     def _latest(self, con: duckdb.DuckDBPyConnection) -> int:
-        return int(con.execute(f"SELECT id FROM {_ident(self.alias)}.current_snapshot()").fetchall()[0][0])
+        return int(con.execute(f"SELECT id FROM {ident(self.alias)}.current_snapshot()").fetchall()[0][0])
 
     def _changes(
         self, con: duckdb.DuckDBPyConnection, after: int, upto: int
@@ -289,7 +285,7 @@ class ShardCopy:
             names = con.execute(
                 f"""SELECT t.table_id, s.schema_name, t.table_name
                     FROM ducklake_table_info(?) t
-                    JOIN {_ident("__ducklake_metadata_" + self.alias)}.ducklake_schema s
+                    JOIN {ident("__ducklake_metadata_" + self.alias)}.ducklake_schema s
                       ON s.schema_id = t.schema_id AND s.end_snapshot IS NULL
                     WHERE t.table_id IN (SELECT unnest(?::BIGINT[]))""",
                 [self.alias, sorted(ids)],
@@ -321,7 +317,7 @@ class ShardCopy:
     ) -> int:
         """Copy ``changed`` as of snapshot ``latest`` and add to the event tables of ``added`` the rows the snapshots
         after theirs (up to ``latest``) added, in one transaction; ``tables`` are then at ``latest``."""
-        a = _ident(self.alias)
+        a = ident(self.alias)
         copies = set(
             con.execute(
                 "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?", [COPY]
@@ -331,17 +327,17 @@ class ShardCopy:
         try:
             empty = never_written(con, self.alias) & changed if changed else set()
             for schema, table in sorted(changed):
-                target = f"{COPY}.{_ident(schema)}.{_ident(table)}"
+                target = f"{COPY}.{ident(schema)}.{ident(table)}"
                 if (schema, table) not in copies:
                     con.execute(f"DROP VIEW IF EXISTS {target}")
-                con.execute(  # a table that never held a row: its columns only, no scan (lakemeta.py)
+                con.execute(  # a table that never held a row: its columns only, no scan (lakelayout.never_written)
                     f"CREATE OR REPLACE TABLE {target} AS "
-                    f"FROM {a}.{_ident(schema)}.{_ident(table)} AT (VERSION => {int(latest)})"
+                    f"FROM {a}.{ident(schema)}.{ident(table)} AT (VERSION => {int(latest)})"
                     + (" LIMIT 0" if (schema, table) in empty else "")
                 )
             for table, at in sorted(added.items()):
                 con.execute(
-                    f"INSERT INTO {COPY}.main.{_ident(table)} BY NAME "
+                    f"INSERT INTO {COPY}.main.{ident(table)} BY NAME "
                     "SELECT * EXCLUDE (snapshot_id, rowid, change_type) "
                     f"FROM {a}.table_changes(?, ?, ?) WHERE change_type = 'insert'",
                     [table, int(at) + 1, int(latest)],

@@ -1,4 +1,5 @@
-"""A lake's layout: a schema per shard holding the tables commits rewrite, and what marks a layout as made."""
+"""A lake's layout: a schema per shard holding the tables commits rewrite, what marks a layout as made, what the
+catalog says of its tables without reading them (which never held a row), and how its names are quoted in SQL."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import hashlib
 import re
 
 import duckdb
-from flightrec.db.filestore import schema_sql
+from flightrec.db.migrate import schema_sql
 
 # Tables rewritten by commits (DELETE/UPDATE, which conflict per table in DuckLake): one copy per shard.
 SHARD_TABLES: tuple[str, ...] = ("instances", "boots", "failures", "heartbeats", "running_stages", "consumer_offsets")
@@ -16,6 +17,11 @@ CLAIM_SQL = """CREATE TABLE IF NOT EXISTS {schema}.claim (
     claimed_us     BIGINT,
     last_commit_us BIGINT
 )"""
+
+
+def ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier (a lake's alias, a schema, a table): the one quoting of the db package."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def shard_schema(shard: int) -> str:
@@ -67,3 +73,22 @@ def union_views(shards: list[int]) -> list[str]:
     union = " UNION ALL BY NAME ".join(f"SELECT {s} AS shard, * FROM {shard_schema(s)}.claim" for s in shards)
     out.append(f"CREATE OR REPLACE VIEW main.claims AS {union}")
     return out
+
+
+def never_written(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> set[tuple[str, str]]:
+    """(schema, table) of each table of the lake ``alias`` attached to ``con`` that never held a row: no row was ever
+    inserted into it, inlined in the catalog or in a file (DuckLake's table stats: no ``next_row_id`` yet).
+
+    Reading such a table through DuckLake costs catalog round trips that ``LIMIT 0`` skips (the scan of the catalog's
+    inlined rows), and one catalog query answers for every table (BENCHMARKS.md, The lake). The answer is
+    the catalog's latest: a table never written now was never written at any earlier snapshot either (row ids only
+    grow), but rows the caller's own open transaction wrote are not counted."""
+    meta = ident(f"__ducklake_metadata_{alias}")
+    rows = con.execute(
+        f"""SELECT s.schema_name, t.table_name
+            FROM {meta}.ducklake_table t
+            JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND s.end_snapshot IS NULL
+            LEFT JOIN {meta}.ducklake_table_stats st ON st.table_id = t.table_id
+            WHERE t.end_snapshot IS NULL AND coalesce(st.next_row_id, 0) = 0"""
+    ).fetchall()
+    return {(str(schema), str(table)) for schema, table in rows}

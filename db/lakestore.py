@@ -35,18 +35,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from flightrec.db import lake as lakes
 from flightrec.db import lakelayout, migrate, retention
-from flightrec.db.classify import RuleTable, load_rules
+from flightrec.db.classify import RuleTable
 from flightrec.db.derive import arrow_views
-from flightrec.db.filestore import RowWriter, delta_views, offsets_table
 from flightrec.db.fold import Delta
 from flightrec.db.keep import Keep
-from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, shard_schema
-from flightrec.db.lakemeta import never_written
+from flightrec.db.lakederive import OwnedRows, derive_together, join_shards
+from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, never_written, shard_schema
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.nul import without_nul
 from flightrec.db.retention import StepResult
+from flightrec.db.rowwriter import RowWriter, delta_views, offsets_table
 from flightrec.db.stats import Stats
-from flightrec.db.together import OwnedRows, derive_together, join_shards
 
 from flightrec.errors import Fenced, LakeError, MaterializeError
 
@@ -69,7 +68,8 @@ def is_conflict(exc: BaseException) -> bool:
 
 
 class LakeStore(RowWriter):
-    """The materialized tables in a DuckLake, written by one member of a consumer group (or a replay)."""
+    """The materialized tables in a DuckLake, written by one member of a consumer group (or a replay); the commit's
+    steps: RowWriter (db/rowwriter.py)."""
 
     def __init__(
         self,
@@ -84,15 +84,9 @@ class LakeStore(RowWriter):
         retries: int = RETRIES,
     ) -> None:
         self.loc = loc
-        self.group = group
-        self.rules = rules or load_rules()
-        self.mode = mode
+        self._begin_run(group, rules, mode)
         self.owner = owner or f"{mode}-{uuid.uuid4()}"
-        self.run_id = str(uuid.uuid4())
         self.retries = retries
-        self.totals = Stats()
-        self.started_us = time.time_ns() // 1000
-        self.last_commit_us = self.started_us
         self.epochs: dict[int, int] = {}  # shard -> the epoch this member claimed it at
         self._owned = OwnedRows()  # the owned shards' derived rows, kept between commits
         self._shards: set[int] = set()  # shard schemas known to exist
@@ -321,7 +315,9 @@ class LakeStore(RowWriter):
 
         def take() -> tuple[dict[int, int], set[int], dict[tuple[str, int], int]]:
             epochs = {}
-            empty = never_written(self.con, ALIAS)  # a new lake's or shard's tables are not read (lakemeta.py)
+            empty = never_written(
+                self.con, ALIAS
+            )  # a new lake's or shard's tables are not read (lakelayout.never_written)
             for s in shards:
                 schema = shard_schema(s)
                 if (schema, "claim") in empty:
@@ -469,7 +465,7 @@ class LakeStore(RowWriter):
         """One commit's shards with each shared table written once: the events and their rows, then manager events
         and dead letters, for all the shards' Deltas joined (``delta``, its views ``joined``), in ``main``; each
         shard's heartbeats and offsets in its own schema, for its own new events; the derived rows of all of them
-        computed once and written to each instance's shard (together.derive_together). The same rows as writing
+        computed once and written to each instance's shard (lakederive.derive_together). The same rows as writing
         the shards one after another (RowWriter._write each), in a fraction of the statements."""
         self.con.execute(f"SET search_path = '{ALIAS}.main'")
         with arrow_views(self.con, **joined):
@@ -523,19 +519,7 @@ class LakeStore(RowWriter):
 
     def record_run(self) -> None:
         """This run's row of materializer_runs (its own short transaction: the table is shared by members)."""
-        t = self.totals
-        row = [
-            self.run_id,
-            self.group,
-            self.mode,
-            self.started_us,
-            self.last_commit_us,
-            t.commits,
-            t.events_received,
-            t.lines_written,
-            t.duplicates_dropped,
-            t.dead_letters,
-        ]
+        row = self._run_row()
 
         def write() -> None:
             self.con.execute("DELETE FROM main.materializer_runs WHERE run_id = ?", [self.run_id])

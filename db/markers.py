@@ -1,9 +1,12 @@
-"""Files a materializer leaves beside its database file to tell readers something they cannot ask it for."""
+"""What a materializer leaves to tell others something they cannot ask it for: files beside its database file, and
+on a lake (which has no file to put one beside) a row of its own."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import duckdb
 
 DISK_FULL_SUFFIX = ".disk-full"
 REPLAYING_SUFFIX = ".replaying"
@@ -41,4 +44,41 @@ def unfinished_replay(db: str | os.PathLike[str]) -> str:
         f"disk, a signal, a kill): it holds part of the topics only. Delete it ({os.fspath(db)}, {wal} and "
         f"{replaying_path(db)}) and replay again, or replay into another --db; nothing is lost (the topics and the "
         "archive still hold every event)"
+    )
+
+
+# A lake's replay marker: one row per replay under way, made before its first event and deleted once it reached the
+# end offsets it set out for (in the lake's transactions: LakeStore.transaction).
+LAKE_REPLAYS_DDL = "CREATE TABLE IF NOT EXISTS main.replays_unfinished (run_id VARCHAR, started_us BIGINT)"
+
+
+def lake_replay_begins(con: duckdb.DuckDBPyConnection, run_id: str, started_us: int) -> None:
+    """Mark the lake as being built by the replay ``run_id`` (before it writes any event; the lake holds none, so
+    the row of an earlier replay stopped before its first commit is let go)."""
+    con.execute(LAKE_REPLAYS_DDL)
+    con.execute("DELETE FROM main.replays_unfinished")
+    con.execute("INSERT INTO main.replays_unfinished VALUES (?, ?)", [run_id, started_us])
+
+
+def lake_replay_ends(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """The replay ``run_id`` reached its end offsets: the lake is whole."""
+    con.execute(LAKE_REPLAYS_DDL)
+    con.execute("DELETE FROM main.replays_unfinished WHERE run_id = ?", [run_id])
+
+
+def lake_replay_unfinished(con: duckdb.DuckDBPyConnection) -> int | None:
+    """When a replay that has not finished (stopped, killed, or still running) began building the lake (Unix µs);
+    None when none did."""
+    con.execute(LAKE_REPLAYS_DDL)
+    row = con.execute("SELECT min(started_us) FROM main.replays_unfinished").fetchone()
+    return None if row is None else row[0]
+
+
+def unfinished_lake_replay(where: str) -> str:
+    """What a lake left by a replay that did not finish is, and what to do (an error's message)."""
+    return (
+        f"the lake {where} is a replay that did not finish (stopped before the end offsets it set out for: a full "
+        "disk, a signal, a kill; or it still runs): it holds part of the topics only. Replay again into a new lake "
+        "(`flightrec catalog` makes one per --db string) and point the readers at it; nothing is lost (the topics "
+        "and the archive still hold every event)"
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib import resources
 
 import duckdb
 
@@ -171,3 +172,8 @@ def record(
             f"INSERT INTO {table} (version, what, applied_us, run_id) VALUES {', '.join(['(?, ?, ?, ?)'] * len(done))}",
             [v for m in done for v in (m.version, m.what, now_us, run_id)],
         )
+
+
+def schema_sql() -> str:
+    """The DDL of every table (db/schema.sql), then every migration's columns (db/migrate.py), idempotent."""
+    return resources.files("flightrec.db").joinpath("schema.sql").read_text("utf-8") + "\n" + columns_sql()

@@ -18,38 +18,42 @@ way: a materializer that cannot get the file writes ``<db>.writer-waiting``
 
 A read given :class:`~flightrec.db.sandbox.ReadLimits` (a reader's own SQL: ``flightrec sql``, the
 dashboard's console) runs in a child process bounded by the OS (``flightrec.db.sandbox``), so that
-nothing it does reaches the process that asked either. On a lake every read runs in the reader's own
-process, on its own attachment of the lake (``flightrec.db.lake``): there is no writer's process to
-keep it out of.
+nothing it does reaches the process that asked either.
+
+The door does not look at the kind of location: each kind has a :class:`Reader`, chosen once by the location's type
+(``READERS``): :class:`FileReader` here (snapshot, file, give way, bounded child), ``LakeReader`` in
+``flightrec.db.lakeread`` (on a lake every read runs in the reader's own process, on its own attachment: there is no
+writer's process to keep it out of). What a read does on any connection (the checks, the bounded result, the
+freshness stamp) is ``flightrec.db.statement``'s.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
 from flightrec.db import snapshot
-from flightrec.db.lake import (
-    LakeLocation,
-    forget_reader,
-    is_catalog_away,
-    mask_password,
-    reader_cursor,
-    reader_snapshot,
-    still_to_run,
-)
-from flightrec.db.location import Location, locate
-from flightrec.db.readonly import check_prelude, check_read_only, parse_with
+from flightrec.db.lakeread import LakeReader
+from flightrec.db.location import FileLocation, LakeLocation, Location, locate
+from flightrec.db.readonly import check_read_only, parse_with
 from flightrec.db.sandbox import Params, ReadLimits, Retry, Target, read_apart
+from flightrec.db.statement import (
+    FileBusy,
+    Freshness,
+    ResultTooLarge,
+    execute_read_only,
+    last_commit,
+    open_read_only,
+    stamped,
+)
+from flightrec.db.statement import freshness as freshness  # read by every caller of run_query
 
 from flightrec.errors import QueryError
 
@@ -58,18 +62,6 @@ GIVE_WAY_POLL_S = 0.2  # how often a file-path read looks for a materializer wai
 WRITER_START_S = 30.0  # how long a reader waits for a starting materializer's first snapshot
 STARTING_S = 5.0  # how long a read retries a file it cannot open yet (a materializer may be starting)
 SNAPSHOT_IDLE_S = 1.0  # a snapshot this process keeps open is closed after this long unused (its copy is freed)
-# The reader's own DuckDB instance: no files, no extensions, no Python objects, settings locked
-# (after the time zone: the views' TIMESTAMPTZ columns come out in UTC whatever the machine's zone,
-# as the dashboard says; DuckDB takes TimeZone only as a SET, not in the connect config).
-READER_CONFIG = {
-    "enable_external_access": False,
-    "autoload_known_extensions": False,
-    "autoinstall_known_extensions": False,
-    "python_enable_replacements": False,
-    "lock_configuration": True,
-}
-READER_TIME_ZONE = "UTC"
-FRESHNESS_KEY = b"flightrec.freshness"  # the schema metadata of every result: how fresh it is (JSON)
 
 
 def writer_notice_path(db: str | Path) -> Path:
@@ -91,156 +83,6 @@ def writer_waiting(db: str | Path) -> int | None:
     except PermissionError:
         pass
     return pid
-
-
-# ---- how fresh a result is ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Freshness:
-    """How fresh a result is: the commit it was read as of, and how long commits it does not see have waited.
-
-    ``source``: ``snapshot`` (a materializer runs and published it), ``file`` (no materializer runs: nothing
-    waits) or ``lake`` (the lake's latest snapshot at the time of the read)."""
-
-    source: str
-    commits: int | None  # the database's commit number (every materializer run's commits counted)
-    commit_us: int | None  # when that commit was made
-    behind_s: float = 0.0
-
-    def line(self) -> str:
-        """'as of commit 1,234 (2026-12-05 10:00:01 UTC), 0.4 s behind the materializer'."""
-        at = (
-            datetime.fromtimestamp(self.commit_us / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-            if self.commit_us
-            else "no time known"
-        )
-        if self.source == "lake":
-            return f"as of the lake's snapshot {self.commits}, the latest when it was read"
-        what = f"as of commit {self.commits:,} ({at})" if self.commits else "as of no commit yet"
-        if self.source == "snapshot":
-            return f"{what}, {self.behind_s:.1f} s behind the materializer"
-        return f"{what}; no materializer is running"
-
-    def to_json(self) -> bytes:
-        return json.dumps(self.__dict__).encode()
-
-
-def freshness(table: pa.Table) -> Freshness | None:
-    """The freshness a result of :func:`run_query` carries."""
-    raw = (table.schema.metadata or {}).get(FRESHNESS_KEY)
-    if not raw:
-        return None
-    try:
-        return Freshness(**json.loads(raw))
-    except (TypeError, ValueError):
-        return None
-
-
-def _stamped(table: pa.Table, fresh: Freshness) -> pa.Table:
-    meta = dict(table.schema.metadata or {})
-    meta[FRESHNESS_KEY] = fresh.to_json()
-    return table.replace_schema_metadata(meta)
-
-
-def last_commit(con: duckdb.DuckDBPyConnection) -> tuple[int | None, int | None]:
-    """(commit number, its time in µs) of the database ``con`` reads: the runs' commits summed, the latest end."""
-    try:
-        row = con.execute("SELECT sum(commits), max(last_commit_us) FROM main.materializer_runs").fetchall()[0]
-    except duckdb.Error:
-        return None, None  # not a flightrec database (yet)
-    return (int(row[0]) if row[0] is not None else None), (int(row[1]) if row[1] is not None else None)
-
-
-# ---- opening a file --------------------------------------------------------------------------------------
-
-
-class FileBusy(QueryError):
-    """Another process holds the file (a materializer; for a snapshot copy, the one making it current)."""
-
-
-def open_read_only(db: str | Path, config: dict[str, str | int] | None = None) -> duckdb.DuckDBPyConnection:
-    """Open the database file read-only with file access disabled (``config``: more of DuckDB's settings)."""
-    path = Path(db)
-    if not path.exists():
-        raise QueryError(f"no database at {path}; run `flightrec materialize --db {path}` first")
-    settings: dict[str, str | int | bool] = {
-        k: v for k, v in READER_CONFIG.items() if k not in ("lock_configuration", "enable_external_access")
-    }
-    try:
-        con = duckdb.connect(str(path), read_only=True, config={**settings, **(config or {})})
-    except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():
-            raise FileBusy(f"{path} is held by another process: {exc}") from exc
-        raise QueryError(f"{path} is not a DuckDB database flightrec can read (check --db): {exc}") from exc
-    try:  # another open connection of this process to the file shares its instance, already set and locked
-        locked, zone = con.execute(
-            "SELECT current_setting('lock_configuration'), current_setting('TimeZone')"
-        ).fetchone()  # type: ignore[misc]  # a SELECT without FROM returns one row
-        if not locked:
-            if zone != READER_TIME_ZONE:
-                con.execute(f"SET GLOBAL TimeZone = '{READER_TIME_ZONE}'")
-            con.execute("SET enable_progress_bar = false")  # never drawn on a reader's terminal
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
-    except BaseException:
-        con.close()
-        raise
-    return con
-
-
-class ResultTooLarge(QueryError):
-    """A read's result passed the bytes a reader may have built for it."""
-
-
-def _bounded_result(rel: duckdb.DuckDBPyRelation, max_bytes: int) -> pa.Table:
-    """The relation's table, built batch by batch and given up (ResultTooLarge) once it holds over ``max_bytes``."""
-    reader = rel.to_arrow_reader(1 << 13)
-    batches, size = [], 0
-    for batch in reader:
-        size += batch.nbytes
-        if size > max_bytes:
-            raise ResultTooLarge(f"its result passed {max_bytes >> 20} MiB")
-        batches.append(batch)
-    return pa.Table.from_batches(batches, schema=reader.schema)
-
-
-def execute_read_only(
-    con: duckdb.DuckDBPyConnection,
-    sql: str,
-    params: Params = None,
-    prelude: Sequence[str] = (),
-    max_bytes: int | None = None,
-) -> pa.Table:
-    """Run the checked ``prelude`` statements (temp views), then the checked user statement.
-
-    ``max_bytes``: the result is built batch by batch and given up (ResultTooLarge) once it holds more.
-    """
-    check_read_only(sql)
-    for stmt in prelude:
-        check_prelude(stmt)
-    try:
-        for stmt in prelude:
-            con.execute(stmt)
-    except duckdb.BinderException as exc:  # a view names a column the file's tables do not have (yet)
-        raise QueryError(
-            f"the readers' views do not fit the tables of this database ({' '.join(str(exc).split())}): "
-            "it was probably written by an older flightrec; a materializer adds the new columns when it "
-            "opens it (`flightrec materialize --db …`)"
-        ) from exc
-    except duckdb.Error as exc:
-        raise QueryError(f"{type(exc).__name__}: {exc}") from exc
-    try:
-        rel = con.sql(sql, params=params) if params else con.sql(sql)
-        if rel is None:
-            return pa.table({})
-        return rel.to_arrow_table() if max_bytes is None else _bounded_result(rel, max_bytes)
-    except duckdb.Error as exc:
-        raise QueryError(f"{type(exc).__name__}: {exc}") from exc
-    except RuntimeError as exc:
-        if "interrupted" in str(exc).lower():  # a stop signal (Ctrl-C) that DuckDB turned into this: stop
-            raise KeyboardInterrupt from exc
-        raise
 
 
 # ---- the file, with no materializer: give way when one asks for it -----------------------------------------
@@ -339,7 +181,7 @@ def read_target(target: Target, sql: str, params: Params, prelude: Sequence[str]
     finally:
         timer.cancel()
         con.close()
-    return _stamped(table, Freshness(target.kind, commits, commit_us))
+    return stamped(table, Freshness(target.kind, commits, commit_us))
 
 
 # ---- snapshots this process keeps open (reads of its own SQL: the dashboard's pages, timeline, the gate) ------
@@ -434,7 +276,7 @@ def _read_snapshot(
     finally:
         _give_copy(held)
     behind = snapshot.behind_s(db, held.commits or 0, held.commit_us)
-    return _stamped(table, Freshness("snapshot", held.commits, held.commit_us, behind))
+    return stamped(table, Freshness("snapshot", held.commits, held.commit_us, behind))
 
 
 def _read_file_here(db: Path, sql: str, params: Params, prelude: Sequence[str]) -> pa.Table:
@@ -447,10 +289,44 @@ def _read_file_here(db: Path, sql: str, params: Params, prelude: Sequence[str]) 
         commits, commit_us = last_commit(con)
     finally:
         con.close()
-    return _stamped(table, Freshness("file", commits, commit_us))
+    return stamped(table, Freshness("file", commits, commit_us))
 
 
 # ---- the one door -----------------------------------------------------------------------------------------
+
+
+class Reader(Protocol):
+    """How a read reaches one kind of location: :func:`run_query` asks the location's reader (READERS) and nothing
+    else about where the database is. Guarantees of every reader: the statement is checked before it runs (here, or
+    in the bounded child with ``limits``); the result is stamped with its :class:`Freshness`."""
+
+    def read(self, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits | None) -> pa.Table:
+        """Run one read-only statement after the ``prelude`` (temp views); ``limits``: bounded as they say, where the
+        kind of location runs reads apart."""
+        ...
+
+
+class FileReader:
+    """A DuckDB file: the newest snapshot while a materializer runs, else the file itself, read-only (given up within
+    ``GIVE_WAY_POLL_S`` when a materializer asks for it; the read is then asked again, on its snapshots). With
+    ``limits`` the read runs in a child process bounded by them (flightrec.db.sandbox)."""
+
+    def __init__(self, loc: FileLocation) -> None:
+        self.db = loc.path.absolute()
+
+    def read(self, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits | None) -> pa.Table:
+        if limits is None:
+            check_read_only(sql)  # with limits, the child checks it
+        return _read_db_file(self.db, sql, params, prelude, limits)
+
+
+# The reader of each kind of location, chosen once per read by the location's type.
+READERS: dict[type, Callable[[Any], Reader]] = {FileLocation: FileReader, LakeLocation: LakeReader}
+
+
+def reader(loc: Location) -> Reader:
+    """The reader of ``loc``."""
+    return READERS[type(loc)](loc)
 
 
 def run_query(
@@ -460,20 +336,9 @@ def run_query(
     prelude: Sequence[str] = (),
     limits: ReadLimits | None = None,
 ) -> pa.Table:
-    """Run one read-only statement against the database and return its rows as Arrow, stamped with its freshness.
-
-    On a file: the newest snapshot while a materializer runs, else the file itself, read-only (given up within
-    ``GIVE_WAY_POLL_S`` when a materializer asks for it; the read is then asked again, on its snapshots). With
-    ``limits`` the read runs in a child process bounded by them (flightrec.db.sandbox), and the statement is
-    checked there too; else here.
-    """
-    loc = locate(db)
-    if isinstance(loc, LakeLocation):
-        check_read_only(sql)
-        return _read_lake(loc, sql, params, prelude)
-    if limits is None:
-        check_read_only(sql)
-    return _read_db_file(loc.path.absolute(), sql, params, prelude, limits)
+    """Run one read-only statement against the database and return its rows as Arrow, stamped with its freshness,
+    through the reader of its kind of location (:class:`FileReader`, ``flightrec.db.lakeread.LakeReader``)."""
+    return reader(locate(db)).read(sql, params, prelude, limits)
 
 
 def _read_db_file(db: Path, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits | None) -> pa.Table:
@@ -539,7 +404,7 @@ def _snapshot_read(
     fresh = freshness(table)
     commits = fresh.commits if fresh is not None else None
     commit_us = fresh.commit_us if fresh is not None else None
-    return _stamped(table, Freshness("snapshot", commits, commit_us, snapshot.behind_s(db, commits or 0, commit_us)))
+    return stamped(table, Freshness("snapshot", commits, commit_us, snapshot.behind_s(db, commits or 0, commit_us)))
 
 
 def _file_read(db: Path, sql: str, params: Params, prelude: Sequence[str], limits: ReadLimits | None) -> pa.Table:
@@ -548,30 +413,3 @@ def _file_read(db: Path, sql: str, params: Params, prelude: Sequence[str], limit
     if limits is None:
         return _read_file_here(db, sql, params, prelude)
     return read_apart(read_target, Target("file", db, db), sql, params, prelude, limits)
-
-
-def _read_lake(loc: LakeLocation, sql: str, params: Params, prelude: Sequence[str]) -> pa.Table:
-    """Run the read on this process's locked-down read-only attachment of the lake (flightrec.db.lake)."""
-    cur = reader_cursor(loc, texts=(sql, *prelude))
-    try:
-        table = execute_read_only(cur, sql, params, still_to_run(loc, prelude))
-    except QueryError as exc:
-        if is_catalog_away(exc):  # the next read attaches afresh
-            forget_reader(loc)
-        hint = ""
-        if "does not exist" in str(exc) and not _lake_has_tables(cur):
-            hint = (
-                f"; the lake holds no tables yet: a materializer makes them when it starts "
-                f"(`flightrec materialize --db '{loc.describe()}' --data-path DIR`)"
-            )
-        raise QueryError(mask_password(str(exc)) + hint) from None
-    finally:
-        cur.close()
-    return _stamped(table, Freshness("lake", reader_snapshot(loc), None))
-
-
-def _lake_has_tables(cur: duckdb.DuckDBPyConnection) -> bool:
-    try:
-        return bool(cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake'").fetchall()[0][0])
-    except duckdb.Error:
-        return True  # cannot tell: no hint

@@ -12,7 +12,13 @@ from flightrec.db.filestore import FileStore
 from flightrec.db.fold import Delta
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import FileLocation, Location
-from flightrec.db.markers import replaying_path, unfinished_replay
+from flightrec.db.markers import (
+    lake_replay_begins,
+    lake_replay_unfinished,
+    replaying_path,
+    unfinished_lake_replay,
+    unfinished_replay,
+)
 from flightrec.db.snapshot import Publisher
 from flightrec.db.stats import Stats
 
@@ -73,13 +79,30 @@ def open_store(
             _check_new_file(loc, replay)
         return FileStore(loc.path, group, rules, mode, memory_limit, lock_wait, views, publish, snapshots)
     store = LakeStore(loc, group, rules, mode, memory_limit, views)
-    if replay and store.holds_events():
+    try:
+        _check_lake(store, replay, again)
+    except BaseException:
         store.close()
-        raise MaterializeError(
-            f"the lake {loc.describe()} already holds events; replay builds a new lake: "
-            "give a new catalog database (`flightrec catalog` makes one per --db string)"
-        )
+        raise
     return store
+
+
+def _check_lake(store: LakeStore, replay: bool, again: bool) -> None:
+    """The lake's version of :func:`_check_new_file`: a replay needs a lake without events and marks it as its own
+    until it is whole (a row, db/markers.py); any other writer refuses a lake a replay left unfinished."""
+    if again:
+        return
+    if replay:
+        if store.holds_events():
+            raise MaterializeError(
+                f"the lake {store.describe()} already holds events; replay builds a new lake: "
+                "give a new catalog database (`flightrec catalog` makes one per --db string)"
+            )
+        store.transaction(
+            "mark the lake as a replay's", lambda: lake_replay_begins(store.con, store.run_id, store.started_us)
+        )
+    elif store.transaction("look for an unfinished replay", lambda: lake_replay_unfinished(store.con)) is not None:
+        raise MaterializeError(unfinished_lake_replay(store.describe()))
 
 
 def _check_new_file(loc: FileLocation, replay: bool) -> None:

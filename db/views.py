@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import re
 
-from flightrec.db.kinds import EXAMPLES, NEW_WINDOW_US, QUIET_US
+from flightrec.db.kinds import (
+    EXAMPLES,
+    KIND_DECISIONS,
+    KIND_HEX,
+    KIND_MERGED,
+    KIND_MUTED,
+    KIND_SPLIT,
+    KIND_UNMERGED,
+    KIND_UNMUTED,
+    KindWindows,
+)
 from flightrec.db.money import MONEY_VIEW_NAMES, MONEY_VIEWS
 from flightrec.db.status import INSTANCE_STATUS
 from flightrec.schemas.limits import TS_MAX_US, TS_MIN_US
@@ -199,37 +209,102 @@ FROM named n LEFT JOIN tagged t USING (instance_id) LEFT JOIN refused r USING (i
      LEFT JOIN unverified u USING (instance_id)
 """
 
-# One row per failure kind (failures.kind, db/kinds.py), derived from failures alone: lake members never write it,
-# a replay rebuilds it. Its status, in this order: explained (the latest failure's class is not 'unknown': a rule
-# covers it), new (first seen within NEW_WINDOW_US), regressed (a failure within NEW_WINDOW_US came after QUIET_US
-# without one), else ongoing. Needs schema version 8 (failures.kind): kept out of VIEWS, like instance_trust.
-FAILURE_KINDS = f"""
+# One row per failure kind (failures.kind, db/kinds.py), derived from failures and the operator's decisions (manager
+# events: db/kinds.py), so lake members never write it and a replay rebuilds it. The decisions, the latest word on a
+# kind winning by its own time (ts_us, seq, event id), never by order of arrival: a split first (a failure of kind K
+# whose decisive line matches the split's RE2 pattern is of the split's kind, db.kinds.split_kind; an expression RE2
+# refuses matches nothing), then merges (a kind merged into another counts as its target, followed up to
+# MERGE_DEPTH merges; `merged_kinds` lists them; a later unmerge takes one back), then a mute (on the kind as
+# shown; a later unmute takes it back). Its status, in this order:
+# muted; regressed (a failure within the new window was classed otherwise than the latest failure a rule explained
+# before it); explained (the latest failure's class is not 'unknown': a rule covers it); new (first seen within the
+# new window); regressed (a failure within the new window came after the quiet window without one); else ongoing.
+# The windows are the reader's settings (KindWindows). Needs schema version 8 (failures.kind): kept out of VIEWS,
+# like instance_trust.
+MERGE_DEPTH = 8  # merges followed from a kind to its target (a cycle stops there, the same way every time)
+
+
+def _kind_decisions() -> str:
+    """The CTEs of the operator's decisions: `splits` (of_kind, pattern, new_kind, said), `target` (of_kind ->
+    into_kind, merges followed) and `muted` (of_kind)."""
+    return f"""d AS (
+    SELECT kind AS decision, attributes['failure_kind'] AS of_kind, attributes['into'] AS into_kind,
+           attributes['pattern'] AS pattern, (ts_us, seq, event_id) AS said
+    FROM manager_events
+    WHERE kind IN {KIND_DECISIONS!r} AND coalesce(attributes['failure_kind'], '') <> ''
+), splits AS (
+    SELECT of_kind, pattern, left(sha256(of_kind || chr(31) || pattern), {KIND_HEX}) AS new_kind, said
+    FROM d WHERE decision = '{KIND_SPLIT}' AND coalesce(pattern, '') <> ''
+), merges AS (
+    SELECT of_kind, into_kind FROM d
+    WHERE decision = '{KIND_UNMERGED}' OR (decision = '{KIND_MERGED}' AND coalesce(into_kind, '') <> '')
+    QUALIFY row_number() OVER (PARTITION BY of_kind ORDER BY said DESC) = 1 AND decision = '{KIND_MERGED}'
+), chain AS (
+    SELECT of_kind, into_kind, 1 AS depth FROM merges
+    UNION ALL
+    SELECT c.of_kind, m.into_kind, c.depth + 1 FROM chain c JOIN merges m ON m.of_kind = c.into_kind
+    WHERE c.depth < {MERGE_DEPTH}
+), target AS (
+    SELECT of_kind, arg_max(into_kind, depth) AS into_kind FROM chain GROUP BY of_kind
+), muted AS (
+    SELECT of_kind FROM d WHERE decision IN ('{KIND_MUTED}', '{KIND_UNMUTED}')
+    QUALIFY row_number() OVER (PARTITION BY of_kind ORDER BY said DESC) = 1 AND decision = '{KIND_MUTED}'
+)"""
+
+
+def failure_kinds_view(windows: KindWindows | None = None) -> str:
+    """The failure_kinds view with the statuses' windows given (see above; None: the defaults)."""
+    windows = windows or KindWindows()
+    new_since = f"epoch_us(now()) - {int(windows.new_us)}"
+    return f"""
 CREATE OR REPLACE TEMP VIEW failure_kinds AS
-WITH f AS (
-    SELECT f.kind, f.kind_template, f.failure_id, f.instance_id, f.failure_class, {sane_us("f.ts_us")} AS ts_us,
-           coalesce(f.gpu_model, nullif(i.gpu_model, '')) AS gpu_model, nullif(i.host, '') AS host,
-           {sane_us("f.ts_us")} - lag({sane_us("f.ts_us")}) OVER (
-               PARTITION BY f.kind ORDER BY f.ts_us, f.failure_id) AS quiet_us
+WITH RECURSIVE {_kind_decisions()}, f0 AS (
+    SELECT f.kind AS found_kind, f.kind_template, f.failure_id, f.instance_id, f.failure_class, f.decisive_line,
+           {sane_us("f.ts_us")} AS ts_us,
+           coalesce(f.gpu_model, nullif(i.gpu_model, '')) AS gpu_model, nullif(i.host, '') AS host
     FROM failures f LEFT JOIN instances i USING (instance_id)
     WHERE f.kind IS NOT NULL
+), f1 AS (
+    SELECT f0.*, coalesce((
+        SELECT arg_max(s.new_kind, s.said) FROM splits s
+        WHERE s.of_kind = f0.found_kind AND coalesce(try(regexp_matches(f0.decisive_line, s.pattern)), false)
+    ), found_kind) AS split_kind
+    FROM f0
+), f2 AS (
+    SELECT f1.*, coalesce(t.into_kind, f1.split_kind) AS kind FROM f1 LEFT JOIN target t ON t.of_kind = f1.split_kind
+), f AS (
+    SELECT *, ts_us - lag(ts_us) OVER w AS quiet_us,
+           last_value(nullif(failure_class, 'unknown') IGNORE NULLS) OVER (
+               w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS explained_before
+    FROM f2 WINDOW w AS (PARTITION BY kind ORDER BY ts_us, failure_id)
 ), k AS (
-    SELECT kind, min(kind_template) AS template, min(ts_us) AS first_us, max(ts_us) AS last_us,
+    SELECT kind, coalesce(min(kind_template) FILTER (WHERE split_kind = kind), min(kind_template)) AS template,
+           min(ts_us) AS first_us, max(ts_us) AS last_us,
            count(*) AS failures, count(DISTINCT instance_id) AS instances, count(DISTINCT host) AS hosts,
            list(DISTINCT gpu_model ORDER BY gpu_model) FILTER (WHERE gpu_model IS NOT NULL) AS gpu_models,
            (list(failure_id ORDER BY ts_us DESC NULLS LAST, failure_id DESC))[1:{EXAMPLES}] AS example_failure_ids,
            (list(failure_class ORDER BY ts_us DESC NULLS LAST, failure_id DESC))[1] AS failure_class,
-           coalesce(max(quiet_us) FILTER (WHERE ts_us >= epoch_us(now()) - {NEW_WINDOW_US}), 0) AS recent_quiet_us
+           coalesce(max(quiet_us) FILTER (WHERE ts_us >= {new_since}), 0) AS recent_quiet_us,
+           coalesce(bool_or(explained_before IS NOT NULL AND failure_class IS DISTINCT FROM explained_before)
+                    FILTER (WHERE ts_us >= {new_since}), false) AS class_changed,
+           list(DISTINCT split_kind ORDER BY split_kind) FILTER (WHERE split_kind <> kind) AS merged_kinds
     FROM f GROUP BY kind
 )
 SELECT kind, template,
-       CASE WHEN coalesce(failure_class, 'unknown') <> 'unknown' THEN 'explained'
-            WHEN first_us >= epoch_us(now()) - {NEW_WINDOW_US} THEN 'new'
-            WHEN recent_quiet_us >= {QUIET_US} THEN 'regressed'
+       CASE WHEN kind IN (SELECT of_kind FROM muted) THEN 'muted'
+            WHEN class_changed THEN 'regressed'
+            WHEN coalesce(failure_class, 'unknown') <> 'unknown' THEN 'explained'
+            WHEN first_us >= {new_since} THEN 'new'
+            WHEN recent_quiet_us >= {int(windows.quiet_us)} THEN 'regressed'
             ELSE 'ongoing' END AS status,
        {ts("first_us")} AS first_seen, {ts("last_us")} AS last_seen, failures, instances, hosts, gpu_models,
-       example_failure_ids, failure_class, first_us, last_us, {ts("first_us")} AS first_at, {ts("last_us")} AS last_at
+       example_failure_ids, failure_class, first_us, last_us, {ts("first_us")} AS first_at, {ts("last_us")} AS last_at,
+       merged_kinds
 FROM k
 """
+
+
+FAILURE_KINDS = failure_kinds_view()
 
 # Every shared view, the money too (db/money.py). Binding a view costs a few ms and
 # the money views nest several deep, so a reader passes only what its statement names
@@ -249,8 +324,9 @@ _DEPENDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def prelude_for(sql: str) -> tuple[str, ...]:
-    """The view statements ``sql`` needs: the views it names and those they read, in definition order."""
+def prelude_for(sql: str, windows: KindWindows | None = None) -> tuple[str, ...]:
+    """The view statements ``sql`` needs: the views it names and those they read, in definition order
+    (``windows``: the failure kinds' status windows, the reader's settings; the defaults when None)."""
     wanted = {n for n in ALL_VIEW_NAMES if _named(n, sql)}
     todo = list(wanted)
     while todo:
@@ -258,13 +334,18 @@ def prelude_for(sql: str) -> tuple[str, ...]:
             if dep not in wanted:
                 wanted.add(dep)
                 todo.append(dep)
-    return tuple(stmt for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS, strict=True) if name in wanted)
+    return tuple(_with(windows, stmt) for name, stmt in zip(ALL_VIEW_NAMES, ALL_VIEWS, strict=True) if name in wanted)
+
+
+def _with(windows: KindWindows | None, stmt: str) -> str:
+    """``stmt``, or the failure_kinds view built for ``windows`` when ``stmt`` is that view and they are given."""
+    return failure_kinds_view(windows) if windows is not None and stmt is FAILURE_KINDS else stmt
 
 
 _TEMP = "CREATE OR REPLACE TEMP VIEW "
 
 
-def stored_views() -> tuple[str, ...]:
+def stored_views(windows: KindWindows | None = None) -> tuple[str, ...]:
     """Every shared view as a ``CREATE OR REPLACE VIEW`` statement, for the materializer to keep in the file.
 
     Readers still run theirs (temp views shadow stored ones), so a file written before
@@ -272,7 +353,7 @@ def stored_views() -> tuple[str, ...]:
     """
     out = []
     for stmt in ALL_VIEWS:
-        body = stmt.strip()
+        body = _with(windows, stmt).strip()
         if not body.startswith(_TEMP):
             raise ValueError(f"not a temp view: {body[:60]!r}")
         out.append("CREATE OR REPLACE VIEW " + body[len(_TEMP) :])

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal
 
+from flightrec.producer.batcher import LineSink
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
 from flightrec.producer.fit import fit_exit_event
@@ -24,11 +25,11 @@ from flightrec.producer.members import Member, join, leave, running
 from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
 from flightrec.producer.shapes import SecretShape, SecretShapesError, builtin_shapes, load_shapes
-from flightrec.producer.spool import BootSealedError, Spool, SpoolWriteError
+from flightrec.producer.spool import AnySpool, BootSealedError, Spool, SpoolWriteError
 from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
 
 from flightrec.errors import FlightrecError, SpoolError
-from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, Settings
+from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LOGS, Settings
 
 log = logging.getLogger(__name__)
 
@@ -182,17 +183,19 @@ class _AgentBase:
         self.instance_id = visible(instance_id or self.settings.instance)[0]  # non-UTF-8 bytes as \xNN
         root = spool_dir or self.settings.spool
         self.losses = Losses()
-        self.spool: Spool | LostSpool
+        self.spool: AnySpool
+        working: Spool | None = None  # only a spool that works is delivered
         try:
-            self.spool = Spool(root, self.instance_id, new_boot=new_boot)
+            self.spool = working = Spool(root, self.instance_id, new_boot=new_boot)
         except SpoolError as exc:  # the stage must run anyway: nothing is recorded, and that is said
             say(f"NOT RECORDED: {exc}. Nothing of instance {self.instance_id} is recorded by this agent.")
             self.spool = LostSpool(root, self.instance_id, str(exc))
-            deliver = False
         self.redactor = Redactor(
             *_secrets(self.settings, os.environ if env is None else env), shapes=_shapes(self.settings)
         )
-        self.deliverer: Deliverer | None = Deliverer(self.spool, self.settings) if deliver else None  # type: ignore[arg-type]  # a LostSpool is never delivered: deliver is False with it
+        self.deliverer: Deliverer | None = (
+            Deliverer(working, self.settings) if deliver and working is not None else None
+        )
         self.events_emitted = 0
         self._stage_member: Member | None = None  # the stage this agent runs (a seal does not wait for it)
         self._closed: bool | None = None  # once closed: whether everything was acknowledged then
@@ -328,6 +331,18 @@ class _AgentBase:
             self.deliverer.notify()
         return events
 
+    def line_sink(self) -> LineSink:
+        """What a line source (flightrec.producer.batcher) needs of this agent: its batches go through
+        :meth:`emit_makers` into the spool."""
+        return LineSink(
+            instance_id=self.instance_id,
+            redactor=self.redactor,
+            emit=self.emit_makers,
+            sync_due=self.spool.sync_due,
+            sync=self.spool.sync,
+            logs_limit=lambda: self.message_limit(TOPIC_LOGS),
+        )
+
     def _note_losses(self) -> None:
         """After a successful write: a Lifecycle ``info`` event saying what was lost before it, if anything."""
         taken = self.losses.take()
@@ -398,7 +413,7 @@ class _AgentBase:
         override: dict[str, Any] = load_override(self.settings.facts) if self.settings.facts else {}
         override.update(overrides)
         boot_id, _ = self.spool.boot()
-        if not force and (self.spool.dir / f"once-{boot_id}-facts").exists():
+        if not force and self.spool.sent_once(boot_id, "facts"):
             return None
         values = collect_facts(override)
         eid, iid, ts = new_event_id(), self.instance_id, now_us()
@@ -434,12 +449,12 @@ class _AgentBase:
         them (it died; its keeper passed them on and left notes, flightrec.producer.keeper): one per stage, in the
         current boot, with ``lost_lines`` and ``lost_bytes``; returns how many lines. Notes of older boots are
         dropped (said in the log): their boot was sealed, and the seal named what still ran."""
-        from flightrec.producer.keeper import LOST, take_late_losses
+        from flightrec.producer.keeper import take_late_losses
 
-        if not isinstance(self.spool, Spool) or not any(self.spool.dir.glob(f"{LOST}*")):
+        if not isinstance(self.spool, Spool) or not self.spool.files.late_losts():
             return 0
         boot_id = self.spool.boot()[0]
-        losses, files = take_late_losses(self.spool.dir, boot_id)
+        losses, files = take_late_losses(self.spool.files, boot_id)
         total = 0
         for stage, (lines, size) in sorted(losses.items()):
             self.event(
@@ -452,8 +467,8 @@ class _AgentBase:
             total += lines
         for p in files:
             p.unlink(missing_ok=True)
-        for p in self.spool.dir.glob(f"{LOST}*"):
-            if not p.name.startswith(f"{LOST}{boot_id}-"):
+        for p in self.spool.files.late_losts():
+            if not self.spool.files.late_lost_of(p, boot_id):
                 log.warning("dropping %s: its boot is sealed (its late output was named by the seal)", p.name)
                 p.unlink(missing_ok=True)
         return total
@@ -478,14 +493,14 @@ class _AgentBase:
             while running(self.spool, boot_id, own) and time.monotonic() < deadline:
                 time.sleep(0.05)
             late_wait = self.settings.late_wait
-            for st in late_stages(self.spool.dir, boot_id):
+            for st in late_stages(self.spool.files, boot_id):
                 self.event(
                     st.stage,
                     "info",
                     detail=f"the seal waits up to {late_wait:g}s for the late output of {still_writing(st)}",
                     attributes={"seal_waits_for": "late_output", "late_wait_s": f"{late_wait:g}"},
                 )
-            left_late = settle_late_output(self.spool.dir, boot_id, late_wait)
+            left_late = settle_late_output(self.spool.files, boot_id, late_wait)
             self.note_late_losses()  # what a dead late-output process's keeper passed on unrecorded, in this boot
         spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
+from typing import Protocol
 
-from flightrec.producer.agent import SyncAgent
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
-from flightrec.producer.redact import NO_CARRY, Carry
+from flightrec.producer.redact import NO_CARRY, Carry, Redactor
 from flightrec.producer.scrub import scrub
 from flightrec.schemas import Event, LogBatch, new_event_id, now_us
 from flightrec.schemas.fastlog import encode_fast
-
-from flightrec.settings import TOPIC_LOGS
 
 BATCH_WINDOW_S = 0.1  # a line is spooled (and handed to the sender) at most this long after it was read
 # a LogBatch holds at most this much text (plus LINE_OVERHEAD per line), less where the topic's message
@@ -25,6 +24,34 @@ BATCH_SLACK = 64 * 1024  # room under the topic's limit for the batch's other fi
 # and at most this many lines (a burst of empty lines costs LINE_OVERHEAD each, never a message over the limit)
 BATCH_MAX_LINES = 65536
 LINE_OVERHEAD = 16  # bytes a line costs in a LogBatch besides its text (number, time, flags, length)
+
+
+class Emit(Protocol):
+    """Spool events already scrubbed (the agent's ``emit_makers``): the batches' way into the spool."""
+
+    def __call__(
+        self,
+        makers: list[Callable[[str, int], Event]],
+        *,
+        encode: Callable[[Event], bytes] | None,
+        sync: bool,
+        scrubbed: bool,
+        boot: str | None,
+    ) -> list[Event]: ...
+
+
+@dataclass(frozen=True)
+class LineSink:
+    """What a line source needs of the agent (``agent.line_sink()``), and nothing more: the instance its lines are
+    of, the redactor that masks them, the emit that spools their batches, the spool's group commit (``sync_due``,
+    ``sync``) and the logs topic's message limit."""
+
+    instance_id: str
+    redactor: Redactor
+    emit: Emit
+    sync_due: Callable[[], None]
+    sync: Callable[[], None]
+    logs_limit: Callable[[], int]
 
 
 def batch_bytes(limit: int) -> int:
@@ -47,7 +74,7 @@ class SourceBatcher:
 
     def __init__(
         self,
-        agent: SyncAgent,
+        sink: LineSink,
         stage: str,
         source: str,
         pid: int,
@@ -58,13 +85,13 @@ class SourceBatcher:
         max_bytes: int | None = None,
         boot: str | None = None,
     ) -> None:
-        self.agent = agent
+        self.sink = sink
         self.boot = boot  # the boot its lines belong to (late output: never a boot begun after a seal)
         self.stage = stage
         self.source = source
         self.pid = pid
         self.window = window
-        self.max_bytes = max_bytes or batch_bytes(agent.message_limit(TOPIC_LOGS))
+        self.max_bytes = max_bytes or batch_bytes(sink.logs_limit())
         self.splitter = LineSplitter(max_line)
         self.tail = Tail(tail_lines)
         self.lines_read = 0
@@ -99,7 +126,7 @@ class SourceBatcher:
                 invalid_utf8=(),
                 late=(),
             ),
-            agent.redactor,
+            sink.redactor,
         )
         self._stage, self._source = clean.stage, clean.source  # type: ignore[attr-defined]  # scrub returns the Event base: a LogBatch in, a LogBatch out
 
@@ -116,10 +143,10 @@ class SourceBatcher:
             self._raw.extend(lines)
             if self.tail.limit > 0:
                 self.tail.extend(AsciiTexts(lines[-self.tail.limit :]))
-            self._carry = self.agent.redactor.carry_after(lines[-1])
+            self._carry = self.sink.redactor.carry_after(lines[-1])
         else:
             decoded, invalid = decode_lines(lines)
-            texts, self._carry = self.agent.redactor.stream(decoded, trunc, self._carry)
+            texts, self._carry = self.sink.redactor.stream(decoded, trunc, self._carry)
             if self._texts is None:
                 self._texts = list(AsciiTexts(self._raw))
             self._texts.extend(texts)
@@ -139,9 +166,7 @@ class SourceBatcher:
         over ``max_bytes`` (text plus LINE_OVERHEAD per line) or BATCH_MAX_LINES lines."""
         with self._lock:
             pending = self.splitter._buf
-            plain = (
-                data.isascii() and pending.isascii() and not self.agent.redactor.may_need(pending, data, self._carry)
-            )
+            plain = data.isascii() and pending.isascii() and not self.sink.redactor.may_need(pending, data, self._carry)
             lines, trunc = self.splitter.feed(data)
             ts = ts or now_us()
             cum = list(accumulate(map(len, lines)))  # C speed: no Python code per line
@@ -188,14 +213,14 @@ class SourceBatcher:
         with self._lock:
             if self._since is not None and time.monotonic() - self._since >= self.window:
                 self._flush()
-        self.agent.spool.sync_due()
+        self.sink.sync_due()
 
     def close(self) -> None:
         """End of the source: spool everything left, durably."""
         self.end_of_file()
         with self._lock:
             self._flush()
-        self.agent.spool.sync()
+        self.sink.sync()
 
     def resume(self, next_no: int, pending: bytes, overflow: bool, carry: Carry = NO_CARRY, *, late: bool) -> None:
         """Go on from another batcher's :meth:`handoff_state` (in the late-output process)."""
@@ -224,7 +249,7 @@ class SourceBatcher:
         self._next_no += len(texts)
         eid, iid, stage, source, pid, now = (
             new_event_id(),
-            self.agent.instance_id,
+            self.sink.instance_id,
             self._stage,
             self._source,
             self.pid,
@@ -249,7 +274,7 @@ class SourceBatcher:
                 late=late,
             )
 
-        self.agent.emit_makers(
+        self.sink.emit(
             [make], encode=lambda ev: encode_fast(ev, raw), sync=False, scrubbed=True, boot=self.boot
         )  # group commit (see Spool)
         self.batches += 1

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
+
+from flightrec.producer.spoolfolder import SpoolFolder
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +27,10 @@ class Claim:
     offset: int
 
 
-def claim_path(spool_dir: Path, boot_id: str, path: str) -> Path:
-    """The claim file of one followed path in one boot."""
-    key = hashlib.sha256(os.fsencode(os.path.abspath(path))).hexdigest()[:20]
-    return Path(spool_dir) / f"follow-claim-{boot_id}-{key}"
-
-
-def write_claim(spool_dir: Path, boot_id: str, path: str, claim: Claim) -> None:
+def write_claim(folder: SpoolFolder, boot_id: str, path: str, claim: Claim) -> None:
     """Record that the stage of ``claim.token`` follows ``path`` from here on (never raises)."""
-    target = claim_path(spool_dir, boot_id, path)
-    tmp = target.with_name(f"{target.name}.{os.getpid()}")
+    target = folder.follow_claim(boot_id, path)
+    tmp = folder.claim_tmp(target)
     try:
         tmp.write_text(
             json.dumps({"token": claim.token, "ino": list(claim.ino) if claim.ino else None, "offset": claim.offset})
@@ -51,10 +44,10 @@ def write_claim(spool_dir: Path, boot_id: str, path: str, claim: Claim) -> None:
         )
 
 
-def read_claim(spool_dir: Path, boot_id: str, path: str) -> Claim | None:
+def read_claim(folder: SpoolFolder, boot_id: str, path: str) -> Claim | None:
     """The latest claim on ``path`` in this boot, or None."""
     try:
-        data = json.loads(claim_path(spool_dir, boot_id, path).read_text())
+        data = json.loads(folder.follow_claim(boot_id, path).read_text())
         ino = tuple(data["ino"]) if data.get("ino") else None
         return Claim(str(data["token"]), ino, int(data["offset"]))
     except (OSError, ValueError, KeyError, TypeError):

@@ -21,9 +21,8 @@ from flightrec.producer.fit import (
     message_size,
     split_log_batch,
 )
-from flightrec.producer.lost import LostSpool
 from flightrec.producer.redact import visible
-from flightrec.producer.spool import Position, Record, Spool
+from flightrec.producer.spool import AnySpool, Position, Record, Spool
 from flightrec.schemas import now_us
 from flightrec.schemas.auth import Signer, parse_fleet_key
 from flightrec.schemas.sendtime import sent_header
@@ -37,7 +36,6 @@ POLL_S = 0.05  # how often appends by other processes are looked for
 LOCK_RETRY_S = 0.2
 ROUND_BYTES = 16 * 1024 * 1024  # records read and sent per round (acknowledgements awaited once per round)
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 3.0)
-AWAY = "delivery-away"  # in the spool folder while Kafka does not answer its sender (written by it, removed on success)
 AWAY_AFTER_S = 2.0  # an attempt that has not come back after this long may mean Kafka does not answer
 PROBE_EVERY_S = 1.0  # then a TCP connection to the bootstrap addresses decides, at most this often
 PROBE_TIMEOUT_S = 0.5
@@ -172,7 +170,7 @@ class Deliverer:
             )
         # another process sends: its note says so (a note without a live sender is stale), or nothing it sent was
         # acknowledged for AWAY_AFTER_S (an attempt of its may hang longer than that: a broker dropping packets)
-        return self._lock_busy and ((self.spool.dir / AWAY).exists() or time.monotonic() - since >= AWAY_AFTER_S)
+        return self._lock_busy and (self.spool.files.delivery_away.exists() or time.monotonic() - since >= AWAY_AFTER_S)
 
     def away(self, since: float = 0.0) -> bool:
         """Whether Kafka does not answer: delivery fails (:meth:`failing`) and no bootstrap address accepts a
@@ -202,7 +200,7 @@ class Deliverer:
 
     def say_away(self) -> None:
         """As the instance's sender, note in the spool that Kafka does not answer (the next agents read it at exit)."""
-        path = self.spool.dir / AWAY
+        path = self.spool.files.delivery_away
         if self._lock_fd is None or path.exists():
             return
         with contextlib.suppress(OSError):
@@ -213,7 +211,7 @@ class Deliverer:
         self._failed_attempt = None
         self.denied = None
         with contextlib.suppress(OSError):
-            (self.spool.dir / AWAY).unlink(missing_ok=True)
+            self.spool.files.delivery_away.unlink(missing_ok=True)
 
     def wait_delivered(self, target: Position, timeout: float, unless_away: bool = False) -> bool:
         """Block until everything before ``target`` is acknowledged, or ``timeout`` s passed.
@@ -275,7 +273,7 @@ class Deliverer:
     def _try_lock(self) -> bool:
         if self._lock_fd is not None:
             return True
-        fd = os.open(self.spool.dir / "deliver.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.spool.files.deliver_lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -537,7 +535,7 @@ async def _close(producer: Any) -> None:
         await asyncio.wait_for(producer.stop(), 5.0)
 
 
-def require_delivered(ok: bool, spool: Spool | LostSpool, timeout: float, last_error: str | None) -> None:
+def require_delivered(ok: bool, spool: AnySpool, timeout: float, last_error: str | None) -> None:
     """Raise DeliveryError (saying what is left and what to do) when a flush did not finish."""
     if ok:
         return

@@ -22,11 +22,12 @@ import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flightrec.producer.redact import NO_CARRY, Carry
-from flightrec.producer.tokens import carriers, describe, writers
+from flightrec.producer.spoolfolder import SpoolFolder
+from flightrec.producer.tokens import carriers
+from flightrec.producer.writers import describe, writers
 
 from flightrec.errors import FlightrecError
 from flightrec.settings import Settings
@@ -34,21 +35,10 @@ from flightrec.settings import Settings
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
-# A command that writes each line with a write of its own (a flush per line: stderr, print(flush=True), most loggers)
-# would be read a line at a time, and a read per line costs the agent many times the CPU of its share of a block
-# (BENCHMARKS.md, Agent: the write-per-line runs of benchmarks/bench_agent.py). After a read of less than GATHER_BELOW
-# bytes, a reader (the agent's pump, the late-output process) waits GATHER_S before it reads again: the lines gather in
-# the pipe (1 MiB, run.py's PIPE_SIZE: more than the fastest writer fills in GATHER_S) and are read, passed through and
-# stamped together, at most GATHER_S late. Output that comes now and then is read at once (only what comes within
-# GATHER_S of a read waits).
-GATHER_S = 0.002
-GATHER_BELOW = 64 * 1024
 POLL_S = 0.05
 HOLDER_SCAN_S = 1.0  # how often /proc is scanned for processes the stages started
 SEAL_SCAN_S = 0.2  # the same while a seal waits for a stage's late output
 MAX_FDS = 253  # fds one hand-off may carry (Linux SCM_MAX_FD): two pipes, two outputs, the followed files
-LOCK = "late.lock"  # flock: taken to hand a stage off, and by the late-output process to end
-LOG = "late.log"  # where the late-output process says what went wrong (it holds no terminal)
 
 
 @dataclass(frozen=True)
@@ -174,16 +164,17 @@ def decode(data: bytes) -> Handoff:
         raise HandoffError(f"not a hand-off message ({type(exc).__name__}: {exc})") from exc
 
 
-def _address(spool_dir: Path) -> bytes:
+def _address(folder: SpoolFolder) -> bytes:
     """The late-output process's socket: abstract (no file to go stale, no path length limit), one per spool folder."""
-    return b"\0flightrec-late-" + hashlib.sha256(os.fsencode(os.path.realpath(spool_dir))).hexdigest()[:32].encode()
+    return b"\0flightrec-late-" + hashlib.sha256(os.fsencode(os.path.realpath(folder.path))).hexdigest()[:32].encode()
 
 
 class Locked:
-    """``with Locked(spool_dir):`` - hold the spool folder's hand-off lock."""
+    """``with Locked(folder):`` - hold the spool folder's hand-off lock (``late.lock``: taken to hand a stage off,
+    and by the late-output process to end)."""
 
-    def __init__(self, spool_dir: Path) -> None:
-        self.fd = os.open(spool_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    def __init__(self, folder: SpoolFolder) -> None:
+        self.fd = os.open(folder.late_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     def __enter__(self) -> Locked:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
@@ -193,43 +184,43 @@ class Locked:
         os.close(self.fd)  # drops the lock
 
 
-def hand_off(h: Handoff, spool_dir: Path) -> int:
+def hand_off(h: Handoff, folder: SpoolFolder) -> int:
     """Give ``h``'s fds to the instance's late-output process (started now if none runs); return its pid.
 
     The caller then closes its own copies. Never waits for the late-output process to
     start: the hand-off waits in its socket. The stage is registered in the spool folder
     at once (``late-TOKEN``), so a seal that follows waits for its late output.
     """
-    addr = _address(spool_dir)
-    with Locked(spool_dir):
+    addr = _address(folder)
+    with Locked(folder):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.connect(addr)
         except OSError:  # none runs (it ends under this lock, so it cannot be ending now)
             sock.close()
-            _start(spool_dir, addr)
+            _start(folder, addr)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             sock.connect(addr)  # waits in the listener's backlog until the new process takes it
         try:
-            pid = int((spool_dir / "late.pid").read_text())
+            pid = int(folder.late_pid.read_text())
         except (OSError, ValueError):
             pid = 0
         with sock:
-            (spool_dir / f"late-{h.token}").write_text(f"{h.boot_id} {pid} {h.stage}")
+            folder.late_stage(h.token).write_text(f"{h.boot_id} {pid} {h.stage}")
             data = encode(h)
             sent = socket.send_fds(sock, [data[:4096]], h.fds())
             sock.sendall(data[sent:])
     return pid
 
 
-def _start(spool_dir: Path, addr: bytes) -> int:
+def _start(folder: SpoolFolder, addr: bytes) -> int:
     """Bind the late-output process's socket here (so hand-offs can queue at once) and start it on it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(addr)
         listener.listen(64)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flightrec.producer.late", str(spool_dir), str(listener.fileno())],
+            [sys.executable, "-m", "flightrec.producer.late", str(folder.path), str(listener.fileno())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -238,7 +229,7 @@ def _start(spool_dir: Path, addr: bytes) -> int:
         )
     finally:
         listener.close()
-    (spool_dir / "late.pid").write_text(str(proc.pid))
+    folder.late_pid.write_text(str(proc.pid))
     return proc.pid
 
 
@@ -251,22 +242,20 @@ class LateStage:
     late_pid: int  # the late-output process recording it
 
 
-def late_stages(spool_dir: Path, boot_id: str, gone: list[LateStage] | None = None) -> list[LateStage]:
+def late_stages(folder: SpoolFolder, boot_id: str, gone: list[LateStage] | None = None) -> list[LateStage]:
     """The boot's stages whose late output is still recorded.
 
     Registrations whose late-output process is gone (killed) are removed, and added to ``gone``.
     """
     out = []
-    for p in sorted(spool_dir.glob("late-*")):
-        if p.name.startswith(LEFT):
-            continue
+    for token, p in folder.late_stages():
         try:
             boot, pid, *stage = p.read_text().split(" ", 2)
         except (OSError, ValueError):
             continue
         if boot != boot_id:
             continue
-        st = LateStage(p.name[len("late-") :], stage[0] if stage else "?", int(pid) if pid.isdigit() else 0)
+        st = LateStage(token, stage[0] if stage else "?", int(pid) if pid.isdigit() else 0)
         try:
             os.kill(st.late_pid, 0) if st.late_pid > 0 else None
         except OSError:
@@ -287,11 +276,7 @@ def still_writing(stage: LateStage, paths: set[str] | None = None) -> str:
     return f"stage {stage.stage}" + (f" ({describe(sorted(pids))})" if pids else "")
 
 
-LEFT = "late-left-"  # late-left-BOOT-TOKEN: what still wrote a stage's late output when a seal stopped recording it
-REQUEST = "seal-request-"  # seal-request-BOOT: a seal of the boot waits (holds the sealing process's pid)
-
-
-def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> list[str]:
+def settle_late_output(folder: SpoolFolder, boot_id: str, wait: float) -> list[str]:
     """Before a seal: wait until the boot's late output is all spooled; say what still wrote it after ``wait``.
 
     Each handed-off stage of the boot is recorded until nothing that can still write its
@@ -303,22 +288,22 @@ def settle_late_output(spool_dir: Path, boot_id: str, wait: float) -> list[str]:
     not recorded. Returns [] when the boot's late output is complete.
     """
     gone: list[LateStage] = []
-    late = late_stages(spool_dir, boot_id, gone)
+    late = late_stages(folder, boot_id, gone)
     if not late and not gone:
         return []
-    request = spool_dir / f"{REQUEST}{boot_id}"
+    request = folder.seal_request(boot_id)
     request.write_text(f"{os.getpid()} {wait}")  # its pid (a seal killed while it waits asks nothing) and its wait
     deadline = time.monotonic() + wait + 5.0
     while late and time.monotonic() < deadline:
         time.sleep(POLL_S)
-        late = late_stages(spool_dir, boot_id, gone)
+        late = late_stages(folder, boot_id, gone)
     request.unlink(missing_ok=True)
     left = [
         f"stage {st.stage} (its late-output process, pid {st.late_pid}, is gone: what the stage's leftovers "
         "write is passed on by the keeper, unrecorded)"
         for st in gone
     ]
-    for p in sorted(spool_dir.glob(f"{LEFT}{boot_id}-*")):
+    for p in folder.late_lefts(boot_id):
         try:
             left.append(p.read_text())
         except OSError:

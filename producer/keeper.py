@@ -26,29 +26,28 @@ import struct
 import time
 from pathlib import Path
 
+from flightrec.producer.spoolfolder import SpoolFolder
+
 __all__ = ["Keeper", "take_late_losses"]
 
 _KEEP, _RELEASE, _END = b"K", b"R", b"E"
 _MSG = struct.Struct("=ci")  # kind, the late-output process's number of the pipe; a KEEP is followed by boot\tstage
 CHUNK = 1 << 16
 TITLE = "flightrec-agent keeper"
-LOST = (
-    "late-lost-"  # late-lost-BOOT-N: lines and bytes of a stage passed on unrecorded after the late-output process died
-)
 NOTE_EVERY_S = 5.0
 
 
 class Keeper:
     """The late-output process's side: fork the keeper, hand it copies, release them, end it."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, folder: SpoolFolder) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # the keeper
             ours.close()
             code = 1
             try:
-                _serve(theirs, log_path)
+                _serve(theirs, folder)
                 code = 0
             finally:
                 os._exit(code)
@@ -89,7 +88,7 @@ def _close_all_but(keep: int) -> None:
                 os.close(fd)
 
 
-def _serve(sock: socket.socket, log_path: Path) -> None:
+def _serve(sock: socket.socket, folder: SpoolFolder) -> None:
     """The keeper's life: hold copies until told to end, or take over when the late-output process is gone."""
     try:
         from setproctitle import setproctitle
@@ -121,7 +120,7 @@ def _serve(sock: socket.socket, log_path: Path) -> None:
             return
     sock.close()
     if held:
-        _take_over(list(held.values()), log_path, owners)
+        _take_over(list(held.values()), folder, owners)
 
 
 def _drop(pair: tuple[int, int | None] | None) -> None:
@@ -132,39 +131,40 @@ def _drop(pair: tuple[int, int | None] | None) -> None:
             os.close(fd)
 
 
-def _say(log_path: Path, text: str) -> None:
+def _say(folder: SpoolFolder, text: str) -> None:
     try:
-        with open(log_path, "a") as f:
+        with open(folder.late_log, "a") as f:
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} flightrec keeper {os.getpid()}: {text}\n")
     except OSError:
         pass
 
 
-def _note(spool_dir: Path, counts: dict[tuple[str, str], list[int]], noted: dict[tuple[str, str], list[int]]) -> None:
+def _note(
+    folder: SpoolFolder, counts: dict[tuple[str, str], list[int]], noted: dict[tuple[str, str], list[int]]
+) -> None:
     """Leave a note per stage of what was passed on unrecorded since the last note (read by the next agent)."""
     for (boot, stage), (lines, size) in counts.items():
         before = noted.setdefault((boot, stage), [0, 0])
         if (lines, size) == tuple(before) or not boot:
             continue
-        name = f"{LOST}{boot}-{os.getpid()}-{time.monotonic_ns()}"
+        tmp, note = folder.new_late_lost(boot, time.monotonic_ns())
         try:
-            tmp = spool_dir / f".{name}"
             tmp.write_text(
                 json.dumps({"boot_id": boot, "stage": stage, "lines": lines - before[0], "bytes": size - before[1]})
             )
-            tmp.rename(spool_dir / name)  # whole or not at all
+            tmp.rename(note)  # whole or not at all
             noted[(boot, stage)] = [lines, size]
         except OSError:
             pass
 
 
-def take_late_losses(spool_dir: Path, boot_id: str) -> tuple[dict[str, tuple[int, int]], list[Path]]:
+def take_late_losses(folder: SpoolFolder, boot_id: str) -> tuple[dict[str, tuple[int, int]], list[Path]]:
     """The keepers' notes of the boot: stage -> (lines, bytes) passed on unrecorded, and the note files taken (each
     by one caller only; to remove once an event says so). Notes of other boots are left alone."""
     out: dict[str, tuple[int, int]] = {}
     files = []
-    for p in sorted(spool_dir.glob(f"{LOST}{boot_id}-*")):
-        taken = p.with_name(f".taken-{os.getpid()}-{p.name}")
+    for p in folder.late_losts(boot_id):
+        taken = folder.late_lost_taken(p)
         try:
             p.rename(taken)  # one agent takes a note, however many look at once
             note = json.loads(taken.read_text())
@@ -178,11 +178,11 @@ def take_late_losses(spool_dir: Path, boot_id: str) -> tuple[dict[str, tuple[int
 
 
 def _take_over(
-    pairs: list[tuple[int, int | None]], log_path: Path, owners: dict[int, tuple[str, str]] | None = None
+    pairs: list[tuple[int, int | None]], folder: SpoolFolder, owners: dict[int, tuple[str, str]] | None = None
 ) -> None:
     """Pass every pipe on to its output until its last writer closes it; record nothing, but count it per stage."""
     _say(
-        log_path,
+        folder,
         f"the late-output process died: {len(pairs)} pipes of the stages' leftovers are passed on "
         "but no longer recorded",
     )
@@ -197,7 +197,7 @@ def _take_over(
     last_note = time.monotonic()
     while outs:
         if time.monotonic() - last_note >= NOTE_EVERY_S:
-            _note(log_path.parent, counts, noted)
+            _note(folder, counts, noted)
             last_note = time.monotonic()
         for fd, _ev in poller.poll(int(NOTE_EVERY_S * 1000)):
             try:
@@ -222,5 +222,5 @@ def _take_over(
             except OSError:  # its reader went away: read on (the writer never gets SIGPIPE), pass on nothing
                 os.close(out)
                 outs[fd] = None
-    _note(log_path.parent, counts, noted)
-    _say(log_path, f"every leftover closed its pipes; {passed:,} bytes were passed on unrecorded")
+    _note(folder, counts, noted)
+    _say(folder, f"every leftover closed its pipes; {passed:,} bytes were passed on unrecorded")

@@ -15,16 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.producer.agent import SyncAgent
+from flightrec.producer.batcher import LineSink
 from flightrec.producer.handoff import (
     CHUNK,
-    GATHER_BELOW,
-    GATHER_S,
     HOLDER_SCAN_S,
-    LEFT,
-    LOG,
     MAX_FDS,
     POLL_S,
-    REQUEST,
     SEAL_SCAN_S,
     HandedPipe,
     Handoff,
@@ -34,7 +30,10 @@ from flightrec.producer.handoff import (
     decode,
     still_writing,
 )
-from flightrec.producer.tokens import alive_tokens, writers
+from flightrec.producer.pump import GATHER_BELOW, GATHER_S
+from flightrec.producer.spoolfolder import SpoolFolder
+from flightrec.producer.tokens import alive_tokens
+from flightrec.producer.writers import writers
 
 log = logging.getLogger(__name__)
 
@@ -55,26 +54,26 @@ def _request(request: Path) -> tuple[bool, float | None]:
 class _Stage:
     """One handed-off stage in the late-output process: its pipes, followed files and batchers."""
 
-    def __init__(self, h: Handoff, agent: Any, spool_dir: Path) -> None:
+    def __init__(self, h: Handoff, sink: LineSink, folder: SpoolFolder) -> None:
         from flightrec.producer.batcher import SourceBatcher
         from flightrec.producer.follow import FileFollower
 
         self.h = h
-        self.spool_dir = spool_dir
+        self.folder = folder
         s = h.settings
-        self.reg = spool_dir / f"late-{h.token}"
-        self.request = spool_dir / f"{REQUEST}{h.boot_id}"
+        self.reg = folder.late_stage(h.token)
+        self.request = folder.seal_request(h.boot_id)
         kw: dict[str, Any] = dict(max_line=s.max_line, tail_lines=0, boot=h.boot_id)
         self.pipes: dict[int, tuple[HandedPipe, Any]] = {}
         for p in h.pipes:
-            b = SourceBatcher(agent, h.stage, p.source, p.pid, **kw)
+            b = SourceBatcher(sink, h.stage, p.source, p.pid, **kw)
             b.resume(p.next_no, p.pending, p.overflow, p.carry, late=not p.early)
             self.pipes[p.fd] = (p, b)
         self.files: list[tuple[Any, Any]] = []
         for f in h.files:
             follower = FileFollower(f.path)
             follower.resume(f.fd, f.offset, f.ino, f.exists)
-            b = SourceBatcher(agent, h.stage, f.path, 0, **kw)
+            b = SourceBatcher(sink, h.stage, f.path, 0, **kw)
             b.resume(f.next_no, f.pending, f.overflow, f.carry, late=True)
             self.files.append((follower, b))
         self.recording = True
@@ -98,7 +97,7 @@ class _Stage:
         self.recording = False
         if left is not None:
             try:
-                (self.spool_dir / f"{LEFT}{self.h.boot_id}-{self.h.token}").write_text(left)
+                self.folder.late_left(self.h.boot_id, self.h.token).write_text(left)
             except OSError as exc:
                 log.warning("cannot note what still writes stage %s for the seal: %s", self.h.stage, exc)
         for _p, b in self.pipes.values():
@@ -166,7 +165,7 @@ class _Stage:
         from flightrec.producer.claims import read_claim
 
         for follower, _b in self.files:
-            claim = read_claim(self.spool_dir, self.h.boot_id, follower.path)
+            claim = read_claim(self.folder, self.h.boot_id, follower.path)
             if claim is not None and claim.token != self.h.token:
                 follower.stop_at(claim.ino, claim.offset)
 
@@ -225,8 +224,8 @@ def _busy(stages: list[_Stage]) -> set[str]:
 class _Late:
     """The late-output loop: takes hand-offs on its socket and serves every handed-off stage until none is left."""
 
-    def __init__(self, spool_dir: Path, listener: socket.socket, keeper: Any = None) -> None:
-        self.spool_dir = spool_dir
+    def __init__(self, folder: SpoolFolder, listener: socket.socket, keeper: Any = None) -> None:
+        self.folder = folder
         self.listener = listener
         self.keeper = keeper  # a Keeper (flightrec.producer.keeper): it holds copies of the pipes
         self.listener.setblocking(False)
@@ -252,7 +251,7 @@ class _Late:
         if self.agent is None:
             self.agent = SyncAgent(instance_id=h.settings.instance, settings=h.settings)
             self.agent.__enter__()
-        st = _Stage(h, self.agent, self.spool_dir)
+        st = _Stage(h, self.agent.line_sink(), self.folder)
         self.stages.append(st)
         for fd, (p, _b) in st.pipes.items():
             self.by_fd[fd] = st
@@ -277,11 +276,11 @@ class _Late:
 
     def _may_end(self) -> bool:
         """No stage left: end, unless a hand-off came meanwhile (checked under the lock hand-offs take)."""
-        with Locked(self.spool_dir):
+        with Locked(self.folder):
             if self._accept_all():
                 return False
             self.listener.close()  # from here on a hand-off starts a new process
-            (self.spool_dir / "late.pid").unlink(missing_ok=True)
+            self.folder.late_pid.unlink(missing_ok=True)
         return True
 
     def run(self) -> None:
@@ -340,7 +339,7 @@ class _Late:
 
 def main() -> None:
     """Entry point of the late-output process: ``python -m flightrec.producer.late SPOOL_DIR LISTENER_FD``."""
-    spool_dir, fd = Path(sys.argv[1]), int(sys.argv[2])
+    folder, fd = SpoolFolder(Path(sys.argv[1])), int(sys.argv[2])
     try:
         from setproctitle import setproctitle
 
@@ -350,7 +349,7 @@ def main() -> None:
     for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(s, signal.SIG_IGN)  # a leftover's output must not be cut off by its stage's signals
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    handler = logging.handlers.RotatingFileHandler(spool_dir / LOG, maxBytes=1 << 20, backupCount=1)
+    handler = logging.handlers.RotatingFileHandler(folder.late_log, maxBytes=1 << 20, backupCount=1)
     logging.basicConfig(
         level=os.environ.get("FLIGHTREC_LOG_LEVEL", "INFO").upper(),
         handlers=[handler],
@@ -359,9 +358,9 @@ def main() -> None:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the deliverer names a broker that is away, once
     from flightrec.producer.keeper import Keeper
 
-    keeper = Keeper(spool_dir / LOG)  # forked now, before any thread starts
+    keeper = Keeper(folder)  # forked now, before any thread starts
     try:
-        _Late(spool_dir, socket.socket(fileno=fd), keeper).run()
+        _Late(folder, socket.socket(fileno=fd), keeper).run()
     except Exception:  # its stderr is /dev/null: say it where someone can read it
         log.exception("the late-output process failed; the leftovers' output is passed on by the keeper, unrecorded")
         raise

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flightrec.producer.spool import Maker, Position, SpoolWriteError, _built, instance_dir
+from flightrec.producer.spool import Maker, Position, SpoolWriteError, built_for_counting
+from flightrec.producer.spoolfolder import SpoolFolder
 from flightrec.schemas import Event
 
 
 class LostSpool:
-    """Stands in for a spool that cannot be created: the command still runs, nothing is written.
+    """Stands in for a spool that cannot be created (an :class:`~flightrec.producer.spool.AnySpool`): the command
+    still runs, nothing is written.
 
     Every :meth:`append` raises :class:`SpoolWriteError` carrying the events it would have
     written, so that the agent can say what was lost; the rest answers "empty".
@@ -19,7 +21,8 @@ class LostSpool:
     def __init__(self, root: str | Path, instance_id: str, reason: str) -> None:
         self.instance_id = instance_id
         self.key = instance_id.encode("utf-8")
-        self.dir = instance_dir(root, instance_id)
+        self.files = SpoolFolder.of(root, instance_id)  # where it would have been (named in messages)
+        self.dir = self.files.path
         self.reason = reason
         self.events_spooled = 0
 
@@ -28,6 +31,10 @@ class LostSpool:
         return "", 0
 
     dirty = False
+
+    def sent_once(self, boot_id: str, name: str) -> bool:
+        """Nothing was ever sent."""
+        return False
 
     def append(
         self,
@@ -39,7 +46,7 @@ class LostSpool:
         boot: str | None = None,
     ) -> list[Event]:
         """Nothing can be written: SpoolWriteError with the events that were lost."""
-        raise SpoolWriteError(self.reason, _built(makers, ""))
+        raise SpoolWriteError(self.reason, built_for_counting(makers, ""))
 
     def committed_end(self) -> Position:
         """Nothing written: the start."""

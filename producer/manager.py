@@ -9,6 +9,7 @@ from pathlib import Path
 
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.names import safe_name
+from flightrec.producer.spoolfolder import SpoolFolder
 from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, now_us
 
 from flightrec.errors import ConfigError, CredentialError
@@ -20,7 +21,6 @@ log = logging.getLogger(__name__)
 # Kinds after which this source says nothing more about the instance: its spool folder there is removed once
 # delivered (an id rented again starts a new one).
 ENDS = ("destroyed", "forgotten")
-ENDED = "ended"  # in the manager's instance folder: its last event was one of ENDS; removed once delivered
 
 
 def default_source() -> str:
@@ -74,7 +74,7 @@ def send_manager_event(
                 attributes=attrs,
             )
 
-        _mark_ended(agent.spool.dir, kind in ENDS)
+        _mark_ended(agent.spool.files, kind in ENDS)
         event = agent.emit_makers([make])[0]
         ok = agent.close(timeout)
     denied = agent.deliverer.denied if agent.deliverer is not None and not ok else None
@@ -97,9 +97,9 @@ def send_manager_event(
     return event, ok  # type: ignore[return-value]  # emit returns the Event base: it is the ManagerEvent made here
 
 
-def _mark_ended(folder: Path, ended: bool) -> None:
+def _mark_ended(folder: SpoolFolder, ended: bool) -> None:
     """Note (or clear) that the source's last word on the instance ends it: the folder may go once delivered."""
-    marker = folder / ENDED
+    marker = folder.ended
     try:
         if ended:
             marker.touch()
@@ -112,11 +112,12 @@ def _mark_ended(folder: Path, ended: bool) -> None:
 def remove_if_ended(root: Path, instance: str) -> bool:
     """Remove the manager's spool folder of ``instance`` under ``root`` when its last event destroyed or forgot the
     instance and Kafka acknowledged everything in it (a folder kept per instance for ever otherwise)."""
-    from flightrec.producer.spool import Spool, instance_dir
+    from flightrec.producer.spool import Spool
 
-    if not (instance_dir(root, instance) / ENDED).exists():
+    folder = SpoolFolder.of(root, instance)
+    if not folder.ended.exists():
         return False
     removed = Spool(root, instance).remove_if_delivered()
     if removed:
-        log.info("removed the delivered manager spool folder of %s (%s)", instance, instance_dir(root, instance))
+        log.info("removed the delivered manager spool folder of %s (%s)", instance, folder.path)
     return removed

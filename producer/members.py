@@ -7,15 +7,12 @@ import fcntl
 import json
 import logging
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from flightrec.producer.spool import Spool
 
 log = logging.getLogger(__name__)
-
-PREFIX = "member-"
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,7 @@ def join(spool: Spool, what: str) -> Member | None:
     """
 
     def register(boot_id: str) -> Member:
-        path = spool.dir / f"{PREFIX}{boot_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        path = spool.files.new_member(boot_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -52,7 +49,7 @@ def join(spool: Spool, what: str) -> Member | None:
     except OSError as exc:  # a full or read-only disk: the stage runs, the seal just cannot wait for it
         log.warning("cannot register %s in the spool %s (%s); a seal will not wait for it", what, spool.dir, exc)
         return None
-    spool.held[member.boot_id] = spool.held.get(member.boot_id, 0) + 1
+    spool.hold(member.boot_id)
     return member
 
 
@@ -60,11 +57,7 @@ def leave(spool: Spool, member: Member | None) -> None:
     """The stage or probe ended: it no longer holds its boot open."""
     if member is None:
         return
-    left = spool.held.get(member.boot_id, 0) - 1
-    if left > 0:
-        spool.held[member.boot_id] = left
-    else:
-        spool.held.pop(member.boot_id, None)
+    spool.let_go(member.boot_id)
     with contextlib.suppress(OSError):
         member.path.unlink(missing_ok=True)
     os.close(member.fd)
@@ -74,7 +67,7 @@ def running(spool: Spool, boot_id: str, exclude: Member | None = None) -> list[s
     """What is still running in ``boot_id`` ("stage tunnel (pid 12)"); files left by dead processes are removed."""
     out: list[str] = []
     try:
-        paths = sorted(spool.dir.glob(f"{PREFIX}*"))
+        paths = spool.files.members()
     except OSError:
         return out
     for path in paths:
@@ -88,7 +81,7 @@ def running(spool: Spool, boot_id: str, exclude: Member | None = None) -> list[s
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError:  # held: its process is alive and still running it
-                if path.name.startswith(f"{PREFIX}{boot_id}-"):
+                if spool.files.member_of(path, boot_id):
                     info = json.loads(os.read(fd, 4096) or b"{}")
                     out.append(f"{info.get('what', '?')} (pid {info.get('pid', '?')})")
                 continue

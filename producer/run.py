@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import logging
 import os
-import select
 import shutil
 import signal
-import struct
 import subprocess
-import termios
 import threading
 import time
 import uuid
@@ -25,8 +20,9 @@ from flightrec.producer.agent import SyncAgent
 from flightrec.producer.batcher import SourceBatcher
 from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.follow import FileFollower
-from flightrec.producer.handoff import GATHER_BELOW, GATHER_S, HandedFile, HandedPipe, Handoff, hand_off
+from flightrec.producer.handoff import HandedFile, HandedPipe, Handoff, hand_off
 from flightrec.producer.heartbeat import heartbeat
+from flightrec.producer.pump import Pump
 from flightrec.producer.redact import visible
 from flightrec.producer.term import (
     FORWARDED,
@@ -35,148 +31,22 @@ from flightrec.producer.term import (
     SignalWatcher,
     StageSignals,
     die_with_parent,
-    read_eof,
-    strip_control,
     unblock_in_child,
 )
 from flightrec.producer.term import block as block_signals
-from flightrec.producer.tokens import TOKEN_ENV, stage_alive, writers
+from flightrec.producer.tokens import TOKEN_ENV, stage_alive
+from flightrec.producer.writers import writers
 from flightrec.schemas import FileTail, ProcessExit, now_us
 from setproctitle import setproctitle
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20
-PIPE_SIZE = 1 << 20
 FOLLOW_POLL_S = 0.05
 FOLLOW_QUIET_S = 0.2  # after CMD exits with nothing of the stage left running, the files were read to their end
 PIPE_GRACE_S = 0.1  # after CMD exits, how long its outputs may take to close before a late-output process takes them
 # an output nothing holds any more (CMD wrote it all before it exited) is read to its end by the agent, however far
 # its reading fell behind (a busy machine, a spool write that waits), for this long at most
 DRAIN_MAX_S = 30.0
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-class _Pump(threading.Thread):
-    """Copies one output of CMD (a pipe, or a pty's master) to our own fd byte for byte, and feeds its batcher."""
-
-    def __init__(self, fd: int, out_fd: int | None, batcher: SourceBatcher, *, strip: bool = False) -> None:
-        super().__init__(name=f"flightrec-{batcher.source}", daemon=True)
-        self.fd, self.out_fd, self.batcher, self.strip = fd, out_fd, batcher, strip
-        self.stop_flag = False
-        self.handing_off = False  # stopped to hand the fd to the late-output process: keep it open
-        self.eof = False
-        self.error: str | None = None
-        self.read_total = 0
-        self.reads = 0  # reads that returned bytes
-        self.late_at: int | None = None  # bytes read past this were written after CMD exited
-        self._read_lock = threading.Lock()
-        self._fd_open = True
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ: room for bursts while a batch is spooled
-
-    def mark_exit(self) -> None:
-        """CMD exited: what is in the pipe now was written before, whatever comes after is late."""
-        with self._read_lock:
-            try:
-                waiting = struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-            except OSError:
-                waiting = 0
-            self.late_at = self.read_total + waiting
-
-    def writer_gone(self) -> bool:
-        """Whether no process holds the other end any more (a pipe's writers, a pty's slave): what is left in it
-        was written before, and the pump reaches its end by itself."""
-        with self._read_lock:
-            if not self._fd_open:
-                return True
-            poller = select.poll()
-            poller.register(self.fd, 0)  # POLLHUP is reported whatever is asked
-            return any(ev & (select.POLLHUP | select.POLLERR) for _fd, ev in poller.poll(0))
-
-    def stop(self, *, handing_off: bool = False) -> None:
-        """Stop reading at once (``handing_off``: keep the fd open for the late-output process)."""
-        self.handing_off = handing_off
-        self.stop_flag = True
-        with self._read_lock:  # the wake pipe is open until run() ends
-            if self._wake_w >= 0:
-                os.write(self._wake_w, b"x")
-
-    def _capture(self, call: str, *args: object) -> None:
-        if self.error is not None:
-            return
-        try:
-            getattr(self.batcher, call)(*args)
-        except Exception as exc:  # capture failed (spool unwritable...): CMD's output must still flow
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.error("capturing CMD's %s failed, passing it through uncaptured: %s", self.batcher.source, self.error)
-
-    def run(self) -> None:
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        poller.register(self._wake_r, select.POLLIN)  # stop() wakes the pump at once
-        waker = select.poll()
-        waker.register(self._wake_r, select.POLLIN)
-        gather = False
-        try:
-            while True:
-                if gather and not self.stop_flag:
-                    waker.poll(GATHER_S * 1000)  # the command's next lines gather in the pipe meanwhile
-                left = self.batcher.time_left() if self.error is None else None
-                timeout_ms = 100 if left is None else int(left * 1000) + 1
-                ready = [fd for fd, _ev in poller.poll(timeout_ms)]
-                if self.fd not in ready:
-                    self._capture("tick")
-                    if self.stop_flag:
-                        break
-                    continue
-                with self._read_lock:
-                    try:
-                        data = os.read(self.fd, CHUNK)
-                    except OSError as exc:
-                        if not read_eof(exc):
-                            raise
-                        data = b""
-                    start, self.read_total = self.read_total, self.read_total + len(data)
-                if not data:
-                    self.eof = True
-                    break
-                self.reads += 1
-                gather = len(data) < GATHER_BELOW
-                if self.out_fd is not None:
-                    try:
-                        _write_all(self.out_fd, data)
-                    except BrokenPipeError:
-                        # our reader went away: CMD gets the same EPIPE/SIGPIPE it would have got
-                        self._capture("feed", strip_control(data) if self.strip else data)
-                        self.eof = True
-                        break
-                late_at = self.late_at
-                if late_at is not None and not self.batcher.late and start + len(data) > late_at:
-                    cut = max(0, late_at - start)  # what was in the pipe when CMD exited is not late
-                    if cut:
-                        self._capture("feed", strip_control(data[:cut]) if self.strip else data[:cut])
-                    self.batcher.late = True
-                    data = data[cut:]
-                self._capture("feed", strip_control(data) if self.strip else data)
-                if self.stop_flag:
-                    break
-        finally:
-            with self._read_lock:
-                os.close(self._wake_r)
-                os.close(self._wake_w)
-                self._wake_w = -1
-            if not (self.handing_off and not self.eof):
-                with self._read_lock:
-                    self._fd_open = False
-                    os.close(self.fd)
-                self._capture("close")
 
 
 class _Followers(threading.Thread):
@@ -309,7 +179,7 @@ class _Run:
     proc: subprocess.Popen[bytes] | None = None
     out_b: SourceBatcher | None = None
     err_b: SourceBatcher | None = None
-    pumps: list[_Pump] = field(default_factory=list)
+    pumps: list[Pump] = field(default_factory=list)
     follower: _Followers | None = None
     rc: int = 0
     ended_us: int = 0
@@ -359,10 +229,10 @@ def _prepare(agent: SyncAgent, stage: str, argv: list[str], tails: Sequence[str]
     env = dict(os.environ, **{TOKEN_ENV: token})
     kw: dict[str, Any] = dict(max_line=settings.max_line, tail_lines=settings.tail_lines)
     # followed files take their starting point now, before CMD writes anything
-    follows = [(FileFollower(p), SourceBatcher(agent, stage, p, 0, **kw)) for p in tails]
+    follows = [(FileFollower(p), SourceBatcher(agent.line_sink(), stage, p, 0, **kw)) for p in tails]
     for f, _b in follows:  # an earlier stage's leftover following the same file stops where this one starts
         _fd, offset, ino = f.state()
-        write_claim(agent.spool.dir, agent.boot_id, f.path, Claim(token, ino, offset))
+        write_claim(agent.spool.files, agent.boot_id, f.path, Claim(token, ino, offset))
     ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
     sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
     return _Run(agent, stage, argv, tails, passthrough, token, env, kw, follows, ptys, sigs)
@@ -425,8 +295,8 @@ def _pump(r: _Run) -> None:
     proc = r.proc
     assert proc is not None
     r.sigs.started(proc)
-    r.out_b = SourceBatcher(r.agent, r.stage, "stdout", proc.pid, **r.kw)
-    r.err_b = SourceBatcher(r.agent, r.stage, "stderr", proc.pid, **r.kw)
+    r.out_b = SourceBatcher(r.agent.line_sink(), r.stage, "stdout", proc.pid, **r.kw)
+    r.err_b = SourceBatcher(r.agent.line_sink(), r.stage, "stderr", proc.pid, **r.kw)
     fds = []
     for n, pipe in ((1, proc.stdout), (2, proc.stderr)):
         if n in r.ptys:
@@ -437,7 +307,7 @@ def _pump(r: _Run) -> None:
             fds.append(os.dup(pipe.fileno()))  # the pumps own duplicates of the read ends
             pipe.close()
     out = 1 if r.passthrough else None, 2 if r.passthrough else None
-    r.pumps = [_Pump(fds[0], out[0], r.out_b, strip=1 in r.ptys), _Pump(fds[1], out[1], r.err_b, strip=2 in r.ptys)]
+    r.pumps = [Pump(fds[0], out[0], r.out_b, strip=1 in r.ptys), Pump(fds[1], out[1], r.err_b, strip=2 in r.ptys)]
     r.follower = _Followers(r.follows) if r.follows else None
     for t in r.pumps:
         t.start()
@@ -520,7 +390,7 @@ def _hand_off(
     agent: SyncAgent,
     stage: str,
     token: str,
-    pumps: list[_Pump],
+    pumps: list[Pump],
     follower: _Followers | None,
     follows: list[tuple[FileFollower, SourceBatcher]],
 ) -> int | None:
@@ -568,7 +438,7 @@ def _hand_off(
         )
     h = Handoff(settings=agent.settings, stage=stage, boot_id=agent.boot_id, token=token, pipes=pipes, files=files)
     try:
-        pid = hand_off(h, agent.spool.dir)
+        pid = hand_off(h, agent.spool.files)
     except OSError as exc:  # cannot start it: read on here rather than cut CMD's leftovers off
         log.error("the late-output process did not start (%s); the leftovers' output is no longer recorded", exc)
         pid = None

@@ -22,6 +22,11 @@ _HOST = re.compile(r"(?:[A-Za-z0-9._\-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{0,5})?(?=[
 URL_AT = re.compile(r"://[^\s\"'<>`@:]*+(?::(?!//)[^\s\"'<>`@:]*+)*+@")
 
 
+def _is_port(text: str) -> bool:
+    """A TCP port number: 1 to 5 digits, at most 65535 (more digits can only be a password)."""
+    return text.isdigit() and len(text) <= 5 and int(text) <= 65535
+
+
 def _plausible_host(host: str) -> bool:
     return "." in host or ":" in host or host.startswith("[") or host == "localhost"
 
@@ -32,17 +37,17 @@ def userinfo_len(rest: str) -> int:
 
     The rule (docs/agent.md, "Secrets"): credentials end at the last '@' before the first '/', '?' or '#' (RFC 3986),
     so an empty user, a token alone and a password holding '@' are all found; but where the part before that is
-    ``user:password`` (a ':' not followed by a port number) and what the RFC reading takes for the host does not
-    look like one (no '.', no port, not localhost), or there is no '@' before the first '/', a password holding
-    '/', '?' or '#' is assumed: they run to the last '@' of the URL that is followed by a host. An address with no
-    ':' before its first '/' (``https://example.com/a@b``) has no credentials.
+    ``user:password`` (a ':' not followed by a port number, 0 to 65535) and what the RFC reading takes for the host
+    does not look like one (no '.', no port, not localhost), or there is no '@' before the first '/', a password
+    holding '/', '?' or '#' is assumed: they run to the last '@' of the URL that is followed by a host. An address
+    with no ':' before its first '/' (``https://example.com/a@b``) has no credentials.
     """
     m = _AUTHORITY_END.search(rest)
     auth = rest[: m.start()] if m else rest
     at = auth.rfind("@")
     user = auth[:at] if at >= 0 else auth
     colon = user.find(":")
-    passwordish = colon >= 0 and not user[colon + 1 :].isdigit() and not user.startswith("[")  # [IPv6]:port
+    passwordish = colon >= 0 and not _is_port(user[colon + 1 :]) and not user.startswith("[")  # [IPv6]:port
     if at >= 0 and (not passwordish or _plausible_host(auth[at + 1 :])):
         return at + 1
     if not passwordish:

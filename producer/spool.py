@@ -16,6 +16,10 @@ Layout of one instance's folder (``<spool>/<quoted instance id>/``):
 * ``once-<boot>-<name>`` - markers for events sent once per boot (instance facts).
 * ``reserve`` - room kept on the disk: when the disk is full, it is given up so that a
   stage's exit, its end and the note of what was lost can still be written.
+
+Every file of the folder, these and those the other parts of the agent keep there (members, follow claims, the
+late-output state, the sender's), is named by :class:`~flightrec.producer.spoolfolder.SpoolFolder` (``Spool.files``):
+no other module joins a path to the folder.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from flightrec.producer.names import instance_dir, safe_name  # noqa: F401 (re-exported)
 from flightrec.producer.segment import (
@@ -46,6 +50,7 @@ from flightrec.producer.segment import (
     read_records,
 )
 from flightrec.producer.segment import parse_header as _parse_header
+from flightrec.producer.spoolfolder import SpoolFolder
 from flightrec.producer.syncer import Syncer
 from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
 
@@ -98,7 +103,7 @@ class BootSealedError(SpoolWriteError):
     """Events of a stage that still ran when its boot was sealed: the seal names the stage; they are not noted."""
 
 
-def _built(makers: Sequence[Maker], boot_id: str) -> list[Event]:
+def built_for_counting(makers: Sequence[Maker], boot_id: str) -> list[Event]:
     """The events the makers would have spooled (seq -1: never written), to count what was lost."""
     out: list[Event] = []
     for make in makers:
@@ -109,8 +114,44 @@ def _built(makers: Sequence[Maker], boot_id: str) -> list[Event]:
     return out
 
 
-def _seg_name(n: int) -> str:
-    return f"{n:012d}.seg"
+class AnySpool(Protocol):
+    """What the agent asks of a spool: :class:`Spool`, or ``LostSpool`` (flightrec.producer.lost) where none could be
+    created (every append then raises SpoolWriteError with what was lost). Only a :class:`Spool` is delivered, holds
+    members and late output."""
+
+    instance_id: str
+    files: SpoolFolder  # the folder's files by name (of a LostSpool: where they would have been)
+    dir: Path  # where the folder is (or would have been): named in messages
+    events_spooled: int
+
+    @property
+    def dirty(self) -> bool: ...
+
+    def boot(self) -> tuple[str, int]: ...
+
+    def sent_once(self, boot_id: str, name: str) -> bool: ...
+
+    def append(
+        self,
+        makers: Sequence[Maker],
+        *,
+        once: str | None = None,
+        encode: Callable[[Event], bytes] | None = None,
+        sync: bool = True,
+        boot: str | None = None,
+    ) -> list[Event]: ...
+
+    def committed_end(self) -> Position: ...
+
+    def load_cursor(self) -> Position: ...
+
+    def pending(self) -> int: ...
+
+    def sync(self) -> None: ...
+
+    def sync_due(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Spool:
@@ -141,7 +182,8 @@ class Spool:
             raise SpoolError("an instance id is needed: pass --instance or set FLIGHTREC_INSTANCE")
         self.instance_id = instance_id
         self.key = instance_id.encode("utf-8")
-        self.dir = instance_dir(root, instance_id)
+        self.files = SpoolFolder.of(root, instance_id)  # every file of the folder, by name
+        self.dir = self.files.path
         self.fsync = fsync
         self.rotate_bytes = rotate_bytes
         self._force_new_boot = new_boot
@@ -155,19 +197,19 @@ class Spool:
         self.events_spooled = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock_fd = os.open(self.files.lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise SpoolError(
                 f"cannot use the spool folder {self.dir}: {exc}; set FLIGHTREC_SPOOL to a writable folder"
             ) from exc
         self._codec = default_codec()
-        self.held: dict[str, int] = {}  # boots that stages of this process take part in (producer.members)
+        self._held: dict[str, int] = {}  # boots that stages of this process take part in (producer.members)
         self._reserve_given_up = False
         self._keep_reserve()
 
     def _keep_reserve(self) -> None:
         """Hold RESERVE_BYTES of disk in ``reserve`` (where the disk has the room; quietly not otherwise)."""
-        path = self.dir / "reserve"
+        path = self.files.reserve
         try:
             if path.exists() and path.stat().st_size >= RESERVE_BYTES:
                 return
@@ -182,7 +224,7 @@ class Spool:
     def _give_up_reserve(self) -> bool:
         """The disk is full: free the reserve for the events that must be written; False if there was none."""
         try:
-            (self.dir / "reserve").unlink()
+            self.files.reserve.unlink()
         except OSError:
             return False
         self._reserve_given_up = True
@@ -209,14 +251,10 @@ class Spool:
 
     def segments(self) -> list[int]:
         """Numbers of the segment files present, oldest first."""
-        out = []
-        for p in self.dir.iterdir():
-            if p.name.endswith(".seg") and p.name[:-4].isdigit():
-                out.append(int(p.name[:-4]))
-        return sorted(out)
+        return self.files.segment_numbers()
 
     def _path(self, n: int) -> Path:
-        return self.dir / _seg_name(n)
+        return self.files.segment(n)
 
     def _recover(self) -> _Head | None:
         """Under the lock: the newest segment's state, reading what others appended since we looked."""
@@ -274,7 +312,7 @@ class Spool:
             + b"\n"
         )
         path = self._path(n)
-        tmp = path.with_suffix(".tmp")
+        tmp = self.files.segment_tmp(path)
         with open(tmp, "wb") as f:
             f.write(SEG_MAGIC + header)
             f.flush()
@@ -315,6 +353,10 @@ class Spool:
             finally:
                 self._unlock()
 
+    def sent_once(self, boot_id: str, name: str) -> bool:
+        """Whether the event ``name`` sent once per boot (``append(once=name)``) is spooled in ``boot_id``."""
+        return self.files.once(boot_id, name).exists()
+
     def with_boot(self, fn: Callable[[str], T]) -> T:
         """``fn(boot id)`` run under the lock, the boot started if none is open (no seal comes in between)."""
         with self._tlock:
@@ -326,17 +368,32 @@ class Spool:
 
     def _ended_under_us(self, makers: Sequence[Maker]) -> None:
         """Under the lock: a stage of this process still runs in a boot that was sealed: its events are lost."""
-        if not self.held:
+        if not self._held:
             return
         head = self._recover()
-        if head is not None and head.boot_id in self.held and not head.sealed:
+        if head is not None and head.boot_id in self._held and not head.sealed:
             return
-        gone = ", ".join(sorted(self.held))
+        gone = ", ".join(sorted(self._held))
         raise BootSealedError(
             f"boot {gone} was sealed while this stage was still running (a seal waits "
             "FLIGHTREC_SEAL_WAIT seconds for running stages); its later events are not recorded",
-            _built(makers, gone),
+            built_for_counting(makers, gone),
         )
+
+    def hold(self, boot_id: str) -> None:
+        """A stage of this process takes part in ``boot_id`` (producer.members): its events are lost, not spooled in
+        a boot of their own, once that boot is sealed."""
+        with self._tlock:
+            self._held[boot_id] = self._held.get(boot_id, 0) + 1
+
+    def let_go(self, boot_id: str) -> None:
+        """A stage of :meth:`hold` ended."""
+        with self._tlock:
+            left = self._held.get(boot_id, 0) - 1
+            if left > 0:
+                self._held[boot_id] = left
+            else:
+                self._held.pop(boot_id, None)
 
     # -- writing ------------------------------------------------------------
 
@@ -435,15 +492,15 @@ class Spool:
                         raise BootSealedError(
                             f"boot {boot} was sealed before these lines of a stage's late output "
                             "were spooled; they are passed on but not recorded",
-                            _built(makers, boot),
+                            built_for_counting(makers, boot),
                         )
                 try:
                     head = self._current()
                 except OSError as exc:
                     raise SpoolWriteError(
-                        f"cannot start a spool segment in {self.dir}: {exc}", _built(makers, "")
+                        f"cannot start a spool segment in {self.dir}: {exc}", built_for_counting(makers, "")
                     ) from exc
-                marker = self.dir / f"once-{head.boot_id}-{once}" if once else None
+                marker = self.files.once(head.boot_id, once) if once else None
                 if marker is not None and marker.exists():
                     return []
                 events: list[Event] = []
@@ -512,7 +569,7 @@ class Spool:
     def load_cursor(self) -> Position:
         """How far Kafka acknowledged, as saved by the delivering process (start of spool if never)."""
         try:
-            seg, offset = (self.dir / "cursor").read_text().split()
+            seg, offset = self.files.cursor.read_text().split()
             return Position(int(seg), int(offset))
         except (OSError, ValueError):
             return Position(0, 0)
@@ -524,14 +581,14 @@ class Spool:
         fails, a warning says so and a later agent sends those events again (same event_ids).
         """
         text = f"{pos.seg:012d} {pos.offset:012d}\n"
-        tmp = self.dir / f"cursor.{os.getpid()}.tmp"
+        tmp = self.files.cursor_tmp()
         try:
             tmp.write_text(text)
-            os.replace(tmp, self.dir / "cursor")
+            os.replace(tmp, self.files.cursor)
         except OSError as exc:
             try:
                 tmp.unlink(missing_ok=True)
-                with open(self.dir / "cursor", "r+") as f:
+                with open(self.files.cursor, "r+") as f:
                     f.write(text)
             except OSError:
                 log.warning(
@@ -586,7 +643,7 @@ class Spool:
 
     def _remove_unused(self) -> bool:
         """Under the lock: the folder removed if no process delivers from it and nothing in it is unacknowledged."""
-        deliver = os.open(self.dir / "deliver.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        deliver = os.open(self.files.deliver_lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(deliver, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -596,7 +653,7 @@ class Spool:
             head = self._recover()
             if head is not None and self.load_cursor() < Position(head.seg, head.offset):
                 return False
-            entries = list(self.dir.iterdir())
+            entries = self.files.entries()
             if any(p.is_dir() and not p.is_symlink() for p in entries):
                 return False  # a folder of someone else's inside: not ours to remove
             for p in entries:

@@ -276,7 +276,9 @@ class Heartbeat(Event):
 
 
 LOST_AFTER_INTERVALS = 3  # an unsealed instance silent for this many heartbeat intervals is `lost`
-MANAGER_KINDS = ("rented", "destroyed", "note", "rebooted", "released", "forgotten")
+# The operator's decisions on failure kinds (`flightrec kinds mute|merge|split`, db/kinds.py): manager events too.
+KIND_DECISIONS = ("kind_muted", "kind_merged", "kind_split", "kind_unmuted", "kind_unmerged")
+MANAGER_KINDS = ("rented", "destroyed", "note", "rebooted", "released", "forgotten", *KIND_DECISIONS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from flightrec.db.query import check_read_only
+from flightrec.db.readonly import check_read_only
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -193,7 +193,7 @@ def test_what_the_review_tried_is_refused(sql: str) -> None:
     ],
 )
 def test_prelude_views_with_commented_parentheses_are_judged_whole(stmt: str) -> None:
-    from flightrec.db.query import check_prelude
+    from flightrec.db.readonly import check_prelude
 
     with pytest.raises(QueryError):
         check_prelude(stmt)

@@ -399,17 +399,27 @@ class Settings:
         "then is named in the seal; its later lines are passed on but not recorded.",
         parse=_bounded("FLIGHTREC_LATE_WAIT", float, 0, 86400),
     )
+    rules_file: str | None = setting(
+        "FLIGHTREC_RULES_FILE",
+        None,
+        "The operator's own failure rules: a TOML file of `[[rule]]` entries as in `db/rules.toml`, tried before "
+        "the packaged ones (which stay as they are); `flightrec rules propose --save` appends to it. Each failure "
+        "records the rule and the rules version (of both tables) that classed it. A running materializer reads "
+        "the file again when it changes and classes the stored failures again, without a replay; a file that "
+        "does not parse is refused with one log line and the rules in use stay (docs/materializer.md).",
+    )
     webhook: str | None = setting(
         "FLIGHTREC_WEBHOOK",
         None,
-        "The materializer posts one Slack-compatible JSON message per new failure or incomplete boot to this URL "
+        "The materializer posts one Slack-compatible JSON message per new failure, incomplete boot, lost instance "
+        "and new or regressed failure kind to this URL "
         '(same as `materialize --webhook`; see docs/materializer.md, "Alerts").',
     )
     alert_on: str | None = setting(
         "FLIGHTREC_ALERT_ON",
         None,
         "Which alerts the webhook gets, comma separated (same as `materialize --alert-on`).",
-        shown="failed,lost,below_min_rate,incomplete,refused",
+        shown="failed,lost,below_min_rate,incomplete,refused,failure_kind",
     )
     alert_max_age: float = setting(
         "FLIGHTREC_ALERT_MAX_AGE",
@@ -473,6 +483,20 @@ class Settings:
         "Days throughput samples are kept one by one; older ones are merged into one row per stage and hour (proofs "
         "and seconds summed). `forever` keeps every sample. Benchmark results are always kept.",
         parse=lambda text: parse_days("FLIGHTREC_KEEP_SAMPLES_DAYS", text),
+    )
+    kinds_new_hours: float = setting(
+        "FLIGHTREC_KINDS_NEW_HOURS",
+        24.0,
+        "Hours a failure kind stays `new` after its first failure, and a kind's return after a quiet spell (or its "
+        "change of class after a rule explained it) stays `regressed` (the `failure_kinds` view, `flightrec kinds`; "
+        'read by each reader, docs/materializer.md, "Failure kinds").',
+        parse=_bounded("FLIGHTREC_KINDS_NEW_HOURS", float, 1e-3, 24 * 3650),
+    )
+    kinds_quiet_days: float = setting(
+        "FLIGHTREC_KINDS_QUIET_DAYS",
+        7.0,
+        "Days without a failure of a kind after which its next failure makes it `regressed`.",
+        parse=_bounded("FLIGHTREC_KINDS_QUIET_DAYS", float, 1e-3, 3650),
     )
     compact_free_share: float = setting(
         "FLIGHTREC_COMPACT_FREE_SHARE",

@@ -24,6 +24,7 @@ from dashdata import (
     commit,
     first_failure_id,
     hostile_boot,
+    kind_boots,
     manager_events,
     money_boots,
     segv_boot,
@@ -178,6 +179,16 @@ def money_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     path = tmp_path_factory.mktemp("money") / "fleet.duckdb"
     commit(path, money_boots())
+    return path
+
+
+@pytest.fixture(scope="session")
+def kinds_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """money_db's instances (their kinds explained by rules, in 2025) and kind_boots' two new kinds, an hour old."""
+    import time
+
+    path = tmp_path_factory.mktemp("kinds") / "fleet.duckdb"
+    commit(path, money_boots() + kind_boots(time.time_ns() // 1000))
     return path
 
 

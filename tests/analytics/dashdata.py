@@ -456,3 +456,28 @@ def hostile_boot() -> Boot:
     b.lines("benchmark", "/tmp/it's 100%/dæmon $1.log", ["y" * 10_000], t + 5_000_000)
     b.add(Lifecycle, t + MIN, stage="benchmark", state="failed", detail=PRICED_DETAIL + " " + "z" * 10_000)
     return b
+
+
+def kind_boots(now_us: int) -> list[Boot]:
+    """Four instances whose benchmarks failed an hour ago with lines no rule knows: two new failure kinds.
+
+    quorum: k1 ($1/h, rented 1 h before its failure: $1.00 lost), k2 ($2/h, 30 min: $1.00), k3 (no price);
+    ledger: k4 (no price: what it lost is unknown). Their failure ids are kq1, kq2, kq3 and kl4.
+    """
+    spec = [
+        ("k1", 1.0, HOUR, "zorblax quorum gone: peer 10.0.1.9:7001 answered 31 frames", "kq1"),
+        ("k2", 2.0, HOUR // 2, "zorblax quorum gone: peer 10.0.2.9:7002 answered 977 frames", "kq2"),
+        ("k3", None, HOUR, "zorblax quorum gone: peer 10.0.3.9:7003 answered 5 frames", "kq3"),
+        ("k4", None, HOUR, "zorblax ledger 0x5dab turned away after 38ms", "kl4"),
+    ]
+    boots = []
+    failed_us = now_us - HOUR
+    for instance, price, paid_us, line, failure_id in spec:
+        b = Boot(instance, failed_us - paid_us)
+        if price is not None:
+            facts(b, RTX4090, "8.9", price)
+        b.add(Lifecycle, failed_us - paid_us + MIN // 2, stage="benchmark", state="started")
+        b.lines("benchmark", "stderr", ["loading circuit", line], failed_us - 2 * MIN)
+        b.add(Lifecycle, failed_us, event_id=failure_id, stage="benchmark", state="failed", detail="exit code 1")
+        boots.append(b)
+    return boots

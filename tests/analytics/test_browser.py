@@ -217,6 +217,7 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
         shoot(page, "instance", shots)
 
         for path, heading, name in (
+            ("kinds", "Failure kinds", "kinds"),
             ("throughput", "Throughput", "throughput"),
             ("cost", "Cost", "cost"),
             ("sql", "SQL", "sql"),
@@ -231,6 +232,7 @@ def test_browser_finds_the_daemon_error_of_a_failure(dashboard, served_db, accep
         "failures.png",
         "fleet.png",
         "instance.png",
+        "kinds.png",
         "sql.png",
         "throughput.png",
     ]

@@ -94,7 +94,7 @@ def test_a_time_range_with_no_rows_says_so_on_every_page(arrow_db, open_page):
     at = open_page(db)
     at.sidebar.selectbox(key="time_range").select("Last 15 min").run()
     assert any("time range" in i.value for i in at.info), [i.value for i in at.info]
-    for page in ("page_instance.py", "page_failures.py", "page_throughput.py"):
+    for page in ("page_instance.py", "page_failures.py", "page_kinds.py", "page_throughput.py"):
         at.switch_page(page).run()
         assert not at.exception, at.exception
         said = " ".join(e.value for e in [*at.info, *at.caption])

@@ -9,8 +9,8 @@ from typing import Any
 
 import duckdb
 from flightrec.db import lake as lakes
-from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.db.nul import spelled
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from flightrec.schemas import Heartbeat, Lifecycle, ManagerEvent
 from materializer_helpers import Boot, motivating_boot
 

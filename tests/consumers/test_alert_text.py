@@ -32,7 +32,7 @@ def _rendered(msg: dict) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["failed", "below_min_rate", "incomplete", "lost", "refused"])
+@pytest.mark.parametrize("kind", ["failed", "below_min_rate", "incomplete", "lost", "refused", "failure_kind"])
 def test_untrusted_text_is_escaped_for_mrkdwn_and_the_text_is_one_line(kind: str) -> None:
     row = {
         "failure_id": f"{kind}:{HOSTILE}",
@@ -49,6 +49,11 @@ def test_untrusted_text_is_escaped_for_mrkdwn_and_the_text_is_one_line(kind: str
         "instances": 2,
         "examples": [HOSTILE, "i-2"],
         "ts_us": 1,
+        "failure_kind": HOSTILE,  # a failure kind's alert: its kind, template and example failure ids
+        "status": "new",
+        "template": HOSTILE,
+        "failures": 3,
+        "example_failure_ids": [HOSTILE],
     }
     msg = message(kind, row, "http://dash.example:8501")
     for text in _rendered(msg):
@@ -62,6 +67,8 @@ def test_untrusted_text_is_escaped_for_mrkdwn_and_the_text_is_one_line(kind: str
     link = msg["flightrec"]["link"]
     assert " " not in link and "<" not in link and "\n" not in link, link
     assert msg["flightrec"]["instance_id"] == row["instance_id"] or kind == "refused"  # the raw value, in JSON
+    if kind == "failure_kind":
+        assert msg["flightrec"]["template"] == HOSTILE and "&lt;!here&gt;" in msg["text"]
 
 
 def test_slack_text_is_pure_escaping() -> None:

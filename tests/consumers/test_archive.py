@@ -11,9 +11,9 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from flightrec.consumers.archive import Archive, Segment, gaps, to_records, to_table, trim
-from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.db.fold import LOG_APPEND_TIME, RawMessage
 from flightrec.db.location import FileLocation
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from flightrec.schemas import encode
 from lake_helpers import assert_lake_equals_file
 from materializer_helpers import Boot, flightrec, motivating_boot, publish

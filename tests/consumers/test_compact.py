@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from flightrec.db.compact import FileBusy, compact_file, copy_path
-from flightrec.db.filestore import MATERIALIZED_TABLES
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from retention_helpers import DAY, MINUTE, NOW, Timed, write
 
 
@@ -153,3 +153,34 @@ def test_a_compaction_killed_at_any_moment_leaves_a_complete_database(tmp_path: 
     compact_file(db)  # a later compaction clears what the killed ones left
     assert not copy_path(db).exists() and not Path(f"{copy_path(db)}.wal").exists()
     assert rows(db) == expected
+
+
+def test_a_store_refused_the_file_names_who_holds_it(tmp_path: Path) -> None:
+    """FileStore and compact_file open the file the same way (filestore.connect_giving_way): past the wait, the
+    store's refusal names the process that holds the file, and no notice to readers is left behind."""
+    from flightrec.db.filestore import FileStore
+    from flightrec.db.query import writer_notice_path
+
+    from flightrec.errors import MaterializeError
+
+    db = tmp_path / "f.duckdb"
+    FileStore(db, "g", publish=False).close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, time; c = duckdb.connect({str(db)!r}); print('ok', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
+        with pytest.raises(
+            MaterializeError, match=rf"cannot open {db} for writing: pid {holder.pid} .* held it for 0.3s"
+        ):
+            FileStore(db, "g", lock_wait=0.3, publish=False)
+        assert not writer_notice_path(db).exists()
+    finally:
+        holder.kill()
+        holder.wait()

@@ -10,8 +10,9 @@ import random
 
 import duckdb
 import pytest
-from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from flightrec.schemas import Heartbeat, Lifecycle, encode
 from lake_helpers import varied_fleet
 from materializer_helpers import Boot

@@ -8,6 +8,7 @@ skips, where it cannot mount), filled with a file the test removes to give the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -369,3 +370,65 @@ def test_a_compaction_without_room_for_its_copy_leaves_the_file_as_it_was(small_
     filler.unlink()
     assert rows(db) == before
     assert not copy_path(db).exists()
+
+
+def _held_here(*folders: Path) -> list[str]:
+    """The files under ``folders`` this process still has open."""
+    held = []
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if any(target.startswith(str(f)) for f in folders):
+                held.append(target)
+    return held
+
+
+@pytest.mark.slow  # a disk filled, the materializer stopped while it waits (~15 s)
+def test_a_run_stopped_while_its_store_waits_to_open_again_lets_its_snapshots_go(
+    kafka, small_disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint finds no room and the room never comes back: the store is closed to be opened again, its
+    readers' snapshots kept meanwhile (``Materializer._snapshots``), and opening it again fails for want of room.
+    Stopped then, the run lets them go: the pointer is removed (readers read the file again) and no descriptor of the
+    file or its copies stays open; the run ends with the error that says the held batch is read again at the next
+    start. On this tmpfs DuckDB happens to open the file again without writing, so the opening's failure is injected
+    (DuckDB's own error text for a write that found no room, raised where DuckDB opens the file); the rest is real."""
+    from flightrec.consumers.materializer import Materializer, Options
+    from flightrec.db.filestore import FileStore
+    from flightrec.db.snapshot import POINTER, snapshot_dir
+
+    db = small_disk / "f.duckdb"
+    kafka.seed_at_mark(db)
+    real = FileStore._commit_once
+    stopping: list[Materializer] = []
+
+    def checkpoint_without_room(self: FileStore, delta: Delta) -> Stats:
+        if delta.messages and stopping and not (small_disk / "filler").exists():
+            self.con.execute("CREATE TABLE pad AS SELECT range AS i FROM range(200000)")
+            fill(small_disk, leave=0)  # never given back
+            threading.Timer(5.0, stopping[0].stop).start()  # stopped while it waits for room
+            self.con.execute("CHECKPOINT")  # FATAL: the database invalidated, to be opened again
+            pytest.fail("a checkpoint on a full disk did not fail")
+        return real(self, delta)
+
+    real_connect = FileStore._connect
+
+    def no_room_to_open(self: FileStore, lock_wait: float) -> duckdb.DuckDBPyConnection:
+        if (small_disk / "filler").exists():
+            raise duckdb.IOException(f'IO Error: Could not write file "{db}": No space left on device')
+        return real_connect(self, lock_wait)
+
+    monkeypatch.setattr(FileStore, "_commit_once", checkpoint_without_room)
+    monkeypatch.setattr(FileStore, "_connect", no_room_to_open)
+    publish(kafka.bootstrap, chatty(2, 2))
+
+    async def go() -> Stats:
+        async with Materializer(kafka.settings.kafka_kwargs(), Options(db=str(db), serve=True)) as m:
+            stopping.append(m)
+            return await m.run()
+
+    with pytest.raises(MaterializeError, match="stopped while the disk of .* was full"):
+        asyncio.run(go())
+    assert (small_disk / "filler").exists()
+    assert not (snapshot_dir(db) / POINTER).exists()
+    assert _held_here(db, snapshot_dir(db)) == []

@@ -32,10 +32,12 @@ def _kinds(db: Path) -> list[tuple[Any, ...]]:
         con.close()
 
 
-def _fail(kafka: Any, tmp_path: Path, instance: str, i: int, rnd: random.Random) -> None:
+def _fail(
+    kafka: Any, tmp_path: Path, instance: str, i: int, rnd: random.Random, scripts: dict[str, str] = SCRIPTS
+) -> None:
     """One instance's three failed stages, one of each kind, through the real agent and its spool."""
     env = kafka.env(FLIGHTREC_SPOOL=str(tmp_path / f"spool-{instance}"), FLIGHTREC_FACTS="", FLIGHTREC_HEARTBEAT_S="0")
-    for stage, script in SCRIPTS.items():
+    for stage, script in scripts.items():
         text = script.format(i=i, n=rnd.randint(1, 999), m=rnd.randint(1, 10**6), h=rnd.getrandbits(48))
         r = flightrec(
             "agent", "run", "--instance", instance, "--stage", stage.format(i=i), "--", "sh", "-c", text,
@@ -133,6 +135,16 @@ def test_a_lake_group_of_two_members_gives_the_kinds_of_one_file(kafka, lake, tm
     in_lake = sorted((r["kind"], r["template"], r["status"], r["failures"], r["instances"]) for r in rows)
     assert [r for r in in_lake if "zorblax" in r[1]] == kinds
 
+    # a decision is a manager event in the lake's shared manager_events: every member and reader sees it
+    muted = kinds[0][0]
+    flightrec("kinds", "mute", muted, env=env_for(FLIGHTREC_SPOOL=str(tmp_path / "manager-spool")))
+    again = ["materialize", "--db", db, "--data-path", data_path, "--group", group, "--until-idle", "3"]
+    flightrec(*again, env=env_for())
+    out = flightrec("kinds", "--db", db, "--data-path", data_path, "--json", env=env_for()).stdout
+    mine = {k for k, *_ in kinds}
+    status = {r["kind"]: r["status"] for r in map(json.loads, out.splitlines()) if r["kind"] in mine}
+    assert status == {k: "muted" if k == muted else "new" for k in mine}
+
 
 def test_a_database_made_before_kinds_gets_them_at_the_first_open(tmp_path):
     from flightrec.db.filestore import FileStore
@@ -168,3 +180,82 @@ def test_a_database_made_before_kinds_gets_them_at_the_first_open(tmp_path):
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] >= 8
     finally:
         con.close()
+
+
+# Three more kinds, in words of their own, for the operator's decisions.
+DECIDED = {
+    "params": 'echo "vexnor: shard {n} of /data/run-{n}/p.bin unreadable at offset {m}" >&2; exit 3',
+    "bench-{i}": 'echo "vexnor quorum gone: peer 10.0.{i}.9:70{i} answered {m} frames" >&2; exit 1',
+    "prove": 'echo "vexnor ledger 0x{h:x} turned away after {m}ms" >&2; exit 2',
+}
+
+
+def _listed(db: Path, env: dict[str, str]) -> dict[str, tuple[Any, ...]]:
+    """`flightrec kinds --json`'s vexnor kinds, by their template's second word: (kind, status, failures,
+    instances, merged_kinds)."""
+    out = flightrec("kinds", "--db", str(db), "--json", env=env).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    return {
+        r["template"].split()[1]: (r["kind"], r["status"], r["failures"], r["instances"], r["merged_kinds"])
+        for r in rows
+        if r["template"].startswith("vexnor")
+    }
+
+
+def test_a_mute_and_a_merge_sent_as_manager_events_change_the_kinds_and_a_replay_keeps_them(kafka, tmp_path, env_for):
+    rnd = random.Random(147)
+    tag = uuid.uuid4().hex[:6]
+    for i in range(3):
+        _fail(kafka, tmp_path, f"decided-{tag}-{i}", i, rnd, DECIDED)
+    live = tmp_path / "live.duckdb"
+    materialize(kafka, live)
+    before = _listed(live, env_for())
+    assert {w: r[1:4] for w, r in before.items()} == {w: ("new", 3, 3) for w in ("shard", "quorum", "ledger")}
+
+    manager = env_for(FLIGHTREC_SPOOL=str(tmp_path / "manager-spool"))
+    said = flightrec("kinds", "mute", before["ledger"][0], "--detail", "known, harmless", env=manager).stdout
+    assert said.startswith(f"muted {before['ledger'][0]} by manager@") and "delivered" in said
+    flightrec("kinds", "merge", before["quorum"][0], before["shard"][0], env=manager)
+    materialize(kafka, live)
+    after = _listed(live, env_for())
+    assert after == {
+        "shard": (before["shard"][0], "new", 6, 3, [before["quorum"][0]]),
+        "ledger": (before["ledger"][0], "muted", 3, 3, None),
+    }
+    table = flightrec("kinds", "--db", str(live), env=env_for()).stdout
+    assert f"{before['ledger'][0]}  muted" in table and before["quorum"][0] not in table
+
+    replayed = tmp_path / "replayed.duckdb"
+    flightrec("replay", "--db", str(replayed), env=env_for())
+    assert _listed(replayed, env_for()) == after
+
+    flightrec("kinds", "unmute", before["ledger"][0], env=manager)
+    flightrec("kinds", "unmerge", before["quorum"][0], env=manager)
+    materialize(kafka, live)
+    assert _listed(live, env_for()) == {w: (*r[:4], None) for w, r in before.items()}
+
+
+def test_kinds_decisions_refuse_what_the_view_could_not_use(tmp_path):
+    """A decision that names no kind, merges a kind into itself or splits by an expression RE2 refuses is refused
+    before anything is spooled; a split names the kind it makes (db.kinds.split_kind, what the view computes)."""
+    from flightrec.db.kinds import split_kind
+
+    spool = tmp_path / "spool"
+    env = {"FLIGHTREC_SPOOL": str(spool), "FLIGHTREC_BOOTSTRAP": "127.0.0.1:9", "FLIGHTREC_LOG_LEVEL": "ERROR"}
+    k = "0123456789abcdef"
+    refused = {
+        ("mute", "ABC"): "is not a kind",
+        ("merge", k, k.upper()): "is not a kind",
+        ("merge", k, k): "into itself",
+        ("unmerge", "0x" + k[2:]): "is not a kind",
+        ("split", k, "--pattern", "(?=ahead)"): "RE2",
+        ("split", k, "--pattern", ""): "1 to",
+    }
+    for args, says in refused.items():
+        r = flightrec("kinds", *args, env=env, check=False)
+        assert r.returncode == 1 and says in r.stderr, (args, r.stderr)
+    assert not spool.exists()
+    pattern = r"device \d+"
+    r = flightrec("kinds", "split", k, "--pattern", pattern, "--flush-timeout", "1", env=env)
+    assert f"into {split_kind(k, pattern)}" in r.stderr and "spooled, not yet delivered" in r.stderr
+    assert (spool / "manager").is_dir()

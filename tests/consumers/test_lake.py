@@ -5,13 +5,15 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Any
 
 import duckdb
 import pytest
 from flightrec.db import lake as lakes
-from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
 from flightrec.db.lakestore import LakeStore
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from flightrec.db.stats import Stats
 from flightrec.schemas import Lifecycle, encode
 from lake_helpers import (
@@ -74,6 +76,52 @@ def test_replay_into_a_lake(kafka, lake, tmp_path, env_for):
     assert again.returncode == 1 and "already holds events" in again.stderr
     no_path = flightrec("replay", "--db", db, env=env_for(), check=False)
     assert no_path.returncode == 1 and "--data-path" in no_path.stderr
+    # a replay that reached its end leaves a whole lake: a materializer takes it (and goes on from its offsets)
+    flightrec("materialize", "--db", db, "--data-path", data_path, "--until-idle", "1", env=env_for())
+
+
+@pytest.mark.slow  # a lake replay stopped by a signal after its first commit (~20 s with its catalog)
+def test_a_lake_replay_stopped_before_its_end_is_a_lake_no_writer_takes_for_whole(
+    fresh_kafka, lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM after the replay's first commit (`flightrec replay` in this process, committing one event at a time
+    here): it exits 1 saying the lake holds part of the topics only, and a materializer or another replay refuses
+    the lake."""
+    import functools
+    import os
+    import signal
+
+    from flightrec.consumers import materializer
+
+    from flightrec.cli import main
+
+    db, data_path = lake
+    events = []
+    for i in range(3):
+        b = Boot(instance=f"replayed-{i}")
+        b.lines("supervisor", "stdout", [f"line {k}" for k in range(10)])
+        events += b.events
+    publish(fresh_kafka.bootstrap, events)
+    real = LakeStore.commit
+
+    def commit_then_signal(self: LakeStore, deltas: Any, **kw: Any) -> Any:
+        done = real(self, deltas, **kw)
+        if self.mode == "replay" and done.events_received:
+            os.kill(os.getpid(), signal.SIGTERM)  # the CLI's handler stops the run: before its end offsets
+        return done
+
+    monkeypatch.setattr(LakeStore, "commit", commit_then_signal)
+    monkeypatch.setattr(materializer, "Options", functools.partial(materializer.Options, batch_messages=1))
+    monkeypatch.setenv("FLIGHTREC_BOOTSTRAP", fresh_kafka.bootstrap)
+    assert main(["replay", "--db", db, "--data-path", data_path]) == 1
+    monkeypatch.undo()
+    env = fresh_kafka.env(FLIGHTREC_LOG_LEVEL="WARNING")
+    for command in ("materialize", "replay"):
+        extra = ["--until-idle", "1"] if command == "materialize" else []
+        refused = flightrec(command, "--db", db, "--data-path", data_path, *extra, env=env, check=False)
+        assert refused.returncode == 1, refused.stderr
+        said = "is a replay that did not finish" if command == "materialize" else "already holds events"
+        assert said in refused.stderr, refused.stderr
 
 
 def _delta(boot: Boot, partition: int = 0, first_offset: int = 0):
@@ -603,7 +651,7 @@ def test_a_commit_of_several_shards_derives_its_rows_in_one_pass(lake, tmp_path)
 
 def test_an_instance_in_two_shards_of_a_commit_is_derived_in_each(lake):
     """Kafka keys events by instance id, so an instance lives in one shard; a producer keying otherwise puts it in
-    two. Such a commit is written shard after shard (together.join_shards says no): each shard holds the instance's
+    two. Such a commit is written shard after shard (lakederive.join_shards says no): each shard holds the instance's
     derived rows, as when the two shards commit apart, and nothing fails."""
     b = Boot()
     b.stage_ok("tunnel", ["up"])
@@ -627,7 +675,7 @@ def test_an_instance_in_two_shards_of_a_commit_is_derived_in_each(lake):
 
 
 def _kept_equals_lake(store: LakeStore, shards: range) -> None:
-    """The derived rows a member keeps (together.OwnedRows) are its shards' rows in the lake."""
+    """The derived rows a member keeps (lakederive.OwnedRows) are its shards' rows in the lake."""
     for name, columns in {"boots": "*", "instances": "*", "failures": "instance_id, boot_id, stage"}.items():
         union = " UNION ALL ".join(f"SELECT {columns} FROM lake.part_{s}.{name}" for s in shards)
         lake_rows = store.con.execute(f"SELECT * FROM ({union}) ORDER BY ALL").fetchall()
@@ -696,7 +744,7 @@ def test_the_kept_derived_rows_follow_claims_and_failed_commits(lake, monkeypatc
 
 def test_the_derived_rows_of_instances_new_to_the_shards_are_inserted_without_deletes(lake, tmp_path):
     """A lake's DELETE costs catalog round trips even where it finds nothing (~15 ms a table and shard): a commit's
-    instances that the member's shards never held (no kept row, together.fresh_instances) have their derived rows
+    instances that the member's shards never held (no kept row, lakederive.fresh_instances) have their derived rows
     only inserted; instances seen before have theirs replaced. Either way the rows are a file's."""
     events, _ = varied_fleet()
     instances = list(dict.fromkeys(ev.instance_id for ev in events))

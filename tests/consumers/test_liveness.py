@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from flightrec.db.filestore import MATERIALIZED_TABLES
 from flightrec.db.query import run_query
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from flightrec.db.views import VIEWS
 from flightrec.schemas import Heartbeat, Lifecycle, now_us
 from materializer_helpers import Boot, flightrec, materialize, motivating_boot, publish

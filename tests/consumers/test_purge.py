@@ -11,8 +11,9 @@ from pathlib import Path
 import duckdb
 import pytest
 from flightrec.consumers.archive import Archive, to_records, to_table
-from flightrec.db.filestore import MATERIALIZED_TABLES, FileStore
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import fold
+from flightrec.db.rowwriter import MATERIALIZED_TABLES
 from flightrec.db.snapshot import snapshot_dir
 from flightrec.schemas import FileTail, ProcessExit
 from retention_helpers import DAY, MINUTE, NOW, Timed, records, write

@@ -10,8 +10,9 @@ import duckdb
 import pytest
 from flightrec.analytics import queries
 from flightrec.db import snapshot
-from flightrec.db.query import open_read_only, run_query
+from flightrec.db.query import run_query
 from flightrec.db.sandbox import ReadLimits
+from flightrec.db.statement import open_read_only
 
 from flightrec.errors import QueryError
 

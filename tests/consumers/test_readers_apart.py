@@ -24,7 +24,8 @@ import pytest
 from flightrec.analytics import queries
 from flightrec.broker.local import free_port
 from flightrec.db import sandbox
-from flightrec.db.query import check_read_only, freshness, run_query
+from flightrec.db.query import freshness, run_query
+from flightrec.db.readonly import check_read_only
 from flightrec.db.sandbox import ReadLimits
 from materializer_helpers import Boot, serving
 

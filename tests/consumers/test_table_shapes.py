@@ -14,8 +14,9 @@ import pyarrow as pa
 import pytest
 from flightrec.db import derive
 from flightrec.db import fold as fold_mod
-from flightrec.db.filestore import OFFSETS, FileStore
+from flightrec.db.filestore import FileStore
 from flightrec.db.fold import RawMessage, fold
+from flightrec.db.rowwriter import OFFSETS
 from flightrec.schemas import EVENT_BY_NAME, EVENT_TYPES, Dropped, Heartbeat, ManagerEvent, encode
 from flightrec.schemas.arrow import element_field, event_fields
 from materializer_helpers import motivating_boot

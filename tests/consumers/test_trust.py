@@ -290,8 +290,8 @@ def test_a_refused_event_kafka_holds_twice_is_one_dead_letter(store: FileStore) 
 def test_storing_dead_letters_is_a_hash_join_not_a_loop_over_the_table(store: FileStore) -> None:
     """Each dead letter is looked up among those stored by equality only: a flood of bad bytes must not make every
     commit a nested loop over every dead letter stored so far."""
-    from flightrec.db.filestore import DEAD_INSERT_SQL
     from flightrec.db.fold import DEAD
+    from flightrec.db.rowwriter import DEAD_INSERT_SQL
 
     store.con.register("_d_dead", DEAD.empty_table())
     plan = "\n".join(r[1] for r in store.con.execute("EXPLAIN " + DEAD_INSERT_SQL.format(view="_d_dead")).fetchall())

@@ -59,7 +59,7 @@ def test_a_1_mib_read_makes_batches_as_big_as_the_topic_allows(tmp_path: Path) -
     # 256 KiB / 16384-line batches made five LogBatches (five spool writes) of one 1 MiB pipe read
     with open_agent("cap-1", Settings.from_env({}), spool_dir=str(tmp_path), deliver=False) as agent:
         limit = agent.message_limit(TOPIC_LOGS)
-        b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=10)
+        b = SourceBatcher(agent.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=10)
         chunk = LINE * ((1 << 20) // len(LINE))
         b.feed(chunk)
         b.close()
@@ -108,7 +108,7 @@ def test_unsynced_lines_are_made_durable_within_the_window(tmp_path: Path) -> No
 
 def test_a_source_closing_makes_its_lines_durable(tmp_path: Path) -> None:
     with open_agent("cap-4", Settings.from_env({}), spool_dir=str(tmp_path), deliver=False) as agent:
-        b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=10)
+        b = SourceBatcher(agent.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=10)
         b.feed(LINE * 10)
         b.tick()
         b.close()
@@ -188,7 +188,7 @@ def test_ascii_chunks_take_the_fast_path_with_the_same_lines(pieces: list[bytes]
             env={"MY_SECRET": SECRET},
         ) as agent,
     ):
-        b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=5, max_bytes=64 * 1024)
+        b = SourceBatcher(agent.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=5, max_bytes=64 * 1024)
         for lo, hi in itertools.pairwise(bounds):
             b.feed(data[lo:hi])
         b.close()
@@ -229,8 +229,7 @@ def test_a_command_writing_line_by_line_is_read_many_lines_at_a_time(tmp_path: P
     import subprocess
     import sys
 
-    from flightrec.producer.handoff import GATHER_S
-    from flightrec.producer.run import _Pump
+    from flightrec.producer.pump import GATHER_S, Pump
 
     n = 5000
     writer = subprocess.Popen(
@@ -239,8 +238,8 @@ def test_a_command_writing_line_by_line_is_read_many_lines_at_a_time(tmp_path: P
     assert writer.stdout is not None and writer.stderr is not None
     out_r, out_w = os.pipe()  # the pass-through, read back whole
     with open_agent("cap-7", Settings.from_env({}), spool_dir=str(tmp_path), deliver=False) as agent:
-        b = SourceBatcher(agent, "s", "stdout", writer.pid, max_line=65536, tail_lines=10)
-        pump = _Pump(os.dup(writer.stdout.fileno()), out_w, b)
+        b = SourceBatcher(agent.line_sink(), "s", "stdout", writer.pid, max_line=65536, tail_lines=10)
+        pump = Pump(os.dup(writer.stdout.fileno()), out_w, b)
         writer.stdout.close()
         passed = []
         reader = __import__("threading").Thread(target=lambda: passed.append(_read_all(out_r)))
@@ -279,7 +278,7 @@ def test_a_daemon_writing_line_by_line_after_its_stage_is_read_many_lines_at_a_t
     import subprocess
     import sys
 
-    from flightrec.producer.handoff import GATHER_S
+    from flightrec.producer.pump import GATHER_S
 
     n = 5000
     writer = tmp_path / "writer.py"

@@ -63,7 +63,7 @@ def test_a_big_chunk_is_batched_by_bytes_before_it_is_added(tmp_path: Path) -> N
     # a 1 MiB read of 60 KB lines used to join the pending batch whole: one 1 MiB LogBatch
     settings = Settings.from_env({})
     with open_agent("fit-1", settings, spool_dir=str(tmp_path), deliver=False) as agent:
-        b = SourceBatcher(agent, "s", "stdout", 1, max_line=65536, tail_lines=10)
+        b = SourceBatcher(agent.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=10)
         b.feed((b"y" * 60_000 + b"\n") * 17)
         b.close()
         recs, _ = agent.spool.read(Position(0, 0), agent.spool.committed_end(), max_bytes=1 << 40)

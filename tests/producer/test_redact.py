@@ -222,6 +222,8 @@ def test_a_long_secrets_base64_wrapped_at_76_columns_is_masked_line_by_line() ->
         ("https://tok@registry.npmjs.org/@scope%2fpkg", "https://***@registry.npmjs.org/@scope%2fpkg"),
         ("https://example.com/a@b", "https://example.com/a@b"),
         ("http://host:8080/path@x", "http://host:8080/path@x"),
+        ("https://user:00000000000/AAAA@host/path", "https://***:***@host/path"),  # 11 digits: no port, a password
+        ("https://user:65536/AAAA@host/path", "https://***:***@host/path"),  # past the last port
         ("https://[::1]:8443/a@b", "https://[::1]:8443/a@b"),
         ('"https://user:p/w@host/x"', '"https://***:***@host/x"'),
     ],

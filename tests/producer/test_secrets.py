@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import string
 import subprocess
 import sys
@@ -112,7 +113,7 @@ def test_a_cut_line_does_not_leak_the_start_of_a_secret(tmp_path: Path) -> None:
     secret = "ABCDEFGHIJKLMNOP"
     a = _agent(tmp_path, {"TOK": secret}, max_line=64)
     with a:
-        b = SourceBatcher(a, "cut", "stdout", 1, max_line=64, tail_lines=5)
+        b = SourceBatcher(a.line_sink(), "cut", "stdout", 1, max_line=64, tail_lines=5)
         b.feed(b"x" * 58 + secret.encode() + b" and more\n")  # the cut at 64 bytes falls inside the secret
         b.close()
     data = _spooled(tmp_path)
@@ -202,7 +203,7 @@ def test_a_named_secret_split_across_two_lines_is_masked_on_both(tmp_path: Path,
     a = _agent(tmp_path, {"TOK": SPLIT})
     first, second = f"the token is {SPLIT[:at]}\n".encode(), f"{SPLIT[at:]} and more\n".encode()
     with a:
-        b = SourceBatcher(a, "s", "stdout", 1, max_line=65536, tail_lines=5)
+        b = SourceBatcher(a.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=5)
         if reads == "one":
             b.feed(first + second)
         else:
@@ -222,10 +223,10 @@ def test_a_split_secret_is_masked_through_the_hand_off_to_the_late_output_proces
     # the late-output process goes on from the stage's batcher: the previous line's end travels with it
     a = _agent(tmp_path, {"TOK": SPLIT})
     with a:
-        b = SourceBatcher(a, "s", "stdout", 1, max_line=65536, tail_lines=5)
+        b = SourceBatcher(a.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=5)
         b.feed(f"wrapped {SPLIT[:2]}\n".encode())
         state = b.handoff_state()
-        late = SourceBatcher(a, "s", "stdout", 1, max_line=65536, tail_lines=0)
+        late = SourceBatcher(a.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=0)
         late.resume(*state, late=True)
         late.feed(f"{SPLIT[2:]} late\n".encode())
         late.close()
@@ -341,7 +342,7 @@ FALSE_POSITIVES = [
 def test_ordinary_lines_reach_the_spool_unchanged(tmp_path: Path) -> None:
     a = _agent(tmp_path, {})
     with a:
-        b = SourceBatcher(a, "s", "stdout", 1, max_line=65536, tail_lines=5)
+        b = SourceBatcher(a.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=5)
         b.feed("\n".join(FALSE_POSITIVES).encode() + b"\n")
         b.close()
     data = _spooled(tmp_path)
@@ -387,6 +388,13 @@ FIELDS = (
 )
 
 
+def _port_then_slash(secret: str) -> bool:
+    """A password that begins like a port (``user:8080/rest@host``): the one reading the URL rule cannot tell
+    (docs/agent.md, "Secrets"), so not generated."""
+    head = re.split(r"[/?#]", secret, maxsplit=1)
+    return len(head) == 2 and head[0].isdigit() and len(head[0]) <= 5 and int(head[0]) <= 65535
+
+
 @hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     secret=secrets,
@@ -407,7 +415,7 @@ def test_no_generated_secret_reaches_the_spool(
     if where == "url_password":  # a password in a URL needs no FLIGHTREC_REDACT at all ('/', '@', ':' in it too)
         secret = secret.replace("\n", "").replace(" ", "").replace("\\", "").replace("'", "").replace('"', "")
         secret = secret.lstrip("/:@").rstrip("/:@")
-        if sum(c.isalpha() for c in secret) < 4:
+        if sum(c.isalpha() for c in secret) < 4 or _port_then_slash(secret):
             return
         env = {}
         text = f"{pre} https://user:{secret}@host/path {post}"
@@ -452,7 +460,7 @@ def test_no_generated_secret_reaches_the_spool(
         elif where == "seal":
             a.seal(text)
         else:
-            b = SourceBatcher(a, "s", "stdout", 1, max_line=max_line, tail_lines=3)
+            b = SourceBatcher(a.line_sink(), "s", "stdout", 1, max_line=max_line, tail_lines=3)
             b.feed(text.encode() + b"\n")
             b.close()
     data = _spooled(tmp)
@@ -532,7 +540,7 @@ def test_no_generated_shaped_secret_reaches_the_spool(
     a = _agent(tmp, {})
     with a:
         if where == "line":
-            b = SourceBatcher(a, "s", "stdout", 1, max_line=65536, tail_lines=3)
+            b = SourceBatcher(a.line_sink(), "s", "stdout", 1, max_line=65536, tail_lines=3)
             b.feed(text.encode() + b"\n")
             b.close()
         elif where in ("argv", "stdout_tail"):

@@ -21,13 +21,16 @@ from flightrec.cli import (
     manager,
     materialize,
     prove,
+    rules,
     sql,
     status,
 )
 from flightrec.errors import FlightrecError, MissingExtraError
 from flightrec.settings import Settings
 
-GROUPS = (broker, catalog, agent, manager, materialize, history, status, kinds, backup, sql, analytics, prove, demo)
+GROUPS = (
+    broker, catalog, agent, manager, materialize, history, status, kinds, rules, backup, sql, analytics, prove, demo
+)  # fmt: skip
 # The top-level modules of the packages an extra brings (pyproject.toml [project.optional-dependencies]); a command
 # that imports one where it is absent says which extra to install (tests/cli/test_profiles.py keeps this current).
 EXTRA_OF_MODULE = {

@@ -198,11 +198,13 @@ def _spooled(root: Path, depth: int = 2) -> list[tuple[Path, str]]:
     (``<spool>/manager/<source>/<instance>``), however far down ``--spool`` points."""
     from urllib.parse import unquote
 
+    from flightrec.producer.spoolfolder import SpoolFolder
+
     if not root.is_dir():
         return []
     out: list[tuple[Path, str]] = []
     for p in sorted(root.iterdir()):
-        instance = (p / "lock").exists()
+        instance = SpoolFolder.holds_an_instance(p)
         if instance:
             out.append((root, unquote(p.name)))
         # the manager's sources live in <spool>/manager/, also when an instance is named "manager"

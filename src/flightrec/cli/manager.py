@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--kind", required=True, choices=MANAGER_KINDS, help="what the manager did or says")
     ev.add_argument("--detail", default="", help="why, in words (shown in the timeline and the dashboard)")
     ev.add_argument("--attr", action="append", default=[], metavar="K=V", help="an attribute (repeatable)")
-    _delivery_flags(ev)
+    delivery_flags(ev)
     ev.set_defaults(func=_event)
     fo = actions.add_parser(
         "forget",
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     fo.add_argument("--instance", required=True, help="the instance to forget")
     fo.add_argument("--detail", default="", help="why, in words (kept with the event)")
-    _delivery_flags(fo)
+    delivery_flags(fo)
     fo.set_defaults(func=_forget)
     en = actions.add_parser(
         "enroll",
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fk.set_defaults(func=_fleet_key)
 
 
-def _delivery_flags(p: argparse.ArgumentParser) -> None:
+def delivery_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--source",
         default=None,

@@ -76,13 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--webhook",
         default=None,
         metavar="URL",
-        help="post a Slack-compatible JSON message per new failure or status change here (default $FLIGHTREC_WEBHOOK)",
+        help="post a Slack-compatible JSON message per new failure, status change or new failure kind here "
+        "(default $FLIGHTREC_WEBHOOK)",
     )
     m.add_argument(
         "--alert-on",
         default=None,
         metavar="KINDS",
-        help="which alerts, comma separated: failed,lost,below_min_rate,incomplete,refused "
+        help="which alerts, comma separated: failed,lost,below_min_rate,incomplete,refused,failure_kind "
         "(default $FLIGHTREC_ALERT_ON, else all)",
     )
     m.add_argument(
@@ -208,10 +209,13 @@ def _reader_location(db: str, data_path: str | None) -> Location:
 
 def _run(opts: Options, loc: Location, settings: Settings) -> int:
     from flightrec.consumers.materializer import Materializer
+    from flightrec.db.markers import unfinished_lake_replay
     from flightrec.db.nopandas import keep_pandas_out
 
     keep_pandas_out()  # pyarrow would import it at the first commit (db/nopandas.py)
     made = None if loc.shared or loc.exists() else getattr(loc, "path", None)  # a file this run makes
+
+    unfinished: list[str] = []  # a lake's replay stopped before its end offsets (a file's says so by its marker)
 
     async def go() -> int:
         loop = asyncio.get_running_loop()
@@ -224,6 +228,8 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, m.stop)
             stats = await m.run()
+            if opts.replay and loc.shared and not m.replay_finished:
+                unfinished.append(loc.describe())
         print(
             f"events_received={stats.events_received} lines_written={stats.lines_written} "
             f"dead_letters={stats.dead_letters} duplicates_dropped={stats.duplicates_dropped} "
@@ -237,6 +243,9 @@ def _run(opts: Options, loc: Location, settings: Settings) -> int:
             + (f" oom_retried={stats.oom_retried}" if stats.oom_retried else ""),
             file=sys.stderr,
         )
+        if unfinished:
+            print(f"flightrec replay: {unfinished_lake_replay(unfinished[0])}", file=sys.stderr)
+            return 1
         return 0
 
     try:
@@ -278,6 +287,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options
     from flightrec.db.classify import load_rules
     from flightrec.db.keep import Keep
+    from flightrec.db.kinds import KindWindows
     from flightrec.db.views import stored_views
 
     return Options(
@@ -285,6 +295,7 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         group=args.group or DEFAULT_GROUP,
         until_idle=args.until_idle,
         rules=load_rules(args.rules),
+        rules_file=settings.rules_file,
         serve=not args.no_serve and not loc.shared,
         memory_limit=args.memory_limit,
         lock_wait=args.lock_wait,
@@ -293,7 +304,8 @@ def materialize_options(args: argparse.Namespace, settings: Settings, loc: Locat
         alert_on=kinds,
         dashboard_url=settings.dashboard_url,
         alert_max_age=settings.alert_max_age,
-        views=stored_views(),
+        views=stored_views(KindWindows.from_settings(settings)),
+        kind_windows=KindWindows.from_settings(settings),
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),
         metrics_port=args.metrics_port,
@@ -323,6 +335,7 @@ def trust_config(settings: Settings) -> TrustConfig:
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
     from flightrec.consumers.materializer import DEFAULT_GROUP, Options, parse_time
     from flightrec.db.classify import load_rules
+    from flightrec.db.kinds import KindWindows
     from flightrec.db.location import locate
     from flightrec.db.views import stored_views
 
@@ -336,8 +349,9 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         instance=args.instance,
         since_us=parse_time(args.since) if args.since else None,
         rules=load_rules(args.rules),
+        rules_file=settings.rules_file,
         memory_limit=args.memory_limit,
-        views=stored_views(),
+        views=stored_views(KindWindows.from_settings(settings)),
         serve=not loc.shared,
         data_path=getattr(loc, "data_path", None),
         trust=trust_config(settings),

@@ -128,6 +128,7 @@ def read_limits(memory: str, seconds: float) -> ReadLimits:
 
 
 def _sql(args: argparse.Namespace, settings: Settings) -> int:
+    from flightrec.db.kinds import KindWindows
     from flightrec.db.location import reader_location
     from flightrec.db.nopandas import keep_pandas_out
     from flightrec.db.query import freshness, run_query
@@ -139,7 +140,8 @@ def _sql(args: argparse.Namespace, settings: Settings) -> int:
     loc = reader_location(settings.db, args.data_path)
     limits = read_limits(args.memory_limit, args.timeout)
     allow_fork()  # this process opens no DuckDB database: the read's process is forked from it (a few ms)
-    table = run_query(loc, args.query, prelude=prelude_for(args.query), limits=limits)  # the shared views it names
+    prelude = prelude_for(args.query, windows=KindWindows.from_settings(settings))  # the shared views it names
+    table = run_query(loc, args.query, prelude=prelude, limits=limits)
     fresh = freshness(table)
     if args.csv:
         w = csv.writer(sys.stdout)

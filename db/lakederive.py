@@ -1,4 +1,6 @@
-"""A commit of several shards of a lake in one pass: their Deltas joined, their derived rows computed once.
+"""A lake commit's derived rows, computed once for every shard it writes: the shards' Deltas joined into one
+(:func:`join_shards`), the member's own derived rows kept between commits (:class:`OwnedRows`), each derived row
+written to the shard of its instance (:class:`ShardRewrite`, :func:`derive_together`).
 
 Guarantees: the same rows as writing the shards one after another (``LakeStore`` falls back to that when
 :func:`join_shards` says no); each derived row lands in the shard table of its instance, or nothing is written.
@@ -15,7 +17,7 @@ import pyarrow.compute as pc
 from flightrec.db.classify import RuleTable
 from flightrec.db.derive import BOOT_ONLY_KINDS, Rewrite, affected_keys, arrow_views, recompute, replace_rows
 from flightrec.db.fold import Delta
-from flightrec.db.lakemeta import never_written
+from flightrec.db.lakelayout import never_written
 
 from flightrec.errors import LakeError
 
@@ -52,8 +54,9 @@ class OwnedRows:
         self._key = None
         first, *rest = sorted(schemas)
         alias = first.split(".", 1)[0]  # each schema is the lake's alias and the shard's schema: lake.part_3
-        # a table that never held a row is not read (lakemeta.py: one question to the catalog for all of them, where a
-        # read of each empty table costs its round trips; BENCHMARKS.md, The lake): a new lake, a new shard
+        # a table that never held a row is not read (lakelayout.never_written: one question to the catalog for all of
+        # them, where a read of each empty table costs its round trips; BENCHMARKS.md, The lake): a new lake, a new
+        # shard
         empty = {f"{alias}.{schema}.{table}" for schema, table in never_written(con, alias)}
         for name, columns in KEPT.items():  # shard by shard: a union of lake tables reads each slower
             none = " LIMIT 0" if f"{first}.{name}" in empty else ""
