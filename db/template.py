@@ -61,7 +61,8 @@ _CTIME = (
 )
 # A host name with a port, at the start of a dotted name: two dots at least (``Foo.java:12`` is a file's line) and a
 # digit or a hyphen in its first label, as a fleet numbers its hosts (``pkg.mod.sub:12`` is a module's line).
-_HOST_PORT = r"(?<![\w.-])(?=[A-Za-z]{0,62}[\d-])[A-Za-z0-9][A-Za-z0-9-]{0,62}(?:\.[A-Za-z0-9][A-Za-z0-9-]{0,62}){2,126}:\d{1,5}\b"
+_LABEL = r"[A-Za-z0-9][A-Za-z0-9-]{0,62}"
+_HOST_PORT = r"(?<![\w.-])(?=[A-Za-z]{0,62}[\d-])" + _LABEL + r"(?:\." + _LABEL + r"){2,126}:\d{1,5}\b"
 
 # (pattern, placeholder), tried in this order on the whole line.
 _VALUES: tuple[tuple[re.Pattern[str], str], ...] = (
