@@ -3,8 +3,9 @@ template, its backtest over the whole history (one DuckDB statement) and its [[r
 
 The pattern is the template's literal parts, escaped (a run of white space as any run of it), with each placeholder
 as a bounded pattern of what it stood for (db/template.py): a value without a space (``<hex>``, ``<path>``,
-``<ip>``, ...) as 1 to 1000 characters that are no white space; ``<time>`` and ``<size>`` as up to two such runs
-with one space between (``2026-12-07 01:02:03``, ``12 MiB``); ``<quoted>`` as a quoted value; ``<*>`` (a token
+``<ip>``, ``<host>``, ...) as 1 to 1000 characters that are no white space; ``<size>`` as up to two such runs
+with one space between (``12 MiB``), ``<time>`` as up to six (``2026-12-07 01:02:03``, ``Thu Aug  4 15:29:45 PDT
+2005``); ``<quoted>`` as a quoted value; ``<*>`` (a token
 that held a digit, or another placeholder: ``:"Too Many Requests"``) as up to 1000 characters that are no white
 space or whole quoted values. No part can match a character two ways (no backtracking that grows with a line's
 quotes). It uses only what Python's ``re`` (the classifier) and RE2 (DuckDB's ``regexp_matches``, the backtest) read
@@ -33,18 +34,19 @@ import re
 from dataclasses import dataclass
 
 from flightrec.db.classify import SCAN_CHARS
+from flightrec.db.template import PLACEHOLDERS
 
 UNEXPLAINED = "unknown"  # the class of a failure no rule explains
 _QUOTED = r"""\s?(?:"[^"]*"|'[^']*')"""
 _TOKEN = r"""(?:[^\s"']|\s?"[^"]*"|\s?'[^']*'){1,1000}"""  # RE2 takes no bound inside a bound: a quoted value has none
 _PATTERNS = {
     "*": _TOKEN,
-    "time": r"\S{1,64}(?:\s\S{1,64})?",
+    "time": r"\S{1,64}(?:\s{1,2}\S{1,64}){0,5}",
     "size": r"\S{1,64}(?:\s\S{1,64})?",
     "quoted": _QUOTED,
 }
 _VALUE = r"\S{1,1000}"
-_PLACEHOLDER = re.compile(r"<(uuid|url|time|id|ip|hex|path|size|duration|quoted|\*)>")
+_PLACEHOLDER = re.compile(r"<(" + "|".join(PLACEHOLDERS) + r"|\*)>")
 _CUT_PLACEHOLDER = re.compile(r"<[a-z*]*$")  # a template cut at its bound in the middle of a placeholder
 _SPECIAL = re.compile(r"([\\.^$|?*+()\[\]{}])")
 

@@ -29,6 +29,7 @@ LINES = [
     'device=cuda:1 error="bad (thing)" at 2026-12-07 01:02:03.123Z uuid 123e4567-e89b-12d3-a456-426614174000',
     "a.b*c+d?e[f]{g}|h^i$j\\k worker-17 failed",
     "peer fe80::1 gone; retry in 5 min via https://example.org/a?b=c",
+    "built Thu Aug  4 15:29:45 PDT 2005 by node-3.rack.example.com:7109 from LOCAL(0)",
 ]
 
 

@@ -35,6 +35,15 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kinds.py"
         ("worker 17 on gpu-node-42 exited", "worker <*> on <*> exited"),
         ("retries=5 device=cuda:1 mode=fast", "retries=<*> device=cuda:<*> mode=fast"),
         ("CUDA error: out of memory", "CUDA error: out of memory"),
+        ("built Thu Aug  4 15:29:45 PDT 2005 here", "built <time> here"),
+        ("at Dec 10 19:02:14 the link fell", "at <time> the link fell"),
+        ("proxy gpu-7.rack2.example.com:7109 refused", "proxy <host> refused"),
+        ("at Foo.java:12 in main", "at Foo.java:<*> in main"),  # one dot: a file's line, not a host
+        ("synchronized to LOCAL(0), stratum 10", "synchronized to <id>, stratum <*>"),
+        ("at com.x.Pool.take(17)", "at com.x.Pool.take(<*>)"),  # a call keeps its name
+        ("read(3) failed", "read(<*>) failed"),
+        ("ERROR flightrec.db.store:120 boom", "ERROR flightrec.db.store:<*> boom"),  # a module's line
+        ("prefetch depth..........0", "prefetch depth..........<*>"),
     ],
 )
 def test_each_variable_part_becomes_its_placeholder(line: str, expected: str) -> None:
@@ -51,6 +60,14 @@ def test_lines_that_differ_only_in_values_share_a_template() -> None:
 def test_the_shape_merges_placeholder_types_and_runs() -> None:
     assert shape(template("synchronized to 10.0.0.1, stratum 2")) == shape(template("synchronized to ntp7, stratum 3"))
     assert shape(template("IRQs 3 4 5 7")) == shape(template("IRQs 9 10")) == "IRQs <*>"
+    assert shape(template("synchronized to LOCAL(0), stratum 10")) == shape(
+        template("synchronized to 10.0.0.1, stratum 3")
+    )
+    assert shape(template("proxy a-1.b.c:1 gone")) == shape(template("proxy 10.1.2.3:9 gone"))
+    assert shape(template("stamp Fri Jul  1 08:16:53 PDT 2005")) == shape(
+        template("stamp Sat Sep 17 07:49:04 PDT 2005")
+    )
+    assert shape(template("prefetch depth......0")) != shape(template("prefetch threshold...0"))
 
 
 @pytest.mark.parametrize("line", ["", "   ", "\n"])
@@ -81,6 +98,10 @@ def test_a_64_kib_line_is_read_only_in_part_and_quickly() -> None:
         "::" * 20000,
         "<*>" * 20000,
         "\x00" * 65536,
+        "a." * 30000 + ":1",
+        "x(1," * 15000,
+        "Mon Jan  1 " * 5000,
+        "." * 65536,
         "🔥1" * 20000,
         '0x1:/a="b" 12ms ' * 3000,
     ],
@@ -109,7 +130,7 @@ def _bench() -> ModuleType:
 
 # The grouping accuracy measured on the goal datasets when the shipped templater was written (BENCHMARKS.md), less
 # a little: a change that groups worse fails here.
-FLOORS = {"HDFS": 0.995, "BGL": 0.98, "Hadoop": 0.975, "Zookeeper": 0.99, "Thunderbird": 0.69}
+FLOORS = {"HDFS": 0.995, "BGL": 0.99, "Hadoop": 0.985, "Zookeeper": 0.99, "Thunderbird": 0.98}
 
 
 @pytest.mark.parametrize("name", sorted(FLOORS))
