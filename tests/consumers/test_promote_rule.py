@@ -268,3 +268,74 @@ def _kinds_of(db: str, data_path: str, tag: str, like: str) -> set[str]:
         return {r[0] for r in con.execute(sql, [like, f"promote-{tag}-%"]).fetchall()}
     finally:
         con.close()
+
+
+def test_a_lake_member_fenced_while_classing_again_writes_nothing_and_the_next_owner_classes_the_shard(
+    kafka, lake, tmp_path, env_for
+):
+    """A member whose shards were claimed away (the group's coordinator not told) is fenced at its first step of
+    classing again: it writes nothing and drops the shard; the members that claim the shards then class them."""
+    from flightrec.db import lake as lakes
+    from flightrec.db.lakestore import LakeStore
+    from flightrec.schemas import Lifecycle
+    from lake_helpers import lake_con, seed_lake_at_mark
+    from materializer_helpers import Boot, publish
+
+    db, data_path = lake
+    tag = uuid.uuid4().hex[:6]
+    boots = []
+    for n in range(4):
+        b = Boot(instance=f"promote-{tag}-{n}")
+        said = [f"zorblax: shard {n} unreadable"]
+        b.add(Lifecycle, stage="params", state="started")
+        b.lines("params", "stderr", said)
+        b.exit("params", 3, stderr=said)
+        b.add(Lifecycle, stage="params", state="failed", detail="params exited 3")
+        boots.append(b)
+    group = f"lake-{uuid.uuid4().hex[:8]}"
+    seed_lake_at_mark(kafka, db, data_path, group)
+    publish(kafka.bootstrap, [e for b in boots for e in b.events])
+    rules_file = tmp_path / "rules.toml"
+    env = env_for(FLIGHTREC_RULES_FILE=str(rules_file))
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs = [_start_member(db, data_path, group, env, logs[0])]
+
+    def waited(what: str, check: Callable[[], Any], timeout: float = 150) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p, log in zip(procs, logs, strict=False):
+                assert p.poll() is None, log.read_text()[-3000:]
+            if got := check():
+                return got
+            time.sleep(0.5)
+        raise AssertionError(f"waited {timeout:.0f} s for {what}\n" + "\n".join(g.read_text()[-3000:] for g in logs))
+
+    def failures() -> list[tuple[Any, ...]]:
+        return [r[1:] for r in _lake_failures(db, data_path, tag)]
+
+    base = load_table().version
+    try:
+        waited("4 failures", lambda: failures() == [("unknown", "unknown", base, 4)])
+        con = lake_con(db, data_path)
+        try:
+            shards = [r[0] for r in con.execute("SELECT DISTINCT shard FROM claims ORDER BY 1").fetchall()]
+        finally:
+            con.close()
+        thief = LakeStore(lakes.lake_location(db, data_path, writing=True), group, shards=shards, owner="thief")
+        try:
+            thief.claim(shards)  # the shards move in the lake; the group's coordinator knows nothing of it
+        finally:
+            thief.close()
+        rules_file.write_text('[[rule]]\nid = "zorblax"\nclass = "zorblax_shard"\nhint = "h"\nlines = ["zorblax"]\n')
+        waited("member a fenced", lambda: "were claimed by another member" in logs[0].read_text())
+        time.sleep(3.0)  # a's further steps, had it gone on writing
+        assert failures() == [("unknown", "unknown", base, 4)], "a fenced member wrote"
+        procs.append(_start_member(db, data_path, group, env, logs[1]))  # the group rebalances: a and b claim anew
+        version = load_table(None, rules_file).version
+        waited("the shards classed again", lambda: failures() == [("zorblax_shard", "zorblax", version, 4)])
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(60)
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(g.read_text()[-3000:] for g in logs)
