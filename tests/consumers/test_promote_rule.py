@@ -275,23 +275,12 @@ def test_a_lake_member_fenced_while_classing_again_writes_nothing_and_the_next_o
 ):
     """A member whose shards were claimed away (the group's coordinator not told) is fenced at its first step of
     classing again: it writes nothing and drops the shard; the members that claim the shards then class them."""
-    from flightrec.db import lake as lakes
-    from flightrec.db.lakestore import LakeStore
-    from flightrec.schemas import Lifecycle
-    from lake_helpers import lake_con, seed_lake_at_mark
-    from materializer_helpers import Boot, publish
+    from lake_helpers import seed_lake_at_mark
+    from materializer_helpers import publish
 
     db, data_path = lake
     tag = uuid.uuid4().hex[:6]
-    boots = []
-    for n in range(4):
-        b = Boot(instance=f"promote-{tag}-{n}")
-        said = [f"zorblax: shard {n} unreadable"]
-        b.add(Lifecycle, stage="params", state="started")
-        b.lines("params", "stderr", said)
-        b.exit("params", 3, stderr=said)
-        b.add(Lifecycle, stage="params", state="failed", detail="params exited 3")
-        boots.append(b)
+    boots = [_zorblax_boot(f"promote-{tag}-{n}", n) for n in range(4)]
     group = f"lake-{uuid.uuid4().hex[:8]}"
     seed_lake_at_mark(kafka, db, data_path, group)
     publish(kafka.bootstrap, [e for b in boots for e in b.events])
@@ -316,16 +305,7 @@ def test_a_lake_member_fenced_while_classing_again_writes_nothing_and_the_next_o
     base = load_table().version
     try:
         waited("4 failures", lambda: failures() == [("unknown", "unknown", base, 4)])
-        con = lake_con(db, data_path)
-        try:
-            shards = [r[0] for r in con.execute("SELECT DISTINCT shard FROM claims ORDER BY 1").fetchall()]
-        finally:
-            con.close()
-        thief = LakeStore(lakes.lake_location(db, data_path, writing=True), group, shards=shards, owner="thief")
-        try:
-            thief.claim(shards)  # the shards move in the lake; the group's coordinator knows nothing of it
-        finally:
-            thief.close()
+        _claim_every_shard(db, data_path, group)  # the group's coordinator knows nothing of it
         rules_file.write_text('[[rule]]\nid = "zorblax"\nclass = "zorblax_shard"\nhint = "h"\nlines = ["zorblax"]\n')
         waited("member a fenced", lambda: "were claimed by another member" in logs[0].read_text())
         time.sleep(3.0)  # a's further steps, had it gone on writing
@@ -339,3 +319,35 @@ def test_a_lake_member_fenced_while_classing_again_writes_nothing_and_the_next_o
         for p in procs:
             p.wait(60)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(g.read_text()[-3000:] for g in logs)
+
+
+def _zorblax_boot(instance: str, n: int) -> Any:
+    """A boot whose stage fails with a line no packaged rule knows."""
+    from flightrec.schemas import Lifecycle
+    from materializer_helpers import Boot
+
+    b = Boot(instance=instance)
+    said = [f"zorblax: shard {n} unreadable"]
+    b.add(Lifecycle, stage="params", state="started")
+    b.lines("params", "stderr", said)
+    b.exit("params", 3, stderr=said)
+    b.add(Lifecycle, stage="params", state="failed", detail="params exited 3")
+    return b
+
+
+def _claim_every_shard(db: str, data_path: str, group: str) -> None:
+    """Every shard of the lake claimed by an owner outside the group (as a member that the group has not heard of)."""
+    from flightrec.db import lake as lakes
+    from flightrec.db.lakestore import LakeStore
+    from lake_helpers import lake_con
+
+    con = lake_con(db, data_path)
+    try:
+        shards = [r[0] for r in con.execute("SELECT DISTINCT shard FROM claims ORDER BY 1").fetchall()]
+    finally:
+        con.close()
+    thief = LakeStore(lakes.lake_location(db, data_path, writing=True), group, shards=shards, owner="thief")
+    try:
+        thief.claim(shards)
+    finally:
+        thief.close()
