@@ -18,6 +18,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 
+import duckdb
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from flightrec.consumers.materializer import Materializer, Options, Pending, Record
@@ -25,6 +26,7 @@ from flightrec.db import lake as lakes
 from flightrec.db.fold import Delta, fold
 from flightrec.db.lakestore import LakeStore
 from flightrec.db.location import LakeLocation
+from flightrec.db.reclassify import START
 from flightrec.db.stats import Stats
 
 from flightrec.errors import Fenced, MaterializeError
@@ -82,6 +84,10 @@ class GroupMaterializer(Materializer):
         self._last_maintenance = 0.0
         self._last_record = 0.0
         self._failed: BaseException | None = None  # what a rebalance callback raised: the member stops with it
+        # classing the stored failures again by the rules in use (consumers/rulewatch.py), shard by shard: the owned
+        # shards done (or given up) for this table, and where each one begun got to (its cursor, rows built again)
+        self._reclassified: set[int] = set()
+        self._reclassifying: dict[int, tuple[tuple[str, str, str], int]] = {}
 
     # -- opening ----------------------------------------------------------------------------------------
 
@@ -220,13 +226,59 @@ class GroupMaterializer(Materializer):
                 )
                 return
             except Fenced as exc:
-                self.stats += Stats(fenced=1)
-                log.warning("%s", exc)
-                lost = set(exc.shards)
-                for tp in [tp for tp in self._next if tp.partition in lost]:
-                    del self._next[tp]
-                await self._in_writer(self._lake.release, lost)
+                lost = await self._drop_fenced(exc)
                 deltas = {s: d for s, d in deltas.items() if s not in lost}
+
+    async def _drop_fenced(self, exc: Fenced) -> set[int]:
+        """Shards another member claimed since: counted, logged, no longer read or written here; returns them."""
+        self.stats += Stats(fenced=1)
+        log.warning("%s", exc)
+        lost = set(exc.shards)
+        for tp in [tp for tp in self._next if tp.partition in lost]:
+            del self._next[tp]
+        await self._in_writer(self._lake.release, lost)
+        return lost
+
+    # -- the operator's rules file ------------------------------------------------------------------------
+
+    def _rules_job(self, now: float) -> asyncio.Future[None] | None:
+        """A changed operator's rules file taken up for the next commits, and a step of classing the stored failures
+        of an owned shard again (the shards one after another, each from its start; a shard claimed later too),
+        started as the one thing in flight, or None. Only with the operator's file set, and not in a replay."""
+        watch = self._rules
+        if self._store is None or self.opts.replay or watch.path is None:
+            return None
+        if watch.look(now):
+            self._lake.rules = watch.table  # nothing in flight: the next commit classes by it
+            self._reclassified, self._reclassifying = set(), {}
+        owned = set(self._lake.epochs)
+        self._reclassified &= owned  # a shard let go is classed again if it comes back (another may have written it)
+        todo = sorted(owned - self._reclassified)
+        return asyncio.ensure_future(self._reclassify_shard(todo[0])) if todo else None
+
+    async def _reclassify_shard(self, shard: int) -> None:
+        """One step of classing the failures of ``shard`` again, in the writer thread; a shard claimed away is dropped
+        as a fenced commit's, one whose step fails is logged and given up until the rules change again."""
+        version = self._rules.table.version
+        cursor, rows = self._reclassifying.get(shard, (START, 0))
+        try:
+            step = await self._in_writer(self._lake.reclassify, shard, cursor)
+        except Fenced as exc:
+            await self._drop_fenced(exc)
+            self._reclassifying.pop(shard, None)
+            return
+        except (duckdb.Error, MaterializeError) as exc:
+            self._reclassified.add(shard)
+            self._reclassifying.pop(shard, None)
+            log.warning("classing the stored failures of shard %d again by rules %s failed: %s", shard, version, exc)
+            return
+        if not step.done:
+            self._reclassifying[shard] = (step.cursor, rows + step.rows)
+            return
+        self._reclassifying.pop(shard, None)
+        self._reclassified.add(shard)
+        if rows + step.rows:
+            log.info("%d failures of shard %d classed again by rules %s", rows + step.rows, shard, version)
 
     async def _replay_archive(self) -> None:
         """The archive read into a lake that holds no events yet: every shard claimed first (the commits check it)."""

@@ -826,8 +826,8 @@ class Materializer:
 
     def _rules_job(self, now: float) -> asyncio.Future[None] | None:
         """A changed operator's rules file taken up (consumers/rulewatch.py), and a step of classing the stored
-        failures again, started (the caller holds it as the one thing in flight), or None. A file's run only: a
-        replay classes every failure as it builds it, a lake's member keeps the rules it started with."""
+        failures again, started (the caller holds it as the one thing in flight), or None. Not in a replay: it
+        classes every failure as it builds it. A lake's member: group.py, shard by shard."""
         store = self._store
         if not isinstance(store, FileStore) or self.opts.replay:
             return None

@@ -43,6 +43,7 @@ from flightrec.db.lakederive import OwnedRows, derive_together, join_shards
 from flightrec.db.lakelayout import CLAIM_SQL, SHARD_TABLES, never_written, shard_schema
 from flightrec.db.liveness import merge_heartbeats
 from flightrec.db.nul import without_nul
+from flightrec.db.reclassify import START, STEP_STAGES, Step, reclassify_stages
 from flightrec.db.retention import StepResult
 from flightrec.db.rowwriter import RowWriter, delta_views, offsets_table
 from flightrec.db.stats import Stats
@@ -444,6 +445,28 @@ class LakeStore(RowWriter):
         self.last_commit_us = time.time_ns() // 1000
         self._offsets_new -= {s for s in shards if deltas[s].offsets}
         return stats
+
+    def reclassify(self, shard: int, cursor: tuple[str, str, str] = START, limit: int = STEP_STAGES) -> Step:
+        """One step of classing the stored failures of ``shard`` again by ``rules`` (db/reclassify.py), in one
+        transaction with the check of this member's claim of it, as a commit's (Fenced: nothing written; a step that
+        found nothing to write checks nothing); run again when it loses a commit race or the catalog is away."""
+        schema = shard_schema(shard)
+
+        def step() -> Step:
+            self.con.execute(f"SET search_path = '{ALIAS}.{schema},{ALIAS}.main'")
+            done = reclassify_stages(self.con, self.rules, cursor, limit)
+            if done.stages:  # a step that wrote nothing needs no claim (a member's start looks at each shard)
+                self._check_claims([shard], time.time_ns() // 1000)
+            return done
+
+        try:
+            done = self.transaction(f"class the failures of shard {shard} again", step)
+        except BaseException:
+            self._owned.forget()
+            raise
+        if done.rows != done.stages:  # a stage lost its failures row: the kept keys (OwnedRows) are read again
+            self._owned.forget()
+        return done
 
     def _store_shard_offsets(self, shard: int, delta: Delta) -> None:
         """The next offsets of ``shard`` (its schema on the search path): an INSERT into a table empty at the claim (a

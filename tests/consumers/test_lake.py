@@ -879,3 +879,61 @@ def test_a_commit_run_again_after_its_connection_broke_keeps_one_offsets_row(lak
         assert _count(store, "SELECT count(*) FROM log_lines") == 3
     finally:
         store.close()
+
+
+def _zorblax(n: int) -> Boot:
+    """A boot whose stage fails with a line no packaged rule knows."""
+    b = Boot()
+    b.add(Lifecycle, stage="params", state="started")
+    said = [f"zorblax: shard {n} unreadable"]
+    b.lines("params", "stderr", said)
+    b.exit("params", 3, stderr=said)
+    b.add(Lifecycle, stage="params", state="failed", detail="params exited 3")
+    return b
+
+
+def test_failures_are_classed_again_in_steps_by_the_owner_only(lake, tmp_path):
+    """LakeStore.reclassify: a shard's failures classed again by the store's rules, a few stages a step, each step
+    checking the claim as a commit does: a member whose shard was claimed away is fenced and writes nothing."""
+    from flightrec.db.classify import load_table
+
+    db, data_path = lake
+    loc = lakes.lake_location(db, data_path, writing=True)
+    (tmp_path / "rules.toml").write_text(
+        '[[rule]]\nid = "zorblax"\nclass = "zorblax_shard"\nhint = "h"\nlines = ["zorblax: shard"]\n'
+    )
+    rules = load_table(None, tmp_path / "rules.toml")
+    a = LakeStore(loc, "g", shards=[0], owner="member-a")
+    b = LakeStore(loc, "g", shards=[0], owner="member-b")
+    sql = "SELECT failure_class, rule_id, rules_version, count(*) FROM failures GROUP BY ALL"
+    try:
+        a.claim([0])
+        boots = [_zorblax(n) for n in range(3)]
+        a.commit({0: fold([m for k, boot in enumerate(boots) for m in _delta_records(boot, 100 * k)])})
+        base = a.rules.version
+        assert a.con.execute(sql).fetchall() == [("unknown", "unknown", base, 3)]
+        b.claim([0])  # the group moved shard 0 to b; a has not noticed yet
+        a.rules = rules
+        with pytest.raises(Fenced) as info:
+            a.reclassify(0)
+        assert info.value.shards == (0,)
+        assert b.con.execute(sql).fetchall() == [("unknown", "unknown", base, 3)]  # nothing written
+
+        b.rules = rules
+        steps = [b.reclassify(0, limit=2)]
+        while not steps[-1].done:
+            steps.append(b.reclassify(0, steps[-1].cursor, limit=2))
+        assert [(s.rows, s.done) for s in steps] == [(2, False), (1, True)]
+        assert b.con.execute(sql).fetchall() == [("zorblax_shard", "zorblax", rules.version, 3)]
+        assert b.reclassify(0).rows == 0  # nothing left classed by another table
+        b.commit({0: fold(_delta_records(_zorblax(9), 1000))})  # the owner commits on, by the rules it holds
+        assert b.con.execute(sql).fetchall() == [("zorblax_shard", "zorblax", rules.version, 4)]
+    finally:
+        a.close()
+        b.close()
+
+
+def _delta_records(boot: Boot, first_offset: int) -> list[RawMessage]:
+    return [
+        RawMessage(e.topic, 0, first_offset + i, e.instance_id.encode(), encode(e)) for i, e in enumerate(boot.events)
+    ]
