@@ -9,16 +9,17 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from flightrec.producer.batcher import LineSink
+from flightrec.producer.claims import Claim, write_claim
 from flightrec.producer.deliver import Deliverer, require_delivered
 from flightrec.producer.facts import collect_facts, load_override
 from flightrec.producer.fit import fit_exit_event
-from flightrec.producer.handoff import late_stages, settle_late_output, still_writing
+from flightrec.producer.handoff import Handoff, hand_off, late_stages, settle_late_output, still_writing
 from flightrec.producer.heartbeat import HeartbeatThread, heartbeat
 from flightrec.producer.lost import LostSpool
 from flightrec.producer.members import Member, join, leave, running
@@ -26,7 +27,17 @@ from flightrec.producer.redact import Redactor, visible
 from flightrec.producer.scrub import scrub
 from flightrec.producer.shapes import SecretShape, SecretShapesError, builtin_shapes, load_shapes
 from flightrec.producer.spool import AnySpool, BootSealedError, Spool, SpoolWriteError
-from flightrec.schemas import Event, InstanceFacts, Lifecycle, LogBatch, ProcessExit, Sealed, new_event_id, now_us
+from flightrec.schemas import (
+    Event,
+    EventT,
+    InstanceFacts,
+    Lifecycle,
+    LogBatch,
+    ProcessExit,
+    Sealed,
+    new_event_id,
+    now_us,
+)
 
 from flightrec.errors import FlightrecError, SpoolError
 from flightrec.settings import STOCK_MAX_MESSAGE_BYTES, TOPIC_LOGS, Settings
@@ -293,13 +304,13 @@ class _AgentBase:
 
     def emit_makers(
         self,
-        makers: list[Callable[[str, int], Event]],
+        makers: Sequence[Callable[[str, int], EventT]],
         once: str | None = None,
         encode: Callable[[Event], bytes] | None = None,
         sync: bool = True,
         scrubbed: bool = False,
         boot: str | None = None,
-    ) -> list[Event]:
+    ) -> list[EventT]:
         """Spool several events in one write (one fsync; ``sync=False``: group commit, see Spool); each maker
         gets (boot_id, seq).
 
@@ -308,11 +319,11 @@ class _AgentBase:
         """
         redactor, cap = self.redactor, self.settings.max_line
 
-        def clean(make: Callable[[str, int], Event]) -> Callable[[str, int], Event]:
-            def build(boot: str, seq: int) -> Event:
+        def clean(make: Callable[[str, int], EventT]) -> Callable[[str, int], EventT]:
+            def build(boot: str, seq: int) -> EventT:
                 ev = scrub(make(boot, seq), redactor, cap)
                 if isinstance(ev, ProcessExit):  # argv and tails cut (after masking) to fit the topic's limit
-                    ev = fit_exit_event(ev, self.message_limit(ProcessExit.topic))
+                    return fit_exit_event(ev, self.message_limit(ProcessExit.topic))
                 return ev
 
             return build
@@ -323,7 +334,7 @@ class _AgentBase:
             )
         except SpoolWriteError as exc:  # never stop the caller (a stage): count it, say it, note it later
             self.losses.add(exc)
-            return exc.events
+            return cast("list[EventT]", exc.events)  # built by these makers (for counting), as the error says
         if events:
             self._note_losses()
         self.events_emitted += len(events)
@@ -375,7 +386,7 @@ class _AgentBase:
         except SpoolWriteError:
             self.losses.give_back(taken)
 
-    def emit(self, cls: type[Event], **fields: Any) -> Event:
+    def emit(self, cls: type[EventT], **fields: Any) -> EventT:
         """Build an event of type ``cls`` from ``fields`` (the common fields are filled in) and spool it."""
         bad = [k for k in _FILLED if k in fields]
         if bad:
@@ -389,7 +400,7 @@ class _AgentBase:
         eid = new_event_id()
         iid = self.instance_id
 
-        def make(boot_id: str, seq: int) -> Event:
+        def make(boot_id: str, seq: int) -> EventT:
             return cls(event_id=eid, instance_id=iid, boot_id=boot_id, seq=seq, ts_us=ts, **fields)
 
         try:
@@ -399,7 +410,7 @@ class _AgentBase:
 
     def event(self, stage: str, state: str, detail: str = "", attributes: Mapping[str, str] | None = None) -> Lifecycle:
         """A Lifecycle event (started / succeeded / failed / skipped / info)."""
-        return self.emit(Lifecycle, stage=stage, state=state, detail=detail, attributes=dict(attributes or {}))  # type: ignore[return-value]  # emit returns the Event base: the event made here
+        return self.emit(Lifecycle, stage=stage, state=state, detail=detail, attributes=dict(attributes or {}))
 
     def stage(self, name: str, **attributes: str) -> Stage:
         """A context manager that reports a stage's start and its end (failed with the exception text)."""
@@ -418,11 +429,22 @@ class _AgentBase:
         values = collect_facts(override)
         eid, iid, ts = new_event_id(), self.instance_id, now_us()
 
-        def make(boot: str, seq: int) -> Event:
+        def make(boot: str, seq: int) -> InstanceFacts:
             return InstanceFacts(event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, **values)
 
         events = self.emit_makers([make], once=None if force else "facts")
-        return events[0] if events else None  # type: ignore[return-value]  # emit returns the Event base: the event made here
+        return events[0] if events else None
+
+    def claim_follow(self, path: str, claim: Claim) -> None:
+        """Record in the spool folder that the stage of ``claim.token`` follows ``path`` from ``claim`` on: an earlier
+        stage's leftover following the same file stops there (flightrec.producer.claims; never raises)."""
+        write_claim(self.spool.files, self.boot_id, path, claim)
+
+    def hand_off(self, h: Handoff) -> int:
+        """Give a stage's leftovers (``h``) to this instance's late-output process; return its pid.
+
+        Raises OSError where the process cannot be started (flightrec.producer.handoff)."""
+        return hand_off(h, self.spool.files)
 
     def join(self, what: str) -> Member | None:
         """Register ``what`` (a stage, a probe) as running in this boot until :meth:`leave`; a seal waits for it."""
@@ -504,7 +526,7 @@ class _AgentBase:
             self.note_late_losses()  # what a dead late-output process's keeper passed on unrecorded, in this boot
         spool, eid, iid, ts = self.spool, new_event_id(), self.instance_id, now_us()
 
-        def make(boot: str, seq: int) -> Event:
+        def make(boot: str, seq: int) -> Sealed:
             left = running(spool, boot, own) if isinstance(spool, Spool) and seq >= 0 else []
             why = reason
             if left:
@@ -523,7 +545,7 @@ class _AgentBase:
                 event_id=eid, instance_id=iid, boot_id=boot, seq=seq, ts_us=ts, event_count=seq + 1, reason=why
             )
 
-        return self.emit_makers([make])[0]  # type: ignore[return-value]  # emit returns the Event base: the event made here
+        return self.emit_makers([make])[0]
 
     def message_limit(self, topic: str) -> int:
         """The largest message this agent builds for ``topic``: the topic's max.message.bytes once learned."""

@@ -13,7 +13,7 @@ from typing import Protocol
 from flightrec.producer.lines import LineSplitter, Tail, decode_lines
 from flightrec.producer.redact import NO_CARRY, Carry, Redactor
 from flightrec.producer.scrub import scrub
-from flightrec.schemas import Event, LogBatch, new_event_id, now_us
+from flightrec.schemas import Event, EventT, LogBatch, new_event_id, now_us
 from flightrec.schemas.fastlog import encode_fast
 
 BATCH_WINDOW_S = 0.1  # a line is spooled (and handed to the sender) at most this long after it was read
@@ -31,13 +31,13 @@ class Emit(Protocol):
 
     def __call__(
         self,
-        makers: list[Callable[[str, int], Event]],
+        makers: Sequence[Callable[[str, int], EventT]],
         *,
         encode: Callable[[Event], bytes] | None,
         sync: bool,
         scrubbed: bool,
         boot: str | None,
-    ) -> list[Event]: ...
+    ) -> list[EventT]: ...
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class SourceBatcher:
             ),
             sink.redactor,
         )
-        self._stage, self._source = clean.stage, clean.source  # type: ignore[attr-defined]  # scrub returns the Event base: a LogBatch in, a LogBatch out
+        self._stage, self._source = clean.stage, clean.source
 
     def _add(self, lines: list[bytes], trunc: list[bool] | None, ts: int, plain: bool = False) -> None:
         """Add lines to the pending batch. ``plain``: they are ASCII and hold nothing to mask, so they are

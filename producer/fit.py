@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from flightrec.producer.lines import cut_text, fit_tails
 from flightrec.producer.segment import Record
 from flightrec.schemas import Dropped, FileTail, LogBatch, ProcessExit, default_codec
+
+ExitT = TypeVar("ExitT", bound=ProcessExit)
 
 from flightrec.errors import CodecError
 
@@ -56,7 +58,7 @@ def fit_exit(fields: dict[str, Any], limit: int) -> dict[str, Any]:
     return out
 
 
-def fit_exit_event(ev: ProcessExit, limit: int) -> ProcessExit:
+def fit_exit_event(ev: ExitT, limit: int) -> ExitT:
     """``ev`` with argv and tails cut as :func:`fit_exit` does (applied after masking, so no secret is cut). Pure."""
     out = fit_exit(
         {

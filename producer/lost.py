@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flightrec.producer.spool import Maker, Position, SpoolWriteError, built_for_counting
+from flightrec.producer.spool import Position, SpoolWriteError, built_for_counting
 from flightrec.producer.spoolfolder import SpoolFolder
-from flightrec.schemas import Event
+from flightrec.schemas import Event, EventT
 
 
 class LostSpool:
@@ -38,13 +38,13 @@ class LostSpool:
 
     def append(
         self,
-        makers: Sequence[Maker],
+        makers: Sequence[Callable[[str, int], EventT]],
         *,
         once: str | None = None,
         encode: Callable[[Event], bytes] | None = None,
         sync: bool = True,
         boot: str | None = None,
-    ) -> list[Event]:
+    ) -> list[EventT]:
         """Nothing can be written: SpoolWriteError with the events that were lost."""
         raise SpoolWriteError(self.reason, built_for_counting(makers, ""))
 

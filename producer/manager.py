@@ -10,7 +10,7 @@ from pathlib import Path
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.names import safe_name
 from flightrec.producer.spoolfolder import SpoolFolder
-from flightrec.schemas import MANAGER_KINDS, Event, ManagerEvent, new_event_id, now_us
+from flightrec.schemas import MANAGER_KINDS, ManagerEvent, new_event_id, now_us
 
 from flightrec.errors import ConfigError, CredentialError
 from flightrec.settings import Settings
@@ -61,7 +61,7 @@ def send_manager_event(
         attrs = {k[:cap]: v[:cap] for k, v in agent.redactor.mapping(dict(attributes or {})).items()}
         eid, ts = new_event_id(), now_us()
 
-        def make(boot: str, seq: int) -> Event:
+        def make(boot: str, seq: int) -> ManagerEvent:
             return ManagerEvent(
                 event_id=eid,
                 instance_id=instance,
@@ -94,7 +94,7 @@ def send_manager_event(
         )
     if ok:
         remove_if_ended(manager_spool(settings, source), instance)
-    return event, ok  # type: ignore[return-value]  # emit returns the Event base: it is the ManagerEvent made here
+    return event, ok
 
 
 def _mark_ended(folder: SpoolFolder, ended: bool) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 
 from flightrec.producer.agent import SyncAgent
 from flightrec.producer.batcher import SourceBatcher
-from flightrec.producer.claims import Claim, write_claim
+from flightrec.producer.claims import Claim
 from flightrec.producer.follow import FileFollower
-from flightrec.producer.handoff import HandedFile, HandedPipe, Handoff, hand_off
+from flightrec.producer.handoff import HandedFile, HandedPipe, Handoff
 from flightrec.producer.heartbeat import heartbeat
 from flightrec.producer.pump import Pump
 from flightrec.producer.redact import visible
@@ -232,7 +232,7 @@ def _prepare(agent: SyncAgent, stage: str, argv: list[str], tails: Sequence[str]
     follows = [(FileFollower(p), SourceBatcher(agent.line_sink(), stage, p, 0, **kw)) for p in tails]
     for f, _b in follows:  # an earlier stage's leftover following the same file stops where this one starts
         _fd, offset, ino = f.state()
-        write_claim(agent.spool.files, agent.boot_id, f.path, Claim(token, ino, offset))
+        agent.claim_follow(f.path, Claim(token, ino, offset))
     ptys = {fd: PtyPair.open_like(fd) for fd in (1, 2) if passthrough and os.isatty(fd)}
     sigs = StageSignals(ptys)  # CMD stays in the agent's process group, as it would be without the agent
     return _Run(agent, stage, argv, tails, passthrough, token, env, kw, follows, ptys, sigs)
@@ -287,7 +287,7 @@ def _report_start_error(r: _Run, exc: OSError) -> StageResult:
         file_tails=[FileTail(path=p, lines=(), exists=os.path.exists(p)) for p in r.tails],
     )
     agent.event(r.stage, "failed", detail=f"could not start: {why} (exit {status})")
-    return StageResult(status, exit_ev)  # type: ignore[arg-type]  # exit_ev: the ProcessExit emit made (typed as its Event base)
+    return StageResult(status, exit_ev)
 
 
 def _pump(r: _Run) -> None:
@@ -383,7 +383,7 @@ def _report(r: _Run, seal_on_success: bool) -> StageResult:
         agent.event(stage, "failed", detail=detail, attributes=duration)
     lines = {"stdout": out_b.lines_read, "stderr": err_b.lines_read}
     lines.update({f.path: b.lines_read for f, b in r.follows})
-    return StageResult(status, exit_ev, lines, r.late_pid)  # type: ignore[arg-type]  # exit_ev: the ProcessExit emit made (typed as its Event base)
+    return StageResult(status, exit_ev, lines, r.late_pid)
 
 
 def _hand_off(
@@ -438,7 +438,7 @@ def _hand_off(
         )
     h = Handoff(settings=agent.settings, stage=stage, boot_id=agent.boot_id, token=token, pipes=pipes, files=files)
     try:
-        pid = hand_off(h, agent.spool.files)
+        pid = agent.hand_off(h)
     except OSError as exc:  # cannot start it: read on here rather than cut CMD's leftovers off
         log.error("the late-output process did not start (%s); the leftovers' output is no longer recorded", exc)
         pid = None

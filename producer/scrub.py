@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flightrec.producer.redact import Redactor, visible
-from flightrec.schemas import Event, Lifecycle, LogBatch
+from flightrec.schemas import EventT, Lifecycle, LogBatch
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class _Scrubber:
         return dataclasses.replace(obj, **changes) if changes else obj
 
 
-def scrub(event: Event, redactor: Redactor, cap: int | None = None) -> Event:
+def scrub(event: EventT, redactor: Redactor, cap: int | None = None) -> EventT:
     """``event`` with every string field escaped (``\\xNN``), masked and then cut to ``cap`` characters.
 
     Lines of a LogBatch are masked but not cut (the line splitter cut them, and flags them).

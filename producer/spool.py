@@ -52,7 +52,7 @@ from flightrec.producer.segment import (
 from flightrec.producer.segment import parse_header as _parse_header
 from flightrec.producer.spoolfolder import SpoolFolder
 from flightrec.producer.syncer import Syncer
-from flightrec.schemas import Event, LogBatch, Sealed, default_codec, now_us
+from flightrec.schemas import Event, EventT, LogBatch, Sealed, default_codec, now_us
 
 from flightrec.errors import SpoolError
 
@@ -103,9 +103,9 @@ class BootSealedError(SpoolWriteError):
     """Events of a stage that still ran when its boot was sealed: the seal names the stage; they are not noted."""
 
 
-def built_for_counting(makers: Sequence[Maker], boot_id: str) -> list[Event]:
+def built_for_counting(makers: Sequence[Callable[[str, int], EventT]], boot_id: str) -> list[EventT]:
     """The events the makers would have spooled (seq -1: never written), to count what was lost."""
-    out: list[Event] = []
+    out: list[EventT] = []
     for make in makers:
         try:
             out.append(make(boot_id, -1))
@@ -133,13 +133,13 @@ class AnySpool(Protocol):
 
     def append(
         self,
-        makers: Sequence[Maker],
+        makers: Sequence[Callable[[str, int], EventT]],
         *,
         once: str | None = None,
         encode: Callable[[Event], bytes] | None = None,
         sync: bool = True,
         boot: str | None = None,
-    ) -> list[Event]: ...
+    ) -> list[EventT]: ...
 
     def committed_end(self) -> Position: ...
 
@@ -464,13 +464,13 @@ class Spool:
 
     def append(
         self,
-        makers: Sequence[Maker],
+        makers: Sequence[Callable[[str, int], EventT]],
         *,
         once: str | None = None,
         encode: Callable[[Event], bytes] | None = None,
         sync: bool = True,
         boot: str | None = None,
-    ) -> list[Event]:
+    ) -> list[EventT]:
         """Assign seqs, build, encode and durably write events; return them (empty if ``once`` was done).
 
         ``sync=False`` (log batches): written at once, fdatasync'd by group commit (see the class).
@@ -503,7 +503,7 @@ class Spool:
                 marker = self.files.once(head.boot_id, once) if once else None
                 if marker is not None and marker.exists():
                     return []
-                events: list[Event] = []
+                events: list[EventT] = []
                 parts: list[bytes] = []
                 seq = head.next_seq
                 sealed = False
@@ -531,7 +531,7 @@ class Spool:
             finally:
                 self._unlock()
 
-    def _write_or_lose(self, head: _Head, blob: list[bytes], events: list[Event], sync: bool = True) -> None:
+    def _write_or_lose(self, head: _Head, blob: list[bytes], events: Sequence[Event], sync: bool = True) -> None:
         """Write the parts of ``blob``; on a full disk, give up the reserve for anything but log lines; else
         SpoolWriteError."""
         has_lines = any(isinstance(ev, LogBatch) for ev in events)

@@ -22,6 +22,7 @@ from flightrec.schemas.events import (
     BenchmarkResult,
     Dropped,
     Event,
+    EventT,
     FileTail,
     Heartbeat,
     InstanceFacts,
@@ -41,6 +42,7 @@ from flightrec.errors import CodecError
 __all__ = [
     # events
     "Event",
+    "EventT",
     "Lifecycle",
     "InstanceFacts",
     "LogBatch",

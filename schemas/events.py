@@ -83,10 +83,10 @@ class Event:
         return _build(cls, record)
 
 
-_E = TypeVar("_E", bound="Event")
+EventT = TypeVar("EventT", bound="Event")  # one event type, kept through a function (emit, scrub, spool)
 
 
-def _build(cls: type[_E], record: Mapping[str, Any]) -> _E:
+def _build(cls: type[EventT], record: Mapping[str, Any]) -> EventT:
     return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
 
 
