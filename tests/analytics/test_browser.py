@@ -387,7 +387,10 @@ def test_browser_fleet_on_a_lake_stays_visible_while_it_refreshes(arrow_db, lake
             cell = page.locator("[data-testid='stDataFrame'] td").filter(has_text="lake-new-failure").first
             expect(cell).to_be_attached(timeout=int((REFRESH_S + 5) * 1000))
             took = time.monotonic() - committed
-            assert took <= REFRESH_S + 2, f"the new failure showed {took:.1f} s after its commit"
+            # one cycle, and the longest redraw measured in this run's cycles (a loaded machine draws slower), at most
+            # half a cycle of it: a failure a refresh missed shows a cycle later, past this bound
+            redraw = min(max(longest_each), REFRESH_S / 2)
+            assert took <= REFRESH_S + 2 + redraw, f"the new failure showed {took:.1f} s after its commit"
             assert_no_exception(page)
             print(f"lake fleet page: greyed {stale_runs} times, longest each cycle {longest_each}; new in {took:.1f} s")
     finally:
