@@ -473,7 +473,7 @@ class _AgentBase:
         dropped (said in the log): their boot was sealed, and the seal named what still ran."""
         from flightrec.producer.keeper import take_late_losses
 
-        if not isinstance(self.spool, Spool) or not self.spool.files.late_losts():
+        if not isinstance(self.spool, Spool) or not self.spool.files.late_losts():  # (a listing: nothing to take)
             return 0
         boot_id = self.spool.boot()[0]
         losses, files = take_late_losses(self.spool.files, boot_id)
@@ -488,11 +488,10 @@ class _AgentBase:
             )
             total += lines
         for p in files:
-            p.unlink(missing_ok=True)
-        for p in self.spool.files.late_losts():
-            if not self.spool.files.late_lost_of(p, boot_id):
-                log.warning("dropping %s: its boot is sealed (its late output was named by the seal)", p.name)
-                p.unlink(missing_ok=True)
+            self.spool.files.drop_late_lost(p)
+        for p in self.spool.files.late_lost_boots_but(boot_id):
+            log.warning("dropping %s: its boot is sealed (its late output was named by the seal)", p.name)
+            self.spool.files.drop_late_lost(p)
         return total
 
     def seal(self, reason: str = "", wait: float | None = None) -> Sealed:

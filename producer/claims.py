@@ -29,13 +29,9 @@ class Claim:
 
 def write_claim(folder: SpoolFolder, boot_id: str, path: str, claim: Claim) -> None:
     """Record that the stage of ``claim.token`` follows ``path`` from here on (never raises)."""
-    target = folder.follow_claim(boot_id, path)
-    tmp = folder.claim_tmp(target)
+    text = json.dumps({"token": claim.token, "ino": list(claim.ino) if claim.ino else None, "offset": claim.offset})
     try:
-        tmp.write_text(
-            json.dumps({"token": claim.token, "ino": list(claim.ino) if claim.ino else None, "offset": claim.offset})
-        )
-        tmp.replace(target)
+        folder.write_claim(boot_id, path, text)
     except OSError as exc:
         log.warning(
             "cannot record that this stage follows %s (%s); an earlier stage's leftover may ship its new lines too",
@@ -47,7 +43,7 @@ def write_claim(folder: SpoolFolder, boot_id: str, path: str, claim: Claim) -> N
 def read_claim(folder: SpoolFolder, boot_id: str, path: str) -> Claim | None:
     """The latest claim on ``path`` in this boot, or None."""
     try:
-        data = json.loads(folder.follow_claim(boot_id, path).read_text())
+        data = json.loads(folder.read_claim(boot_id, path))
         ino = tuple(data["ino"]) if data.get("ino") else None
         return Claim(str(data["token"]), ino, int(data["offset"]))
     except (OSError, ValueError, KeyError, TypeError):

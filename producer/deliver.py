@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import os
 import socket
 import threading
 import time
@@ -170,7 +168,7 @@ class Deliverer:
             )
         # another process sends: its note says so (a note without a live sender is stale), or nothing it sent was
         # acknowledged for AWAY_AFTER_S (an attempt of its may hang longer than that: a broker dropping packets)
-        return self._lock_busy and (self.spool.files.delivery_away.exists() or time.monotonic() - since >= AWAY_AFTER_S)
+        return self._lock_busy and (self.spool.files.delivery_away_noted() or time.monotonic() - since >= AWAY_AFTER_S)
 
     def away(self, since: float = 0.0) -> bool:
         """Whether Kafka does not answer: delivery fails (:meth:`failing`) and no bootstrap address accepts a
@@ -200,18 +198,14 @@ class Deliverer:
 
     def say_away(self) -> None:
         """As the instance's sender, note in the spool that Kafka does not answer (the next agents read it at exit)."""
-        path = self.spool.files.delivery_away
-        if self._lock_fd is None or path.exists():
-            return
-        with contextlib.suppress(OSError):
-            path.write_text(f"{time.time():.3f} {self.last_error or 'no answer'}\n")
+        if self._lock_fd is not None:
+            self.spool.files.note_delivery_away(f"{time.time():.3f} {self.last_error or 'no answer'}\n")
 
     def _answer(self) -> None:
         """Kafka acknowledged a round of sends: delivery works (the spool's note, if any, is removed)."""
         self._failed_attempt = None
         self.denied = None
-        with contextlib.suppress(OSError):
-            self.spool.files.delivery_away.unlink(missing_ok=True)
+        self.spool.files.clear_delivery_away()
 
     def wait_delivered(self, target: Position, timeout: float, unless_away: bool = False) -> bool:
         """Block until everything before ``target`` is acknowledged, or ``timeout`` s passed.
@@ -273,11 +267,8 @@ class Deliverer:
     def _try_lock(self) -> bool:
         if self._lock_fd is not None:
             return True
-        fd = os.open(self.spool.files.deliver_lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+        fd = self.spool.files.try_lock_delivery()
+        if fd is None:
             self._lock_busy = True
             return False
         self._lock_busy = False
@@ -287,8 +278,7 @@ class Deliverer:
 
     def _release(self) -> None:
         if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            self.spool.files.release_delivery(self._lock_fd)
             self._lock_fd = None
 
     def _set_acked(self, pos: Position) -> None:

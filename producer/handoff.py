@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import collections.abc
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -169,21 +168,6 @@ def _address(folder: SpoolFolder) -> bytes:
     return b"\0flightrec-late-" + hashlib.sha256(os.fsencode(os.path.realpath(folder.path))).hexdigest()[:32].encode()
 
 
-class Locked:
-    """``with Locked(folder):`` - hold the spool folder's hand-off lock (``late.lock``: taken to hand a stage off,
-    and by the late-output process to end)."""
-
-    def __init__(self, folder: SpoolFolder) -> None:
-        self.fd = os.open(folder.late_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-
-    def __enter__(self) -> Locked:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        os.close(self.fd)  # drops the lock
-
-
 def hand_off(h: Handoff, folder: SpoolFolder) -> int:
     """Give ``h``'s fds to the instance's late-output process (started now if none runs); return its pid.
 
@@ -192,7 +176,7 @@ def hand_off(h: Handoff, folder: SpoolFolder) -> int:
     at once (``late-TOKEN``), so a seal that follows waits for its late output.
     """
     addr = _address(folder)
-    with Locked(folder):
+    with folder.late_locked():
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.connect(addr)
@@ -201,12 +185,9 @@ def hand_off(h: Handoff, folder: SpoolFolder) -> int:
             _start(folder, addr)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             sock.connect(addr)  # waits in the listener's backlog until the new process takes it
-        try:
-            pid = int(folder.late_pid.read_text())
-        except (OSError, ValueError):
-            pid = 0
+        pid = folder.read_late_pid()
         with sock:
-            folder.late_stage(h.token).write_text(f"{h.boot_id} {pid} {h.stage}")
+            folder.register_late_stage(h.token, f"{h.boot_id} {pid} {h.stage}")
             data = encode(h)
             sent = socket.send_fds(sock, [data[:4096]], h.fds())
             sock.sendall(data[sent:])
@@ -229,7 +210,7 @@ def _start(folder: SpoolFolder, addr: bytes) -> int:
         )
     finally:
         listener.close()
-    folder.late_pid.write_text(str(proc.pid))
+    folder.write_late_pid(proc.pid)
     return proc.pid
 
 
@@ -248,10 +229,10 @@ def late_stages(folder: SpoolFolder, boot_id: str, gone: list[LateStage] | None 
     Registrations whose late-output process is gone (killed) are removed, and added to ``gone``.
     """
     out = []
-    for token, p in folder.late_stages():
+    for token, text in folder.late_registrations():
         try:
-            boot, pid, *stage = p.read_text().split(" ", 2)
-        except (OSError, ValueError):
+            boot, pid, *stage = text.split(" ", 2)
+        except ValueError:
             continue
         if boot != boot_id:
             continue
@@ -259,7 +240,7 @@ def late_stages(folder: SpoolFolder, boot_id: str, gone: list[LateStage] | None 
         try:
             os.kill(st.late_pid, 0) if st.late_pid > 0 else None
         except OSError:
-            p.unlink(missing_ok=True)  # its process is gone
+            folder.unregister_late_stage(token)  # its process is gone
             if gone is not None:
                 gone.append(st)
             continue
@@ -291,24 +272,18 @@ def settle_late_output(folder: SpoolFolder, boot_id: str, wait: float) -> list[s
     late = late_stages(folder, boot_id, gone)
     if not late and not gone:
         return []
-    request = folder.seal_request(boot_id)
-    request.write_text(f"{os.getpid()} {wait}")  # its pid (a seal killed while it waits asks nothing) and its wait
+    folder.request_seal(boot_id, f"{os.getpid()} {wait}")  # its pid (a seal killed while it waits asks nothing), wait
     deadline = time.monotonic() + wait + 5.0
     while late and time.monotonic() < deadline:
         time.sleep(POLL_S)
         late = late_stages(folder, boot_id, gone)
-    request.unlink(missing_ok=True)
+    folder.end_seal_request(boot_id)
     left = [
         f"stage {st.stage} (its late-output process, pid {st.late_pid}, is gone: what the stage's leftovers "
         "write is passed on by the keeper, unrecorded)"
         for st in gone
     ]
-    for p in folder.late_lefts(boot_id):
-        try:
-            left.append(p.read_text())
-        except OSError:
-            continue
-        p.unlink(missing_ok=True)
+    left += folder.take_late_lefts(boot_id)
     if late:  # the late-output process did not answer in time: name what it still records
         log.warning("%d stages of boot %s did not stop recording late output in time", len(late), boot_id)
         left += [f"{still_writing(st)}, after waiting {wait:g}s" for st in late]

@@ -132,11 +132,7 @@ def _drop(pair: tuple[int, int | None] | None) -> None:
 
 
 def _say(folder: SpoolFolder, text: str) -> None:
-    try:
-        with open(folder.late_log, "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} flightrec keeper {os.getpid()}: {text}\n")
-    except OSError:
-        pass
+    folder.append_late_log(f"flightrec keeper {os.getpid()}: {text}")
 
 
 def _note(
@@ -147,12 +143,9 @@ def _note(
         before = noted.setdefault((boot, stage), [0, 0])
         if (lines, size) == tuple(before) or not boot:
             continue
-        tmp, note = folder.new_late_lost(boot, time.monotonic_ns())
+        note = {"boot_id": boot, "stage": stage, "lines": lines - before[0], "bytes": size - before[1]}
         try:
-            tmp.write_text(
-                json.dumps({"boot_id": boot, "stage": stage, "lines": lines - before[0], "bytes": size - before[1]})
-            )
-            tmp.rename(note)  # whole or not at all
+            folder.write_late_lost(boot, time.monotonic_ns(), json.dumps(note))
             noted[(boot, stage)] = [lines, size]
         except OSError:
             pass
@@ -163,14 +156,11 @@ def take_late_losses(folder: SpoolFolder, boot_id: str) -> tuple[dict[str, tuple
     by one caller only; to remove once an event says so). Notes of other boots are left alone."""
     out: dict[str, tuple[int, int]] = {}
     files = []
-    for p in folder.late_losts(boot_id):
-        taken = folder.late_lost_taken(p)
+    for p, text in folder.take_late_losts(boot_id):  # one agent takes a note, however many look at once
         try:
-            p.rename(taken)  # one agent takes a note, however many look at once
-            note = json.loads(taken.read_text())
-        except (OSError, ValueError):
+            note = json.loads(text)
+        except ValueError:
             continue
-        p = taken
         lines, size = out.get(note.get("stage", "?"), (0, 0))
         out[note.get("stage", "?")] = (lines + int(note.get("lines", 0)), size + int(note.get("bytes", 0)))
         files.append(p)

@@ -26,7 +26,6 @@ from flightrec.producer.handoff import (
     Handoff,
     HandoffError,
     LateStage,
-    Locked,
     decode,
     still_writing,
 )
@@ -38,11 +37,13 @@ from flightrec.producer.writers import writers
 log = logging.getLogger(__name__)
 
 
-def _request(request: Path) -> tuple[bool, float | None]:
+def _request(request: str | None) -> tuple[bool, float | None]:
     """(whether the seal that wrote ``request`` still waits, how long it waits): a killed seal stops nothing, and
     a seal's own FLIGHTREC_LATE_WAIT bounds the stages it waits for."""
+    if request is None:  # being written, or gone: assume it waits
+        return True, None
     try:
-        pid, wait = request.read_text().split()
+        pid, wait = request.split()
         os.kill(int(pid), 0)
         return True, float(wait)
     except ProcessLookupError:
@@ -61,8 +62,6 @@ class _Stage:
         self.h = h
         self.folder = folder
         s = h.settings
-        self.reg = folder.late_stage(h.token)
-        self.request = folder.seal_request(h.boot_id)
         kw: dict[str, Any] = dict(max_line=s.max_line, tail_lines=0, boot=h.boot_id)
         self.pipes: dict[int, tuple[HandedPipe, Any]] = {}
         for p in h.pipes:
@@ -97,13 +96,13 @@ class _Stage:
         self.recording = False
         if left is not None:
             try:
-                self.folder.late_left(self.h.boot_id, self.h.token).write_text(left)
+                self.folder.note_late_left(self.h.boot_id, self.h.token, left)
             except OSError as exc:
                 log.warning("cannot note what still writes stage %s for the seal: %s", self.h.stage, exc)
         for _p, b in self.pipes.values():
             b.close()
         self.close_files()
-        self.reg.unlink(missing_ok=True)  # every line of the stage is spooled: a seal may go on
+        self.folder.unregister_late_stage(self.h.token)  # every line of the stage is spooled: a seal may go on
 
     def close_files(self) -> None:
         for follower, b in self.files:
@@ -191,11 +190,11 @@ class _Stage:
             b.tick()
         for _f, b in self.files:
             b.tick()
-        if self.request_seen is None and self.request.exists():
+        if self.request_seen is None and self.folder.seal_requested(self.h.boot_id):
             self.request_seen = now
         wait = self.h.settings.late_wait
         if self.request_seen is not None:
-            waiting, asked = _request(self.request)
+            waiting, asked = _request(self.folder.seal_request_text(self.h.boot_id))
             if not waiting:
                 self.request_seen = None  # the seal was killed while it waited: record on as before
             elif asked is not None:
@@ -276,11 +275,11 @@ class _Late:
 
     def _may_end(self) -> bool:
         """No stage left: end, unless a hand-off came meanwhile (checked under the lock hand-offs take)."""
-        with Locked(self.folder):
+        with self.folder.late_locked():
             if self._accept_all():
                 return False
             self.listener.close()  # from here on a hand-off starts a new process
-            self.folder.late_pid.unlink(missing_ok=True)
+            self.folder.clear_late_pid()
         return True
 
     def run(self) -> None:
@@ -349,7 +348,7 @@ def main() -> None:
     for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(s, signal.SIG_IGN)  # a leftover's output must not be cut off by its stage's signals
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    handler = logging.handlers.RotatingFileHandler(folder.late_log, maxBytes=1 << 20, backupCount=1)
+    handler = folder.late_log_handler()
     logging.basicConfig(
         level=os.environ.get("FLIGHTREC_LOG_LEVEL", "INFO").upper(),
         handlers=[handler],

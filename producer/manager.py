@@ -74,7 +74,7 @@ def send_manager_event(
                 attributes=attrs,
             )
 
-        _mark_ended(agent.spool.files, kind in ENDS)
+        agent.spool.files.mark_ended(kind in ENDS)
         event = agent.emit_makers([make])[0]
         ok = agent.close(timeout)
     denied = agent.deliverer.denied if agent.deliverer is not None and not ok else None
@@ -97,25 +97,13 @@ def send_manager_event(
     return event, ok
 
 
-def _mark_ended(folder: SpoolFolder, ended: bool) -> None:
-    """Note (or clear) that the source's last word on the instance ends it: the folder may go once delivered."""
-    marker = folder.ended
-    try:
-        if ended:
-            marker.touch()
-        else:
-            marker.unlink(missing_ok=True)
-    except OSError as exc:  # the folder then stays: nothing is lost
-        log.debug("%s: %s", marker, exc)
-
-
 def remove_if_ended(root: Path, instance: str) -> bool:
     """Remove the manager's spool folder of ``instance`` under ``root`` when its last event destroyed or forgot the
     instance and Kafka acknowledged everything in it (a folder kept per instance for ever otherwise)."""
     from flightrec.producer.spool import Spool
 
     folder = SpoolFolder.of(root, instance)
-    if not folder.ended.exists():
+    if not folder.is_ended():
         return False
     removed = Spool(root, instance).remove_if_delivered()
     if removed:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -33,15 +30,7 @@ def join(spool: Spool, what: str) -> Member | None:
     """
 
     def register(boot_id: str) -> Member:
-        path = spool.files.new_member(boot_id)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, json.dumps({"what": what, "pid": os.getpid()}).encode())
-        except OSError:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
+        path, fd = spool.files.hold_member(boot_id, {"what": what, "pid": os.getpid()})
         return Member(what, boot_id, path, fd)
 
     try:
@@ -58,36 +47,10 @@ def leave(spool: Spool, member: Member | None) -> None:
     if member is None:
         return
     spool.let_go(member.boot_id)
-    with contextlib.suppress(OSError):
-        member.path.unlink(missing_ok=True)
-    os.close(member.fd)
+    spool.files.drop_member(member.path, member.fd)
 
 
 def running(spool: Spool, boot_id: str, exclude: Member | None = None) -> list[str]:
     """What is still running in ``boot_id`` ("stage tunnel (pid 12)"); files left by dead processes are removed."""
-    out: list[str] = []
-    try:
-        paths = spool.files.members()
-    except OSError:
-        return out
-    for path in paths:
-        if exclude is not None and path == exclude.path:
-            continue
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError:  # held: its process is alive and still running it
-                if spool.files.member_of(path, boot_id):
-                    info = json.loads(os.read(fd, 4096) or b"{}")
-                    out.append(f"{info.get('what', '?')} (pid {info.get('pid', '?')})")
-                continue
-            path.unlink(missing_ok=True)  # not held: its process died without leaving
-        except (OSError, ValueError) as exc:
-            log.debug("member file %s: %s", path, exc)
-        finally:
-            os.close(fd)
-    return out
+    held = spool.files.live_members(boot_id, exclude.path if exclude is not None else None)
+    return [f"{info.get('what', '?')} (pid {info.get('pid', '?')})" for info in held]

@@ -1,5 +1,6 @@
-"""The spool folder has one owner: no module outside the spool's code joins a path to it (a static check, as the
-layering tests are), and the folder's names are the ones the agent has always used."""
+"""The spool folder has one owner: no module outside the spool's code joins a path to it or opens, locks or removes a
+file of it (static checks, as the layering tests are); the folder's names are the ones the agent has always used, and
+its operations do what they promise."""
 
 from __future__ import annotations
 
@@ -117,3 +118,100 @@ def test_the_files_keep_their_names(tmp_path: Path) -> None:
     assert ("t", f.late_stage("t")) in f.late_stages() and all(p != f.late_left("b", "t") for _t, p in f.late_stages())
     assert f.late_losts("b") == [note] and f.late_lefts("b") == [f.late_left("b", "t")]
     assert spoolfolder.segment_name(12) == "000000000012.seg"
+
+
+# SpoolFolder's members that give the path of one file of the folder: only the spool's code opens, locks or removes
+# a file through them; every other part asks for an operation (hold_member, write_claim, late_locked, ...)
+FILE_PATHS = {
+    name
+    for name, member in vars(SpoolFolder).items()
+    if not name.startswith("_")
+    and (
+        ret := getattr(
+            getattr(member, "fget", None) or getattr(member, "__func__", None) or member, "__annotations__", {}
+        ).get("return")
+    )
+    in ("Path", "tuple[Path, Path]")
+}
+HOLDER = re.compile(r"(\bfiles|\bfolder|SpoolFolder(\.of\(.*\)|\(.*\))?)$")
+
+
+def file_paths_used(source: str) -> list[tuple[int, str]]:
+    """(line, code) of every use of a spool file's path (SpoolFolder's FILE_PATHS members) in ``source``."""
+    return [
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr in FILE_PATHS and HOLDER.search(ast.unparse(node.value))
+    ]
+
+
+def test_no_module_outside_the_spool_opens_locks_or_removes_a_file_of_its_folder() -> None:
+    assert {"late_pid", "delivery_away", "new_member", "follow_claim", "late_stage", "ended", "late_lock"} <= FILE_PATHS
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {code}"
+        for part in PARTS
+        for path in sorted((ROOT / part).rglob("*.py"))
+        if path not in OWNERS
+        for line, code in file_paths_used(path.read_text())
+    ]
+    assert not bad, (
+        "a spool file's path used outside the spool's code (add an operation to SpoolFolder):\n" + "\n".join(bad)
+    )
+    found = file_paths_used(
+        "a = folder.late_pid.read_text()\nb = self.spool.files.ended\nc = SpoolFolder.of(r, i).delivery_away\n"
+        "d = x.lock\n"
+    )
+    assert sorted(line for line, _ in found) == [1, 2, 3]
+
+
+def test_the_operations_keep_what_they_promise(tmp_path: Path) -> None:
+    """Members are held while their fd lives and their dead files cleaned; claims, registrations, notes and markers
+    are written whole and taken once."""
+    import os
+
+    f = SpoolFolder(tmp_path)
+    path, fd = f.hold_member("b", {"what": "stage x", "pid": 1})
+    dead = f.new_member("b")
+    dead.write_text("{}")  # a member whose process died without leaving: nobody holds it
+    assert f.live_members("b") == [{"what": "stage x", "pid": 1}] and not dead.exists()
+    assert f.live_members("other") == [] and f.live_members("b", exclude=path) == []
+    f.drop_member(path, fd)
+    assert not path.exists() and f.live_members("b") == []
+    f.write_claim("b", "/var/log/x", "one")
+    f.write_claim("b", "/var/log/x", "two")
+    assert f.read_claim("b", "/var/log/x") == "two" and len(list(tmp_path.glob("follow-claim-*"))) == 1
+    f.register_late_stage("t1", "b 12 bench")
+    assert f.late_registrations() == [("t1", "b 12 bench")]
+    f.unregister_late_stage("t1")
+    assert f.late_registrations() == []
+    f.note_late_left("b", "t1", "stage bench (pid 9)")
+    assert f.take_late_lefts("b") == ["stage bench (pid 9)"] and f.take_late_lefts("b") == []
+    f.write_late_lost("b", 1, "{}")
+    f.write_late_lost("old", 2, "{}")
+    taken = f.take_late_losts("b")
+    assert [t for _p, t in taken] == ["{}"] and f.take_late_losts("b") == []
+    assert [p.name for p in f.late_lost_boots_but("b")] == [f"late-lost-old-{os.getpid()}-2"]
+    f.request_seal("b", "1 2.5")
+    assert f.seal_requested("b") and f.seal_request_text("b") == "1 2.5"
+    f.end_seal_request("b")
+    assert not f.seal_requested("b") and f.seal_request_text("b") is None
+    assert f.read_late_pid() == 0
+    f.write_late_pid(42)
+    assert f.read_late_pid() == 42
+    f.clear_late_pid()
+    assert f.read_late_pid() == 0
+    held = f.try_lock_delivery()
+    assert held is not None and f.try_lock_delivery() is None  # one sender per folder (flock: per open file)
+    f.note_delivery_away("first\n")
+    f.note_delivery_away("second\n")
+    assert f.delivery_away_noted() and f.delivery_away.read_text() == "first\n"
+    f.clear_delivery_away()
+    assert not f.delivery_away_noted()
+    f.release_delivery(held)
+    again = f.try_lock_delivery()
+    assert again is not None
+    f.release_delivery(again)
+    f.mark_ended(True)
+    assert f.is_ended()
+    f.mark_ended(False)
+    assert not f.is_ended()
