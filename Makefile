@@ -36,10 +36,10 @@ system-packages:
 demo: setup
 	$(VENV)/bin/flightrec demo
 
-# The whole suite on three workers, each test file on one (each worker starts its own Kafka and PostgreSQL), the
+# The whole suite on two workers, each test file on one (each worker starts its own Kafka and PostgreSQL), the
 # longest files first (tests/file_seconds.txt; xdist's own order by test count off): docs/contributing.md.
 test: setup system-packages
-	$(VENV)/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop, and the first gate of CI (.ci/run): lint, format, types, then every test that needs no broker or
 # PostgreSQL (tests using their fixtures are marked integration) and takes under about 3 s (the slower ones are

@@ -1,9 +1,9 @@
 """Write tests/file_seconds.txt, the seconds each test file took, from the JUnit XML of a full run.
 
-`make test` hands the longest files out first (tests/conftest.py orders them by this file), so that on its workers
+`make test` hands the longest files out first (tests/conftest.py orders them by this file), so that on two workers
 the last file to finish is a short one. Refresh it after tests were added or moved:
 
-    .venv/bin/pytest -n 3 --dist loadfile --junitxml=build/junit.xml
+    .venv/bin/pytest -n 2 --dist loadfile --junitxml=build/junit.xml
     .venv/bin/python scripts/test_seconds.py build/junit.xml
 
 A file missing from it runs after the listed ones, in collection order; a stale figure only changes the order."""
