@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from flightrec.producer import spoolfolder
@@ -70,14 +71,19 @@ def joins(source: str) -> list[tuple[int, str]]:
     return out
 
 
-def test_no_module_outside_the_spool_joins_a_path_to_its_folder() -> None:
-    bad = [
+def outside_the_spool(check: Callable[[str], list[tuple[int, str]]]) -> list[str]:
+    """``path:line: code`` of every finding of ``check`` in the parts' sources outside the spool's code."""
+    return [
         f"{path.relative_to(ROOT)}:{line}: {code}"
         for part in PARTS
         for path in sorted((ROOT / part).rglob("*.py"))
         if path not in OWNERS
-        for line, code in joins(path.read_text())
+        for line, code in check(path.read_text())
     ]
+
+
+def test_no_module_outside_the_spool_joins_a_path_to_its_folder() -> None:
+    bad = outside_the_spool(joins)
     assert not bad, "paths joined to the spool folder outside producer/spoolfolder.py (ask SpoolFolder):\n" + "\n".join(
         bad
     )
@@ -147,13 +153,7 @@ def file_paths_used(source: str) -> list[tuple[int, str]]:
 
 def test_no_module_outside_the_spool_opens_locks_or_removes_a_file_of_its_folder() -> None:
     assert {"late_pid", "delivery_away", "new_member", "follow_claim", "late_stage", "ended", "late_lock"} <= FILE_PATHS
-    bad = [
-        f"{path.relative_to(ROOT)}:{line}: {code}"
-        for part in PARTS
-        for path in sorted((ROOT / part).rglob("*.py"))
-        if path not in OWNERS
-        for line, code in file_paths_used(path.read_text())
-    ]
+    bad = outside_the_spool(file_paths_used)
     assert not bad, (
         "a spool file's path used outside the spool's code (add an operation to SpoolFolder):\n" + "\n".join(bad)
     )
